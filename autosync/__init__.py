@@ -1,0 +1,31 @@
+"""AutoSync: find how to synchronize each variable's gradients, then train that way on Ray.
+
+The heavy parts (TensorFlow, Ray) are imported lazily, when first used.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first access)
+_LAZY = {
+    "ModelDef": "autosync.model_def",
+    "Trainer": "autosync.runtime.trainer",
+    "tune": "autosync.api",
+    "TuneResult": "autosync.api",
+    "load_cluster": "autosync.sources",
+    "load_model_def": "autosync.sources",
+    "load_model_spec": "autosync.sources",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autosync' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,5 @@
+import sys
+
+from autosync.cli import main
+
+sys.exit(main())

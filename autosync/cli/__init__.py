@@ -1,0 +1,48 @@
+"""The ``autosync`` command line.
+
+Each command area lives in its own module of this package with a ``register(subparsers)``
+function that adds its sub-commands and sets ``func`` (``args -> int exit code``).
+Bad input raises ``ConfigError``; it is printed as one message and exits with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from strategy_space.errors import ConfigError
+
+# modules of this package that add sub-commands, in help order
+COMMAND_MODULES = (
+    "offline",   # build, validate, show, inspect, models
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autosync",
+        description="Find and run the fastest gradient synchronization strategy for a model on a Ray cluster.",
+    )
+    from autosync import __version__
+
+    parser.add_argument("--version", action="version", version=f"autosync {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"autosync.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"autosync {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autosync {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,65 @@
+"""ModelDef: everything the runtime needs to train a user's model, as plain factories.
+
+A training script hands AutoSync a function that returns a ``ModelDef``; the zoo builds them too.
+Factories (not objects) are stored because every worker process builds its own model, optimizer
+and data shard; they must therefore be picklable (module-level functions or ``functools.partial``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+Batch = tuple  # (inputs, targets); inputs may be a tensor/array or a tuple/dict of them
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    """A trainable model, described by factories.
+
+    Attributes:
+        name: a short name used in reports (``ncf``, ``my_model``).
+        model_fn: ``() -> keras.Model``; builds the model. Weights are created with the seed
+            that the runtime sets before calling it, so every worker starts identical.
+        loss_fn: ``() -> callable(y_true, y_pred) -> scalar`` (e.g. a ``keras.losses.Loss``
+            instance factory). The loss must be a mean over the batch.
+        optimizer_fn: ``() -> keras.optimizers.Optimizer``.
+        dataset_fn: ``(worker_index, num_workers) -> iterable of (inputs, targets)`` batches of
+            ``batch_size`` examples for that worker (its shard of the data). It may be infinite;
+            the runtime cycles a finite one.
+        batch_size: per-worker batch size.
+        seed: initial-weight seed.
+        metadata: free-form facts shown by ``autosync inspect`` (e.g. the zoo variant).
+    """
+
+    name: str
+    model_fn: Callable[[], Any]
+    loss_fn: Callable[[], Callable]
+    optimizer_fn: Callable[[], Any]
+    dataset_fn: Callable[[int, int], Iterable[Batch]]
+    batch_size: int
+    seed: int = 0
+    metadata: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        from strategy_space.errors import ConfigError
+
+        problems = []
+        for attr in ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn"):
+            if not callable(getattr(self, attr)):
+                problems.append(f"ModelDef {self.name}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
+            problems.append(f"ModelDef {self.name}: batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if problems:
+            raise ConfigError(problems)
+
+    def batches(self, worker_index: int, num_workers: int) -> Iterator[Batch]:
+        """Endless iterator over this worker's batches (a finite dataset is cycled)."""
+        while True:
+            empty = True
+            for batch in self.dataset_fn(worker_index, num_workers):
+                empty = False
+                yield batch
+            if empty:
+                from strategy_space.errors import ConfigError
+
+                raise ConfigError(f"ModelDef {self.name}: dataset_fn({worker_index}, {num_workers}) yielded no batches")

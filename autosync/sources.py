@@ -1,0 +1,117 @@
+"""Resolve the ``--model`` and ``--cluster`` arguments every command accepts.
+
+Models:
+    ``zoo:NAME`` or ``zoo:NAME?size=small``  a built-in model (trainable);
+    ``path/to/script.py:function``           the user's code returning a ModelDef (trainable);
+    ``model.yaml``                           a ModelSpec only (simulation; cannot train).
+Clusters:
+    ``local``      the embedded default: one Ray node on this machine;
+    ``testbed``    the emulated multi-node cluster started by ``autosync testbed up``;
+    ``file.yaml``  a ClusterSpec.
+"""
+from __future__ import annotations
+
+import os
+
+from strategy_space import ClusterSpec, ModelSpec, NodeSpec
+from strategy_space.errors import ConfigError
+from strategy_space.yaml_io import load
+
+MODEL_FORMS = "zoo:NAME[?size=small], path/to/script.py:function, or a model-spec YAML file"
+CLUSTER_FORMS = "local, testbed, or a cluster-spec YAML file"
+
+LOCAL_WORKERS = 2
+
+
+def local_cluster(workers: int | None = None) -> ClusterSpec:
+    """The embedded default: one node on this machine with ``workers`` training replicas
+    (default 2) sharing its CPUs."""
+    cpus = os.cpu_count() or 1
+    return ClusterSpec(
+        name="local",
+        nodes=(NodeSpec(name="node0", address="127.0.0.1", cpus=cpus, workers=workers or LOCAL_WORKERS,
+                        chief=True, bandwidth_gbps=10.0),),
+    )
+
+
+def _testbed_cluster() -> ClusterSpec:
+    from autosync.testbed import state
+
+    return state.load_cluster_spec()
+
+
+BUILTIN_CLUSTERS = {"local": local_cluster, "testbed": _testbed_cluster}
+
+
+def load_cluster(text: str | ClusterSpec) -> ClusterSpec:
+    """A ClusterSpec from a built-in name or a YAML path.
+
+    Raises:
+        ConfigError: unknown name, missing file or invalid spec.
+    """
+    if isinstance(text, ClusterSpec):
+        return text
+    if text in BUILTIN_CLUSTERS:
+        return BUILTIN_CLUSTERS[text]()
+    if text.endswith((".yaml", ".yml")) or os.path.sep in text:
+        return load(text, "cluster")  # type: ignore[return-value]
+    raise ConfigError(f"unknown cluster {text!r}; give {CLUSTER_FORMS}")
+
+
+def _split_script(text: str) -> tuple[str, str] | None:
+    path, sep, fn = text.rpartition(":")
+    if sep and path.endswith(".py") and fn.isidentifier():
+        return path, fn
+    return None
+
+
+def is_trainable_source(text: str) -> bool:
+    return text.startswith("zoo:") or _split_script(text) is not None
+
+
+def load_model_def(text):
+    """A trainable ModelDef from ``zoo:NAME`` or ``script.py:function`` (a ModelDef passes through).
+
+    Raises:
+        ConfigError: unknown zoo name, bad script, or a spec-only YAML (which cannot train).
+    """
+    from autosync.model_def import ModelDef
+
+    if isinstance(text, ModelDef):
+        return text
+    if text.startswith("zoo:"):
+        from autosync.models import zoo
+
+        return zoo.get_model_def(text[len("zoo:"):])
+    script = _split_script(text)
+    if script:
+        from autosync.models import script as script_loader
+
+        return script_loader.load_model_def(*script)
+    if text.endswith((".yaml", ".yml")):
+        raise ConfigError(
+            f"{text} is a model spec (YAML): it describes variables for simulation but holds no code, so it "
+            f"cannot be trained or run; use zoo:NAME or path/to/script.py:function to train"
+        )
+    raise ConfigError(f"unknown model {text!r}; give {MODEL_FORMS}")
+
+
+def load_model_spec(text, *, profile: bool = False) -> ModelSpec:
+    """A ModelSpec from any model source; ``profile`` measures the compute time (trainable
+    sources only; a YAML spec keeps the profile it has).
+
+    Raises:
+        ConfigError: as for ``load_model_def``, or an invalid YAML spec.
+    """
+    if isinstance(text, ModelSpec):
+        return text
+    if isinstance(text, str) and text.endswith((".yaml", ".yml")) and not is_trainable_source(text):
+        return load(text, "model")  # type: ignore[return-value]
+    model_def = load_model_def(text)
+    from autosync.models import ingest
+
+    return ingest.model_spec_from_def(model_def, profile=profile)
+
+
+def builtin_cluster_names() -> list[str]:
+    return sorted(BUILTIN_CLUSTERS)

@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="autosync",
+    version="0.1.0",
+    description="Synchronization strategy autotuner for data-parallel TensorFlow training on Ray",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["autosync", "autosync.*", "strategy_space", "strategy_space.*",
+                                    "tuner", "tuner.*"]),
+    include_package_data=True,
+    install_requires=[
+        "numpy>=1.24",
+        "pyyaml>=6.0",
+        "pandas>=2.0",
+        "scikit-learn>=1.3",
+        "xgboost>=2.0",
+        "tensorflow>=2.16",
+        "keras>=3.0",
+        "ray[default]>=2.40",
+        "matplotlib>=3.7",
+        "pyarrow>=14",
+    ],
+    extras_require={
+        # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
+        "gloo": ["torch==2.13.0"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.80", "torch==2.13.0"],
+    },
+    entry_points={"console_scripts": ["autosync=autosync.cli:main"]},
+)

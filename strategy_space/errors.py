@@ -1,0 +1,55 @@
+"""Error types shared by every package: each carries all the problems found, not just the first."""
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class ConfigError(ValueError):
+    """Bad user input (a spec, a strategy, a flag). Holds every problem found, each one a sentence
+    that names the offending item, the bad value and what is allowed.
+
+    The CLI turns it into a short message and exit code 2.
+    """
+
+    def __init__(self, problems: Iterable[str] | str, *, source: str | None = None):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = [p for p in problems if p]
+        if not self.problems:
+            raise ValueError("ConfigError needs at least one problem")
+        self.source = source
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = f"{self.source}: " if self.source else ""
+        if len(self.problems) == 1:
+            return where + self.problems[0]
+        lines = [f"{where}{len(self.problems)} problems:"]
+        lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def with_source(self, source: str) -> "ConfigError":
+        """The same problems, attributed to ``source`` (a file name, a flag)."""
+        return ConfigError(self.problems, source=source)
+
+
+class StrategyError(ConfigError):
+    """A strategy that does not fit its model or cluster (see ``validate``)."""
+
+
+class Problems:
+    """Collects problems, then raises them together."""
+
+    def __init__(self, error_type: type[ConfigError] = ConfigError):
+        self.items: list[str] = []
+        self.error_type = error_type
+
+    def add(self, problem: str) -> None:
+        self.items.append(problem)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def raise_if_any(self, source: str | None = None) -> None:
+        if self.items:
+            raise self.error_type(self.items, source=source)

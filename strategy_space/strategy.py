@@ -1,0 +1,306 @@
+"""The Strategy: how each trainable variable's gradients are synchronized.
+
+A strategy holds one ``VarConfig`` per variable. A variable is either whole (one synchronizer) or
+partitioned along an axis into shards, each shard with its own synchronizer: ``PS`` (parameter
+server on a destination node) or ``AllReduce`` (collective, fused by ``group``).
+Everything here is frozen and validates its own fields; ``validate`` checks a strategy against a
+model and a cluster.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+from ._strict import check_keys, fingerprint, get_typed
+from .errors import ConfigError
+from .specs import FORMAT_VERSION, _check_header
+
+BACKENDS = ("auto", "gloo", "nccl", "objectstore")
+COMPRESSOR_KINDS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
+_RANKED = ("powersgd", "powersgd_ef")
+_COMPRESSOR_RE = re.compile(r"^(none|fp16|fp16_ef|powersgd|powersgd_ef)(?:\((\d+)\))?$")
+
+
+def parse_compressor(text: str) -> tuple[str, int]:
+    """Split ``powersgd(4)`` into ``("powersgd", 4)``; rank is 0 for unranked compressors.
+
+    Raises:
+        ConfigError: for an unknown name, a missing or zero rank, or a rank on an unranked one.
+    """
+    m = _COMPRESSOR_RE.match(text) if isinstance(text, str) else None
+    allowed = "none, fp16, fp16_ef, powersgd(RANK), powersgd_ef(RANK)"
+    if not m:
+        raise ConfigError(f"compressor {text!r} is not one of {allowed}")
+    kind, rank = m.group(1), m.group(2)
+    if kind in _RANKED:
+        if rank is None or int(rank) < 1:
+            raise ConfigError(f"compressor {text!r} needs a rank >= 1, e.g. {kind}(4)")
+        return kind, int(rank)
+    if rank is not None:
+        raise ConfigError(f"compressor {kind} takes no rank, got {text!r}; allowed: {allowed}")
+    return kind, 0
+
+
+def format_compressor(kind: str, rank: int = 0) -> str:
+    return f"{kind}({rank})" if kind in _RANKED else kind
+
+
+@dataclass(frozen=True)
+class PS:
+    """Parameter-server synchronization.
+
+    Attributes:
+        destination: node that hosts this (shard of the) variable.
+        local_replication: one pull per node, shared by the node's workers.
+        sync: synchronous (all workers' gradients for step t are applied together).
+        staleness: with ``sync``, how many steps a worker may run ahead (0 = fully synchronous).
+    """
+
+    destination: str
+    local_replication: bool = False
+    sync: bool = True
+    staleness: int = 0
+
+    def __post_init__(self):
+        problems = []
+        if not isinstance(self.destination, str) or not self.destination:
+            problems.append(f"ps.destination must be a node name, got {self.destination!r}")
+        if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
+            problems.append(f"ps.staleness must be an integer >= 0, got {self.staleness!r}")
+        if problems:
+            raise ConfigError(problems)
+
+    def to_dict(self) -> dict:
+        return {"ps": {"destination": self.destination, "local_replication": self.local_replication,
+                       "sync": self.sync, "staleness": self.staleness}}
+
+    @classmethod
+    def from_dict(cls, body: Mapping, where: str) -> "PS":
+        where = f"{where}.ps"
+        check_keys(body, where, {"destination"}, {"local_replication", "sync", "staleness"})
+        return cls(
+            destination=get_typed(body, "destination", str, where),
+            local_replication=get_typed(body, "local_replication", bool, where, False),
+            sync=get_typed(body, "sync", bool, where, True),
+            staleness=get_typed(body, "staleness", int, where, 0),
+        )
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """Collective synchronization.
+
+    Attributes:
+        backend: one of ``BACKENDS``.
+        compressor: ``none``, ``fp16``, ``fp16_ef``, ``powersgd(R)`` or ``powersgd_ef(R)``.
+        group: fusion group; variables of one group are reduced in one flat buffer.
+    """
+
+    backend: str = "auto"
+    compressor: str = "none"
+    group: int = 0
+
+    def __post_init__(self):
+        problems = []
+        if self.backend not in BACKENDS:
+            problems.append(f"all_reduce.backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        try:
+            parse_compressor(self.compressor)
+        except ConfigError as e:
+            problems.extend(e.problems)
+        if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 0:
+            problems.append(f"all_reduce.group must be an integer >= 0, got {self.group!r}")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def compressor_kind(self) -> str:
+        return parse_compressor(self.compressor)[0]
+
+    @property
+    def compressor_rank(self) -> int:
+        return parse_compressor(self.compressor)[1]
+
+    def to_dict(self) -> dict:
+        return {"all_reduce": {"backend": self.backend, "compressor": self.compressor, "group": self.group}}
+
+    @classmethod
+    def from_dict(cls, body: Mapping, where: str) -> "AllReduce":
+        where = f"{where}.all_reduce"
+        check_keys(body, where, set(), {"backend", "compressor", "group"})
+        return cls(
+            backend=get_typed(body, "backend", str, where, "auto"),
+            compressor=get_typed(body, "compressor", str, where, "none"),
+            group=get_typed(body, "group", int, where, 0),
+        )
+
+
+Synchronizer = Union[PS, AllReduce]
+
+
+def _sync_from_dict(data: Mapping, where: str) -> Synchronizer:
+    kinds = [k for k in ("ps", "all_reduce") if k in data]
+    if len(kinds) != 1:
+        raise ConfigError(f"{where}: needs exactly one synchronizer, 'ps' or 'all_reduce', got {sorted(data) or 'none'}")
+    if kinds[0] == "ps":
+        return PS.from_dict(data["ps"], where)
+    return AllReduce.from_dict(data["all_reduce"] or {}, where)
+
+
+@dataclass(frozen=True)
+class VarConfig:
+    """How one variable is synchronized.
+
+    Attributes:
+        name: the variable's name in the ModelSpec.
+        synchronizers: one per shard; a single entry means the variable is not partitioned.
+        axis: the axis the variable is split along when partitioned. Shards are contiguous and
+            as even as possible (the first ``dim % shards`` shards get one more slice).
+    """
+
+    name: str
+    synchronizers: tuple[Synchronizer, ...]
+    axis: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "synchronizers", tuple(self.synchronizers))
+        problems = []
+        if not self.synchronizers:
+            problems.append(f"variable {self.name}: needs at least one synchronizer")
+        if not all(isinstance(s, (PS, AllReduce)) for s in self.synchronizers):
+            problems.append(f"variable {self.name}: synchronizers must be PS or AllReduce")
+        if not isinstance(self.axis, int) or self.axis < 0:
+            problems.append(f"variable {self.name}: partition axis must be an integer >= 0, got {self.axis!r}")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.synchronizers)
+
+    @property
+    def partitioned(self) -> bool:
+        return len(self.synchronizers) > 1
+
+    @property
+    def uniform(self) -> bool:
+        """All shards use the same kind of synchronizer with the same options (destinations aside)."""
+        first = self.synchronizers[0]
+        if isinstance(first, PS):
+            return all(isinstance(s, PS) and (s.local_replication, s.sync, s.staleness)
+                       == (first.local_replication, first.sync, first.staleness) for s in self.synchronizers)
+        return all(s == first for s in self.synchronizers)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"var": self.name}
+        if self.partitioned:
+            d["partition"] = {"axis": self.axis, "shards": self.num_shards}
+            if all(s == self.synchronizers[0] for s in self.synchronizers):
+                d.update(self.synchronizers[0].to_dict())
+            else:
+                d["shards"] = [s.to_dict() for s in self.synchronizers]
+        else:
+            d.update(self.synchronizers[0].to_dict())
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping, where: str) -> "VarConfig":
+        check_keys(data, where, {"var"}, {"partition", "ps", "all_reduce", "shards"})
+        name = get_typed(data, "var", str, where)
+        where = f"variable {name}"
+        axis, shards = 0, 1
+        if "partition" in data:
+            part = check_keys(data["partition"], f"{where}.partition", {"shards"}, {"axis"})
+            axis = get_typed(part, "axis", int, f"{where}.partition", 0)
+            shards = get_typed(part, "shards", int, f"{where}.partition")
+            if shards < 1:
+                raise ConfigError(f"{where}.partition.shards must be >= 1, got {shards}")
+        if "shards" in data:
+            if "ps" in data or "all_reduce" in data:
+                raise ConfigError(f"{where}: give either one synchronizer ('ps'/'all_reduce') for all shards or a 'shards' list, not both")
+            items = get_typed(data, "shards", list, where)
+            if len(items) != shards:
+                raise ConfigError(f"{where}: partition.shards is {shards} but the shards list has {len(items)} entries")
+            syncs = tuple(_sync_from_dict(check_keys(it, f"{where}.shards[{i}]", set(), {"ps", "all_reduce"}),
+                                          f"{where}.shards[{i}]") for i, it in enumerate(items))
+        else:
+            syncs = (_sync_from_dict(data, where),) * shards
+        return cls(name=name, synchronizers=syncs, axis=axis)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A complete synchronization strategy.
+
+    Attributes:
+        variables: one VarConfig per trainable variable.
+        replicas: the worker slots (``node:i``) that train; empty means every slot of the cluster.
+        origin: where it came from (a builder name, ``tuned``); informative only, so it takes no
+            part in equality or the fingerprint.
+    """
+
+    variables: tuple[VarConfig, ...]
+    replicas: tuple[str, ...] = ()
+    origin: str = field(default="", compare=False)
+    _by_name: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self):
+        object.__setattr__(self, "variables", tuple(self.variables))
+        object.__setattr__(self, "replicas", tuple(self.replicas))
+        object.__setattr__(self, "_by_name", {c.name: c for c in self.variables})
+
+    def config(self, name: str) -> VarConfig:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"strategy has no config for variable {name!r}") from None
+
+    def resolved_replicas(self, cluster) -> tuple[str, ...]:
+        return self.replicas or cluster.devices
+
+    @property
+    def fingerprint(self) -> str:
+        d = self.to_dict()
+        d.pop("origin", None)
+        return fingerprint(d)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"kind": "strategy", "version": FORMAT_VERSION}
+        if self.origin:
+            d["origin"] = self.origin
+        if self.replicas:
+            d["replicas"] = list(self.replicas)
+        d["variables"] = [c.to_dict() for c in self.variables]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Strategy":
+        check_keys(data, "strategy", {"variables"}, {"kind", "version", "replicas", "origin"})
+        _check_header(data, "strategy")
+        replicas = get_typed(data, "replicas", list, "strategy", [])
+        if not all(isinstance(r, str) for r in replicas):
+            raise ConfigError(f"strategy.replicas: expected a list of 'node:slot' strings, got {replicas!r}")
+        problems: list[str] = []
+        configs = []
+        for i, item in enumerate(get_typed(data, "variables", list, "strategy")):
+            try:
+                configs.append(VarConfig.from_dict(item, where=f"variables[{i}]"))
+            except ConfigError as e:
+                problems.extend(e.problems)
+        if problems:
+            raise ConfigError(problems)
+        return cls(variables=tuple(configs), replicas=tuple(replicas),
+                   origin=get_typed(data, "origin", str, "strategy", ""))
+
+
+def shard_bounds(dim: int, shards: int) -> list[tuple[int, int]]:
+    """[start, stop) of each shard when ``dim`` slices are split into ``shards`` contiguous parts,
+    the first ``dim % shards`` parts one longer (numpy.array_split's rule)."""
+    base, extra = divmod(dim, shards)
+    bounds, start = [], 0
+    for i in range(shards):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds

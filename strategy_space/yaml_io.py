@@ -1,0 +1,125 @@
+"""YAML files for strategies, model specs and cluster specs.
+
+Every file carries ``kind`` (strategy | model | cluster) and ``version``; readers are strict and
+writers are atomic (temp file + ``os.replace``), so ``load(dump(x)) == x`` and no half-written file
+is ever seen.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from .errors import ConfigError
+from .specs import ClusterSpec, ModelSpec
+from .strategy import Strategy
+
+KINDS = {"strategy": Strategy, "model": ModelSpec, "cluster": ClusterSpec}
+Loaded = Union[Strategy, ModelSpec, ClusterSpec]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for mappings, flow style for short lists of scalars (shapes)."""
+
+
+def _represent_list(dumper, data):
+    flow = len(data) <= 8 and all(isinstance(x, (int, float, str, bool)) and not isinstance(x, str) or
+                                  isinstance(x, str) and len(x) < 24 for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+def _represent_dict(dumper, data):
+    # small mappings of scalars (a synchronizer's options, a partition) read best on one line
+    flow = 0 < len(data) <= 4 and all(isinstance(v, (int, float, str, bool)) for v in data.values()) \
+        and not {"kind", "name", "var"} & set(data)
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+_Dumper.add_representer(dict, _represent_dict)
+
+
+def dumps(obj: Loaded) -> str:
+    """YAML text of a Strategy, ModelSpec or ClusterSpec."""
+    return yaml.dump(obj.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def parse_text(text: str, source: str = "<string>") -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"not valid YAML{where}: {problem}", source=source) from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"file not found: {p} (give the path of an existing YAML file)")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {p}: {e}") from None
+
+
+def loads(text: str, expect: str | None = None, source: str = "<string>") -> Loaded:
+    """Parse YAML text into the object its ``kind`` names (or ``expect`` when kind is absent).
+
+    Raises:
+        ConfigError: bad YAML, an unknown or unexpected kind, or invalid content.
+    """
+    data = parse_text(text, source)
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a YAML mapping with 'kind: {expect or 'strategy|model|cluster'}', "
+                          f"got {type(data).__name__}", source=source)
+    kind = data.get("kind", expect)
+    if kind not in KINDS:
+        raise ConfigError(f"unknown or missing 'kind': {kind!r}; allowed: {', '.join(KINDS)}", source=source)
+    if expect is not None and kind != expect:
+        raise ConfigError(f"expected a {expect} file but this is a {kind} file (kind: {kind})", source=source)
+    try:
+        return KINDS[kind].from_dict(data)
+    except ConfigError as e:
+        raise e.with_source(source) from None
+
+
+def load(path: str | os.PathLike, expect: str | None = None) -> Loaded:
+    return loads(read_text(path), expect=expect, source=str(path))
+
+
+def load_strategy(path: str | os.PathLike) -> Strategy:
+    return load(path, "strategy")  # type: ignore[return-value]
+
+
+def load_model_spec(path: str | os.PathLike) -> ModelSpec:
+    return load(path, "model")  # type: ignore[return-value]
+
+
+def load_cluster_spec(path: str | os.PathLike) -> ClusterSpec:
+    return load(path, "cluster")  # type: ignore[return-value]
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save(obj: Loaded, path: str | os.PathLike) -> None:
+    atomic_write_text(path, dumps(obj))

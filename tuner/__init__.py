@@ -1,0 +1,1 @@
+"""The tuner: features, cost models, simulator, ranker, search and trial store (no TensorFlow, no Ray)."""
