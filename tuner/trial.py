@@ -1,0 +1,112 @@
+"""Trial records and the Runner interface the tuner drives execution through."""
+from __future__ import annotations
+
+import abc
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy
+
+STATUSES = ("ok", "failed", "timeout")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured (or failed) run of a strategy.
+
+    Attributes:
+        strategy: what was run.
+        model_fingerprint, cluster_fingerprint: where it was run (see the specs' ``fingerprint``).
+        status: ``ok``, ``failed`` (raised) or ``timeout`` (exceeded its time limit).
+        step_times: seconds of each timed step (after warm-up); empty unless ``ok``.
+        error: the reason when not ``ok``.
+        batch_size: global batch (all replicas) per step, for samples/s.
+        breakdown: mean seconds per step by phase, e.g. ``{"compute": .., "sync": ..}``.
+        origin: who proposed it (a builder name, ``search``, ``random``).
+        started_at, finished_at: UNIX times.
+        meta: extra facts (library versions, ray calls per step, start-up seconds, ...).
+    """
+
+    strategy: Strategy
+    model_fingerprint: str
+    cluster_fingerprint: str
+    status: str
+    step_times: tuple[float, ...] = ()
+    error: str = ""
+    batch_size: int = 0
+    breakdown: dict = field(default_factory=dict)
+    origin: str = ""
+    started_at: float = field(default_factory=time.time)
+    finished_at: float = field(default_factory=time.time)
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_times", tuple(float(t) for t in self.step_times))
+        if self.status not in STATUSES:
+            raise ValueError(f"Trial.status must be one of {STATUSES}, got {self.status!r}")
+        if self.status == "ok" and not self.step_times:
+            raise ValueError("an ok Trial needs at least one step time")
+        if self.status != "ok" and not self.error:
+            raise ValueError(f"a {self.status} Trial needs an error text")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.step_times)) if self.step_times else math.inf
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.step_times)) if self.step_times else math.inf
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.step_times, 90)) if self.step_times else math.inf
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch_size / self.median if self.step_times and self.median > 0 else 0.0
+
+    def summary(self) -> dict:
+        """JSON-able summary (the CLI's ``--json`` shape)."""
+        return {
+            "status": self.status,
+            "origin": self.origin,
+            "error": self.error or None,
+            "step_time_s": {"median": self.median, "mean": self.mean, "p90": self.p90}
+            if self.ok else None,
+            "samples_per_s": self.samples_per_s if self.ok else None,
+            "steps": len(self.step_times),
+            "breakdown": dict(self.breakdown),
+            "strategy_fingerprint": self.strategy.fingerprint,
+        }
+
+
+class Runner(abc.ABC):
+    """Runs strategies of one model on one cluster and measures them.
+
+    Implementations: the Ray runtime (``autosync.runtime``) and fakes in tests.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+
+    @abc.abstractmethod
+    def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:
+        """Run each strategy (warm-up, then timed steps) and return one Trial per strategy, in
+        order. Never raises for a strategy that fails: that Trial has status failed/timeout."""
+
+    def close(self) -> None:
+        """Release everything the runner holds (actors, processes)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
