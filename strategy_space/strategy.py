@@ -94,7 +94,9 @@ class AllReduce:
     Attributes:
         backend: one of ``BACKENDS``.
         compressor: ``none``, ``fp16``, ``fp16_ef``, ``powersgd(R)`` or ``powersgd_ef(R)``.
-        group: fusion group; variables of one group are reduced in one flat buffer.
+        group: fusion group. The members of a group that share backend and compressor are packed
+            into one flat buffer and reduced with one collective call per step (normally a group
+            is uniform, so one call); groups are issued in gradient-ready order.
     """
 
     backend: str = "auto"
@@ -185,12 +187,14 @@ class VarConfig:
 
     @property
     def uniform(self) -> bool:
-        """All shards use the same kind of synchronizer with the same options (destinations aside)."""
+        """All shards use the same kind of synchronizer with the same options (PS destinations and
+        AR groups aside)."""
         first = self.synchronizers[0]
         if isinstance(first, PS):
             return all(isinstance(s, PS) and (s.local_replication, s.sync, s.staleness)
                        == (first.local_replication, first.sync, first.staleness) for s in self.synchronizers)
-        return all(s == first for s in self.synchronizers)
+        return all(isinstance(s, AllReduce) and (s.backend, s.compressor) == (first.backend, first.compressor)
+                   for s in self.synchronizers)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"var": self.name}
