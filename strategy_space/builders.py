@@ -31,23 +31,29 @@ def step_bytes(var: VariableSpec) -> int:
 
 
 class PlacementLedger:
-    """Greedy placement: each item goes to the node with the least bytes-per-bandwidth so far."""
+    """Greedy placement: each item goes where the node's transfer time (bytes / bandwidth) after
+    taking it is smallest."""
 
     def __init__(self, cluster: ClusterSpec):
         self.cluster = cluster
-        self.load = [0.0] * len(cluster.nodes)
-
-    def least_loaded(self) -> int:
-        return min(range(len(self.load)), key=lambda i: (self.load[i], i))
+        self.bytes = [0.0] * len(cluster.nodes)
+        self.bw = [n.bandwidth_gbps for n in cluster.nodes]
 
     def place_round_robin(self, nbytes: float, shards: int) -> int:
-        """Place ``shards`` equal shards on consecutive nodes starting at the least-loaded one;
-        return that first node's index."""
-        first = self.least_loaded()
-        n = len(self.load)
+        """Place ``shards`` equal shards on consecutive nodes, starting where the most loaded of
+        those nodes ends up least loaded; return the first node's index."""
+        n = len(self.bytes)
+        part = nbytes / shards
+
+        def finish(first: int) -> tuple[float, int]:
+            extra = [0.0] * n
+            for i in range(shards):
+                extra[(first + i) % n] += part
+            return max((self.bytes[j] + extra[j]) / self.bw[j] for j in range(n) if extra[j]), first
+
+        first = min(range(n), key=finish)
         for i in range(shards):
-            node = (first + i) % n
-            self.load[node] += nbytes / shards / self.cluster.nodes[node].bandwidth_gbps
+            self.bytes[(first + i) % n] += part
         return first
 
 

@@ -179,6 +179,18 @@ class StrategySpace:
     # ---- mutation --------------------------------------------------------------------------
     MUTABLE = ("kind", "shards", "dest", "group", "compressor", "local_replication", "mode")
 
+    def _mutation_choices(self, kind: int) -> list[int]:
+        """Indices into MUTABLE of the decisions that can change for a variable of ``kind``."""
+        names = ["kind", "shards"]
+        if kind == KIND_PS:
+            names += ["dest"] if self.num_nodes > 1 else []
+            names += ["local_replication"] if self.multi_worker_nodes else []
+            names += ["mode"] if len(self.staleness) + self.allow_async > 1 else []
+        else:
+            names += ["group"] if self.num_groups > 1 else []
+            names += ["compressor"] if len(self.compressor_choices) > 1 else []
+        return [self.MUTABLE.index(n) for n in names]
+
     def mutate_encoded(self, e: EncodedStrategies, rng: np.random.Generator, tries: int = 8) -> EncodedStrategies:
         """A copy where each strategy has one decision changed: one variable's synchronizer, shards,
         placement or group, a group's compressor, or the strategy-wide PS mode. A draw that
@@ -202,7 +214,11 @@ class StrategySpace:
         n = len(out)
         rows = np.arange(n)
         v = rng.integers(0, self._V, size=n)
-        what = rng.integers(0, len(self.MUTABLE), size=n)
+        what = np.empty(n, dtype=np.int64)
+        is_ps = e.kind[rows, v] == KIND_PS
+        for kind, sel in ((KIND_PS, is_ps), (KIND_AR, ~is_ps)):
+            choices = np.array(self._mutation_choices(kind))
+            what[sel] = choices[rng.integers(0, len(choices), size=int(sel.sum()))]
         fresh = self.sample_encoded(rng, n)
         sync, stale, backend = self._row_modes(e, fresh)
         for i, name in enumerate(self.MUTABLE):

@@ -1,0 +1,159 @@
+"""Commands that need no Ray: ``builders``, ``build``, ``validate``, ``show``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+from autosync.cli._format import human_bytes, table
+from autosync.sources import CLUSTER_FORMS, MODEL_FORMS, load_cluster, load_model_spec
+from strategy_space import PS, AllReduce, ModelSpec, Strategy, validate
+from strategy_space.builders import BUILDERS, builder_options, get_builder, step_bytes
+from strategy_space.errors import ConfigError
+from strategy_space.strategy import shard_bounds
+from strategy_space.yaml_io import dumps, load_strategy, save
+
+
+def add_model_cluster(p: argparse.ArgumentParser, model_required: bool = True, cluster_required: bool = True) -> None:
+    """The ``--model`` and ``--cluster`` flags every command shares."""
+    p.add_argument("--model", required=model_required, metavar="M", help=f"model: {MODEL_FORMS}")
+    p.add_argument("--cluster", required=cluster_required, metavar="C", help=f"cluster: {CLUSTER_FORMS}")
+
+
+def _parse_options(items: list[str]) -> dict:
+    """``key=value`` pairs; values are read as YAML scalars (ints, bools, strings)."""
+    import yaml
+
+    opts = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option {item!r} must look like key=value, e.g. chunk_bytes=4194304")
+        opts[key] = yaml.safe_load(value)
+    return opts
+
+
+def cmd_builders(args) -> int:
+    rows = [(name, cls.description, ", ".join(builder_options(name))) for name, cls in BUILDERS.items()]
+    print(table(["builder", "what it does", "options (--option key=value)"], rows))
+    return 0
+
+
+def cmd_build(args) -> int:
+    model = load_model_spec(args.model)
+    cluster = load_cluster(args.cluster)
+    strategy = get_builder(args.builder, **_parse_options(args.option)).build(model, cluster)
+    validate(strategy, model, cluster)
+    if args.out:
+        save(strategy, args.out)
+        print(f"wrote {args.builder} strategy for {model.name} on {cluster.name} to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(dumps(strategy))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    strategy = load_strategy(args.file)
+    model = load_model_spec(args.model)
+    cluster = load_cluster(args.cluster)
+    try:
+        validate(strategy, model, cluster)
+    except ConfigError as e:
+        raise e.with_source(args.file) from None
+    print(f"{args.file}: valid for model {model.name} ({len(model.variables)} variables) on cluster "
+          f"{cluster.name} ({len(cluster.nodes)} nodes, {len(strategy.resolved_replicas(cluster))} replicas)")
+    return 0
+
+
+def describe(strategy: Strategy, model: ModelSpec | None) -> tuple[list[tuple], dict[str, float], dict[int, float]]:
+    """Rows of the ``show`` table plus bytes per PS node and per AR group (per worker-step)."""
+    rows = []
+    ps_bytes: dict[str, float] = defaultdict(float)
+    group_bytes: dict[int, float] = defaultdict(float)
+    for cfg in strategy.variables:
+        var = model.var(cfg.name) if model is not None and cfg.name in model.names else None
+        if var is not None and cfg.partitioned and cfg.axis < len(var.shape):
+            bounds = shard_bounds(var.shape[cfg.axis], cfg.num_shards)
+            fractions = [(b - a) / var.shape[cfg.axis] for a, b in bounds]
+        else:
+            fractions = [1.0 / cfg.num_shards] * cfg.num_shards
+        moved = step_bytes(var) if var is not None else None
+        where, comps = [], set()
+        kinds = {type(s).__name__ for s in cfg.synchronizers}
+        for frac, sync in zip(fractions, cfg.synchronizers):
+            if isinstance(sync, PS):
+                where.append(sync.destination)
+                if moved is not None:
+                    ps_bytes[sync.destination] += moved * frac
+            else:
+                where.append(f"g{sync.group}")
+                comps.add(sync.compressor)
+                if moved is not None:
+                    group_bytes[sync.group] += moved * frac
+        first = cfg.synchronizers[0]
+        extra = ""
+        if isinstance(first, PS):
+            extra = ("local-repl " if first.local_replication else "") + (
+                f"stale={first.staleness}" if first.sync else "async")
+        sync_name = "/".join(sorted("PS" if k == "PS" else "AR" for k in kinds))
+        rows.append((
+            cfg.name,
+            human_bytes(var.bytes) if var is not None else "?",
+            ("sparse" if var.sparse else "dense") if var is not None else "?",
+            sync_name,
+            cfg.num_shards if cfg.partitioned else 1,
+            ",".join(where),
+            ",".join(sorted(comps)) or "-",
+            extra.strip() or "-",
+        ))
+    return rows, dict(ps_bytes), dict(group_bytes)
+
+
+def cmd_show(args) -> int:
+    strategy = load_strategy(args.file)
+    model = load_model_spec(args.model) if args.model else None
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    if model is not None and cluster is not None:
+        validate(strategy, model, cluster)
+    rows, ps_bytes, group_bytes = describe(strategy, model)
+    print(f"strategy {args.file}" + (f" ({strategy.origin})" if strategy.origin else "")
+          + (f" for model {model.name}" if model else ""))
+    print(table(["variable", "size", "grad", "sync", "shards", "destination/group", "compressor", "ps options"],
+                rows, right=(1, 4)))
+    n_ps = sum(1 for r in rows if "PS" in r[3])
+    print(f"\n{len(rows)} variables: {n_ps} on parameter servers, {len(rows) - n_ps} all-reduced")
+    if model is None:
+        print("(give --model for sizes and the bytes per node)")
+        return 0
+    if ps_bytes:
+        print("\nbytes per parameter-server node per worker step (push; pull is the same):")
+        print(table(["node", "bytes", "share"], [(n, human_bytes(b), f"{b / sum(ps_bytes.values()):.0%}")
+                                                 for n, b in sorted(ps_bytes.items())], right=(1, 2)))
+    if group_bytes:
+        print("\nall-reduce fusion groups:")
+        print(table(["group", "bytes", "variables"],
+                    [(f"g{g}", human_bytes(b), sum(1 for r in rows if f"g{g}" in r[5].split(",")))
+                     for g, b in sorted(group_bytes.items())], right=(1, 2)))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("builders", help="list the baseline strategy builders")
+    p.set_defaults(func=cmd_builders)
+
+    p = sub.add_parser("build", help="build a baseline strategy as YAML")
+    p.add_argument("--builder", required=True, help=f"one of: {', '.join(BUILDERS)}")
+    add_model_cluster(p)
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="builder option (repeatable)")
+    p.add_argument("--out", help="write the YAML here instead of stdout")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("validate", help="check a strategy YAML against a model and a cluster")
+    p.add_argument("file", help="strategy YAML file")
+    add_model_cluster(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("show", help="print a strategy as a readable table")
+    p.add_argument("file", help="strategy YAML file")
+    add_model_cluster(p, model_required=False, cluster_required=False)
+    p.set_defaults(func=cmd_show)

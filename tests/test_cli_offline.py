@@ -1,0 +1,93 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from autosync.cli import main
+from strategy_space import dumps, load_strategy, save, validate
+from tests.conftest import CONFIGS, REPO
+from tests.fakes import three_node_cluster, tiny_model
+
+
+@pytest.fixture
+def specs(tmp_path):
+    model, cluster = tmp_path / "model.yaml", tmp_path / "cluster.yaml"
+    save(tiny_model(), model)
+    save(three_node_cluster(), cluster)
+    return str(model), str(cluster)
+
+
+def test_build_writes_valid_yaml(specs, tmp_path, capsys):
+    model, cluster = specs
+    out = tmp_path / "s.yaml"
+    assert main(["build", "--builder", "parallax", "--model", model, "--cluster", cluster, "--out", str(out)]) == 0
+    s = load_strategy(out)
+    validate(s, tiny_model(), three_node_cluster())
+    assert s.origin == "parallax"
+
+
+def test_build_to_stdout_with_option(specs, capsys):
+    model, cluster = specs
+    assert main(["build", "--builder", "all_reduce", "--model", model, "--cluster", cluster,
+                 "--option", "compressor=fp16", "--option", "chunk_bytes=1024"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert doc["kind"] == "strategy"
+    assert any(v.get("all_reduce", {}).get("compressor") == "fp16" for v in doc["variables"])
+
+
+def test_validate_ok_and_bad(specs, tmp_path, capsys):
+    model, cluster = specs
+    good = tmp_path / "good.yaml"
+    main(["build", "--builder", "ps_lb", "--model", model, "--cluster", cluster, "--out", str(good)])
+    assert main(["validate", str(good), "--model", model, "--cluster", cluster]) == 0
+    assert "valid for model tiny (6 variables)" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("destination: h1", "destination: h9"))
+    assert main(["validate", str(bad), "--model", model, "--cluster", cluster]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "ps.destination 'h9' is not a node of cluster three; allowed: h0, h1, h2" in err
+
+
+def test_show_table_and_totals(specs, tmp_path, capsys):
+    model, cluster = specs
+    f = tmp_path / "p.yaml"
+    main(["build", "--builder", "parallax", "--model", model, "--cluster", cluster, "--out", str(f)])
+    capsys.readouterr()
+    assert main(["show", str(f), "--model", model, "--cluster", cluster]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("embedding/embeddings"))
+    assert "sparse" in line and " PS " in line
+    assert any(order in line for order in ("h0,h1,h2", "h1,h2,h0", "h2,h0,h1"))
+    assert "bytes per parameter-server node" in out and "all-reduce fusion groups" in out
+    assert "1 on parameter servers, 5 all-reduced" in out
+
+
+def test_bert_parallax_on_4x4_cluster(tmp_path, capsys):
+    bert = os.path.join(CONFIGS, "models", "bert_base.yaml")
+    if not os.path.exists(bert):
+        pytest.fail("configs/models/bert_base.yaml is missing")
+    cluster = os.path.join(CONFIGS, "clusters", "paper_4x4t4_50gbit.yaml")
+    f = tmp_path / "bert.yaml"
+    assert main(["build", "--builder", "parallax", "--model", bert, "--cluster", cluster, "--out", str(f)]) == 0
+    capsys.readouterr()
+    assert main(["show", str(f), "--model", bert, "--cluster", cluster]) == 0
+    out = capsys.readouterr().out
+    rows = [l for l in out.splitlines() if "sparse" in l.split()[:4]]
+    assert rows, "BERT has sparse embeddings"
+    for row in rows:
+        assert "PS" in row and all(n in row for n in ("node0", "node1", "node2", "node3"))
+    dense = [l for l in out.splitlines() if " dense " in l]
+    assert dense and all(" AR " in l and " g" in l for l in dense)
+
+
+def test_bad_input_exit_2_without_traceback(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("kind: strategy\nvariables: [\n")
+    for args in (["show", str(f)], ["show", str(tmp_path / "missing.yaml")],
+                 ["build", "--builder", "nope", "--model", "x.yaml", "--cluster", "local"],
+                 ["validate", str(f), "--model", "m.yaml", "--cluster", "nowhere"]):
+        r = subprocess.run([sys.executable, "-m", "autosync", *args], capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and "error:" in r.stderr, r.stderr

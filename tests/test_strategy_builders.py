@@ -1,0 +1,92 @@
+"""Contract suite run against every builder, for every model x cluster in configs/ plus fakes."""
+import glob
+import os
+
+import pytest
+
+from strategy_space import PS, AllReduce, dumps, load_cluster_spec, load_model_spec, loads, validate
+from strategy_space.builders import BUILDERS, ConfigError, fusion_groups, get_builder, step_bytes
+from strategy_space.space import StrategySpace
+from tests.conftest import CONFIGS
+from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
+
+MODELS = [tiny_model(), tiny_model(profile=True)] + [load_model_spec(f) for f in sorted(glob.glob(os.path.join(CONFIGS, "models", "*.yaml")))]
+CLUSTERS = [two_node_cluster(), three_node_cluster()] + [load_cluster_spec(f) for f in sorted(glob.glob(os.path.join(CONFIGS, "clusters", "*.yaml")))]
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: c.name)
+def test_builder_contract(name, model, cluster):
+    s = get_builder(name).build(model, cluster)
+    validate(s, model, cluster)
+    assert loads(dumps(s)) == s
+    assert s.origin == name
+    StrategySpace(model, cluster).encode([s])  # the tuner can featurize every baseline
+
+
+def test_ps_puts_everything_on_chief():
+    s = get_builder("ps").build(tiny_model(), three_node_cluster())
+    assert {sync.destination for c in s.variables for sync in c.synchronizers} == {"h0"}
+
+
+def test_ps_lb_balances_by_bytes_per_bandwidth():
+    model, cluster = tiny_model(), three_node_cluster()
+    s = get_builder("ps_lb").build(model, cluster)
+    load = {n: 0.0 for n in cluster.node_names}
+    for c in s.variables:
+        load[c.synchronizers[0].destination] += step_bytes(model.var(c.name))
+    # the biggest variable goes to the fastest node (h2: 3 Gbit/s) first
+    biggest = max(model.variables, key=step_bytes)
+    assert s.config(biggest.name).synchronizers[0].destination == "h2"
+    assert len({d for d, b in load.items() if b > 0}) == 3
+
+
+def test_partitioned_ps_spreads_large_variables_over_all_nodes():
+    model, cluster = tiny_model(), three_node_cluster()
+    s = get_builder("partitioned_ps").build(model, cluster)
+    big = s.config("dense_1/kernel")
+    assert [x.destination for x in big.synchronizers] and {x.destination for x in big.synchronizers} == {"h0", "h1", "h2"}
+    assert not s.config("dense/bias").partitioned
+
+
+def test_all_reduce_groups_by_bytes_not_count():
+    model = tiny_model()
+    s = get_builder("all_reduce", chunk_bytes=1 << 20).build(model, two_node_cluster())
+    groups = {}
+    for c in s.variables:
+        groups.setdefault(c.synchronizers[0].group, []).append(model.var(c.name).bytes)
+    for members in groups.values():
+        assert sum(members) <= (1 << 20) or len(members) == 1
+    assert len(groups) >= 3  # the 6.1 MiB embedding and the 2 MiB kernel each need their own group
+    assert fusion_groups(model, model.names, 1 << 40) == {n: 0 for n in model.names}
+
+
+def test_all_reduce_compressor_only_where_legal():
+    s = get_builder("all_reduce", compressor="fp16").build(tiny_model(), two_node_cluster())
+    assert s.config("dense/kernel").synchronizers[0].compressor == "fp16"
+    assert s.config("embedding/embeddings").synchronizers[0].compressor == "none"
+    assert s.config("steps").synchronizers[0].compressor == "none"
+
+
+def test_parallax_sparse_on_ps_dense_on_ar():
+    s = get_builder("parallax").build(tiny_model(), three_node_cluster())
+    emb = s.config("embedding/embeddings")
+    assert all(isinstance(x, PS) for x in emb.synchronizers) and emb.num_shards == 3
+    for name in ("dense/kernel", "dense_1/kernel", "dense/bias"):
+        assert isinstance(s.config(name).synchronizers[0], AllReduce)
+
+
+def test_unknown_builder_lists_valid_ones():
+    with pytest.raises(ConfigError, match=r"unknown builder 'horovod'; valid builders: ps, ps_lb, partitioned_ps"):
+        get_builder("horovod")
+
+
+def test_unknown_option_lists_accepted():
+    with pytest.raises(ConfigError, match=r"builder all_reduce: unknown option\(s\) chunk; accepted: backend, chunk_bytes, compressor"):
+        get_builder("all_reduce", chunk=3)
+
+
+def test_bad_option_value():
+    with pytest.raises(ConfigError, match="compressor 'gzip' is not one of"):
+        get_builder("all_reduce", compressor="gzip")

@@ -1,0 +1,97 @@
+import pytest
+
+from strategy_space import ClusterSpec, ConfigError, ModelSpec, NodeSpec, VariableSpec, dumps, loads
+from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
+
+
+def test_variable_bytes_and_rows():
+    v = VariableSpec("e", (1000, 16), dtype="float16", sparse=True, rows_per_step=10)
+    assert v.bytes == 1000 * 16 * 2
+    assert v.row_bytes == 32
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="x", shape=(0, 3)), r"every dimension of shape must be >= 1, got \[0, 3\]"),
+    (dict(name="x", shape=(3,), dtype="float8"), r"dtype 'float8' is not one of"),
+    (dict(name="x", shape=(3,), rows_per_step=2), r"rows_per_step is only allowed when sparse is true"),
+    (dict(name="x", shape=(3, 2), sparse=True, rows_per_step=4), r"rows_per_step must be in \[1, 3\]"),
+])
+def test_variable_rules(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        VariableSpec(**kwargs)
+
+
+def test_model_rejects_duplicate_names():
+    with pytest.raises(ConfigError, match="appears twice"):
+        ModelSpec("m", (VariableSpec("a", (2,)), VariableSpec("a", (3,))))
+
+
+def test_cluster_rules_reported_together():
+    with pytest.raises(ConfigError) as e:
+        ClusterSpec("c", (NodeSpec("a", chief=True), NodeSpec("a", chief=True)))
+    text = str(e.value)
+    assert "node names must be unique" in text and "exactly one node may be chief" in text
+
+
+def test_cluster_first_node_is_chief_by_default():
+    c = ClusterSpec("c", (NodeSpec("a"), NodeSpec("b")))
+    assert c.chief.name == "a"
+    assert c.devices == ("a:0", "b:0")
+
+
+@pytest.mark.parametrize("spec", [tiny_model(), tiny_model(profile=True), two_node_cluster(), three_node_cluster()])
+def test_yaml_round_trip_exact(spec):
+    back = loads(dumps(spec))
+    assert back == spec
+    assert back.fingerprint == spec.fingerprint
+
+
+def test_fingerprint_ignores_profile_and_is_stable():
+    assert tiny_model().fingerprint == tiny_model(profile=True).fingerprint
+    # the same in a fresh interpreter (hash randomization must not leak into it)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from tests.fakes import tiny_model; print(tiny_model().fingerprint)"],
+                         capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert out.stdout.strip() == tiny_model().fingerprint
+    other = ModelSpec("tiny", tiny_model().variables[:-1], batch_size=64)
+    assert other.fingerprint != tiny_model().fingerprint
+
+
+def test_cluster_fingerprint_ignores_name_only():
+    c = two_node_cluster()
+    renamed = ClusterSpec("other", c.nodes)
+    assert renamed.fingerprint == c.fingerprint
+    faster = ClusterSpec("two", (NodeSpec("a", address="10.0.0.1", workers=2, bandwidth_gbps=10.0), c.nodes[1]))
+    assert faster.fingerprint != c.fingerprint
+
+
+def test_unknown_keys_are_errors():
+    text = dumps(tiny_model()).replace("batch_size: 64", "batch_size: 64\nbatchsize: 3")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) batchsize; allowed keys are"):
+        loads(text)
+
+
+def test_unknown_node_key_names_node():
+    text = dumps(two_node_cluster()).replace("cpus: 1", "cpus: 1\n  bandwith_gbps: 3", 1)
+    with pytest.raises(ConfigError, match=r"nodes\[0\]: unknown key\(s\) bandwith_gbps"):
+        loads(text)
+
+
+def test_wrong_kind_and_version():
+    with pytest.raises(ConfigError, match="expected a cluster file"):
+        loads(dumps(tiny_model()), expect="cluster")
+    with pytest.raises(ConfigError, match="format version 9 is not supported"):
+        loads(dumps(tiny_model()).replace("version: 1", "version: 9"))
+
+
+def test_bad_yaml_says_where():
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 3, column 1: expected .,. or .\]."):
+        loads("kind: model\nname: [unclosed\n")
+
+
+def test_bytes_field_must_match():
+    text = dumps(tiny_model()).replace("dtype: int64", "dtype: int64\n  bytes: 3")
+    with pytest.raises(ConfigError, match="does not match shape x dtype = 8"):
+        loads(text)
