@@ -1,0 +1,137 @@
+"""Bind a ClusterSpec onto a running Ray cluster: which Ray node each spec node is, and the
+actor options that pin work there.
+
+A node is found by its custom resource label (``NodeSpec.resource``) when set, else by its
+address (Ray's ``node:<ip>`` resource). The ``local`` cluster (one node on the loopback address)
+starts an embedded Ray when none is initialized. Missing nodes or CPUs fail early with a
+ConfigError that says what was requested, what is available and how to fix it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from strategy_space import ClusterSpec
+from strategy_space.errors import ConfigError
+
+LOOPBACK = ("127.0.0.1", "localhost")
+# a pinning resource amount small enough for thousands of actors on one node
+PIN_AMOUNT = 0.001
+
+
+@dataclass(frozen=True)
+class ClusterBinding:
+    """A ClusterSpec mapped onto Ray nodes.
+
+    Attributes:
+        cluster: the spec.
+        keys: node name -> the Ray resource that pins actors to it.
+        node_ids: node name -> Ray node id.
+        started_ray: this binding started the embedded Ray (and ``close`` stops it).
+    """
+
+    cluster: ClusterSpec
+    keys: dict
+    node_ids: dict
+    started_ray: bool = False
+
+    @classmethod
+    def bind(cls, cluster: ClusterSpec) -> "ClusterBinding":
+        """Connect (or start the embedded Ray for a single loopback node) and check resources.
+
+        Raises:
+            ConfigError: Ray is not running for a multi-node spec, or a node, resource or the
+                CPUs it asks for are not in the Ray cluster.
+        """
+        import ray
+
+        started = False
+        if not ray.is_initialized():
+            started = _start_ray(cluster)
+        try:
+            keys, node_ids = _resolve(cluster, [n for n in ray.nodes() if n.get("Alive")])
+        except ConfigError:
+            if started:
+                ray.shutdown()
+            raise
+        return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started)
+
+    def actor_options(self, node: str, num_cpus: float = 0.0) -> dict:
+        """``.options(...)`` keyword arguments that place an actor on ``node``."""
+        return {"num_cpus": num_cpus, "resources": {self.keys[node]: PIN_AMOUNT}}
+
+    def worker_cpus(self, node: str) -> float:
+        """CPUs for each worker on ``node``: the node's CPUs shared by its workers."""
+        spec = self.cluster.node(node)
+        return spec.cpus / max(1, spec.workers or 1)
+
+    def close(self) -> None:
+        """Stop the embedded Ray if this binding started it."""
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _is_local(cluster: ClusterSpec) -> bool:
+    return len(cluster.nodes) == 1 and cluster.nodes[0].address in LOOPBACK and cluster.nodes[0].resource is None
+
+
+def _start_ray(cluster: ClusterSpec) -> bool:
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        return False
+    if not _is_local(cluster):
+        raise ConfigError(
+            f"cluster {cluster.name} has {len(cluster.nodes)} node(s) but Ray is not running here; "
+            f"fix by starting the Ray cluster and setting RAY_ADDRESS=<head>:6379 (or calling "
+            f"ray.init(address=...)) before running, or use cluster 'local'")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=cluster.nodes[0].cpus, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    return True
+
+
+def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:
+    import ray
+
+    problems = []
+    keys, node_ids = {}, {}
+    labels = sorted({k for n in ray_nodes for k in n["Resources"]
+                     if not k.startswith(("node:", "CPU", "GPU", "memory", "object_store_memory", "accelerator_type"))})
+    addresses = sorted({n["NodeManagerAddress"] for n in ray_nodes})
+    for spec in cluster.nodes:
+        if spec.resource:
+            key = spec.resource
+            fix = f"start that Ray node with --resources='{{\"{key}\": 1}}' or set node.resource to one of {labels or 'none'}"
+        else:
+            key = f"node:{spec.address}"
+            if spec.address in LOOPBACK and not any(key in n["Resources"] for n in ray_nodes):
+                # Ray may know this machine by its interface address: loopback means the driver's node
+                key = f"node:{ray.util.get_node_ip_address()}"
+            fix = f"set node.address to one of {addresses} or give node.resource (a custom Ray resource label)"
+        matches = [n for n in ray_nodes if key in n["Resources"]]
+        if not matches:
+            problems.append(f"node {spec.name}: requested Ray resource '{key}', available nodes: "
+                            f"addresses {addresses}, labels {labels or 'none'}; fix by: {fix}")
+            continue
+        if len(matches) > 1 and not spec.resource:
+            problems.append(f"node {spec.name}: address {spec.address} matches {len(matches)} Ray nodes; "
+                            f"fix by giving each node a custom resource label (node.resource)")
+            continue
+        ray_node = matches[0]
+        needed = (spec.workers or 0) * (spec.cpus / max(1, spec.workers or 1))
+        have = ray_node["Resources"].get("CPU", 0.0)
+        if needed > have + 1e-9:
+            problems.append(f"node {spec.name}: requested {needed:g} CPUs for {spec.workers} worker(s), "
+                            f"available {have:g} on Ray node {ray_node['NodeManagerAddress']}; fix by lowering "
+                            f"cpus in the cluster spec to <= {have:g} or starting Ray there with --num-cpus={needed:g}")
+            continue
+        keys[spec.name] = key
+        node_ids[spec.name] = ray_node["NodeID"]
+    if problems:
+        raise ConfigError(problems)
+    return keys, node_ids

@@ -1,0 +1,220 @@
+"""Driver-side execution: a pool of warm worker actors and the session that runs one plan.
+
+``WorkerPool`` keeps one TensorFlow worker actor per replica slot alive across trials (their
+start-up is dominated by importing TensorFlow). ``Session`` creates the plan's parameter-server
+actors (fresh each time), resets the workers onto them and runs steps; on any failure or
+time-out it kills every actor involved so the next session starts clean.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.channels import PSChannel
+from autosync.runtime.plan import SyncPlan
+from strategy_space.errors import ConfigError
+
+
+class TrialFailed(RuntimeError):
+    """A session raised (a worker or PS error, a dead actor)."""
+
+
+class TrialTimeout(TrialFailed):
+    """A session exceeded its time limit."""
+
+
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TrialTimeout("time limit reached")
+    return left
+
+
+def error_reason(e: BaseException) -> str:
+    """One line that says what failed, without Ray's wrapping tracebacks."""
+    import ray
+
+    if isinstance(e, ray.exceptions.RayTaskError):
+        cause = getattr(e, "cause", None)
+        text = str(cause if cause is not None else e)
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        last = lines[-1].strip() if lines else type(e).__name__
+        if cause is not None and not isinstance(cause, ray.exceptions.RayTaskError) and str(cause) in last:
+            return f"{type(cause).__name__}: {cause}"
+        return last
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def wait_all(refs: list, deadline: float | None, what: str, names: list | None = None) -> list:
+    """``ray.get`` of all refs, failing fast on the first error and at the deadline.
+
+    Raises:
+        TrialFailed: one raised (its reason, prefixed by its name).
+        TrialTimeout: not all finished before ``deadline``.
+    """
+    import ray
+
+    index = {r: i for i, r in enumerate(refs)}
+    pending = list(refs)
+    results: list = [None] * len(refs)
+    while pending:
+        try:
+            timeout = _remaining(deadline)
+        except TrialTimeout:
+            raise TrialTimeout(f"{what}: time limit reached with {len(pending)} of {len(refs)} unfinished") from None
+        done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+        if not done:
+            continue
+        i = index[done[0]]
+        try:
+            results[i] = ray.get(done[0])
+        except Exception as e:  # noqa: BLE001 - any task/actor error fails the session
+            who = names[i] if names else f"#{i}"
+            raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from e
+    return results
+
+
+class WorkerPool:
+    """Warm TensorFlow worker actors, one per replica slot, for one model.
+
+    Args:
+        model_def: the model every worker builds.
+        binding: where the slots' nodes are.
+    """
+
+    def __init__(self, model_def, binding: ClusterBinding):
+        self.model_def = model_def
+        self.binding = binding
+        self.actors: dict[str, object] = {}
+        self.description: dict | None = None
+        self.spawn_s = 0.0
+
+    def ensure(self, slots: tuple[str, ...], deadline: float | None = None) -> list:
+        """Handles for ``slots`` (in order), starting and loading missing workers.
+
+        Raises:
+            TrialFailed/TrialTimeout: a worker could not start or load the model.
+            ConfigError: workers built different initial weights (model_fn ignores the seed).
+        """
+        import ray
+
+        from autosync.runtime.worker import TrainingWorker
+
+        missing = [s for s in slots if s not in self.actors]
+        if not missing:
+            return [self.actors[s] for s in slots]
+        t0 = time.perf_counter()
+        cls = ray.remote(TrainingWorker)
+        for slot in missing:
+            node = slot.rsplit(":", 1)[0]
+            cpus = self.binding.worker_cpus(node)
+            self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus)).remote(cpus)
+        refs = [self.actors[s].load.remote(self.model_def, slots.index(s), len(slots)) for s in missing]
+        try:
+            loaded = wait_all(refs, deadline, "worker", missing)
+        except TrialFailed:
+            self.kill_all()
+            raise
+        self.spawn_s = time.perf_counter() - t0
+        if self.description is None:
+            self.description = loaded[0]
+        reference = _digest(self.description["initial"])
+        differ = [s for s, d in zip(missing, loaded) if _digest(d["initial"]) != reference]
+        if differ:
+            self.kill_all()
+            raise ConfigError(f"model {self.model_def.name}: workers {differ} built different initial weights "
+                              f"from seed {self.model_def.seed}; make model_fn deterministic under "
+                              f"keras.utils.set_random_seed (no other RNG, no data-dependent init)")
+        return [self.actors[s] for s in slots]
+
+    def kill_all(self) -> None:
+        """Kill every worker (they are started again on the next ``ensure``)."""
+        import ray
+
+        for actor in self.actors.values():
+            ray.kill(actor, no_restart=True)
+        self.actors = {}
+
+
+def _digest(arrays: list) -> str:
+    h = hashlib.sha1()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+class Session:
+    """One plan running on the pool's workers with fresh parameter servers.
+
+    Args:
+        pool: warm workers (must already hold the model; see ``WorkerPool.ensure``).
+        plan: what to run.
+    """
+
+    def __init__(self, pool: WorkerPool, plan: SyncPlan):
+        self.pool = pool
+        self.plan = plan
+        self.ps_actors: list = []
+        self.workers: list = []
+
+    def start(self, deadline: float | None = None) -> dict:
+        """Create the PS actors with the initial values and point every worker at them.
+
+        Returns:
+            placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``.
+        """
+        import ray
+
+        from autosync.runtime.ps_shard import ParameterServerShard
+
+        desc = self.pool.description
+        initial = desc["initial"]
+        binding = self.pool.binding
+        self.workers = self.pool.ensure(self.plan.replicas, deadline)
+        ps_cls = ray.remote(ParameterServerShard)
+        for p in self.plan.ps_actors:
+            values = {r.key: initial[r.var_index] if r.num_shards == 1
+                      else np.ascontiguousarray(initial[r.var_index][r.slicer(initial[r.var_index].ndim)])
+                      for r in p.shards}
+            self.ps_actors.append(ps_cls.options(**binding.actor_options(p.node), max_concurrency=1000).remote(
+                p.name, values, [r.key for r in p.shards if r.sparse],
+                [r.key for r in p.shards if r.local_replication], desc["optimizer"],
+                self.plan.num_workers, self.plan.sync))
+        names = [p.name for p in self.plan.ps_actors]
+        ps_info = wait_all([a.ready.remote() for a in self.ps_actors], deadline, "parameter server", names)
+        shapes = [v["shape"] for v in desc["variables"]]
+        pairs = list(zip(self.ps_actors, self.plan.ps_actors))
+        n = self.plan.num_workers
+        resets = [w.reset.remote(i, n, [PSChannel(i, pairs, shapes, self.plan.staleness)])
+                  for i, w in enumerate(self.workers)]
+        wait_all(resets, deadline, "worker", list(self.plan.replicas))
+        infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
+        return {"ps": ps_info, "workers": infos}
+
+    def run(self, steps: int, deadline: float | None = None) -> list[dict]:
+        """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``)."""
+        refs = [w.run.remote(steps) for w in self.workers]
+        return wait_all(refs, deadline, "worker", list(self.plan.replicas))
+
+    def weights(self, deadline: float | None = None) -> list:
+        """Model weights of the first worker (synchronized by the last ``run``)."""
+        return wait_all([self.workers[0].get_weights.remote()], deadline, "worker")[0]
+
+    def close(self) -> None:
+        """Kill the PS actors (workers stay warm)."""
+        import ray
+
+        for actor in self.ps_actors:
+            ray.kill(actor, no_restart=True)
+        self.ps_actors = []
+
+    def abort(self) -> None:
+        """Kill everything this session touched: PS actors and every pool worker."""
+        self.close()
+        self.pool.kill_all()
+        self.workers = []

@@ -1,0 +1,173 @@
+"""Keras optimizer update rules re-implemented in numpy, for parameter-server shards.
+
+Parameter-server actors are fresh processes every trial; importing TensorFlow there would cost
+seconds per trial (see ``benchmarks/runtime_overhead.py``), so they apply updates with these
+numpy versions of the Keras 3 formulas instead. The arithmetic follows Keras step by step in the
+variable's dtype (float32 scalars, same operation order), so results match a single-process Keras
+optimizer to float rounding.
+
+Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
+embedding lookup, exactly what ``tf.IndexedSlices`` holds). Keras treats them as follows, and so
+do we: repeated indices add up; for Adam, ``square(gradient)`` squares each slice *before* they are
+added up (Keras squares the ``IndexedSlices`` values), so ``v`` sees the sum of squared slices.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from strategy_space.errors import ConfigError
+
+# config keys that change the update rule; any non-default value is rejected, not ignored
+_UNSUPPORTED = {
+    "weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None,
+    "use_ema": False, "loss_scale_factor": None, "gradient_accumulation_steps": None,
+}
+_IGNORED = {"name", "learning_rate", "ema_momentum", "ema_overwrite_frequency"}
+
+
+def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Dense array of ``shape`` holding the sum of ``values`` rows at ``indices``."""
+    out = np.zeros(shape, dtype=dtype)
+    np.add.at(out, indices, values)
+    return out
+
+
+class NumpyOptimizer:
+    """Base class: holds hyper-parameters and per-variable slots; ``apply`` updates one step.
+
+    Variables are never changed in place: each update stores a new array, so a snapshot handed
+    out earlier (a pull being serialized) is never modified under the reader.
+    """
+
+    slot_names: tuple[str, ...] = ()
+    keras_name = ""
+    _options: dict = {}
+
+    def __init__(self, config: dict):
+        self.learning_rate = float(config["learning_rate"])
+        self.options = {k: config.get(k, v) for k, v in self._options.items()}
+        self.slots: dict = {}
+
+    def add_variable(self, key, value: np.ndarray) -> None:
+        """Create zero slots (momentum, velocity, ...) for the variable stored under ``key``."""
+        self.slots[key] = {name: np.zeros_like(value) for name in self.slot_names}
+
+    def apply(self, iteration: int, params: dict, grads: dict) -> None:
+        """Apply one optimizer step to every variable in ``grads``.
+
+        Args:
+            iteration: the optimizer's step counter before this update (Keras ``iterations``).
+            params: key -> current value; replaced by the new value.
+            grads: key -> dense ndarray or ``(indices, values)``; keys absent are not updated
+                (Keras skips variables whose gradient is None).
+        """
+        for key, grad in grads.items():
+            params[key] = self._update(iteration, key, params[key], grad)
+
+    def _update(self, iteration, key, var, grad):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class SGD(NumpyOptimizer):
+    """``keras.optimizers.SGD`` (plain, momentum, nesterov)."""
+
+    keras_name = "sgd"
+    _options = {"momentum": 0.0, "nesterov": False}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.slot_names = ("momentum",) if self.options["momentum"] != 0 else ()
+
+    def _update(self, iteration, key, var, grad):
+        lr = var.dtype.type(self.learning_rate)
+        if not self.slot_names:
+            if isinstance(grad, tuple):
+                new = var.copy()
+                np.subtract.at(new, grad[0], grad[1] * lr)
+                return new
+            return var - grad * lr
+        g = _scatter_sum(var.shape, var.dtype, *grad) if isinstance(grad, tuple) else grad
+        mom = var.dtype.type(self.options["momentum"])
+        slots = self.slots[key]
+        m = slots["momentum"] * mom - g * lr
+        slots["momentum"] = m
+        if self.options["nesterov"]:
+            return var + (m * mom - g * lr)
+        return var + m
+
+
+class Adam(NumpyOptimizer):
+    """``keras.optimizers.Adam`` with bias correction and optional AMSGrad."""
+
+    keras_name = "adam"
+    _options = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.slot_names = ("m", "v", "v_hat") if self.options["amsgrad"] else ("m", "v")
+
+    def _update(self, iteration, key, var, grad):
+        f = var.dtype.type
+        o = self.options
+        lr = f(self.learning_rate)
+        step = f(iteration + 1)
+        beta_1_power = np.power(f(o["beta_1"]), step)
+        beta_2_power = np.power(f(o["beta_2"]), step)
+        alpha = lr * np.sqrt(f(1) - beta_2_power) / (f(1) - beta_1_power)
+        if isinstance(grad, tuple):
+            indices, values = grad
+            g = _scatter_sum(var.shape, var.dtype, indices, values)
+            g2 = _scatter_sum(var.shape, var.dtype, indices, np.square(values))
+        else:
+            g, g2 = grad, np.square(grad)
+        s = self.slots[key]
+        s["m"] = s["m"] + (g - s["m"]) * f(1 - o["beta_1"])
+        s["v"] = s["v"] + (g2 - s["v"]) * f(1 - o["beta_2"])
+        v = s["v"]
+        if o["amsgrad"]:
+            s["v_hat"] = np.maximum(s["v_hat"], v)
+            v = s["v_hat"]
+        return var - (s["m"] * alpha) / (np.sqrt(v) + f(o["epsilon"]))
+
+
+OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam)}
+
+
+def check_optimizer_config(config: dict) -> None:
+    """Raise if a Keras optimizer config (``optimizer.get_config()``) cannot be run on the PS.
+
+    Raises:
+        ConfigError: unknown optimizer, a learning-rate schedule, or an option that changes the
+            update rule and is not implemented (weight decay, clipping, EMA, ...).
+    """
+    name = str(config.get("name", "")).lower()
+    problems = []
+    if name not in OPTIMIZERS:
+        problems.append(f"optimizer {config.get('name')!r} is not supported on parameter servers; "
+                        f"supported: {', '.join(k.upper() if k == 'sgd' else k.title() for k in OPTIMIZERS)} "
+                        f"(keras.optimizers); change the ModelDef's optimizer_fn")
+    lr = config.get("learning_rate")
+    if not isinstance(lr, (int, float)):
+        problems.append(f"optimizer learning_rate must be a constant number on parameter servers, got "
+                        f"{type(lr).__name__} (a schedule?); use a float learning rate")
+    for key, default in _UNSUPPORTED.items():
+        if config.get(key, default) != default:
+            problems.append(f"optimizer option {key}={config[key]!r} is not supported on parameter servers; "
+                            f"remove it (allowed: {default!r})")
+    if name in OPTIMIZERS:
+        known = set(OPTIMIZERS[name]._options) | set(_UNSUPPORTED) | _IGNORED
+        extra = sorted(set(config) - known)
+        if extra:
+            problems.append(f"optimizer {name}: options {extra} are not implemented on parameter servers")
+    if problems:
+        raise ConfigError(problems)
+
+
+def make_optimizer(config: dict) -> NumpyOptimizer:
+    """The numpy optimizer for a Keras optimizer config.
+
+    Raises:
+        ConfigError: see ``check_optimizer_config``.
+    """
+    check_optimizer_config(config)
+    return OPTIMIZERS[str(config["name"]).lower()](config)

@@ -1,0 +1,89 @@
+"""Small trainable ModelDefs for the runtime tests: a real sparse embedding plus dense layers.
+
+Ray workers unpickle these factories; tests register this module to be pickled by value
+(``ray.cloudpickle.register_pickle_by_value``) because the tests folder is not importable there.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import numpy as np
+
+from autosync.model_def import ModelDef
+
+VOCAB, DIM, IDS = 40, 4, 3
+
+
+def build_model():
+    import keras
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    emb = keras.layers.Embedding(VOCAB, DIM, name="emb")(ids)
+    x = keras.layers.Flatten()(emb)
+    x = keras.layers.Dense(6, activation="tanh", name="hidden")(x)
+    out = keras.layers.Dense(1, name="out")(x)
+    return keras.Model(ids, out)
+
+
+def mse():
+    import keras
+
+    return keras.losses.MeanSquaredError()
+
+
+def make_optimizer(kind: str, **kw):
+    import keras
+
+    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[kind](**kw)
+
+
+def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4):
+    """``count`` fixed batches for this worker; the target is a smooth function of the ids."""
+    rng = np.random.RandomState(1000 + 17 * worker + num_workers)
+    out = []
+    for _ in range(count):
+        x = rng.randint(0, VOCAB, size=(batch, IDS)).astype("int32")
+        y = (np.sin(x.sum(axis=1, keepdims=True) / 7.0)).astype("float32")
+        out.append((x, y))
+    return out
+
+
+def faulty_batches(worker: int, num_workers: int, flag: str, mode: str, at: int = 3):
+    """Like ``make_batches`` but while file ``flag`` exists, worker 1 raises (mode ``raise``) or
+    hangs (mode ``hang``) when asked for batch ``at``."""
+    for i, b in enumerate(make_batches(worker, num_workers, count=1000)):
+        if worker == 1 and i == at and os.path.exists(flag):
+            if mode == "raise":
+                raise ValueError("injected failure in worker 1")
+            time.sleep(3600)
+        yield b
+
+
+def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, **opt_kw) -> ModelDef:
+    return ModelDef(
+        name="tiny_emb", model_fn=build_model, loss_fn=mse,
+        optimizer_fn=functools.partial(make_optimizer, optimizer, **opt_kw),
+        dataset_fn=dataset or functools.partial(make_batches, batch=batch), batch_size=batch, seed=7)
+
+
+def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
+    """Single-process training on the global batch (all workers' batches of each step)."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(md.seed)
+    model = md.model_fn()
+    loss_fn = md.loss_fn()
+    opt = md.optimizer_fn()
+    streams = [md.batches(i, num_workers) for i in range(num_workers)]
+    for _ in range(steps):
+        parts = [next(s) for s in streams]
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+    return model.get_weights()
