@@ -15,6 +15,7 @@ from strategy_space.errors import ConfigError
 # modules of this package that add sub-commands, in help order
 COMMAND_MODULES = (
     "offline",   # build, validate, show, inspect, models
+    "testbed",   # up, shape, status, down, exec
 )
 
 

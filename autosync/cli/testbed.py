@@ -1,0 +1,145 @@
+"""``autosync testbed up|shape|status|down|exec``: the emulated multi-node Ray cluster.
+
+Heavy imports (Ray) happen only inside the commands that need them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from strategy_space.errors import ConfigError
+
+DEFAULTS = {"nodes": 3, "bandwidth": "1gbit", "cpus_per_node": 1, "object_store_mb": 1000}
+
+
+def register(subparsers) -> None:
+    """Add ``testbed`` and its sub-commands."""
+    p = subparsers.add_parser(
+        "testbed", help="an emulated multi-node Ray cluster on this machine (needs root)",
+        description="Network namespaces host0..hostN-1 on a bridge, a tc rate limit on each host's link in "
+                    "each direction, and one Ray node per namespace. State folder: $AUTOSYNC_TESTBED_DIR "
+                    "or /tmp/autosync-testbed; `--cluster testbed` reads its ClusterSpec.")
+    sub = p.add_subparsers(dest="testbed_command", metavar="ACTION", required=True)
+
+    up = sub.add_parser("up", help="create the namespaces, shape the links, start Ray, write the ClusterSpec")
+    up.add_argument("--nodes", type=int, default=DEFAULTS["nodes"], help="number of hosts (default %(default)s)")
+    up.add_argument("--bandwidth", default=DEFAULTS["bandwidth"],
+                    help="per-host rate each direction: 1gbit, 200mbit, ... or none (default %(default)s)")
+    up.add_argument("--cpus-per-node", type=int, default=DEFAULTS["cpus_per_node"],
+                    help="logical CPUs each Ray node advertises (default %(default)s)")
+    up.add_argument("--object-store-mb", type=int, default=DEFAULTS["object_store_mb"],
+                    help="object store of each Ray node in MiB (default %(default)s)")
+    up.set_defaults(func=_up)
+
+    shape = sub.add_parser("shape", help="change the link rate of every host at run time")
+    shape.add_argument("--bandwidth", required=True, help="1gbit, 200mbit, ... or none")
+    shape.set_defaults(func=_shape)
+
+    status = sub.add_parser("status", help="namespaces, link rates, Ray nodes alive, memory of the processes")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(func=_status)
+
+    down = sub.add_parser("down", help="stop the processes in the testbed's namespaces and delete them")
+    down.set_defaults(func=_down)
+
+    ex = sub.add_parser("exec", help="run a command inside host0 with RAY_ADDRESS etc. set",
+                        usage="autosync testbed exec -- CMD [ARG...]")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    ex.set_defaults(func=_exec)
+
+
+def _failed(action: str, err: Exception) -> int:
+    print(f"autosync testbed {action}: failed: {err}", file=sys.stderr)
+    return 1
+
+
+def _up(args) -> int:
+    from autosync.testbed import Testbed, TestbedError
+
+    tb = Testbed(nodes=args.nodes, bandwidth=args.bandwidth, cpus_per_node=args.cpus_per_node,
+                 object_store_mb=args.object_store_mb)
+    try:
+        tb.up(progress=lambda line: print(line + " ...", flush=True))
+    except TestbedError as e:
+        return _failed("up", f"{e}\n(everything it had made has been removed)")
+    st = tb.state
+    print(f"testbed up in {st.up_seconds:.1f} s: {', '.join(st.namespaces)} at {st.config.bandwidth}; "
+          f"Ray head {st.ray_address}")
+    print(f"state: {tb.state_dir}; use `--cluster testbed`, or `autosync testbed exec -- CMD` to run a driver")
+    return 0
+
+
+def _shape(args) -> int:
+    from autosync.testbed import TestbedError, shape
+
+    try:
+        st = shape(args.bandwidth)
+    except TestbedError as e:
+        return _failed("shape", e)
+    print(f"every host's link now runs at {st.config.bandwidth} each way")
+    return 0
+
+
+def _status(args) -> int:
+    from autosync.testbed import status
+
+    info = status()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    st = info["state"]
+    if st is None:
+        print(f"no testbed recorded in {info['state_dir']}")
+        return 0
+    cfg = st["config"]
+    print(f"testbed: {cfg['nodes']} nodes, {cfg['bandwidth']}, {cfg['cpus_per_node']} CPU(s) and "
+          f"{cfg['object_store_mb']} MiB object store per node; phase {st['phase']}; state in {info['state_dir']}")
+    for ns, present in info["namespaces"].items():
+        line = f"  {ns:<12} {'present' if present else 'MISSING'}"
+        if ns in info["links"]:
+            link = info["links"][ns]
+            mem = info["memory"].get(ns, {})
+            line += (f"  upload {link['upload']}, download {link['download']}; "
+                     f"{mem.get('processes', 0)} processes, {mem.get('rss_mib', 0):.0f} MiB")
+        print(line)
+    ray = info.get("ray")
+    if ray is None:
+        print("  ray: not probed (testbed not fully up)")
+    elif "error" in ray:
+        print(f"  ray: {ray['error']}")
+    else:
+        for node in ray["alive"]:
+            labels = sorted(k for k in node["resources"] if k.startswith("host"))
+            print(f"  ray node {node['address']} alive, CPU {node['resources'].get('CPU', 0):g}, "
+                  f"resources {', '.join(labels)}")
+        print(f"  ray: {len(ray['alive'])} alive, {ray['dead']} dead")
+    total = sum(m["rss_mib"] for m in info["memory"].values())
+    print(f"  memory of the testbed's processes: {total:.0f} MiB")
+    return 0
+
+
+def _down(args) -> int:
+    from autosync.testbed import down
+
+    report = down()
+    if not report.namespaces:
+        print("nothing to tear down")
+        return 0
+    p = report.processes
+    print(f"testbed down in {report.seconds:.1f} s: removed {', '.join(report.namespaces)}; "
+          f"{p['terminated']} processes got SIGTERM, {p['killed']} SIGKILL"
+          + (f", {p['left']} would not die" if p["left"] else ""))
+    return 1 if p["left"] else 0
+
+
+def _exec(args) -> int:
+    from autosync.testbed import exec_in_head
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("give the command to run inside host0 after --, e.g. "
+                          "`autosync testbed exec -- python train.py`")
+    return exec_in_head(cmd).returncode

@@ -1,0 +1,152 @@
+"""What a testbed is made of: node count, link rate, per-node Ray resources, and the names and
+addresses derived from them.
+
+Pure data and parsing; nothing here touches the system.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from strategy_space.errors import ConfigError, Problems
+
+SWITCH_NS = "autosync-sw"
+BRIDGE = "br0"
+SUBNET_PREFIX = "10.77.0."
+HEAD_PORT = 6379
+MAX_NODES = 16
+MIN_RATE_BPS = 1_000_000
+MAX_RATE_BPS = 100_000_000_000
+# "none" leaves the veths unshaped; they then run as fast as the CPUs copy (several Gbit/s, noisy).
+# The ClusterSpec still needs a number, so it records this nominal speed.
+UNSHAPED_GBPS = 10.0
+UNLIMITED = ("none", "unlimited")
+
+_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+
+
+class TestbedError(RuntimeError):
+    """The system did not do what the testbed asked (a command failed, Ray did not come up).
+
+    Raised after the testbed has cleaned up what it made; the message says what failed and where
+    the logs are.
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+def parse_rate(text: str) -> int | None:
+    """Bits per second of a tc-style rate.
+
+    Args:
+        text: ``none`` (or ``unlimited``) for no shaping, or a number with a unit of bits per
+            second: ``bit``, ``kbit``, ``mbit``, ``gbit`` or ``tbit`` (``200mbit``, ``1.5gbit``).
+            Byte units such as tc's ``mbps`` are refused on purpose: they are easy to misread.
+
+    Returns:
+        The rate in bit/s, or None for no shaping.
+
+    Raises:
+        ConfigError: not a rate, an unknown unit, or outside 1mbit..100gbit.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"bandwidth must be a string such as 1gbit, 200mbit or none, got {text!r}")
+    low = text.strip().lower()
+    if low in UNLIMITED:
+        return None
+    m = _RATE_RE.match(low)
+    if not m:
+        raise ConfigError(f"bandwidth {text!r} is not a rate; give a number and a unit such as 1gbit, "
+                          f"200mbit, 500kbit, or none for no limit")
+    value, unit = m.groups()
+    if unit not in _UNITS:
+        raise ConfigError(f"bandwidth {text!r}: unit {unit!r} is not one of {', '.join(_UNITS)} "
+                          f"(bits per second; byte units such as mbps are not accepted)")
+    bps = round(float(value) * _UNITS[unit])
+    if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
+        raise ConfigError(f"bandwidth {text!r} = {bps} bit/s is outside the supported range 1mbit..100gbit")
+    return bps
+
+
+def format_rate(bps: int | None) -> str:
+    """The shortest exact text for a rate: ``1gbit``, ``200mbit``, ``1500kbit``, or ``none``."""
+    if bps is None:
+        return "none"
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bps % _UNITS[unit] == 0:
+            return f"{bps // _UNITS[unit]}{unit}"
+    return f"{bps}bit"
+
+
+def rate_gbps(bps: int | None) -> float:
+    """Gbit/s for a ClusterSpec: the shaped rate, or ``UNSHAPED_GBPS`` when unshaped."""
+    return UNSHAPED_GBPS if bps is None else bps / 1e9
+
+
+def burst_bytes(bps: int) -> int:
+    """Token-bucket burst for a rate: 2 ms worth of bytes, at least 128 KiB.
+
+    A smaller bucket cannot pass one 64 KiB GSO super-packet plus the next in time, and the link
+    then runs well below the set rate.
+    """
+    return max(131072, bps // 8 // 500)
+
+
+def host_ns(i: int) -> str:
+    """Namespace (and Ray resource label) of node ``i``."""
+    return f"host{i}"
+
+
+def host_address(i: int) -> str:
+    """IPv4 address of node ``i`` on the testbed LAN."""
+    return f"{SUBNET_PREFIX}{i + 1}"
+
+
+def head_address() -> str:
+    """``ip:port`` of the Ray head (GCS) in host0."""
+    return f"{host_address(0)}:{HEAD_PORT}"
+
+
+@dataclass(frozen=True)
+class TestbedConfig:
+    """The shape of an emulated cluster.
+
+    Attributes:
+        nodes: number of hosts (namespaces, one Ray node each), 1..16.
+        bandwidth: per-host rate each direction, e.g. ``1gbit``, ``200mbit`` or ``none``.
+        cpus_per_node: logical CPUs each Ray node advertises (``--num-cpus``).
+        object_store_mb: object store of each Ray node, in MiB (>= 100).
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    nodes: int = 3
+    bandwidth: str = "1gbit"
+    cpus_per_node: int = 1
+    object_store_mb: int = 1000
+
+    def __post_init__(self):
+        problems = Problems()
+        if not (isinstance(self.nodes, int) and 1 <= self.nodes <= MAX_NODES):
+            problems.add(f"nodes must be an integer in 1..{MAX_NODES}, got {self.nodes!r}")
+        if not (isinstance(self.cpus_per_node, int) and self.cpus_per_node >= 1):
+            problems.add(f"cpus_per_node must be an integer >= 1, got {self.cpus_per_node!r}")
+        if not (isinstance(self.object_store_mb, int) and self.object_store_mb >= 100):
+            problems.add(f"object_store_mb must be an integer >= 100 (Ray needs at least ~75 MiB), "
+                         f"got {self.object_store_mb!r}")
+        try:
+            # one spelling per rate (1000mbit -> 1gbit), so states and specs compare equal
+            object.__setattr__(self, "bandwidth", format_rate(parse_rate(self.bandwidth)))
+        except ConfigError as e:
+            problems.items.extend(e.problems)
+        problems.raise_if_any()
+
+    @property
+    def rate_bps(self) -> int | None:
+        return parse_rate(self.bandwidth)
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        """Host namespaces, host0 first."""
+        return tuple(host_ns(i) for i in range(self.nodes))
