@@ -1,0 +1,254 @@
+"""Collective backends for all-reduce, behind one registry.
+
+A backend is set up in two steps: the driver calls ``prepare(world)`` once per worker pool (it may
+create helper actors) and passes the result to every worker, which calls ``connect(rank, world,
+setup)`` inside its actor process. A connected backend offers ``allreduce`` (sum of a 1-D buffer)
+and ``allgather`` (arrays of any length, e.g. sparse indices).
+
+* ``gloo``: ``ray.util.collective`` over torch.distributed's gloo. Ray creates the process-wide
+  torch world on first use, so one gloo world lives as long as the worker processes do; the
+  runtime prepares it once per worker pool.
+* ``nccl``: the same API on GPUs (needs CUDA GPUs and cupy; a clear error otherwise).
+* ``objectstore``: reduce-scatter then all-gather through Ray's object store: every worker puts
+  the chunk each peer reduces and trades ObjectRefs through a small async ``Mailbox`` actor, so a
+  buffer crosses each link about 2(n-1)/n times, as in a ring — and needs nothing beyond Ray.
+* ``auto``: nccl where the workers have GPUs, else gloo if torch is importable, else objectstore.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import fcntl
+import importlib.util
+import os
+import socket
+import struct
+from typing import Any
+
+import numpy as np
+
+from strategy_space.errors import ConfigError
+
+GLOO_TIMEOUT_MS = 120_000
+
+
+def interface_for_address(ip: str) -> str | None:
+    """The network interface that holds ``ip`` on this machine (None if none does)."""
+    SIOCGIFADDR = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None
+
+
+class CollectiveBackend(abc.ABC):
+    """One worker's end of a collective group."""
+
+    name: str = ""
+
+    @classmethod
+    def prepare(cls, world: int, group: str) -> Any:
+        """Driver side, once per worker pool; the result is passed to ``connect``."""
+        return group
+
+    @classmethod
+    @abc.abstractmethod
+    def connect(cls, rank: int, world: int, setup: Any) -> "CollectiveBackend":
+        """Worker side: join the group."""
+
+    @abc.abstractmethod
+    def allreduce(self, buf: np.ndarray, tag: str) -> np.ndarray:
+        """Element-wise sum of ``buf`` over all workers (``tag`` names the call: one per group
+        and step, equal on every worker)."""
+
+    @abc.abstractmethod
+    def allgather(self, arr: np.ndarray, tag: str) -> list[np.ndarray]:
+        """Every worker's ``arr`` (lengths along axis 0 may differ), in rank order."""
+
+    def close(self) -> None:
+        """Leave the group."""
+
+
+class GlooBackend(CollectiveBackend):
+    name = "gloo"
+
+    def __init__(self, rank: int, world: int, group: str):
+        self.rank, self.world, self.group = rank, world, group
+
+    @classmethod
+    def connect(cls, rank, world, setup):
+        import ray
+        import ray.util.collective as col
+
+        # inside a network namespace the host name resolves to an address that is not there:
+        # pin gloo to the interface that holds this node's Ray address
+        ifname = interface_for_address(ray.util.get_node_ip_address())
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        if not col.is_group_initialized(setup):
+            col.init_collective_group(world, rank, backend="gloo", group_name=setup, gloo_timeout=GLOO_TIMEOUT_MS)
+        return cls(rank, world, setup)
+
+    def allreduce(self, buf, tag):
+        import ray.util.collective as col
+
+        buf = np.ascontiguousarray(buf)
+        if not buf.flags.writeable:
+            buf = buf.copy()
+        col.allreduce(buf, group_name=self.group)
+        return buf
+
+    def allgather(self, arr, tag):
+        import ray.util.collective as col
+
+        arr = np.ascontiguousarray(arr)
+        # lengths first: gloo gathers equal shapes only, so pad to the longest
+        n = np.array([arr.shape[0]], dtype=np.int64)
+        lengths = [np.zeros(1, dtype=np.int64) for _ in range(self.world)]
+        col.allgather(lengths, n, group_name=self.group)
+        longest = int(max(x[0] for x in lengths))
+        padded = np.zeros((longest,) + arr.shape[1:], dtype=arr.dtype)
+        padded[: arr.shape[0]] = arr
+        out = [np.empty_like(padded) for _ in range(self.world)]
+        col.allgather(out, padded, group_name=self.group)
+        return [o[: int(k[0])] for o, k in zip(out, lengths)]
+
+    def close(self):
+        import ray.util.collective as col
+
+        if col.is_group_initialized(self.group):
+            col.destroy_collective_group(self.group)
+
+
+class NcclBackend(GlooBackend):
+    name = "nccl"
+
+    @classmethod
+    def connect(cls, rank, world, setup):
+        import ray.util.collective as col
+
+        if not col.nccl_available():
+            raise ConfigError("all_reduce backend nccl needs CUDA GPUs with NCCL (and cupy) on every worker; "
+                              "none is available here: use backend gloo, objectstore or auto")
+        if not col.is_group_initialized(setup):
+            col.init_collective_group(world, rank, backend="nccl", group_name=setup)
+        return cls(rank, world, setup)
+
+
+class Mailbox:
+    """Async actor (wrapped with ray.remote by ``ObjectStoreBackend.prepare``) where workers trade
+    ObjectRefs: each ``exchange`` posts what a rank sends to every peer and returns, once all
+    ranks posted under the same tag, what every peer sent to it."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.posts: dict[str, dict[int, list]] = {}
+        self.events: dict[str, asyncio.Event] = {}
+        self.reads: dict[str, int] = {}
+
+    async def exchange(self, tag: str, rank: int, outgoing: list) -> list:
+        posts = self.posts.setdefault(tag, {})
+        event = self.events.setdefault(tag, asyncio.Event())
+        posts[rank] = outgoing
+        if len(posts) == self.world:
+            event.set()
+        await event.wait()
+        incoming = [posts[src][rank] for src in range(self.world)]
+        self.reads[tag] = self.reads.get(tag, 0) + 1
+        if self.reads[tag] == self.world:  # everyone has its refs: forget the tag
+            del self.posts[tag], self.events[tag], self.reads[tag]
+        return incoming
+
+
+class ObjectStoreBackend(CollectiveBackend):
+    name = "objectstore"
+
+    def __init__(self, rank: int, world: int, mailbox):
+        self.rank, self.world, self.mailbox = rank, world, mailbox
+        self.calls = 0
+
+    @classmethod
+    def prepare(cls, world, group):
+        import ray
+
+        # on the driver's node, never counted against the workers' CPUs
+        return ray.remote(num_cpus=0)(Mailbox).options(max_concurrency=max(8, 4 * world)).remote(world)
+
+    @classmethod
+    def connect(cls, rank, world, setup):
+        return cls(rank, world, setup)
+
+    def _trade(self, tag: str, outgoing: list) -> list:
+        import ray
+
+        self.calls += 1
+        refs = ray.get(self.mailbox.exchange.remote(tag, self.rank, outgoing))
+        mine = [i for i, r in enumerate(refs) if r is None]
+        values = ray.get([r for r in refs if r is not None])
+        # a rank's own part never travels: None marks it
+        out: list = []
+        it = iter(values)
+        for i in range(len(refs)):
+            out.append(None if i in mine else next(it))
+        return out
+
+    def allreduce(self, buf, tag):
+        import ray
+
+        if self.world == 1:
+            return buf
+        chunks = np.array_split(buf, self.world)
+        # reduce-scatter: rank j sums everyone's chunk j
+        outgoing = [None if j == self.rank else ray.put(chunks[j]) for j in range(self.world)]
+        incoming = self._trade(f"{tag}/rs", outgoing)
+        piece = chunks[self.rank].copy()
+        for j, part in enumerate(incoming):
+            if j != self.rank:
+                piece += part
+        # all-gather of the reduced pieces
+        ref = ray.put(piece)
+        pieces = self._trade(f"{tag}/ag", [None if j == self.rank else ref for j in range(self.world)])
+        pieces[self.rank] = piece
+        return np.concatenate(pieces)
+
+    def allgather(self, arr, tag):
+        import ray
+
+        if self.world == 1:
+            return [arr]
+        ref = ray.put(np.ascontiguousarray(arr))
+        parts = self._trade(f"{tag}/gather", [None if j == self.rank else ref for j in range(self.world)])
+        parts[self.rank] = arr
+        return parts
+
+
+BACKENDS: dict[str, type[CollectiveBackend]] = {
+    "gloo": GlooBackend,
+    "nccl": NcclBackend,
+    "objectstore": ObjectStoreBackend,
+}
+
+
+def gloo_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
+    """The backend class for a strategy's ``backend`` field.
+
+    Raises:
+        ConfigError: unknown name, or gloo requested without torch installed.
+    """
+    if name == "auto":
+        name = "nccl" if gpus else ("gloo" if gloo_available() else "objectstore")
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, {', '.join(BACKENDS)}")
+    if name == "gloo" and not gloo_available():
+        raise ConfigError("all_reduce backend gloo needs torch (CPU build): pip install torch==2.13.0 "
+                          "(pinned: an unpinned torch pulls GBs of CUDA packages), or use backend objectstore")
+    return BACKENDS[name]

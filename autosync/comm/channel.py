@@ -1,0 +1,232 @@
+"""The all-reduce synchronization channel, seen from one worker.
+
+Every worker keeps its own copy of the all-reduced variables (or shards) and their optimizer
+state. A step's ``push`` reduces the gradients group by group, in gradient-ready order:
+
+* dense members of a group that share (backend, compressor) are packed into one flat buffer —
+  pre-divided by the number of workers, so the sum is the mean — compressed, reduced with ONE
+  collective call, decompressed and unpacked (PowerSGD: one call for the P matrices plus the
+  uncompressible members, one for the Q matrices);
+* sparse members are all-gathered as (indices, values), exactly what TensorFlow does for
+  ``IndexedSlices`` under all-reduce (duplicates add up when applied);
+
+then applies the local optimizer (the same numpy Keras rules the parameter servers use), so every
+worker holds identical values. ``pull`` hands back those values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autosync.comm.backends import CollectiveBackend, resolve_backend
+from autosync.comm.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
+
+
+@dataclass(frozen=True)
+class ARMember:
+    """One all-reduced variable or shard.
+
+    Attributes:
+        key: ``(var_index, shard_index)``.
+        start, stop, axis: the shard's slice of the variable (whole variable: 0..dim, axis 0).
+        num_shards: shards of the variable.
+        sparse: gradient is ``(indices, values)``.
+        compressor: spec such as ``fp16_ef`` or ``powersgd(4)`` (``none`` for sparse).
+        backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``).
+    """
+
+    key: tuple[int, int]
+    start: int
+    stop: int
+    axis: int
+    num_shards: int
+    sparse: bool
+    compressor: str
+    backend: str
+
+    def take(self, grad):
+        """This member's part of a full-variable gradient."""
+        if self.num_shards == 1:
+            return grad
+        if isinstance(grad, tuple):
+            idx, vals = grad
+            mask = (idx >= self.start) & (idx < self.stop)
+            return idx[mask] - self.start, vals[mask]
+        index = (slice(None),) * self.axis + (slice(self.start, self.stop),)
+        return grad[index]
+
+
+@dataclass(frozen=True)
+class ARGroup:
+    """One fusion group: members in the order they are packed."""
+
+    group: int
+    members: tuple[ARMember, ...]
+
+
+class AllReduceChannel:
+    """All-reduce synchronization for one worker (implements the runtime's SyncChannel).
+
+    Args:
+        rank, world: this worker's position and the number of workers.
+        groups: fusion groups in gradient-ready order.
+        setups: backend name -> what its ``prepare`` returned on the driver.
+        values: key -> initial value of every member.
+        optimizer_config: the Keras optimizer's ``get_config()``.
+        seed: PowerSGD's shared seed.
+    """
+
+    def __init__(self, rank: int, world: int, groups: list[ARGroup], setups: dict, values: dict,
+                 optimizer_config: dict, seed: int = 0):
+        self.rank, self.world = rank, world
+        self.groups = groups
+        self.setups = setups
+        self.params = dict(values)
+        self.optimizer_config = optimizer_config
+        self.seed = seed
+        self.calls = 0
+        self.bytes_sent = 0
+        self._backends: dict[str, CollectiveBackend] = {}
+        self._optimizer = None
+        self._ef: dict[str, ErrorFeedback] = {}
+        self._powersgd: dict[str, PowerSGDState] = {}
+        self._version = 0
+        # var index -> members, to hand back whole variables
+        self._parts: dict[int, list[ARMember]] = {}
+        for g in groups:
+            for m in g.members:
+                self._parts.setdefault(m.key[0], []).append(m)
+        for parts in self._parts.values():
+            parts.sort(key=lambda m: m.key[1])
+
+    def __getstate__(self):
+        # shipped to the worker before first use: connections are made there, lazily
+        state = dict(self.__dict__)
+        state["_backends"] = {}
+        return state
+
+    # ---- SyncChannel -------------------------------------------------------------------
+    def pull(self, step: int, fresh: bool = False) -> dict[int, np.ndarray]:
+        out = {}
+        for var, parts in self._parts.items():
+            if len(parts) == 1 and parts[0].num_shards == 1:
+                out[var] = self.params[parts[0].key]
+            elif len(parts) == parts[0].num_shards:
+                out[var] = np.concatenate([self.params[m.key] for m in parts], axis=parts[0].axis)
+        return out
+
+    def pull_parts(self) -> dict[tuple[int, int], np.ndarray]:
+        """Values per (var, shard), for variables whose other shards another channel holds."""
+        return {m.key: self.params[m.key] for parts in self._parts.values() for m in parts}
+
+    def push(self, step: int, grads: list) -> None:
+        if self._optimizer is None:
+            from autosync.runtime.optimizers import make_optimizer
+
+            self._optimizer = make_optimizer(self.optimizer_config)
+            for key, value in self.params.items():
+                self._optimizer.add_variable(key, value)
+        reduced: dict = {}
+        for g in self.groups:
+            members = [m for m in g.members if grads[m.key[0]] is not None]
+            by_kind: dict[tuple[str, str], list[ARMember]] = {}
+            for m in members:
+                by_kind.setdefault((m.backend, "sparse" if m.sparse else m.compressor), []).append(m)
+            for (backend, comp), ms in by_kind.items():
+                tag = f"{step}/{g.group}/{backend}/{comp}"
+                parts = [m.take(grads[m.key[0]]) for m in ms]
+                if comp == "sparse":
+                    reduced.update(self._gather_sparse(backend, ms, parts, tag))
+                else:
+                    reduced.update(self._reduce_dense(backend, comp, ms, parts, tag))
+        self._optimizer.apply(self._version, self.params, reduced)
+        self._version += 1
+
+    def finish(self) -> None:
+        """Collectives are synchronous: nothing is outstanding."""
+
+    # ---- internals ---------------------------------------------------------------------
+    def _backend(self, name: str) -> CollectiveBackend:
+        b = self._backends.get(name)
+        if b is None:
+            b = resolve_backend(name, gpus=False).connect(self.rank, self.world, self.setups[name])
+            self._backends[name] = b
+        return b
+
+    def _allreduce(self, backend: str, buf: np.ndarray, tag: str) -> np.ndarray:
+        self.calls += 1
+        self.bytes_sent += buf.nbytes
+        return self._backend(backend).allreduce(buf, tag)
+
+    def _reduce_dense(self, backend, comp, ms, parts, tag) -> dict:
+        scale = np.float32(1.0 / self.world)
+        compressor, rank, ef = make_compressor(comp)
+        if compressor is None:
+            return self._reduce_powersgd(backend, comp, rank, ef, ms, parts, tag)
+        flats = [np.asarray(p, dtype=np.float32).ravel() * scale for p in parts]
+        if ef:
+            memory = self._ef.setdefault(comp, ErrorFeedback())
+            flats = [memory.add(m.key, f) for m, f in zip(ms, flats)]
+        buf = np.concatenate(flats) if len(flats) > 1 else flats[0]
+        wire, ctx = compressor.compress(buf)
+        if ef:
+            sent = compressor.decompress(wire, ctx)
+            offset = 0
+            for m, f in zip(ms, flats):
+                memory.keep(m.key, f, sent[offset:offset + f.size])
+                offset += f.size
+        total = compressor.decompress(self._allreduce(backend, wire, tag), ctx)
+        return self._unpack(total, ms, parts)
+
+    def _reduce_powersgd(self, backend, comp, rank, ef, ms, parts, tag) -> dict:
+        state = self._powersgd.setdefault(comp, PowerSGDState(rank, ef, self.seed))
+        scale = np.float32(1.0 / self.world)
+        low = [i for i, p in enumerate(parts) if powersgd_compressible(p.shape, rank)]
+        raw = [i for i in range(len(parts)) if i not in set(low)]
+        ps = [state.first_round(ms[i].key, np.asarray(parts[i], dtype=np.float32)) for i in low]
+        # round 1: the P matrices and the uncompressible members, one buffer
+        buf1 = np.concatenate([p.ravel() for p in ps] + [np.asarray(parts[i], np.float32).ravel() for i in raw]) * scale
+        out1 = self._allreduce(backend, buf1, tag + "/p")
+        offset, out = 0, {}
+        p_hats, qs = [], []
+        for i, p in zip(low, ps):
+            p_mean = out1[offset:offset + p.size].reshape(p.shape)
+            offset += p.size
+            p_hat, q = state.second_round(ms[i].key, p_mean)
+            p_hats.append(p_hat)
+            qs.append(q)
+        for i in raw:
+            n = np.asarray(parts[i]).size
+            out[ms[i].key] = out1[offset:offset + n].reshape(np.shape(parts[i]))
+            offset += n
+        if low:
+            # round 2: the Q matrices
+            out2 = self._allreduce(backend, np.concatenate([q.ravel() for q in qs]) * scale, tag + "/q")
+            offset = 0
+            for i, p_hat, q in zip(low, p_hats, qs):
+                q_mean = out2[offset:offset + q.size].reshape(q.shape)
+                offset += q.size
+                out[ms[i].key] = state.finish(ms[i].key, p_hat, q_mean, np.shape(parts[i]))
+        return out
+
+    def _gather_sparse(self, backend, ms, parts, tag) -> dict:
+        b = self._backend(backend)
+        out = {}
+        for m, (idx, vals) in zip(ms, parts):
+            self.calls += 2
+            self.bytes_sent += idx.nbytes + vals.nbytes
+            all_idx = b.allgather(np.asarray(idx, dtype=np.int64), f"{tag}/{m.key}/i")
+            all_vals = b.allgather(np.asarray(vals), f"{tag}/{m.key}/v")
+            vals = np.concatenate(all_vals)
+            out[m.key] = (np.concatenate(all_idx), vals / vals.dtype.type(self.world))
+        return out
+
+    @staticmethod
+    def _unpack(total: np.ndarray, ms, parts) -> dict:
+        out, offset = {}, 0
+        for m, p in zip(ms, parts):
+            n = int(np.prod(np.shape(p)))
+            out[m.key] = total[offset:offset + n].reshape(np.shape(p))
+            offset += n
+        return out

@@ -1,0 +1,92 @@
+"""Compressors: bytes on the wire, round trips, error feedback, PowerSGD algebra (no Ray)."""
+import numpy as np
+import pytest
+
+from autosync.comm.compression import (ErrorFeedback, FP16Compressor, NoneCompressor, PowerSGDState, make_compressor,
+                                       orthogonalize, powersgd_compressible, wire_values)
+from strategy_space.errors import ConfigError
+
+
+def test_fp16_sends_half_the_bytes():
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    wire, ctx = FP16Compressor().compress(x)
+    assert wire.dtype == np.float16 and wire.nbytes == x.nbytes // 2
+    back = FP16Compressor().decompress(wire, ctx)
+    assert back.dtype == np.float32 and np.allclose(back, x, rtol=1e-3, atol=1e-3)
+    assert wire_values((1000,), "fp16") == (1000, 2)
+    assert wire_values((1000,), "none") == (1000, 4)
+
+
+def test_none_is_identity():
+    x = np.arange(5, dtype=np.float32)
+    wire, ctx = NoneCompressor().compress(x)
+    assert wire is x and NoneCompressor().decompress(wire, ctx) is x
+
+
+@pytest.mark.parametrize("shape, rank", [((64, 32), 2), ((16, 3, 3, 8), 4), ((100, 200), 1)])
+def test_powersgd_sends_r_m_plus_n(shape, rank):
+    m, n = shape[0], int(np.prod(shape[1:]))
+    assert wire_values(shape, f"powersgd({rank})") == (rank * (m + n), 4)
+    # and the P, Q matrices really have that many values
+    state = PowerSGDState(rank, error_feedback=False)
+    g = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    p = state.first_round("k", g)
+    p_hat, q = state.second_round("k", p)
+    assert p.size + q.size == rank * (m + n)
+
+
+def test_powersgd_vectors_and_tiny_matrices_uncompressed():
+    assert not powersgd_compressible((512,), 4)
+    assert not powersgd_compressible((4, 4), 4)
+    assert wire_values((512,), "powersgd_ef(4)") == (512, 4)
+
+
+def test_powersgd_exact_for_low_rank_matrix():
+    rng = np.random.default_rng(2)
+    g = (rng.standard_normal((50, 2)) @ rng.standard_normal((2, 40))).astype(np.float32)
+    state = PowerSGDState(2, error_feedback=False)
+    p = state.first_round("k", g)
+    p_hat, q = state.second_round("k", p)
+    approx = state.finish("k", p_hat, q, g.shape)
+    assert np.allclose(approx, g, atol=1e-3)
+
+
+def test_powersgd_error_feedback_keeps_residual_and_warm_starts():
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((30, 20)).astype(np.float32)
+    state = PowerSGDState(1, error_feedback=True)
+    p_hat, q = state.second_round("k", state.first_round("k", g))
+    approx = state.finish("k", p_hat, q, g.shape)
+    assert np.allclose(state.ef.residual["k"], g - approx, atol=1e-5)
+    assert np.array_equal(state.q["k"], q)  # next step starts from this Q
+    # nothing is lost: what was sent plus the residual is exactly what was fed in, and the
+    # residual stays bounded, so the average sent converges to the gradient
+    sent, errors = approx.copy(), []
+    for t in range(2, 301):
+        p_hat, q = state.second_round("k", state.first_round("k", g))
+        sent += state.finish("k", p_hat, q, g.shape)
+        assert np.allclose(sent + state.ef.residual["k"], t * g, atol=1e-5 * t * np.abs(g).max())
+        errors.append(np.linalg.norm(sent / t - g) / np.linalg.norm(g))
+    assert errors[-1] < 0.1 < errors[10]
+
+
+def test_orthogonalize_is_deterministic_and_orthonormal():
+    p = np.random.default_rng(4).standard_normal((20, 3))
+    q1, q2 = orthogonalize(p), orthogonalize(p.copy())
+    assert np.array_equal(q1, q2)
+    assert np.allclose(q1.T @ q1, np.eye(3), atol=1e-6)
+
+
+def test_error_feedback_memory():
+    ef = ErrorFeedback()
+    x = np.ones(3, np.float32)
+    assert ef.add("a", x) is x
+    ef.keep("a", x, np.zeros(3, np.float32))
+    assert np.array_equal(ef.add("a", x), 2 * x)
+
+
+def test_make_compressor_specs():
+    assert make_compressor("fp16_ef")[1:] == (0, True)
+    assert make_compressor("powersgd(3)")[0] is None and make_compressor("powersgd(3)")[1:] == (3, False)
+    with pytest.raises(ConfigError, match="needs a rank"):
+        make_compressor("powersgd")
