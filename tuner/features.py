@@ -1,0 +1,374 @@
+"""Features of a batch of encoded strategies: vectorised, pure array work.
+
+``FeatureTables.from_specs(model, cluster)`` precomputes everything that depends only on the
+(model, cluster) pair (bytes per slice, worker counts, bandwidths, ready order, compute time);
+``featurize(tables, encoded)`` then turns an ``EncodedStrategies`` batch into a float32 matrix
+whose columns are ``FEATURE_NAMES``. Byte counts are per training step.
+
+Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have workers):
+  * A variable is split along its partition axis into ``k`` contiguous shards (numpy.array_split
+    sizes); PS shard ``i`` lives on node ``(dest + i) % N``. The bytes a node hosts are computed
+    exactly with a cyclic difference array (one ``bincount`` per batch) instead of a (B, V, N)
+    one-hot: node ``n`` gets ``k // N`` (+1 in a cyclic range) shards.
+  * PS push: every worker sends its gradient to the host (sparse: touched rows x width + int64
+    indices); pull: every worker receives the values (sparse: touched rows only). With local
+    replication a node pulls a dense variable once for all its workers (the workers then read it
+    from the local object store); sparse pulls are per worker because workers touch different rows.
+    Traffic between a worker and a server on the same node is intra-node.
+  * All-reduce: a ring over all workers; each worker sends and receives ``2(W-1)/W`` x the fused
+    buffer. fp16 sends 2 bytes per value; PowerSGD rank ``r`` sends ``r(m+n)`` values per m x n
+    shard (never more than the raw ``m n``; vectors are sent raw); sparse gradients are
+    all-gathered, ``(W-1)`` x rows x (width + index) per worker, written as an equivalent ring
+    buffer of ``W/2`` x the per-worker bytes.
+  * Overlap: gradient ``j`` (in ready order) is ready at ``tau_j`` x compute (forward = 1/3 of
+    compute, then backward in proportion to parameters); communication is treated as a pipe,
+    finishing at ``max_j(tau_j C + T_comm f_j)`` with ``f_j`` the share of wire bytes still to send
+    from ``j`` on. ``exposed_frac`` is the part of ``T_comm`` that sticks out past compute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, KIND_PS, EncodedStrategies
+
+from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
+
+FEATURE_NAMES = (
+    "compute_s", "num_workers", "num_nodes", "nodes_with_workers", "ps_share", "ps_vars_frac",
+    "ps_push_max_node_bytes", "ps_push_sum_bytes", "ps_imbalance", "ps_pull_max_node_bytes",
+    "ps_pull_sum_bytes", "ps_nodes_used", "ps_messages", "server_bytes_max", "ps_latency_rounds",
+    "lr_saved_bytes", "sparse_ps_bytes", "nic_in_s", "nic_out_s", "intra_s", "wire_s",
+    "ar_raw_bytes", "ar_wire_bytes", "ar_ring_bytes", "ar_ring_s", "ar_groups", "ar_collectives",
+    "ar_max_group_bytes", "ring_steps", "ring_steps_objectstore", "compressed_saved_bytes",
+    "fp16_raw_bytes", "powersgd_raw_bytes", "sparse_allgather_bytes", "staleness", "stale_factor",
+    "async", "exposed_frac", "comm_s", "analytic_s",
+)
+COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
+INDEX_BYTES = 8            # int64 row indices of sparse gradients
+DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
+FORWARD_SHARE = 1.0 / 3.0  # forward pass share of compute; gradients appear after it
+ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
+_CHUNK = 256               # rows per inner block: keeps (rows, V) temporaries in L2
+_BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
+_PSGD = COMPRESSOR_ID["powersgd"]
+_FP16 = (COMPRESSOR_ID["fp16"], COMPRESSOR_ID["fp16_ef"])
+
+
+def estimate_compute_s(model: ModelSpec) -> float:
+    """Compute time per step: the profile's, else ~6 flops per dense parameter per sample (forward
+    and backward) plus the touched embedding rows, at ``ESTIMATE_FLOPS``."""
+    if model.profile is not None and model.profile.step_time_s > 0:
+        return float(model.profile.step_time_s)
+    work = 0.0
+    for v in model.variables:
+        work += 6.0 * ((v.rows_per_step or 1) * v.size // max(1, v.shape[0]) if v.sparse else v.size)
+    return work * model.batch_size / ESTIMATE_FLOPS
+
+
+@dataclass(frozen=True)
+class FeatureTables:
+    """Per-(model, cluster) constants; build with ``from_specs``. Arrays are indexed by variable
+    (V,), node (N,) or (variable, axis)."""
+
+    V: int
+    N: int
+    W: float
+    Nw: float
+    workers: np.ndarray     # (N,) workers per node
+    has_w: np.ndarray       # (N,) 1.0 where the node has workers
+    bw: np.ndarray          # (N,) NIC bytes/s each direction
+    intra_bw: float
+    dims: np.ndarray        # (V, R) size along each axis (1 past the rank)
+    val_bytes: np.ndarray   # (V,) per-worker gradient value bytes per step (sparse: touched rows)
+    idx_bytes: np.ndarray   # (V,) index bytes (sparse only)
+    elem_bytes: np.ndarray  # (V,) bytes per value
+    size: np.ndarray        # (V,) parameters
+    sparse: np.ndarray      # (V,) bool
+    matrix: np.ndarray      # (V,) bool, rank >= 2 (PowerSGD applies)
+    order: np.ndarray       # (V,) variable indices in gradient-ready order
+    tau: np.ndarray         # (V,) ready time / compute time, in ready order
+    compute_s: float
+    ring_bw: float          # slowest link of the all-reduce ring (bytes/s)
+    # derived in __post_init__ (float32 so that the per-strategy work stays in float32):
+    # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_f,
+    # sparse_f, dense_i, val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), sums (V, 3):
+    # [1, sparse bytes, value bytes], ps_wire, after / tau_bp / sparse_after (overlap breakpoints)
+
+    def __post_init__(self):
+        dim0 = self.dims[:, 0].astype(np.float32)
+        dense = (~self.sparse).astype(np.float32)
+        sparse_step = (self.val_bytes + self.idx_bytes) * (1.0 - dense)
+        # breakpoints in ready order for the overlap bound: after[v, j] = 1 when variable v is
+        # ready at or after breakpoint j (at most _BREAKPOINTS of them)
+        pos = np.empty(self.V, dtype=np.int64)
+        pos[self.order] = np.arange(self.V)
+        bp = np.unique(np.linspace(0, self.V - 1, min(self.V, _BREAKPOINTS)).round().astype(np.int64))
+        after = (pos[:, None] >= bp[None, :]).astype(np.float32)
+        derived = dict(
+            dim0=dim0, sv0=self.val_bytes / dim0, si0=self.idx_bytes / dim0, cols0=self.size / dim0,
+            dense_f=dense, sparse_f=1.0 - dense, dense_i=(~self.sparse).astype(np.int32),
+            val_dense=self.val_bytes * dense, sparse_cols=np.nonzero(self.sparse)[0],
+            half_m1=2.0 / self.elem_bytes - 1.0,
+            sums=np.stack([np.ones(self.V, np.float32), sparse_step, self.val_bytes], axis=1),
+            ps_wire=2 * self.val_bytes + self.idx_bytes, after=after, tau_bp=self.tau[bp],
+            sparse_after=sparse_step @ after / max(float(sparse_step.sum()), 1e-30),
+        )
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_specs(cls, model: ModelSpec, cluster: ClusterSpec) -> "FeatureTables":
+        vs = model.variables
+        workers = np.array([n.workers or 0 for n in cluster.nodes], dtype=np.float32)
+        R = max(1, max(len(v.shape) for v in vs))
+        dims = np.ones((len(vs), R), dtype=np.int32)
+        for i, v in enumerate(vs):
+            dims[i, :len(v.shape)] = v.shape
+        rows = np.array([min(v.rows_per_step or v.shape[0], v.shape[0]) if v.sparse else 0 for v in vs])
+        sparse = np.array([v.sparse for v in vs])
+        val = np.array([r * v.row_bytes if v.sparse else v.bytes for r, v in zip(rows, vs)], dtype=np.float64)
+        names = [v.name for v in vs]
+        ready = model.profile.ready_order if model.profile is not None and model.profile.ready_order else names[::-1]
+        order = np.array([model.index(n) for n in ready], dtype=np.int64)
+        # backward work per variable ~ its parameters (sparse: touched rows only)
+        work = np.array([r * v.size / v.shape[0] if v.sparse else v.size for r, v in zip(rows, vs)])[order]
+        tau = FORWARD_SHARE + (1 - FORWARD_SHARE) * np.cumsum(work) / max(work.sum(), 1.0)
+        intra = (cluster.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS) * 1e9 / 8
+        bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes], dtype=np.float32)
+        multi = (workers > 0).sum() > 1
+        return cls(
+            V=len(vs), N=len(cluster.nodes), W=float(workers.sum()), Nw=float((workers > 0).sum()),
+            workers=workers, has_w=(workers > 0).astype(np.float32),
+            bw=bw, intra_bw=intra, dims=dims, val_bytes=val.astype(np.float32),
+            idx_bytes=(rows * INDEX_BYTES).astype(np.float32),
+            elem_bytes=np.array([v.bytes // v.size for v in vs], dtype=np.float32),
+            size=np.array([v.size for v in vs], dtype=np.float32), sparse=sparse,
+            matrix=np.array([len(v.shape) >= 2 for v in vs]), order=order,
+            tau=tau.astype(np.float32), compute_s=estimate_compute_s(model),
+            ring_bw=float(bw[workers > 0].min()) if multi else intra,
+        )
+
+
+def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None = None) -> np.ndarray:
+    """Feature matrix of a strategy batch.
+
+    Args:
+        t: tables of the batch's (model, cluster).
+        enc: B encoded strategies over ``t.V`` variables.
+        params: alpha-beta parameters for the ``comm_s``/``analytic_s`` columns (default: DESIGN's).
+
+    Returns:
+        float32 array (B, len(FEATURE_NAMES)).
+
+    Raises:
+        ValueError: the batch has a different number of variables than the tables.
+    """
+    if enc.kind.shape[1] != t.V:
+        raise ValueError(f"strategies encode {enc.kind.shape[1]} variables but the model has {t.V}")
+    params = params or AlphaBeta()
+    out = np.empty((len(enc), len(FEATURE_NAMES)), dtype=np.float32)
+    for s in range(0, len(enc), _CHUNK):
+        rows = slice(s, s + _CHUNK)
+        out[rows] = _featurize_block(t, enc.take(rows) if len(enc) > _CHUNK else enc, params)
+    return out
+
+
+def _axis_facts(t: FeatureTables, e: EncodedStrategies):
+    """Slices along the partition axis, value/index bytes per slice and values per slice: (V,)
+    vectors when every variable is split along axis 0 (the sampler's case), else (B, V)."""
+    if not e.axis.any():
+        return t.dim0, t.sv0, t.si0, t.cols0
+    dim = t.dims[np.arange(t.V), e.axis].astype(np.float32)
+    return dim, t.val_bytes / dim, t.idx_bytes / dim, t.size / dim
+
+
+def _featurize_block(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta) -> np.ndarray:
+    # Every (B, V) temporary costs ~0.4 ns per element at this block size; the op count is the
+    # budget, so sums over variables are matrix products and shard counts are float math.
+    B, V, N, W = len(e), t.V, t.N, t.W
+    f = np.zeros((B, len(FEATURE_NAMES)), dtype=np.float32)
+    dim, sv, si, cols = _axis_facts(t, e)
+    kf = e.shards.astype(np.float32)
+    arf = e.kind.astype(np.float32)              # KIND_AR == 1
+    psf = 1.0 - arf
+    base = np.floor(dim / kf)                    # slices of a base-size shard (exact in float32)
+    extra = dim - base * kf                      # that many shards have one slice more
+    # node (dest + j) % N hosts k // N (+1 if j < k % N) base shards and extra // N (+1 if
+    # j < extra % N) extra slices; the // N parts are the same for every node
+    q1 = np.floor(kf / N)
+    r1 = kf - q1 * N
+    q2 = np.floor(extra / N)
+    r2 = extra - q2 * N
+    w1 = sv * base
+    uni = (w1 * q1 + sv * q2) * psf
+    lr_i = e.local_replication * t.dense_i       # dense PS variables are pulled once per node
+    lrf = lr_i.astype(np.float32)
+    uni_all, uni_lr = uni.sum(1), (uni * lrf).sum(1)
+
+    # ---- all-reduce wire bytes: a1 per base-size shard, a2 per extra slice, wv whole variable --
+    comp = e.compressor                          # 0 for PS and sparse variables (normalized)
+    is16 = (comp - 1).view(np.uint32) < 2        # fp16 or fp16_ef
+    shrink = 1.0 + is16 * t.half_m1
+    wv = shrink * t.val_dense * arf
+    a1 = w1 * shrink
+    a2 = sv * shrink
+    psgd = (comp >= _PSGD) & t.matrix
+    fi = np.flatnonzero(psgd)
+    if len(fi):
+        # PowerSGD sends r(m + n) values per m x n shard, never more than m n
+        pv = fi % V
+        r = e.rank.reshape(-1)[fi].astype(np.float32)
+        n = cols[pv] if np.ndim(cols) == 1 else cols.reshape(-1)[fi]
+        m = base.reshape(-1)[fi]
+        eb = t.elem_bytes[pv]
+        fb = np.minimum(r * (m + n), m * n) * eb
+        fe = np.minimum(r * (m + 1 + n), (m + 1) * n) * eb
+        a1.reshape(-1)[fi], a2.reshape(-1)[fi] = fb, fe - fb
+        wv.reshape(-1)[fi] = kf.reshape(-1)[fi] * fb + extra.reshape(-1)[fi] * (fe - fb)
+    stride = e.group_stride.astype(np.float32)   # 0 unless an AR variable with k > 1 (normalized)
+    A1 = wv + stride * (a1 - wv)                 # unstrided: the whole variable in its group
+    A2 = stride * a2
+
+    # ---- one bincount per row: [PS no-LR (2N) | PS LR (2N) | AR groups x {raw, fp16, psgd}] ---
+    G = int(e.group.max()) + int(e.shards.max()) + 1
+    BIN = 4 * N + 3 * G
+    # buffer class by compressor id: none 0, fp16/fp16_ef 1, powersgd/powersgd_ef 2
+    off = e.dest + e.group + lr_i * (2 * N) + e.kind * (4 * N) + ((comp + 1) >> 1) * G
+    n = B * V
+    idx = np.empty(3 * n, dtype=np.intp)
+    wts = np.empty(3 * n, dtype=np.float64)
+    start = idx[:n].reshape(B, V)
+    np.add(off, (np.arange(B, dtype=np.int32) * BIN)[:, None], out=start)
+    len1 = (psf * r1 + arf + stride * (kf - 1)).astype(np.int32)
+    len2 = (psf * r2 + stride * extra).astype(np.int32)
+    np.add(start, len1, out=idx[n:2 * n].reshape(B, V))
+    np.add(start, len2, out=idx[2 * n:].reshape(B, V))
+    W1 = w1 * psf + A1                           # every entry is PS or AR, never both
+    W2 = sv * psf + A2
+    np.add(W1, W2, out=wts[:n].reshape(B, V))
+    np.negative(W1, out=wts[n:2 * n].reshape(B, V))
+    np.negative(W2, out=wts[2 * n:].reshape(B, V))
+    flat = np.bincount(idx, wts, minlength=B * BIN).reshape(B, BIN)
+    ps_c = np.cumsum(flat[:, :4 * N].reshape(B, 2, 2 * N), axis=2)
+    hosted = (ps_c[:, :, :N] + ps_c[:, :, N:]).astype(np.float32)
+    groups = np.cumsum(flat[:, 4 * N:].reshape(B, 3, G), axis=2)
+    H0 = hosted[:, 0] + (uni_all - uni_lr)[:, None]
+    H1 = hosted[:, 1] + uni_lr[:, None]
+    I = _sparse_index_hosting(t, e, base, extra, psf) if len(t.sparse_cols) else 0.0
+    return _assemble(t, e, p, f, dict(psf=psf, arf=arf, kf=kf, wv=wv, H0=H0, H1=H1, I=I, groups=groups,
+                                      is16=is16, psgd=psgd, lrf=lrf))
+
+
+def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarray, a: dict) -> np.ndarray:
+    """Per-node traffic, counts and the analytic estimate from the block's (B, N) and (B, V) parts."""
+    N, W, V = t.N, t.W, t.V
+    psf, arf, wv, H0, H1 = a["psf"], a["arf"], a["wv"], a["H0"], a["H1"]
+    P = H0 + H1 + a["I"]
+    Ptot, H0tot, H1tot = P.sum(1, keepdims=True), H0.sum(1, keepdims=True), H1.sum(1, keepdims=True)
+    wk, hw = t.workers, t.has_w
+    srv_in, srv_out = (W - wk) * P, (W - wk) * H0 + (t.Nw - hw) * H1
+    cli_out, cli_in = wk * (Ptot - P), wk * (H0tot - H0) + hw * (H1tot - H1)
+    intra = wk * (P + H0) + hw * H1 + wk * (H1tot - H1)
+
+    # per-variable sums as one matrix product: columns of t.sums (see FeatureTables)
+    psum = psf @ t.sums                          # (B, 3): count, sparse bytes, -
+    asum = arf @ t.sums                          # (B, 3): count, sparse bytes, raw bytes
+    sparse_k = (arf * a["kf"]) @ t.sparse_f      # all-gathers (one per sparse AR shard)
+    gather = asum[:, 1]                          # per-worker sparse bytes all-gathered
+    wire_dense = wv.sum(1)
+    S = wire_dense + gather * (W / 2)            # equivalent ring buffer
+    ring = 2 * (W - 1) / W
+    if t.Nw > 1:
+        nic_ring, intra = ring * S[:, None] * hw, intra + ring * S[:, None] * np.maximum(wk - 1, 0)
+    else:
+        nic_ring, intra = 0.0, intra + ring * S[:, None] * wk
+    used_buf = a["groups"] > 0.5                 # (B, class, G) fused buffers carrying bytes
+    n_groups = used_buf.any(1).sum(1)
+    n_coll = used_buf.sum((1, 2)) + used_buf[:, 2].sum(1) + sparse_k   # PowerSGD: P and Q
+    objectstore = (asum[:, 0] > 0) & (e.backend[:, 0] == BACKEND_ID["objectstore"]) if V else False
+
+    nic_in, nic_out = srv_in + cli_in + nic_ring, srv_out + cli_out + nic_ring
+    C = COL
+    f[:, C["nic_in_s"]] = (nic_in / t.bw).max(1)
+    f[:, C["nic_out_s"]] = (nic_out / t.bw).max(1)
+    f[:, C["intra_s"]] = intra.max(1) / t.intra_bw
+    f[:, C["wire_s"]] = np.maximum(np.maximum(f[:, C["nic_in_s"]], f[:, C["nic_out_s"]]), f[:, C["intra_s"]])
+    any_ps = psum[:, 0] > 0
+    pushed, pulled = W * P, W * H0 + t.Nw * H1
+    f[:, C["compute_s"]] = t.compute_s
+    f[:, C["num_workers"]], f[:, C["num_nodes"]], f[:, C["nodes_with_workers"]] = W, N, t.Nw
+    ps_bytes = (Ptot + H0tot + H1tot)[:, 0]
+    f[:, C["ps_share"]] = ps_bytes / np.maximum(ps_bytes + ring * S, 1.0)
+    f[:, C["ps_vars_frac"]] = psum[:, 0] / V
+    f[:, C["ps_push_max_node_bytes"]] = pushed.max(1)
+    f[:, C["ps_push_sum_bytes"]] = pushed.sum(1)
+    f[:, C["ps_imbalance"]] = pushed.max(1) / np.maximum(pushed.mean(1), 1e-9) * any_ps
+    f[:, C["ps_pull_max_node_bytes"]] = pulled.max(1)
+    f[:, C["ps_pull_sum_bytes"]] = pulled.sum(1)
+    used = (P > 0).sum(1)
+    f[:, C["ps_nodes_used"]] = used
+    f[:, C["ps_messages"]] = 2 * W * used
+    f[:, C["server_bytes_max"]] = pushed.max(1)
+    f[:, C["ps_latency_rounds"]] = (2 + W) * any_ps
+    f[:, C["lr_saved_bytes"]] = H1tot[:, 0] * (W - t.Nw)
+    f[:, C["sparse_ps_bytes"]] = psum[:, 1]
+    f[:, C["ar_raw_bytes"]] = asum[:, 2]
+    f[:, C["ar_wire_bytes"]] = S
+    f[:, C["ar_ring_bytes"]] = ring * S
+    f[:, C["ar_ring_s"]] = ring * S / t.ring_bw
+    f[:, C["ar_groups"]] = n_groups
+    f[:, C["ar_collectives"]] = n_coll
+    f[:, C["ar_max_group_bytes"]] = a["groups"].sum(1).max(1)
+    steps = n_coll * 2 * max(W - 1, 0)
+    f[:, C["ring_steps"]] = steps * ~objectstore
+    f[:, C["ring_steps_objectstore"]] = steps * objectstore
+    f[:, C["compressed_saved_bytes"]] = (arf @ t.val_dense) - wire_dense
+    f[:, C["fp16_raw_bytes"]] = a["is16"] @ t.val_bytes
+    f[:, C["powersgd_raw_bytes"]] = a["psgd"] @ t.val_bytes
+    f[:, C["sparse_allgather_bytes"]] = gather * max(W - 1, 0)
+    stale = (e.staleness * psf).max(1)
+    asyn = ((1 - e.sync) * psf).max(1) > 0
+    f[:, C["staleness"]] = stale
+    f[:, C["stale_factor"]] = np.where(asyn, 0.0, 1.0 / (1.0 + stale))
+    f[:, C["async"]] = asyn
+
+    # ---- overlap with the backward pass (pipe bound at ready-order breakpoints), then estimate --
+    terms = {n: f[:, C[n]] for n in TERMS if n != "exposed_frac"}
+    T0 = comm_time(terms, AlphaBeta())
+    u = psf * t.ps_wire + wv * ring              # wire weight per variable (sparse AR: below)
+    suffix = u @ t.after + np.outer(gather * (W / 2) * ring, t.sparse_after) if len(t.sparse_cols) else u @ t.after
+    total = suffix[:, 0]
+    x = (T0 / max(t.compute_s, 1e-12)).astype(np.float32)
+    reach = (suffix * (x / np.maximum(total, 1e-30))[:, None] + t.tau_bp).max(1)
+    exposed = np.clip((reach - 1.0) / np.maximum(x, 1e-12), 0.0, 1.0)
+    f[:, C["exposed_frac"]] = np.where(total > 0, exposed, 0.0)
+    terms["exposed_frac"] = f[:, C["exposed_frac"]]
+    f[:, C["comm_s"]] = comm_time(terms, p)
+    f[:, C["analytic_s"]] = step_time(terms, p)
+    return f
+
+
+def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, psf) -> np.ndarray:
+    """(B, N) index bytes hosted per node by sparse PS variables (few columns, same scheme)."""
+    c = t.sparse_cols
+    B, N = len(e), t.N
+    kf = e.shards[:, c].astype(np.float32)
+    si = t.idx_bytes[c] / (t.dim0[c] if not e.axis.any() else t.dims[c, e.axis[:, c]])
+    b = base[:, c] if np.ndim(base) == 2 else base[c]
+    x = extra[:, c]
+    i1, i2 = si * b * psf[:, c], si * psf[:, c]
+    q1, q2 = np.floor(kf / N), np.floor(x / N)
+    r1, r2 = (kf - q1 * N).astype(np.int64), (x - q2 * N).astype(np.int64)
+    start = e.dest[:, c] + (np.arange(B, dtype=np.int64) * 2 * N)[:, None]
+    flat = np.bincount(np.concatenate([start.ravel(), (start + r1).ravel(), (start + r2).ravel()]),
+                       np.concatenate([(i1 + i2).ravel(), -i1.ravel(), -i2.ravel()]), minlength=B * 2 * N)
+    cs = np.cumsum(flat.reshape(B, 2 * N), axis=1)
+    return (cs[:, :N] + cs[:, N:] + (i1 * q1 + i2 * q2).sum(1)[:, None]).astype(np.float32)
+
+
+def terms_of(X: np.ndarray) -> dict:
+    """The alpha-beta terms (``alpha_beta.TERMS``) as float64 copies of a feature matrix's columns."""
+    return {n: X[:, COL[n]].astype(np.float64) for n in TERMS}

@@ -1,0 +1,246 @@
+"""A flow-level discrete-event simulation of one training step: the synthetic world's truth.
+
+It deliberately contains effects the learned models and the analytic formula do not: flows share
+each NIC direction by max-min fairness as they come and go (not a sum of bytes over the step),
+a parameter server serves push calls one at a time in arrival order (fan-in queue) before it
+updates and answers pulls, each node's compute jitters and some nodes straggle, messages pay
+serialization and per-call latency, collectives run one after another in ready order as ring
+steps, PowerSGD does two all-reduces plus its matrix products, fp16 pays the cast, and the
+backward pass's cost per variable is not proportional to its size. Only plain data goes in
+(ModelSpec, ClusterSpec, Strategy), so it does not share code with ``features``.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy
+from strategy_space.builders import ready_order, step_bytes
+from strategy_space.strategy import PS, shard_bounds
+
+INDEX_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Hidden constants of the synthetic world (seconds, bytes/s, flop/s)."""
+
+    alpha_call_s: float = 0.65e-3
+    alpha_server_s: float = 0.25e-3
+    alpha_ring_step_s: float = 0.12e-3
+    alpha_objectstore_step_s: float = 0.7e-3
+    tcp_efficiency: float = 0.93
+    objectstore_efficiency: float = 0.8
+    intra_gbps: float = 24.0
+    serialize_bps: float = 2.5e9
+    server_agg_bps: float = 3e9
+    update_bps: float = 6e9
+    fp16_cast_bps: float = 4e9
+    psgd_flops: float = 8e9
+    node_jitter: float = 0.04
+    straggler_p: float = 0.05
+    straggler_x: float = 1.3
+    step_noise: float = 0.03
+
+
+class _Fluid:
+    """Flows over capacitated resources with weighted max-min fair rates; flows may be released
+    later and completion callbacks may release new flows."""
+
+    def __init__(self, caps: np.ndarray):
+        self.caps = caps
+        self.now = 0.0
+        self.pending: list = []
+        self.active: list = []   # [remaining, resources, weight, callback]
+        self._seq = 0
+
+    def add(self, at: float, nbytes: float, resources: tuple, weight: float, done) -> None:
+        self._seq += 1
+        heapq.heappush(self.pending, (at, self._seq, nbytes, resources, weight, done))
+
+    def _rates(self) -> np.ndarray:
+        F, R = len(self.active), len(self.caps)
+        A = np.zeros((F, R))
+        for i, f in enumerate(self.active):
+            A[i, list(f[1])] = 1.0
+        w = np.array([f[2] for f in self.active])
+        rate = np.zeros(F)
+        free = np.ones(F, dtype=bool)
+        cap = self.caps.astype(float).copy()
+        while free.any():
+            load = (w * free) @ A
+            share = np.full(len(cap), np.inf)
+            np.divide(cap, load, out=share, where=load > 0)
+            r = int(np.argmin(share))
+            if not np.isfinite(share[r]):
+                break
+            hit = free & (A[:, r] > 0)
+            rate[hit] = share[r] * w[hit]
+            cap -= rate[hit] @ A[hit]
+            cap = np.maximum(cap, 0.0)
+            free &= ~hit
+        return rate
+
+    def run(self) -> float:
+        while self.pending or self.active:
+            while self.pending and self.pending[0][0] <= self.now + 1e-15:
+                at, _, nbytes, res, w, done = heapq.heappop(self.pending)
+                if nbytes <= 0 or not res:
+                    done(self.now)
+                else:
+                    self.active.append([nbytes, res, w, done])
+            if not self.active:
+                if self.pending:
+                    self.now = self.pending[0][0]
+                continue
+            rate = self._rates()
+            with np.errstate(divide="ignore"):
+                left = np.array([f[0] for f in self.active]) / rate
+            dt = float(left.min())
+            if self.pending:
+                dt = min(dt, self.pending[0][0] - self.now)
+            self.now += dt
+            finished = []
+            for f, r in zip(self.active, rate):
+                f[0] -= r * dt
+                if f[0] <= 1e-6 * max(1.0, r * 1e-6):
+                    finished.append(f)
+            self.active = [f for f in self.active if f not in finished]
+            for f in finished:
+                f[3](self.now)
+        return self.now
+
+
+def _backward_profile(model: ModelSpec) -> dict:
+    """Ready time / compute time per variable: forward 30 %, then backward work per variable
+    ~ params^0.8 plus a fixed per-op cost (unlike the features' proportional assumption)."""
+    order = ready_order(model)
+    work = np.array([model.var(n).size ** 0.8 + 2e3 for n in order])
+    ready = 0.3 + 0.7 * np.cumsum(work) / work.sum()
+    return dict(zip(order, ready))
+
+
+def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, compute_s: float,
+                  rng: np.random.Generator, truth: Truth = Truth()) -> tuple[float, dict]:
+    """Seconds of one synchronous step of ``strategy`` (steady state) and a phase breakdown."""
+    N = len(cluster.nodes)
+    wk = [n.workers or 0 for n in cluster.nodes]
+    W = sum(wk)
+    hosts = [i for i in range(N) if wk[i]]
+    bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes])
+    intra = (cluster.intra_node_bandwidth_gbps or truth.intra_gbps) * 1e9 / 8
+    fluid = _Fluid(np.concatenate([bw * truth.tcp_efficiency, bw * truth.tcp_efficiency, np.full(N, intra)]))
+    out_, in_, mem = (lambda n: n), (lambda n: N + n), (lambda n: 2 * N + n)
+    jit = np.exp(rng.normal(0, truth.node_jitter, N)) * np.where(rng.random(N) < truth.straggler_p,
+                                                                  truth.straggler_x, 1.0)
+    comp_end = compute_s * jit                   # per node (workers of a node share its jitter)
+    ready = _backward_profile(model)
+    index = {n: i for i, n in enumerate(cluster.node_names)}
+
+    # ---- gather per-server and per-buffer work from the strategy ----------------------------
+    srv = {}   # node -> [push bytes, pull bytes, LR pull bytes, last ready, stale, async]
+    bufs = {}  # (group, backend, compressor) -> [bytes, ready, psgd list]
+    gathers = []
+    for cfg in strategy.variables:
+        v = model.var(cfg.name)
+        vals = step_bytes(v)
+        idx = (min(v.rows_per_step or v.shape[0], v.shape[0]) * INDEX_BYTES) if v.sparse else 0
+        dim = v.shape[cfg.axis] if v.shape else 1
+        for (lo, hi), s in zip(shard_bounds(dim, cfg.num_shards), cfg.synchronizers):
+            frac = (hi - lo) / dim
+            if isinstance(s, PS):
+                e = srv.setdefault(index[s.destination], [0.0, 0.0, 0.0, 0.0, 0, False])
+                e[0] += (vals + idx) * frac
+                e[2 if (s.local_replication and not v.sparse) else 1] += vals * frac
+                e[3] = max(e[3], ready[v.name])
+                e[4], e[5] = max(e[4], s.staleness), e[5] or not s.sync
+            elif v.sparse:
+                gathers.append(((vals + idx) * frac, ready[v.name]))
+            else:
+                b = bufs.setdefault((s.group, s.backend, s.compressor), [0.0, 0.0, []])
+                b[1] = max(b[1], ready[v.name])
+                kind, rank = s.compressor_kind, s.compressor_rank
+                m, n = (hi - lo), v.size // dim
+                if kind.startswith("powersgd") and len(v.shape) >= 2 and rank * (m + n) < m * n:
+                    b[2].append((m, n, rank, v.bytes // v.size))
+                else:
+                    b[0] += vals * frac * (0.5 if kind.startswith("fp16") and v.bytes // v.size == 4 else 1.0)
+    # ---- parameter servers: push -> FIFO fan-in -> update -> pull ----------------------------
+    t_ps = [0.0]
+    state = {n: {"free": 0.0, "got": 0} for n in srv}
+
+    def path(a, b):
+        return (mem(a),) if a == b else (out_(a), in_(b))
+
+    def pulled(t):
+        t_ps[0] = max(t_ps[0], t)
+
+    def make_push_done(n, bytes_):
+        def done(t):
+            st = state[n]
+            st["free"] = max(st["free"], t) + truth.alpha_server_s + bytes_ / truth.server_agg_bps
+            st["got"] += 1
+            if st["got"] == W:
+                go = st["free"] + (srv[n][1] + srv[n][2]) / truth.update_bps + truth.alpha_call_s / 2
+                for m in hosts:
+                    fluid.add(go, srv[n][1] * wk[m], path(n, m), wk[m], pulled)
+                    lr = srv[n][2]
+                    if lr:
+                        fluid.add(go, lr, path(n, m), 1.0,
+                                  lambda t, m=m, lr=lr: fluid.add(t, lr * wk[m], (mem(m),), 1.0, pulled))
+        return done
+
+    for n, (push, _, _, last, _, _) in srv.items():
+        for m in hosts:
+            at = comp_end[m] * last + push / truth.serialize_bps + truth.alpha_call_s / 2
+            # the node's workers push together: weight = number of flows (per-flow fairness)
+            cb = make_push_done(n, push)
+            fluid.add(at, push * wk[m], path(m, n), wk[m], lambda t, cb=cb, k=wk[m]: [cb(t) for _ in range(k)])
+
+    # ---- collectives: one at a time in ready order, ring steps ----------------------------------
+    ring_path = tuple(r for i, a in enumerate(hosts) for r in (out_(a), in_(hosts[(i + 1) % len(hosts)]))) \
+        if len(hosts) > 1 else ()
+    ring_path += tuple(mem(a) for a in hosts if wk[a] > 1 or len(hosts) == 1)
+    colls = []
+    for (group, backend, comp), (nbytes, rdy, psgd) in bufs.items():
+        os_ = backend == "objectstore"
+        cast = nbytes / truth.fp16_cast_bps if comp.startswith("fp16") else 0.0
+        if nbytes:
+            colls.append((rdy, cast, 2 * (W - 1) / W * nbytes, 2 * (W - 1), os_))
+        if psgd:
+            flops = sum(4.0 * m * n * r for m, n, r, _ in psgd) / truth.psgd_flops
+            pb = sum(r * m * e for m, n, r, e in psgd)
+            qb = sum(r * n * e for m, n, r, e in psgd)
+            colls.append((rdy, flops / 2, 2 * (W - 1) / W * pb, 2 * (W - 1), os_))
+            colls.append((rdy, flops / 2, 2 * (W - 1) / W * qb, 2 * (W - 1), os_))
+    for nbytes, rdy in gathers:
+        colls.append((rdy, 0.0, (W - 1) * nbytes, W - 1, False))
+    colls.sort(key=lambda c: c[0])
+    slowest = float(comp_end[hosts].max())
+    t_ar = [slowest if colls else 0.0]
+
+    def start_coll(i, t):
+        if i == len(colls):
+            t_ar[0] = t
+            return
+        rdy, pre, nbytes, steps, os_ = colls[i]
+        alpha = truth.alpha_objectstore_step_s if os_ else truth.alpha_ring_step_s
+        eff = truth.objectstore_efficiency if os_ else 1.0
+        at = max(t, slowest * rdy) + pre + steps * alpha
+        fluid.add(at, nbytes / eff if W > 1 else 0.0, ring_path, 1.0, lambda t2: start_coll(i + 1, t2))
+
+    if colls:
+        start_coll(0, 0.0)
+    fluid.run()
+
+    # ---- steady state: staleness lets PS waiting hide behind the next steps -------------------
+    stale = max((e[4] for e in srv.values()), default=0)
+    asyn = any(e[5] for e in srv.values())
+    end_c = float(comp_end.max())
+    ps_wait = max(t_ps[0] - end_c, 0.0)
+    hide = 0.0 if asyn else 1.0 / (1.0 + stale) ** 1.5
+    busy = max(t_ps[0] - float(comp_end.min()), 0.0) * (1.0 - hide) * 0.8
+    step = max(end_c + ps_wait * hide, t_ar[0], busy)
+    return step, {"compute": end_c, "ps_wait": ps_wait * hide, "all_reduce_end": t_ar[0]}
