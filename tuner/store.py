@@ -1,0 +1,261 @@
+"""TrialStore: every trial ever measured, in one SQLite file.
+
+The file is opened in WAL mode, so readers in other processes never block the writer and never
+see a half-written trial; every insert of a trial (with its strategy and, when given, its model
+and cluster specs) is one transaction, so a crash at any moment keeps every committed trial and
+nothing of the one in flight. Trials are append-only; each has a content hash (``uid``) so merging
+stores (``import_store``) never duplicates a measurement.
+
+Tables: ``models`` and ``clusters`` (fingerprint -> name and spec YAML), ``strategies``
+(fingerprint -> canonical YAML), ``trials`` (one row per measurement), ``info`` (schema version).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sqlite3
+import sys
+import time
+from typing import Iterable
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy, dumps, loads
+
+from .trial import Trial
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS models (fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL, spec_yaml TEXT NOT NULL,
+                                   added_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL, spec_yaml TEXT NOT NULL,
+                                     added_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS strategies (fingerprint TEXT PRIMARY KEY, yaml TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trials (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uid TEXT NOT NULL UNIQUE,
+    model_fp TEXT NOT NULL, cluster_fp TEXT NOT NULL,
+    strategy_fp TEXT NOT NULL REFERENCES strategies(fingerprint),
+    status TEXT NOT NULL, median_s REAL, step_times TEXT NOT NULL, error TEXT NOT NULL,
+    batch_size INTEGER NOT NULL, breakdown TEXT NOT NULL, origin TEXT NOT NULL,
+    started_at REAL NOT NULL, finished_at REAL NOT NULL, meta TEXT NOT NULL, env TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trials_group ON trials (model_fp, cluster_fp);
+CREATE INDEX IF NOT EXISTS trials_strategy ON trials (model_fp, cluster_fp, strategy_fp);
+"""
+_TRIAL_COLS = ("uid", "model_fp", "cluster_fp", "strategy_fp", "status", "median_s", "step_times", "error",
+               "batch_size", "breakdown", "origin", "started_at", "finished_at", "meta", "env")
+
+
+def runtime_versions() -> dict:
+    """Python, platform and library versions; TensorFlow and Ray only if the process loaded them
+    (the tuner never imports them)."""
+    env = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in ("numpy", "xgboost", "tensorflow", "keras", "ray", "autosync"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__version__", None):
+            env[name] = str(mod.__version__)
+    return env
+
+
+def canonical_yaml(strategy: Strategy) -> str:
+    """YAML of ``strategy`` without its origin (the origin is stored per trial)."""
+    return dumps(Strategy(strategy.variables, strategy.replicas))
+
+
+def trial_uid(t: Trial) -> str:
+    """Content hash of a measurement: equal for the same trial in two stores."""
+    key = json.dumps([t.model_fingerprint, t.cluster_fingerprint, t.strategy.fingerprint, t.status,
+                      list(t.step_times), t.error, t.started_at, t.finished_at], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+class TrialStore:
+    """Trials in one SQLite file (see module doc). Usable as a context manager.
+
+    Args:
+        path: the database file (created with its tables if missing).
+        timeout_s: how long to wait for another writer's lock.
+    """
+
+    def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0):
+        self.path = os.fspath(path)
+        self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._tx():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute("INSERT OR IGNORE INTO info VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        found = self._db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone()[0]
+        if int(found) != SCHEMA_VERSION:
+            raise ValueError(f"{self.path}: trial store schema version {found}, this AutoSync reads {SCHEMA_VERSION}")
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    class _Tx:
+        def __init__(self, db):
+            self.db = db
+
+        def __enter__(self):
+            self.db.execute("BEGIN IMMEDIATE")
+
+        def __exit__(self, exc_type, *_):
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def _tx(self) -> "_Tx":
+        return self._Tx(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- writing ----------------------------------------------------------------------------
+    def _put_spec(self, table: str, spec) -> None:
+        self._db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?, ?, ?, ?)",
+                         (spec.fingerprint, spec.name, dumps(spec), time.time()))
+
+    def add_model(self, model: ModelSpec) -> str:
+        with self._tx():
+            self._put_spec("models", model)
+        return model.fingerprint
+
+    def add_cluster(self, cluster: ClusterSpec) -> str:
+        with self._tx():
+            self._put_spec("clusters", cluster)
+        return cluster.fingerprint
+
+    def _row(self, t: Trial, env: dict) -> tuple:
+        return (trial_uid(t), t.model_fingerprint, t.cluster_fingerprint, t.strategy.fingerprint, t.status,
+                t.median if t.ok else None, json.dumps(list(t.step_times)), t.error, t.batch_size,
+                json.dumps(t.breakdown, sort_keys=True), t.origin, t.started_at, t.finished_at,
+                json.dumps(t.meta, sort_keys=True, default=str), json.dumps(env, sort_keys=True))
+
+    def _insert(self, t: Trial, env: dict, yaml_text: str | None = None) -> bool:
+        self._db.execute("INSERT OR IGNORE INTO strategies VALUES (?, ?)",
+                         (t.strategy.fingerprint, yaml_text or canonical_yaml(t.strategy)))
+        cur = self._db.execute(f"INSERT OR IGNORE INTO trials ({', '.join(_TRIAL_COLS)}) VALUES "
+                               f"({', '.join('?' * len(_TRIAL_COLS))})", self._row(t, env))
+        return cur.rowcount == 1
+
+    def add(self, trial: Trial, model: ModelSpec | None = None, cluster: ClusterSpec | None = None) -> bool:
+        """Append one trial (and its strategy, model and cluster) in one transaction.
+
+        Returns:
+            False when the identical measurement is already stored.
+
+        Raises:
+            ValueError: ``model``/``cluster`` do not match the trial's fingerprints.
+        """
+        for spec, fp, what in ((model, trial.model_fingerprint, "model"), (cluster, trial.cluster_fingerprint, "cluster")):
+            if spec is not None and spec.fingerprint != fp:
+                raise ValueError(f"{what} {spec.name} has fingerprint {spec.fingerprint} but the trial was "
+                                 f"measured on {fp}")
+        with self._tx():
+            if model is not None:
+                self._put_spec("models", model)
+            if cluster is not None:
+                self._put_spec("clusters", cluster)
+            return self._insert(trial, runtime_versions())
+
+    def add_many(self, trials: Iterable[Trial], model: ModelSpec | None = None,
+                 cluster: ClusterSpec | None = None) -> int:
+        """``add`` each trial (one transaction each); returns how many were new."""
+        return sum(self.add(t, model, cluster) for t in trials)
+
+    # ---- reading ----------------------------------------------------------------------------
+    def _trial(self, row: sqlite3.Row) -> Trial:
+        (uid, mfp, cfp, sfp, status, _, steps, error, bs, breakdown, origin, t0, t1, meta, _env, yaml_text) = row
+        s = loads(yaml_text, "strategy", source=f"strategy {sfp}")
+        return Trial(Strategy(s.variables, s.replicas, origin=origin), mfp, cfp, status,
+                     step_times=tuple(json.loads(steps)), error=error, batch_size=bs,
+                     breakdown=json.loads(breakdown), origin=origin, started_at=t0, finished_at=t1,
+                     meta=json.loads(meta))
+
+    def trials(self, model_fp: str | None = None, cluster_fp: str | None = None,
+               status: str | None = None) -> list[Trial]:
+        """Stored trials in insertion order, optionally filtered."""
+        where, args = [], []
+        for col, val in (("model_fp", model_fp), ("cluster_fp", cluster_fp), ("status", status)):
+            if val is not None:
+                where.append(f"t.{col} = ?")
+                args.append(val)
+        sql = (f"SELECT {', '.join('t.' + c for c in _TRIAL_COLS)}, s.yaml FROM trials t "
+               f"JOIN strategies s ON s.fingerprint = t.strategy_fp "
+               f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.id")
+        return [self._trial(r) for r in self._db.execute(sql, args)]
+
+    def trials_for(self, model_fp: str, cluster_fp: str) -> list[Trial]:
+        """All trials of one (model, cluster) group (for resuming a tuning run)."""
+        return self.trials(model_fp, cluster_fp)
+
+    def has_trial(self, model_fp: str, cluster_fp: str, strategy_fp: str, ok_only: bool = False) -> bool:
+        """Whether this strategy was already tried on this (model, cluster)."""
+        sql = "SELECT 1 FROM trials WHERE model_fp=? AND cluster_fp=? AND strategy_fp=?"
+        return self._db.execute(sql + (" AND status='ok'" if ok_only else "") + " LIMIT 1",
+                                (model_fp, cluster_fp, strategy_fp)).fetchone() is not None
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+
+    def groups(self) -> list[tuple[str, str, int]]:
+        """(model fingerprint, cluster fingerprint, trial count) of every group."""
+        return [tuple(r) for r in self._db.execute(
+            "SELECT model_fp, cluster_fp, COUNT(*) FROM trials GROUP BY model_fp, cluster_fp ORDER BY MIN(id)")]
+
+    def model(self, fingerprint: str) -> ModelSpec | None:
+        row = self._db.execute("SELECT spec_yaml FROM models WHERE fingerprint=?", (fingerprint,)).fetchone()
+        return loads(row[0], "model") if row else None  # type: ignore[return-value]
+
+    def cluster(self, fingerprint: str) -> ClusterSpec | None:
+        row = self._db.execute("SELECT spec_yaml FROM clusters WHERE fingerprint=?", (fingerprint,)).fetchone()
+        return loads(row[0], "cluster") if row else None  # type: ignore[return-value]
+
+    # ---- export and merge -------------------------------------------------------------------
+    def to_dataframe(self):
+        """One row per trial (pandas), with model and cluster names and the strategy YAML."""
+        import pandas as pd
+
+        sql = (f"SELECT t.id, {', '.join('t.' + c for c in _TRIAL_COLS)}, m.name AS model, c.name AS cluster, "
+               f"s.yaml AS strategy_yaml FROM trials t JOIN strategies s ON s.fingerprint = t.strategy_fp "
+               f"LEFT JOIN models m ON m.fingerprint = t.model_fp "
+               f"LEFT JOIN clusters c ON c.fingerprint = t.cluster_fp ORDER BY t.id")
+        return pd.read_sql_query(sql, self._db)
+
+    def export_parquet(self, path: str | os.PathLike) -> str:
+        """Write ``to_dataframe()`` to a Parquet file atomically; returns the path."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        self.to_dataframe().to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+        return path
+
+    def import_store(self, other: "TrialStore | str | os.PathLike") -> int:
+        """Copy every model, cluster, strategy and trial of ``other`` that this store lacks.
+
+        Returns:
+            the number of trials added (measurements already here are skipped).
+        """
+        src = other if isinstance(other, TrialStore) else TrialStore(other)
+        try:
+            added = 0
+            with self._tx():
+                for table in ("models", "clusters"):
+                    for row in src._db.execute(f"SELECT * FROM {table}"):
+                        self._db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?, ?, ?, ?)", row)
+                for row in src._db.execute("SELECT * FROM strategies"):
+                    self._db.execute("INSERT OR IGNORE INTO strategies VALUES (?, ?)", row)
+                for row in src._db.execute(f"SELECT {', '.join(_TRIAL_COLS)} FROM trials ORDER BY id"):
+                    cur = self._db.execute(f"INSERT OR IGNORE INTO trials ({', '.join(_TRIAL_COLS)}) VALUES "
+                                           f"({', '.join('?' * len(_TRIAL_COLS))})", row)
+                    added += cur.rowcount
+            return added
+        finally:
+            if src is not other:
+                src.close()
