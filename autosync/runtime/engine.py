@@ -39,14 +39,13 @@ def error_reason(e: BaseException) -> str:
     """One line that says what failed, without Ray's wrapping tracebacks."""
     import ray
 
-    if isinstance(e, ray.exceptions.RayTaskError):
-        cause = getattr(e, "cause", None)
-        text = str(cause if cause is not None else e)
-        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-        last = lines[-1].strip() if lines else type(e).__name__
-        if cause is not None and not isinstance(cause, ray.exceptions.RayTaskError) and str(cause) in last:
-            return f"{type(cause).__name__}: {cause}"
-        return last
+    cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
+    if cause is not None and not isinstance(cause, ray.exceptions.RayError):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    if isinstance(e, ray.exceptions.RayError):
+        # Ray's text ends with the original exception line, after its traceback
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else type(e).__name__
     return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
@@ -80,22 +79,26 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
 
 
 class WorkerPool:
-    """Warm TensorFlow worker actors, one per replica slot, for one model.
+    """Warm TensorFlow worker actors, one per replica slot.
+
+    Workers outlive trials and may switch models (``load`` a different ModelDef reuses the
+    process, so TensorFlow is imported once per slot). Several runners or trainers may share one
+    pool, one at a time.
 
     Args:
-        model_def: the model every worker builds.
         binding: where the slots' nodes are.
     """
 
-    def __init__(self, model_def, binding: ClusterBinding):
-        self.model_def = model_def
+    def __init__(self, binding: ClusterBinding):
         self.binding = binding
         self.actors: dict[str, object] = {}
+        self.loaded: dict[str, object] = {}   # slot -> ModelDef it holds
+        self.model_def = None
         self.description: dict | None = None
         self.spawn_s = 0.0
 
-    def ensure(self, slots: tuple[str, ...], deadline: float | None = None) -> list:
-        """Handles for ``slots`` (in order), starting and loading missing workers.
+    def ensure(self, model_def, slots: tuple[str, ...], deadline: float | None = None) -> list:
+        """Handles for ``slots`` (in order) holding ``model_def``; starts or reloads as needed.
 
         Raises:
             TrialFailed/TrialTimeout: a worker could not start or load the model.
@@ -105,30 +108,35 @@ class WorkerPool:
 
         from autosync.runtime.worker import TrainingWorker
 
-        missing = [s for s in slots if s not in self.actors]
-        if not missing:
+        if model_def is not self.model_def:
+            self.model_def, self.description = model_def, None
+        stale = [s for s in slots if self.loaded.get(s) is not model_def]
+        if not stale:
             return [self.actors[s] for s in slots]
         t0 = time.perf_counter()
         cls = ray.remote(TrainingWorker)
-        for slot in missing:
-            node = slot.rsplit(":", 1)[0]
-            cpus = self.binding.worker_cpus(node)
-            self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus)).remote(cpus)
-        refs = [self.actors[s].load.remote(self.model_def, slots.index(s), len(slots)) for s in missing]
+        for slot in stale:
+            if slot not in self.actors:
+                node = slot.rsplit(":", 1)[0]
+                cpus = self.binding.worker_cpus(node)
+                self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus)).remote(cpus)
+        refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots)) for s in stale]
         try:
-            loaded = wait_all(refs, deadline, "worker", missing)
+            loaded = wait_all(refs, deadline, "worker", stale)
         except TrialFailed:
             self.kill_all()
             raise
         self.spawn_s = time.perf_counter() - t0
+        for slot in stale:
+            self.loaded[slot] = model_def
         if self.description is None:
             self.description = loaded[0]
         reference = _digest(self.description["initial"])
-        differ = [s for s, d in zip(missing, loaded) if _digest(d["initial"]) != reference]
+        differ = [s for s, d in zip(stale, loaded) if _digest(d["initial"]) != reference]
         if differ:
             self.kill_all()
-            raise ConfigError(f"model {self.model_def.name}: workers {differ} built different initial weights "
-                              f"from seed {self.model_def.seed}; make model_fn deterministic under "
+            raise ConfigError(f"model {model_def.name}: workers {differ} built different initial weights "
+                              f"from seed {model_def.seed}; make model_fn deterministic under "
                               f"keras.utils.set_random_seed (no other RNG, no data-dependent init)")
         return [self.actors[s] for s in slots]
 
@@ -138,7 +146,7 @@ class WorkerPool:
 
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
-        self.actors = {}
+        self.actors, self.loaded = {}, {}
 
 
 def _digest(arrays: list) -> str:
@@ -152,7 +160,7 @@ class Session:
     """One plan running on the pool's workers with fresh parameter servers.
 
     Args:
-        pool: warm workers (must already hold the model; see ``WorkerPool.ensure``).
+        pool: warm workers holding the model (see ``WorkerPool.ensure``).
         plan: what to run.
     """
 
@@ -172,10 +180,13 @@ class Session:
 
         from autosync.runtime.ps_shard import ParameterServerShard
 
+        from autosync.runtime.optimizers import check_optimizer_config
+
+        self.workers = self.pool.ensure(self.pool.model_def, self.plan.replicas, deadline)
         desc = self.pool.description
+        check_optimizer_config(desc["optimizer"])
         initial = desc["initial"]
         binding = self.pool.binding
-        self.workers = self.pool.ensure(self.plan.replicas, deadline)
         ps_cls = ray.remote(ParameterServerShard)
         for p in self.plan.ps_actors:
             values = {r.key: initial[r.var_index] if r.num_shards == 1

@@ -22,7 +22,7 @@ _UNSUPPORTED = {
     "weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None,
     "use_ema": False, "loss_scale_factor": None, "gradient_accumulation_steps": None,
 }
-_IGNORED = {"name", "learning_rate", "ema_momentum", "ema_overwrite_frequency"}
+_IGNORED = {"name", "class", "learning_rate", "ema_momentum", "ema_overwrite_frequency"}
 
 
 def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -140,10 +140,10 @@ def check_optimizer_config(config: dict) -> None:
         ConfigError: unknown optimizer, a learning-rate schedule, or an option that changes the
             update rule and is not implemented (weight decay, clipping, EMA, ...).
     """
-    name = str(config.get("name", "")).lower()
+    name = _kind(config)
     problems = []
     if name not in OPTIMIZERS:
-        problems.append(f"optimizer {config.get('name')!r} is not supported on parameter servers; "
+        problems.append(f"optimizer {config.get('class', config.get('name'))!r} is not supported on parameter servers; "
                         f"supported: {', '.join(k.upper() if k == 'sgd' else k.title() for k in OPTIMIZERS)} "
                         f"(keras.optimizers); change the ModelDef's optimizer_fn")
     lr = config.get("learning_rate")
@@ -170,4 +170,9 @@ def make_optimizer(config: dict) -> NumpyOptimizer:
         ConfigError: see ``check_optimizer_config``.
     """
     check_optimizer_config(config)
-    return OPTIMIZERS[str(config["name"]).lower()](config)
+    return OPTIMIZERS[_kind(config)](config)
+
+
+def _kind(config: dict) -> str:
+    """``sgd``/``adam`` from the optimizer's class (Keras renames instances ``sgd_1``, ...)."""
+    return str(config.get("class", config.get("name", ""))).lower()

@@ -19,6 +19,13 @@ def _to_numpy(grad):
     return grad.numpy()
 
 
+def _class_name(obj) -> str:
+    """``SGD`` for Keras' own classes, the qualified name for anything else (a subclass may
+    change the update rule, so it must not pass for the Keras one)."""
+    cls = type(obj)
+    return cls.__name__ if cls.__module__.startswith("keras.") else f"{cls.__module__}.{cls.__qualname__}"
+
+
 class TrainingWorker:
     """State of one training replica (wrapped with ``ray.remote`` by the runtime).
 
@@ -81,7 +88,7 @@ class TrainingWorker:
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype),
                            "sparse": isinstance(g, tf.IndexedSlices)}
                           for v, g in zip(self.variables, grads)],
-            "optimizer": optimizer.get_config(),
+            "optimizer": {**optimizer.get_config(), "class": _class_name(optimizer)},
             "initial": [v.numpy() for v in self.variables],
         }
 

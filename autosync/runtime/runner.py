@@ -1,0 +1,159 @@
+"""RayRunner: run strategies on a Ray cluster and measure them (the tuner's ``Runner``).
+
+Per strategy: validate, plan, fresh parameter servers and reset workers (fresh weights, optimizer
+state and data), ``warmup`` steps, then ``steps`` timed steps, all under ``trial_timeout_s``. A
+strategy that is invalid, raises or runs out of time becomes a failed/timeout Trial; its actors
+are killed and replaced, and the next strategy runs normally.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool
+from autosync.runtime.plan import SyncPlan, model_spec_from_vars
+from strategy_space import Strategy, validate
+from strategy_space.errors import ConfigError
+from tuner.trial import Runner, Trial
+
+
+def summarize_steps(results: list[dict], warmup: int) -> dict:
+    """Step times and per-step breakdown from the workers' ``run`` results.
+
+    A step's time is the longest any worker took from the start of that step to the start of
+    its next (the last step ends after the final synchronizing pull). Breakdown and call counts
+    are means over the timed steps and workers.
+    """
+    starts = np.array([r["start"] for r in results])            # workers x (steps + 1)
+    durations = np.diff(starts, axis=1)[:, warmup:]
+    timed = slice(warmup, None)
+    compute = np.mean([r["compute"][timed] for r in results])
+    sync = np.mean([r["sync"][timed] for r in results])
+    calls = np.array([r["calls"][timed] for r in results], dtype=float)
+    return {
+        "step_times": durations.max(axis=0).tolist(),
+        "breakdown": {"compute": float(compute), "sync": float(sync)},
+        "calls_per_step_per_worker": float(calls.mean()),
+        "loss": np.mean([r["loss"] for r in results], axis=0).tolist(),
+        "first_step_start": float(starts[:, 0].max()),
+    }
+
+
+class RayRunner(Runner):
+    """Runs strategies of one model on one cluster with the Ray runtime.
+
+    Args:
+        model_def: a ModelDef or a trainable source (``zoo:NAME``, ``script.py:fn``).
+        cluster: a ClusterSpec or a cluster name/YAML path (``local``).
+        warmup: untimed steps per trial (includes tracing and first transfers).
+        steps: timed steps per trial.
+        trial_timeout_s: limit for one trial, start-up included.
+        pool: warm workers to use (shared, e.g. between runners of several models); by default
+            the runner starts its own and kills them on ``close``.
+
+    Raises:
+        ConfigError: bad model or cluster, or the cluster does not fit the Ray cluster.
+    """
+
+    def __init__(self, model_def, cluster="local", *, warmup: int = 2, steps: int = 10,
+                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None):
+        from autosync.sources import load_cluster, load_model_def
+
+        if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
+            raise ConfigError(f"steps must be an integer >= 1 and warmup >= 0, got steps={steps!r}, warmup={warmup!r}")
+        if not trial_timeout_s > 0:
+            raise ConfigError(f"trial_timeout_s must be > 0, got {trial_timeout_s!r}")
+        self.model_def = load_model_def(model_def)
+        self.cluster = load_cluster(cluster)
+        self.warmup, self.steps, self.trial_timeout_s = warmup, steps, float(trial_timeout_s)
+        self._own_pool = pool is None
+        self.binding = ClusterBinding.bind(self.cluster) if pool is None else pool.binding
+        if pool is not None and pool.binding.cluster != self.cluster:
+            raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
+                              f"not {self.cluster.name}; use a pool made for this cluster")
+        self.pool = pool or WorkerPool(self.binding)
+        self._model = None
+
+    @property
+    def model(self):
+        """The ModelSpec as the workers built it (starts the workers on first use)."""
+        if self._model is None:
+            self.pool.ensure(self.model_def, self.cluster.devices, time.monotonic() + self.trial_timeout_s)
+            desc = self.pool.description
+            self._model = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
+        return self._model
+
+    def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:
+        if origins is not None and len(origins) != len(strategies):
+            raise ValueError(f"origins has {len(origins)} entries for {len(strategies)} strategies")
+        return [self.run_one(s, origins[i] if origins else s.origin) for i, s in enumerate(strategies)]
+
+    def run_one(self, strategy: Strategy, origin: str = "") -> Trial:
+        """Run one strategy; never raises for a strategy that fails (see the module doc)."""
+        started = time.time()
+        t0 = time.monotonic()
+        deadline = t0 + self.trial_timeout_s
+        meta: dict = {"warmup": self.warmup, "steps": self.steps}
+        common = dict(strategy=strategy, origin=origin or strategy.origin, started_at=started,
+                      cluster_fingerprint=self.cluster.fingerprint)
+        session = None
+        try:
+            model = self.model
+            common["model_fingerprint"] = model.fingerprint
+            validate(strategy, model, self.cluster)
+            plan = SyncPlan.build(strategy, model, self.cluster)
+            before = set(self.pool.actors)
+            self.pool.ensure(self.model_def, plan.replicas, deadline)
+            if set(plan.replicas) - before:
+                meta["worker_spawn_s"] = self.pool.spawn_s
+            session = Session(self.pool, plan)
+            placement = session.start(deadline)
+            meta["placement"] = placement
+            results = session.run(self.warmup + self.steps, deadline)
+            session.close()
+        except ConfigError as e:
+            if session is not None:
+                session.close()
+            return self._failed(common, "failed", str(e), meta)
+        except TrialTimeout as e:
+            session_abort(session, self.pool)
+            return self._failed(common, "timeout", f"exceeded the trial limit of {self.trial_timeout_s:g} s: {e}", meta)
+        except TrialFailed as e:
+            session_abort(session, self.pool)
+            return self._failed(common, "failed", str(e), meta)
+        except Exception as e:  # noqa: BLE001 - a runner never raises for one bad strategy
+            session_abort(session, self.pool)
+            return self._failed(common, "failed", f"{type(e).__name__}: {e}", meta)
+        summary = summarize_steps(results, self.warmup)
+        meta.update({
+            "startup_s": summary["first_step_start"] - started,
+            "ray_calls_per_step_per_worker": summary["calls_per_step_per_worker"],
+            "ps_actors": len(plan.ps_actors),
+            "workers": plan.num_workers,
+            "loss": summary["loss"],
+        })
+        return Trial(status="ok", step_times=tuple(summary["step_times"]), breakdown=summary["breakdown"],
+                     batch_size=self.model_def.batch_size * plan.num_workers, finished_at=time.time(),
+                     meta=meta, **common)
+
+    def _failed(self, common: dict, status: str, reason: str, meta: dict) -> Trial:
+        common.setdefault("model_fingerprint", self._model.fingerprint if self._model else "")
+        return Trial(status=status, error=reason, finished_at=time.time(), meta=meta, **common)
+
+    def close(self) -> None:
+        """Kill the workers and stop the embedded Ray if this runner started them (a shared pool
+        is left to its owner)."""
+        if self._own_pool:
+            self.pool.kill_all()
+            self.binding.close()
+
+
+def session_abort(session: Session | None, pool: WorkerPool) -> None:
+    """Kill everything a failed or hung trial may have left running."""
+    if session is not None:
+        session.abort()
+    else:
+        pool.kill_all()

@@ -1,0 +1,158 @@
+"""Trainer: real training of a model with a strategy on a Ray cluster.
+
+    trainer = Trainer("zoo:ncf?size=small", "strategy.yaml", "local")
+    history = trainer.fit(steps=100)
+    weights = trainer.get_weights()
+    trainer.close()
+
+Consecutive ``fit`` calls continue training (weights, optimizer state and data position are
+kept). Workers run ``steps_per_call`` steps per driver round trip; callbacks see each step's
+logs after its round trip returns.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.engine import Session, WorkerPool
+from autosync.runtime.plan import SyncPlan, model_spec_from_vars
+from autosync.runtime.runner import summarize_steps
+from strategy_space import Strategy, validate
+from strategy_space.errors import ConfigError
+
+
+@dataclass
+class History:
+    """What ``fit`` did.
+
+    Attributes:
+        loss: per step, the mean over workers of each worker's batch loss.
+        step_times: per step, seconds (the slowest worker).
+    """
+
+    loss: list = field(default_factory=list)
+    step_times: list = field(default_factory=list)
+
+    @property
+    def history(self) -> dict:
+        """Keras-style ``{"loss": [...], "step_time_s": [...]}``."""
+        return {"loss": list(self.loss), "step_time_s": list(self.step_times)}
+
+
+class Trainer:
+    """Train with a synchronization strategy.
+
+    Args:
+        model: a ModelDef or trainable source (``zoo:NAME``, ``script.py:function``).
+        strategy: a Strategy or the path of a strategy YAML file.
+        cluster: a ClusterSpec or a cluster name / YAML path (default ``local``).
+        timeout_s: limit for each round trip to the workers (start-up included in the first).
+        pool: warm workers to use (see ``RayRunner``); by default the trainer starts its own.
+
+    Raises:
+        ConfigError: bad model, strategy or cluster, a strategy that does not fit the model, or
+            one this runtime cannot execute yet (all-reduce).
+    """
+
+    def __init__(self, model, strategy, cluster="local", *, timeout_s: float = 600.0,
+                 pool: WorkerPool | None = None):
+        from autosync.sources import load_cluster, load_model_def
+        from strategy_space.yaml_io import load_strategy
+
+        self.model_def = load_model_def(model)
+        self.cluster = load_cluster(cluster)
+        if not isinstance(strategy, Strategy):
+            strategy = load_strategy(strategy)
+        self.strategy = strategy
+        self.timeout_s = float(timeout_s)
+        self._own_pool = pool is None
+        self.binding = ClusterBinding.bind(self.cluster) if pool is None else pool.binding
+        if pool is not None and pool.binding.cluster != self.cluster:
+            raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
+                              f"not {self.cluster.name}; use a pool made for this cluster")
+        self.pool = pool or WorkerPool(self.binding)
+        self.session: Session | None = None
+        self.stop_training = False
+        try:
+            self._start()
+        except Exception:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
+        desc = self.pool.description
+        self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
+        validate(self.strategy, self.model_spec, self.cluster)
+        self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster)
+        self.session = Session(self.pool, self.plan)
+        self.session.start(deadline)
+        self.step = 0
+
+    def fit(self, steps: int, callbacks=(), steps_per_call: int = 10) -> History:
+        """Train ``steps`` steps.
+
+        Args:
+            steps: how many steps (each: every worker one batch, then synchronization).
+            callbacks: callables ``fn(step, logs)`` or objects with ``on_step_end(step, logs)``;
+                ``logs`` has ``loss`` and ``step_time_s``. Setting ``trainer.stop_training = True``
+                stops after the current round trip.
+            steps_per_call: steps per round trip to the workers.
+
+        Returns:
+            the History of these steps.
+
+        Raises:
+            ConfigError: bad arguments.
+            RuntimeError: a worker or parameter server failed (every actor is then killed).
+        """
+        if not (isinstance(steps, int) and steps >= 0):
+            raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
+        if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
+            raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+        if self.session is None:
+            raise RuntimeError("this Trainer is closed (or failed); create a new one")
+        history = History()
+        self.stop_training = False
+        done = 0
+        while done < steps and not self.stop_training:
+            n = min(steps_per_call, steps - done)
+            try:
+                results = self.session.run(n, time.monotonic() + self.timeout_s)
+            except Exception:
+                self.session.abort()
+                self.session = None
+                raise
+            summary = summarize_steps(results, 0)
+            for loss, seconds in zip(summary["loss"], summary["step_times"]):
+                history.loss.append(loss)
+                history.step_times.append(seconds)
+                logs = {"loss": loss, "step_time_s": seconds}
+                for cb in callbacks:
+                    (cb.on_step_end if hasattr(cb, "on_step_end") else cb)(self.step, logs)
+                self.step += 1
+            done += n
+        return history
+
+    def get_weights(self) -> list:
+        """All model weights as numpy arrays, in ``model.get_weights()`` order (synchronized)."""
+        if self.session is None:
+            raise RuntimeError("this Trainer is closed (or failed); create a new one")
+        return self.session.weights(time.monotonic() + self.timeout_s)
+
+    def close(self) -> None:
+        """Kill the PS actors, and the workers and embedded Ray if this Trainer started them."""
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        if self._own_pool:
+            self.pool.kill_all()
+            self.binding.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
