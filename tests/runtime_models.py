@@ -50,11 +50,13 @@ def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4):
     return out
 
 
-def faulty_batches(worker: int, num_workers: int, flag: str, mode: str, at: int = 3):
-    """Like ``make_batches`` but while file ``flag`` exists, worker 1 raises (mode ``raise``) or
-    hangs (mode ``hang``) when asked for batch ``at``."""
+def faulty_batches(worker: int, num_workers: int, flag: str, at: int = 3):
+    """Like ``make_batches``, but worker 1 misbehaves at batch ``at`` while file ``flag`` exists:
+    it raises if the file says ``raise`` and hangs if it says ``hang``."""
     for i, b in enumerate(make_batches(worker, num_workers, count=1000)):
         if worker == 1 and i == at and os.path.exists(flag):
+            with open(flag) as f:
+                mode = f.read().strip()
             if mode == "raise":
                 raise ValueError("injected failure in worker 1")
             time.sleep(3600)
