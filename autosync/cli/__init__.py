@@ -15,7 +15,9 @@ from strategy_space.errors import ConfigError
 # modules of this package that add sub-commands, in help order
 COMMAND_MODULES = (
     "offline",   # build, validate, show, inspect, models
+    "models",    # models, inspect
     "testbed",   # up, shape, status, down, exec
+    "runtime",   # run, baselines (Ray)
 )
 
 

@@ -1,0 +1,103 @@
+"""Commands that run on Ray: ``run`` (measure one strategy) and ``baselines`` (every builder)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from autosync.cli._format import table
+from autosync.sources import CLUSTER_FORMS, MODEL_FORMS
+from strategy_space import validate
+from strategy_space.errors import ConfigError
+
+
+def _add_common(p) -> None:
+    p.add_argument("--model", required=True, metavar="M", help=f"trainable model: {MODEL_FORMS.split(', or')[0]}")
+    p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
+    p.add_argument("--steps", type=int, default=10, metavar="N", help="timed steps per trial (default 10)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="limit per trial in seconds (default 300)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _runner(args):
+    from autosync.runtime.runner import RayRunner
+
+    if args.steps < 1 or args.warmup < 0:
+        raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got --steps {args.steps} --warmup {args.warmup}")
+    return RayRunner(args.model, args.cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.timeout)
+
+
+def _record(trial) -> dict:
+    d = trial.summary()
+    d["batch_size"] = trial.batch_size
+    d["startup_s"] = trial.meta.get("startup_s")
+    d["ray_calls_per_step_per_worker"] = trial.meta.get("ray_calls_per_step_per_worker")
+    return d
+
+
+def _fmt(seconds) -> str:
+    return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1e3:.1f} ms"
+
+
+def cmd_run(args) -> int:
+    from strategy_space.yaml_io import load_strategy
+
+    strategy = load_strategy(args.strategy)
+    with _runner(args) as runner:
+        try:
+            validate(strategy, runner.model, runner.cluster)
+        except ConfigError as e:
+            raise e.with_source(args.strategy) from None
+        trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
+    if args.json:
+        print(json.dumps(_record(trial), indent=2))
+    elif trial.ok:
+        rows = [("median step", _fmt(trial.median)), ("p90 step", _fmt(trial.p90)),
+                ("samples/s", f"{trial.samples_per_s:.1f}"),
+                ("compute / sync per step", f"{_fmt(trial.breakdown['compute'])} / {_fmt(trial.breakdown['sync'])}"),
+                ("ray calls per step per worker", f"{trial.meta['ray_calls_per_step_per_worker']:g}"),
+                ("start-up", f"{trial.meta['startup_s']:.2f} s")]
+        print(table(["measure", "value"], rows))
+    else:
+        print(f"autosync run: trial {trial.status}: {trial.error}", file=sys.stderr)
+    return 0 if trial.ok else 1
+
+
+def cmd_baselines(args) -> int:
+    from autosync.runtime.plan import SyncPlan
+    from strategy_space.builders import BUILDERS, get_builder
+
+    records = []
+    with _runner(args) as runner:
+        model = runner.model
+        for name in BUILDERS:
+            strategy = get_builder(name).build(model, runner.cluster)
+            try:
+                SyncPlan.build(validate(strategy, model, runner.cluster), model, runner.cluster)
+            except ConfigError as e:
+                records.append({"builder": name, "status": "not supported", "error": str(e), "step_time_s": None,
+                                "samples_per_s": None})
+                continue
+            rec = _record(runner.run([strategy], origins=[name])[0])
+            records.append({"builder": name, **rec})
+    records.sort(key=lambda r: (r["step_time_s"] is None, (r["step_time_s"] or {}).get("median", 0.0)))
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    rows = [(r["builder"], r["status"], _fmt((r["step_time_s"] or {}).get("median")),
+             _fmt((r["step_time_s"] or {}).get("p90")),
+             f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
+             (r.get("error") or "")[:70]) for r in records]
+    print(table(["builder", "status", "median step", "p90 step", "samples/s", "note"], rows, right=(2, 3, 4)))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run one strategy on Ray and measure its step time")
+    _add_common(p)
+    p.add_argument("--strategy", required=True, metavar="FILE", help="strategy YAML file")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("baselines", help="run every baseline builder's strategy on Ray, fastest first")
+    _add_common(p)
+    p.set_defaults(func=cmd_baselines)

@@ -1,0 +1,83 @@
+"""``autosync run`` on a tiny script model, end to end in a fresh process (embedded Ray)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = '''
+import numpy as np
+from autosync.model_def import ModelDef
+
+
+def build():
+    import keras
+    ids = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(30, 4, name="emb")(ids))
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def loss():
+    import keras
+    return keras.losses.MeanSquaredError()
+
+
+def opt():
+    import keras
+    return keras.optimizers.SGD(0.05)
+
+
+def data(worker, num_workers):
+    rng = np.random.RandomState(worker)
+    for _ in range(3):
+        x = rng.randint(0, 30, size=(8, 2)).astype("int32")
+        yield x, (x.sum(axis=1, keepdims=True) / 60.0).astype("float32")
+
+
+def tiny():
+    return ModelDef(name="tiny", model_fn=build, loss_fn=loss, optimizer_fn=opt, dataset_fn=data, batch_size=8)
+'''
+
+STRATEGY = '''kind: strategy
+version: 1
+variables:
+  - {var: emb/embeddings, ps: {destination: node0}}
+  - {var: out/kernel, ps: {destination: node0}}
+  - {var: out/bias, ps: {destination: node0}}
+'''
+
+
+def _autosync(*args, timeout=300):
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "autosync", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_prints_measurement_json(tmp_path):
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    (tmp_path / "s.yaml").write_text(STRATEGY)
+    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--cluster", "local",
+                     "--strategy", str(tmp_path / "s.yaml"), "--steps", "3", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["status"] == "ok" and out["steps"] == 3
+    assert 0 < out["step_time_s"]["median"] <= out["step_time_s"]["p90"]
+    assert out["samples_per_s"] > 0 and out["batch_size"] == 16
+    assert out["ray_calls_per_step_per_worker"] == 2 and out["startup_s"] > 0
+
+
+def test_bad_strategy_file_exits_2_with_message(tmp_path):
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: strategy\nversion: 1\nvariables:\n  - {var: emb/embeddings, ps: {destinaton: node0}}\n")
+    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(bad), "--json")
+    assert proc.returncode == 2
+    assert "destinaton" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+    missing = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "file not found" in missing.stderr
