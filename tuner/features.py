@@ -44,7 +44,7 @@ FEATURE_NAMES = (
     "ar_raw_bytes", "ar_wire_bytes", "ar_ring_bytes", "ar_ring_s", "ar_groups", "ar_collectives",
     "ar_max_group_bytes", "ring_steps", "ring_steps_objectstore", "compressed_saved_bytes",
     "fp16_raw_bytes", "powersgd_raw_bytes", "sparse_allgather_bytes", "staleness", "stale_factor",
-    "async", "exposed_frac", "comm_s", "analytic_s",
+    "async", "exposed_frac", "comm_s", "analytic_s", "model_bytes",
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 INDEX_BYTES = 8            # int64 row indices of sparse gradients
@@ -91,6 +91,7 @@ class FeatureTables:
     order: np.ndarray       # (V,) variable indices in gradient-ready order
     tau: np.ndarray         # (V,) ready time / compute time, in ready order
     compute_s: float
+    model_bytes: float      # per-worker gradient bytes of one step, all variables (normalizer)
     ring_bw: float          # slowest link of the all-reduce ring (bytes/s)
     # derived in __post_init__ (float32 so that the per-strategy work stays in float32):
     # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_f,
@@ -149,6 +150,7 @@ class FeatureTables:
             matrix=np.array([len(v.shape) >= 2 for v in vs]), order=order,
             tau=tau.astype(np.float32), compute_s=estimate_compute_s(model),
             ring_bw=float(bw[workers > 0].min()) if multi else intra,
+            model_bytes=float(val.sum() + (rows * INDEX_BYTES).sum()),
         )
 
 
@@ -299,6 +301,7 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     any_ps = psum[:, 0] > 0
     pushed, pulled = W * P, W * H0 + t.Nw * H1
     f[:, C["compute_s"]] = t.compute_s
+    f[:, C["model_bytes"]] = t.model_bytes
     f[:, C["num_workers"]], f[:, C["num_nodes"]], f[:, C["nodes_with_workers"]] = W, N, t.Nw
     ps_bytes = (Ptot + H0tot + H1tot)[:, 0]
     f[:, C["ps_share"]] = ps_bytes / np.maximum(ps_bytes + ring * S, 1.0)

