@@ -1,0 +1,80 @@
+"""``autosync models`` (the zoo) and ``autosync inspect`` (one model's variables and profile)."""
+from __future__ import annotations
+
+import argparse
+
+from autosync.cli._format import human_bytes, human_count, table
+from strategy_space import ModelSpec
+from strategy_space.errors import ConfigError
+
+
+def variables_table(spec: ModelSpec) -> str:
+    """The variables of ``spec`` with a totals line."""
+    rows = []
+    for v in spec.variables:
+        rows.append((v.name, "x".join(map(str, v.shape)) or "scalar", v.dtype, human_count(v.size),
+                     human_bytes(v.bytes), "yes" if v.sparse else "", v.rows_per_step if v.sparse else ""))
+    sparse = [v for v in spec.variables if v.sparse]
+    rows.append(("TOTAL", f"{len(spec.variables)} variables", "", human_count(spec.total_params),
+                 human_bytes(spec.total_bytes), f"{len(sparse)} ({spec.sparse_share:.1%} of params)",
+                 sum(v.rows_per_step or 0 for v in sparse) or ""))
+    return table(("variable", "shape", "dtype", "size", "bytes", "sparse", "rows/step"), rows, right=(3, 4, 6))
+
+
+def cmd_models(args) -> int:
+    from autosync.models import ingest, zoo
+
+    rows = []
+    for info in zoo.list_models():
+        size = args.size or info.default
+        if size not in info.sizes:
+            raise ConfigError(f"--size {size!r} is not a size of {info.name}; sizes: {', '.join(info.sizes)}")
+        line = [info.name, size, info.description]
+        if not args.no_build:
+            model_def = zoo.get_model_def(f"{info.name}?size={size}")
+            spec = ingest.model_spec_from_def(model_def)
+            line[2:2] = [human_count(spec.total_params), f"{spec.sparse_share:.1%}", model_def.batch_size]
+        rows.append(line)
+    headers = ["model", "size"] + ([] if args.no_build else ["params", "sparse", "batch"]) + ["description"]
+    print(table(headers, rows, right=() if args.no_build else (2, 3, 4)))
+    print("\nuse as --model zoo:NAME (small, the default) or zoo:NAME?size=full; full sizes:")
+    for info in zoo.list_models():
+        print(f"  {info.name}: {info.full_size_note}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from autosync.sources import load_model_spec
+    from strategy_space.yaml_io import save
+
+    spec = load_model_spec(args.model, profile=args.profile)
+    print(f"model {spec.name}: batch size {spec.batch_size} per worker, fingerprint {spec.fingerprint}")
+    print(variables_table(spec))
+    if spec.profile is not None:
+        p = spec.profile
+        print(f"\ncompute: {p.step_time_s * 1e3:.2f} ms per step (forward+backward, median) on {p.device}")
+        if p.ready_order:
+            head = ", ".join(p.ready_order[:3])
+            print(f"gradients ready first: {head}{' ...' if len(p.ready_order) > 3 else ''}")
+    elif args.profile:
+        print("\n(no profile: a model-spec YAML without a profile section cannot be measured)")
+    if args.out:
+        save(spec, args.out)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="list the built-in model zoo with parameter counts and sparse share")
+    p.add_argument("--size", choices=("small", "full"), default=None,
+                   help="variant to describe (default: each model's default, small); full builds large models")
+    p.add_argument("--no-build", action="store_true", help="list names and descriptions only, without building models")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("inspect", help="print a model's variables (sparse or dense, rows per step) and profile",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="MODEL is zoo:NAME[?size=small|full], path/to/script.py:function or a model-spec YAML.")
+    p.add_argument("--model", required=True, metavar="MODEL", help="the model source")
+    p.add_argument("--profile", action="store_true", help="also measure forward+backward time per step on this machine")
+    p.add_argument("--out", metavar="PATH", help="write the ModelSpec as YAML (load it back with --model PATH)")
+    p.set_defaults(func=cmd_inspect)

@@ -1,0 +1,143 @@
+"""Language models of the zoo: a BERT encoder with a masked-LM head and an LSTM language model
+with sampled softmax (LM1B style).
+
+BERT ties its output projection to the token embedding (as the original does), so the token
+embedding's gradient mixes a sparse lookup with a dense matmul and is dense. The LSTM language
+model gathers rows of both its input embedding and its softmax weights, so both are sparse.
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+
+def masked_lm_loss():
+    """Cross-entropy of the target token at every position, from logits."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def adamw(learning_rate: float = 1e-4):
+    """AdamW, BERT's optimizer."""
+    return keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=0.01)
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Post-norm transformer encoder block (self-attention, then a GELU feed-forward)."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, dropout: float, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = keras.layers.MultiHeadAttention(heads, hidden // heads, dropout=dropout, name="attention")
+        self.attention_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="attention_norm")
+        self.ffn_in = keras.layers.Dense(intermediate, activation="gelu", name="ffn_in")
+        self.ffn_out = keras.layers.Dense(hidden, name="ffn_out")
+        self.ffn_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="ffn_norm")
+        self.dropout = keras.layers.Dropout(dropout)
+
+    def call(self, x, training=None):
+        x = self.attention_norm(x + self.dropout(self.attention(x, x, training=training), training=training))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(self.ffn_in(x)), training=training))
+
+
+class BertMaskedLM(keras.Model):
+    """BERT encoder (token, position and segment embeddings, ``layers`` transformer blocks) with
+    a masked-LM head whose output projection is the token embedding (tied weights).
+
+    Inputs are ``(token_ids, segment_ids)``, both ``(batch, seq_len)``; the output is
+    ``(batch, seq_len, vocab)`` logits.
+    """
+
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, intermediate: int,
+                 max_positions: int = 512, segments: int = 2, dropout: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.token_embedding = keras.layers.Embedding(vocab, hidden, name="token_embedding")
+        self.segment_embedding = keras.layers.Embedding(segments, hidden, name="segment_embedding")
+        self.position_embedding = self.add_weight(shape=(max_positions, hidden), name="position_embedding",
+                                                  initializer=keras.initializers.TruncatedNormal(stddev=0.02))
+        self.embedding_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="embedding_norm")
+        self.dropout = keras.layers.Dropout(dropout)
+        self.blocks = [TransformerBlock(hidden, heads, intermediate, dropout, name=f"layer_{i:02d}")
+                       for i in range(layers)]
+        self.head_transform = keras.layers.Dense(hidden, activation="gelu", name="mlm_transform")
+        self.head_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="mlm_norm")
+        self.output_bias = self.add_weight(shape=(vocab,), name="mlm_output_bias", initializer="zeros")
+
+    def call(self, inputs, training=None):
+        tokens, segments = inputs
+        seq_len = ops.shape(tokens)[1]
+        # positions are a slice, not a lookup (as in the original BERT): a dense gradient
+        x = self.token_embedding(tokens) + self.segment_embedding(segments) + self.position_embedding[:seq_len]
+        x = self.dropout(self.embedding_norm(x), training=training)
+        for block in self.blocks:
+            x = block(x, training=training)
+        h = self.head_norm(self.head_transform(x))
+        return ops.matmul(h, ops.transpose(self.token_embedding.embeddings)) + self.output_bias
+
+
+def bert(vocab: int, hidden: int, layers: int, heads: int, intermediate: int, seq_len: int):
+    """A built ``BertMaskedLM`` (its variables exist on return)."""
+    model = BertMaskedLM(vocab, hidden, layers, heads, intermediate, name="bert")
+    tokens = ops.zeros((1, seq_len), dtype="int32")
+    model((tokens, tokens))
+    return model
+
+
+class SampledSoftmaxLoss(keras.layers.Layer):
+    """Softmax output layer trained with sampled softmax (Jean et al. 2015), as in the LM1B
+    models: only the true and ``num_sampled`` log-uniformly sampled classes' rows of the
+    ``(vocab, dim)`` weights are gathered each step, so their gradient is sparse.
+
+    Called on ``(hidden, labels)``; returns the per-position loss ``(batch, seq_len)``.
+    """
+
+    def __init__(self, vocab: int, num_sampled: int, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab = vocab
+        self.num_sampled = num_sampled
+        self.seed = seed
+
+    def build(self, input_shape):
+        dim = input_shape[0][-1]
+        self.kernel = self.add_weight(shape=(self.vocab, dim), name="softmax_weights",
+                                      initializer=keras.initializers.RandomNormal(stddev=dim ** -0.5))
+        self.bias = self.add_weight(shape=(self.vocab,), name="softmax_bias", initializer="zeros")
+
+    def call(self, inputs):
+        hidden, labels = inputs
+        shape = tf.shape(labels)
+        flat_labels = tf.reshape(tf.cast(labels, tf.int64), (-1, 1))
+        flat_hidden = tf.reshape(hidden, (-1, hidden.shape[-1]))
+        sampled = tf.random.log_uniform_candidate_sampler(
+            flat_labels, num_true=1, num_sampled=self.num_sampled, unique=True, range_max=self.vocab,
+            seed=self.seed)
+        loss = tf.nn.sampled_softmax_loss(
+            weights=self.kernel, biases=self.bias, labels=flat_labels, inputs=flat_hidden,
+            num_sampled=self.num_sampled, num_classes=self.vocab, sampled_values=sampled,
+            remove_accidental_hits=True)
+        return tf.reshape(loss, shape)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[1])
+
+
+def mean_of_outputs():
+    """Loss for models that output their own per-example loss (the sampled-softmax LM): the
+    mean of the predictions; the targets are ignored."""
+    return _mean_prediction
+
+
+def _mean_prediction(y_true, y_pred):
+    del y_true
+    return ops.mean(y_pred)
+
+
+def lstm_lm(vocab: int, embedding_dim: int, hidden: int, seq_len: int, num_sampled: int):
+    """LSTM language model: token embedding, one LSTM layer, a projection to ``embedding_dim``
+    and a sampled-softmax output. Inputs ``(tokens, next_tokens)``; output per-token loss."""
+    tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
+    next_tokens = keras.Input((seq_len,), dtype="int32", name="next_tokens")
+    x = keras.layers.Embedding(vocab, embedding_dim, name="embedding")(tokens)
+    x = keras.layers.LSTM(hidden, return_sequences=True, name="lstm")(x)
+    x = keras.layers.Dense(embedding_dim, name="projection")(x)
+    loss = SampledSoftmaxLoss(vocab, num_sampled, name="softmax")([x, next_tokens])
+    return keras.Model([tokens, next_tokens], loss, name="lm1b_lstm")

@@ -1,0 +1,146 @@
+"""Keras model -> ModelSpec: trainable variables, and which of them get sparse gradients.
+
+Sparsity is measured, not guessed: one real gradient of the loss on a sample batch is computed
+with ``tf.GradientTape`` and a variable is sparse exactly when its gradient is a
+``tf.IndexedSlices``. On the TensorFlow backend ``keras.layers.Embedding`` (and any ``tf.gather``
+of a variable) yields ``IndexedSlices``; a variable that is also used densely (e.g. an embedding
+tied to the output projection) gets the sum of both uses, which TensorFlow densifies, so it is
+reported dense. ``rows_per_step`` is the number of distinct rows in the gradient's indices for
+that batch.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from strategy_space import ModelSpec, VariableSpec
+from strategy_space.errors import ConfigError
+
+
+def variable_names(variables: Sequence[Any]) -> list[str]:
+    """Unique names for Keras variables: their ``path`` (``dense/kernel``), with ``_1``, ``_2``
+    ... appended to repeats (possible in hand-named subclassed models). The runtime must use the
+    same function so names in strategies match its variables."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for v in variables:
+        base = getattr(v, "path", None) or v.name
+        name, k = base, 0
+        while name in seen:
+            k += 1
+            name = f"{base}_{k}"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def split_batch(batch: Any, where: str) -> tuple[Any, Any]:
+    """(inputs, targets) of one batch from ``dataset_fn``.
+
+    Raises:
+        ConfigError: the batch is not a pair.
+    """
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise ConfigError(f"{where}: dataset_fn must yield (inputs, targets) pairs, got {type(batch).__name__}"
+                          + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    return batch[0], batch[1]
+
+
+def first_batch(model_def, worker_index: int = 0, num_workers: int = 1) -> tuple[Any, Any]:
+    """The first (inputs, targets) batch of ``model_def.dataset_fn(worker_index, num_workers)``.
+
+    Raises:
+        ConfigError: the dataset is empty or does not yield pairs.
+    """
+    where = f"ModelDef {model_def.name}"
+    for batch in model_def.dataset_fn(worker_index, num_workers):
+        return split_batch(batch, where)
+    raise ConfigError(f"{where}: dataset_fn({worker_index}, {num_workers}) yielded no batches; it must yield "
+                      f"(inputs, targets) batches of batch_size examples")
+
+
+def compute_gradients(model, loss: Callable, inputs: Any, targets: Any):
+    """One eager forward and backward pass. Returns (trainable variables, gradients); the model is
+    built by the call if it was not, and variables created inside the tape are watched."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        predictions = model(inputs, training=True)
+        value = loss(targets, predictions)
+    variables = list(model.trainable_variables)
+    if not variables:
+        raise ConfigError(f"model {model.name} has no trainable variables; nothing to synchronize")
+    return variables, tape.gradient(value, variables)
+
+
+def model_spec_from_model(model, loss: Callable, inputs: Any, targets: Any, *, name: str,
+                          batch_size: int) -> ModelSpec:
+    """The ModelSpec of a Keras model, from one real gradient on ``(inputs, targets)``.
+
+    Args:
+        model: a ``keras.Model`` (built or not).
+        loss: ``(y_true, y_pred) -> scalar``.
+        inputs, targets: one batch of ``batch_size`` examples.
+        name: ModelSpec name.
+        batch_size: the batch size ``rows_per_step`` refers to.
+
+    Returns:
+        ModelSpec with variables in ``model.trainable_variables`` order and no profile.
+
+    Raises:
+        ConfigError: the model has no trainable variables.
+    """
+    import tensorflow as tf
+
+    variables, grads = compute_gradients(model, loss, inputs, targets)
+    specs = []
+    unused = []
+    for var_name, var, grad in zip(variable_names(variables), variables, grads):
+        sparse = isinstance(grad, tf.IndexedSlices)
+        rows = int(np.unique(grad.indices.numpy()).size) if sparse else None
+        if grad is None:
+            unused.append(var_name)
+        specs.append(VariableSpec(name=var_name, shape=tuple(int(d) for d in var.shape),
+                                  dtype=_dtype_name(var.dtype), sparse=sparse, rows_per_step=rows))
+    if unused:
+        warnings.warn(f"model {name}: the loss does not depend on {len(unused)} trainable variable(s) "
+                      f"({', '.join(unused[:5])}); they are listed as dense but will never change",
+                      stacklevel=2)
+    return ModelSpec(name=name, variables=tuple(specs), batch_size=batch_size)
+
+
+def model_spec_from_def(model_def, profile: bool = False, *, warmup_steps: int = 3,
+                        timed_steps: int = 10) -> ModelSpec:
+    """The ModelSpec of a ModelDef: build its model, take one gradient on the first batch of
+    ``dataset_fn(0, 1)`` and, with ``profile``, measure its compute time.
+
+    Args:
+        model_def: the model.
+        profile: also measure forward+backward step time and gradient-ready order
+            (``autosync.models.profile``).
+        warmup_steps, timed_steps: profiling steps (ignored without ``profile``).
+
+    Returns:
+        ModelSpec named after ``model_def.name``.
+
+    Raises:
+        ConfigError: the dataset is empty or malformed, or the model has no trainable variables.
+    """
+    inputs, targets = first_batch(model_def)
+    model = model_def.model_fn()
+    loss = model_def.loss_fn()
+    spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name, batch_size=model_def.batch_size)
+    if not profile:
+        return spec
+    from . import profile as profiling
+
+    measured = profiling.profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps,
+                                       timed_steps=timed_steps)
+    return replace(spec, profile=measured)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return dtype if isinstance(dtype, str) else getattr(dtype, "name", str(dtype))

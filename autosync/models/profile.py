@@ -1,0 +1,140 @@
+"""Measure a model's compute cost on this machine: forward+backward time per step and the order
+in which gradients become ready in the backward pass.
+
+Step time: the gradient computation (no optimizer update, no synchronization) runs inside one
+``tf.function``; after ``warmup_steps`` untimed calls (tracing, allocator warm-up) the median of
+``timed_steps`` wall-clock times is reported. TensorFlow's thread pools are left as configured
+by the caller.
+
+Gradient-ready order: the order in which TensorFlow's tape emits the gradients. The tape builds
+the backward graph one forward op at a time, processing an op only once the gradients of all its
+consumers exist, so the creation position of the op that finally produces a variable's gradient
+is when that gradient becomes available in the tape's (sequential, reverse-topological)
+schedule. Gradients are ordered by that position in the traced ``tf.function`` graph. For a chain
+of layers this is the reverse of the forward order; a variable used in several places (a tied
+embedding) is ready only after every use has been back-propagated and its parts summed. Creation
+order rather than a count of ancestor ops is used because one op can hide a whole loop (an LSTM's
+backward pass is a single ``While`` op).
+"""
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+from typing import Any, Callable
+
+from strategy_space import ComputeProfile
+
+from .ingest import variable_names
+
+
+def device_description() -> str:
+    """What compute is measured on, e.g. ``cpu:Intel Xeon Processor @ 2.50GHz x2`` or
+    ``gpu:NVIDIA H100 80GB HBM3 x1``."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        return f"gpu:{details.get('device_name', 'GPU')} x{len(gpus)}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"cpu:{_cpu_model()} x{cores}"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1]
+                    return re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)", "", name)).strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _gradient_step(model, loss: Callable, variables: list):
+    import tensorflow as tf
+
+    @tf.function
+    def step(inputs, targets):
+        with tf.GradientTape() as tape:
+            value = loss(targets, model(inputs, training=True))
+        return tape.gradient(value, variables)
+
+    return step
+
+
+def ready_order_from_graph(graph, gradients: list, names: list[str]) -> list[str]:
+    """Variable names in the order the tape created the ops producing their gradients.
+
+    Args:
+        graph: the traced ``FuncGraph`` of the gradient step.
+        gradients: its structured outputs, one per variable (Tensor, IndexedSlices or None).
+        names: variable names, aligned with ``gradients``.
+
+    Returns:
+        Every name once, earliest-ready first (ties: later-created variable first; variables
+        without a gradient last).
+    """
+    import tensorflow as tf
+
+    position = {op.name: i for i, op in enumerate(graph.get_operations())}
+    output_ops = {t.op.name for t in graph.outputs}
+
+    def produced_at(tensor) -> int:
+        op = tensor.op
+        # a function's outputs are Identity copies added after the backward pass: look through them
+        while op.type == "Identity" and op.inputs and op.name in output_ops:
+            op = op.inputs[0].op
+        return position.get(op.name, -1)
+
+    keys = []
+    for i, grad in enumerate(gradients):
+        if grad is None:
+            keys.append((len(position), -i))
+        else:
+            keys.append((max(produced_at(t) for t in tf.nest.flatten(grad, expand_composites=True)), -i))
+    return [names[i] for i in sorted(range(len(names)), key=lambda i: keys[i])]
+
+
+def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_steps: int = 3,
+                  timed_steps: int = 10) -> ComputeProfile:
+    """Measure one worker's forward+backward step on one batch.
+
+    Args:
+        model: a built ``keras.Model`` (its trainable variables exist).
+        loss: ``(y_true, y_pred) -> scalar``.
+        inputs, targets: one batch of the model's per-worker batch size.
+        warmup_steps: untimed calls first (>= 1; the first one traces).
+        timed_steps: timed calls; their median is reported.
+
+    Returns:
+        ComputeProfile with the median step time, this machine's device string and the
+        gradient-ready order.
+
+    Raises:
+        ValueError: warmup_steps < 1 or timed_steps < 1.
+    """
+    import tensorflow as tf
+
+    if warmup_steps < 1 or timed_steps < 1:
+        raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
+    variables = list(model.trainable_variables)
+    names = variable_names(variables)
+    inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+    targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
+    step = _gradient_step(model, loss, variables)
+    concrete = step.get_concrete_function(inputs, targets)
+    order = ready_order_from_graph(concrete.graph, list(concrete.structured_outputs), names)
+    for _ in range(warmup_steps):
+        step(inputs, targets)
+    times = []
+    for _ in range(timed_steps):
+        start = time.perf_counter()
+        step(inputs, targets)
+        times.append(time.perf_counter() - start)
+    return ComputeProfile(step_time_s=statistics.median(times), device=device_description(), ready_order=tuple(order))

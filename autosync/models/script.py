@@ -1,0 +1,108 @@
+"""Load a user's ``path/to/script.py:function`` model source.
+
+The script is imported as a module (its top level runs once), then ``function()`` is called with
+no arguments and must return an ``autosync.model_def.ModelDef``. The module is registered with
+cloudpickle to be pickled by value, so the ModelDef's factories reach Ray workers that cannot
+import the script by name.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from strategy_space.errors import ConfigError
+
+CONTRACT = ("the function must take no arguments and return autosync.ModelDef(name=..., model_fn=..., "
+            "loss_fn=..., optimizer_fn=..., dataset_fn=..., batch_size=...)")
+
+
+def _where_in_script(error: BaseException, path: Path) -> str:
+    """`` (line N of script.py)`` for the deepest traceback frame inside the script, else ''."""
+    line = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if Path(frame.filename).resolve() == path:
+            line = frame.lineno
+    return f" (line {line} of {path.name})" if line is not None else ""
+
+
+def import_script(path: str | Path):
+    """Import ``path`` as a module named ``autosync_user_<stem>_<hash>``.
+
+    Raises:
+        ConfigError: the file is missing, is not a .py file, or raises while importing.
+    """
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise ConfigError(f"model script not found: {path} (give the path of an existing Python file, "
+                          f"e.g. examples/my_model.py:build)")
+    if p.suffix != ".py":
+        raise ConfigError(f"model script {path} must be a .py file")
+    digest = hashlib.sha1(str(p).encode()).hexdigest()[:8]
+    module_name = f"autosync_user_{p.stem if p.stem.isidentifier() else 'script'}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, p)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import model script {path}: Python does not recognise it as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's code: report any failure as bad input
+        del sys.modules[module_name]
+        raise ConfigError(f"importing model script {path} failed{_where_in_script(e, p)}: "
+                          f"{type(e).__name__}: {e}; fix the script so that it imports cleanly") from e
+    _pickle_by_value(module)
+    return module
+
+
+def _pickle_by_value(module) -> None:
+    # Ray workers run elsewhere and cannot import the script by its generated module name
+    for name in ("cloudpickle", "ray.cloudpickle"):
+        try:
+            pickler = importlib.import_module(name)
+        except ImportError:
+            continue
+        register = getattr(pickler, "register_pickle_by_value", None)
+        if register is not None:
+            register(module)
+
+
+def load_model_def(path: str | Path, function_name: str):
+    """The ModelDef returned by ``function_name()`` in the script at ``path``.
+
+    Args:
+        path: the Python file.
+        function_name: a function defined (or imported) at the script's top level.
+
+    Returns:
+        autosync.model_def.ModelDef.
+
+    Raises:
+        ConfigError: a missing file, an import error, no such function, the function raising,
+            or returning something other than a ModelDef. The message says what to fix.
+    """
+    from autosync.model_def import ModelDef
+
+    module = import_script(path)
+    source = f"{path}:{function_name}"
+    fn = getattr(module, function_name, None)
+    if fn is None:
+        functions = sorted(n for n, v in vars(module).items()
+                           if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        listed = ", ".join(functions) if functions else "none"
+        raise ConfigError(f"{path} has no function {function_name!r} (functions defined there: {listed}); "
+                          f"define def {function_name}() in the script or name another one after the colon; {CONTRACT}")
+    if not callable(fn):
+        raise ConfigError(f"{source}: {function_name} is not callable (it is a {type(fn).__name__} value); {CONTRACT}")
+    try:
+        result = fn()
+    except Exception as e:  # the user's code
+        raise ConfigError(f"{source}() raised {type(e).__name__}{_where_in_script(e, Path(path).resolve())}: {e}; "
+                          f"fix the function ({CONTRACT})") from e
+    if not isinstance(result, ModelDef):
+        raise ConfigError(f"{source}() returned {type(result).__name__}, not a ModelDef; {CONTRACT}")
+    return result

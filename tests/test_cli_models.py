@@ -1,0 +1,80 @@
+"""``autosync models`` and ``autosync inspect`` run as a user would: ``python -m autosync``."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from strategy_space import load_model_spec
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "examples", "my_model.py")
+
+
+def _autosync(*args: str, cwd: str = REPO) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "autosync", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_inspect_script_with_profile_and_out_round_trips(tmp_path):
+    from autosync.models import ingest, script
+
+    out = tmp_path / "model.yaml"
+    r = _autosync("inspect", "--model", f"{EXAMPLE}:build", "--profile", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "user_embedding/embeddings" in r.stdout and "10000x32" in r.stdout
+    assert "TOTAL" in r.stdout and "ms per step (forward+backward, median) on cpu:" in r.stdout
+    loaded = load_model_spec(out)
+    fresh = ingest.model_spec_from_def(script.load_model_def(EXAMPLE, "build"))
+    assert loaded.variables == fresh.variables and loaded.batch_size == fresh.batch_size == 64
+    assert loaded.profile is not None and loaded.profile.step_time_s > 0
+    # the exported YAML is itself a model source, and inspecting it needs no TensorFlow work
+    again = tmp_path / "again.yaml"
+    r = _autosync("inspect", "--model", str(out), "--out", str(again))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert load_model_spec(again) == loaded
+
+
+def test_inspect_zoo_model_prints_sparse_rows():
+    r = _autosync("inspect", "--model", "zoo:ncf")
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("gmf_user_embedding/embeddings"))
+    assert "6040x16" in line and "yes" in line
+    assert "model ncf-small: batch size 256 per worker" in r.stdout
+
+
+def test_models_lists_the_zoo_without_building():
+    r = _autosync("models", "--no-build")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("resnet50", "vgg16", "bert", "lm1b", "ncf", "dlrm"):
+        assert any(ln.startswith(name) for ln in r.stdout.splitlines())
+    assert "zoo:NAME?size=full" in r.stdout
+
+
+def test_script_without_the_function_exits_2_with_a_clear_message(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text("def make():\n    return 1\n")
+    r = _autosync("inspect", "--model", f"{path}:build")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "autosync inspect: error:" in r.stderr and "has no function 'build' (functions defined there: make)" in r.stderr
+
+
+def test_function_returning_the_wrong_type_exits_2_with_a_clear_message(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent("""
+        def build():
+            return {"name": "not a ModelDef"}
+    """))
+    r = _autosync("inspect", "--model", f"{path}:build")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "build() returned dict, not a ModelDef" in r.stderr and "autosync.ModelDef(name=" in r.stderr
+
+
+def test_unknown_zoo_model_exits_2():
+    r = _autosync("inspect", "--model", "zoo:alexnet")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "valid models: resnet50, vgg16, bert, lm1b, ncf, dlrm" in r.stderr

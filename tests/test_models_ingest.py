@@ -1,0 +1,113 @@
+"""Ingestion: sparse detection from a real gradient, rows per step, names, ready order, profile."""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from autosync.model_def import ModelDef
+from autosync.models import ingest, profile
+from strategy_space.errors import ConfigError
+
+VOCAB, DIM, BATCH, WIDTH = 50, 4, 8, 3
+
+
+class TiedLM(keras.Model):
+    """An embedding used twice: a lookup (sparse) and the output projection (dense)."""
+
+    def __init__(self):
+        super().__init__(name="tied")
+        self.embedding = keras.layers.Embedding(VOCAB, DIM, name="embedding")
+        self.hidden = keras.layers.Dense(DIM, name="hidden")
+
+    def call(self, ids, training=None):
+        h = self.hidden(tf.reduce_mean(self.embedding(ids), axis=1))
+        return tf.matmul(h, self.embedding.embeddings, transpose_b=True)
+
+
+def _lookup_model():
+    ids = keras.Input((WIDTH,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="lookup")(ids))
+    x = keras.layers.Dense(5, name="dense")(x)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def _mse():
+    return keras.losses.MeanSquaredError()
+
+
+def _ids_batches(worker_index, num_workers):
+    ids = np.array([[1, 2, 3], [3, 3, 7], [1, 9, 9], [2, 2, 2], [4, 1, 0], [0, 0, 0], [7, 7, 1], [9, 4, 3]],
+                   dtype=np.int32)
+    yield ids, np.zeros((BATCH, 1), np.float32)
+
+
+def _tied_batches(worker_index, num_workers):
+    ids, _ = next(_ids_batches(worker_index, num_workers))
+    yield ids, np.zeros((BATCH, VOCAB), np.float32)
+
+
+def test_embedding_lookup_is_sparse_with_measured_rows_and_dense_layers_are_dense():
+    ids, y = next(_ids_batches(0, 1))
+    spec = ingest.model_spec_from_model(_lookup_model(), _mse(), ids, y, name="lookup", batch_size=BATCH)
+    by_name = {v.name: v for v in spec.variables}
+    assert list(by_name) == ["lookup/embeddings", "dense/kernel", "dense/bias", "out/kernel", "out/bias"]
+    emb = by_name["lookup/embeddings"]
+    assert emb.sparse and emb.shape == (VOCAB, DIM) and emb.dtype == "float32"
+    assert emb.rows_per_step == len(np.unique(ids)) == 7  # ids 0, 1, 2, 3, 4, 7, 9
+    assert not any(v.sparse for n, v in by_name.items() if n != "lookup/embeddings")
+    assert all(v.rows_per_step is None for n, v in by_name.items() if n != "lookup/embeddings")
+
+
+def test_tied_embedding_used_sparsely_and_densely_is_dense():
+    ids, y = next(_tied_batches(0, 1))
+    spec = ingest.model_spec_from_model(TiedLM(), _mse(), ids, y, name="tied", batch_size=BATCH)
+    emb = spec.var("tied/embedding/embeddings")
+    assert not emb.sparse and emb.rows_per_step is None
+    assert spec.sparse_share == 0.0
+
+
+def test_variable_names_disambiguates_repeated_paths():
+    class Var:
+        def __init__(self, path):
+            self.path = path
+
+    assert ingest.variable_names([Var("a/kernel"), Var("a/kernel"), Var("b"), Var("a/kernel")]) == [
+        "a/kernel", "a/kernel_1", "b", "a/kernel_2"]
+
+
+def test_model_spec_from_def_rejects_empty_dataset_and_non_pairs():
+    base = dict(name="m", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=keras.optimizers.SGD, batch_size=BATCH)
+    with pytest.raises(ConfigError, match=r"dataset_fn\(0, 1\) yielded no batches"):
+        ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [], **base))
+    with pytest.raises(ConfigError, match=r"must yield \(inputs, targets\) pairs, got ndarray"):
+        ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [np.zeros((BATCH, WIDTH), np.int32)], **base))
+
+
+def test_profile_measures_step_time_device_and_backward_ready_order():
+    model_def = ModelDef(name="lookup", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=keras.optimizers.SGD,
+                         dataset_fn=_ids_batches, batch_size=BATCH)
+    spec = ingest.model_spec_from_def(model_def, profile=True, warmup_steps=1, timed_steps=3)
+    p = spec.profile
+    assert 0 < p.step_time_s < 5
+    assert p.device.startswith(("cpu:", "gpu:")) and p.device.endswith(tuple(f"x{i}" for i in range(1, 1025)))
+    # chain lookup -> dense -> out: the backward pass reaches the output layer first, the lookup last
+    order = list(p.ready_order)
+    assert sorted(order) == sorted(spec.names)
+    assert order.index("out/kernel") < order.index("dense/kernel") < order.index("lookup/embeddings")
+    assert order[-1] == "lookup/embeddings"
+
+
+def test_tied_embedding_is_ready_only_after_its_earliest_use():
+    ids, y = next(_tied_batches(0, 1))
+    model = TiedLM()
+    model(ids)
+    p = profile.profile_model(model, _mse(), ids, y, warmup_steps=1, timed_steps=1)
+    assert p.ready_order[-1] == "tied/embedding/embeddings"
+
+
+def test_profile_rejects_zero_steps():
+    ids, y = next(_ids_batches(0, 1))
+    with pytest.raises(ValueError, match="timed_steps must be >= 1|warmup_steps and timed_steps"):
+        profile.profile_model(_lookup_model(), _mse(), ids, y, warmup_steps=1, timed_steps=0)
