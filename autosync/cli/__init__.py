@@ -16,7 +16,6 @@ from strategy_space.errors import ConfigError
 COMMAND_MODULES = (
     "offline",   # build, validate, show, inspect, models
     "models",    # models, inspect
-    "models",    # models, inspect
     "testbed",   # up, shape, status, down, exec
     "runtime",   # run, baselines (Ray)
 )
