@@ -132,7 +132,7 @@ class StrategySpace:
             e.local_replication[:] = rng.integers(0, 2, size=(n, V))
         self._sample_ps_mode(rng, e, np.arange(n))
         self._sample_group_options(rng, e, np.arange(n))
-        return self._normalize(e)
+        return self.normalize(e)
 
     def _draw_modes(self, rng, n: int) -> np.ndarray:
         """(n, 2) array of (sync, staleness): one PS mode per strategy, since mixing them is not
@@ -155,8 +155,8 @@ class StrategySpace:
         e.rank[rows] = comp[r, g, 1]
         e.backend[rows] = np.array(self.backends, dtype=np.int32)[rng.integers(0, len(self.backends), size=(len(rows), 1))]
 
-    def _normalize(self, e: EncodedStrategies) -> EncodedStrategies:
-        """Zero the fields that do not apply, so equal strategies encode equally."""
+    def normalize(self, e: EncodedStrategies) -> EncodedStrategies:
+        """Zero the fields that do not apply, so equal strategies encode equally (in place)."""
         ps = e.kind == KIND_PS
         ar = ~ps
         e.shards[:] = np.clip(e.shards, 1, self.shard_max)
@@ -244,7 +244,7 @@ class StrategySpace:
         out.sync[:] = np.where(ps, sync[:, None], 0)
         out.staleness[:] = np.where(ps, stale[:, None], 0)
         out.backend[:] = np.where(ps, 0, backend[:, None])
-        return self._normalize(out)
+        return self.normalize(out)
 
     def _row_modes(self, e: EncodedStrategies, fallback: EncodedStrategies):
         """Per strategy: (sync, staleness) of its parameter servers and its all-reduce backend,
