@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from strategy_space.errors import ConfigError
 
 # modules of this package that add sub-commands, in help order
 COMMAND_MODULES = (
-    "offline",   # build, validate, show, inspect, models
+    "offline",   # builders, build, validate, show
     "models",    # models, inspect
     "testbed",   # up, shape, status, down, exec
     "runtime",   # run, baselines (Ray)
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"autosync {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader (e.g. `| head`) went away: stop quietly, as Unix tools do
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except KeyboardInterrupt:
         print(f"autosync {args.command}: interrupted", file=sys.stderr)
         return 130
