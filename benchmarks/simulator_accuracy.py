@@ -4,7 +4,7 @@ Generates trials with the flow-level simulation (tuner.netsim) for many (model, 
 then prints pairwise accuracy, Kendall tau and top-1 regret within groups (held-out trials) and
 leave-one-model-out. Targets: pairwise accuracy >= 0.90 within a group, >= 0.80 leave-one-model-out.
 
-    python benchmarks/simulator_accuracy.py [--models 12] [--clusters 3] [--per-group 40] [--seed 0]
+    python benchmarks/simulator_accuracy.py [--models 8] [--clusters 3] [--per-group 30] [--seed 0]
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from tuner.synthetic import make_dataset  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=int, default=12)
+    ap.add_argument("--models", type=int, default=8)
     ap.add_argument("--clusters", type=int, default=3)
-    ap.add_argument("--per-group", type=int, default=40)
+    ap.add_argument("--per-group", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

@@ -54,7 +54,7 @@ def top1_regret(pred, true) -> float:
 Predictor = Callable[[TrialSet, TrialSet], np.ndarray]   # (train, test) -> predicted times/costs
 
 
-def predictors(n_jobs: int = 2, seed: int = 0) -> dict[str, Predictor]:
+def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
     """The compared methods, each as ``(train, test) -> predictions for test rows``."""
     def analytic_default(train, test):
         return AnalyticCostModel(AlphaBeta()).predict_features(test.X)

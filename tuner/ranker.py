@@ -53,7 +53,7 @@ class StrategyRanker:
     """
 
     def __init__(self, objective: str = "rank:pairwise", n_estimators: int = 200, update_rounds: int = 20,
-                 max_depth: int = 6, learning_rate: float = 0.1, n_jobs: int = 2, random_state: int = 0):
+                 max_depth: int = 6, learning_rate: float = 0.1, n_jobs: int = 1, random_state: int = 0):
         self.objective = objective
         self.n_estimators = n_estimators
         self.update_rounds = update_rounds

@@ -16,8 +16,12 @@ from .errors import check_fitted
 
 TARGETS = ("ratio", "log")
 TARGET_CHOICE = """
-Measured with benchmarks/simulator_accuracy.py --compare-targets (pairwise accuracy, within-group
-held-out / leave-one-model-out): filled in from the benchmark output, see the issue note.
+benchmarks/simulator_accuracy.py defaults (8 models x 3 clusters x 30 strategies, 720 ok trials,
+seed 0), mean per-group pairwise accuracy / Kendall tau / top-1 regret:
+  within-group held-out:   ratio 0.829 / 0.661 / 5.8 %    log 0.814 / 0.632 / 2.6 %
+  leave-one-model-out:     ratio 0.834 / 0.671 / 13.8 %   log 0.780 / 0.566 / 16.9 %
+Chosen: ratio (better ordering in both protocols, and it transfers: the analytic estimate carries
+the scale of an unseen model, the trees only correct it).
 """
 
 
@@ -38,8 +42,8 @@ class LearnedSimulator:
         n_train_: training rows.
     """
 
-    def __init__(self, target: str = "ratio", n_estimators: int = 300, max_depth: int = 6,
-                 learning_rate: float = 0.08, min_trials: int = 10, n_jobs: int = 2, random_state: int = 0):
+    def __init__(self, target: str = "ratio", n_estimators: int = 200, max_depth: int = 6,
+                 learning_rate: float = 0.1, min_trials: int = 10, n_jobs: int = 1, random_state: int = 0):
         self.target = target
         self.n_estimators = n_estimators
         self.max_depth = max_depth

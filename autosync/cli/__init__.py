@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "models",    # models, inspect
     "testbed",   # up, shape, status, down, exec
     "runtime",   # run, baselines (Ray)
+    "simulate",  # predicted step time of a strategy; evaluation of the predictors
 )
 
 

@@ -1,0 +1,67 @@
+"""Simulator and ranker follow scikit-learn conventions and beat chance on synthetic data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner.cost_model import AnalyticCostModel
+from tuner.dataset import build_trial_set
+from tuner.errors import NotFittedError
+from tuner.evaluation import kendall_tau, pairwise_accuracy, top1_regret, within_split
+from tuner.ranker import StrategyRanker
+from tuner.simulator import LearnedSimulator
+from tuner.synthetic import make_dataset
+
+
+@pytest.fixture(scope="module")
+def data():
+    return build_trial_set(make_dataset(n_models=3, n_clusters_each=2, per_group=24, seed=1, include_configs=False))
+
+
+def test_metrics_hand_cases():
+    assert pairwise_accuracy([1, 2, 3], [10, 20, 30]) == 1.0
+    assert pairwise_accuracy([3, 2, 1], [10, 20, 30]) == 0.0
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert top1_regret([2, 1, 3], [1.0, 1.5, 2.0]) == pytest.approx(0.5)
+
+
+def test_unfitted_use_raises_clear_error(data):
+    with pytest.raises(NotFittedError, match="LearnedSimulator is not fitted yet"):
+        LearnedSimulator().predict(data.X)
+    with pytest.raises(NotFittedError, match="StrategyRanker is not fitted yet"):
+        StrategyRanker().predict(data.X)
+
+
+def test_init_does_no_work_and_fit_returns_self(data):
+    sim = LearnedSimulator(target="log", n_estimators=30)
+    assert not [k for k in vars(sim) if k.endswith("_")]
+    assert sim.fit(data.X, data.y) is sim and sim.regressor_ is not None
+    r = StrategyRanker(n_estimators=20, update_rounds=5)
+    assert r.fit(data.X, data.y, data.group) is r and r.n_rounds_ == 20
+    assert r.update(data.X, data.y, data.group) is r and r.n_rounds_ == 25
+    with pytest.raises(ValueError, match="target must be one of"):
+        LearnedSimulator(target="nope").fit(data.X, data.y)
+
+
+def test_little_data_falls_back_to_analytic(data):
+    sim = LearnedSimulator(min_trials=10).fit(data.X[:5], data.y[:5])
+    assert sim.regressor_ is None
+    np.testing.assert_allclose(sim.predict(data.X), sim.analytic_.predict_features(data.X))
+
+
+def test_learned_models_beat_chance_on_held_out_trials(data):
+    train, test = within_split(data, seed=0)
+    sim = LearnedSimulator(n_estimators=80).fit(train.X, train.y)
+    rank = StrategyRanker(n_estimators=60).fit(train.X, train.y, train.group)
+    p_sim, p_rank = sim.predict(test.X), -rank.predict(test.X, test.group)
+    acc_sim = np.mean([pairwise_accuracy(p_sim[test.group == g], test.y[test.group == g]) for g in np.unique(test.group)])
+    acc_rank = np.mean([pairwise_accuracy(p_rank[test.group == g], test.y[test.group == g]) for g in np.unique(test.group)])
+    assert acc_sim > 0.65 and acc_rank > 0.65
+
+
+def test_analytic_fit_reduces_error(data):
+    base = AnalyticCostModel()
+    fitted = AnalyticCostModel().fit(data.X, data.y)
+    err = lambda m: np.mean((np.log(m.predict_features(data.X)) - np.log(data.y)) ** 2)  # noqa: E731
+    assert err(fitted) < err(base)
+    assert fitted.params_ != base.parameters

@@ -1,0 +1,113 @@
+"""TrialStore: round trip, concurrent reader, crash safety, merge without duplicates."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+
+from strategy_space import ClusterSpec, ModelSpec, NodeSpec, VariableSpec
+from strategy_space.builders import build_all
+from tuner.store import TrialStore
+from tuner.synthetic import SyntheticRunner
+
+MODEL = ModelSpec("m", (VariableSpec("a", (64, 32)), VariableSpec("b", (32,))))
+CLUSTER = ClusterSpec("c", (NodeSpec("n0", workers=2), NodeSpec("n1", workers=2)))
+
+
+def _trials(seed=0):
+    return SyntheticRunner(MODEL, CLUSTER, seed=seed).run(list(build_all(MODEL, CLUSTER).values()))
+
+
+def test_round_trip_and_resume_helpers(tmp_path):
+    trials = _trials()
+    with TrialStore(tmp_path / "t.db") as st:
+        assert st.add_many(trials, MODEL, CLUSTER) == len(trials)
+        back = st.trials_for(MODEL.fingerprint, CLUSTER.fingerprint)
+        assert [t.strategy for t in back] == [t.strategy for t in trials]
+        assert [t.step_times for t in back] == [t.step_times for t in trials]
+        assert [t.origin for t in back] == [t.origin for t in trials]
+        assert st.has_trial(MODEL.fingerprint, CLUSTER.fingerprint, trials[0].strategy.fingerprint)
+        assert not st.has_trial(MODEL.fingerprint, "other", trials[0].strategy.fingerprint)
+        assert st.model(MODEL.fingerprint) == MODEL and st.cluster(CLUSTER.fingerprint) == CLUSTER
+        assert not st.add(trials[0])                      # the same measurement twice: ignored
+        df = st.to_dataframe()
+        assert len(df) == len(trials) and set(df["model"]) == {"m"}
+        st.export_parquet(tmp_path / "t.parquet")
+    import pandas as pd
+
+    assert len(pd.read_parquet(tmp_path / "t.parquet")) == len(trials)
+
+
+def test_reader_sees_only_whole_trials_while_writing(tmp_path):
+    path = tmp_path / "t.db"
+    TrialStore(path).close()
+    trials = [t for s in range(6) for t in _trials(seed=s)]
+    seen, errors = [], []
+
+    def read():
+        with TrialStore(path) as r:
+            while len(seen) < 200 and (not seen or seen[-1] < len(trials)):
+                try:
+                    got = r.trials()
+                    assert all(t.ok and t.step_times for t in got)
+                    seen.append(len(got))
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+                    return
+
+    th = threading.Thread(target=read)
+    th.start()
+    with TrialStore(path) as w:
+        w.add_many(trials, MODEL, CLUSTER)
+    th.join(timeout=60)
+    assert not errors
+    assert seen == sorted(seen)                            # counts only grow
+
+
+def test_sigkill_mid_write_keeps_committed_trials(tmp_path):
+    path = tmp_path / "t.db"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from tests.test_tuner_store import MODEL, CLUSTER, _trials
+        from tuner.store import TrialStore
+        st = TrialStore({str(path)!r})
+        i = 0
+        while True:
+            for t in _trials(seed=i):
+                st.add(t, MODEL, CLUSTER)
+                print(len(st), flush=True)
+            i += 1
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    committed = 0
+    for line in p.stdout:
+        committed = int(line)
+        if committed >= 40:
+            break
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.close()
+    with TrialStore(path) as st:
+        got = st.trials()
+        assert len(got) >= committed
+        assert all(t.ok and len(t.step_times) == 5 for t in got)
+
+
+def test_import_merges_without_duplicates(tmp_path):
+    a, b = TrialStore(tmp_path / "a.db"), TrialStore(tmp_path / "b.db")
+    ta, tb = _trials(0), _trials(1)
+    a.add_many(ta, MODEL, CLUSTER)
+    b.add_many(ta[:3] + tb, MODEL, CLUSTER)
+    assert a.import_store(b) == len(tb)
+    assert a.import_store(tmp_path / "b.db") == 0
+    assert len(a) == len(ta) + len(tb)
+    assert a.model(MODEL.fingerprint) == MODEL
+    a.close()
+    b.close()
