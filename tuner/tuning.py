@@ -1,0 +1,259 @@
+"""The tuning loop: measure the baselines, then repeat — refit the predictor on every stored trial,
+propose candidates, anneal, measure a diverse top-k plus a few random ones, store — until the trial
+budget, the time budget or the patience runs out.
+
+``ModelBasedTuner`` is the proposal side (TVM style: ``next_batch`` / ``update``); ``tune_loop``
+drives a Runner with it and a TrialStore. Every trial carries the run's id in ``meta`` so a killed
+run can be resumed: measured strategies are never proposed again and count against the budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy
+from strategy_space.builders import BUILDERS, get_builder
+from strategy_space.space import EncodedStrategies, StrategySpace
+
+from .constraints import CompiledConstraints, Constraints
+from .predictor import Predictor
+from .sampler import KnowledgeSampler
+from .search import Pool, select_diverse, simulated_annealing
+from .trial import Runner, Trial
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Knobs of one round of proposals.
+
+    Attributes:
+        batch: strategies measured per round.
+        epsilon: share of each batch drawn at random from the annealing pool (exploration).
+        candidates: knowledge-guided candidates per round; the same number again uniformly random.
+        chains: annealing chains, started from the best-predicted candidates.
+        anneal_steps: mutations per chain.
+        seed: random seed.
+    """
+
+    batch: int = 4
+    epsilon: float = 0.25
+    candidates: int = 256
+    chains: int = 48
+    anneal_steps: int = 40
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When to stop: search trials (baselines come on top), seconds, rounds without improvement."""
+
+    trials: int = 24
+    time_s: float | None = None
+    patience: int = 4
+
+
+@dataclass
+class Proposal:
+    strategy: Strategy
+    origin: str
+    predicted_s: float | None = None
+
+
+class ModelBasedTuner:
+    """Proposes strategies for one (model, cluster).
+
+    Args:
+        model, cluster: the target.
+        constraints: user pins (never violated).
+        settings: see SearchSettings.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
+                 settings: SearchSettings = SearchSettings()):
+        self.model, self.cluster = model, cluster
+        self.settings = settings
+        self.space = StrategySpace(model, cluster)
+        self.constraints: CompiledConstraints | None = constraints.compile(self.space) if constraints else None
+        self.sampler = KnowledgeSampler(self.space)
+        self.predictor = Predictor(model, cluster, seed=settings.seed)
+        self.rng = np.random.default_rng(settings.seed)
+        self.measured: dict[bytes, float] = {}   # encoded key -> measured seconds (inf: failed)
+        self.last_pool: Pool | None = None
+
+    def project(self, e: EncodedStrategies) -> EncodedStrategies:
+        return self.constraints.apply(e, self.space) if self.constraints is not None else e
+
+    def baselines(self) -> list[Proposal]:
+        """Every builder's strategy (projected onto the constraints, duplicates dropped)."""
+        out, seen = [], set()
+        for name in BUILDERS:
+            enc = self.project(self.space.encode([get_builder(name).build(self.model, self.cluster)]))
+            key = enc.row_keys()[0]
+            if key not in seen:
+                seen.add(key)
+                out.append(Proposal(self.space.decode(enc, 0, origin=name), name))
+        return out
+
+    def update(self, trials: list[Trial], store=None) -> None:
+        """Record measured trials; refit the predictor on the store (all groups) if given."""
+        for t in trials:
+            try:
+                key = self.space.encode([t.strategy]).row_keys()[0]
+            except Exception:  # noqa: BLE001 - a hand-written strategy outside the encodable space
+                continue
+            self.measured[key] = t.median if t.ok else float("inf")
+        if store is not None:
+            self.predictor.refit(store)
+
+    def next_batch(self, k: int | None = None) -> list[Proposal]:
+        """The next strategies to measure (never one measured before)."""
+        s = self.settings
+        k = k or s.batch
+        rng = self.rng
+        parts = [self.sampler.sample(rng, s.candidates), self.space.sample_encoded(rng, s.candidates)]
+        best = sorted(((v, key) for key, v in self.measured.items() if np.isfinite(v)))[:8]
+        if best:  # start some chains from the best measured strategies
+            parts.append(self._decode_keys([key for _, key in best]))
+        cand = self.project(EncodedStrategies.concat(parts))
+        order, _ = self.predictor.order(cand)
+        init = cand.take(order[: s.chains])
+        pool = simulated_annealing(self.space, self.predictor.predict, init, rng, steps=s.anneal_steps,
+                                   keep=max(256, 8 * k), project=self.project)
+        fused, seconds = self.predictor.order(pool.encoded)
+        pool = Pool(pool.encoded.take(fused), seconds[fused])
+        self.last_pool = pool
+        picks = select_diverse(pool, k, rng, epsilon=s.epsilon, exclude=set(self.measured))
+        greedy = k - int(round(s.epsilon * k)) if k > 1 else k
+        return [Proposal(self.space.decode(pool.encoded, i, origin="search" if n < greedy else "explore"),
+                         "search" if n < greedy else "explore", float(pool.predicted[i]))
+                for n, i in enumerate(picks)]
+
+    def _decode_keys(self, keys: list[bytes]) -> EncodedStrategies:
+        names = EncodedStrategies.field_names()
+        V = len(self.model.variables)
+        rows = [np.frombuffer(k, dtype=np.int32).reshape(V, len(names)) for k in keys]
+        return EncodedStrategies(**{n: np.stack([r[:, i] for r in rows]) for i, n in enumerate(names)})
+
+
+@dataclass
+class TuneOutcome:
+    """What a tuning run measured.
+
+    Attributes:
+        run_id: id stored in every trial's meta.
+        trials: this run's trials in measurement order (resumed ones included).
+        stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
+    """
+
+    run_id: str
+    trials: list[Trial] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def ok(self) -> list[Trial]:
+        return [t for t in self.trials if t.ok]
+
+    @property
+    def best(self) -> Trial | None:
+        return min(self.ok, key=lambda t: t.median, default=None)
+
+    @property
+    def baselines(self) -> dict[str, Trial]:
+        return {t.origin: t for t in self.trials if t.meta.get("role") == "baseline"}
+
+    @property
+    def best_baseline(self) -> Trial | None:
+        return min((t for t in self.baselines.values() if t.ok), key=lambda t: t.median, default=None)
+
+    @property
+    def search_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.meta.get("role") != "baseline"]
+
+    def trials_to_within(self, fraction: float = 0.05) -> int | None:
+        """Trials (in order, baselines included) until one within ``fraction`` of the final best."""
+        best = self.best
+        if best is None:
+            return None
+        for i, t in enumerate(self.trials, 1):
+            if t.ok and t.median <= best.median * (1 + fraction):
+                return i
+        return None
+
+
+def previous_run(store, model: ModelSpec, cluster: ClusterSpec) -> tuple[str | None, list[Trial]]:
+    """The most recent run id in ``store`` for (model, cluster) and its trials, oldest first."""
+    trials = [t for t in store.trials_for(model.fingerprint, cluster.fingerprint) if t.meta.get("run_id")]
+    if not trials:
+        return None, []
+    run_id = max(trials, key=lambda t: t.finished_at).meta["run_id"]
+    return run_id, sorted((t for t in trials if t.meta.get("run_id") == run_id), key=lambda t: t.finished_at)
+
+
+def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, resume: bool = False,
+              on_trial: Callable[[Trial, TuneOutcome], None] | None = None, clock=time.monotonic) -> TuneOutcome:
+    """Measure the baselines, then search until the budget is spent.
+
+    Args:
+        runner: executes strategies (Ray runtime, or a fake in tests).
+        store: TrialStore; every trial is added as soon as it is measured.
+        resume: continue the latest run of this (model, cluster) in the store.
+        on_trial: called after each stored trial (progress display).
+    """
+    model, cluster = tuner.model, tuner.cluster
+    store.add_model(model)
+    store.add_cluster(cluster)
+    outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12])
+    if resume:
+        run_id, previous = previous_run(store, model, cluster)
+        if run_id is not None:
+            outcome.run_id, outcome.trials = run_id, list(previous)
+            tuner.update(previous)
+    start = clock()
+    done_baselines = {t.origin for t in outcome.trials if t.meta.get("role") == "baseline"}
+    pending = [p for p in tuner.baselines() if p.origin not in done_baselines]
+
+    def measure(proposals: list[Proposal], role: str) -> list[Trial]:
+        got = []
+        for p in proposals:
+            if budget.time_s is not None and clock() - start > budget.time_s and role != "baseline":
+                break
+            [t] = runner.run([p.strategy], [p.origin])
+            t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": role,
+                                             "predicted_s": p.predicted_s})
+            store.add(t, model, cluster)
+            outcome.trials.append(t)
+            got.append(t)
+            if on_trial:
+                on_trial(t, outcome)
+        tuner.update(got)
+        return got
+
+    measure(pending, "baseline")
+    best = outcome.best.median if outcome.best else float("inf")
+    stale_rounds = 0
+    while True:
+        remaining = budget.trials - len(outcome.search_trials)
+        if remaining <= 0:
+            outcome.stop_reason = "trials"
+            break
+        if budget.time_s is not None and clock() - start > budget.time_s:
+            outcome.stop_reason = "time"
+            break
+        if stale_rounds >= budget.patience:
+            outcome.stop_reason = "patience"
+            break
+        tuner.update([], store)
+        proposals = tuner.next_batch(min(tuner.settings.batch, remaining))
+        if not proposals:
+            outcome.stop_reason = "exhausted"
+            break
+        measure(proposals, "search")
+        new_best = outcome.best.median if outcome.best else float("inf")
+        stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
+        best = min(best, new_best)
+    return outcome
