@@ -79,7 +79,14 @@ class TrainingWorker:
                 loss = loss_fn(y, model(x, training=True))
             return loss, tape.gradient(loss, model.trainable_variables)
 
+        @tf.function
+        def assign(values):
+            # one graph call for all pulled values instead of one eager op per variable
+            for var, value in zip(model.trainable_variables, values):
+                var.assign(value)
+
         self._gradients = gradients
+        self._assign = assign
         x, y = next(model_def.batches(worker_index, num_workers))
         _, grads = gradients(x, y)  # builds a model created without shapes, traces once
         self.variables = list(model.trainable_variables)
@@ -136,6 +143,11 @@ class TrainingWorker:
         return self.model.get_weights()
 
     def _assign_pulled(self, step: int, fresh: bool = False) -> None:
+        pulled: dict = {}
         for channel in self.channels:
-            for i, value in channel.pull(step, fresh=fresh).items():
+            pulled.update(channel.pull(step, fresh=fresh))
+        if len(pulled) == len(self.variables):
+            self._assign([pulled[i] for i in range(len(self.variables))])
+        else:
+            for i, value in pulled.items():
                 self.variables[i].assign(value)

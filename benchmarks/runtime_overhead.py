@@ -1,0 +1,171 @@
+"""How much the PS runtime adds to a training step, how many Ray calls it makes, how fast a trial
+starts.
+
+For small models on this machine it measures, in one run:
+  - the single-process step time (one process, all cores, Keras optimizer, the global batch),
+  - the PS runtime's step time for the same global batch split over the workers (RayRunner),
+    their ratio (overhead), and the compute / sync breakdown,
+  - Ray calls per step per worker (target: 2 x the PS actors it talks to, whatever the number of
+    variables),
+  - trial start-up with warm workers (fresh PS actors, reset workers: from "run this strategy" to
+    the first step) next to the cost of importing TensorFlow in a fresh process.
+
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+VOCAB, DIM, IDS, BATCH, WORKERS = 2000, 16, 4, 64, 2
+MODELS = {"emb+2dense": 2, "emb+8dense": 8, "emb+24dense": 24}   # name -> dense layers
+
+
+def build_model(layers: int):
+    import keras
+
+    ids = keras.Input((IDS,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    for i in range(layers):
+        x = keras.layers.Dense(32, activation="relu", name=f"d{i}")(x)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def mse():
+    import keras
+
+    return keras.losses.MeanSquaredError()
+
+
+def adam():
+    import keras
+
+    return keras.optimizers.Adam(1e-3)
+
+
+def batches(worker: int, num_workers: int, batch: int = BATCH):
+    rng = np.random.RandomState(worker)
+    for _ in range(16):
+        x = rng.randint(0, VOCAB, size=(batch, IDS)).astype("int32")
+        yield x, np.sin(x.sum(axis=1, keepdims=True) / 500.0).astype("float32")
+
+
+def model_def(name: str, batch: int = BATCH):
+    from autosync.model_def import ModelDef
+
+    return ModelDef(name=name, model_fn=functools.partial(build_model, MODELS[name]), loss_fn=mse,
+                    optimizer_fn=adam, dataset_fn=functools.partial(batches, batch=batch), batch_size=batch)
+
+
+def single_process(steps: int, warmup: int) -> None:
+    """Child mode: print 'name median_s' for each model, one process with every core."""
+    import keras
+    import tensorflow as tf
+
+    for name in MODELS:
+        md = model_def(name, batch=BATCH * WORKERS)   # the global batch in one process
+        keras.utils.set_random_seed(md.seed)
+        model, loss_fn, opt = md.model_fn(), md.loss_fn(), md.optimizer_fn()
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        data = md.batches(0, 1)
+        times = []
+        for i in range(warmup + steps):
+            x, y = next(data)
+            t0 = time.perf_counter()
+            float(step(x, y))
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        print(name, len(model.trainable_variables), statistics.median(times), flush=True)
+
+
+def fresh_import_s(module: str, repeat: int = 3) -> float:
+    """Median wall time of ``python -c 'import module'`` minus that of ``python -c pass``."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    def wall(code):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    base = statistics.median(wall("pass") for _ in range(repeat))
+    return statistics.median(wall(f"import {module}") for _ in range(repeat)) - base
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.single:
+        single_process(args.steps, args.warmup)
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    tf_import = fresh_import_s("tensorflow")
+    ray_np_import = fresh_import_s("ray, numpy")
+    child = subprocess.run([sys.executable, __file__, "--single", "--steps", str(args.steps), "--warmup",
+                            str(args.warmup)], check=True, capture_output=True, text=True)
+    single = {ln.split()[0]: float(ln.split()[2]) for ln in child.stdout.splitlines() if ln.split()[0] in MODELS}
+
+    import ray
+
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.runner import RayRunner
+    from strategy_space import ClusterSpec, NodeSpec
+    from strategy_space.builders import get_builder
+
+    cpus = os.cpu_count() or 1
+    local = ClusterSpec(name="local", nodes=(NodeSpec(name="node0", cpus=cpus, workers=WORKERS, chief=True),))
+    # the same machine seen as two nodes, so partitioned strategies really use two PS actors
+    pair = ClusterSpec(name="pair", nodes=tuple(
+        NodeSpec(name=f"node{i}", cpus=max(1, cpus // WORKERS), workers=1, chief=i == 0) for i in range(WORKERS)))
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    rows = []
+    for cluster, builders in ((local, ["ps"]), (pair, ["ps_lb", "partitioned_ps"])):
+        pool = WorkerPool(ClusterBinding.bind(cluster))
+        for name in MODELS:
+            runner = RayRunner(model_def(name), cluster, warmup=args.warmup, steps=args.steps, pool=pool)
+            for builder in builders:
+                opts = {"min_partition_bytes": 1} if builder == "partitioned_ps" else {}
+                strategy = get_builder(builder, **opts).build(runner.model, cluster)
+                trial = runner.run([strategy])[0]
+                if not trial.ok:
+                    raise SystemExit(f"{name} {builder}: {trial.status}: {trial.error}")
+                rows.append((name, len(runner.model.variables), f"{builder}@{cluster.name}", trial.meta["ps_actors"],
+                             trial.meta["ray_calls_per_step_per_worker"], trial.median, single[name],
+                             trial.median / single[name], trial.breakdown["compute"], trial.breakdown["sync"],
+                             trial.meta["startup_s"]))
+        pool.kill_all()
+    ray.shutdown()
+    print(f"machine: {cpus} CPUs; {WORKERS} workers x batch {BATCH} (global batch {WORKERS * BATCH}); Adam; "
+          f"{args.warmup} warm-up + {args.steps} timed steps")
+    hdr = ("model", "vars", "strategy", "PS actors", "calls/step/worker", "PS step ms", "1-proc step ms",
+           "overhead x", "compute ms", "sync ms", "start-up s")
+    print(" | ".join(hdr))
+    for r in rows:
+        print(" | ".join([r[0], str(r[1]), r[2], str(r[3]), f"{r[4]:g}", f"{r[5] * 1e3:.2f}", f"{r[6] * 1e3:.2f}",
+                          f"{r[7]:.2f}", f"{r[8] * 1e3:.2f}", f"{r[9] * 1e3:.2f}", f"{r[10]:.2f}"]))
+    print(f"import tensorflow in a fresh process: {tf_import:.2f} s; import ray+numpy (what a PS actor "
+          f"loads): {ray_np_import:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
