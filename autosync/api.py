@@ -1,0 +1,169 @@
+"""The Python API of the main job: ``autosync.tune``.
+
+    import autosync
+    result = autosync.tune("zoo:ncf", cluster="local", trials=16)
+    result.save("best.yaml")
+    autosync.Trainer("zoo:ncf", result.best_strategy, "local").fit(steps=100)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
+from strategy_space.yaml_io import save as save_yaml
+from tuner.constraints import Constraints, load_constraints
+from tuner.store import TrialStore
+from tuner.trial import Runner, Trial
+from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, TuneOutcome, tune_loop
+
+
+def default_store_path() -> Path:
+    """Where trials accumulate between runs (they warm-start later tunings): the user's cache."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autosync" / "trials.db"
+
+
+@dataclass
+class TuneResult:
+    """The outcome of ``tune``.
+
+    Attributes:
+        best_strategy: the fastest measured strategy (its ``origin`` says if it is a baseline).
+        best_trial: its measurement.
+        baselines: builder name -> Trial, measured in the same run.
+        model, cluster: what was tuned.
+        outcome: every trial of the run and why it stopped.
+        store_path: the TrialStore the trials were added to.
+    """
+
+    best_strategy: Strategy
+    best_trial: Trial
+    baselines: dict
+    model: ModelSpec
+    cluster: ClusterSpec
+    outcome: TuneOutcome
+    store_path: str
+
+    @property
+    def trials(self):
+        """Every trial of the run as a pandas DataFrame (one row per trial)."""
+        import pandas as pd
+
+        rows = []
+        for i, t in enumerate(self.outcome.trials, 1):
+            rows.append({"trial": i, "origin": t.origin, "role": t.meta.get("role"), "status": t.status,
+                         "median_s": t.median if t.ok else None, "p90_s": t.p90 if t.ok else None,
+                         "predicted_s": t.meta.get("predicted_s"), "samples_per_s": t.samples_per_s if t.ok else None,
+                         "error": t.error or None, "strategy_fingerprint": t.strategy.fingerprint})
+        return pd.DataFrame(rows)
+
+    @property
+    def best_baseline(self) -> Trial | None:
+        return self.outcome.best_baseline
+
+    @property
+    def speedup_over_baselines(self) -> dict[str, float | None]:
+        """Builder name -> its median step time / the best's (None where the baseline failed)."""
+        return {name: (t.median / self.best_trial.median if t.ok else None) for name, t in self.baselines.items()}
+
+    @property
+    def speedup_over_best_baseline(self) -> float | None:
+        b = self.best_baseline
+        return b.median / self.best_trial.median if b is not None else None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the best strategy as YAML (atomically)."""
+        save_yaml(self.best_strategy, path)
+
+    def summary(self) -> dict:
+        """The JSON summary ``autosync tune --json`` prints."""
+        b = self.best_baseline
+        return {
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "best_step_time_s": self.best_trial.median,
+            "best_p90_s": self.best_trial.p90,
+            "best_origin": self.best_trial.origin,
+            "best_samples_per_s": self.best_trial.samples_per_s,
+            "best_baseline": b.origin if b else None,
+            "best_baseline_step_time_s": b.median if b else None,
+            "speedup_over_best_baseline": self.speedup_over_best_baseline,
+            "speedup_over_baselines": self.speedup_over_baselines,
+            "trials": len(self.outcome.search_trials),
+            "baseline_trials": len(self.baselines),
+            "total_trials": len(self.outcome.trials),
+            "failed_trials": sum(1 for t in self.outcome.trials if not t.ok),
+            "trials_to_within_5pct": self.outcome.trials_to_within(0.05),
+            "stop_reason": self.outcome.stop_reason,
+            "run_id": self.outcome.run_id,
+            "store": self.store_path,
+        }
+
+
+def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | None = None,
+         store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
+         resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
+         patience: int = 4, settings: SearchSettings | None = None, runner: Runner | None = None,
+         on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
+    """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
+
+    Args:
+        model: a ModelDef, ``zoo:NAME`` or ``script.py:function``.
+        cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
+        trials: search trials (each builder's baseline is measured too, first).
+        time_budget_s: stop proposing after this many seconds (baselines always run).
+        store: TrialStore path (default: the user's cache); trials of earlier runs, of any model
+            and cluster, warm-start the predictor.
+        constraints: pinned decisions (a Constraints or a YAML path).
+        resume: continue the latest run of this model and cluster in the store.
+        steps, warmup, trial_timeout_s: per-trial measurement settings.
+        patience: stop after this many rounds without a better measured strategy.
+        runner: measure with this Runner instead of the Ray runtime (tests, simulation).
+        on_trial: progress callback.
+
+    Raises:
+        ConfigError: bad model, cluster, constraints or settings.
+    """
+    from autosync.sources import load_cluster, load_model_def, load_model_spec
+
+    if not isinstance(trials, int) or trials < 0:
+        from strategy_space.errors import ConfigError
+
+        raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
+    cluster_spec = load_cluster(cluster)
+    if isinstance(constraints, (str, os.PathLike)):
+        constraints = load_constraints(str(constraints))
+    own_runner = runner is None
+    if runner is None:
+        from autosync.runtime.runner import RayRunner
+
+        model_def = load_model_def(model)
+        spec = load_model_spec(model_def, profile=True)
+        runner = RayRunner(model_def, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
+                           model_spec=spec)
+    else:
+        spec = runner.model
+    store_path = Path(store) if store is not None else default_store_path()
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with TrialStore(store_path) as trial_store:
+            tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings())
+            outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
+                                                                   patience=patience),
+                                resume=resume, on_trial=on_trial)
+    finally:
+        if own_runner:
+            runner.close()
+    best = outcome.best
+    if best is None:
+        from strategy_space.errors import ConfigError
+
+        reasons = sorted({t.error.splitlines()[0][:200] for t in outcome.trials if not t.ok})
+        raise ConfigError(f"every trial failed, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
+                          f"Check that the model trains on this cluster (autosync run --strategy ...)")
+    validate(best.strategy, spec, cluster_spec)
+    return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
+                      cluster=cluster_spec, outcome=outcome, store_path=str(store_path))

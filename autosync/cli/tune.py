@@ -1,0 +1,125 @@
+"""``autosync tune`` (the main job) and ``autosync report``."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from autosync.cli._format import table
+from autosync.sources import CLUSTER_FORMS, MODEL_FORMS
+from strategy_space.errors import ConfigError
+
+DEFAULT_MODEL = "zoo:ncf"
+DEFAULT_TRIALS = 12
+
+
+class Progress:
+    """One updating line on a terminal, one line per trial otherwise (both on stderr)."""
+
+    def __init__(self, total_hint: int, stream=sys.stderr):
+        self.total_hint = total_hint
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.t0 = time.monotonic()
+
+    def __call__(self, trial, outcome) -> None:
+        n = len(outcome.trials)
+        search = len(outcome.search_trials)
+        best = outcome.best
+        best_txt = f"best {best.median * 1e3:.1f} ms ({best.origin})" if best else "best -"
+        last = f"{trial.origin} {trial.median * 1e3:.1f} ms" if trial.ok else f"{trial.origin} {trial.status}"
+        width = 20
+        filled = int(width * min(1.0, search / max(1, self.total_hint)))
+        bar = "#" * filled + "-" * (width - filled)
+        line = (f"[{bar}] search {search}/{self.total_hint}, {n} trials, {time.monotonic() - self.t0:.0f} s  "
+                f"{best_txt}  last: {last}")
+        if self.tty:
+            self.stream.write("\r" + line[:150].ljust(150))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def result_table(result) -> str:
+    best = result.best_trial
+    rows = [("best: " + best.origin, "ok", f"{best.median * 1e3:.1f} ms", f"{best.p90 * 1e3:.1f} ms", "1.00x")]
+    for name, t in sorted(result.baselines.items(), key=lambda kv: kv[1].median if kv[1].ok else float("inf")):
+        if t.ok:
+            rows.append((name, "ok", f"{t.median * 1e3:.1f} ms", f"{t.p90 * 1e3:.1f} ms",
+                         f"{t.median / best.median:.2f}x"))
+        else:
+            rows.append((name, t.status, "-", "-", t.error.splitlines()[0][:60]))
+    return table(["strategy", "status", "median step", "p90 step", "best is faster by"], rows, right=(2, 3, 4))
+
+
+def cmd_tune(args) -> int:
+    from autosync.api import tune
+
+    if args.trials < 0:
+        raise ConfigError(f"--trials must be >= 0, got {args.trials}")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
+    progress = Progress(args.trials)
+    try:
+        result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
+                      store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
+                      warmup=args.warmup, on_trial=progress)
+    finally:
+        progress.close()
+    result.save(args.out)
+    report_dir = None
+    if args.report:
+        from autosync.report import write_report
+
+        report_dir = write_report(result.store_path, args.report, run_id=result.outcome.run_id)
+    summary = result.summary() | {"out": args.out, "report": str(report_dir) if report_dir else None}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"\n{result.model.name} on {result.cluster.name}: {summary['total_trials']} trials "
+          f"({summary['baseline_trials']} baselines, {summary['trials']} search, {summary['failed_trials']} failed), "
+          f"stopped: {summary['stop_reason']}")
+    print(result_table(result))
+    speed = summary["speedup_over_best_baseline"]
+    if speed is not None:
+        print(f"\nbest strategy ({result.best_trial.origin}) is {speed:.2f}x the best baseline "
+              f"({summary['best_baseline']}); within 5 % of it after {summary['trials_to_within_5pct']} trials")
+    print(f"best strategy written to {args.out}" + (f"; report in {report_dir}" if report_dir else ""))
+    print(f"trials stored in {result.store_path} (run {result.outcome.run_id}; --resume continues it)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from autosync.report import write_report
+
+    out = write_report(args.store, args.out, run_id=args.run)
+    print(f"report written to {out / 'index.html'}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="find the fastest strategy by measurement (the main job)")
+    p.add_argument("--model", default=DEFAULT_MODEL, metavar="M", help=f"model: {MODEL_FORMS} (default {DEFAULT_MODEL})")
+    p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
+    p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
+                   help=f"search trials, on top of one per baseline builder (default {DEFAULT_TRIALS})")
+    p.add_argument("--time-budget", type=float, metavar="S", help="stop proposing after S seconds")
+    p.add_argument("--out", default="best_strategy.yaml", help="where to write the best strategy (YAML)")
+    p.add_argument("--store", help="trial store (SQLite; default: ~/.cache/autosync/trials.db); reused and grown")
+    p.add_argument("--constraints", metavar="FILE", help="YAML of pinned decisions the search must keep")
+    p.add_argument("--report", metavar="DIR", help="also write an HTML report with plots here")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of this model and cluster")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("report", help="HTML report (tuning curve, predicted vs measured, baselines) of a store")
+    p.add_argument("--store", required=True, help="trial store (SQLite)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--run", help="run id (default: the latest run in the store)")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,139 @@
+"""The tuning report: an HTML page with the tuning curve, predicted vs measured step times, the best
+strategy against every baseline, and the best strategy's table; the plots are also PNG files.
+
+It reads everything from a TrialStore, so it can be made for any run, at any time.
+"""
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+from strategy_space.errors import ConfigError
+from tuner.store import TrialStore
+
+
+def _run_trials(store: TrialStore, run_id: str | None):
+    trials = [t for t in store.trials() if t.meta.get("run_id")]
+    if not trials:
+        raise ConfigError(f"{store.path if hasattr(store, 'path') else 'the store'} holds no tuning run; "
+                          f"run `autosync tune --store FILE` first")
+    if run_id is None:
+        run_id = max(trials, key=lambda t: t.finished_at).meta["run_id"]
+    chosen = sorted((t for t in trials if t.meta["run_id"] == run_id), key=lambda t: t.finished_at)
+    if not chosen:
+        runs = sorted({t.meta["run_id"] for t in trials})
+        raise ConfigError(f"no run {run_id!r} in the store; runs: {', '.join(runs)}")
+    return run_id, chosen
+
+
+def _plots(trials, out: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = {}
+    ok = [(i, t) for i, t in enumerate(trials, 1) if t.ok]
+    # tuning curve
+    fig, ax = plt.subplots(figsize=(7, 4))
+    best, curve = float("inf"), []
+    for i, t in enumerate(trials, 1):
+        if t.ok:
+            best = min(best, t.median)
+        curve.append(best * 1e3)
+    ax.step(range(1, len(trials) + 1), curve, where="post", label="best measured so far")
+    for role, color in (("baseline", "tab:gray"), ("search", "tab:blue")):
+        pts = [(i, t.median * 1e3) for i, t in ok if t.meta.get("role") == role]
+        if pts:
+            ax.scatter(*zip(*pts), s=14, color=color, label=f"{role} trials")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("median step time (ms)")
+    ax.set_title("Tuning curve")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "tuning_curve.png", dpi=110)
+    plt.close(fig)
+    files["tuning curve"] = "tuning_curve.png"
+    # predicted vs measured
+    pts = [(t.meta["predicted_s"] * 1e3, t.median * 1e3) for _, t in ok if t.meta.get("predicted_s")]
+    if pts:
+        fig, ax = plt.subplots(figsize=(5, 5))
+        ax.scatter(*zip(*pts), s=16)
+        lo, hi = min(min(p) for p in pts) * 0.9, max(max(p) for p in pts) * 1.1
+        ax.plot([lo, hi], [lo, hi], color="gray", linestyle="--", label="exact")
+        ax.set_xlabel("predicted step time (ms)")
+        ax.set_ylabel("measured step time (ms)")
+        ax.set_title("Predicted vs measured (search trials)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "predicted_vs_measured.png", dpi=110)
+        plt.close(fig)
+        files["predicted vs measured"] = "predicted_vs_measured.png"
+    # best vs baselines
+    base = [t for t in trials if t.meta.get("role") == "baseline"]
+    best_t = min((t for _, t in ok), key=lambda t: t.median, default=None)
+    if best_t is not None and base:
+        bars = [(f"best ({best_t.origin})", best_t.median * 1e3)] + sorted(
+            ((t.origin, t.median * 1e3) for t in base if t.ok), key=lambda x: x[1])
+        fig, ax = plt.subplots(figsize=(7, 0.45 * len(bars) + 1.2))
+        ax.barh([b[0] for b in bars][::-1], [b[1] for b in bars][::-1],
+                color=["tab:gray"] * (len(bars) - 1) + ["tab:green"])
+        ax.set_xlabel("median step time (ms)")
+        ax.set_title("Best strategy vs baselines")
+        fig.tight_layout()
+        fig.savefig(out / "best_vs_baselines.png", dpi=110)
+        plt.close(fig)
+        files["best vs baselines"] = "best_vs_baselines.png"
+    return files
+
+
+def _html_table(headers, rows) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_id: str | None = None) -> Path:
+    """Write ``index.html`` and PNG plots of a tuning run into ``out_dir``; return the folder.
+
+    Raises:
+        ConfigError: missing store, or no such run in it.
+    """
+    from autosync.cli.offline import describe
+
+    if not Path(store_path).is_file():
+        raise ConfigError(f"trial store not found: {store_path}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with TrialStore(store_path) as store:
+        run_id, trials = _run_trials(store, run_id)
+        model = store.model(trials[0].model_fingerprint)
+        cluster = store.cluster(trials[0].cluster_fingerprint)
+    files = _plots(trials, out)
+    ok = [t for t in trials if t.ok]
+    best = min(ok, key=lambda t: t.median) if ok else None
+    rows = [(i, t.meta.get("role", ""), t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
+             f"{t.meta['predicted_s'] * 1e3:.1f}" if t.meta.get("predicted_s") else "-",
+             (t.error or "").splitlines()[0][:80] if t.error else "") for i, t in enumerate(trials, 1)]
+    parts = [f"<h1>AutoSync tuning report</h1><p>model <b>{html.escape(model.name if model else '?')}</b> on cluster "
+             f"<b>{html.escape(cluster.name if cluster else '?')}</b>, run {html.escape(run_id)}, {len(trials)} trials.</p>"]
+    if best is not None:
+        base = [t for t in trials if t.meta.get("role") == "baseline" and t.ok]
+        bb = min(base, key=lambda t: t.median) if base else None
+        parts.append(f"<p>Best: <b>{html.escape(best.origin)}</b>, median {best.median * 1e3:.1f} ms per step"
+                     + (f", {bb.median / best.median:.2f}x the best baseline ({html.escape(bb.origin)}, "
+                        f"{bb.median * 1e3:.1f} ms)" if bb else "") + ".</p>")
+    for title, name in files.items():
+        parts.append(f"<h2>{html.escape(title.capitalize())}</h2><img src='{name}' alt='{html.escape(title)}'>")
+    if best is not None and model is not None:
+        srows, _, _ = describe(best.strategy, model)
+        parts.append("<h2>Best strategy</h2>" + _html_table(
+            ["variable", "size", "grad", "sync", "shards", "destination/group", "compressor", "ps options"], srows))
+    parts.append("<h2>All trials</h2>" + _html_table(
+        ["#", "role", "origin", "status", "median ms", "predicted ms", "error"], rows))
+    style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse;"
+             "font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}img{max-width:100%}")
+    (out / "index.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>AutoSync report"
+                                    f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    return out

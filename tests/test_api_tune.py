@@ -1,0 +1,59 @@
+"""autosync.tune, TuneResult and the report, measured by the synthetic runner (no Ray)."""
+import json
+
+import pytest
+
+import autosync
+from autosync.report import write_report
+from strategy_space import ConfigError, load_strategy, validate
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.synthetic import SyntheticRunner
+from tuner.tuning import SearchSettings
+
+FAST = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8)
+
+
+@pytest.fixture
+def result(tmp_path):
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    return autosync.tune("unused", cluster, trials=6, store=tmp_path / "s.db", settings=FAST,
+                         runner=SyntheticRunner(model, cluster, seed=3))
+
+
+def test_tune_result(result, tmp_path):
+    s = result.summary()
+    for key in ("best_step_time_s", "best_baseline", "best_baseline_step_time_s", "speedup_over_best_baseline", "trials"):
+        assert s[key] is not None
+    assert s["trials"] == 6 and s["total_trials"] == 6 + s["baseline_trials"]
+    assert s["speedup_over_best_baseline"] >= 1.0
+    assert set(result.speedup_over_baselines) == set(result.baselines)
+    df = result.trials
+    assert len(df) == s["total_trials"] and {"origin", "median_s", "predicted_s", "role"} <= set(df.columns)
+    result.save(tmp_path / "best.yaml")
+    best = load_strategy(tmp_path / "best.yaml")
+    assert best == result.best_strategy
+    validate(best, result.model, result.cluster)
+    json.dumps(s)
+
+
+def test_report(result, tmp_path):
+    out = write_report(result.store_path, tmp_path / "report")
+    page = (out / "index.html").read_text()
+    for png in ("tuning_curve.png", "predicted_vs_measured.png", "best_vs_baselines.png"):
+        assert (out / png).stat().st_size > 1000 and png in page
+    assert "Best strategy" in page and "All trials" in page and result.best_trial.origin in page
+    with pytest.raises(ConfigError, match="no run 'nope' in the store; runs:"):
+        write_report(result.store_path, tmp_path / "r2", run_id="nope")
+
+
+def test_every_trial_failing_is_a_clear_error(tmp_path):
+    class Broken(SyntheticRunner):
+        def run(self, strategies, origins=None):
+            from tuner.trial import Trial
+
+            return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error="worker died: OOM")
+                    for s in strategies]
+
+    model, cluster = tiny_model(), three_node_cluster()
+    with pytest.raises(ConfigError, match="every trial failed.*worker died: OOM"):
+        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", settings=FAST, runner=Broken(model, cluster))
