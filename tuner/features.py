@@ -51,7 +51,7 @@ INDEX_BYTES = 8            # int64 row indices of sparse gradients
 DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
 FORWARD_SHARE = 1.0 / 3.0  # forward pass share of compute; gradients appear after it
 ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
-_CHUNK = 256               # rows per inner block: keeps (rows, V) temporaries in L2
+_CHUNK = 1024              # rows per block: (rows, V) temporaries stay near L2; fewer per-call overheads
 _BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
 _PSGD = COMPRESSOR_ID["powersgd"]
 _FP16 = (COMPRESSOR_ID["fp16"], COMPRESSOR_ID["fp16_ef"])
@@ -112,7 +112,10 @@ class FeatureTables:
             dim0=dim0, sv0=self.val_bytes / dim0, si0=self.idx_bytes / dim0, cols0=self.size / dim0,
             dense_f=dense, sparse_f=1.0 - dense, dense_i=(~self.sparse).astype(np.int32),
             val_dense=self.val_bytes * dense, sparse_cols=np.nonzero(self.sparse)[0],
-            half_m1=2.0 / self.elem_bytes - 1.0,
+            half_m1=(2.0 / self.elem_bytes - 1.0).astype(np.float32),
+            half_val=(self.val_bytes * dense * (2.0 / self.elem_bytes - 1.0)).astype(np.float32),
+            ps_wire_after=((2 * self.val_bytes + self.idx_bytes)[:, None] * after).astype(np.float32),
+            ones=np.ones(self.V, np.float32), matrix_val=(self.val_bytes * self.matrix).astype(np.float32),
             sums=np.stack([np.ones(self.V, np.float32), sparse_step, self.val_bytes], axis=1),
             ps_wire=2 * self.val_bytes + self.idx_bytes, after=after, tau_bp=self.tau[bp],
             sparse_after=sparse_step @ after / max(float(sparse_step.sum()), 1e-30),
@@ -188,8 +191,9 @@ def _axis_facts(t: FeatureTables, e: EncodedStrategies):
 
 
 def _featurize_block(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta) -> np.ndarray:
-    # Every (B, V) temporary costs ~0.4 ns per element at this block size; the op count is the
-    # budget, so sums over variables are matrix products and shard counts are float math.
+    # Budget: ~0.2 ns per element for a float32/int32 (B, V) pass, ~2.5 ns per bincount entry,
+    # ~3.5 ns per gathered element. So: no gathers on the common path, no int32 x float32 mixes
+    # (they promote to float64), sums over variables as matrix products, one bincount per block.
     B, V, N, W = len(e), t.V, t.N, t.W
     f = np.zeros((B, len(FEATURE_NAMES)), dtype=np.float32)
     dim, sv, si, cols = _axis_facts(t, e)
@@ -197,26 +201,27 @@ def _featurize_block(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta) -> np
     arf = e.kind.astype(np.float32)              # KIND_AR == 1
     psf = 1.0 - arf
     base = np.floor(dim / kf)                    # slices of a base-size shard (exact in float32)
-    extra = dim - base * kf                      # that many shards have one slice more
-    # node (dest + j) % N hosts k // N (+1 if j < k % N) base shards and extra // N (+1 if
-    # j < extra % N) extra slices; the // N parts are the same for every node
-    q1 = np.floor(kf / N)
-    r1 = kf - q1 * N
-    q2 = np.floor(extra / N)
-    r2 = extra - q2 * N
-    w1 = sv * base
-    uni = (w1 * q1 + sv * q2) * psf
-    lr_i = e.local_replication * t.dense_i       # dense PS variables are pulled once per node
-    lrf = lr_i.astype(np.float32)
-    uni_all, uni_lr = uni.sum(1), (uni * lrf).sum(1)
-
-    # ---- all-reduce wire bytes: a1 per base-size shard, a2 per extra slice, wv whole variable --
+    extra = base * kf
+    np.subtract(dim, extra, out=extra)           # that many (the first) shards have one slice more
     comp = e.compressor                          # 0 for PS and sparse variables (normalized)
-    is16 = (comp - 1).view(np.uint32) < 2        # fp16 or fp16_ef
-    shrink = 1.0 + is16 * t.half_m1
-    wv = shrink * t.val_dense * arf
-    a1 = w1 * shrink
-    a2 = sv * shrink
+    is16 = ((comp - 1).view(np.uint32) < 2).astype(np.float32)   # fp16 or fp16_ef
+    # all-reduce wire bytes of a whole dense variable (fp16 sends 2 bytes per value)
+    wv = arf * t.val_dense
+    wv += is16 * t.half_val
+    stride = e.group_stride.astype(np.float32)   # 0 unless an AR variable with k > 1 (normalized)
+    # Shards laid out on a line from their start (PS: dest node, AR: fusion group): shard i at
+    # start + i carries X + Y*[i < e2] bytes up to start + e3 (exclusive); three bincount entries
+    # per variable, then a cumulative sum along the line, then PS lines fold modulo N.
+    #   PS:           X = base-shard value bytes, Y = one slice, e2 = extra, e3 = k
+    #   AR strided:   the same with compressed bytes
+    #   AR unstrided: X = wv (the whole variable in one group), Y = 0, e3 = 1
+    lay = psf + stride                           # 1 where shards spread over the line
+    X = sv * base                                # per-shard value bytes (raw)
+    Y = lay * sv                                 # AR unstrided: 0
+    shrink = is16 * t.half_m1                    # fp16 strided shards: half the bytes
+    shrink += 1.0
+    X *= shrink
+    Y *= shrink
     psgd = (comp >= _PSGD) & t.matrix
     fi = np.flatnonzero(psgd)
     if len(fi):
@@ -228,46 +233,57 @@ def _featurize_block(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta) -> np
         eb = t.elem_bytes[pv]
         fb = np.minimum(r * (m + n), m * n) * eb
         fe = np.minimum(r * (m + 1 + n), (m + 1) * n) * eb
-        a1.reshape(-1)[fi], a2.reshape(-1)[fi] = fb, fe - fb
+        X.reshape(-1)[fi] = fb
+        Y.reshape(-1)[fi] = (fe - fb) * lay.reshape(-1)[fi]
         wv.reshape(-1)[fi] = kf.reshape(-1)[fi] * fb + extra.reshape(-1)[fi] * (fe - fb)
-    stride = e.group_stride.astype(np.float32)   # 0 unless an AR variable with k > 1 (normalized)
-    A1 = wv + stride * (a1 - wv)                 # unstrided: the whole variable in its group
-    A2 = stride * a2
+    # unstrided AR: X = wv; elsewhere keep X (PS: psf = 1, strided: stride = 1)
+    X *= lay
+    X += wv * (1.0 - lay)
+    if t.sparse_cols.size:
+        # sparse gradients under AR are all-gathered, never fused into a group buffer
+        c = t.sparse_cols
+        X[:, c] *= psf[:, c]
+        Y[:, c] *= psf[:, c]
 
-    # ---- one bincount per row: [PS no-LR (2N) | PS LR (2N) | AR groups x {raw, fp16, psgd}] ---
-    G = int(e.group.max()) + int(e.shards.max()) + 1
-    BIN = 4 * N + 3 * G
-    # buffer class by compressor id: none 0, fp16/fp16_ef 1, powersgd/powersgd_ef 2
-    off = e.dest + e.group + lr_i * (2 * N) + e.kind * (4 * N) + ((comp + 1) >> 1) * G
-    n = B * V
-    idx = np.empty(3 * n, dtype=np.intp)
-    wts = np.empty(3 * n, dtype=np.float64)
-    start = idx[:n].reshape(B, V)
-    np.add(off, (np.arange(B, dtype=np.int32) * BIN)[:, None], out=start)
-    len1 = (psf * r1 + arf + stride * (kf - 1)).astype(np.int32)
-    len2 = (psf * r2 + stride * extra).astype(np.int32)
-    np.add(start, len1, out=idx[n:2 * n].reshape(B, V))
-    np.add(start, len2, out=idx[2 * n:].reshape(B, V))
-    W1 = w1 * psf + A1                           # every entry is PS or AR, never both
-    W2 = sv * psf + A2
-    np.add(W1, W2, out=wts[:n].reshape(B, V))
-    np.negative(W1, out=wts[n:2 * n].reshape(B, V))
-    np.negative(W2, out=wts[2 * n:].reshape(B, V))
+    # ---- one bincount per block: [PS no-LR line | PS LR line | AR lines x {raw, fp16, psgd}] ---
+    kmax = int(e.shards.max())
+    L = _round_up(N + kmax, N)                   # PS line, a whole number of N-node rounds
+    G = int(e.group.max()) + kmax + 1            # AR line: groups, strided shards reach g + k - 1
+    BIN = 2 * L + 3 * G
+    # class by compressor id: none 0, fp16/fp16_ef 1, powersgd/powersgd_ef 2 (PS: 0)
+    off = (comp + 1) >> 1
+    off *= G
+    off += e.kind * (2 * L)
+    off += e.dest
+    off += e.group
+    off += e.local_replication * (t.dense_i * L)  # dense PS variables with LR: second line
+    off += (np.arange(B, dtype=np.int32) * BIN)[:, None]
+    nbv = B * V
+    idx = np.empty(3 * nbv, dtype=np.intp)
+    wts = np.empty(3 * nbv, dtype=np.float64)
+    start = idx[:nbv].reshape(B, V)
+    start[:] = off
+    e3 = kf - 1.0
+    e3 *= lay
+    e3 += 1.0
+    np.add(off, e3.astype(np.int32), out=idx[nbv:2 * nbv].reshape(B, V))
+    e2 = extra * lay
+    np.add(off, e2.astype(np.int32), out=idx[2 * nbv:].reshape(B, V))
+    np.add(X, Y, out=wts[:nbv].reshape(B, V))
+    np.negative(X, out=wts[nbv:2 * nbv].reshape(B, V))
+    np.negative(Y, out=wts[2 * nbv:].reshape(B, V))
     flat = np.bincount(idx, wts, minlength=B * BIN).reshape(B, BIN)
-    ps_c = np.cumsum(flat[:, :4 * N].reshape(B, 2, 2 * N), axis=2)
-    hosted = (ps_c[:, :, :N] + ps_c[:, :, N:]).astype(np.float32)
-    groups = np.cumsum(flat[:, 4 * N:].reshape(B, 3, G), axis=2)
-    H0 = hosted[:, 0] + (uni_all - uni_lr)[:, None]
-    H1 = hosted[:, 1] + uni_lr[:, None]
-    I = _sparse_index_hosting(t, e, base, extra, psf) if len(t.sparse_cols) else 0.0
-    return _assemble(t, e, p, f, dict(psf=psf, arf=arf, kf=kf, wv=wv, H0=H0, H1=H1, I=I, groups=groups,
-                                      is16=is16, psgd=psgd, lrf=lrf))
+    hosted = np.cumsum(flat[:, :2 * L].reshape(B, 2, L), axis=2).reshape(B, 2, L // N, N).sum(2).astype(np.float32)
+    groups = np.cumsum(flat[:, 2 * L:].reshape(B, 3, G), axis=2)
+    I = _sparse_index_hosting(t, e, base, extra, psf, si) if t.sparse_cols.size else 0.0
+    return _assemble(t, e, p, f, dict(psf=psf, arf=arf, kf=kf, wv=wv, H0=hosted[:, 0], H1=hosted[:, 1], I=I,
+                                      groups=groups, is16=is16, fi=fi))
 
 
 def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarray, a: dict) -> np.ndarray:
     """Per-node traffic, counts and the analytic estimate from the block's (B, N) and (B, V) parts."""
     N, W, V = t.N, t.W, t.V
-    psf, arf, wv, H0, H1 = a["psf"], a["arf"], a["wv"], a["H0"], a["H1"]
+    psf, arf, wv, H0, H1, fi, comp = a["psf"], a["arf"], a["wv"], a["H0"], a["H1"], a["fi"], e.compressor
     P = H0 + H1 + a["I"]
     Ptot, H0tot, H1tot = P.sum(1, keepdims=True), H0.sum(1, keepdims=True), H1.sum(1, keepdims=True)
     wk, hw = t.workers, t.has_w
@@ -278,9 +294,10 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     # per-variable sums as one matrix product: columns of t.sums (see FeatureTables)
     psum = psf @ t.sums                          # (B, 3): count, sparse bytes, -
     asum = arf @ t.sums                          # (B, 3): count, sparse bytes, raw bytes
-    sparse_k = (arf * a["kf"]) @ t.sparse_f      # all-gathers (one per sparse AR shard)
+    c = t.sparse_cols
+    sparse_k = (arf[:, c] * a["kf"][:, c]).sum(1) if c.size else 0.0   # all-gathers (one per sparse AR shard)
     gather = asum[:, 1]                          # per-worker sparse bytes all-gathered
-    wire_dense = wv.sum(1)
+    wire_dense = wv @ t.ones
     S = wire_dense + gather * (W / 2)            # equivalent ring buffer
     ring = 2 * (W - 1) / W
     if t.Nw > 1:
@@ -290,7 +307,8 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     used_buf = a["groups"] > 0.5                 # (B, class, G) fused buffers carrying bytes
     n_groups = used_buf.any(1).sum(1)
     n_coll = used_buf.sum((1, 2)) + used_buf[:, 2].sum(1) + sparse_k   # PowerSGD: P and Q
-    objectstore = (asum[:, 0] > 0) & (e.backend[:, 0] == BACKEND_ID["objectstore"]) if V else False
+    # one backend per strategy; PS variables encode 0 and objectstore is the largest id
+    objectstore = (asum[:, 0] > 0) & (e.backend.max(1) == BACKEND_ID["objectstore"]) if V else False
 
     nic_in, nic_out = srv_in + cli_in + nic_ring, srv_out + cli_out + nic_ring
     C = COL
@@ -330,10 +348,10 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     f[:, C["ring_steps_objectstore"]] = steps * objectstore
     f[:, C["compressed_saved_bytes"]] = (arf @ t.val_dense) - wire_dense
     f[:, C["fp16_raw_bytes"]] = a["is16"] @ t.val_bytes
-    f[:, C["powersgd_raw_bytes"]] = a["psgd"] @ t.val_bytes
+    f[:, C["powersgd_raw_bytes"]] = (comp >= _PSGD).astype(np.float32) @ t.matrix_val if len(fi) else 0.0
     f[:, C["sparse_allgather_bytes"]] = gather * max(W - 1, 0)
-    stale = (e.staleness * psf).max(1)
-    asyn = ((1 - e.sync) * psf).max(1) > 0
+    stale = e.staleness.max(1)                   # 0 for AR variables (normalized)
+    asyn = psum[:, 0] > e.sync.astype(np.float32) @ t.ones   # a PS variable with sync 0 (AR: 0)
     f[:, C["staleness"]] = stale
     f[:, C["stale_factor"]] = np.where(asyn, 0.0, 1.0 / (1.0 + stale))
     f[:, C["async"]] = asyn
@@ -341,8 +359,11 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     # ---- overlap with the backward pass (pipe bound at ready-order breakpoints), then estimate --
     terms = {n: f[:, C[n]] for n in TERMS if n != "exposed_frac"}
     T0 = comm_time(terms, AlphaBeta())
-    u = psf * t.ps_wire + wv * ring              # wire weight per variable (sparse AR: below)
-    suffix = u @ t.after + np.outer(gather * (W / 2) * ring, t.sparse_after) if len(t.sparse_cols) else u @ t.after
+    # wire weight per variable, psf * ps_wire + ring * wv, past each breakpoint (sparse AR: below)
+    suffix = psf @ t.ps_wire_after
+    suffix += (wv @ t.after) * np.float32(ring)
+    if len(t.sparse_cols):
+        suffix += np.outer(gather * (W / 2) * ring, t.sparse_after)
     total = suffix[:, 0]
     x = (T0 / max(t.compute_s, 1e-12)).astype(np.float32)
     reach = (suffix * (x / np.maximum(total, 1e-30))[:, None] + t.tau_bp).max(1)
@@ -354,22 +375,24 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     return f
 
 
-def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, psf) -> np.ndarray:
-    """(B, N) index bytes hosted per node by sparse PS variables (few columns, same scheme)."""
+def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, psf, si) -> np.ndarray:
+    """(B, N) index bytes hosted per node by sparse PS variables (few columns, same line scheme)."""
     c = t.sparse_cols
     B, N = len(e), t.N
-    kf = e.shards[:, c].astype(np.float32)
-    si = t.idx_bytes[c] / (t.dim0[c] if not e.axis.any() else t.dims[c, e.axis[:, c]])
-    b = base[:, c] if np.ndim(base) == 2 else base[c]
-    x = extra[:, c]
-    i1, i2 = si * b * psf[:, c], si * psf[:, c]
-    q1, q2 = np.floor(kf / N), np.floor(x / N)
-    r1, r2 = (kf - q1 * N).astype(np.int64), (x - q2 * N).astype(np.int64)
-    start = e.dest[:, c] + (np.arange(B, dtype=np.int64) * 2 * N)[:, None]
-    flat = np.bincount(np.concatenate([start.ravel(), (start + r1).ravel(), (start + r2).ravel()]),
-                       np.concatenate([(i1 + i2).ravel(), -i1.ravel(), -i2.ravel()]), minlength=B * 2 * N)
-    cs = np.cumsum(flat.reshape(B, 2 * N), axis=1)
-    return (cs[:, :N] + cs[:, N:] + (i1 * q1 + i2 * q2).sum(1)[:, None]).astype(np.float32)
+    k = e.shards[:, c]
+    p = psf[:, c]
+    s = si[c] if np.ndim(si) == 1 else si[:, c]
+    X = s * (base[c] if np.ndim(base) == 1 else base[:, c]) * p
+    Y = s * p
+    L = _round_up(N + int(k.max()), N)
+    start = e.dest[:, c] + (np.arange(B, dtype=np.int32) * L)[:, None]
+    flat = np.bincount(np.concatenate([start.ravel(), (start + extra[:, c].astype(np.int32)).ravel(), (start + k).ravel()]),
+                       np.concatenate([(X + Y).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
+    return np.cumsum(flat.reshape(B, L), axis=1).reshape(B, L // N, N).sum(1).astype(np.float32)
+
+
+def _round_up(x: int, n: int) -> int:
+    return -(-x // n) * n
 
 
 def terms_of(X: np.ndarray) -> dict:

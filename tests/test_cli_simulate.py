@@ -1,0 +1,111 @@
+"""``autosync simulate``: analytic and learned predictions of a strategy file, the evaluation table
+of a store, and bad input (exit 2, one message, no traceback)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from autosync.cli import main
+from strategy_space import load_strategy, save
+from strategy_space.builders import build_all
+from strategy_space.space import StrategySpace
+from tests.conftest import REPO
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.cost_model import AnalyticCostModel
+from tuner.dataset import build_trial_set, store_groups
+from tuner.features import FeatureTables, featurize
+from tuner.simulator import LearnedSimulator
+from tuner.store import TrialStore
+from tuner.synthetic import SyntheticRunner, candidate_strategies
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Model, cluster and strategy YAML files, and a store of 30 synthetic trials of that pair."""
+    d = tmp_path_factory.mktemp("simulate")
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    paths = {"model": d / "model.yaml", "cluster": d / "cluster.yaml", "strategy": d / "strategy.yaml",
+             "store": d / "trials.db"}
+    save(model, paths["model"])
+    save(cluster, paths["cluster"])
+    save(build_all(model, cluster)["parallax"], paths["strategy"])
+    trials = SyntheticRunner(model, cluster, seed=0).run(candidate_strategies(model, cluster, np.random.default_rng(0), 30))
+    with TrialStore(paths["store"]) as store:
+        store.add_many(trials, model, cluster)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _features(files):
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    strategy = load_strategy(files["strategy"])
+    return featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
+
+
+def test_strategy_json_analytic(files, capsys):
+    out = _json(capsys, ["simulate", "--model", files["model"], "--cluster", files["cluster"],
+                         "--strategy", files["strategy"], "--json"])
+    expected = float(AnalyticCostModel().predict_features(_features(files))[0])
+    assert out["predictor"] == "analytic" and out["model"] == "tiny" and out["cluster"] == "three"
+    assert out["step_time_s"] == pytest.approx(expected, rel=1e-6)
+    assert out["samples_per_s"] == pytest.approx(64 * 3 / expected, rel=1e-6)
+    assert out["breakdown"]["compute_s"] == pytest.approx(0.01)
+    assert out["breakdown"]["comm_s"] > 0
+
+
+def test_strategy_with_store_uses_the_learned_simulator(files, capsys):
+    out = _json(capsys, ["simulate", "--model", files["model"], "--cluster", files["cluster"],
+                         "--strategy", files["strategy"], "--store", files["store"], "--json"])
+    with TrialStore(files["store"]) as store:
+        data = build_trial_set(store_groups(store))
+    assert len(data) >= 20
+    expected = float(LearnedSimulator().fit(data.X, data.y).predict(_features(files))[0])
+    assert out["predictor"] == "learned"
+    assert out["step_time_s"] == pytest.approx(expected, rel=1e-5)
+    analytic = float(AnalyticCostModel().predict_features(_features(files))[0])
+    assert out["step_time_s"] != pytest.approx(analytic, rel=1e-3)
+
+
+def test_eval_prints_the_table(files, capsys):
+    assert main(["simulate", "--eval", files["store"]]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["protocol", "method", "groups"]
+    methods = [line for line in lines if line.startswith("within ")]
+    assert {"simulator", "ranker", "analytic"} <= {m.split()[1] for m in methods}
+    assert not any(line.startswith("lomo") for line in lines)      # one model: no transfer protocol
+    head = lines[0].split()
+    assert head[3:5] == ["pairwise", "pw>5%"]
+    for line in methods:
+        strict, tol = (float(x) for x in line.split()[head.index("pairwise") + 1:head.index("pairwise") + 3])
+        assert 0.0 <= strict <= 1.0 and 0.0 <= tol <= 1.0
+    assert "only pairs whose measured times differ by more than 5%" in out
+
+
+def _cli(*argv):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-m", "autosync", "simulate", *argv], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--model", "{model}", "--cluster", "{cluster}"), "simulate needs --strategy (or --eval STORE)"),
+    (("--eval", "{missing}"), "trial store not found"),
+    (("--model", "{model}", "--cluster", "{cluster}", "--strategy", "{model}"), "strategy"),
+])
+def test_bad_input_exits_2_without_traceback(files, tmp_path, argv, message):
+    subs = dict(files, missing=str(tmp_path / "nope.db"))
+    r = _cli(*(a.format(**subs) for a in argv))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("autosync simulate: error:") and message in r.stderr
+    assert r.stdout == ""
