@@ -124,3 +124,79 @@ def test_wrong_width_is_rejected():
     other = ModelSpec("o", (VariableSpec("x", (3,)),))
     with pytest.raises(ValueError, match="encode 1 variables but the model has 2"):
         featurize(t, StrategySpace(other, _cluster()).sample_encoded(np.random.default_rng(0), 2))
+
+
+def _reference_all_reduce(model, cluster, strategy):
+    """Per-shard loop: bytes of each fused (group, class) buffer, class by compressor kind (none,
+    fp16*, powersgd*), and the all-gathers of sparse shards."""
+    buffers, gathers = {}, 0
+    for cfg in strategy.variables:
+        v = model.var(cfg.name)
+        dim = v.shape[cfg.axis]
+        for (lo, hi), s in zip(shard_bounds(dim, cfg.num_shards), cfg.synchronizers):
+            if isinstance(s, PS):
+                continue
+            if v.sparse:
+                gathers += 1
+                continue
+            kind, rank, eb = s.compressor_kind, s.compressor_rank, v.bytes // v.size
+            m, n = hi - lo, v.size // dim
+            if kind.startswith("powersgd"):   # one buffer class, P and Q collectives; vectors travel raw
+                cls, nbytes = 2, min(rank * (m + n), m * n) * eb if len(v.shape) >= 2 else m * n * eb
+            elif kind.startswith("fp16"):
+                cls, nbytes = 1, m * n * 2
+            else:
+                cls, nbytes = 0, m * n * eb
+            buffers[(s.group, cls)] = buffers.get((s.group, cls), 0) + nbytes
+    per_group = {}
+    for (g, _), b in buffers.items():
+        per_group[g] = per_group.get(g, 0) + b
+    collectives = len(buffers) + sum(1 for (_, c) in buffers if c == 2) + gathers
+    return per_group, collectives
+
+
+def _reference_pull(model, cluster, strategy):
+    """Bytes each node's server sends to workers: per worker, or once per node for local replication."""
+    W, Nw = cluster.num_workers, sum(1 for n in cluster.nodes if n.workers)
+    total = 0.0
+    for cfg in strategy.variables:
+        v = model.var(cfg.name)
+        rows = v.rows_per_step if v.sparse else v.shape[0]
+        for (lo, hi), s in zip(shard_bounds(v.shape[0], cfg.num_shards), cfg.synchronizers):
+            if isinstance(s, PS):
+                once = s.local_replication and not v.sparse
+                total += (Nw if once else W) * (hi - lo) * v.row_bytes * rows / v.shape[0]
+    return total
+
+
+def test_random_strategies_all_reduce_and_pull_match_brute_force():
+    rng = np.random.default_rng(5)
+    m = ModelSpec("r", tuple(VariableSpec(f"v{i}", (int(rng.integers(2, 40)), int(rng.integers(1, 9)))) for i in range(10))
+                  + (VariableSpec("b", (17,)), VariableSpec("e", (60, 4), sparse=True, rows_per_step=9)))
+    c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=2, bandwidth_gbps=1.0) for i in range(3)))
+    space = StrategySpace(m, c, max_shards=6, ranks=(1, 3), staleness=(0, 2), backends=("auto", "objectstore"))
+    enc = space.sample_encoded(rng, 300)
+    X = featurize(FeatureTables.from_specs(m, c), enc)
+    for i in range(len(enc)):
+        s = space.decode(enc, i)
+        groups, collectives = _reference_all_reduce(m, c, s)
+        assert X[i, COL["ar_groups"]] == len(groups)
+        assert X[i, COL["ar_collectives"]] == collectives
+        assert X[i, COL["ar_max_group_bytes"]] == pytest.approx(max(groups.values(), default=0), rel=1e-5, abs=1e-3)
+        assert X[i, COL["ps_pull_sum_bytes"]] == pytest.approx(_reference_pull(m, c, s), rel=1e-5, abs=1e-3)
+
+
+def test_objectstore_backend_counts_when_the_first_variable_is_ps():
+    s = Strategy((VarConfig("a", (PS("n0"),)), VarConfig("b", (AllReduce(backend="objectstore"),))))
+    f = _feat(MODEL, _cluster(nodes=3), s)
+    assert f["ring_steps_objectstore"] == 2 * (3 - 1) and f["ring_steps"] == 0
+    g = _feat(MODEL, _cluster(nodes=3), Strategy((VarConfig("a", (PS("n0"),)), VarConfig("b", (AllReduce(),)))))
+    assert g["ring_steps"] == 2 * (3 - 1) and g["ring_steps_objectstore"] == 0
+
+
+def test_partitioned_sparse_all_reduce_is_gathered_not_fused():
+    m = ModelSpec("s", (VariableSpec("emb", (100, 8), sparse=True, rows_per_step=10), VariableSpec("w", (8,))))
+    s = Strategy((VarConfig("emb", (AllReduce(group=0), AllReduce(group=1))), VarConfig("w", (AllReduce(group=0),))))
+    f = _feat(m, _cluster(nodes=3), s)
+    assert f["ar_groups"] == 1 and f["ar_max_group_bytes"] == 32   # only w's buffer
+    assert f["ar_collectives"] == 1 + 2                             # w's buffer + one all-gather per shard

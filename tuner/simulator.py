@@ -39,10 +39,11 @@ class LearnedSimulator:
     Attributes:
         analytic_: the alpha-beta model fitted on the same trials.
         regressor_: the XGBoost model, or None when there was too little data.
+        booster_: its Booster (what ``predict`` calls), or None.
         n_train_: training rows.
     """
 
-    def __init__(self, target: str = "ratio", n_estimators: int = 200, max_depth: int = 6,
+    def __init__(self, target: str = "ratio", n_estimators: int = 100, max_depth: int = 6,
                  learning_rate: float = 0.1, min_trials: int = 10, n_jobs: int = 1, random_state: int = 0):
         self.target = target
         self.n_estimators = n_estimators
@@ -63,7 +64,7 @@ class LearnedSimulator:
         y = np.asarray(y, dtype=np.float64)
         self.analytic_ = AnalyticCostModel().fit(X, y)
         self.n_train_ = len(y)
-        self.regressor_ = None
+        self.regressor_ = self.booster_ = None
         if len(y) >= self.min_trials:
             import xgboost as xgb
 
@@ -72,6 +73,7 @@ class LearnedSimulator:
                 subsample=0.9, colsample_bytree=0.9, n_jobs=self.n_jobs, random_state=self.random_state,
                 tree_method="hist")
             self.regressor_.fit(relative_view(X), self._encode(X, y))
+            self.booster_ = self.regressor_.get_booster()
         return self
 
     def _base(self, X: np.ndarray) -> np.ndarray:
@@ -89,4 +91,7 @@ class LearnedSimulator:
         check_fitted(self, "analytic_")
         if self.regressor_ is None:
             return self.analytic_.predict_features(X)
-        return np.exp(self.regressor_.predict(relative_view(X)) + self._base(X))
+        if not len(X):
+            return np.zeros(0)
+        # inplace_predict skips the DMatrix copy of the scoring path (same trees, same numbers)
+        return np.exp(self.booster_.inplace_predict(relative_view(X)).astype(np.float64) + self._base(X))
