@@ -20,7 +20,9 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+        # address="local": always a fresh private instance, never a cluster that `ray start` (a
+        # testbed, another job) left recorded on this machine
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  object_store_memory=500 * 1024 * 1024)
     yield ray
     ray.shutdown()

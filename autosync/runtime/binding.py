@@ -90,7 +90,8 @@ def _start_ray(cluster: ClusterSpec) -> bool:
             f"fix by starting the Ray cluster and setting RAY_ADDRESS=<head>:6379 (or calling "
             f"ray.init(address=...)) before running, or use cluster 'local'")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=cluster.nodes[0].cpus, include_dashboard=False, logging_level="ERROR",
+    # address="local": a fresh private instance, never a cluster some `ray start` left recorded
+    ray.init(address="local", num_cpus=cluster.nodes[0].cpus, include_dashboard=False, logging_level="ERROR",
              log_to_driver=False)
     return True
 
