@@ -89,13 +89,19 @@ def _score_groups(pred: np.ndarray, test: TrialSet, tol: float) -> list[tuple[fl
     return out
 
 
-def within_split(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> tuple[TrialSet, TrialSet]:
-    """Random per-group train/test split of the rows."""
+def within_test_mask(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> np.ndarray:
+    """Boolean mask of the rows ``within_split`` holds out (a random share of each group)."""
     rng = np.random.default_rng(seed)
     test = np.zeros(len(data), dtype=bool)
     for g in np.unique(data.group):
         rows = np.nonzero(data.group == g)[0]
         test[rng.choice(rows, size=max(3, int(round(test_share * len(rows)))), replace=False)] = True
+    return test
+
+
+def within_split(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> tuple[TrialSet, TrialSet]:
+    """Random per-group train/test split of the rows."""
+    test = within_test_mask(data, test_share, seed)
     return data.subset(np.nonzero(~test)[0]), data.subset(np.nonzero(test)[0])
 
 

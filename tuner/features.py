@@ -108,15 +108,17 @@ class FeatureTables:
         pos[self.order] = np.arange(self.V)
         bp = np.unique(np.linspace(0, self.V - 1, min(self.V, _BREAKPOINTS)).round().astype(np.int64))
         after = (pos[:, None] >= bp[None, :]).astype(np.float32)
+        sums = np.stack([np.ones(self.V), sparse_step, self.val_bytes, self.val_bytes * dense], axis=1).astype(np.float32)
         derived = dict(
             dim0=dim0, sv0=self.val_bytes / dim0, si0=self.idx_bytes / dim0, cols0=self.size / dim0,
             dense_f=dense, sparse_f=1.0 - dense, dense_i=(~self.sparse).astype(np.int32),
             val_dense=self.val_bytes * dense, sparse_cols=np.nonzero(self.sparse)[0],
             half_m1=(2.0 / self.elem_bytes - 1.0).astype(np.float32),
             half_val=(self.val_bytes * dense * (2.0 / self.elem_bytes - 1.0)).astype(np.float32),
-            ps_wire_after=((2 * self.val_bytes + self.idx_bytes)[:, None] * after).astype(np.float32),
-            ones=np.ones(self.V, np.float32), matrix_val=(self.val_bytes * self.matrix).astype(np.float32),
-            sums=np.stack([np.ones(self.V, np.float32), sparse_step, self.val_bytes], axis=1),
+            ones=np.ones(self.V, np.float32),
+            ps_right=np.concatenate([sums, (2 * self.val_bytes + self.idx_bytes)[:, None] * after], axis=1,
+                                    dtype=np.float32), matrix_val=(self.val_bytes * self.matrix).astype(np.float32),
+            sums=sums,
             ps_wire=2 * self.val_bytes + self.idx_bytes, after=after, tau_bp=self.tau[bp],
             sparse_after=sparse_step @ after / max(float(sparse_step.sum()), 1e-30),
         )
@@ -174,11 +176,35 @@ def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None
     if enc.kind.shape[1] != t.V:
         raise ValueError(f"strategies encode {enc.kind.shape[1]} variables but the model has {t.V}")
     params = params or AlphaBeta()
-    out = np.empty((len(enc), len(FEATURE_NAMES)), dtype=np.float32)
-    for s in range(0, len(enc), _CHUNK):
-        rows = slice(s, s + _CHUNK)
-        out[rows] = _featurize_block(t, enc.take(rows) if len(enc) > _CHUNK else enc, params)
-    return out
+    B = len(enc)
+    parts = _Parts.empty(B, t)
+    for s in range(0, B, _CHUNK):
+        rows = slice(s, min(s + _CHUNK, B))
+        _block_parts(t, enc.take(rows) if B > _CHUNK else enc, parts, rows)
+    return _assemble(t, params, parts)
+
+
+@dataclass
+class _Parts:
+    """Per-strategy reductions of the (B, V) work, filled block by block; ``_assemble`` turns them
+    into features for the whole batch at once (its (B, N) work pays numpy's per-call cost once)."""
+
+    hosted: np.ndarray   # (B, 3, N): PS value bytes hosted per node without / with LR, index bytes
+    psum: np.ndarray     # (B, 4 + breakpoints): psf @ [sums | ps wire after each breakpoint]
+    asum: np.ndarray     # (B, 4): arf @ sums
+    wsum: np.ndarray     # (B, breakpoints): AR wire bytes at or after each breakpoint (col 0: all)
+    scal: np.ndarray     # (B, 8): see _S
+
+    @classmethod
+    def empty(cls, B: int, t: FeatureTables) -> "_Parts":
+        nbp = t.after.shape[1]
+        return cls(np.zeros((B, 3, t.N)), np.zeros((B, 4 + nbp), np.float32), np.zeros((B, 4), np.float32),
+                   np.zeros((B, nbp), np.float32),
+                   np.zeros((B, len(_S)), np.float32))
+
+
+_S = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
+                                  "max_group"))}
 
 
 def _axis_facts(t: FeatureTables, e: EncodedStrategies):
@@ -190,12 +216,11 @@ def _axis_facts(t: FeatureTables, e: EncodedStrategies):
     return dim, t.val_bytes / dim, t.idx_bytes / dim, t.size / dim
 
 
-def _featurize_block(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta) -> np.ndarray:
+def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slice) -> None:
     # Budget: ~0.2 ns per element for a float32/int32 (B, V) pass, ~2.5 ns per bincount entry,
     # ~3.5 ns per gathered element. So: no gathers on the common path, no int32 x float32 mixes
     # (they promote to float64), sums over variables as matrix products, one bincount per block.
-    B, V, N, W = len(e), t.V, t.N, t.W
-    f = np.zeros((B, len(FEATURE_NAMES)), dtype=np.float32)
+    B, V, N = len(e), t.V, t.N
     dim, sv, si, cols = _axis_facts(t, e)
     kf = e.shards.astype(np.float32)
     arf = e.kind.astype(np.float32)              # KIND_AR == 1
@@ -273,42 +298,57 @@ def _featurize_block(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta) -> np
     np.negative(X, out=wts[nbv:2 * nbv].reshape(B, V))
     np.negative(Y, out=wts[2 * nbv:].reshape(B, V))
     flat = np.bincount(idx, wts, minlength=B * BIN).reshape(B, BIN)
-    hosted = np.cumsum(flat[:, :2 * L].reshape(B, 2, L), axis=2).reshape(B, 2, L // N, N).sum(2).astype(np.float32)
+    out.hosted[rows, :2] = np.cumsum(flat[:, :2 * L].reshape(B, 2, L), axis=2).reshape(B, 2, L // N, N).sum(2)
+    if t.sparse_cols.size:
+        out.hosted[rows, 2] = _sparse_index_hosting(t, e, base, extra, psf, si)
     groups = np.cumsum(flat[:, 2 * L:].reshape(B, 3, G), axis=2)
-    I = _sparse_index_hosting(t, e, base, extra, psf, si) if t.sparse_cols.size else 0.0
-    return _assemble(t, e, p, f, dict(psf=psf, arf=arf, kf=kf, wv=wv, H0=hosted[:, 0], H1=hosted[:, 1], I=I,
-                                      groups=groups, is16=is16, fi=fi))
+    used = groups > 0.5                          # (B, class, G) fused buffers carrying bytes
+    s = out.scal[rows]
+    s[:, _S["n_groups"]] = used.any(1).sum(1)
+    s[:, _S["n_coll"]] = used.sum((1, 2)) + used[:, 2].sum(1)   # PowerSGD buffers: P and Q
+    s[:, _S["max_group"]] = groups.sum(1).max(1)
+    # sums over variables as matrix products
+    out.psum[rows] = psf @ t.ps_right
+    out.asum[rows] = arf @ t.sums
+    out.wsum[rows] = wv @ t.after
+    s[:, _S["fp16_raw"]] = is16 @ t.val_bytes
+    s[:, _S["psgd_raw"]] = (comp >= _PSGD).astype(np.float32) @ t.matrix_val if len(fi) else 0.0
+    s[:, _S["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
+    s[:, _S["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
+    # one backend per strategy; PS variables encode 0 and objectstore is the largest id
+    s[:, _S["objectstore"]] = e.backend.max(1) == BACKEND_ID["objectstore"]
+    if t.sparse_cols.size:
+        c = t.sparse_cols                        # all-gathers: one per sparse AR shard
+        s[:, _S["n_coll"]] += (arf[:, c] * kf[:, c]).sum(1)
+    out.scal[rows] = s
 
 
-def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarray, a: dict) -> np.ndarray:
-    """Per-node traffic, counts and the analytic estimate from the block's (B, N) and (B, V) parts."""
+def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
+    """Per-node traffic, counts and the analytic estimate of a whole batch from its parts."""
     N, W, V = t.N, t.W, t.V
-    psf, arf, wv, H0, H1, fi, comp = a["psf"], a["arf"], a["wv"], a["H0"], a["H1"], a["fi"], e.compressor
-    P = H0 + H1 + a["I"]
+    B = len(a.scal)
+    f = np.zeros((B, len(FEATURE_NAMES)), dtype=np.float32)
+    H0, H1 = a.hosted[:, 0].astype(np.float32), a.hosted[:, 1].astype(np.float32)
+    P = H0 + H1 + a.hosted[:, 2].astype(np.float32)
     Ptot, H0tot, H1tot = P.sum(1, keepdims=True), H0.sum(1, keepdims=True), H1.sum(1, keepdims=True)
     wk, hw = t.workers, t.has_w
     srv_in, srv_out = (W - wk) * P, (W - wk) * H0 + (t.Nw - hw) * H1
     cli_out, cli_in = wk * (Ptot - P), wk * (H0tot - H0) + hw * (H1tot - H1)
     intra = wk * (P + H0) + hw * H1 + wk * (H1tot - H1)
 
-    # per-variable sums as one matrix product: columns of t.sums (see FeatureTables)
-    psum = psf @ t.sums                          # (B, 3): count, sparse bytes, -
-    asum = arf @ t.sums                          # (B, 3): count, sparse bytes, raw bytes
-    c = t.sparse_cols
-    sparse_k = (arf[:, c] * a["kf"][:, c]).sum(1) if c.size else 0.0   # all-gathers (one per sparse AR shard)
+    sc = {n: a.scal[:, i] for n, i in _S.items()}
+    psum = a.psum[:, :4]                         # count, sparse bytes, value bytes, dense value bytes
+    asum = a.asum
     gather = asum[:, 1]                          # per-worker sparse bytes all-gathered
-    wire_dense = wv @ t.ones
+    wire_dense = a.wsum[:, 0]
     S = wire_dense + gather * (W / 2)            # equivalent ring buffer
     ring = 2 * (W - 1) / W
     if t.Nw > 1:
         nic_ring, intra = ring * S[:, None] * hw, intra + ring * S[:, None] * np.maximum(wk - 1, 0)
     else:
         nic_ring, intra = 0.0, intra + ring * S[:, None] * wk
-    used_buf = a["groups"] > 0.5                 # (B, class, G) fused buffers carrying bytes
-    n_groups = used_buf.any(1).sum(1)
-    n_coll = used_buf.sum((1, 2)) + used_buf[:, 2].sum(1) + sparse_k   # PowerSGD: P and Q
-    # one backend per strategy; PS variables encode 0 and objectstore is the largest id
-    objectstore = (asum[:, 0] > 0) & (e.backend.max(1) == BACKEND_ID["objectstore"]) if V else False
+    n_coll = sc["n_coll"]
+    objectstore = (asum[:, 0] > 0) & (sc["objectstore"] > 0)
 
     nic_in, nic_out = srv_in + cli_in + nic_ring, srv_out + cli_out + nic_ring
     C = COL
@@ -340,18 +380,18 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     f[:, C["ar_wire_bytes"]] = S
     f[:, C["ar_ring_bytes"]] = ring * S
     f[:, C["ar_ring_s"]] = ring * S / t.ring_bw
-    f[:, C["ar_groups"]] = n_groups
+    f[:, C["ar_groups"]] = sc["n_groups"]
     f[:, C["ar_collectives"]] = n_coll
-    f[:, C["ar_max_group_bytes"]] = a["groups"].sum(1).max(1)
+    f[:, C["ar_max_group_bytes"]] = sc["max_group"]
     steps = n_coll * 2 * max(W - 1, 0)
     f[:, C["ring_steps"]] = steps * ~objectstore
     f[:, C["ring_steps_objectstore"]] = steps * objectstore
-    f[:, C["compressed_saved_bytes"]] = (arf @ t.val_dense) - wire_dense
-    f[:, C["fp16_raw_bytes"]] = a["is16"] @ t.val_bytes
-    f[:, C["powersgd_raw_bytes"]] = (comp >= _PSGD).astype(np.float32) @ t.matrix_val if len(fi) else 0.0
+    f[:, C["compressed_saved_bytes"]] = asum[:, 3] - wire_dense
+    f[:, C["fp16_raw_bytes"]] = sc["fp16_raw"]
+    f[:, C["powersgd_raw_bytes"]] = sc["psgd_raw"]
     f[:, C["sparse_allgather_bytes"]] = gather * max(W - 1, 0)
-    stale = e.staleness.max(1)                   # 0 for AR variables (normalized)
-    asyn = psum[:, 0] > e.sync.astype(np.float32) @ t.ones   # a PS variable with sync 0 (AR: 0)
+    stale = sc["stale"]
+    asyn = psum[:, 0] > sc["sync"]               # a PS variable with sync 0
     f[:, C["staleness"]] = stale
     f[:, C["stale_factor"]] = np.where(asyn, 0.0, 1.0 / (1.0 + stale))
     f[:, C["async"]] = asyn
@@ -360,8 +400,7 @@ def _assemble(t: FeatureTables, e: EncodedStrategies, p: AlphaBeta, f: np.ndarra
     terms = {n: f[:, C[n]] for n in TERMS if n != "exposed_frac"}
     T0 = comm_time(terms, AlphaBeta())
     # wire weight per variable, psf * ps_wire + ring * wv, past each breakpoint (sparse AR: below)
-    suffix = psf @ t.ps_wire_after
-    suffix += (wv @ t.after) * np.float32(ring)
+    suffix = a.psum[:, 4:] + a.wsum * np.float32(ring)
     if len(t.sparse_cols):
         suffix += np.outer(gather * (W / 2) * ring, t.sparse_after)
     total = suffix[:, 0]
