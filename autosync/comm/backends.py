@@ -52,8 +52,9 @@ class CollectiveBackend(abc.ABC):
     name: str = ""
 
     @classmethod
-    def prepare(cls, world: int, group: str) -> Any:
-        """Driver side, once per worker pool; the result is passed to ``connect``."""
+    def prepare(cls, world: int, group: str, actor_options: dict | None = None) -> Any:
+        """Driver side, once per worker pool; the result is passed to ``connect``.
+        ``actor_options`` place any helper actor (e.g. on the chief node)."""
         return group
 
     @classmethod
@@ -173,11 +174,12 @@ class ObjectStoreBackend(CollectiveBackend):
         self.calls = 0
 
     @classmethod
-    def prepare(cls, world, group):
+    def prepare(cls, world, group, actor_options=None):
         import ray
 
-        # on the driver's node, never counted against the workers' CPUs
-        return ray.remote(num_cpus=0)(Mailbox).options(max_concurrency=max(8, 4 * world)).remote(world)
+        # takes no CPU from the workers; placed where the caller says (the chief node)
+        options = {**(actor_options or {}), "num_cpus": 0, "max_concurrency": max(8, 4 * world)}
+        return ray.remote(Mailbox).options(**options).remote(world)
 
     @classmethod
     def connect(cls, rank, world, setup):

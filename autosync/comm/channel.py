@@ -92,13 +92,6 @@ class AllReduceChannel:
         self._ef: dict[str, ErrorFeedback] = {}
         self._powersgd: dict[str, PowerSGDState] = {}
         self._version = 0
-        # var index -> members, to hand back whole variables
-        self._parts: dict[int, list[ARMember]] = {}
-        for g in groups:
-            for m in g.members:
-                self._parts.setdefault(m.key[0], []).append(m)
-        for parts in self._parts.values():
-            parts.sort(key=lambda m: m.key[1])
 
     def __getstate__(self):
         # shipped to the worker before first use: connections are made there, lazily
@@ -107,18 +100,9 @@ class AllReduceChannel:
         return state
 
     # ---- SyncChannel -------------------------------------------------------------------
-    def pull(self, step: int, fresh: bool = False) -> dict[int, np.ndarray]:
-        out = {}
-        for var, parts in self._parts.items():
-            if len(parts) == 1 and parts[0].num_shards == 1:
-                out[var] = self.params[parts[0].key]
-            elif len(parts) == parts[0].num_shards:
-                out[var] = np.concatenate([self.params[m.key] for m in parts], axis=parts[0].axis)
-        return out
-
-    def pull_parts(self) -> dict[tuple[int, int], np.ndarray]:
-        """Values per (var, shard), for variables whose other shards another channel holds."""
-        return {m.key: self.params[m.key] for parts in self._parts.values() for m in parts}
+    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
+        """Values per (var, shard): every worker applied the same reduced gradients."""
+        return self.params
 
     def push(self, step: int, grads: list) -> None:
         if self._optimizer is None:

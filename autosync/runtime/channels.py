@@ -5,9 +5,12 @@ A worker's step is always: ``values = channel.pull(step)`` (assign them), comput
 
 - ``PSChannel`` (here): pushes each PS actor's gradient shards in ONE call and pulls its shards in
   ONE call per step, whatever the number of variables.
-- a fused all-reduce channel (later issue) will implement the same two methods: ``push`` reduces
-  the group's flat buffer (GLOO or object store) and applies the local optimizer, ``pull`` returns
-  the locally updated values. The worker loop does not change.
+- ``autosync.comm.channel.AllReduceChannel`` implements the same two methods: ``push`` reduces the
+  fusion groups (gloo, nccl or the object store) and applies the local optimizer, ``pull`` returns
+  the locally updated values.
+
+``pull`` returns values per ``(var_index, shard_index)``; the worker puts each variable together
+from the parts of every channel, so one variable's shards may be split between PS and all-reduce.
 
 Gradients are given per model variable: a dense ndarray, ``(indices, values)`` for a sparse
 (IndexedSlices) gradient, or None (no gradient: nothing is sent).
@@ -29,8 +32,8 @@ class SyncChannel(abc.ABC):
     calls: int = 0
 
     @abc.abstractmethod
-    def pull(self, step: int, fresh: bool = False) -> dict[int, np.ndarray]:
-        """Values of this channel's variables to compute ``step`` with: var index -> array.
+    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
+        """Values of this channel's shards to compute ``step`` with: (var, shard) -> array.
 
         ``fresh`` waits for every update before ``step`` (no staleness allowance)."""
 
@@ -59,15 +62,8 @@ class PSChannel(SyncChannel):
         self.staleness = staleness
         self.calls = 0
         self._pushes: list = []
-        # var index -> [(shard_index, ShardRef)], to reassemble partitioned variables
-        self._parts: dict[int, list] = {}
-        for _, plan in actors:
-            for ref in plan.shards:
-                self._parts.setdefault(ref.var_index, []).append(ref)
-        for parts in self._parts.values():
-            parts.sort(key=lambda r: r.shard_index)
 
-    def pull(self, step: int, fresh: bool = False) -> dict[int, np.ndarray]:
+    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
         import ray
 
         min_version = step if fresh else step - self.staleness
@@ -82,7 +78,7 @@ class PSChannel(SyncChannel):
             shards.update(direct)
         for part in ray.get(shared) if shared else ():
             shards.update(part)
-        return {i: self._assemble(i, parts, shards) for i, parts in self._parts.items()}
+        return shards
 
     def push(self, step: int, grads: list) -> None:
         for actor, plan in self.actors:
@@ -118,8 +114,3 @@ class PSChannel(SyncChannel):
             mask = (indices >= ref.start) & (indices < ref.stop)
             return indices[mask] - ref.start, values[mask]
         return g[ref.slicer(g.ndim)]  # a view; serialized once by Ray
-
-    def _assemble(self, var_index: int, parts: list, shards: dict) -> np.ndarray:
-        if len(parts) == 1:
-            return shards[parts[0].key]  # zero-copy view of the received buffer
-        return np.concatenate([shards[r.key] for r in parts], axis=parts[0].axis)

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from autosync.comm.backends import ObjectStoreBackend
+from autosync.comm.channel import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.channels import PSChannel
 from autosync.runtime.plan import SyncPlan
@@ -96,6 +98,25 @@ class WorkerPool:
         self.model_def = None
         self.description: dict | None = None
         self.spawn_s = 0.0
+        # (backend, slots) -> collective group name; torch.distributed makes one world per
+        # process, so a group lives exactly as long as the worker processes it was made with
+        self._groups: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def collective_group(self, backend: str, slots: tuple[str, ...]) -> str:
+        """Name of the ``backend`` (gloo/nccl) group of the workers of ``slots``.
+
+        Workers whose processes already joined a group of other slots are killed first (their
+        torch world cannot change); ``ensure`` starts them again.
+        """
+        import uuid
+
+        name = self._groups.get((backend, slots))
+        if name is None:
+            if any(b in ("gloo", "nccl") for b, _ in self._groups):
+                self.kill_all()
+            name = f"autosync-{backend}-{uuid.uuid4().hex[:8]}"
+            self._groups[(backend, slots)] = name
+        return name
 
     def ensure(self, model_def, slots: tuple[str, ...], deadline: float | None = None) -> list:
         """Handles for ``slots`` (in order) holding ``model_def``; starts or reloads as needed.
@@ -147,6 +168,7 @@ class WorkerPool:
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
         self.actors, self.loaded = {}, {}
+        self._groups = {}
 
 
 def _digest(arrays: list) -> str:
@@ -168,6 +190,7 @@ class Session:
         self.pool = pool
         self.plan = plan
         self.ps_actors: list = []
+        self.helpers: list = []   # e.g. the object-store backend's mailbox
         self.workers: list = []
 
     def start(self, deadline: float | None = None) -> dict:
@@ -182,7 +205,9 @@ class Session:
 
         from autosync.runtime.optimizers import check_optimizer_config
 
-        self.workers = self.pool.ensure(self.pool.model_def, self.plan.replicas, deadline)
+        plan = self.plan
+        setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends if b != "objectstore"}
+        self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
         initial = desc["initial"]
@@ -201,8 +226,22 @@ class Session:
         shapes = [v["shape"] for v in desc["variables"]]
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
         n = self.plan.num_workers
-        resets = [w.reset.remote(i, n, [PSChannel(i, pairs, shapes, self.plan.staleness)])
-                  for i, w in enumerate(self.workers)]
+        if "objectstore" in plan.backends:
+            mailbox = ObjectStoreBackend.prepare(n, "", binding.actor_options(binding.cluster.chief.name))
+            self.helpers.append(mailbox)
+            setups["objectstore"] = mailbox
+        ar_values = {m.key: initial[m.key[0]] if m.num_shards == 1 else np.ascontiguousarray(
+            initial[m.key[0]][(slice(None),) * m.axis + (slice(m.start, m.stop),)])
+            for g in plan.ar_groups for m in g.members}
+
+        def channels(i: int) -> list:
+            out = [PSChannel(i, pairs, shapes, plan.staleness)] if pairs else []
+            if plan.ar_groups:  # after the PS channel: its pushes fly while the collectives run
+                out.append(AllReduceChannel(i, n, list(plan.ar_groups), setups, ar_values, desc["optimizer"],
+                                            seed=self.pool.model_def.seed))
+            return out
+
+        resets = [w.reset.remote(i, n, channels(i), list(plan.layout)) for i, w in enumerate(self.workers)]
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
         return {"ps": ps_info, "workers": infos}
@@ -220,9 +259,9 @@ class Session:
         """Kill the PS actors (workers stay warm)."""
         import ray
 
-        for actor in self.ps_actors:
+        for actor in self.ps_actors + self.helpers:
             ray.kill(actor, no_restart=True)
-        self.ps_actors = []
+        self.ps_actors, self.helpers = [], []
 
     def abort(self) -> None:
         """Kill everything this session touched: PS actors and every pool worker."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategy_space import PS, AllReduce, ModelSpec, Strategy, VariableSpec, shard_bounds
-from strategy_space.errors import ConfigError
+from autosync.comm.backends import resolve_backend
+from autosync.comm.channel import ARGroup, ARMember
+from strategy_space import AllReduce, ModelSpec, Strategy, VariableSpec, shard_bounds
+from strategy_space.builders import ready_order
 
-AR_NOT_SUPPORTED = "all-reduce is not supported yet by this runtime"
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class SyncPlan:
         sync: synchronous PS (all workers' gradients of step t applied together).
         staleness: how many steps a worker may run ahead (sync mode only).
         num_vars: number of model variables.
+        ar_groups: all-reduce fusion groups in gradient-ready order (backends resolved).
+        layout: per variable, (number of shards, partition axis), to reassemble pulled parts.
     """
 
     replicas: tuple[str, ...]
@@ -75,10 +78,17 @@ class SyncPlan:
     sync: bool
     staleness: int
     num_vars: int
+    ar_groups: tuple[ARGroup, ...] = ()
+    layout: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_workers(self) -> int:
         return len(self.replicas)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """Collective backends the all-reduce groups use."""
+        return tuple(sorted({m.backend for g in self.ar_groups for m in g.members}))
 
     def replica_node(self, slot: str) -> str:
         return slot.rsplit(":", 1)[0]
@@ -88,33 +98,45 @@ class SyncPlan:
         """Plan a strategy that ``validate`` accepted.
 
         Raises:
-            ConfigError: the strategy uses all-reduce (not supported yet by this runtime).
+            ConfigError: an all-reduce backend that cannot run here (e.g. gloo without torch).
         """
-        ar = [c.name for c in strategy.variables if any(isinstance(s, AllReduce) for s in c.synchronizers)]
-        if ar:
-            shown = ", ".join(ar[:5]) + (f" and {len(ar) - 5} more" if len(ar) > 5 else "")
-            raise ConfigError(f"{AR_NOT_SUPPORTED}: {len(ar)} variable(s) use all_reduce ({shown}); "
-                              f"use a parameter-server strategy (e.g. builders ps, ps_lb, partitioned_ps)")
+        gpus = any(n.gpus > 0 for n in cluster.nodes)
+        backends: dict[str, str] = {}
         by_node: dict[str, list[ShardRef]] = {}
+        groups: dict[int, list[ARMember]] = {}
         modes = set()
+        layout = []
         for var_index, var in enumerate(model.variables):
             cfg = strategy.config(var.name)
             axis = cfg.axis if cfg.partitioned else 0
             dim = var.shape[axis] if var.shape else 1
+            layout.append((cfg.num_shards, axis))
             bounds = shard_bounds(dim, cfg.num_shards)
             for shard_index, (sync, (start, stop)) in enumerate(zip(cfg.synchronizers, bounds)):
-                assert isinstance(sync, PS)  # all-reduce was rejected above
+                if isinstance(sync, AllReduce):
+                    if sync.backend not in backends:
+                        backends[sync.backend] = resolve_backend(sync.backend, gpus).name
+                    groups.setdefault(sync.group, []).append(ARMember(
+                        key=(var_index, shard_index), start=start, stop=stop, axis=axis,
+                        num_shards=cfg.num_shards, sparse=var.sparse,
+                        compressor="none" if var.sparse else sync.compressor, backend=backends[sync.backend]))
+                    continue
                 modes.add((sync.sync, sync.staleness))
                 by_node.setdefault(sync.destination, []).append(ShardRef(
                     var_index=var_index, shard_index=shard_index, num_shards=cfg.num_shards,
                     start=start, stop=stop, axis=axis, sparse=var.sparse,
                     local_replication=sync.local_replication))
-        (sync_mode, staleness), = modes  # validate() guarantees one mode per strategy
+        (sync_mode, staleness), = modes or {(True, 0)}  # validate() guarantees one PS mode per strategy
         order = [n for n in cluster.node_names if n in by_node]
+        # groups are issued in the order their last gradient becomes ready
+        ready = {name: i for i, name in enumerate(ready_order(model))}
+        position = {g: max(ready[model.variables[m.key[0]].name] for m in ms) for g, ms in groups.items()}
         return cls(
             replicas=tuple(strategy.resolved_replicas(cluster)),
             ps_actors=tuple(PSActorPlan(node=n, shards=tuple(by_node[n])) for n in order),
             sync=sync_mode, staleness=staleness if sync_mode else 0, num_vars=len(model.variables),
+            ar_groups=tuple(ARGroup(g, tuple(groups[g])) for g in sorted(groups, key=lambda g: (position[g], g))),
+            layout=tuple(layout),
         )
 
 

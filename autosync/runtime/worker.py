@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 
 def _to_numpy(grad):
     """A gradient as numpy: ndarray, ``(indices, values)`` for IndexedSlices, or None."""
@@ -99,11 +101,13 @@ class TrainingWorker:
             "initial": [v.numpy() for v in self.variables],
         }
 
-    def reset(self, worker_index: int, num_workers: int, channels: list) -> None:
-        """Start from the initial weights with a fresh data iterator and the given channels."""
+    def reset(self, worker_index: int, num_workers: int, channels: list, layout: list) -> None:
+        """Start from the initial weights with a fresh data iterator and the given channels;
+        ``layout[v]`` is variable v's (number of shards, partition axis)."""
         self.model.set_weights(self.initial_weights)
         self.batches = self.model_def.batches(worker_index, num_workers)
         self.channels = channels
+        self.layout = [tuple(x) for x in layout]
         self.step = 0
 
     def run(self, steps: int) -> dict:
@@ -143,9 +147,16 @@ class TrainingWorker:
         return self.model.get_weights()
 
     def _assign_pulled(self, step: int, fresh: bool = False) -> None:
-        pulled: dict = {}
+        parts: dict = {}
         for channel in self.channels:
-            pulled.update(channel.pull(step, fresh=fresh))
+            parts.update(channel.pull(step, fresh=fresh))
+        pulled = {}
+        for v, (shards, axis) in enumerate(self.layout):
+            if shards == 1:
+                if (v, 0) in parts:
+                    pulled[v] = parts[(v, 0)]  # zero-copy view of the received buffer
+            elif all((v, i) in parts for i in range(shards)):
+                pulled[v] = np.concatenate([parts[(v, i)] for i in range(shards)], axis=axis)
         if len(pulled) == len(self.variables):
             self._assign([pulled[i] for i in range(len(self.variables))])
         else:
