@@ -29,6 +29,7 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +100,7 @@ class FeatureTables:
     # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_i,
     # val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), half_val (val_dense x half_m1),
     # sums (V, 4): [1, sparse bytes, value bytes, dense value bytes], ps_right ([sums | PS wire
-    # bytes at or after each breakpoint]), matrix_val, ones, after / tau_bp / sparse_after
+    # bytes at or after each breakpoint]), ones, after / tau_bp / sparse_after
     # (overlap breakpoints)
 
     def __post_init__(self):
@@ -121,7 +122,7 @@ class FeatureTables:
             half_val=(self.val_bytes * dense * (2.0 / self.elem_bytes - 1.0)).astype(np.float32),
             ones=np.ones(self.V, np.float32),
             ps_right=np.concatenate([sums, (2 * self.val_bytes + self.idx_bytes)[:, None] * after], axis=1,
-                                    dtype=np.float32), matrix_val=(self.val_bytes * self.matrix).astype(np.float32),
+                                    dtype=np.float32),
             sums=sums,
             after=after, tau_bp=self.tau[bp],
             sparse_after=sparse_step @ after / max(float(sparse_step.sum()), 1e-30),
@@ -251,11 +252,11 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     shrink += 1.0
     X *= shrink
     Y *= shrink
-    psgd = (comp >= _PSGD) & t.matrix
-    fi = np.flatnonzero(psgd)
+    fi = np.flatnonzero((comp >= _PSGD) & t.matrix)
     if len(fi):
+        psgd_rows, pv = _row_col(B, V)
+        psgd_rows, pv = psgd_rows[fi], pv[fi]     # gathers: cheaper than an int64 division
         # PowerSGD sends r(m + n) values per m x n shard, never more than m n
-        pv = fi % V
         r = e.rank.reshape(-1)[fi].astype(np.float32)
         n = cols[pv] if np.ndim(cols) == 1 else cols.reshape(-1)[fi]
         m = base.reshape(-1)[fi]
@@ -302,21 +303,25 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     np.negative(X, out=wts[nbv:2 * nbv].reshape(B, V))
     np.negative(Y, out=wts[2 * nbv:].reshape(B, V))
     flat = np.bincount(idx, wts, minlength=B * BIN).reshape(B, BIN)
-    out.hosted[rows, :2] = np.cumsum(flat[:, :2 * L].reshape(B, 2, L), axis=2).reshape(B, 2, L // N, N).sum(2)
+    # the cumulative sums along the lines and the fold onto nodes are fixed linear maps of the
+    # difference entries: one matrix product each (numpy's cumsum over short rows is slow)
+    out.hosted[rows, :2] = (flat[:, :2 * L].reshape(B * 2, L) @ _fold(L, N)).reshape(B, 2, N)
     if t.sparse_cols.size:
         out.hosted[rows, 2] = _sparse_index_hosting(t, e, base, extra, psf, si)
-    groups = np.cumsum(flat[:, 2 * L:].reshape(B, 3, G), axis=2)
-    used = groups > 0.5                          # (B, class, G) fused buffers carrying bytes
+    groups = (flat[:, 2 * L:].reshape(B * 3, G) @ _fold(G, G)).reshape(B, 3 * G)
     s = out.scal[rows]                           # a view: written in place
-    s[:, _S["n_groups"]] = used.any(1).sum(1)
-    s[:, _S["n_coll"]] = used.sum((1, 2)) + used[:, 2].sum(1)   # PowerSGD buffers: P and Q
-    s[:, _S["max_group"]] = groups.sum(1).max(1)
+    total = groups[:, :G] + groups[:, G:2 * G]
+    total += groups[:, 2 * G:]
+    # buffers carry whole bytes; an empty one holds rounding noise only
+    s[:, _S["n_groups"]] = np.count_nonzero(total > 0.5, axis=1)
+    s[:, _S["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
+    s[:, _S["max_group"]] = total.max(1)
     # sums over variables as matrix products
     out.psum[rows] = psf @ t.ps_right
     out.asum[rows] = arf @ t.sums
     out.wsum[rows] = wv @ t.after
     s[:, _S["fp16_raw"]] = is16 @ t.val_bytes
-    s[:, _S["psgd_raw"]] = (comp >= _PSGD).astype(np.float32) @ t.matrix_val if len(fi) else 0.0
+    s[:, _S["psgd_raw"]] = np.bincount(psgd_rows, t.val_bytes[pv], minlength=B) if len(fi) else 0.0
     s[:, _S["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
     s[:, _S["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
     # one backend per strategy; PS variables encode 0 and objectstore is the largest id
@@ -430,11 +435,25 @@ def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, p
     start = e.dest[:, c] + (np.arange(B, dtype=np.int32) * L)[:, None]
     flat = np.bincount(np.concatenate([start.ravel(), (start + extra[:, c].astype(np.int32)).ravel(), (start + k).ravel()]),
                        np.concatenate([(X + Y).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
-    return np.cumsum(flat.reshape(B, L), axis=1).reshape(B, L // N, N).sum(1).astype(np.float32)
+    return flat.reshape(B, L) @ _fold(L, N)
 
 
 def _round_up(x: int, n: int) -> int:
     return -(-x // n) * n
+
+
+@functools.lru_cache(maxsize=8)
+def _row_col(B: int, V: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column of every flat index of a (B, V) array."""
+    return np.repeat(np.arange(B), V), np.tile(np.arange(V), B)
+
+
+@functools.lru_cache(maxsize=64)
+def _fold(L: int, n: int) -> np.ndarray:
+    """(L, n) map from difference entries on a line of length L to the cumulative sums folded
+    modulo n: entry p adds to every position q >= p of the line, position q to column q % n."""
+    q = np.arange(L)
+    return (q[None, :] >= q[:, None]).astype(np.float64) @ (q[:, None] % n == np.arange(n)[None, :]).astype(np.float64)
 
 
 def terms_of(X: np.ndarray) -> dict:
