@@ -100,7 +100,8 @@ def _cli(*argv):
 @pytest.mark.parametrize("argv, message", [
     (("--model", "{model}", "--cluster", "{cluster}"), "simulate needs --strategy (or --eval STORE)"),
     (("--eval", "{missing}"), "trial store not found"),
-    (("--model", "{model}", "--cluster", "{cluster}", "--strategy", "{model}"), "strategy"),
+    (("--model", "{model}", "--cluster", "{cluster}", "--strategy", "{model}"),
+     "expected a strategy file but this is a model file (kind: model)"),
 ])
 def test_bad_input_exits_2_without_traceback(files, tmp_path, argv, message):
     subs = dict(files, missing=str(tmp_path / "nope.db"))
