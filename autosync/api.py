@@ -93,7 +93,7 @@ class TuneResult:
             "speedup_over_best_baseline": self.speedup_over_best_baseline,
             "speedup_over_baselines": self.speedup_over_baselines,
             "trials": len(self.outcome.search_trials),
-            "baseline_trials": len(self.baselines),
+            "baseline_trials": sum(1 for t in self.outcome.trials if t.meta.get("role") == "baseline"),
             "total_trials": len(self.outcome.trials),
             "failed_trials": sum(1 for t in self.outcome.trials if not t.ok),
             "trials_to_within_5pct": self.outcome.trials_to_within(0.05),

@@ -62,6 +62,7 @@ class Proposal:
     strategy: Strategy
     origin: str
     predicted_s: float | None = None
+    aliases: tuple[str, ...] = ()   # other builders that produce the same strategy
 
 
 class ModelBasedTuner:
@@ -89,15 +90,17 @@ class ModelBasedTuner:
         return self.constraints.apply(e, self.space) if self.constraints is not None else e
 
     def baselines(self) -> list[Proposal]:
-        """Every builder's strategy (projected onto the constraints, duplicates dropped)."""
-        out, seen = [], set()
+        """Every builder's strategy (projected onto the constraints); builders that produce the same
+        strategy share one proposal (measured once, reported under each name)."""
+        out: dict[bytes, Proposal] = {}
         for name in BUILDERS:
             enc = self.project(self.space.encode([get_builder(name).build(self.model, self.cluster)]))
             key = enc.row_keys()[0]
-            if key not in seen:
-                seen.add(key)
-                out.append(Proposal(self.space.decode(enc, 0, origin=name), name))
-        return out
+            if key in out:
+                out[key].aliases += (name,)
+            else:
+                out[key] = Proposal(self.space.decode(enc, 0, origin=name), name)
+        return list(out.values())
 
     def update(self, trials: list[Trial], store=None) -> None:
         """Record measured trials; refit the predictor on the store (all groups) if given."""
@@ -164,7 +167,13 @@ class TuneOutcome:
 
     @property
     def baselines(self) -> dict[str, Trial]:
-        return {t.origin: t for t in self.trials if t.meta.get("role") == "baseline"}
+        """Builder name -> its trial (builders with the same strategy share one)."""
+        out = {}
+        for t in self.trials:
+            if t.meta.get("role") == "baseline":
+                for name in (t.origin, *t.meta.get("aliases", ())):
+                    out[name] = t
+        return out
 
     @property
     def best_baseline(self) -> Trial | None:
@@ -214,7 +223,7 @@ def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, 
             outcome.run_id, outcome.trials = run_id, list(previous)
             tuner.update(previous)
     start = clock()
-    done_baselines = {t.origin for t in outcome.trials if t.meta.get("role") == "baseline"}
+    done_baselines = set(outcome.baselines)
     pending = [p for p in tuner.baselines() if p.origin not in done_baselines]
 
     def measure(proposals: list[Proposal], role: str) -> list[Trial]:
@@ -224,7 +233,7 @@ def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, 
                 break
             [t] = runner.run([p.strategy], [p.origin])
             t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": role,
-                                             "predicted_s": p.predicted_s})
+                                             "predicted_s": p.predicted_s, "aliases": list(p.aliases)})
             store.add(t, model, cluster)
             outcome.trials.append(t)
             got.append(t)

@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # TensorFlow's C++ start-up chatter (CPU features, a CUDA probe) is noise on the command line;
+    # set before anything imports TensorFlow, and inherited by the Ray workers started from here
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

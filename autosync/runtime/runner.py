@@ -53,13 +53,15 @@ class RayRunner(Runner):
         trial_timeout_s: limit for one trial, start-up included.
         pool: warm workers to use (shared, e.g. between runners of several models); by default
             the runner starts its own and kills them on ``close``.
+        model_spec: the ModelSpec trials are recorded against (e.g. one with a measured profile);
+            it must describe the variables the workers build (checked on first use).
 
     Raises:
         ConfigError: bad model or cluster, or the cluster does not fit the Ray cluster.
     """
 
     def __init__(self, model_def, cluster="local", *, warmup: int = 2, steps: int = 10,
-                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None):
+                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None):
         from autosync.sources import load_cluster, load_model_def
 
         if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
@@ -76,6 +78,7 @@ class RayRunner(Runner):
                               f"not {self.cluster.name}; use a pool made for this cluster")
         self.pool = pool or WorkerPool(self.binding)
         self._model = None
+        self._given_spec = model_spec
 
     @property
     def model(self):
@@ -83,7 +86,15 @@ class RayRunner(Runner):
         if self._model is None:
             self.pool.ensure(self.model_def, self.cluster.devices, time.monotonic() + self.trial_timeout_s)
             desc = self.pool.description
-            self._model = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
+            built = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
+            given = self._given_spec
+            if given is not None:
+                facts = lambda m: [(v.name, v.shape, v.dtype, v.sparse) for v in m.variables]  # noqa: E731
+                if facts(given) != facts(built) or given.batch_size != built.batch_size:
+                    raise ConfigError(f"the model spec given for {self.model_def.name} does not match the variables "
+                                      f"the workers built (names, shapes, dtypes, sparsity or batch size differ); "
+                                      f"build the spec from the same ModelDef")
+            self._model = given or built
         return self._model
 
     def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:

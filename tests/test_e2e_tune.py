@@ -1,0 +1,86 @@
+"""The main job end to end on real Ray and TensorFlow: `autosync tune` on a small zoo model on
+`local`, then a run killed mid-way and finished with --resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from strategy_space import load_strategy, validate
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+ARGS = ["--model", "zoo:ncf", "--cluster", "local", "--steps", "4", "--warmup", "1"]
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _tune(tmp_path, *extra, timeout=900):
+    return subprocess.run([sys.executable, "-m", "autosync", "tune", *ARGS, *extra], capture_output=True, text=True,
+                          cwd=tmp_path, env=_env(), timeout=timeout)
+
+
+def _count(db) -> int:
+    try:
+        with sqlite3.connect(db, timeout=5) as c:
+            return c.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_path):
+    r = _tune(tmp_path, "--trials", "8", "--store", "t.db", "--out", "best.yaml", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    from strategy_space.builders import BUILDERS
+
+    assert s["trials"] == 8 and s["baseline_trials"] >= 3  # on one node several builders coincide
+    assert set(s["speedup_over_baselines"]) == set(BUILDERS)  # yet every builder is reported
+    assert s["best_step_time_s"] <= s["best_baseline_step_time_s"]
+    assert s["speedup_over_best_baseline"] >= 1.0
+    from autosync.sources import load_cluster
+    from strategy_space import load_model_spec  # noqa: F401 - the spec comes from the store
+
+    from tuner.store import TrialStore
+
+    with TrialStore(tmp_path / "t.db") as store:
+        (mfp, cfp, n), = store.groups()
+        model = store.model(mfp)
+        assert n == s["total_trials"]
+    validate(load_strategy(tmp_path / "best.yaml"), model, load_cluster("local"))
+
+
+def test_killed_run_resumes_without_repeating_trials(tmp_path):
+    db = tmp_path / "k.db"
+    cmd = [sys.executable, "-m", "autosync", "tune", *ARGS, "--trials", "6", "--store", str(db), "--out", "b.yaml"]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    deadline = time.monotonic() + 600
+    while _count(db) < 4 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(1)
+    assert p.poll() is None, "the run ended before it could be killed"
+    os.killpg(p.pid, signal.SIGKILL)  # the driver and everything it started, mid-run
+    p.wait(30)
+    killed_at = _count(db)
+    assert killed_at >= 4
+    r = _tune(tmp_path, "--trials", "6", "--store", str(db), "--out", "b.yaml", "--resume", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    from tuner.store import TrialStore
+
+    with TrialStore(db) as store:
+        trials = [t for t in store.trials() if t.meta.get("run_id") == s["run_id"]]
+    assert len(trials) == s["total_trials"] >= killed_at          # the first run's trials are part of it
+    fps = [t.strategy.fingerprint for t in trials]
+    assert len(fps) == len(set(fps)), "a strategy was measured twice"
+    assert sum(t.meta["role"] == "search" for t in trials) == 6
