@@ -51,3 +51,18 @@ def fingerprint(obj: Any) -> str:
     """A stable 16-hex-digit hash of a JSON-able object (key order does not matter)."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parse_items(items, parse, where: str) -> list:
+    """``parse(item, where=f"{where}[i]")`` for every item; the problems of all items are raised
+    together as one ConfigError."""
+    problems: list[str] = []
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(parse(item, where=f"{where}[{i}]"))
+        except ConfigError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise ConfigError(problems)
+    return out

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from ._strict import check_keys, fingerprint, get_typed
+from ._strict import check_keys, fingerprint, get_typed, parse_items
 from .errors import ConfigError
 
 DTYPE_BYTES = {
@@ -229,16 +229,7 @@ class ModelSpec:
     def from_dict(cls, data: Mapping) -> "ModelSpec":
         check_keys(data, "model", {"name", "variables"}, {"kind", "version", "batch_size", "profile"})
         _check_header(data, "model")
-        raw = get_typed(data, "variables", list, "model")
-        problems: list[str] = []
-        variables = []
-        for i, item in enumerate(raw):
-            try:
-                variables.append(VariableSpec.from_dict(item, where=f"variables[{i}]"))
-            except ConfigError as e:
-                problems.extend(e.problems)
-        if problems:
-            raise ConfigError(problems)
+        variables = parse_items(get_typed(data, "variables", list, "model"), VariableSpec.from_dict, "variables")
         profile = data.get("profile")
         return cls(
             name=get_typed(data, "name", str, "model"),
@@ -404,16 +395,7 @@ class ClusterSpec:
     def from_dict(cls, data: Mapping) -> "ClusterSpec":
         check_keys(data, "cluster", {"name", "nodes"}, {"kind", "version", "intra_node_bandwidth_gbps"})
         _check_header(data, "cluster")
-        raw = get_typed(data, "nodes", list, "cluster")
-        problems: list[str] = []
-        nodes = []
-        for i, item in enumerate(raw):
-            try:
-                nodes.append(NodeSpec.from_dict(item, where=f"nodes[{i}]"))
-            except ConfigError as e:
-                problems.extend(e.problems)
-        if problems:
-            raise ConfigError(problems)
+        nodes = parse_items(get_typed(data, "nodes", list, "cluster"), NodeSpec.from_dict, "nodes")
         intra = get_typed(data, "intra_node_bandwidth_gbps", (int, float, type(None)), "cluster", None)
         return cls(name=get_typed(data, "name", str, "cluster"), nodes=tuple(nodes),
                    intra_node_bandwidth_gbps=float(intra) if intra is not None else None)

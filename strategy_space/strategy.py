@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
-from ._strict import check_keys, fingerprint, get_typed
+from ._strict import check_keys, fingerprint, get_typed, parse_items
 from .errors import ConfigError
 from .specs import FORMAT_VERSION, _check_header
 
@@ -285,15 +285,7 @@ class Strategy:
         replicas = get_typed(data, "replicas", list, "strategy", [])
         if not all(isinstance(r, str) for r in replicas):
             raise ConfigError(f"strategy.replicas: expected a list of 'node:slot' strings, got {replicas!r}")
-        problems: list[str] = []
-        configs = []
-        for i, item in enumerate(get_typed(data, "variables", list, "strategy")):
-            try:
-                configs.append(VarConfig.from_dict(item, where=f"variables[{i}]"))
-            except ConfigError as e:
-                problems.extend(e.problems)
-        if problems:
-            raise ConfigError(problems)
+        configs = parse_items(get_typed(data, "variables", list, "strategy"), VarConfig.from_dict, "variables")
         return cls(variables=tuple(configs), replicas=tuple(replicas),
                    origin=get_typed(data, "origin", str, "strategy", ""))
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from autosync.cli import main
-from strategy_space import dumps, load_strategy, save, validate
+from strategy_space import load_strategy, save, validate
 from tests.conftest import CONFIGS, REPO
 from tests.fakes import three_node_cluster, tiny_model
 

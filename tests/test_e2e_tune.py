@@ -13,7 +13,6 @@ import time
 import pytest
 
 from strategy_space import load_strategy, validate
-from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 ARGS = ["--model", "zoo:ncf", "--cluster", "local", "--steps", "4", "--warmup", "1"]
@@ -49,8 +48,6 @@ def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_pat
     assert s["best_step_time_s"] <= s["best_baseline_step_time_s"]
     assert s["speedup_over_best_baseline"] >= 1.0
     from autosync.sources import load_cluster
-    from strategy_space import load_model_spec  # noqa: F401 - the spec comes from the store
-
     from tuner.store import TrialStore
 
     with TrialStore(tmp_path / "t.db") as store:

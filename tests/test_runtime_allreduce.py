@@ -8,20 +8,9 @@ import pytest
 
 from strategy_space import PS, AllReduce, Strategy, VarConfig
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, STEPS, _model_spec, _train
+from tests.test_runtime_ps import PAIR, STEPS, _model_spec, _train, pool  # noqa: F401 - pytest fixture
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def pool(ray_session):
-    from autosync.runtime.binding import ClusterBinding
-    from autosync.runtime.engine import WorkerPool
-
-    ray_session.cloudpickle.register_pickle_by_value(rm)
-    pool = WorkerPool(ClusterBinding.bind(PAIR))
-    yield pool
-    pool.kill_all()
 
 
 def _close(weights, expected, spec, **tol):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
-from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, KIND_PS, EncodedStrategies
+from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from autosync.cli._format import human_bytes, table
 from autosync.sources import CLUSTER_FORMS, MODEL_FORMS, load_cluster, load_model_spec
-from strategy_space import PS, AllReduce, ModelSpec, Strategy, validate
+from strategy_space import PS, ModelSpec, Strategy, validate
 from strategy_space.builders import BUILDERS, builder_options, get_builder, step_bytes
 from strategy_space.errors import ConfigError
 from strategy_space.strategy import shard_bounds

@@ -23,6 +23,18 @@ from autosync.comm.backends import CollectiveBackend, resolve_backend
 from autosync.comm.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
 
 
+def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):
+    """The part of a full-variable gradient that belongs to shard ``[start, stop)`` along ``axis``:
+    a view of a dense array, or the rows of a sparse ``(indices, values)`` pair, re-indexed."""
+    if num_shards == 1:
+        return grad
+    if isinstance(grad, tuple):
+        indices, values = grad
+        mask = (indices >= start) & (indices < stop)
+        return indices[mask] - start, values[mask]
+    return grad[(slice(None),) * axis + (slice(start, stop),)]
+
+
 @dataclass(frozen=True)
 class ARMember:
     """One all-reduced variable or shard.
@@ -47,14 +59,7 @@ class ARMember:
 
     def take(self, grad):
         """This member's part of a full-variable gradient."""
-        if self.num_shards == 1:
-            return grad
-        if isinstance(grad, tuple):
-            idx, vals = grad
-            mask = (idx >= self.start) & (idx < self.stop)
-            return idx[mask] - self.start, vals[mask]
-        index = (slice(None),) * self.axis + (slice(self.start, self.stop),)
-        return grad[index]
+        return shard_gradient(grad, self.start, self.stop, self.axis, self.num_shards)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import abc
 
 import numpy as np
 
+from autosync.comm.channel import shard_gradient
+
 
 class SyncChannel(abc.ABC):
     """The synchronization of some variables, seen from one worker.
@@ -106,11 +108,6 @@ class PSChannel(SyncChannel):
                 keep = set(done)
                 self._pushes = [r for r in self._pushes if r not in keep]
 
-    def _shard_grad(self, ref, g):
-        if ref.num_shards == 1:
-            return g
-        if isinstance(g, tuple):
-            indices, values = g
-            mask = (indices >= ref.start) & (indices < ref.stop)
-            return indices[mask] - ref.start, values[mask]
-        return g[ref.slicer(g.ndim)]  # a view; serialized once by Ray
+    @staticmethod
+    def _shard_grad(ref, g):
+        return shard_gradient(g, ref.start, ref.stop, ref.axis, ref.num_shards)  # a view; serialized once

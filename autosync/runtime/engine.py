@@ -102,6 +102,20 @@ class WorkerPool:
         # process, so a group lives exactly as long as the worker processes it was made with
         self._groups: dict[tuple[str, tuple[str, ...]], str] = {}
 
+    @classmethod
+    def shared_or_new(cls, cluster, pool: "WorkerPool | None" = None) -> "WorkerPool":
+        """``pool`` if it is bound to ``cluster``, else a new pool bound to it.
+
+        Raises:
+            ConfigError: ``pool`` is bound to another cluster.
+        """
+        if pool is None:
+            return cls(ClusterBinding.bind(cluster))
+        if pool.binding.cluster != cluster:
+            raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
+                              f"not {cluster.name}; use a pool made for this cluster")
+        return pool
+
     def collective_group(self, backend: str, slots: tuple[str, ...]) -> str:
         """Name of the ``backend`` (gloo/nccl) group of the workers of ``slots``.
 

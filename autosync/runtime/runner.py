@@ -12,7 +12,6 @@ from typing import Sequence
 
 import numpy as np
 
-from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import Strategy, validate
@@ -72,11 +71,8 @@ class RayRunner(Runner):
         self.cluster = load_cluster(cluster)
         self.warmup, self.steps, self.trial_timeout_s = warmup, steps, float(trial_timeout_s)
         self._own_pool = pool is None
-        self.binding = ClusterBinding.bind(self.cluster) if pool is None else pool.binding
-        if pool is not None and pool.binding.cluster != self.cluster:
-            raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
-                              f"not {self.cluster.name}; use a pool made for this cluster")
-        self.pool = pool or WorkerPool(self.binding)
+        self.pool = WorkerPool.shared_or_new(self.cluster, pool)
+        self.binding = self.pool.binding
         self._model = None
         self._given_spec = model_spec
 

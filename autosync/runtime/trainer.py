@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.engine import Session, WorkerPool
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from autosync.runtime.runner import summarize_steps
@@ -67,11 +66,8 @@ class Trainer:
         self.strategy = strategy
         self.timeout_s = float(timeout_s)
         self._own_pool = pool is None
-        self.binding = ClusterBinding.bind(self.cluster) if pool is None else pool.binding
-        if pool is not None and pool.binding.cluster != self.cluster:
-            raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
-                              f"not {self.cluster.name}; use a pool made for this cluster")
-        self.pool = pool or WorkerPool(self.binding)
+        self.pool = WorkerPool.shared_or_new(self.cluster, pool)
+        self.binding = self.pool.binding
         self.session: Session | None = None
         self.stop_training = False
         try:
