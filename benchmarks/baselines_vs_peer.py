@@ -1,0 +1,249 @@
+"""Every baseline builder's strategy vs Ray Train's TensorflowTrainer, on the emulated testbed.
+
+For each small zoo model, in one run on the same 3-node testbed (1 CPU per node, links shaped
+to 1gbit): the median step time of every builder's strategy with AutoSync's RayRunner (one warm
+WorkerPool per model; strategies that coincide are measured once and reported under every name),
+then of Ray Train's TensorflowTrainer with MultiWorkerMirroredStrategy (``_peer.measure_peer``)
+on the same model, per-worker batch and nodes. Prints a table and writes
+``baselines_vs_peer.json`` and ``baselines_vs_peer.png`` into ``--out``.
+
+Needs root (the testbed). Either let the script bring the testbed up and tear it down::
+
+    sudo python benchmarks/baselines_vs_peer.py [--models ncf bert] [--steps 6] [--out DIR]
+
+or run only the measuring part inside an existing testbed::
+
+    sudo autosync testbed up --nodes 3 --bandwidth 1gbit
+    sudo autosync testbed exec -- python benchmarks/baselines_vs_peer.py --inside
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MODELS = ("ncf", "dlrm", "lm1b", "bert", "vgg16", "resnet50")
+PEER = "ray_train_mwms"
+JSON_NAME, PNG_NAME = "baselines_vs_peer.json", "baselines_vs_peer.png"
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--inside", action="store_true",
+                   help="measure only (run inside host0 of an existing testbed, via `autosync testbed exec`)")
+    p.add_argument("--models", nargs="+", default=list(MODELS), metavar="NAME", help="zoo models (default: all six)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per trial (default 2)")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per trial (default 6)")
+    p.add_argument("--nodes", type=int, default=3, help="testbed nodes, when the script brings it up (default 3)")
+    p.add_argument("--bandwidth", default="1gbit", help="testbed link rate, when the script brings it up")
+    p.add_argument("--trial-timeout", type=float, default=300.0, help="limit per trial, seconds (default 300)")
+    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
+    return p.parse_args(argv)
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: float, say) -> dict:
+    """AutoSync's baselines, then the peer, on one model (the pool is killed before the peer
+    runs: every node has one CPU and the peer's workers need it)."""
+    import _peer
+
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.runner import RayRunner
+    from strategy_space.builders import BUILDERS, get_builder
+
+    source = f"zoo:{name}"
+    pool = WorkerPool(ClusterBinding.bind(cluster))
+    runner = RayRunner(source, cluster, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s, pool=pool)
+    out: dict = {"builders": {}}
+    try:
+        t0 = time.monotonic()
+        model = runner.model
+        out["worker_start_s"] = round(time.monotonic() - t0, 2)
+        out["batch_size_per_worker"] = runner.model_def.batch_size
+        out["parameter_bytes"] = sum(v.bytes for v in model.variables)
+        out["sparse_bytes"] = sum(v.bytes for v in model.variables if v.sparse)
+        measured: list = []  # (strategy, builder that measured it)
+        for builder in BUILDERS:
+            strategy = get_builder(builder).build(model, cluster)
+            same = next((b for s, b in measured if s == strategy), None)
+            if same is not None:
+                out["builders"][builder] = {**out["builders"][same], "same_as": same}
+                say(f"  {builder}: same strategy as {same}")
+                continue
+            trial = runner.run_one(strategy, builder)
+            rec = {"status": trial.status, "error": trial.error or None,
+                   "median_s": trial.median if trial.ok else None, "p90_s": trial.p90 if trial.ok else None,
+                   "step_times_s": [round(t, 5) for t in trial.step_times],
+                   "breakdown_s": trial.breakdown or None,
+                   "ps_actors": trial.meta.get("ps_actors"),
+                   "ray_calls_per_step_per_worker": trial.meta.get("ray_calls_per_step_per_worker")}
+            out["builders"][builder] = rec
+            measured.append((strategy, builder))
+            say(f"  {builder}: {trial.status} " + (f"median {trial.median * 1e3:.1f} ms" if trial.ok
+                                                    else (trial.error or "")[:200]))
+    finally:
+        pool.kill_all()
+    t0 = time.monotonic()
+    peer = _peer.measure_peer(source, cluster, warmup=warmup, steps=steps, timeout_s=trial_timeout_s)
+    out["peer"] = {"status": peer["status"], "error": peer.get("error"), "median_s": peer.get("median"),
+                   "step_times_s": [round(t, 5) for t in peer.get("step_times", [])],
+                   "wall_s": round(time.monotonic() - t0, 1)}
+    say(f"  {PEER}: {peer['status']} " + (f"median {peer['median'] * 1e3:.1f} ms" if peer["status"] == "ok"
+                                           else peer.get("error", "")[:200]))
+    return out
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1e3:.0f}"
+
+
+def render_table(results: dict) -> str:
+    from autosync.cli._format import table
+    from strategy_space.builders import BUILDERS
+
+    cols = list(BUILDERS) + [PEER]
+    rows = []
+    for name, r in results["models"].items():
+        cells = [_ms((r["builders"].get(b) or {}).get("median_s")) for b in BUILDERS]
+        cells.append(_ms(r["peer"]["median_s"]))
+        ok = {b: v["median_s"] for b, v in r["builders"].items() if v.get("median_s")}
+        best = min(ok, key=ok.get) if ok else None
+        peer = r["peer"]["median_s"]
+        speedup = f"{peer / ok[best]:.2f}x" if best and peer else "-"
+        rows.append([name, f"{r['parameter_bytes'] / 2**20:.1f} ({r['sparse_bytes'] / 2**20:.1f})", *cells,
+                     best or "-", speedup])
+    headers = ["model", "MiB (sparse)", *cols, "best", "peer/best"]
+    return table(headers, rows, right=tuple(range(1, len(headers))))
+
+
+def render_png(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from strategy_space.builders import BUILDERS
+
+    cols = list(BUILDERS) + [PEER]
+    models = list(results["models"])
+    width = 0.8 / len(cols)
+    fig, ax = plt.subplots(figsize=(12, 5))
+    cmap = plt.get_cmap("tab10")
+    for j, col in enumerate(cols):
+        vals = []
+        for m in models:
+            r = results["models"][m]
+            v = (r["peer"] if col == PEER else r["builders"].get(col) or {}).get("median_s")
+            vals.append(v * 1e3 if v else np.nan)
+        x = np.arange(len(models)) + (j - (len(cols) - 1) / 2) * width
+        ax.bar(x, vals, width, label=col, color="black" if col == PEER else cmap(j),
+               hatch="//" if col == PEER else None)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(models)))
+    ax.set_xticklabels(models)
+    ax.set_ylabel("median step time, ms (log scale; lower is better)")
+    meta = results["meta"]
+    ax.set_title(f"AutoSync baselines vs Ray Train TensorflowTrainer (MWMS): {meta['nodes']} testbed nodes at "
+                 f"{meta['bandwidth']}, 1 CPU each, {meta['steps']} timed steps")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(ncol=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def inside(args) -> int:
+    import ray
+
+    import _peer
+    from autosync.sources import load_cluster
+    from autosync.testbed import format_rate
+
+    if not os.environ.get("RAY_ADDRESS"):
+        print("baselines_vs_peer --inside runs inside the testbed's host0: "
+              "`sudo autosync testbed exec -- python benchmarks/baselines_vs_peer.py --inside`", file=sys.stderr)
+        return 2
+    cluster = load_cluster("testbed")
+    os.makedirs(args.out, exist_ok=True)
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+    # neither this script's folder nor _peer is importable on the nodes: ship them by value
+    ray.cloudpickle.register_pickle_by_value(_peer)
+    bandwidth = format_rate(round(cluster.nodes[0].bandwidth_gbps * 1e9))
+    results = {"meta": {"nodes": len(cluster.nodes), "bandwidth": bandwidth, "cpus_per_node": cluster.nodes[0].cpus,
+                        "warmup": args.warmup, "steps": args.steps, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                        "ray": ray.__version__},
+               "models": {}}
+    t_all = time.monotonic()
+    for name in args.models:
+        t0 = time.monotonic()
+        print(f"{name}:", flush=True)
+        results["models"][name] = measure_model(name, cluster, args.warmup, args.steps, args.trial_timeout,
+                                                lambda line: print(line, flush=True))
+        results["models"][name]["wall_s"] = round(time.monotonic() - t0, 1)
+        results["meta"]["wall_s"] = round(time.monotonic() - t_all, 1)
+        _write_json(os.path.join(args.out, JSON_NAME), results)  # partial results survive an interruption
+    ray.shutdown()
+    print()
+    print(render_table(results))
+    png = os.path.join(args.out, PNG_NAME)
+    render_png(results, png)
+    print(f"\nwrote {os.path.join(args.out, JSON_NAME)} and {png} ({results['meta']['wall_s']:.0f} s in all)")
+    return 0
+
+
+def outside(args, argv) -> int:
+    from autosync.testbed import Testbed
+    from strategy_space.errors import ConfigError
+
+    try:
+        tb = Testbed(nodes=args.nodes, bandwidth=args.bandwidth, cpus_per_node=1, object_store_mb=1000)
+        with tb:
+            print(f"testbed up: {args.nodes} nodes at {tb.config.bandwidth}", flush=True)
+            cmd = [sys.executable, os.path.abspath(__file__), "--inside", "--out", os.path.abspath(args.out)]
+            skip = {"--nodes", "--bandwidth", "--out"}
+            rest, it = [], iter(argv)
+            for a in it:
+                if a.split("=")[0] in skip:
+                    if "=" not in a:
+                        next(it, None)
+                    continue
+                rest.append(a)
+            return tb.exec(cmd + rest).returncode
+    except ConfigError as e:
+        print(f"baselines_vs_peer: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        print(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}", file=sys.stderr)
+        return 2
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        print(f"unknown models {unknown}; valid: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    return inside(args) if args.inside else outside(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
