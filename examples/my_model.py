@@ -38,7 +38,7 @@ def make_loss():
 
 
 def make_optimizer(learning_rate=0.01):
-    return keras.optimizers.Adagrad(learning_rate=learning_rate)
+    return keras.optimizers.Adam(learning_rate=learning_rate)
 
 
 def make_dataset(worker_index, num_workers, batches=16):
