@@ -140,10 +140,11 @@ def _netns_list() -> list[str]:
 
 def _require_testbed_host():
     if os.geteuid() != 0 or not (netns.find_tool("ip") and netns.find_tool("tc")):
-        pytest.skip("the testbed needs root and iproute2 (ip, tc)")
+        pytest.fail("the multinode tests need root and iproute2 (ip, tc): run them as root, as CI does")
     taken = [ns for ns in ("host0", "host1", "host2", "autosync-sw") if netns.namespace_exists(ns)]
     if taken:
-        pytest.skip(f"namespaces {taken} exist (someone's testbed is up); not touching it")
+        pytest.fail(f"namespaces {taken} exist (another testbed is up); run `autosync testbed down` first "
+                    f"(the tests do not touch a testbed they did not make)")
 
 
 @pytest.mark.multinode

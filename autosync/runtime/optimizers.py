@@ -13,6 +13,8 @@ added up (Keras squares the ``IndexedSlices`` values), so ``v`` sees the sum of 
 """
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 from strategy_space.errors import ConfigError
@@ -32,7 +34,7 @@ def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.nd
     return out
 
 
-class NumpyOptimizer:
+class NumpyOptimizer(abc.ABC):
     """Base class: holds hyper-parameters and per-variable slots; ``apply`` updates one step.
 
     Variables are never changed in place: each update stores a new array, so a snapshot handed
@@ -64,8 +66,9 @@ class NumpyOptimizer:
         for key, grad in grads.items():
             params[key] = self._update(iteration, key, params[key], grad)
 
-    def _update(self, iteration, key, var, grad):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _update(self, iteration, key, var, grad):
+        """The new value of one variable after one step (never modifies ``var`` in place)."""
 
 
 class SGD(NumpyOptimizer):
