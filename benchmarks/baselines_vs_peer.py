@@ -19,6 +19,8 @@ or run only the measuring part inside an existing testbed::
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -34,6 +36,48 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MODELS = ("ncf", "dlrm", "lm1b", "bert", "vgg16", "resnet50")
 PEER = "ray_train_mwms"
 JSON_NAME, PNG_NAME = "baselines_vs_peer.json", "baselines_vs_peer.png"
+ADAM_LR = 1e-3
+
+
+def _with_adam(name: str):
+    """Zoo model ``name`` (small) with Adam instead of its own optimizer, for both AutoSync and the
+    peer: AutoSync's PS and all-reduce update rules implement SGD and Adam only (not Adagrad, nor
+    AdamW's weight decay). The optimizer barely changes what is synchronized per step."""
+    from autosync.models import _recsys
+    from autosync.sources import load_model_def
+
+    md = load_model_def(f"zoo:{name}")
+    return dataclasses.replace(md, name=f"{md.name}+adam",
+                               optimizer_fn=functools.partial(_recsys.adam, learning_rate=ADAM_LR))
+
+
+# script model sources (``benchmarks/baselines_vs_peer.py:dlrm_adam``) for the Ray Train workers too
+def dlrm_adam():
+    return _with_adam("dlrm")
+
+
+def lm1b_adam():
+    return _with_adam("lm1b")
+
+
+def bert_adam():
+    return _with_adam("bert")
+
+
+def model_source(name: str) -> tuple[str, str | None]:
+    """The source to train ``name`` with, and the reason when its optimizer was substituted."""
+    from autosync.runtime.optimizers import check_optimizer_config
+    from autosync.sources import load_model_def
+    from strategy_space.errors import ConfigError
+
+    opt = load_model_def(f"zoo:{name}").optimizer_fn()
+    try:
+        check_optimizer_config({**opt.get_config(), "class": type(opt).__name__})
+        return f"zoo:{name}", None
+    except ConfigError as e:
+        if f"{name}_adam" not in globals():
+            raise
+        return f"{os.path.abspath(__file__)}:{name}_adam", f"{type(opt).__name__} -> Adam(lr={ADAM_LR:g}): {e}"
 
 
 def _args(argv=None):
@@ -47,6 +91,8 @@ def _args(argv=None):
     p.add_argument("--bandwidth", default="1gbit", help="testbed link rate, when the script brings it up")
     p.add_argument("--trial-timeout", type=float, default=300.0, help="limit per trial, seconds (default 300)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other models of an existing JSON in --out (re-measure only --models)")
     return p.parse_args(argv)
 
 
@@ -67,10 +113,12 @@ def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: 
     from autosync.runtime.runner import RayRunner
     from strategy_space.builders import BUILDERS, get_builder
 
-    source = f"zoo:{name}"
+    source, substituted = model_source(name)
+    if substituted:
+        say(f"  optimizer substituted for AutoSync and the peer alike: {substituted.splitlines()[0][:160]}")
     pool = WorkerPool(ClusterBinding.bind(cluster))
     runner = RayRunner(source, cluster, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s, pool=pool)
-    out: dict = {"builders": {}}
+    out: dict = {"source": source, "optimizer_substituted": substituted, "builders": {}}
     try:
         t0 = time.monotonic()
         model = runner.model
@@ -126,10 +174,15 @@ def render_table(results: dict) -> str:
         best = min(ok, key=ok.get) if ok else None
         peer = r["peer"]["median_s"]
         speedup = f"{peer / ok[best]:.2f}x" if best and peer else "-"
+        if r.get("optimizer_substituted"):
+            name += "*"
         rows.append([name, f"{r['parameter_bytes'] / 2**20:.1f} ({r['sparse_bytes'] / 2**20:.1f})", *cells,
                      best or "-", speedup])
     headers = ["model", "MiB (sparse)", *cols, "best", "peer/best"]
-    return table(headers, rows, right=tuple(range(1, len(headers))))
+    text = table(headers, rows, right=tuple(range(1, len(headers))))
+    if any(r.get("optimizer_substituted") for r in results["models"].values()):
+        text += "\n* trained with Adam by both AutoSync and the peer (AutoSync's update rules lack its own optimizer)"
+    return text
 
 
 def render_png(results: dict, path: str) -> None:
@@ -157,7 +210,8 @@ def render_png(results: dict, path: str) -> None:
                hatch="//" if col == PEER else None)
     ax.set_yscale("log")
     ax.set_xticks(np.arange(len(models)))
-    ax.set_xticklabels(models)
+    ax.set_xticklabels([m + (" (Adam*)" if results["models"][m].get("optimizer_substituted") else "")
+                        for m in models])
     ax.set_ylabel("median step time, ms (log scale; lower is better)")
     meta = results["meta"]
     ax.set_title(f"AutoSync baselines vs Ray Train TensorflowTrainer (MWMS): {meta['nodes']} testbed nodes at "
@@ -191,21 +245,28 @@ def inside(args) -> int:
                         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                         "ray": ray.__version__},
                "models": {}}
+    path = os.path.join(args.out, JSON_NAME)
+    if args.merge and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        results["models"] = {m: r for m, r in old["models"].items() if m not in args.models}
     t_all = time.monotonic()
     for name in args.models:
         t0 = time.monotonic()
         print(f"{name}:", flush=True)
-        results["models"][name] = measure_model(name, cluster, args.warmup, args.steps, args.trial_timeout,
-                                                lambda line: print(line, flush=True))
+        results["models"][name] = {"run_started": results["meta"]["started"]}
+        results["models"][name].update(measure_model(name, cluster, args.warmup, args.steps, args.trial_timeout,
+                                                lambda line: print(line, flush=True)))
         results["models"][name]["wall_s"] = round(time.monotonic() - t0, 1)
         results["meta"]["wall_s"] = round(time.monotonic() - t_all, 1)
-        _write_json(os.path.join(args.out, JSON_NAME), results)  # partial results survive an interruption
+        results["models"] = {m: results["models"][m] for m in MODELS if m in results["models"]}
+        _write_json(path, results)  # partial results survive an interruption
     ray.shutdown()
     print()
     print(render_table(results))
     png = os.path.join(args.out, PNG_NAME)
     render_png(results, png)
-    print(f"\nwrote {os.path.join(args.out, JSON_NAME)} and {png} ({results['meta']['wall_s']:.0f} s in all)")
+    print(f"\nwrote {path} and {png} ({results['meta']['wall_s']:.0f} s in all)")
     return 0
 
 
