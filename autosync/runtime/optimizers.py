@@ -21,10 +21,11 @@ from strategy_space.errors import ConfigError
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
 _UNSUPPORTED = {
-    "weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None,
+    "clipnorm": None, "global_clipnorm": None, "clipvalue": None,
     "use_ema": False, "loss_scale_factor": None, "gradient_accumulation_steps": None,
 }
-_IGNORED = {"name", "class", "learning_rate", "ema_momentum", "ema_overwrite_frequency"}
+# handled by every optimizer here (weight decay by the base class) or not part of the update rule
+_IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency"}
 
 
 def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -47,6 +48,8 @@ class NumpyOptimizer(abc.ABC):
 
     def __init__(self, config: dict):
         self.learning_rate = float(config["learning_rate"])
+        wd = config.get("weight_decay")
+        self.weight_decay = float(wd) if wd else None
         self.options = {k: config.get(k, v) for k, v in self._options.items()}
         self.slots: dict = {}
 
@@ -63,8 +66,13 @@ class NumpyOptimizer(abc.ABC):
             grads: key -> dense ndarray or ``(indices, values)``; keys absent are not updated
                 (Keras skips variables whose gradient is None).
         """
+        wd = self.weight_decay
         for key, grad in grads.items():
-            params[key] = self._update(iteration, key, params[key], grad)
+            var = params[key]
+            if wd is not None:
+                # Keras decays every variable that has a gradient, before the update step
+                var = var - var * var.dtype.type(wd) * var.dtype.type(self.learning_rate)
+            params[key] = self._update(iteration, key, var, grad)
 
     @abc.abstractmethod
     def _update(self, iteration, key, var, grad):
@@ -133,7 +141,47 @@ class Adam(NumpyOptimizer):
         return var - (s["m"] * alpha) / (np.sqrt(v) + f(o["epsilon"]))
 
 
-OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam)}
+class AdamW(Adam):
+    """``keras.optimizers.AdamW``: Adam plus decoupled weight decay (applied by the base class)."""
+
+    keras_name = "adamw"
+
+
+class Adagrad(NumpyOptimizer):
+    """``keras.optimizers.Adagrad``. For a sparse gradient Keras squares each slice before the
+    slices are added up, so the accumulator gets the sum of squared slices."""
+
+    keras_name = "adagrad"
+    slot_names = ("accumulator",)
+    _options = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
+
+    def add_variable(self, key, value: np.ndarray) -> None:
+        self.slots[key] = {"accumulator": np.full_like(value, self.options["initial_accumulator_value"])}
+
+    def _update(self, iteration, key, var, grad):
+        f = var.dtype.type
+        lr = f(self.learning_rate)
+        if isinstance(grad, tuple):
+            indices, values = grad
+            g = _scatter_sum(var.shape, var.dtype, indices, values)
+            g2 = _scatter_sum(var.shape, var.dtype, indices, np.square(values))
+        else:
+            g, g2 = grad, np.square(grad)
+        s = self.slots[key]
+        s["accumulator"] = s["accumulator"] + g2
+        return var - (lr * g) / np.sqrt(s["accumulator"] + f(self.options["epsilon"]))
+
+
+OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}
+
+
+def keras_optimizer_config(optimizer) -> dict:
+    """``optimizer.get_config()`` plus its class: ``SGD`` for Keras' own classes, the qualified
+    name for anything else (a subclass may change the update rule, so it must not pass for the
+    Keras one; Keras also renames instances ``sgd_1``, so the name cannot be trusted)."""
+    cls = type(optimizer)
+    name = cls.__name__ if cls.__module__.startswith("keras.") else f"{cls.__module__}.{cls.__qualname__}"
+    return {**optimizer.get_config(), "class": name}
 
 
 def check_optimizer_config(config: dict) -> None:
@@ -147,7 +195,7 @@ def check_optimizer_config(config: dict) -> None:
     problems = []
     if name not in OPTIMIZERS:
         problems.append(f"optimizer {config.get('class', config.get('name'))!r} is not supported on parameter servers; "
-                        f"supported: {', '.join(k.upper() if k == 'sgd' else k.title() for k in OPTIMIZERS)} "
+                        f"supported: {', '.join(c.__name__ for c in OPTIMIZERS.values())} "
                         f"(keras.optimizers); change the ModelDef's optimizer_fn")
     lr = config.get("learning_rate")
     if not isinstance(lr, (int, float)):

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from autosync.runtime.optimizers import keras_optimizer_config
+
 
 def _to_numpy(grad):
     """A gradient as numpy: ndarray, ``(indices, values)`` for IndexedSlices, or None."""
@@ -19,13 +21,6 @@ def _to_numpy(grad):
     if hasattr(grad, "indices") and hasattr(grad, "values"):
         return grad.indices.numpy(), grad.values.numpy()
     return grad.numpy()
-
-
-def _class_name(obj) -> str:
-    """``SGD`` for Keras' own classes, the qualified name for anything else (a subclass may
-    change the update rule, so it must not pass for the Keras one)."""
-    cls = type(obj)
-    return cls.__name__ if cls.__module__.startswith("keras.") else f"{cls.__module__}.{cls.__qualname__}"
 
 
 class TrainingWorker:
@@ -97,7 +92,7 @@ class TrainingWorker:
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype),
                            "sparse": isinstance(g, tf.IndexedSlices)}
                           for v, g in zip(self.variables, grads)],
-            "optimizer": {**optimizer.get_config(), "class": _class_name(optimizer)},
+            "optimizer": keras_optimizer_config(optimizer),
             "initial": [v.numpy() for v in self.variables],
         }
 

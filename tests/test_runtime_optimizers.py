@@ -1,0 +1,60 @@
+"""The runtime's numpy optimizers apply exactly Keras' update rules, dense and sparse."""
+import numpy as np
+import pytest
+
+from autosync.runtime.optimizers import check_optimizer_config, keras_optimizer_config, make_optimizer
+from strategy_space.errors import ConfigError
+
+SHAPE = (6, 3)
+
+
+def keras_optimizer(name, **kw):
+    import keras
+
+    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+            "adagrad": keras.optimizers.Adagrad}[name](**kw)
+
+
+def grads(step, sparse):
+    rng = np.random.default_rng(step)
+    if sparse:
+        idx = np.array([1, 4, 1, 5], dtype=np.int64)  # a repeated row, as lookups produce
+        return idx, rng.standard_normal((4, SHAPE[1])).astype(np.float32)
+    return rng.standard_normal(SHAPE).astype(np.float32)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name,kw", [
+    ("sgd", {"learning_rate": 0.1}),
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+    ("adam", {"learning_rate": 0.05, "amsgrad": True}),
+    ("adamw", {"learning_rate": 0.05, "weight_decay": 0.1}),
+    ("adagrad", {"learning_rate": 0.2}),
+    ("sgd", {"learning_rate": 0.1, "weight_decay": 0.05}),
+])
+def test_matches_keras(name, kw, sparse):
+    import keras
+    import tensorflow as tf
+
+    init = np.random.default_rng(9).standard_normal(SHAPE).astype(np.float32)
+    var = keras.Variable(init.copy())
+    opt = keras_optimizer(name, **kw)
+    ours = make_optimizer(keras_optimizer_config(opt))
+    params = {"k": init.copy()}
+    ours.add_variable("k", init)
+    for step in range(4):
+        g = grads(step, sparse)
+        tf_grad = tf.IndexedSlices(tf.constant(g[1]), tf.constant(g[0]), tf.constant(SHAPE, tf.int64)) if sparse else tf.constant(g)
+        opt.apply_gradients([(tf_grad, var)])
+        ours.apply(step, params, {"k": g})
+    np.testing.assert_allclose(params["k"], var.numpy(), rtol=2e-6, atol=2e-6)
+    assert not np.allclose(params["k"], init)
+
+
+def test_unsupported_options_and_optimizers_are_rejected():
+    import keras
+
+    with pytest.raises(ConfigError, match=r"optimizer 'RMSprop' is not supported on parameter servers; supported: SGD, Adam, AdamW, Adagrad"):
+        check_optimizer_config(keras_optimizer_config(keras.optimizers.RMSprop()))
+    with pytest.raises(ConfigError, match=r"optimizer option clipnorm=1.0 is not supported"):
+        check_optimizer_config(keras_optimizer_config(keras.optimizers.SGD(clipnorm=1.0)))
