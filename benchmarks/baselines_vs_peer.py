@@ -41,8 +41,8 @@ ADAM_LR = 1e-3
 
 def _with_adam(name: str):
     """Zoo model ``name`` (small) with Adam instead of its own optimizer, for both AutoSync and the
-    peer: AutoSync's PS and all-reduce update rules implement SGD and Adam only (not Adagrad, nor
-    AdamW's weight decay). The optimizer barely changes what is synchronized per step."""
+    peer; used only when ``check_optimizer_config`` rejects the zoo optimizer (the runtime before
+    commit 4137e93 had no Adagrad or AdamW). The optimizer barely changes what is synchronized."""
     from autosync.models import _recsys
     from autosync.sources import load_model_def
 
