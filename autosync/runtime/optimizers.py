@@ -35,6 +35,16 @@ def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.nd
     return out
 
 
+def _grad_and_square(var: np.ndarray, grad):
+    """The dense gradient and the gradient squared as Keras squares it: for a sparse gradient
+    each slice is squared before repeated rows are added up."""
+    if isinstance(grad, tuple):
+        indices, values = grad
+        return (_scatter_sum(var.shape, var.dtype, indices, values),
+                _scatter_sum(var.shape, var.dtype, indices, np.square(values)))
+    return grad, np.square(grad)
+
+
 class NumpyOptimizer(abc.ABC):
     """Base class: holds hyper-parameters and per-variable slots; ``apply`` updates one step.
 
@@ -125,12 +135,7 @@ class Adam(NumpyOptimizer):
         beta_1_power = np.power(f(o["beta_1"]), step)
         beta_2_power = np.power(f(o["beta_2"]), step)
         alpha = lr * np.sqrt(f(1) - beta_2_power) / (f(1) - beta_1_power)
-        if isinstance(grad, tuple):
-            indices, values = grad
-            g = _scatter_sum(var.shape, var.dtype, indices, values)
-            g2 = _scatter_sum(var.shape, var.dtype, indices, np.square(values))
-        else:
-            g, g2 = grad, np.square(grad)
+        g, g2 = _grad_and_square(var, grad)
         s = self.slots[key]
         s["m"] = s["m"] + (g - s["m"]) * f(1 - o["beta_1"])
         s["v"] = s["v"] + (g2 - s["v"]) * f(1 - o["beta_2"])
@@ -161,12 +166,7 @@ class Adagrad(NumpyOptimizer):
     def _update(self, iteration, key, var, grad):
         f = var.dtype.type
         lr = f(self.learning_rate)
-        if isinstance(grad, tuple):
-            indices, values = grad
-            g = _scatter_sum(var.shape, var.dtype, indices, values)
-            g2 = _scatter_sum(var.shape, var.dtype, indices, np.square(values))
-        else:
-            g, g2 = grad, np.square(grad)
+        g, g2 = _grad_and_square(var, grad)
         s = self.slots[key]
         s["accumulator"] = s["accumulator"] + g2
         return var - (lr * g) / np.sqrt(s["accumulator"] + f(self.options["epsilon"]))
