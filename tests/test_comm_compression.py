@@ -90,3 +90,37 @@ def test_make_compressor_specs():
     assert make_compressor("powersgd(3)")[0] is None and make_compressor("powersgd(3)")[1:] == (3, False)
     with pytest.raises(ConfigError, match="needs a rank"):
         make_compressor("powersgd")
+
+
+def test_sparse_members_of_a_group_cost_two_collectives_in_all():
+    """However many sparse variables share a group, a step all-gathers them with two calls (a
+    call per variable would be one Ray round trip per variable per step)."""
+    from autosync.comm.channel import AllReduceChannel, ARGroup, ARMember
+
+    class Recorder:
+        """A two-worker backend: the peer sends the same rows, doubled."""
+        calls = 0
+
+        def allgather(self, arr, tag):
+            Recorder.calls += 1
+            peer = arr.copy()
+            if tag.endswith("/v"):
+                peer *= 2
+            return [arr, peer]
+
+    shapes = [(10, 3), (7, 2), (5,)]
+    members = tuple(ARMember((v, 0), 0, s[0], 0, 1, True, "none", "objectstore") for v, s in enumerate(shapes))
+    values = {(v, 0): np.zeros(s, np.float32) for v, s in enumerate(shapes)}
+    ch = AllReduceChannel(0, 2, [ARGroup(0, members)], {"objectstore": None}, values,
+                          {"name": "SGD", "learning_rate": 1.0, "class": "SGD"})
+    ch._backends["objectstore"] = Recorder()
+    rng = np.random.default_rng(0)
+    grads = [(np.array([1, 3, 1]), rng.standard_normal((3, 3)).astype(np.float32)),
+             (np.array([6]), rng.standard_normal((1, 2)).astype(np.float32)),
+             (np.array([0, 4]), rng.standard_normal(2).astype(np.float32))]
+    ch.push(0, grads)
+    assert Recorder.calls == 2 and ch.calls == 2
+    for v, (idx, vals) in enumerate(grads):
+        want = np.zeros(shapes[v], np.float32)
+        np.add.at(want, idx, -(vals + 2 * vals) / 2)  # SGD lr 1 on the mean of both workers
+        np.testing.assert_allclose(ch.pull(1)[(v, 0)], want, rtol=1e-5, atol=1e-6)

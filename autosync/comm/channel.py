@@ -200,15 +200,32 @@ class AllReduceChannel:
         return out
 
     def _gather_sparse(self, backend, ms, parts, tag) -> dict:
+        """All-gather every sparse member of the group with two collectives in all, whatever the
+        number of members: one of the indices (each worker's row counts first), one of the values
+        (flattened; members of lower precision are widened on the wire and narrowed back)."""
         b = self._backend(backend)
+        counts = np.array([len(idx) for idx, _ in parts], dtype=np.int64)
+        idx_buf = np.concatenate([counts] + [np.asarray(idx, dtype=np.int64) for idx, _ in parts])
+        wire = np.result_type(*[vals.dtype for _, vals in parts])
+        val_buf = np.concatenate([np.asarray(vals, dtype=wire).ravel() for _, vals in parts])
+        self.calls += 2
+        self.bytes_sent += idx_buf.nbytes + val_buf.nbytes
+        all_idx = b.allgather(idx_buf, f"{tag}/i")
+        all_val = b.allgather(val_buf, f"{tag}/v")
+        gathered: list[tuple[list, list]] = [([], []) for _ in ms]
+        for w_idx, w_val in zip(all_idx, all_val):
+            n_idx, n_val = len(ms), 0
+            for k, (_, vals) in enumerate(parts):
+                n = int(w_idx[k])
+                row = vals.shape[1:]
+                width = int(np.prod(row)) if row else 1
+                gathered[k][0].append(w_idx[n_idx:n_idx + n])
+                gathered[k][1].append(w_val[n_val:n_val + n * width].reshape((n,) + row))
+                n_idx, n_val = n_idx + n, n_val + n * width
         out = {}
-        for m, (idx, vals) in zip(ms, parts):
-            self.calls += 2
-            self.bytes_sent += idx.nbytes + vals.nbytes
-            all_idx = b.allgather(np.asarray(idx, dtype=np.int64), f"{tag}/{m.key}/i")
-            all_vals = b.allgather(np.asarray(vals), f"{tag}/{m.key}/v")
-            vals = np.concatenate(all_vals)
-            out[m.key] = (np.concatenate(all_idx), vals / vals.dtype.type(self.world))
+        for m, (_, vals), (idx_list, val_list) in zip(ms, parts, gathered):
+            v = np.concatenate(val_list).astype(vals.dtype, copy=False)
+            out[m.key] = (np.concatenate(idx_list), v / v.dtype.type(self.world))
         return out
 
     @staticmethod
