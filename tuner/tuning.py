@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from strategy_space import ClusterSpec, ModelSpec, Strategy
+from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy
 from strategy_space.builders import BUILDERS, get_builder
 from strategy_space.space import EncodedStrategies, StrategySpace
 
@@ -107,7 +107,7 @@ class ModelBasedTuner:
         for t in trials:
             try:
                 key = self.space.encode([t.strategy]).row_keys()[0]
-            except Exception:  # noqa: BLE001 - a hand-written strategy outside the encodable space
+            except (ConfigError, KeyError):  # outside the encodable space, or another model's strategy
                 continue
             self.measured[key] = t.median if t.ok else float("inf")
         if store is not None:
