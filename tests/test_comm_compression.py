@@ -70,6 +70,21 @@ def test_powersgd_error_feedback_keeps_residual_and_warm_starts():
     assert errors[-1] < 0.1 < errors[10]
 
 
+def test_powersgd_error_feedback_on_a_3d_tensor_over_steps():
+    """An attention kernel (d, heads, d_head) is compressed as a (d, heads*d_head) matrix; the
+    residual must come back in the tensor's shape (regression: the second step failed to broadcast
+    a (128, 128) residual onto a (128, 2, 64) gradient)."""
+    g = np.random.default_rng(5).standard_normal((16, 2, 8)).astype(np.float32)
+    state = PowerSGDState(2, error_feedback=True)
+    sent = np.zeros_like(g)
+    for t in range(1, 4):
+        p_hat, q = state.second_round("k", state.first_round("k", g))
+        out = state.finish("k", p_hat, q, g.shape)
+        assert out.shape == g.shape and state.ef.residual["k"].shape == g.shape
+        sent += out
+        assert np.allclose(sent + state.ef.residual["k"], t * g, atol=1e-4 * t)
+
+
 def test_orthogonalize_is_deterministic_and_orthonormal():
     p = np.random.default_rng(4).standard_normal((20, 3))
     q1, q2 = orthogonalize(p), orthogonalize(p.copy())

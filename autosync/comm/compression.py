@@ -160,12 +160,12 @@ class PowerSGDState:
     def finish(self, key, p_hat: np.ndarray, q_mean: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """The decompressed mean gradient P_hat Q^T; keeps Q for the next step's warm start and
         the residual for error feedback."""
-        approx = p_hat @ q_mean.T
+        approx = (p_hat @ q_mean.T).reshape(shape)
         self.q[key] = q_mean
-        if self.ef is not None:
-            self.ef.keep(key, self._m[key], approx)
+        if self.ef is not None:  # the residual in the gradient's own shape: next step adds it to one
+            self.ef.keep(key, self._m[key].reshape(shape), approx)
         del self._m[key]
-        return approx.reshape(shape)
+        return approx
 
 
 def make_compressor(spec: str) -> tuple[Compressor | None, int, bool]:
