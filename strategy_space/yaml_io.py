@@ -47,8 +47,16 @@ def dumps(obj: Loaded) -> str:
     return yaml.dump(obj.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
+# libyaml's loader when PyYAML has it: ~10x faster (a trial store parses one strategy per trial)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def parse_text(text: str, source: str = "<string>") -> Any:
     try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        pass
+    try:  # bad YAML: the pure-Python loader words the problem better
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

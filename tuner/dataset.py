@@ -73,31 +73,48 @@ class TrialSet:
         return len(self.y)
 
 
-def featurize_trials(model: ModelSpec, cluster: ClusterSpec, trials: Sequence[Trial]) -> tuple[np.ndarray, np.ndarray]:
-    """Raw features and median times of the ok, encodable trials of one group."""
-    space = StrategySpace(model, cluster)
-    rows, ys = [], []
+def featurize_trials(model: ModelSpec, cluster: ClusterSpec, trials: Sequence[Trial],
+                     cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Raw features and median times of the ok, encodable trials of one group.
+
+    Args:
+        cache: a dict kept between calls (e.g. by a Predictor refitted every round): the feature
+            row of every featurized strategy of this (model, cluster), so each is computed once.
+    """
+    cache = {} if cache is None else cache
+    space = None
+    todo, keys, ys = [], [], []
     for t in trials:
         if not t.ok:
             continue
-        try:
-            rows.append(space.encode([t.strategy]))
-        except ConfigError:
-            continue  # outside the encodable subspace: cannot be featurized
+        key = (model.fingerprint, cluster.fingerprint, t.strategy.fingerprint)
+        if key not in cache:
+            space = space or StrategySpace(model, cluster)
+            try:
+                todo.append((key, space.encode([t.strategy])))
+            except ConfigError:
+                cache[key] = None  # outside the encodable subspace: cannot be featurized
+        keys.append(key)
         ys.append(t.median)
+    if todo:
+        from strategy_space.space import EncodedStrategies
+
+        X = featurize(FeatureTables.from_specs(model, cluster), EncodedStrategies.concat([e for _, e in todo]))
+        for (key, _), row in zip(todo, X):
+            cache[key] = row
+    rows = [(cache[k], y) for k, y in zip(keys, ys) if cache[k] is not None]
     if not rows:
         return np.zeros((0, len(COL)), dtype=np.float32), np.zeros(0)
-    from strategy_space.space import EncodedStrategies
-
-    X = featurize(FeatureTables.from_specs(model, cluster), EncodedStrategies.concat(rows))
-    return X, np.asarray(ys, dtype=np.float64)
+    return np.stack([r for r, _ in rows]), np.asarray([y for _, y in rows], dtype=np.float64)
 
 
-def build_trial_set(groups: Iterable[tuple[ModelSpec, ClusterSpec, Sequence[Trial]]]) -> TrialSet:
-    """Stack the featurized trials of many (model, cluster, trials) groups."""
+def build_trial_set(groups: Iterable[tuple[ModelSpec, ClusterSpec, Sequence[Trial]]],
+                    cache: dict | None = None) -> TrialSet:
+    """Stack the featurized trials of many (model, cluster, trials) groups (``cache``: see
+    ``featurize_trials``)."""
     Xs, ys, gs, keys, names = [], [], [], [], []
     for model, cluster, trials in groups:
-        X, y = featurize_trials(model, cluster, trials)
+        X, y = featurize_trials(model, cluster, trials, cache)
         if not len(y):
             continue
         gs.append(np.full(len(y), len(keys)))

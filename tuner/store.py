@@ -80,6 +80,7 @@ class TrialStore:
 
     def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0):
         self.path = os.fspath(path)
+        self._parsed: dict[str, Strategy] = {}
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -172,7 +173,9 @@ class TrialStore:
     # ---- reading ----------------------------------------------------------------------------
     def _trial(self, row: sqlite3.Row) -> Trial:
         (uid, mfp, cfp, sfp, status, _, steps, error, bs, breakdown, origin, t0, t1, meta, _env, yaml_text) = row
-        s = loads(yaml_text, "strategy", source=f"strategy {sfp}")
+        s = self._parsed.get(sfp)
+        if s is None:  # strategies are immutable: parse each one once per open store
+            s = self._parsed[sfp] = loads(yaml_text, "strategy", source=f"strategy {sfp}")
         return Trial(Strategy(s.variables, s.replicas, origin=origin), mfp, cfp, status,
                      step_times=tuple(json.loads(steps)), error=error, batch_size=bs,
                      breakdown=json.loads(breakdown), origin=origin, started_at=t0, finished_at=t1,
