@@ -200,3 +200,21 @@ def test_partitioned_sparse_all_reduce_is_gathered_not_fused():
     f = _feat(m, _cluster(nodes=3), s)
     assert f["ar_groups"] == 1 and f["ar_max_group_bytes"] == 32   # only w's buffer
     assert f["ar_collectives"] == 1 + 2                             # w's buffer + one all-gather per shard
+
+
+def test_nodes_used_by_few_parameter_servers_are_counted_exactly():
+    """Mostly all-reduce strategies leave nodes without PS shards; their hosted bytes must cancel to
+    exact zeros (the difference entries of big variables used to round in float32)."""
+    rng = np.random.default_rng(11)
+    m = ModelSpec("few", tuple(VariableSpec(f"v{i}", (int(rng.integers(100, 2000)), int(rng.integers(50, 900))))
+                               for i in range(40)) + (VariableSpec("e", (9973, 16), sparse=True, rows_per_step=301),))
+    c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=2, bandwidth_gbps=1.0) for i in range(5)))
+    space = StrategySpace(m, c)
+    enc = space.sample_encoded(rng, 400)
+    enc.kind[:] = np.where(rng.random(enc.kind.shape) < 0.04, 0, 1)
+    enc = space.normalize(enc)
+    X = featurize(FeatureTables.from_specs(m, c), enc)
+    for i in range(len(enc)):
+        hosts = {s.destination for cfg in space.decode(enc, i).variables for s in cfg.synchronizers
+                 if isinstance(s, PS)}
+        assert X[i, COL["ps_nodes_used"]] == len(hosts)

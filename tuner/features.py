@@ -56,6 +56,9 @@ FORWARD_SHARE = 1.0 / 3.0  # forward pass share of compute; gradients appear aft
 ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
 _CHUNK = 1024              # rows per block: measured flat from 256 to 2048 on a 200-variable model
 _BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
+# a node hosts PS bytes when it holds more than this: an empty node holds rounding noise only, a
+# shard at least its slices' index bytes (>= 8 rows x slices / dim0, i.e. >= 8 / (2 x shards) bytes)
+_EMPTY_BYTES = 1e-3
 _PSGD = COMPRESSOR_ID["powersgd"]
 _FP16 = (COMPRESSOR_ID["fp16"], COMPRESSOR_ID["fp16_ef"])
 
@@ -301,7 +304,9 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     np.add(off, e3.astype(np.int32), out=idx[nbv:2 * nbv].reshape(B, V))
     e2 = extra * lay
     np.add(off, e2.astype(np.int32), out=idx[2 * nbv:].reshape(B, V))
-    np.add(X, Y, out=wts[:nbv].reshape(B, V))
+    # in float64, so that X + Y, -X and -Y cancel exactly past a shard's end (in float32 the sum
+    # rounds and an empty node or group would hold ~1e-7 x the variable's bytes)
+    np.add(X, Y, out=wts[:nbv].reshape(B, V), dtype=np.float64)
     np.negative(X, out=wts[nbv:2 * nbv].reshape(B, V))
     np.negative(Y, out=wts[2 * nbv:].reshape(B, V))
     flat = np.bincount(idx, wts, minlength=B * BIN).reshape(B, BIN)
@@ -379,7 +384,7 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     f[:, C["ps_imbalance"]] = pushed.max(1) / np.maximum(pushed.mean(1), 1e-9) * any_ps
     f[:, C["ps_pull_max_node_bytes"]] = pulled.max(1)
     f[:, C["ps_pull_sum_bytes"]] = pulled.sum(1)
-    used = (P > 0).sum(1)
+    used = (P > _EMPTY_BYTES).sum(1)
     f[:, C["ps_nodes_used"]] = used
     f[:, C["ps_messages"]] = 2 * W * used
     f[:, C["server_bytes_max"]] = pushed.max(1)
@@ -436,7 +441,7 @@ def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, p
     L = _round_up(N + int(k.max()), N)
     start = e.dest[:, c] + (np.arange(B, dtype=np.int32) * L)[:, None]
     flat = np.bincount(np.concatenate([start.ravel(), (start + extra[:, c].astype(np.int32)).ravel(), (start + k).ravel()]),
-                       np.concatenate([(X + Y).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
+                       np.concatenate([np.add(X, Y, dtype=np.float64).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
     return flat.reshape(B, L) @ _fold(L, N)
 
 
