@@ -56,9 +56,11 @@ FORWARD_SHARE = 1.0 / 3.0  # forward pass share of compute; gradients appear aft
 ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
 _CHUNK = 1024              # rows per block: measured flat from 256 to 2048 on a 200-variable model
 _BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
-# a node hosts PS bytes when it holds more than this: an empty node holds rounding noise only, a
-# shard at least its slices' index bytes (>= 8 rows x slices / dim0, i.e. >= 8 / (2 x shards) bytes)
+# a node hosts PS bytes when it holds more than this: an empty node holds rounding noise only (~1e-16
+# of the bytes its sums passed through, see tuner.incremental), a shard at least its slices' index
+# bytes (>= 8 rows x slices / dim0, i.e. >= 8 / (2 x shards) bytes)
 _EMPTY_BYTES = 1e-3
+_DEFAULT_PARAMS = AlphaBeta()   # frozen; building one validates it, which costs more than small batches
 _PSGD = COMPRESSOR_ID["powersgd"]
 _FP16 = (COMPRESSOR_ID["fp16"], COMPRESSOR_ID["fp16_ef"])
 
@@ -183,7 +185,7 @@ def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None
     """
     if enc.kind.shape[1] != t.V:
         raise ValueError(f"strategies encode {enc.kind.shape[1]} variables but the model has {t.V}")
-    params = params or AlphaBeta()
+    params = params or _DEFAULT_PARAMS
     B = len(enc)
     parts = _Parts.empty(B, t)
     # the bincount entries of a block, reused by every block (fresh multi-MB arrays cost page faults)
@@ -198,20 +200,20 @@ def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None
 @dataclass
 class _Parts:
     """Per-strategy reductions of the (B, V) work, filled block by block; ``_assemble`` turns them
-    into features for the whole batch at once (its (B, N) work pays numpy's per-call cost once)."""
+    into features for the whole batch at once (its per-node work pays numpy's per-call cost once).
+    Laid out strategy-last, so that the assembly's inner loops run over the batch."""
 
-    hosted: np.ndarray   # (B, 3, N): PS value bytes hosted per node without / with LR, index bytes
-    psum: np.ndarray     # (B, 4 + breakpoints): psf @ [sums | ps wire after each breakpoint]
-    asum: np.ndarray     # (B, 4): arf @ sums
-    wsum: np.ndarray     # (B, breakpoints): AR wire bytes at or after each breakpoint (col 0: all)
-    scal: np.ndarray     # (B, 8): see _S
+    hosted: np.ndarray   # (3, N, B): PS value bytes hosted per node without / with LR, index bytes
+    psum: np.ndarray     # (4 + breakpoints, B): psf @ [sums | ps wire after each breakpoint]
+    asum: np.ndarray     # (4, B): arf @ sums
+    wsum: np.ndarray     # (breakpoints, B): AR wire bytes at or after each breakpoint (row 0: all)
+    scal: np.ndarray     # (8, B): see _S
 
     @classmethod
     def empty(cls, B: int, t: FeatureTables) -> "_Parts":
         nbp = t.after.shape[1]
-        return cls(np.zeros((B, 3, t.N)), np.zeros((B, 4 + nbp), np.float32), np.zeros((B, 4), np.float32),
-                   np.zeros((B, nbp), np.float32),
-                   np.zeros((B, len(_S)), np.float32))
+        return cls(np.zeros((3, t.N, B)), np.zeros((4 + nbp, B), np.float32), np.zeros((4, B), np.float32),
+                   np.zeros((nbp, B), np.float32), np.zeros((len(_S), B), np.float32))
 
 
 _S = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
@@ -312,11 +314,11 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     flat = np.bincount(idx, wts, minlength=B * BIN).reshape(B, BIN)
     # the cumulative sums along the lines and the fold onto nodes are fixed linear maps of the
     # difference entries: one matrix product each (numpy's cumsum over short rows is slow)
-    out.hosted[rows, :2] = (flat[:, :2 * L].reshape(B * 2, L) @ _fold(L, N)).reshape(B, 2, N)
+    out.hosted[:2, :, rows] = (flat[:, :2 * L].reshape(B * 2, L) @ _fold(L, N)).reshape(B, 2, N).transpose(1, 2, 0)
     if t.sparse_cols.size:
-        out.hosted[rows, 2] = _sparse_index_hosting(t, e, base, extra, psf, si)
+        out.hosted[2, :, rows] = _sparse_index_hosting(t, e, base, extra, psf, si).T
     groups = (flat[:, 2 * L:].reshape(B * 3, G) @ _fold(G, G)).reshape(B, 3 * G)
-    s = out.scal[rows]                           # a view: written in place
+    s = out.scal[:, rows].T                      # a view: written in place
     total = groups[:, :G] + groups[:, G:2 * G]
     total += groups[:, 2 * G:]
     # buffers carry whole bytes; an empty one holds rounding noise only
@@ -324,9 +326,9 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     s[:, _S["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
     s[:, _S["max_group"]] = total.max(1)
     # sums over variables as matrix products
-    out.psum[rows] = psf @ t.ps_right
-    out.asum[rows] = arf @ t.sums
-    out.wsum[rows] = wv @ t.after
+    out.psum[:, rows] = (psf @ t.ps_right).T
+    out.asum[:, rows] = (arf @ t.sums).T
+    out.wsum[:, rows] = (wv @ t.after).T
     s[:, _S["fp16_raw"]] = is16 @ t.val_bytes
     s[:, _S["psgd_raw"]] = np.bincount(psgd_rows, t.val_bytes[pv], minlength=B) if len(fi) else 0.0
     s[:, _S["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
@@ -339,94 +341,103 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
 
 
 def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
-    """Per-node traffic, counts and the analytic estimate of a whole batch from its parts."""
+    """Per-node traffic, counts and the analytic estimate of a whole batch from its parts.
+
+    The work is laid out (node, strategy) and (feature, strategy), so that numpy's inner loops run
+    over the batch rather than over a handful of nodes or breakpoints (each call of an inner loop
+    costs as much as ~20 elements)."""
     N, W, V = t.N, t.W, t.V
-    B = len(a.scal)
-    f = np.zeros((B, len(FEATURE_NAMES)), dtype=np.float32)
-    H0, H1 = a.hosted[:, 0].astype(np.float32), a.hosted[:, 1].astype(np.float32)
-    P = H0 + H1 + a.hosted[:, 2].astype(np.float32)
-    Ptot, H0tot, H1tot = P.sum(1, keepdims=True), H0.sum(1, keepdims=True), H1.sum(1, keepdims=True)
-    wk, hw = t.workers, t.has_w
+    B = a.scal.shape[1]
+    f = np.zeros((len(FEATURE_NAMES), B), dtype=np.float32)
+    H = a.hosted.astype(np.float32)              # (3, N, B)
+    H0, H1 = H[0], H[1]
+    P = H0 + H1 + H[2]
+    Ptot, H0tot, H1tot = P.sum(0), H0.sum(0), H1.sum(0)
+    wk, hw = t.workers[:, None], t.has_w[:, None]
     srv_in, srv_out = (W - wk) * P, (W - wk) * H0 + (t.Nw - hw) * H1
     cli_out, cli_in = wk * (Ptot - P), wk * (H0tot - H0) + hw * (H1tot - H1)
     intra = wk * (P + H0) + hw * H1 + wk * (H1tot - H1)
 
-    sc = {n: a.scal[:, i] for n, i in _S.items()}
-    psum = a.psum[:, :4]                         # count, sparse bytes, value bytes, dense value bytes
+    sc = {n: a.scal[i] for n, i in _S.items()}
+    psum = a.psum[:4]                            # count, sparse bytes, value bytes, dense value bytes
     asum = a.asum
-    gather = asum[:, 1]                          # per-worker sparse bytes all-gathered
-    wire_dense = a.wsum[:, 0]
+    gather = asum[1]                             # per-worker sparse bytes all-gathered
+    wire_dense = a.wsum[0]
     S = wire_dense + gather * (W / 2)            # equivalent ring buffer
     ring = 2 * (W - 1) / W
     if t.Nw > 1:
-        nic_ring, intra = ring * S[:, None] * hw, intra + ring * S[:, None] * np.maximum(wk - 1, 0)
+        nic_ring, intra = ring * S * hw, intra + ring * S * np.maximum(wk - 1, 0)
     else:
-        nic_ring, intra = 0.0, intra + ring * S[:, None] * wk
+        nic_ring, intra = 0.0, intra + ring * S * wk
     n_coll = sc["n_coll"]
-    objectstore = (asum[:, 0] > 0) & (sc["objectstore"] > 0)
+    objectstore = (asum[0] > 0) & (sc["objectstore"] > 0)
 
     nic_in, nic_out = srv_in + cli_in + nic_ring, srv_out + cli_out + nic_ring
     C = COL
-    f[:, C["nic_in_s"]] = (nic_in / t.bw).max(1)
-    f[:, C["nic_out_s"]] = (nic_out / t.bw).max(1)
-    f[:, C["intra_s"]] = intra.max(1) / t.intra_bw
-    f[:, C["wire_s"]] = np.maximum(np.maximum(f[:, C["nic_in_s"]], f[:, C["nic_out_s"]]), f[:, C["intra_s"]])
-    any_ps = psum[:, 0] > 0
+    bw = t.bw[:, None]
+    f[C["nic_in_s"]] = (nic_in / bw).max(0)
+    f[C["nic_out_s"]] = (nic_out / bw).max(0)
+    f[C["intra_s"]] = intra.max(0) / t.intra_bw
+    f[C["wire_s"]] = np.maximum(np.maximum(f[C["nic_in_s"]], f[C["nic_out_s"]]), f[C["intra_s"]])
+    any_ps = psum[0] > 0
     pushed, pulled = W * P, W * H0 + t.Nw * H1
-    f[:, C["compute_s"]] = t.compute_s
-    f[:, C["model_bytes"]] = t.model_bytes
-    f[:, C["num_workers"]], f[:, C["num_nodes"]], f[:, C["nodes_with_workers"]] = W, N, t.Nw
-    ps_bytes = (Ptot + H0tot + H1tot)[:, 0]
-    f[:, C["ps_share"]] = ps_bytes / np.maximum(ps_bytes + ring * S, 1.0)
-    f[:, C["ps_vars_frac"]] = psum[:, 0] / V
-    f[:, C["ps_push_max_node_bytes"]] = pushed.max(1)
-    f[:, C["ps_push_sum_bytes"]] = pushed.sum(1)
-    f[:, C["ps_imbalance"]] = pushed.max(1) / np.maximum(pushed.mean(1), 1e-9) * any_ps
-    f[:, C["ps_pull_max_node_bytes"]] = pulled.max(1)
-    f[:, C["ps_pull_sum_bytes"]] = pulled.sum(1)
-    used = (P > _EMPTY_BYTES).sum(1)
-    f[:, C["ps_nodes_used"]] = used
-    f[:, C["ps_messages"]] = 2 * W * used
-    f[:, C["server_bytes_max"]] = pushed.max(1)
-    f[:, C["ps_latency_rounds"]] = (2 + W) * any_ps
-    f[:, C["lr_saved_bytes"]] = H1tot[:, 0] * (W - t.Nw)
-    f[:, C["sparse_ps_bytes"]] = psum[:, 1]
-    f[:, C["ar_raw_bytes"]] = asum[:, 2]
-    f[:, C["ar_wire_bytes"]] = S
-    f[:, C["ar_ring_bytes"]] = ring * S
-    f[:, C["ar_ring_s"]] = ring * S / t.ring_bw
-    f[:, C["ar_groups"]] = sc["n_groups"]
-    f[:, C["ar_collectives"]] = n_coll
-    f[:, C["ar_max_group_bytes"]] = sc["max_group"]
+    f[C["compute_s"]] = t.compute_s
+    f[C["model_bytes"]] = t.model_bytes
+    f[C["num_workers"]], f[C["num_nodes"]], f[C["nodes_with_workers"]] = W, N, t.Nw
+    ps_bytes = Ptot + H0tot + H1tot
+    f[C["ps_share"]] = ps_bytes / np.maximum(ps_bytes + ring * S, 1.0)
+    f[C["ps_vars_frac"]] = psum[0] / V
+    push_max, push_sum = pushed.max(0), pushed.sum(0)
+    f[C["ps_push_max_node_bytes"]] = push_max
+    f[C["ps_push_sum_bytes"]] = push_sum
+    f[C["ps_imbalance"]] = push_max / np.maximum(push_sum / N, 1e-9) * any_ps
+    f[C["ps_pull_max_node_bytes"]] = pulled.max(0)
+    f[C["ps_pull_sum_bytes"]] = pulled.sum(0)
+    used = (P > _EMPTY_BYTES).sum(0)
+    f[C["ps_nodes_used"]] = used
+    f[C["ps_messages"]] = 2 * W * used
+    f[C["server_bytes_max"]] = push_max
+    f[C["ps_latency_rounds"]] = (2 + W) * any_ps
+    f[C["lr_saved_bytes"]] = H1tot * (W - t.Nw)
+    f[C["sparse_ps_bytes"]] = psum[1]
+    f[C["ar_raw_bytes"]] = asum[2]
+    f[C["ar_wire_bytes"]] = S
+    f[C["ar_ring_bytes"]] = ring * S
+    f[C["ar_ring_s"]] = ring * S / t.ring_bw
+    f[C["ar_groups"]] = sc["n_groups"]
+    f[C["ar_collectives"]] = n_coll
+    f[C["ar_max_group_bytes"]] = sc["max_group"]
     steps = n_coll * 2 * max(W - 1, 0)
-    f[:, C["ring_steps"]] = steps * ~objectstore
-    f[:, C["ring_steps_objectstore"]] = steps * objectstore
-    f[:, C["compressed_saved_bytes"]] = asum[:, 3] - wire_dense
-    f[:, C["fp16_raw_bytes"]] = sc["fp16_raw"]
-    f[:, C["powersgd_raw_bytes"]] = sc["psgd_raw"]
-    f[:, C["sparse_allgather_bytes"]] = gather * max(W - 1, 0)
+    f[C["ring_steps"]] = steps * ~objectstore
+    f[C["ring_steps_objectstore"]] = steps * objectstore
+    f[C["compressed_saved_bytes"]] = asum[3] - wire_dense
+    f[C["fp16_raw_bytes"]] = sc["fp16_raw"]
+    f[C["powersgd_raw_bytes"]] = sc["psgd_raw"]
+    f[C["sparse_allgather_bytes"]] = gather * max(W - 1, 0)
     stale = sc["stale"]
-    asyn = psum[:, 0] > sc["sync"]               # a PS variable with sync 0
-    f[:, C["staleness"]] = stale
-    f[:, C["stale_factor"]] = np.where(asyn, 0.0, 1.0 / (1.0 + stale))
-    f[:, C["async"]] = asyn
+    asyn = psum[0] > sc["sync"]                  # a PS variable with sync 0
+    f[C["staleness"]] = stale
+    f[C["stale_factor"]] = np.where(asyn, 0.0, 1.0 / (1.0 + stale))
+    f[C["async"]] = asyn
 
     # ---- overlap with the backward pass (pipe bound at ready-order breakpoints), then estimate --
-    terms = {n: f[:, C[n]] for n in TERMS if n != "exposed_frac"}
-    T0 = comm_time(terms, AlphaBeta())
+    terms = {n: f[C[n]] for n in TERMS if n != "exposed_frac"}
+    T0 = comm_time(terms, _DEFAULT_PARAMS)
     # wire weight per variable, psf * ps_wire + ring * wv, past each breakpoint (sparse AR: below)
-    suffix = a.psum[:, 4:] + a.wsum * np.float32(ring)
+    suffix = a.psum[4:] + a.wsum * np.float32(ring)
     if len(t.sparse_cols):
-        suffix += np.outer(gather * (W / 2) * ring, t.sparse_after)
-    total = suffix[:, 0]
+        suffix += t.sparse_after[:, None] * (gather * (W / 2) * ring)
+    total = suffix[0]
     x = (T0 / max(t.compute_s, 1e-12)).astype(np.float32)
-    reach = (suffix * (x / np.maximum(total, 1e-30))[:, None] + t.tau_bp).max(1)
+    suffix *= x / np.maximum(total, 1e-30)
+    suffix += t.tau_bp[:, None]
+    reach = suffix.max(0)
     exposed = np.clip((reach - 1.0) / np.maximum(x, 1e-12), 0.0, 1.0)
-    f[:, C["exposed_frac"]] = np.where(total > 0, exposed, 0.0)
-    terms["exposed_frac"] = f[:, C["exposed_frac"]]
-    f[:, C["comm_s"]] = comm_time(terms, p)
-    f[:, C["analytic_s"]] = step_time(terms, p)
-    return f
+    f[C["exposed_frac"]] = np.where(total > 0, exposed, 0.0)
+    terms["exposed_frac"] = f[C["exposed_frac"]]
+    f[C["comm_s"]] = comm_time(terms, p)
+    f[C["analytic_s"]] = step_time(terms, p)
+    return np.ascontiguousarray(f.T)
 
 
 def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, psf, si) -> np.ndarray:
