@@ -1,0 +1,222 @@
+"""Incremental featurization (``tuner.incremental``) against ``featurize`` on chains of random
+mutations: every feature, every step, across spaces, clusters, constraints and partition axes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+from strategy_space.space import KIND_AR, StrategySpace
+from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
+from tuner.constraints import Constraints, Rule
+from tuner.cost_model import AnalyticCostModel
+from tuner.features import COL, FeatureTables, featurize
+from tuner.incremental import IncrementalFeaturizer
+from tuner.search import IncrementalScorer, simulated_annealing
+from tuner.simulator import LearnedSimulator
+from tuner.synthetic import SyntheticRunner
+
+# features that count things: equal, not close
+EXACT = ("num_workers", "num_nodes", "nodes_with_workers", "ps_vars_frac", "ps_nodes_used", "ps_messages",
+         "ps_latency_rounds", "ar_groups", "ar_collectives", "ring_steps", "ring_steps_objectstore", "staleness",
+         "stale_factor", "async", "compute_s", "model_bytes")
+
+
+def assert_same_features(inc: np.ndarray, full: np.ndarray, where: str) -> None:
+    """Counts equal; every other column within float32 rounding of the column's scale."""
+    exact = [COL[n] for n in EXACT]
+    np.testing.assert_array_equal(inc[:, exact], full[:, exact], err_msg=where)
+    scale = np.abs(full).max(axis=0)
+    bad = np.abs(inc - full) > 1e-5 * np.abs(full) + 1e-6 * scale + 1e-30
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        name = [n for n, i in COL.items() if i == c][0]
+        raise AssertionError(f"{where}: {name} row {r}: incremental {inc[r, c]!r} vs featurize {full[r, c]!r}")
+
+
+def run_chains(space, tables, rng, *, chains=24, steps=30, project=None, init=None):
+    """Mutate every chain ``steps`` times, accepting about half the proposals, and compare the
+    incremental features of every proposal with ``featurize``'s."""
+    project = project or (lambda e: e)
+    cur = project(space.sample_encoded(rng, chains) if init is None else init.copy())
+    inc = IncrementalFeaturizer(tables)
+    assert_same_features(inc.reset(cur), featurize(tables, cur), "reset")
+    for step in range(steps):
+        prop = project(space.mutate_encoded(cur, rng))
+        assert_same_features(inc.propose(prop), featurize(tables, prop), f"step {step}")
+        accept = rng.random(chains) < 0.5
+        inc.accept(accept)
+        for f in cur.field_names():
+            getattr(cur, f)[accept] = getattr(prop, f)[accept]
+    return inc
+
+
+def wide_model(n_dense: int = 30, seed: int = 0) -> ModelSpec:
+    r = np.random.default_rng(seed)
+    vs = []
+    for i in range(n_dense):
+        a, b = int(r.integers(3, 300)), int(r.integers(1, 200))
+        vs += [VariableSpec(f"l{i}/kernel", (a, b)), VariableSpec(f"l{i}/bias", (b,))]
+    vs += [VariableSpec("emb0", (5000, 16), sparse=True, rows_per_step=300),
+           VariableSpec("emb1", (77, 8), sparse=True, rows_per_step=5),
+           VariableSpec("half", (40, 40), dtype="float16"), VariableSpec("count", (1,), dtype="int64")]
+    return ModelSpec("wide", tuple(vs), 32)
+
+
+def _cluster(workers, bw=None):
+    return ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=w, bandwidth_gbps=(bw or [1.0] * len(workers))[i])
+                                  for i, w in enumerate(workers)))
+
+
+CASES = {
+    "tiny, 3 nodes": (tiny_model(profile=True), three_node_cluster(), {}),
+    "tiny, 2 nodes, every option": (tiny_model(), two_node_cluster(),
+                                    dict(staleness=(0, 1, 3), allow_async=True, backends=("auto", "objectstore"),
+                                         ranks=(1, 2, 8))),
+    "wide, shards wrap the nodes": (wide_model(), _cluster([2, 1, 3], [1.0, 2.5, 10.0]), dict(max_shards=11)),
+    "wide, a node without workers": (wide_model(seed=1), _cluster([2, 0, 2, 1]), dict(num_groups=3)),
+    "wide, one node one worker": (wide_model(seed=2), _cluster([1]), {}),
+    "sparse rows that do not divide": (ModelSpec("sp", (VariableSpec("e1", (101, 4), sparse=True, rows_per_step=7),
+                                                        VariableSpec("e2", (53, 3), sparse=True, rows_per_step=50),
+                                                        VariableSpec("d", (10, 3)))), _cluster([1, 2]),
+                                       dict(max_shards=7)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_incremental_features_match_featurize_on_random_mutations(case):
+    model, cluster, options = CASES[case]
+    space = StrategySpace(model, cluster, **options)
+    run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(len(case)))
+
+
+def test_incremental_features_match_under_constraints():
+    model, cluster = wide_model(seed=3), _cluster([2, 2, 1])
+    space = StrategySpace(model, cluster, staleness=(0, 2))
+    # pins, a group past the space's groups (the state widens), a whole-strategy staleness
+    cons = Constraints((Rule(match="l1*", sync="ps", shards=3, destination="n2"),
+                        Rule(match="l2/kernel", group=17, compressor="powersgd(4)"),
+                        Rule(sparse=True, sync="all_reduce"),
+                        Rule(match="l3*", local_replication=True)), staleness=2).compile(space)
+    run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(5),
+               project=lambda e: cons.apply(e, space))
+
+
+def test_incremental_features_from_strategies_split_along_other_axes():
+    """Encoded strategies may split along axis 1; mutations normalize back to axis 0."""
+    model = ModelSpec("ax", (VariableSpec("w", (6, 50)), VariableSpec("v", (9, 7)), VariableSpec("b", (50,))), 8)
+    cluster = _cluster([1, 2])
+    space = StrategySpace(model, cluster)
+    s = Strategy((VarConfig("w", (PS("n0"), PS("n1"), PS("n0")), axis=1),
+                  VarConfig("v", (AllReduce(group=0), AllReduce(group=1)), axis=1),
+                  VarConfig("b", (AllReduce(compressor="fp16"),))))
+    init = space.encode([s] * 6)
+    assert init.axis.any()
+    run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(6), chains=6, init=init)
+
+
+def test_emptied_categories_give_exact_zeros():
+    """Chains that move every variable to all-reduce (then back) end with exact zeros, as featurize
+    (one worker: no ring traffic, so PS residue alone would make the overlap bound up)."""
+    model, cluster = tiny_model(), _cluster([1])
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    rng = np.random.default_rng(7)
+    cur = space.sample_encoded(rng, 4)
+    inc = IncrementalFeaturizer(t)
+    inc.reset(cur)
+    for target in (KIND_AR, 1 - KIND_AR):
+        prop = cur.copy()
+        prop.kind[:] = target
+        prop = space.normalize(prop)
+        X = inc.propose(prop)
+        assert_same_features(X, featurize(t, prop), f"all kind {target}")
+        inc.accept(np.ones(len(cur), bool))
+        cur = prop
+    assert (X[:, COL["ar_wire_bytes"]] == 0).all() and (X[:, COL["ar_groups"]] == 0).all()
+
+
+def test_a_category_emptied_after_rounding_is_exactly_zero():
+    """An 8 TB variable next to one with fractional shard bytes: taking both off the parameter
+    servers leaves float64 rounding residue in the sums unless the emptied block is reset."""
+    model = ModelSpec("r", (VariableSpec("huge", (2_000_000, 1_000_000)),
+                            VariableSpec("e", (999_983, 4), sparse=True, rows_per_step=3)))
+    cluster = _cluster([1])
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    ps = space.normalize(space.sample_encoded(np.random.default_rng(0), 1))
+    ps.kind[:] = 1 - KIND_AR
+    ps.shards[:] = [[1, 2]]
+    ps = space.normalize(ps)
+    ar = ps.copy()
+    ar.kind[:] = KIND_AR
+    ar = space.normalize(ar)
+    inc = IncrementalFeaturizer(t)
+    inc.reset(ps)
+    X = inc.propose(ar)
+    assert_same_features(X, featurize(t, ar), "all-reduce only")
+    assert X[0, COL["ps_push_max_node_bytes"]] == 0 and X[0, COL["exposed_frac"]] == 0
+
+
+def test_rows_that_do_not_change_keep_their_features():
+    model, cluster = tiny_model(), two_node_cluster()
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    cur = space.sample_encoded(np.random.default_rng(8), 5)
+    inc = IncrementalFeaturizer(t)
+    X0 = inc.reset(cur)
+    np.testing.assert_array_equal(inc.propose(cur.copy()), X0)
+
+
+def test_misuse_is_reported():
+    model, cluster = tiny_model(), two_node_cluster()
+    space = StrategySpace(model, cluster)
+    e = space.sample_encoded(np.random.default_rng(9), 3)
+    inc = IncrementalFeaturizer(FeatureTables.from_specs(model, cluster))
+    with pytest.raises(ValueError, match=r"needs the parents first: call reset"):
+        inc.propose(e)
+    inc.reset(e)
+    with pytest.raises(ValueError, match=r"no pending proposal: call propose first"):
+        inc.accept(np.ones(3, bool))
+    with pytest.raises(ValueError, match=r"propose got 2 strategies for 3 parents"):
+        inc.propose(e.take(np.arange(2)))
+    other = StrategySpace(wide_model(), cluster).sample_encoded(np.random.default_rng(0), 3)
+    with pytest.raises(ValueError, match=r"strategies encode 64 variables but the model has 6"):
+        inc.reset(other)
+
+
+def test_incremental_scorer_predicts_what_the_simulator_predicts():
+    model, cluster = wide_model(seed=4), _cluster([2, 2])
+    space = StrategySpace(model, cluster)
+    rng = np.random.default_rng(10)
+    trials = SyntheticRunner(model, cluster, seed=0).run([space.decode(space.sample_encoded(rng, 1), 0)
+                                                          for _ in range(30)])
+    from tuner.dataset import featurize_trials
+
+    X, y = featurize_trials(model, cluster, trials)
+    sim = LearnedSimulator().fit(X, y)
+    t = FeatureTables.from_specs(model, cluster)
+    scorer = IncrementalScorer(IncrementalFeaturizer(t), sim.predict)
+    cur = space.sample_encoded(rng, 32)
+    np.testing.assert_allclose(scorer.reset(cur), sim.predict(featurize(t, cur)), rtol=1e-5)
+    for _ in range(15):
+        prop = space.mutate_encoded(cur, rng)
+        np.testing.assert_allclose(scorer.propose(prop), sim.predict(featurize(t, prop)), rtol=1e-5)
+        accept = rng.random(len(cur)) < 0.5
+        scorer.accept(accept)
+        for f in cur.field_names():
+            getattr(cur, f)[accept] = getattr(prop, f)[accept]
+
+
+def test_annealing_with_the_incremental_scorer_finds_the_same_pool():
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    analytic = AnalyticCostModel()
+    init = space.sample_encoded(np.random.default_rng(11), 12)
+    full = simulated_annealing(space, lambda e: analytic.predict_features(featurize(t, e)), init,
+                               np.random.default_rng(12), steps=40)
+    fast = simulated_annealing(space, IncrementalScorer(IncrementalFeaturizer(t), analytic.predict_features), init,
+                               np.random.default_rng(12), steps=40)
+    assert fast.encoded.row_keys() == full.encoded.row_keys()
+    np.testing.assert_allclose(fast.predicted, full.predicted, rtol=1e-5)
