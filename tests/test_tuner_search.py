@@ -88,3 +88,12 @@ def test_select_diverse_skips_near_duplicates_and_measured():
     assert select_diverse(pool, 2, rng, min_distance=2, exclude={pool.encoded.row_keys()[0]}) == [1, 2]
     picked = select_diverse(pool, 3, rng, min_distance=2)
     assert sorted(picked) == [0, 1, 2]  # the rest fills up when k is not reached
+
+
+def test_pool_scores_are_the_scores_of_its_strategies():
+    """Chains that end worse than they started (hot annealing) must not carry their start's score."""
+    space = StrategySpace(MODEL, CLUSTER)
+    rng = np.random.default_rng(4)
+    pool = simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 16), rng, steps=10, t_start=50.0,
+                               t_end=50.0)
+    np.testing.assert_allclose(pool.predicted, ps_count_score(pool.encoded))

@@ -115,7 +115,7 @@ def simulated_annealing(space: StrategySpace, score: Score | ChainScorer, init: 
     chains = score if hasattr(score, "propose") else _Recompute(score)
     cur = project(init.copy())
     cur_s = np.log(np.maximum(chains.reset(cur), 1e-12))
-    seen_e, seen_s = [cur], [cur_s]
+    seen_e, seen_s = [cur.copy()], [cur_s]   # a copy: cur changes in place as chains move
     for step in range(steps):
         temp = t_start * (t_end / t_start) ** (step / max(1, steps - 1))
         prop = project(space.mutate_encoded(cur, rng))
