@@ -10,6 +10,7 @@ setup(
     packages=find_packages(include=["autosync", "autosync.*", "strategy_space", "strategy_space.*",
                                     "tuner", "tuner.*"]),
     include_package_data=True,
+    package_data={"tuner": ["data/*.db.gz"]},
     install_requires=[
         "numpy>=1.24",
         "pyyaml>=6.0",

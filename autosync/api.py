@@ -17,6 +17,7 @@ from strategy_space.yaml_io import save as save_yaml
 from tuner.constraints import Constraints, load_constraints
 from tuner.store import TrialStore
 from tuner.trial import Runner, Trial
+from tuner.warmstart import load_warm_start
 from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, TuneOutcome, tune_loop
 
 
@@ -37,6 +38,7 @@ class TuneResult:
         model, cluster: what was tuned.
         outcome: every trial of the run and why it stopped.
         store_path: the TrialStore the trials were added to.
+        warm_start_trials: trials of the warm-start dataset the predictor learned from besides.
     """
 
     best_strategy: Strategy
@@ -46,6 +48,7 @@ class TuneResult:
     cluster: ClusterSpec
     outcome: TuneOutcome
     store_path: str
+    warm_start_trials: int = 0
 
     @property
     def trials(self):
@@ -100,13 +103,15 @@ class TuneResult:
             "stop_reason": self.outcome.stop_reason,
             "run_id": self.outcome.run_id,
             "store": self.store_path,
+            "warm_start_trials": self.warm_start_trials,
         }
 
 
 def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | None = None,
          store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
-         patience: int = 4, settings: SearchSettings | None = None, runner: Runner | None = None,
+         patience: int = 4, settings: SearchSettings | None = None, warm_start="builtin",
+         runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
 
@@ -121,6 +126,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         resume: continue the latest run of this model and cluster in the store.
         steps, warmup, trial_timeout_s: per-trial measurement settings.
         patience: stop after this many rounds without a better measured strategy.
+        warm_start: trials the predictor learns from besides the store: ``builtin`` (the dataset
+            AutoSync measured on its testbed), ``none``, another trial store file (read only), or
+            groups already loaded with ``tuner.warmstart.load_warm_start``.
         runner: measure with this Runner instead of the Ray runtime (tests, simulation).
         on_trial: progress callback.
 
@@ -134,6 +142,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
 
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
     cluster_spec = load_cluster(cluster)
+    # a bad path fails before any worker starts
+    warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
     if isinstance(constraints, (str, os.PathLike)):
         constraints = load_constraints(str(constraints))
     own_runner = runner is None
@@ -155,7 +165,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with TrialStore(store_path) as trial_store:
-            tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings())
+            tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings(),
+                                    warm_start=warm_groups)
             outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
                                                                    patience=patience),
                                 resume=resume, on_trial=on_trial)
@@ -171,4 +182,5 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                           f"Check that the model trains on this cluster (autosync run --strategy ...)")
     validate(best.strategy, spec, cluster_spec)
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
-                      cluster=cluster_spec, outcome=outcome, store_path=str(store_path))
+                      cluster=cluster_spec, outcome=outcome, store_path=str(store_path),
+                      warm_start_trials=sum(len(trials) for _, _, trials in warm_groups))

@@ -271,26 +271,10 @@ def inside(args) -> int:
 
 
 def outside(args, argv) -> int:
-    from autosync.testbed import Testbed
-    from strategy_space.errors import ConfigError
+    from _testbed import run_in_testbed
 
-    try:
-        tb = Testbed(nodes=args.nodes, bandwidth=args.bandwidth, cpus_per_node=1, object_store_mb=1000)
-        with tb:
-            print(f"testbed up: {args.nodes} nodes at {tb.config.bandwidth}", flush=True)
-            cmd = [sys.executable, os.path.abspath(__file__), "--inside", "--out", os.path.abspath(args.out)]
-            skip = {"--nodes", "--bandwidth", "--out"}
-            rest, it = [], iter(argv)
-            for a in it:
-                if a.split("=")[0] in skip:
-                    if "=" not in a:
-                        next(it, None)
-                    continue
-                rest.append(a)
-            return tb.exec(cmd + rest).returncode
-    except ConfigError as e:
-        print(f"baselines_vs_peer: {e}", file=sys.stderr)
-        return 2
+    return run_in_testbed(__file__, argv, nodes=args.nodes, bandwidth=args.bandwidth, name="baselines_vs_peer",
+                          outer_flags={"--nodes", "--bandwidth", "--out"}, extra=["--out", os.path.abspath(args.out)])
 
 
 def main(argv=None) -> int:

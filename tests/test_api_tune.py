@@ -57,3 +57,31 @@ def test_every_trial_failing_is_a_clear_error(tmp_path):
     model, cluster = tiny_model(), three_node_cluster()
     with pytest.raises(ConfigError, match="every trial failed.*worker died: OOM"):
         autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", settings=FAST, runner=Broken(model, cluster))
+
+
+def test_bad_warm_start_fails_before_measuring(tmp_path):
+    model, cluster = tiny_model(), three_node_cluster()
+    with pytest.raises(ConfigError, match="warm start .*no such file; use 'builtin'"):
+        autosync.tune("unused", cluster, trials=1, store=tmp_path / "w.db", settings=FAST, warm_start=tmp_path / "x.db",
+                      runner=SyntheticRunner(model, cluster))
+    assert not (tmp_path / "w.db").exists()
+
+
+def test_cli_bad_warm_start_exits_2(tmp_path, capsys):
+    from autosync.cli import main
+
+    assert main(["tune", "--model", "zoo:ncf", "--warm-start", str(tmp_path / "nope.db")]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "Traceback" not in err
+
+
+def test_tune_reads_the_builtin_dataset_without_copying_it(tmp_path):
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    result = autosync.tune("unused", cluster, trials=3, store=tmp_path / "s.db", settings=FAST,
+                           runner=SyntheticRunner(model, cluster, seed=3))
+    from tuner.store import TrialStore
+
+    with TrialStore(tmp_path / "s.db") as store:
+        assert len(store) == result.summary()["total_trials"]     # only this run's trials
+        assert len(store.groups()) == 1
+    assert result.summary()["warm_start_trials"] >= 200

@@ -12,7 +12,7 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from .predictor import Predictor
 from .sampler import KnowledgeSampler
 from .search import Pool, select_diverse, simulated_annealing
 from .trial import Runner, Trial
+from .warmstart import Group
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,14 @@ class ModelBasedTuner:
         model, cluster: the target.
         constraints: user pins (never violated).
         settings: see SearchSettings.
+        warm_start: trials measured elsewhere, (model, cluster, trials) groups the predictor
+            learns from besides the store (``tuner.warmstart.load_warm_start``).
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
-                 settings: SearchSettings = SearchSettings()):
+                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = ()):
         self.model, self.cluster = model, cluster
+        self.warm_start = list(warm_start)
         self.settings = settings
         self.space = StrategySpace(model, cluster)
         self.constraints: CompiledConstraints | None = constraints.compile(self.space) if constraints else None
@@ -111,7 +115,7 @@ class ModelBasedTuner:
                 continue
             self.measured[key] = t.median if t.ok else float("inf")
         if store is not None:
-            self.predictor.refit(store)
+            self.predictor.refit(store, self.warm_start)
 
     def next_batch(self, k: int | None = None) -> list[Proposal]:
         """The next strategies to measure (never one measured before)."""

@@ -67,7 +67,7 @@ def cmd_tune(args) -> int:
     try:
         result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
                       store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
-                      warmup=args.warmup, on_trial=progress)
+                      warmup=args.warmup, warm_start=args.warm_start, on_trial=progress)
     finally:
         progress.close()
     result.save(args.out)
@@ -110,6 +110,9 @@ def register(sub) -> None:
     p.add_argument("--time-budget", type=float, metavar="S", help="stop proposing after S seconds")
     p.add_argument("--out", default="best_strategy.yaml", help="where to write the best strategy (YAML)")
     p.add_argument("--store", help="trial store (SQLite; default: ~/.cache/autosync/trials.db); reused and grown")
+    p.add_argument("--warm-start", default="builtin", metavar="W",
+                   help="trials the predictor starts from besides --store: builtin (measured by AutoSync on its "
+                        "testbed; default), none, or a trial store file")
     p.add_argument("--constraints", metavar="FILE", help="YAML of pinned decisions the search must keep")
     p.add_argument("--report", metavar="DIR", help="also write an HTML report with plots here")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this model and cluster")

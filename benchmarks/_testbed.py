@@ -1,0 +1,44 @@
+"""Run a benchmark script inside an emulated testbed it brings up (and always tears down).
+
+A script has two halves: the measuring half runs as a driver inside the testbed's host0 (``--inside``,
+``RAY_ADDRESS`` set by ``autosync testbed exec``), the outer half brings the testbed up and re-runs
+the script there with the same arguments, less the ones only the outer half reads.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+
+def strip_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
+    """``argv`` without ``flags`` and their values (``--flag v`` or ``--flag=v``; flags that take
+    several values, ``--flag a b``, lose all of them)."""
+    out, skipping = [], False
+    for a in argv:
+        if a.startswith("-"):
+            skipping = a.split("=")[0] in flags
+            if skipping:
+                skipping = "=" not in a
+                continue
+        elif skipping:
+            continue
+        out.append(a)
+    return out
+
+
+def run_in_testbed(script: str, argv: Sequence[str], *, nodes: int, bandwidth: str, outer_flags: set[str],
+                   extra: Sequence[str] = (), name: str = "benchmark") -> int:
+    """Bring a testbed of ``nodes`` x ``bandwidth`` (1 CPU each) up, run ``script --inside`` with
+    ``argv`` (less ``outer_flags``) plus ``extra`` in host0, tear it down; the exit code."""
+    from autosync.testbed import Testbed
+    from strategy_space.errors import ConfigError
+
+    try:
+        with Testbed(nodes=nodes, bandwidth=bandwidth, cpus_per_node=1, object_store_mb=1000) as tb:
+            print(f"testbed up: {nodes} nodes at {tb.config.bandwidth}", flush=True)
+            cmd = [sys.executable, os.path.abspath(script), "--inside", *strip_flags(argv, outer_flags), *extra]
+            return tb.exec(cmd).returncode
+    except ConfigError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
