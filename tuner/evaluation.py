@@ -6,6 +6,9 @@ Protocols:
     train parts and is scored on each group's test part.
   * ``lomo`` (leave one model out): for each model, train on the groups of all other models and
     score every group of the held-out model (transfer to an unseen model).
+  * ``logo`` (leave one group out): for each (model, cluster), train on every other group (other
+    models, and the same model on other clusters) and score it: a new tuning target with a
+    warm-start dataset and no trial of its own yet.
 Lower predictions mean faster; the ranker's scores are negated to follow that.
 
 Pairwise accuracy is reported twice: over all pairs (strict) and over the pairs whose measured
@@ -124,8 +127,11 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
             names = np.array([data.model_names[g] for g in data.group])
             splits = [(data.subset(np.nonzero(names != m)[0]), data.subset(np.nonzero(names == m)[0]))
                       for m in sorted(set(data.model_names)) if (names != m).any()]
+        elif protocol == "logo":
+            splits = [(data.subset(np.nonzero(data.group != g)[0]), data.subset(np.nonzero(data.group == g)[0]))
+                      for g in np.unique(data.group) if (data.group != g).any()]
         else:
-            raise ValueError(f"unknown protocol {protocol!r}; use within or lomo")
+            raise ValueError(f"unknown protocol {protocol!r}; use within, lomo or logo")
         for name, method in methods.items():
             scores = []
             for train, test in splits:
