@@ -325,11 +325,12 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     s[:, _S["n_groups"]] = np.count_nonzero(total > 0.5, axis=1)
     s[:, _S["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
     s[:, _S["max_group"]] = total.max(1)
-    # sums over variables as matrix products
-    out.psum[:, rows] = (psf @ t.ps_right).T
-    out.asum[:, rows] = (arf @ t.sums).T
-    out.wsum[:, rows] = (wv @ t.after).T
-    s[:, _S["fp16_raw"]] = is16 @ t.val_bytes
+    # sums over variables as matrix products, in float64: sums of float32 terms are then exact (bar
+    # magnitudes ~2^30 apart), the same in any order (tuner.incremental adds them cell by cell)
+    out.psum[:, rows] = (psf.astype(np.float64) @ t.ps_right).T
+    out.asum[:, rows] = (arf.astype(np.float64) @ t.sums).T
+    out.wsum[:, rows] = (wv.astype(np.float64) @ t.after).T
+    s[:, _S["fp16_raw"]] = is16.astype(np.float64) @ t.val_bytes
     s[:, _S["psgd_raw"]] = np.bincount(psgd_rows, t.val_bytes[pv], minlength=B) if len(fi) else 0.0
     s[:, _S["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
     s[:, _S["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
