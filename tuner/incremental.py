@@ -16,12 +16,13 @@ reduced over the proposal itself, one exact (B, V) pass each. A cell's contribut
 ``features._block_parts``' float32 arithmetic, its shards laid on nodes and groups directly rather
 than through difference lines.
 
-Float64 sums of float32 contributions are exact unless their magnitudes span more than ~2^29 (a
-terabyte next to a fraction of a byte); then taking a contribution out leaves ~1e-16 of the largest
-sum it shared a row with. A category left with no variable (no PS, or no all-reduce variable) has
-its block reset to exact zeros, as ``featurize`` gives; elsewhere the residue is far below the
-thresholds that count nodes (``features._EMPTY_BYTES``) and groups (0.5 bytes). Features agree
-with ``featurize`` to float32 rounding (``tests/test_incremental_features.py``).
+Sums are float64 here and in ``featurize``; float64 sums of float32 terms are exact unless their
+magnitudes span more than ~2^29 (a terabyte next to a fraction of a byte), so both give the same
+numbers in any order, and the features are bit for bit ``featurize``'s
+(``tests/test_incremental_features.py``). Beyond that span, taking a contribution out leaves
+~1e-16 of the largest sum it shared (only PS sums hold fractions of a byte: sparse shards): when
+no PS variable is left their block is reset to exact zeros, as ``featurize`` gives; elsewhere the
+residue is far below the threshold that counts nodes (``features._EMPTY_BYTES``).
 """
 from __future__ import annotations
 
@@ -251,12 +252,11 @@ class IncrementalFeaturizer:
     def _features(self, e: EncodedStrategies, sums: np.ndarray) -> np.ndarray:
         lay, t = self._lay, self.tables
         B, nbp = len(e), lay.nbp
-        # a category with no variable left: exact zeros (clears the residue of additions and removals)
-        has_ps, has_ar = sums[lay.ps_sums] > 0.5, sums[lay.ar] > 0.5
+        # no PS variable left: exact zeros (clears the residue of additions and removals of
+        # fractional sparse shard bytes; all-reduce sums are whole bytes, always exact)
+        has_ps = sums[lay.ps_sums] > 0.5
         if not has_ps.all():
             sums[:lay.ar] *= has_ps
-        if not has_ar.all():
-            sums[lay.ar:] *= has_ar
         psum = np.empty((4 + nbp, B), np.float32)
         psum[:4] = sums[lay.ps_sums:lay.ps_sums + 4]
         # running sums of the difference entries, as products with a triangle of ones (numpy's
@@ -272,9 +272,8 @@ class IncrementalFeaturizer:
         scal[_S["stale"]] = e.staleness.max(1)
         scal[_S["sync"]] = e.sync.sum(1)
         scal[_S["objectstore"]] = e.backend.max(1) == BACKEND_ID["objectstore"]
-        scal[_S["n_groups"]] = np.count_nonzero(total > 0.5, axis=0)
-        scal[_S["n_coll"]] = np.count_nonzero(full.reshape(3 * lay.G, B), axis=0) + np.count_nonzero(full[2], axis=0)
-        scal[_S["n_coll"]] += sums[lay.ar_scalars + 2]
+        scal[_S["n_groups"]] = (total > 0.5).sum(0)
+        scal[_S["n_coll"]] = full.reshape(3 * lay.G, B).sum(0) + full[2].sum(0) + sums[lay.ar_scalars + 2]
         scal[_S["max_group"]] = total.max(0)
         parts = _Parts(sums[:3 * t.N].reshape(3, t.N, B), psum, sums[lay.ar:lay.ar + 4].astype(np.float32), wsum, scal)
         return _assemble(t, self.params, parts)
@@ -334,10 +333,12 @@ def _cell_parts(t: FeatureTables, v: np.ndarray, f: dict) -> _Cells:
         wv[psgd] = kf[psgd] * fb + extra[psgd] * (fe - fb)
     X = X * lay + wv * (1.0 - lay)
     sparse = t.sparse[v]
-    X[sparse] *= psf[sparse]
-    Y[sparse] *= psf[sparse]
+    gathers = sparse * arf   # sparse all-reduce variables are all-gathered, never in a group
+    keep = 1.0 - gathers
+    X *= keep
+    Y *= keep
     return _Cells(
         arf=arf, X=X, Y=Y, e2=(extra * lay).astype(np.int64), e3=((kf - 1.0) * lay + 1.0).astype(np.int64),
-        extra=extra.astype(np.int64), wv=wv, is16=is16, psgd=psgd, gathers=sparse * arf * kf,
+        extra=extra.astype(np.int64), wv=wv, is16=is16, psgd=psgd, gathers=gathers * kf,
         line=f["local_replication"] * t.dense_i[v], cls=(comp + 1) >> 1,
         sparse_ps=sparse & (f["kind"] == KIND_PS), Xs=si * base * psf, Ys=si * psf)
