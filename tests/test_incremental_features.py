@@ -11,6 +11,7 @@ from strategy_space.space import KIND_AR, StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.constraints import Constraints, Rule
 from tuner.cost_model import AnalyticCostModel
+from tuner.dataset import featurize_trials
 from tuner.features import COL, FeatureTables, featurize
 from tuner.incremental import IncrementalFeaturizer
 from tuner.search import IncrementalScorer, simulated_annealing
@@ -184,8 +185,6 @@ def test_incremental_scorer_predicts_what_the_simulator_predicts():
     rng = np.random.default_rng(10)
     trials = SyntheticRunner(model, cluster, seed=0).run([space.decode(space.sample_encoded(rng, 1), 0)
                                                           for _ in range(30)])
-    from tuner.dataset import featurize_trials
-
     X, y = featurize_trials(model, cluster, trials)
     sim = LearnedSimulator().fit(X, y)
     t = FeatureTables.from_specs(model, cluster)
