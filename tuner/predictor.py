@@ -31,7 +31,9 @@ from .cost_model import AnalyticCostModel
 from .dataset import TrialSet, build_trial_set, store_groups
 from .evaluation import pairwise_accuracy
 from .features import FeatureTables, featurize
+from .incremental import IncrementalFeaturizer
 from .ranker import StrategyRanker
+from .search import IncrementalScorer
 from .simulator import LearnedSimulator
 from .warmstart import Group, merge_groups
 
@@ -132,6 +134,12 @@ class Predictor:
     def features(self, e: EncodedStrategies) -> np.ndarray:
         # default alpha-beta parameters, as in the rows the learned models were trained on
         return featurize(self.tables, e)
+
+    def chain_scorer(self) -> IncrementalScorer:
+        """Scores annealing proposals from their chains' current strategies (``tuner.incremental``):
+        the seconds ``predict`` gives, bit for bit, without featurizing every variable of every
+        proposal. One per annealing run (it holds the chains' state)."""
+        return IncrementalScorer(IncrementalFeaturizer(self.tables), lambda X: self.predict(None, X))
 
     def predict(self, e: EncodedStrategies, X: np.ndarray | None = None) -> np.ndarray:
         """Predicted seconds per step."""

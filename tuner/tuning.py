@@ -129,7 +129,7 @@ class ModelBasedTuner:
         cand = self.project(EncodedStrategies.concat(parts))
         order, _ = self.predictor.order(cand)
         init = cand.take(order[: s.chains])
-        pool = simulated_annealing(self.space, self.predictor.predict, init, rng, steps=s.anneal_steps,
+        pool = simulated_annealing(self.space, self.predictor.chain_scorer(), init, rng, steps=s.anneal_steps,
                                    keep=max(256, 8 * k), project=self.project)
         fused, seconds = self.predictor.order(pool.encoded)
         pool = Pool(pool.encoded.take(fused), seconds[fused])
