@@ -97,6 +97,8 @@ class TuneResult:
             "speedup_over_baselines": self.speedup_over_baselines,
             "trials": len(self.outcome.search_trials),
             "baseline_trials": sum(1 for t in self.outcome.trials if t.meta.get("role") == "baseline"),
+            "confirm_trials": len(self.outcome.confirm_trials),
+            "best_measurements": self.best_trial.meta.get("measurements", 1),
             "total_trials": len(self.outcome.trials),
             "failed_trials": sum(1 for t in self.outcome.trials if not t.ok),
             "trials_to_within_5pct": self.outcome.trials_to_within(0.05),
@@ -110,7 +112,7 @@ class TuneResult:
 def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | None = None,
          store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
-         patience: int = 4, settings: SearchSettings | None = None, warm_start="builtin",
+         patience: int = 4, confirm: int = 2, settings: SearchSettings | None = None, warm_start="builtin",
          runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
@@ -126,6 +128,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         resume: continue the latest run of this model and cluster in the store.
         steps, warmup, trial_timeout_s: per-trial measurement settings.
         patience: stop after this many rounds without a better measured strategy.
+        confirm: re-measure the best strategy and the best baseline until each has 1 + confirm
+            measurements (the recommendation and the speed-up rest on those; 0: off).
         warm_start: trials the predictor learns from besides the store: ``builtin`` (the dataset
             AutoSync measured on its testbed), ``none``, another trial store file (read only), or
             groups already loaded with ``tuner.warmstart.load_warm_start``.
@@ -141,6 +145,10 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         from strategy_space.errors import ConfigError
 
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
+    if not isinstance(confirm, int) or confirm < 0:
+        from strategy_space.errors import ConfigError
+
+        raise ConfigError(f"confirm must be an integer >= 0, got {confirm!r}")
     cluster_spec = load_cluster(cluster)
     # a bad path fails before any worker starts
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
@@ -168,7 +176,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings(),
                                     warm_start=warm_groups)
             outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
-                                                                   patience=patience),
+                                                                   patience=patience, confirm=confirm),
                                 resume=resume, on_trial=on_trial)
     finally:
         if own_runner:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from strategy_space.errors import ConfigError
 from tuner.store import TrialStore
+from tuner.tuning import TuneOutcome
 
 
 def _run_trials(store: TrialStore, run_id: str | None):
@@ -43,7 +44,7 @@ def _plots(trials, out: Path) -> dict[str, str]:
             best = min(best, t.median)
         curve.append(best * 1e3)
     ax.step(range(1, len(trials) + 1), curve, where="post", label="best measured so far")
-    for role, color in (("baseline", "tab:gray"), ("search", "tab:blue")):
+    for role, color in (("baseline", "tab:gray"), ("search", "tab:blue"), ("confirm", "tab:orange")):
         pts = [(i, t.median * 1e3) for i, t in ok if t.meta.get("role") == role]
         if pts:
             ax.scatter(*zip(*pts), s=14, color=color, label=f"{role} trials")
@@ -71,11 +72,12 @@ def _plots(trials, out: Path) -> dict[str, str]:
         plt.close(fig)
         files["predicted vs measured"] = "predicted_vs_measured.png"
     # best vs baselines
-    base = [t for t in trials if t.meta.get("role") == "baseline"]
-    best_t = min((t for _, t in ok), key=lambda t: t.median, default=None)
+    outcome = TuneOutcome("", list(trials))   # re-measurements pooled per strategy
+    base = [t for t in outcome.baselines.values() if t.ok]
+    best_t = outcome.best
     if best_t is not None and base:
         bars = [(f"best ({best_t.origin})", best_t.median * 1e3)] + sorted(
-            ((t.origin, t.median * 1e3) for t in base if t.ok), key=lambda x: x[1])
+            {(t.origin, t.median * 1e3) for t in base}, key=lambda x: x[1])
         fig, ax = plt.subplots(figsize=(7, 0.45 * len(bars) + 1.2))
         ax.barh([b[0] for b in bars][::-1], [b[1] for b in bars][::-1],
                 color=["tab:gray"] * (len(bars) - 1) + ["tab:green"])
@@ -111,16 +113,15 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
         model = store.model(trials[0].model_fingerprint)
         cluster = store.cluster(trials[0].cluster_fingerprint)
     files = _plots(trials, out)
-    ok = [t for t in trials if t.ok]
-    best = min(ok, key=lambda t: t.median) if ok else None
+    outcome = TuneOutcome(run_id, list(trials))
+    best = outcome.best
     rows = [(i, t.meta.get("role", ""), t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
              f"{t.meta['predicted_s'] * 1e3:.1f}" if t.meta.get("predicted_s") else "-",
              (t.error or "").splitlines()[0][:80] if t.error else "") for i, t in enumerate(trials, 1)]
     parts = [f"<h1>AutoSync tuning report</h1><p>model <b>{html.escape(model.name if model else '?')}</b> on cluster "
              f"<b>{html.escape(cluster.name if cluster else '?')}</b>, run {html.escape(run_id)}, {len(trials)} trials.</p>"]
     if best is not None:
-        base = [t for t in trials if t.meta.get("role") == "baseline" and t.ok]
-        bb = min(base, key=lambda t: t.median) if base else None
+        bb = outcome.best_baseline
         parts.append(f"<p>Best: <b>{html.escape(best.origin)}</b>, median {best.median * 1e3:.1f} ms per step"
                      + (f", {bb.median / best.median:.2f}x the best baseline ({html.escape(bb.origin)}, "
                         f"{bb.median * 1e3:.1f} ms)" if bb else "") + ".</p>")

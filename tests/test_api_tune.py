@@ -24,7 +24,8 @@ def test_tune_result(result, tmp_path):
     s = result.summary()
     for key in ("best_step_time_s", "best_baseline", "best_baseline_step_time_s", "speedup_over_best_baseline", "trials"):
         assert s[key] is not None
-    assert s["trials"] == 6 and s["total_trials"] == 6 + s["baseline_trials"]
+    assert s["trials"] == 6 and s["total_trials"] == 6 + s["baseline_trials"] + s["confirm_trials"]
+    assert s["confirm_trials"] >= 2 and s["best_measurements"] == 3     # the pick rests on 3 measurements
     assert s["speedup_over_best_baseline"] >= 1.0
     assert set(result.speedup_over_baselines) == set(result.baselines)
     df = result.trials

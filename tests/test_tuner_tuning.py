@@ -20,7 +20,8 @@ def run(tmp_path, budget, runner=None, resume=False, constraints=None, name="t.d
 
 
 def fingerprints(outcome):
-    return [t.strategy.fingerprint for t in outcome.trials]
+    """Strategies of the run in order, re-measurements of the final contenders left out."""
+    return [t.strategy.fingerprint for t in outcome.trials if t.meta["role"] != "confirm"]
 
 
 def test_loop_measures_baselines_then_searches(tmp_path):
@@ -29,7 +30,7 @@ def test_loop_measures_baselines_then_searches(tmp_path):
     n_base = roles.count("baseline")
     assert n_base >= 5 and roles[:n_base] == ["baseline"] * n_base
     assert len(out.search_trials) == 9 and out.stop_reason == "trials"
-    assert len(set(fingerprints(out))) == len(out.trials)   # nothing measured twice
+    assert len(set(fingerprints(out))) == len(out.trials) - len(out.confirm_trials)   # nothing measured twice
     assert out.best.median <= out.best_baseline.median
     for t in out.trials:
         validate(t.strategy, MODEL, CLUSTER)
@@ -87,7 +88,8 @@ def test_resume_finishes_without_repeating(tmp_path):
     out = run(tmp_path, Budget(trials=8, patience=10), resume=True)
     assert out.run_id == run_id
     assert len(out.search_trials) == 8
-    assert len(set(fingerprints(out))) == len(out.trials) == len(before) - len([t for t in before if t.meta["role"] == "search"]) + 8
+    assert len(set(fingerprints(out))) == len(out.trials) - len(out.confirm_trials) \
+        == len(before) - len([t for t in before if t.meta["role"] == "search"]) + 8
     assert fingerprints(out)[:10] == [t.strategy.fingerprint for t in before]
 
 
@@ -98,3 +100,37 @@ def test_time_budget_stops(tmp_path):
         out = tune_loop(SyntheticRunner(MODEL, CLUSTER), store, tuner, Budget(trials=100, time_s=120),
                         clock=lambda: next(ticks))
     assert out.stop_reason == "time" and len(out.search_trials) < 100
+
+
+class LuckyOnce(SyntheticRunner):
+    """The first measurement of one search strategy comes out 10x too fast (a lucky outlier)."""
+
+    lucky: str | None = None
+
+    def run(self, strategies, origins=None):
+        out = super().run(strategies, origins)
+        if origins and origins[0] in ("search", "explore") and LuckyOnce.lucky is None:
+            import dataclasses
+
+            LuckyOnce.lucky = out[0].strategy.fingerprint
+            out = [dataclasses.replace(out[0], step_times=tuple(x / 10 for x in out[0].step_times))]
+        return out
+
+
+def test_confirmation_remeasures_the_contenders_and_drops_a_lucky_outlier(tmp_path):
+    out = run(tmp_path, Budget(trials=4, patience=10, confirm=2), runner=LuckyOnce(MODEL, CLUSTER, seed=4))
+    best, base = out.best, out.best_baseline
+    assert best.meta["measurements"] == 3 and base.meta["measurements"] == 3
+    assert all(t.meta["role"] == "confirm" for t in out.trials[-len(out.confirm_trials):]) and out.confirm_trials
+    lucky = [t for t in out.trials if t.strategy.fingerprint == LuckyOnce.lucky]
+    assert lucky[0].median < best.median    # its first measurement beat everything...
+    if len(lucky) > 1:                      # ...and once re-measured it no longer leads on luck
+        assert best.strategy.fingerprint != LuckyOnce.lucky or best.median > lucky[0].median * 2
+    merged = out.measured()[best.strategy.fingerprint]
+    assert merged.median == best.median and len(merged.step_times) == sum(
+        len(t.step_times) for t in out.ok if t.strategy.fingerprint == best.strategy.fingerprint)
+
+
+def test_confirmation_off(tmp_path):
+    out = run(tmp_path, Budget(trials=3, patience=10, confirm=0))
+    assert not out.confirm_trials and "measurements" not in out.best.meta

@@ -1,6 +1,7 @@
 """The tuning loop: measure the baselines, then repeat — refit the predictor on every stored trial,
 propose candidates, anneal, measure a diverse top-k plus a few random ones, store — until the trial
-budget, the time budget or the patience runs out.
+budget, the time budget or the patience runs out; then re-measure the contenders (confirmation) so
+the recommended strategy is not just the luckiest single measurement.
 
 ``ModelBasedTuner`` is the proposal side (TVM style: ``next_batch`` / ``update``); ``tune_loop``
 drives a Runner with it and a TrialStore. Every trial carries the run's id in ``meta`` so a killed
@@ -51,11 +52,14 @@ class SearchSettings:
 
 @dataclass(frozen=True)
 class Budget:
-    """When to stop: search trials (baselines come on top), seconds, rounds without improvement."""
+    """When to stop: search trials (baselines come on top), seconds, rounds without improvement;
+    and ``confirm``: extra measurements of the final contenders (the best strategy and the best
+    baseline must each have ``1 + confirm`` before the run ends; 0 turns confirmation off)."""
 
     trials: int = 24
     time_s: float | None = None
     patience: int = 4
+    confirm: int = 2
 
 
 @dataclass
@@ -165,18 +169,28 @@ class TuneOutcome:
     def ok(self) -> list[Trial]:
         return [t for t in self.trials if t.ok]
 
+    def measured(self) -> dict[str, Trial]:
+        """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; ``meta``
+        ``measurements`` says how many); a strategy measured once is its own trial."""
+        groups: dict[str, list[Trial]] = {}
+        for t in self.ok:
+            groups.setdefault(t.strategy.fingerprint, []).append(t)
+        return {fp: merge_measurements(ts) for fp, ts in groups.items()}
+
     @property
     def best(self) -> Trial | None:
-        return min(self.ok, key=lambda t: t.median, default=None)
+        """The fastest strategy by the median of all its measured steps (re-measurements included)."""
+        return min(self.measured().values(), key=lambda t: t.median, default=None)
 
     @property
     def baselines(self) -> dict[str, Trial]:
-        """Builder name -> its trial (builders with the same strategy share one)."""
+        """Builder name -> its measurements (builders with the same strategy share them)."""
+        merged = self.measured()
         out = {}
         for t in self.trials:
             if t.meta.get("role") == "baseline":
                 for name in (t.origin, *t.meta.get("aliases", ())):
-                    out[name] = t
+                    out[name] = merged.get(t.strategy.fingerprint, t)
         return out
 
     @property
@@ -185,7 +199,11 @@ class TuneOutcome:
 
     @property
     def search_trials(self) -> list[Trial]:
-        return [t for t in self.trials if t.meta.get("role") != "baseline"]
+        return [t for t in self.trials if t.meta.get("role") not in ("baseline", "confirm")]
+
+    @property
+    def confirm_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.meta.get("role") == "confirm"]
 
     def trials_to_within(self, fraction: float = 0.05) -> int | None:
         """Trials (in order, baselines included) until one within ``fraction`` of the final best."""
@@ -196,6 +214,14 @@ class TuneOutcome:
             if t.ok and t.median <= best.median * (1 + fraction):
                 return i
         return None
+
+
+def merge_measurements(trials: list[Trial]) -> Trial:
+    """Several ok measurements of one strategy as one Trial: the first, with every step pooled."""
+    if len(trials) == 1:
+        return trials[0]
+    steps = tuple(x for t in trials for x in t.step_times)
+    return dataclasses.replace(trials[0], step_times=steps, meta={**trials[0].meta, "measurements": len(trials)})
 
 
 def previous_run(store, model: ModelSpec, cluster: ClusterSpec) -> tuple[str | None, list[Trial]]:
@@ -269,4 +295,16 @@ def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, 
         new_best = outcome.best.median if outcome.best else float("inf")
         stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
         best = min(best, new_best)
+    # Confirmation (racing): the best of many noisy single measurements is flattered by its noise.
+    # Re-measure the current best strategy and the best baseline until each has 1 + confirm
+    # measurements; a re-measured best that falls back hands the lead to the next one.
+    for _ in range(4 * budget.confirm):
+        if budget.time_s is not None and clock() - start > budget.time_s:
+            break
+        need = [t for t in (outcome.best, outcome.best_baseline)
+                if t is not None and t.meta.get("measurements", 1) < 1 + budget.confirm]
+        if not need:
+            break
+        t = need[0]
+        measure([Proposal(t.strategy, t.origin, aliases=tuple(t.meta.get("aliases", ())))], "confirm")
     return outcome

@@ -61,13 +61,15 @@ def cmd_tune(args) -> int:
 
     if args.trials < 0:
         raise ConfigError(f"--trials must be >= 0, got {args.trials}")
+    if args.confirm < 0:
+        raise ConfigError(f"--confirm must be >= 0, got {args.confirm}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
     progress = Progress(args.trials)
     try:
         result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
                       store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
-                      warmup=args.warmup, warm_start=args.warm_start, on_trial=progress)
+                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress)
     finally:
         progress.close()
     result.save(args.out)
@@ -81,7 +83,8 @@ def cmd_tune(args) -> int:
         print(json.dumps(summary, indent=1))
         return 0
     print(f"\n{result.model.name} on {result.cluster.name}: {summary['total_trials']} trials "
-          f"({summary['baseline_trials']} baselines, {summary['trials']} search, {summary['failed_trials']} failed), "
+          f"({summary['baseline_trials']} baselines, {summary['trials']} search, {summary['confirm_trials']} "
+          f"re-measurements, {summary['failed_trials']} failed), "
           f"stopped: {summary['stop_reason']}")
     print(result_table(result))
     speed = summary["speedup_over_best_baseline"]
@@ -116,6 +119,8 @@ def register(sub) -> None:
     p.add_argument("--constraints", metavar="FILE", help="YAML of pinned decisions the search must keep")
     p.add_argument("--report", metavar="DIR", help="also write an HTML report with plots here")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this model and cluster")
+    p.add_argument("--confirm", type=int, default=2, metavar="N",
+                   help="re-measure the best strategy and the best baseline until each has 1+N measurements (default 2)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
