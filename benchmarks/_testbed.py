@@ -6,9 +6,18 @@ the script there with the same arguments, less the ones only the outer half read
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Sequence
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write ``data`` as JSON atomically (partial results survive an interruption, never half-written)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
 
 
 def strip_flags(argv: Sequence[str], flags: set[str]) -> list[str]:

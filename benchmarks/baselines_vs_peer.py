@@ -96,13 +96,6 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _write_json(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
-
-
 def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: float, say) -> dict:
     """AutoSync's baselines, then the peer, on one model (the pool is killed before the peer
     runs: every node has one CPU and the peer's workers need it)."""
@@ -227,6 +220,7 @@ def inside(args) -> int:
     import ray
 
     import _peer
+    from _testbed import write_json
     from autosync.sources import load_cluster
     from autosync.testbed import format_rate
 
@@ -260,7 +254,7 @@ def inside(args) -> int:
         results["models"][name]["wall_s"] = round(time.monotonic() - t0, 1)
         results["meta"]["wall_s"] = round(time.monotonic() - t_all, 1)
         results["models"] = {m: results["models"][m] for m in MODELS if m in results["models"]}
-        _write_json(path, results)  # partial results survive an interruption
+        write_json(path, results)  # partial results survive an interruption
     ray.shutdown()
     print()
     print(render_table(results))
