@@ -134,3 +134,32 @@ def test_confirmation_remeasures_the_contenders_and_drops_a_lucky_outlier(tmp_pa
 def test_confirmation_off(tmp_path):
     out = run(tmp_path, Budget(trials=3, patience=10, confirm=0))
     assert not out.confirm_trials and "measurements" not in out.best.meta
+
+
+class AlwaysLucky(SyntheticRunner):
+    """Every search strategy's first measurement comes out 10x too fast."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen: set[str] = set()
+
+    def run(self, strategies, origins=None):
+        import dataclasses
+
+        out = super().run(strategies, origins)
+        fp = out[0].strategy.fingerprint
+        if origins and origins[0] in ("search", "explore") and fp not in self.seen:
+            self.seen.add(fp)
+            out = [dataclasses.replace(out[0], step_times=tuple(x / 10 for x in out[0].step_times))]
+        return out
+
+
+def test_an_unconfirmed_leader_is_never_recommended(tmp_path):
+    """Racing has a cap; when every leader it re-measures falls back, the recommendation is among
+    the strategies measured 1 + confirm times (the best baseline at least), never a lucky one-off."""
+    out = run(tmp_path, Budget(trials=8, patience=10, confirm=2), runner=AlwaysLucky(MODEL, CLUSTER, seed=4))
+    assert len(out.confirm_trials) <= 1 + 5 * 2
+    counts = {fp: t.meta.get("measurements", 1) for fp, t in out.measured().items()}
+    assert out.best.meta["measurements"] == 3 == max(counts.values())
+    assert out.best_baseline.meta["measurements"] == 3
+    assert out.leader().meta.get("measurements", 1) <= 3

@@ -177,10 +177,20 @@ class TuneOutcome:
             groups.setdefault(t.strategy.fingerprint, []).append(t)
         return {fp: merge_measurements(ts) for fp, ts in groups.items()}
 
+    def leader(self) -> Trial | None:
+        """The fastest strategy so far by the median of all its measured steps, however often measured."""
+        return min(self.measured().values(), key=lambda t: t.median, default=None)
+
     @property
     def best(self) -> Trial | None:
-        """The fastest strategy by the median of all its measured steps (re-measurements included)."""
-        return min(self.measured().values(), key=lambda t: t.median, default=None)
+        """The recommendation: the leader, except that once confirmation has run only strategies
+        measured as often as the most-measured ones compete (an unconfirmed lucky measurement
+        never wins over confirmed ones)."""
+        merged = self.measured()
+        if self.confirm_trials and merged:
+            top = max(t.meta.get("measurements", 1) for t in merged.values())
+            merged = {k: t for k, t in merged.items() if t.meta.get("measurements", 1) == top}
+        return min(merged.values(), key=lambda t: t.median, default=None)
 
     @property
     def baselines(self) -> dict[str, Trial]:
@@ -273,7 +283,7 @@ def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, 
         return got
 
     measure(pending, "baseline")
-    best = outcome.best.median if outcome.best else float("inf")
+    best = outcome.leader().median if outcome.leader() else float("inf")
     stale_rounds = 0
     while True:
         remaining = budget.trials - len(outcome.search_trials)
@@ -292,16 +302,18 @@ def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, 
             outcome.stop_reason = "exhausted"
             break
         measure(proposals, "search")
-        new_best = outcome.best.median if outcome.best else float("inf")
+        leader = outcome.leader()
+        new_best = leader.median if leader else float("inf")
         stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
         best = min(best, new_best)
     # Confirmation (racing): the best of many noisy single measurements is flattered by its noise.
-    # Re-measure the current best strategy and the best baseline until each has 1 + confirm
-    # measurements; a re-measured best that falls back hands the lead to the next one.
-    for _ in range(4 * budget.confirm):
+    # Re-measure the best baseline, then the leader, until each has 1 + confirm measurements; a
+    # re-measured leader that falls back hands the lead to the next one. What is left unconfirmed
+    # when the cap is reached cannot be recommended (``TuneOutcome.best``).
+    for _ in range(1 + 5 * budget.confirm if budget.confirm else 0):
         if budget.time_s is not None and clock() - start > budget.time_s:
             break
-        need = [t for t in (outcome.best, outcome.best_baseline)
+        need = [t for t in (outcome.best_baseline, outcome.leader())
                 if t is not None and t.meta.get("measurements", 1) < 1 + budget.confirm]
         if not need:
             break
