@@ -163,3 +163,5 @@ def test_an_unconfirmed_leader_is_never_recommended(tmp_path):
     assert out.best.meta["measurements"] == 3 == max(counts.values())
     assert out.best_baseline.meta["measurements"] == 3
     assert out.leader().meta.get("measurements", 1) <= 3
+    first = next(i for i, t in enumerate(out.trials, 1) if t.strategy.fingerprint == out.best.strategy.fingerprint)
+    assert out.trials_to_within(0.05) <= first     # counted from its first measurement, not its confirmation

@@ -216,12 +216,13 @@ class TuneOutcome:
         return [t for t in self.trials if t.meta.get("role") == "confirm"]
 
     def trials_to_within(self, fraction: float = 0.05) -> int | None:
-        """Trials (in order, baselines included) until one within ``fraction`` of the final best."""
+        """Trials (in order, baselines included) until the final best strategy itself or one
+        measured within ``fraction`` of its (pooled) time was first measured."""
         best = self.best
         if best is None:
             return None
         for i, t in enumerate(self.trials, 1):
-            if t.ok and t.median <= best.median * (1 + fraction):
+            if t.ok and (t.strategy.fingerprint == best.strategy.fingerprint or t.median <= best.median * (1 + fraction)):
                 return i
         return None
 
