@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
+from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.constraints import Constraints, load_constraints
 from tuner.store import TrialStore
@@ -142,12 +142,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     from autosync.sources import load_cluster, load_model_def, load_model_spec
 
     if not isinstance(trials, int) or trials < 0:
-        from strategy_space.errors import ConfigError
-
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
     if not isinstance(confirm, int) or confirm < 0:
-        from strategy_space.errors import ConfigError
-
         raise ConfigError(f"confirm must be an integer >= 0, got {confirm!r}")
     cluster_spec = load_cluster(cluster)
     # a bad path fails before any worker starts
@@ -183,8 +179,6 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             runner.close()
     best = outcome.best
     if best is None:
-        from strategy_space.errors import ConfigError
-
         reasons = sorted({t.error.splitlines()[0][:200] for t in outcome.trials if not t.ok})
         raise ConfigError(f"every trial failed, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
                           f"Check that the model trains on this cluster (autosync run --strategy ...)")

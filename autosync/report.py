@@ -28,12 +28,13 @@ def _run_trials(store: TrialStore, run_id: str | None):
     return run_id, chosen
 
 
-def _plots(trials, out: Path) -> dict[str, str]:
+def _plots(outcome: TuneOutcome, out: Path) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    trials = outcome.trials
     files = {}
     ok = [(i, t) for i, t in enumerate(trials, 1) if t.ok]
     # tuning curve
@@ -43,7 +44,7 @@ def _plots(trials, out: Path) -> dict[str, str]:
         if t.ok:
             best = min(best, t.median)
         curve.append(best * 1e3)
-    ax.step(range(1, len(trials) + 1), curve, where="post", label="best measured so far")
+    ax.step(range(1, len(trials) + 1), curve, where="post", label="best single measurement so far")
     for role, color in (("baseline", "tab:gray"), ("search", "tab:blue"), ("confirm", "tab:orange")):
         pts = [(i, t.median * 1e3) for i, t in ok if t.meta.get("role") == role]
         if pts:
@@ -72,7 +73,6 @@ def _plots(trials, out: Path) -> dict[str, str]:
         plt.close(fig)
         files["predicted vs measured"] = "predicted_vs_measured.png"
     # best vs baselines
-    outcome = TuneOutcome("", list(trials))   # re-measurements pooled per strategy
     base = [t for t in outcome.baselines.values() if t.ok]
     best_t = outcome.best
     if best_t is not None and base:
@@ -112,8 +112,8 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
         run_id, trials = _run_trials(store, run_id)
         model = store.model(trials[0].model_fingerprint)
         cluster = store.cluster(trials[0].cluster_fingerprint)
-    files = _plots(trials, out)
-    outcome = TuneOutcome(run_id, list(trials))
+    outcome = TuneOutcome(run_id, list(trials))   # re-measurements pooled per strategy
+    files = _plots(outcome, out)
     best = outcome.best
     rows = [(i, t.meta.get("role", ""), t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
              f"{t.meta['predicted_s'] * 1e3:.1f}" if t.meta.get("predicted_s") else "-",

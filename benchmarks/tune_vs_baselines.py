@@ -127,7 +127,7 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
     tuned = result.best_strategy
     base = result.baselines[base_name].strategy
     if tuned == base:
-        say(f"  the tuned strategy is the best baseline ({base_name}): confirming it once")
+        say(f"  the tuned strategy is the best baseline ({base_name}): re-measuring it alone")
         conf = confirm(name, cluster, {"tuned": tuned}, args.confirm, args.warmup, args.steps, say)
         conf["best_baseline"] = conf["tuned"]
     else:

@@ -126,7 +126,7 @@ class Predictor:
             scores["analytic"].append(pairwise_accuracy(analytic.predict_features(data.X[test]), y))
             sim = LearnedSimulator(random_state=self.seed).fit(data.X[train], data.y[train])
             scores["simulator"].append(pairwise_accuracy(sim.predict(data.X[test]), y))
-            if use_ranker and len(np.unique(data.group[train])) >= 1 and len(train) >= 2:
+            if use_ranker and len(train) >= 2:
                 ranker = StrategyRanker(random_state=self.seed).fit(data.X[train], data.y[train], data.group[train])
                 scores["ranker"].append(pairwise_accuracy(-ranker.predict(data.X[test]), y))
         return {k: float(np.nanmean(v)) for k, v in scores.items() if v and not np.all(np.isnan(v))}
