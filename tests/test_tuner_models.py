@@ -65,3 +65,39 @@ def test_analytic_fit_reduces_error(data):
     err = lambda m: np.mean((np.log(m.predict_features(data.X)) - np.log(data.y)) ** 2)  # noqa: E731
     assert err(fitted) < err(base)
     assert fitted.params_ != base.parameters
+
+
+def test_simulator_never_predicts_faster_for_more_wire_time(data):
+    from tuner.features import COL
+
+    sim = LearnedSimulator(n_estimators=60).fit(data.X, data.y)
+    slower = data.X.copy()
+    slower[:, COL["wire_s"]] *= 1.5
+    assert np.all(sim.predict(slower) >= sim.predict(data.X) * (1 - 1e-6))
+    assert LearnedSimulator(monotone=False)._constraints() is None
+
+
+def test_evaluate_scores_against_the_truth_when_given(data):
+    from tuner.evaluation import evaluate
+
+    sim = {"sim": lambda tr, te: LearnedSimulator(n_estimators=30).fit(tr.X, tr.y).predict(te.X)}
+    plain = evaluate(data, sim, protocols=("within",))[0]
+    assert np.isnan(plain["pairwise_truth"]) and np.isnan(plain["pairwise_truth_tol"])
+    same = evaluate(data, sim, protocols=("within",), truth=data.y)[0]   # measurements as the truth
+    assert same["pairwise_truth"] == pytest.approx(same["pairwise_acc"])
+    assert same["pairwise_truth_tol"] == pytest.approx(same["pairwise_acc_tol"])
+    with pytest.raises(ValueError, match="truth has 3 rows"):
+        evaluate(data, sim, protocols=("within",), truth=data.y[:3])
+
+
+def test_noiseless_step_time_is_what_measurements_scatter_around():
+    from strategy_space.builders import build_all
+    from tuner.synthetic import SyntheticRunner, iter_groups, noiseless_step_s
+
+    model, cluster = next(iter_groups(1, 1, seed=3, include_configs=False))
+    strategies = list(build_all(model, cluster).values())[:3]
+    true = noiseless_step_s(model, cluster, strategies)
+    np.testing.assert_array_equal(true, noiseless_step_s(model, cluster, strategies))   # no noise: deterministic
+    measured = np.array([[t.median for t in SyntheticRunner(model, cluster, seed=s).run(strategies)] for s in range(9)])
+    ratio = np.median(measured, axis=0) / true
+    assert np.all((ratio > 0.9) & (ratio < 1.25))    # jitter and stragglers only ever slow the slowest node

@@ -14,10 +14,13 @@ Lower predictions mean faster; the ranker's scores are negated to follow that.
 Pairwise accuracy is reported twice: over all pairs (strict) and over the pairs whose measured
 times differ by more than ``tol`` (default 5 %). Measured step times are noisy (repeats of one
 strategy in the synthetic truth spread by ~2-9 %), so pairs closer than the noise are ordered by the
-noise, not by the strategies: no predictor can order them better than chance.
+noise, not by the strategies: no predictor can order them better than chance. Where the noiseless
+step times are known (the synthetic world), ``evaluate(truth=...)`` also scores the predictions
+against them.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -82,13 +85,19 @@ def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
             "simulator (ratio)": simulator("ratio"), "simulator (log)": simulator("log"), "ranker": ranker}
 
 
-def _score_groups(pred: np.ndarray, test: TrialSet, tol: float) -> list[tuple[float, float, float, float]]:
+def score_groups(pred: np.ndarray, test: TrialSet, tol: float,
+                  truth: np.ndarray | None = None) -> list[tuple[float, ...]]:
+    """Per group of ``test`` with >= 3 rows: (pairwise, tau, regret, pairwise beyond ``tol``), then
+    the pairwise accuracies (all pairs, beyond ``tol``) against ``truth`` (NaN without it)."""
     out = []
     for g in np.unique(test.group):
         rows = test.group == g
         if rows.sum() >= 3:
             p, y = pred[rows], test.y[rows]
-            out.append((pairwise_accuracy(p, y), kendall_tau(p, y), top1_regret(p, y), pairwise_accuracy(p, y, tol)))
+            vs_truth = ((pairwise_accuracy(p, truth[rows]), pairwise_accuracy(p, truth[rows], tol))
+                        if truth is not None else (np.nan, np.nan))
+            out.append((pairwise_accuracy(p, y), kendall_tau(p, y), top1_regret(p, y), pairwise_accuracy(p, y, tol))
+                       + vs_truth)
     return out
 
 
@@ -108,52 +117,77 @@ def within_split(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> tupl
     return data.subset(np.nonzero(~test)[0]), data.subset(np.nonzero(test)[0])
 
 
+def splits(data: TrialSet, protocol: str, seed: int = 0,
+           test_share: float = 0.4) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train rows, test rows) of every fold of ``protocol`` (module doc)."""
+    if protocol == "within":
+        test = within_test_mask(data, test_share, seed)
+        return [(np.nonzero(~test)[0], np.nonzero(test)[0])]
+    if protocol == "lomo":
+        names = np.array([data.model_names[g] for g in data.group])
+        return [(np.nonzero(names != m)[0], np.nonzero(names == m)[0])
+                for m in sorted(set(data.model_names)) if (names != m).any()]
+    if protocol == "logo":
+        return [(np.nonzero(data.group != g)[0], np.nonzero(data.group == g)[0])
+                for g in np.unique(data.group) if (data.group != g).any()]
+    raise ValueError(f"unknown protocol {protocol!r}; use within, lomo or logo")
+
+
 def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protocols=("within", "lomo"),
-             seed: int = 0, test_share: float = 0.4, tol: float = 0.05) -> list[dict]:
+             seed: int = 0, test_share: float = 0.4, tol: float = 0.05,
+             truth: np.ndarray | None = None) -> list[dict]:
     """Mean per-group metrics of every method under every protocol.
 
     Args:
         tol: relative gap of measured times above which a pair counts for ``pairwise_acc_tol``.
+        truth: noiseless step time of every row of ``data``, where known (the synthetic world):
+            the predictions are also scored against it (``pairwise_truth``, ``pairwise_truth_tol``),
+            i.e. on how they order the strategies rather than one noisy measurement of each.
 
     Returns:
-        rows ``{protocol, method, groups, pairwise_acc, pairwise_acc_tol, tol, kendall_tau, top1_regret}``.
+        rows ``{protocol, method, groups, pairwise_acc, pairwise_acc_tol, tol, kendall_tau, top1_regret,
+        pairwise_truth, pairwise_truth_tol}`` (the truth columns NaN without ``truth``).
     """
     methods = methods or predictors(seed=seed)
+    if truth is not None and len(truth) != len(data):
+        raise ValueError(f"truth has {len(truth)} rows, the data {len(data)}")
     results = []
     for protocol in protocols:
-        if protocol == "within":
-            splits = [within_split(data, test_share, seed)]
-        elif protocol == "lomo":
-            names = np.array([data.model_names[g] for g in data.group])
-            splits = [(data.subset(np.nonzero(names != m)[0]), data.subset(np.nonzero(names == m)[0]))
-                      for m in sorted(set(data.model_names)) if (names != m).any()]
-        elif protocol == "logo":
-            splits = [(data.subset(np.nonzero(data.group != g)[0]), data.subset(np.nonzero(data.group == g)[0]))
-                      for g in np.unique(data.group) if (data.group != g).any()]
-        else:
-            raise ValueError(f"unknown protocol {protocol!r}; use within, lomo or logo")
+        folds = splits(data, protocol, seed, test_share)
         for name, method in methods.items():
             scores = []
-            for train, test in splits:
-                scores += _score_groups(np.asarray(method(train, test)), test, tol)
+            for train, test in folds:
+                part = data.subset(test)
+                scores += score_groups(np.asarray(method(data.subset(train), part)), part, tol,
+                                        None if truth is None else np.asarray(truth)[test])
             s = np.array(scores)
+            with warnings.catch_warnings():   # all-NaN columns (no truth) stay NaN quietly
+                warnings.simplefilter("ignore", RuntimeWarning)
+                means = np.nanmean(s, axis=0)
             results.append({"protocol": protocol, "method": name, "groups": len(s),
-                            "pairwise_acc": float(np.nanmean(s[:, 0])), "pairwise_acc_tol": float(np.nanmean(s[:, 3])),
-                            "tol": tol, "kendall_tau": float(np.nanmean(s[:, 1])),
-                            "top1_regret": float(np.nanmean(s[:, 2]))})
+                            "pairwise_acc": float(means[0]), "pairwise_acc_tol": float(means[3]),
+                            "tol": tol, "kendall_tau": float(means[1]), "top1_regret": float(means[2]),
+                            "pairwise_truth": float(means[4]), "pairwise_truth_tol": float(means[5])})
     return results
 
 
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table of ``evaluate`` rows."""
+    """A plain-text table of ``evaluate`` rows (with the columns against the truth when known)."""
     tol = rows[0]["tol"] if rows else 0.05
+    truth = any(np.isfinite(r.get("pairwise_truth", np.nan)) for r in rows)
     head = f"{'protocol':<8} {'method':<20} {'groups':>6} {'pairwise':>9} {f'pw>{tol:.0%}':>9} {'tau':>7} {'regret':>8}"
+    head += f" {'truth pw':>9} {f'truth>{tol:.0%}':>9}" if truth else ""
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['protocol']:<8} {r['method']:<20} {r['groups']:>6} {r['pairwise_acc']:>9.3f} "
-                     f"{r['pairwise_acc_tol']:>9.3f} {r['kendall_tau']:>7.3f} {r['top1_regret']:>7.1%}")
+        line = (f"{r['protocol']:<8} {r['method']:<20} {r['groups']:>6} {r['pairwise_acc']:>9.3f} "
+                f"{r['pairwise_acc_tol']:>9.3f} {r['kendall_tau']:>7.3f} {r['top1_regret']:>7.1%}")
+        line += f" {r['pairwise_truth']:>9.3f} {r['pairwise_truth_tol']:>9.3f}" if truth else ""
+        lines.append(line)
     lines.append(f"pairwise: all pairs of a group's held-out trials; pw>{tol:.0%}: only pairs whose measured times "
                  f"differ by more than {tol:.0%} (closer pairs are within the measurement noise)")
+    if truth:
+        lines.append(f"truth pw / truth>{tol:.0%}: the same predictions scored against the noiseless step times of the "
+                     f"held-out strategies (how they order the strategies, not one noisy measurement of each)")
     return "\n".join(lines)
 
 

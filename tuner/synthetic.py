@@ -7,6 +7,8 @@ CNN-, transformer- and recommender-shaped models and random clusters.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import glob
 import os
 import time
@@ -61,6 +63,15 @@ class SyntheticRunner(Runner):
                              breakdown={k: float(v) for k, v in breakdown.items()}, started_at=started,
                              meta={"runner": "synthetic", "seed": self.seed}))
         return out
+
+
+def noiseless_step_s(model: ModelSpec, cluster: ClusterSpec, strategies: Sequence[Strategy],
+                     truth: Truth = Truth()) -> np.ndarray:
+    """The synthetic world's noiseless seconds per step of each strategy: ``truth`` without node
+    jitter, stragglers or step noise (what repeated measurements of a trial scatter around)."""
+    quiet = dataclasses.replace(truth, node_jitter=0.0, straggler_p=0.0, step_noise=0.0)
+    compute, rng = estimate_compute_s(model), np.random.default_rng(0)   # the rng draws change nothing
+    return np.array([simulate_step(model, cluster, s, compute, rng, quiet)[0] for s in strategies])
 
 
 # ---- generated models ---------------------------------------------------------------------------
