@@ -1,71 +1,23 @@
-"""StrategySpace: the legal choices for every variable of a model on a cluster, and the integer
-array encoding the tuner featurizes in batches.
+"""StrategySpace: the legal choices for every variable of a model on a cluster; samples, mutations,
+and the integer array encoding the tuner featurizes in batches (``strategy_space.encoding``).
 
-Encoding (``EncodedStrategies``): B strategies x V variables, one int32 array (B, V) per field.
-A variable's shards share one kind of synchronizer and its options; where they differ:
-  * PS shard i sits on node ``(dest + i) % N`` (round-robin from the first node);
-  * AR shard i is in fusion group ``group + group_stride * i``.
-Strategies outside that subspace (mixed PS/AR shards, arbitrary shard placement) are valid and run,
-but ``encode`` rejects them with a message saying why.
+Strategies outside the encoded subspace (mixed PS/AR shards, arbitrary shard placement) are valid
+and run, but ``encode`` rejects them with a message saying why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import numpy as np
 
+from .encoding import (BACKEND_ID, COMPRESSOR_ID, FIELD_INDEX, FIELDS, KIND_AR, KIND_PS, STRATEGY_WIDE,
+                       VARIABLE_FIELDS, EncodedStrategies, Mutation)
 from .errors import ConfigError
+from .mutation import Mutator
 from .specs import ClusterSpec, ModelSpec
 from .strategy import BACKENDS, COMPRESSOR_KINDS, PS, AllReduce, Strategy, VarConfig, format_compressor
 
-KIND_PS, KIND_AR = 0, 1
-COMPRESSOR_ID = {k: i for i, k in enumerate(COMPRESSOR_KINDS)}
-BACKEND_ID = {b: i for i, b in enumerate(BACKENDS)}
-
-
-@dataclass
-class EncodedStrategies:
-    """A batch of strategies as int32 arrays of shape (B, V), one per field (see module doc).
-    Fields that do not apply are 0 (PS: group, compressor, rank, backend; AR: dest, PS options)."""
-
-    kind: np.ndarray
-    shards: np.ndarray
-    axis: np.ndarray
-    dest: np.ndarray
-    group: np.ndarray
-    group_stride: np.ndarray
-    local_replication: np.ndarray
-    sync: np.ndarray
-    staleness: np.ndarray
-    compressor: np.ndarray
-    rank: np.ndarray
-    backend: np.ndarray
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def zeros(cls, batch: int, num_vars: int) -> "EncodedStrategies":
-        return cls(**{n: np.zeros((batch, num_vars), dtype=np.int32) for n in cls.field_names()})
-
-    def __len__(self) -> int:
-        return self.kind.shape[0]
-
-    def take(self, rows) -> "EncodedStrategies":
-        return EncodedStrategies(**{n: getattr(self, n)[rows] for n in self.field_names()})
-
-    def copy(self) -> "EncodedStrategies":
-        return EncodedStrategies(**{n: getattr(self, n).copy() for n in self.field_names()})
-
-    @classmethod
-    def concat(cls, parts: list["EncodedStrategies"]) -> "EncodedStrategies":
-        return cls(**{n: np.concatenate([getattr(p, n) for p in parts]) for n in cls.field_names()})
-
-    def row_keys(self) -> list[bytes]:
-        """A hashable key per strategy (for de-duplication)."""
-        stacked = np.stack([getattr(self, n) for n in self.field_names()], axis=-1)
-        return [r.tobytes() for r in stacked]
+# the encoding's names, long imported from here
+__all__ = ["StrategySpace", "EncodedStrategies", "Mutation", "KIND_PS", "KIND_AR", "COMPRESSOR_ID", "BACKEND_ID",
+           "FIELDS", "FIELD_INDEX", "STRATEGY_WIDE", "VARIABLE_FIELDS"]
 
 
 class StrategySpace:
@@ -116,6 +68,7 @@ class StrategySpace:
                 choices += [(COMPRESSOR_ID[c], r) for r in self.ranks]
         self.compressor_choices = np.array(sorted(set(choices)), dtype=np.int32)
         self._V = V
+        self._mutator: Mutator | None = None   # built on the first mutation
 
     # ---- sampling --------------------------------------------------------------------------
     def sample_encoded(self, rng: np.random.Generator, n: int) -> EncodedStrategies:
@@ -134,14 +87,18 @@ class StrategySpace:
         self._sample_group_options(rng, e, np.arange(n))
         return self.normalize(e)
 
-    def _draw_modes(self, rng, n: int) -> np.ndarray:
-        """(n, 2) array of (sync, staleness): one PS mode per strategy, since mixing them is not
-        allowed (see validate)."""
-        modes = [(1, s) for s in self.staleness] + ([(0, 0)] if self.allow_async else [])
-        return np.array(modes, dtype=np.int32)[rng.integers(0, len(modes), size=n)]
+    def mode_choices(self) -> np.ndarray:
+        """(k, 2) array of the PS modes (sync, staleness) offered; a strategy uses one of them, since
+        mixing them is not allowed (see validate)."""
+        return np.array([(1, s) for s in self.staleness] + ([(0, 0)] if self.allow_async else []), dtype=np.int32)
+
+    def draw_modes(self, rng, n: int) -> np.ndarray:
+        """(n, 2) array of (sync, staleness), one of ``mode_choices`` per strategy."""
+        modes = self.mode_choices()
+        return modes[rng.integers(0, len(modes), size=n)]
 
     def _sample_ps_mode(self, rng, e: EncodedStrategies, rows: np.ndarray) -> None:
-        pick = self._draw_modes(rng, len(rows))
+        pick = self.draw_modes(rng, len(rows))
         e.sync[rows] = pick[:, :1]
         e.staleness[rows] = pick[:, 1:]
 
@@ -177,101 +134,55 @@ class StrategySpace:
         return self.decode(self.sample_encoded(rng, 1), 0)
 
     # ---- mutation --------------------------------------------------------------------------
-    MUTABLE = ("kind", "shards", "dest", "group", "compressor", "local_replication", "mode")
-
-    def _mutation_choices(self, kind: int) -> list[int]:
-        """Indices into MUTABLE of the decisions that can change for a variable of ``kind``."""
-        names = ["kind", "shards"]
-        if kind == KIND_PS:
-            names += ["dest"] if self.num_nodes > 1 else []
-            names += ["local_replication"] if self.multi_worker_nodes else []
-            names += ["mode"] if len(self.staleness) + self.allow_async > 1 else []
-        else:
-            names += ["group"] if self.num_groups > 1 else []
-            names += ["compressor"] if len(self.compressor_choices) > 1 else []
-        return [self.MUTABLE.index(n) for n in names]
-
     def mutate_encoded(self, e: EncodedStrategies, rng: np.random.Generator, tries: int = 8) -> EncodedStrategies:
-        """A copy where each strategy has one decision changed: one variable's synchronizer, shards,
-        placement or group, a group's compressor, or the strategy-wide PS mode. A draw that
-        changes nothing is retried (up to ``tries`` times; a space with a single point cannot
-        change)."""
-        out = self._mutate_once(e, rng)
-        for _ in range(tries - 1):
-            same = np.ones(len(e), dtype=bool)
-            for f in e.field_names():
-                same &= (getattr(out, f) == getattr(e, f)).all(axis=1)
-            if not same.any():
-                break
-            idx = np.nonzero(same)[0]
-            redo = self._mutate_once(e.take(idx), rng)
-            for f in e.field_names():
-                getattr(out, f)[idx] = getattr(redo, f)
-        return out
+        """A copy where each strategy has one decision changed (``mutate_rows``, each row its own
+        parent)."""
+        return self.mutate_rows(e, np.arange(len(e)), rng, tries=tries).encoded
 
-    def _mutate_once(self, e: EncodedStrategies, rng: np.random.Generator) -> EncodedStrategies:
-        out = e.copy()
-        n = len(out)
-        rows = np.arange(n)
-        v = rng.integers(0, self._V, size=n)
-        what = np.empty(n, dtype=np.int64)
-        is_ps = e.kind[rows, v] == KIND_PS
-        for kind, sel in ((KIND_PS, is_ps), (KIND_AR, ~is_ps)):
-            choices = np.array(self._mutation_choices(kind))
-            what[sel] = choices[rng.integers(0, len(choices), size=int(sel.sum()))]
-        fresh = self.sample_encoded(rng, n)
-        sync, stale, backend = self._row_modes(e, fresh)
-        for i, name in enumerate(self.MUTABLE):
-            sel = rows[what == i]
-            if not len(sel):
-                continue
-            vs = v[sel]
-            if name == "mode":
-                pick = self._draw_modes(rng, len(sel))
-                sync[sel], stale[sel] = pick[:, 0], pick[:, 1]
-            elif name == "compressor":
-                # every dense member of the chosen variable's group takes the new compressor
-                same = (out.group[sel] == out.group[sel, vs][:, None]) & (out.kind[sel] == KIND_AR)
-                out.compressor[sel] = np.where(same, fresh.compressor[sel, vs][:, None], out.compressor[sel])
-                out.rank[sel] = np.where(same, fresh.rank[sel, vs][:, None], out.rank[sel])
-            else:
-                fields_ = ("kind", "group", "shards", "dest") if name == "kind" else (name,)
-                for f in fields_:
-                    getattr(out, f)[sel, vs] = getattr(fresh, f)[sel, vs]
-                if name in ("kind", "group"):
-                    self._adopt_group_compressor(out, sel, vs)
-        ps = out.kind == KIND_PS
-        out.sync[:] = np.where(ps, sync[:, None], 0)
-        out.staleness[:] = np.where(ps, stale[:, None], 0)
-        out.backend[:] = np.where(ps, 0, backend[:, None])
-        return self.normalize(out)
+    def mutate_rows(self, e: EncodedStrategies, parents, rng: np.random.Generator, *, tries: int = 8) -> Mutation:
+        """Proposals, as changes: proposal i is row ``parents[i]`` of ``e`` with one decision changed —
+        one variable's synchronizer (redrawn whole), shards, placement, fusion groups or local
+        replication, a fusion group's compressor, or the strategy-wide PS mode — the new value
+        drawn as ``sample_encoded`` draws it. A proposal whose draw changes nothing draws again,
+        variable and decision included (up to ``tries`` times; a space with a single point cannot
+        change).
 
-    def _row_modes(self, e: EncodedStrategies, fallback: EncodedStrategies):
-        """Per strategy: (sync, staleness) of its parameter servers and its all-reduce backend,
-        taken from ``fallback`` where ``e`` has no PS / no AR variable."""
-        rows = np.arange(len(e))
-        ps = e.kind == KIND_PS
-        first_ps, first_ar = np.argmax(ps, axis=1), np.argmax(~ps, axis=1)
-        fb_ps = fallback.kind == KIND_PS
-        fb_first_ps, fb_first_ar = np.argmax(fb_ps, axis=1), np.argmax(~fb_ps, axis=1)
-        fb_sync = np.where(fb_ps.any(1), fallback.sync[rows, fb_first_ps], 1)
-        fb_stale = np.where(fb_ps.any(1), fallback.staleness[rows, fb_first_ps], self.staleness[0])
-        fb_backend = np.where((~fb_ps).any(1), fallback.backend[rows, fb_first_ar], self.backends[0])
-        has_ps, has_ar = ps.any(1), (~ps).any(1)
-        sync = np.where(has_ps, e.sync[rows, first_ps], fb_sync).astype(np.int32)
-        stale = np.where(has_ps, e.staleness[rows, first_ps], fb_stale).astype(np.int32)
-        backend = np.where(has_ar, e.backend[rows, first_ar], fb_backend).astype(np.int32)
-        return sync, stale, backend
+        Costs O(len(e) x V) once, then O(1) per proposal plus the cells it changes; the
+        proposals' rows are built only when asked for (``Mutation.take``, ``.encoded``). Normalized
+        rows of ``e`` (as ``sample_encoded`` and ``normalize`` give) give normalized proposals.
 
-    def _adopt_group_compressor(self, e: EncodedStrategies, sel: np.ndarray, vs: np.ndarray) -> None:
-        g = e.group[sel, vs]
-        members = (e.group[sel] == g[:, None]) & (e.kind[sel] == KIND_AR) & self.compressible
-        members[np.arange(len(sel)), vs] = False
-        has = members.any(axis=1)
-        src = np.argmax(members, axis=1)
-        take = sel[has]
-        e.compressor[take, vs[has]] = e.compressor[take, src[has]]
-        e.rank[take, vs[has]] = e.rank[take, src[has]]
+        Args:
+            e: the strategies to vary.
+            parents: row of ``e`` each proposal varies (repeat a row for several proposals).
+
+        Raises:
+            ValueError: ``parents`` are not rows of ``e``.
+        """
+        parents = np.asarray(parents, dtype=np.int64).reshape(-1)
+        if len(parents) and (parents.min() < 0 or parents.max() >= len(e)):
+            raise ValueError(f"parents must be rows 0..{len(e) - 1} of the strategies, got values from "
+                             f"{parents.min()} to {parents.max()}")
+        if self._mutator is None:
+            self._mutator = Mutator(self)
+        return self._mutator.mutate(e, parents, rng, tries)
+
+    def normalize_cells(self, vals: np.ndarray, vs: np.ndarray) -> None:
+        """``normalize`` for single cells: ``vals`` (len(FIELDS), m) holds every field of one cell
+        of variable ``vs[j]`` per column (changed in place)."""
+        F = FIELD_INDEX
+        ps = vals[F["kind"]] == KIND_PS
+        ar = ~ps
+        shards = np.clip(vals[F["shards"]], 1, self.shard_max[vs])
+        vals[F["shards"]] = shards
+        vals[F["axis"]] = 0
+        for f in ("dest", "local_replication", "sync", "staleness"):
+            vals[F[f]] *= ps
+        for f in ("group", "backend"):
+            vals[F[f]] *= ar
+        vals[F["group_stride"]] *= ar & (shards > 1)
+        ok = ar & self.compressible[vs]
+        vals[F["compressor"]] *= ok
+        vals[F["rank"]] *= ok & (vals[F["compressor"]] >= COMPRESSOR_ID["powersgd"])
 
     def mutate(self, strategy: Strategy, rng: np.random.Generator) -> Strategy:
         return self.decode(self.mutate_encoded(self.encode([strategy]), rng), 0)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, NodeSpec, PS, Strategy, VarConfig, VariableSpec, validate
-from strategy_space.space import KIND_AR, KIND_PS, StrategySpace
+from strategy_space.space import KIND_AR, KIND_PS, Mutation, StrategySpace
 from tests.fakes import tiny_model, two_node_cluster
 
 variables = st.lists(
@@ -87,3 +87,111 @@ def test_single_point_space_cannot_crash_mutation():
     e = space.mutate_encoded(space.sample_encoded(np.random.default_rng(0), 4), np.random.default_rng(1))
     for r in range(4):
         validate(space.decode(e, r), model, cluster)
+
+
+# ---- mutate_rows: proposals as changes ------------------------------------------------------------
+def _spaces():
+    wide = ModelSpec("wide", tuple(VariableSpec(f"l{i}/{p}", (a, b) if p == "kernel" else (b,))
+                                   for i, (a, b) in enumerate([(30, 20), (7, 5), (64, 3), (9, 9), (40, 12)] * 3)
+                                   for p in ("kernel", "bias")) + (VariableSpec("emb", (500, 8), sparse=True,
+                                                                                rows_per_step=20),
+                                                                   VariableSpec("n", (1,), dtype="int64")))
+    return [StrategySpace(tiny_model(), two_node_cluster()),
+            StrategySpace(tiny_model(), two_node_cluster(), staleness=(0, 1, 3), allow_async=True,
+                          backends=("auto", "objectstore"), ranks=(1, 2), max_shards=5),
+            StrategySpace(wide, two_node_cluster(), num_groups=3, staleness=(0, 2))]
+
+
+def _differing_cells(space, m, parents):
+    """Per proposal, the (variable, field) pairs that differ from its parent."""
+    e = m.encoded
+    out = []
+    for i, p in enumerate(parents):
+        out.append({(v, f) for f in e.field_names() for v in np.flatnonzero(getattr(e, f)[i] != getattr(m.base, f)[p])})
+    return out
+
+
+@pytest.mark.parametrize("which", range(3))
+def test_mutate_rows_changes_one_decision_of_each_parent(which):
+    space = _spaces()[which]
+    rng = np.random.default_rng(which)
+    base = space.sample_encoded(rng, 12)
+    parents = np.repeat(np.arange(12), 25)
+    m = space.mutate_rows(base, parents, rng)
+    assert len(m) == len(parents) and (m.parents == parents).all()
+    wide = {"sync", "staleness", "backend"}
+    op_rows = set(m.group_rows.tolist())
+    for i, diff in enumerate(_differing_cells(space, m, parents)):
+        assert diff, f"proposal {i} equals its parent"
+        variables = {v for v, _ in diff}
+        fields_ = {f for _, f in diff}
+        p = parents[i]
+        if i in op_rows:   # a fusion group's compressor: only all-reduce members of that group
+            assert fields_ <= {"compressor", "rank"}
+            assert len({int(base.group[p, v]) for v in variables}) == 1
+            assert all(base.kind[p, v] == KIND_AR for v in variables)
+        elif len(variables) > 1:   # the strategy's PS mode: every PS variable, nothing else
+            assert fields_ <= wide - {"backend"} and all(base.kind[p, v] == KIND_PS for v in variables)
+        # else: one variable's decision (its synchronizer may bring the strategy's options along)
+    e = m.encoded
+    normalized = space.normalize(e.copy())
+    for f in e.field_names():
+        assert (getattr(normalized, f) == getattr(e, f)).all(), f"{f} not normalized"
+    for i in range(0, len(e), 7):
+        s = space.decode(e, i)
+        validate(s, space.model, space.cluster)
+        back = space.encode([s])
+        assert all((getattr(back, f)[0] == getattr(e, f)[i]).all() for f in e.field_names())
+
+
+@pytest.mark.parametrize("which", range(3))
+def test_mutation_cells_are_its_changes_and_rows_build_alike(which):
+    space = _spaces()[which]
+    rng = np.random.default_rng(10 + which)
+    base = space.sample_encoded(rng, 6)
+    parents = rng.integers(0, 6, 200)
+    m = space.mutate_rows(base, parents, rng)
+    V = base.kind.shape[1]
+    e = m.encoded
+    ops = set(m.group_rows.tolist())
+    expected = {i * V + v for i, diff in enumerate(_differing_cells(space, m, parents)) if i not in ops
+                for v, _ in diff}
+    assert set(m.cells.tolist()) == expected and (np.diff(m.cells) > 0).all()
+    assert not ops & set((m.cells // V).tolist())   # a proposal is either cells or a group change
+    rows = rng.integers(0, len(m), 30)
+    part = m.take(rows)
+    assert all((getattr(part, f) == getattr(e, f)[rows]).all() for f in e.field_names())
+    again = Mutation.diff(base, e, parents)
+    assert all((getattr(again.encoded, f) == getattr(e, f)).all() for f in e.field_names())
+
+
+def test_mutate_rows_reaches_every_decision():
+    space = _spaces()[1]
+    rng = np.random.default_rng(3)
+    base = space.sample_encoded(rng, 40)
+    m = space.mutate_rows(base, np.repeat(np.arange(40), 50), rng)
+    seen = {"group compressor": len(m.group_rows)}
+    for diff in _differing_cells(space, m, m.parents):
+        fields_ = {f for _, f in diff}
+        for name in ("kind", "shards", "dest", "group", "local_replication", "staleness"):
+            seen[name] = seen.get(name, 0) + (name in fields_)
+    assert all(n > 20 for n in seen.values()), seen
+
+
+def test_mutate_rows_draws_no_fresh_batch(monkeypatch):
+    space = StrategySpace(tiny_model(), two_node_cluster())
+    base = space.sample_encoded(np.random.default_rng(0), 4)
+
+    def no_batches(*args, **kwargs):
+        raise AssertionError("mutation drew a whole fresh batch")
+    monkeypatch.setattr(space, "sample_encoded", no_batches)
+    m = space.mutate_rows(base, [0, 0, 1, 3], np.random.default_rng(1))
+    assert len(m.encoded) == 4
+    assert len(space.mutate_encoded(base, np.random.default_rng(2))) == 4
+
+
+def test_mutate_rows_rejects_parents_outside_the_batch():
+    space = StrategySpace(tiny_model(), two_node_cluster())
+    base = space.sample_encoded(np.random.default_rng(0), 3)
+    with pytest.raises(ValueError, match=r"parents must be rows 0..2 of the strategies, got values from 0 to 3"):
+        space.mutate_rows(base, [0, 3], np.random.default_rng(1))
