@@ -1,13 +1,14 @@
 """Incremental featurization (``tuner.incremental``) against ``featurize`` on chains of random
-mutations: every feature of every proposal, bit for bit, across spaces, clusters, constraints and
-partition axes; and the predictions and annealing pools built on them."""
+mutations (several proposals per chain and step, as the annealer makes them): every feature of
+every proposal, bit for bit, across spaces, clusters, constraints and partition axes; and the
+predictions and annealing pools built on them."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
-from strategy_space.space import KIND_AR, StrategySpace
+from strategy_space.space import FIELDS, KIND_AR, Mutation, StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.constraints import Constraints, Rule
 from tuner.cost_model import AnalyticCostModel
@@ -28,20 +29,32 @@ def assert_same_features(inc: np.ndarray, full: np.ndarray, where: str) -> None:
                              f"{inc[r, c]!r}, featurize {full[r, c]!r}")
 
 
-def run_chains(space, tables, rng, *, chains=24, steps=30, project=None, init=None):
-    """Mutate every chain ``steps`` times, accepting about half the proposals, and compare the
-    incremental features of every proposal with ``featurize``'s."""
-    project = project or (lambda e: e)
-    cur = project(space.sample_encoded(rng, chains) if init is None else init.copy())
+def run_chains(space, tables, rng, *, chains=24, steps=30, proposals=3, project=None, init=None):
+    """Give every chain ``proposals`` mutations per step for ``steps`` steps, moving about half the
+    chains to one of theirs, and compare the incremental features of every proposal with
+    ``featurize``'s. With ``project``, the projected proposals go in as a ``Mutation.diff``; every
+    other step, as a plain batch (row i varies chain i)."""
+    cur = space.sample_encoded(rng, chains) if init is None else init.copy()
+    cur = project(cur) if project else cur
     inc = IncrementalFeaturizer(tables)
     assert_same_features(inc.reset(cur), featurize(tables, cur), "reset")
+    parents = np.repeat(np.arange(chains), proposals)
     for step in range(steps):
-        prop = project(space.mutate_encoded(cur, rng))
-        assert_same_features(inc.propose(prop), featurize(tables, prop), f"step {step}")
-        accept = rng.random(chains) < 0.5
-        inc.accept(accept)
+        m = space.mutate_rows(cur, parents, rng)
+        if project:
+            m = Mutation.diff(cur, project(m.encoded), parents)
+        if step % 2 and proposals == 1 and not project:
+            m = m.encoded   # a batch, row i varying chain i
+        prop = m if isinstance(m, type(cur)) else m.encoded
+        assert_same_features(inc.propose(m), featurize(tables, prop), f"step {step}")
+        chosen = np.where(rng.random(chains) < 0.5, np.arange(chains) * proposals + rng.integers(0, proposals, chains),
+                          -1)
+        inc.accept(chosen)
+        moved = chosen >= 0
         for f in cur.field_names():
-            getattr(cur, f)[accept] = getattr(prop, f)[accept]
+            getattr(cur, f)[moved] = getattr(prop, f)[chosen[moved]]
+        now = inc.current()
+        assert all((getattr(now, f) == getattr(cur, f)).all() for f in FIELDS), f"step {step}: chains differ"
     return inc
 
 
@@ -82,6 +95,9 @@ def test_incremental_features_match_featurize_on_random_mutations(case):
     model, cluster, options = CASES[case]
     space = StrategySpace(model, cluster, **options)
     run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(len(case)))
+    # one proposal per chain, every other step given as a plain batch
+    run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(len(case) + 1), proposals=1,
+               steps=10)
 
 
 def test_incremental_features_match_under_constraints():
@@ -107,6 +123,8 @@ def test_incremental_features_from_strategies_split_along_other_axes():
     init = space.encode([s] * 6)
     assert init.axis.any()
     run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(6), chains=6, init=init)
+    run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(6), chains=6, init=init,
+               proposals=1)
 
 
 def test_emptied_categories_give_exact_zeros():
@@ -125,7 +143,7 @@ def test_emptied_categories_give_exact_zeros():
         prop = space.normalize(prop)
         X = inc.propose(prop)
         assert_same_features(X, featurize(t, prop), f"all kind {target}")
-        inc.accept(np.ones(len(cur), bool))
+        inc.accept(np.arange(len(cur)))
         cur = prop
     assert (X[:, COL["ar_wire_bytes"]] == 0).all() and (X[:, COL["ar_groups"]] == 0).all()
 
@@ -171,9 +189,17 @@ def test_misuse_is_reported():
         inc.propose(e)
     inc.reset(e)
     with pytest.raises(ValueError, match=r"no pending proposal: call propose first"):
-        inc.accept(np.ones(3, bool))
+        inc.accept(np.arange(3))
     with pytest.raises(ValueError, match=r"propose got 2 strategies for 3 parents"):
         inc.propose(e.take(np.arange(2)))
+    rng = np.random.default_rng(1)
+    with pytest.raises(ValueError, match=r"mutation of other strategies than the chains' current ones"):
+        inc.propose(space.mutate_rows(space.sample_encoded(rng, 3), [0, 1, 2], rng))
+    inc.propose(space.mutate_rows(e, [0, 0, 2, 2], rng))
+    with pytest.raises(ValueError, match=r"accept takes one proposal index \(0..3\) or -1 per chain \(3 chains\)"):
+        inc.accept(np.ones(3, bool))
+    with pytest.raises(ValueError, match=r"accept takes one proposal index"):
+        inc.accept([0, 4, -1])
     other = StrategySpace(wide_model(), cluster).sample_encoded(np.random.default_rng(0), 3)
     with pytest.raises(ValueError, match=r"strategies encode 64 variables but the model has 6"):
         inc.reset(other)
@@ -191,24 +217,64 @@ def test_incremental_scorer_predicts_what_the_simulator_predicts():
     scorer = IncrementalScorer(IncrementalFeaturizer(t), sim.predict)
     cur = space.sample_encoded(rng, 32)
     np.testing.assert_array_equal(scorer.reset(cur), sim.predict(featurize(t, cur)))
+    parents = np.repeat(np.arange(len(cur)), 4)
     for _ in range(15):
-        prop = space.mutate_encoded(cur, rng)
-        np.testing.assert_array_equal(scorer.propose(prop), sim.predict(featurize(t, prop)))
-        accept = rng.random(len(cur)) < 0.5
-        scorer.accept(accept)
+        m = space.mutate_rows(cur, parents, rng)
+        np.testing.assert_array_equal(scorer.propose(m), sim.predict(featurize(t, m.encoded)))
+        chosen = np.where(rng.random(len(cur)) < 0.5, np.arange(len(cur)) * 4 + 3, -1)
+        scorer.accept(chosen)
+        moved = chosen >= 0
         for f in cur.field_names():
-            getattr(cur, f)[accept] = getattr(prop, f)[accept]
+            getattr(cur, f)[moved] = getattr(m.encoded, f)[chosen[moved]]
 
 
-def test_annealing_with_the_incremental_scorer_finds_the_same_pool():
+@pytest.mark.parametrize("proposals", [1, 6])
+def test_annealing_with_the_incremental_scorer_finds_the_same_pool(proposals):
     model, cluster = tiny_model(profile=True), three_node_cluster()
     space = StrategySpace(model, cluster)
     t = FeatureTables.from_specs(model, cluster)
     analytic = AnalyticCostModel()
     init = space.sample_encoded(np.random.default_rng(11), 12)
     full = simulated_annealing(space, lambda e: analytic.predict_features(featurize(t, e)), init,
-                               np.random.default_rng(12), steps=40)
+                               np.random.default_rng(12), steps=40, proposals=proposals)
     fast = simulated_annealing(space, IncrementalScorer(IncrementalFeaturizer(t), analytic.predict_features), init,
-                               np.random.default_rng(12), steps=40)
+                               np.random.default_rng(12), steps=40, proposals=proposals)
     assert fast.encoded.row_keys() == full.encoded.row_keys()
     np.testing.assert_array_equal(fast.predicted, full.predicted)
+
+
+def test_group_changes_of_groups_without_one_compressor():
+    """Chains whose fusion groups mix compressors: a group change there is scored cell by cell,
+    elsewhere from the per-group aggregates; both bit for bit."""
+    model, cluster = wide_model(seed=5), _cluster([2, 2])
+    space = StrategySpace(model, cluster, num_groups=2, ranks=(2, 4))
+    rng = np.random.default_rng(13)
+    init = space.sample_encoded(rng, 10)
+    init.kind[:5] = KIND_AR   # half the chains all-reduce everything, in two groups of mixed compressors
+    init.compressor[:5] = rng.integers(0, 5, size=(5, init.kind.shape[1]))
+    init.rank[:5] = 2
+    init = space.normalize(init)
+    run_chains(space, FeatureTables.from_specs(model, cluster), rng, chains=10, steps=12, proposals=8, init=init)
+
+
+def test_chains_that_take_other_chains_proposals():
+    model, cluster = wide_model(seed=6), _cluster([2, 1])
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    rng = np.random.default_rng(14)
+    cur = space.sample_encoded(rng, 6)
+    inc = IncrementalFeaturizer(t)
+    inc.reset(cur)
+    for step in range(10):
+        parents = np.repeat(np.arange(6), 5)
+        m = space.mutate_rows(cur, parents, rng)
+        prop = m.encoded
+        assert_same_features(inc.propose(m), featurize(t, prop), f"step {step}")
+        chosen = rng.permutation(len(m))[:6]   # any proposal, of any chain (and some chains stay)
+        chosen[rng.random(6) < 0.3] = -1
+        inc.accept(chosen)
+        moved = chosen >= 0
+        for f in cur.field_names():
+            getattr(cur, f)[moved] = getattr(prop, f)[chosen[moved]]
+        now = inc.current()
+        assert all((getattr(now, f) == getattr(cur, f)).all() for f in FIELDS)

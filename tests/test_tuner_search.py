@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from strategy_space import ConfigError, validate
-from strategy_space.space import KIND_AR, KIND_PS, StrategySpace
+from strategy_space.space import KIND_AR, KIND_PS, EncodedStrategies, Mutation, StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.constraints import Constraints, Rule, load_constraints
 from tuner.sampler import KnowledgeSampler
-from tuner.search import Pool, select_diverse, simulated_annealing
+from tuner.search import Pool, _Fingerprints, select_diverse, simulated_annealing
 
 MODEL, CLUSTER = tiny_model(), three_node_cluster()
 
@@ -28,13 +28,15 @@ def test_annealing_finds_the_optimum():
         validate(space.decode(pool.encoded, r), MODEL, CLUSTER)
 
 
-def test_constraints_are_never_violated():
+@pytest.mark.parametrize("proposals", [1, 6])
+def test_constraints_are_never_violated(proposals):
     space = StrategySpace(MODEL, CLUSTER, staleness=(0, 1, 2))
     cons = Constraints((Rule(match="dense*kernel", sync="ps", shards=2, destination="h1"),
                         Rule(sparse=False, compressor="none", match="dense_1/bias")), staleness=1).compile(space)
     rng = np.random.default_rng(1)
     project = lambda e: cons.apply(e, space)  # noqa: E731
-    pool = simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 8), rng, steps=60, project=project)
+    pool = simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 8), rng, steps=60, project=project,
+                               proposals=proposals)
     assert not cons.violations(pool.encoded).any()
     best = space.decode(pool.encoded, 0)
     for name in ("dense/kernel", "dense_1/kernel"):
@@ -97,3 +99,95 @@ def test_pool_scores_are_the_scores_of_its_strategies():
     pool = simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 16), rng, steps=10, t_start=50.0,
                                t_end=50.0)
     np.testing.assert_allclose(pool.predicted, ps_count_score(pool.encoded))
+
+
+def test_several_proposals_per_chain_find_the_optimum_in_fewer_steps():
+    space = StrategySpace(MODEL, CLUSTER)
+    rng = np.random.default_rng(5)
+    init = space.sample_encoded(rng, 8)
+    one = simulated_annealing(space, ps_count_score, init, np.random.default_rng(6), steps=12)
+    many = simulated_annealing(space, ps_count_score, init, np.random.default_rng(6), steps=12, proposals=16)
+    assert many.predicted[0] == pytest.approx(1.0)
+    assert many.predicted[0] <= one.predicted[0]
+
+
+class RecordingScorer:
+    """A ChainScorer that scores from scratch and records what the annealer asks."""
+
+    def __init__(self, score):
+        self.score, self.proposed, self.chosen, self.scored = score, [], [], []
+
+    def reset(self, e):
+        self.chains = e.copy()
+        self.scored.append(e.copy())
+        return self.score(e)
+
+    def propose(self, m):
+        assert isinstance(m, Mutation)
+        for f in m.base.field_names():   # a mutation of the chains as they are now
+            assert (getattr(m.base, f) == getattr(self.chains, f)).all()
+        self.proposed.append(m)
+        self.scored.append(m.encoded)
+        return self.score(m.encoded)
+
+    def accept(self, chosen):
+        m = self.proposed[-1]
+        self.chosen.append(np.array(chosen))
+        moved = np.flatnonzero(chosen >= 0)
+        rows = m.take(chosen[moved])
+        for f in self.chains.field_names():
+            getattr(self.chains, f)[moved] = getattr(rows, f)
+
+
+def test_each_chain_proposes_several_and_moves_to_one_of_its_own():
+    space = StrategySpace(MODEL, CLUSTER)
+    rng = np.random.default_rng(7)
+    scorer = RecordingScorer(ps_count_score)
+    simulated_annealing(space, scorer, space.sample_encoded(rng, 5), rng, steps=8, proposals=4)
+    assert len(scorer.proposed) == len(scorer.chosen) == 8
+    for m, chosen in zip(scorer.proposed, scorer.chosen):
+        np.testing.assert_array_equal(m.parents, np.repeat(np.arange(5), 4))
+        assert chosen.shape == (5,) and chosen.min() >= -1
+        moved = np.flatnonzero(chosen >= 0)
+        np.testing.assert_array_equal(m.parents[chosen[moved]], moved)   # a chain takes one of its own
+        # ... the best of its proposals
+        s = ps_count_score(m.encoded).reshape(5, 4)
+        np.testing.assert_array_equal(s[moved, chosen[moved] % 4], s[moved].min(axis=1))
+
+
+def test_pool_is_the_best_distinct_of_everything_scored():
+    space = StrategySpace(MODEL, CLUSTER, staleness=(0, 1))
+    rng = np.random.default_rng(8)
+    scorer = RecordingScorer(ps_count_score)
+    pool = simulated_annealing(space, scorer, space.sample_encoded(rng, 6), rng, steps=15, proposals=5, keep=12,
+                               t_start=1.0, t_end=0.5)
+    every = EncodedStrategies.concat(scorer.scored)
+    scores = ps_count_score(every)
+    keys = every.row_keys()
+    expected, seen = [], set()
+    for i in np.argsort(scores, kind="stable"):
+        if keys[i] not in seen:
+            seen.add(keys[i])
+            expected.append(keys[i])
+    assert pool.encoded.row_keys() == expected[:12]
+    np.testing.assert_allclose(pool.predicted, ps_count_score(pool.encoded))
+
+
+def test_fingerprints_of_proposals_are_those_of_their_rows():
+    space = StrategySpace(MODEL, two_node_cluster(), staleness=(0, 1), num_groups=2)
+    rng = np.random.default_rng(9)
+    base = space.sample_encoded(rng, 6)
+    fp = _Fingerprints(base.kind.shape[1])
+    m = space.mutate_rows(base, np.repeat(np.arange(6), 30), rng)
+    assert len(m.group_rows) and len(m.cells)
+    np.testing.assert_array_equal(fp.of_mutation(m, fp.of(base)), fp.of(m.encoded))
+    keys = m.encoded.row_keys()
+    h = fp.of(m.encoded)
+    assert len(set(h.tolist())) == len(set(keys))   # equal rows, equal fingerprints; and only they
+
+
+def test_proposals_per_chain_must_be_positive():
+    space = StrategySpace(MODEL, CLUSTER)
+    rng = np.random.default_rng(10)
+    with pytest.raises(ValueError, match=r"proposals must be >= 1 per chain and step, got 0"):
+        simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 2), rng, steps=2, proposals=0)
