@@ -38,7 +38,11 @@ class SearchSettings:
         epsilon: share of each batch drawn at random from the annealing pool (exploration).
         candidates: knowledge-guided candidates per round; the same number again uniformly random.
         chains: annealing chains, started from the best-predicted candidates.
-        anneal_steps: mutations per chain.
+        proposals: mutations each chain proposes per step (all chains' are scored in one call; a
+            chain steps towards its best). Scored per round: chains x proposals x anneal_steps.
+            Under constraints every proposal is built whole to be projected, which costs several
+            times more per proposal: a quarter of them are made.
+        anneal_steps: steps per chain.
         seed: random seed.
     """
 
@@ -46,7 +50,8 @@ class SearchSettings:
     epsilon: float = 0.25
     candidates: int = 256
     chains: int = 48
-    anneal_steps: int = 40
+    proposals: int = 64
+    anneal_steps: int = 30
     seed: int = 0
 
 
@@ -133,8 +138,10 @@ class ModelBasedTuner:
         cand = self.project(EncodedStrategies.concat(parts))
         order, _ = self.predictor.order(cand)
         init = cand.take(order[: s.chains])
+        constrained = self.constraints is not None
         pool = simulated_annealing(self.space, self.predictor.chain_scorer(), init, rng, steps=s.anneal_steps,
-                                   keep=max(256, 8 * k), project=self.project)
+                                   proposals=max(1, s.proposals // 4) if constrained else s.proposals,
+                                   keep=max(256, 8 * k), project=self.project if constrained else None)
         fused, seconds = self.predictor.order(pool.encoded)
         pool = Pool(pool.encoded.take(fused), seconds[fused])
         self.last_pool = pool
