@@ -195,6 +195,9 @@ def test_misuse_is_reported():
     rng = np.random.default_rng(1)
     with pytest.raises(ValueError, match=r"mutation of other strategies than the chains' current ones"):
         inc.propose(space.mutate_rows(space.sample_encoded(rng, 3), [0, 1, 2], rng))
+    with pytest.raises(ValueError, match=r"propose got a mutation of 4 strategies with parents up to 3; mutate the 3 "
+                                         r"chains' strategies"):
+        inc.propose(space.mutate_rows(space.sample_encoded(rng, 4), [0, 3], rng))
     inc.propose(space.mutate_rows(e, [0, 0, 2, 2], rng))
     with pytest.raises(ValueError, match=r"accept takes one proposal index \(0..3\) or -1 per chain \(3 chains\)"):
         inc.accept(np.ones(3, bool))

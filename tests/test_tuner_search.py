@@ -186,8 +186,10 @@ def test_fingerprints_of_proposals_are_those_of_their_rows():
     assert len(set(h.tolist())) == len(set(keys))   # equal rows, equal fingerprints; and only they
 
 
-def test_proposals_per_chain_must_be_positive():
+def test_proposals_and_pool_size_must_be_positive():
     space = StrategySpace(MODEL, CLUSTER)
     rng = np.random.default_rng(10)
-    with pytest.raises(ValueError, match=r"proposals must be >= 1 per chain and step, got 0"):
+    with pytest.raises(ValueError, match=r"must be >= 1, got proposals=0, keep=256"):
         simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 2), rng, steps=2, proposals=0)
+    with pytest.raises(ValueError, match=r"must be >= 1, got proposals=1, keep=0"):
+        simulated_annealing(space, ps_count_score, space.sample_encoded(rng, 2), rng, steps=2, keep=0)

@@ -3,11 +3,11 @@
 A group change (``Mutation.group_rows``) gives every compressible member of a fusion group one
 compressor. Where the members shared one before, the proposal's sums are its chain's plus
 S[new] - S[old], S[k] holding per (chain, group) the sums of the chain's compressible members of
-the group as if they used compressor k: one column per proposal instead of a cell per member (a
-group may hold most of a model's variables). A column is built when first needed and kept up to
-date while the chains move (members that move in or out are added or taken out); every column is
+the group as if they used compressor k: one entry per proposal instead of a cell per member (a
+group may hold most of a model's variables). An entry is built when first needed and kept up to
+date while the chains move (members that move in or out are added or taken out); every entry is
 dropped when the sums' layout grows. Groups without a shared compressor, and every group when
-there are few proposals per chain (a column would hardly be used twice), are expanded into cells.
+there are few proposals per chain (an entry would hardly be used twice), are expanded into cells.
 
 Sums of float32 terms in float64 are exact (see ``tuner.incremental``), so S[new] - S[old] gives
 the numbers that taking the members' old cells out and putting their new ones in gives.
@@ -25,7 +25,8 @@ CELL_FIELDS = VARIABLE_FIELDS
 
 
 class GroupSums:
-    """S for the chains of an ``IncrementalFeaturizer``.
+    """S for the chains of an ``IncrementalFeaturizer``, one row per (compressor, chain, group)
+    (``S``: rows x the sums' height, so that a proposal's rows are read contiguously).
 
     Args:
         parents: (FIELDS, C, V) the chains' strategies (the featurizer's array, moved in place).
@@ -49,10 +50,10 @@ class GroupSums:
         return GroupIndex.of(EncodedStrategies(*self.parents), 1, self.compressible)
 
     def drop(self, layout=None) -> None:
-        """Forget every column (the sums' layout changed to ``layout``, or the compressible
+        """Forget every entry (the sums' layout changed to ``layout``, or the compressible
         variables did)."""
         self.layout = layout or self.layout
-        self.S, self.valid, self.codes = np.zeros((self.layout.height, 0)), np.zeros(0, bool), {}
+        self.S, self.valid, self.codes = np.zeros((0, self.layout.height)), np.zeros(0, bool), {}
 
     def changes(self, m: Mutation, aggregate: bool):
         """The group changes of ``m`` that aggregates score (indices into ``m.group_rows``; none
@@ -83,28 +84,32 @@ class GroupSums:
         key = chain * gi.G + group
         new_c, new_r = member_codec(m.group_codec[:, ops], True)
         codes = np.concatenate([np.stack([new_c, new_r]), np.stack([comp[key], rank[key]])], axis=1)
-        col = self._code_columns(codes) + np.tile(chain * self.layout.G + group, 2)
-        self._build_columns(col, codes, np.tile(key, 2), gi)
-        both = self.S[:, col]
-        sums[:, m.group_rows[ops]] += both[:, :len(ops)] - both[:, len(ops):]
+        at = self._code_rows(codes) + np.tile(chain * self.layout.G + group, 2)
+        self._build(at, codes, np.tile(key, 2), gi)
+        both = self.S[at]
+        delta = both[:len(ops)] - both[len(ops):]
+        # most entries of a delta are 0 (a compressor moves bytes between few rows): add the others
+        at = np.flatnonzero(delta)
+        j = at // delta.shape[1]
+        np.add.at(sums.reshape(-1), (at - j * delta.shape[1]) * sums.shape[1] + m.group_rows[ops][j],
+                  delta.reshape(-1)[at])
 
-    def _code_columns(self, codes: np.ndarray) -> np.ndarray:
-        """First column of S of each (compressor, rank) column of ``codes`` (new codes get theirs)."""
+    def _code_rows(self, codes: np.ndarray) -> np.ndarray:
+        """First row of S of each (compressor, rank) column of ``codes`` (new codes get theirs)."""
         C, G = self.parents.shape[1], self.layout.G
         packed = codes[0].astype(np.int64) << 32 | codes[1]
         first = np.empty(len(packed), np.int64)
         for p in np.unique(packed):
             code = (int(p) >> 32, int(p) & 0xFFFFFFFF)
             if code not in self.codes:
-                self.codes[code] = at = self.S.shape[1]
-                S = np.zeros((len(self.S), at + C * G))
-                S[:, :at] = self.S
-                self.S, self.valid = S, np.append(self.valid, np.zeros(C * G, bool))
+                self.codes[code] = len(self.S)
+                self.S = np.concatenate([self.S, np.zeros((C * G, self.layout.height))])
+                self.valid = np.append(self.valid, np.zeros(C * G, bool))
             first[packed == p] = self.codes[code]
         return first
 
-    def _build_columns(self, col: np.ndarray, codes: np.ndarray, key: np.ndarray, gi: GroupIndex) -> None:
-        """Build the columns ``col`` of S not built yet (codes and GroupIndex keys of each)."""
+    def _build(self, col: np.ndarray, codes: np.ndarray, key: np.ndarray, gi: GroupIndex) -> None:
+        """Build the rows ``col`` of S not built yet (codes and GroupIndex keys of each)."""
         todo = np.flatnonzero(~self.valid[col])
         if not len(todo):
             return
@@ -116,14 +121,15 @@ class GroupSums:
         fields_ = self.parents.reshape(len(FIELDS), -1)[:, cells]
         member_of = np.repeat(np.arange(len(col)), n)[cm]
         fields_[FIELD_INDEX["compressor"]], fields_[FIELD_INDEX["rank"]] = codes[:, member_of]
-        self.S[:, col] = 0.0
+        built = np.zeros((self.layout.height, len(col)))
         if len(cells):
-            self.add_cells(self.S, col[member_of], cells % self.V,
-                            {f: fields_[FIELD_INDEX[f]] for f in CELL_FIELDS}, paired=False)
+            self.add_cells(built, member_of, cells % self.V, {f: fields_[FIELD_INDEX[f]] for f in CELL_FIELDS},
+                           paired=False)
+        self.S[col] = built.T
         self.valid[col] = True
 
     def follow(self, moved: np.ndarray, parents: np.ndarray, rows: np.ndarray, changed) -> None:
-        """Chains ``moved`` take proposals ``rows`` (of chains ``parents``): their built columns of S
+        """Chains ``moved`` take proposals ``rows`` (of chains ``parents``): their built rows of S
         follow, the changed cells' (``changed``: proposal, variable, old and new fields) old
         contributions taken out and new ones put in (a cell whose compressor alone changed leaves
         S as it is)."""
@@ -131,8 +137,8 @@ class GroupSums:
             return
         C, G, F = self.parents.shape[1], self.layout.G, FIELD_INDEX
         if not np.array_equal(parents, moved):   # chains that take another chain's proposal
-            S, valid = self.S.reshape(len(self.S), -1, C, G), self.valid.reshape(-1, C, G)
-            S[:, :, moved], valid[:, moved] = S[:, :, parents], valid[:, parents]
+            S, valid = self.S.reshape(-1, C, G, self.layout.height), self.valid.reshape(-1, C, G)
+            S[:, moved], valid[:, moved] = S[:, parents], valid[:, parents]
         b, v, old, new = changed
         order = np.argsort(b, kind="stable")
         pos, n = runs(b[order], rows, rows + 1)
@@ -151,7 +157,7 @@ class GroupSums:
         local = np.concatenate([chain[ar_old], chain[ar_new]]) * G + fields_[F["group"]]
         var = np.concatenate([v[ar_old], v[ar_new]])
         sign = np.concatenate([-np.ones(ar_old.sum()), np.ones(ar_new.sum())])
-        codes = list(self.codes.items())   # every code's built columns, in one call
+        codes = list(self.codes.items())   # every code's built rows, in one call
         col = np.concatenate([at + local for _, at in codes])
         fields_ = np.tile(fields_, len(codes))
         for j, (code, _) in enumerate(codes):
@@ -159,6 +165,8 @@ class GroupSums:
             fields_[F["compressor"], part], fields_[F["rank"], part] = code
         live = np.flatnonzero(self.valid[col])
         if len(live):
-            self.add_cells(self.S, col[live], np.tile(var, len(codes))[live],
-                            {f: fields_[F[f], live] for f in CELL_FIELDS}, paired=False,
-                            sign=np.tile(sign, len(codes))[live])
+            cols, which = np.unique(col[live], return_inverse=True)
+            change = np.zeros((self.layout.height, len(cols)))
+            self.add_cells(change, which, np.tile(var, len(codes))[live], {f: fields_[F[f], live] for f in CELL_FIELDS},
+                           paired=False, sign=np.tile(sign, len(codes))[live])
+            self.S[cols] += change.T

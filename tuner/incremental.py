@@ -43,8 +43,8 @@ from .group_sums import GroupSums
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
 CELL_FIELDS = VARIABLE_FIELDS
 _RESET_ROWS = 256   # rows per block when the sums are built from scratch (bounds the entry arrays)
-# group changes are scored from aggregates when there are at least this many proposals per chain (a
-# column of aggregates costs what expanding its group into cells does, so it pays when reused)
+# group changes are scored from aggregates when there are at least this many proposals per chain (an
+# aggregate costs what expanding its group into cells does, so it pays when reused)
 _AGGREGATE_FROM = 2
 
 
@@ -125,7 +125,7 @@ class IncrementalFeaturizer:
 
         Raises:
             ValueError: before ``reset``; a batch with another shape than the chains; a mutation of
-                other strategies than the chains'.
+                other strategies than the chains' (seen where its proposals change them).
         """
         if self._parent is None:
             raise ValueError("IncrementalFeaturizer.propose needs the parents first: call reset(strategies)")
@@ -138,15 +138,19 @@ class IncrementalFeaturizer:
             proposals = Mutation.diff(self.current(), proposals, np.arange(C))
         m = proposals
         self._check_width(m.base)
-        if len(m.base) != C or any(not np.array_equal(getattr(m.base, f), p) for f, p in zip(FIELDS, self._parent)):
-            raise ValueError("propose got a mutation of other strategies than the chains' current ones; mutate the "
-                             "strategies of the last reset/accept")
         cells, parents = m.cells, m.parents
-        if len(parents) and (parents.min() < 0 or parents.max() >= C):
-            raise ValueError(f"mutation parents must be chains 0..{C - 1}")
+        if len(m.base) != C or len(parents) and (parents.min() < 0 or parents.max() >= C):
+            raise ValueError(f"propose got a mutation of {len(m.base)} strategies with parents up to "
+                             f"{parents.max(initial=-1)}; mutate the {C} chains' strategies")
         b = cells // V
         v = cells - b * V
-        old = self._parent.reshape(len(FIELDS), -1)[:, parents[b] * V + v]
+        at = parents[b] * V + v
+        old = self._parent.reshape(len(FIELDS), -1)[:, at]
+        # where the proposals change them, the mutated strategies must be the chains' (comparing
+        # every cell would cost a pass over all chains per step)
+        if any((getattr(m.base, f).reshape(-1)[at] != o).any() for f, o in zip(FIELDS, old)):
+            raise ValueError("propose got a mutation of other strategies than the chains' current ones; mutate the "
+                             "strategies of the last reset/accept")
         new = m.values
         fast = np.zeros(0, np.int64)
         if len(m.group_rows):   # group changes: from aggregates where they pay (see below), else by cell

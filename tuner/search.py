@@ -210,10 +210,11 @@ def simulated_annealing(space: StrategySpace, score: Score | ChainScorer, init: 
         the ``keep`` best distinct strategies met on any chain, best first.
 
     Raises:
-        ValueError: ``proposals`` below 1.
+        ValueError: ``proposals`` or ``keep`` below 1.
     """
-    if proposals < 1:
-        raise ValueError(f"proposals must be >= 1 per chain and step, got {proposals}")
+    if proposals < 1 or keep < 1:
+        raise ValueError(f"proposals (per chain and step) and keep must be >= 1, got proposals={proposals}, "
+                         f"keep={keep}")
     chains = score if hasattr(score, "propose") else _Recompute(score)
     cur = project(init.copy()) if project is not None else init.copy()
     C = len(cur)
