@@ -1,11 +1,13 @@
 """Mutations of encoded strategies: each proposal changes one decision of its parent, drawn as a
-change (``encoding.Mutation``: the cells that differ and their fields), never as a fresh batch.
+change (``encoding.Mutation``: the cells that differ and their fields, or a fusion group's new
+compressor), never as a fresh batch.
 
-What a draw reads of its parent row (its strategy-wide options, the members of a fusion group, the
-PS variables) is indexed once per call for the parents (``_RowFacts``: O(parents x V)); a draw then
-costs O(1) plus the cells it changes. The fields of the parents are stacked (field, cell), so one
-gather reads every field of a set of cells; the uniform numbers of a pass are drawn in one call.
-``StrategySpace.mutate_rows`` is the entry point.
+What a draw reads of its parent row (its strategy-wide options, the members of a fusion group and
+whether they share a compressor, the PS variables) is indexed once per call for the batch varied
+(``_RowFacts``: O(rows x V)); a draw then costs O(1) plus the cells it changes (a PS mode: every PS
+variable; a group's compressor: one group change, however large the group). The fields are
+stacked (field, cell), so one gather reads every field of a set of cells; the uniform numbers of a
+pass are drawn in one call. ``StrategySpace.mutate_rows`` is the entry point.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class Mutator:
         return [_M[n] for n in names]
 
     def mutate(self, e: EncodedStrategies, parents: np.ndarray, rng: np.random.Generator, tries: int) -> Mutation:
+        """``StrategySpace.mutate_rows`` (``parents`` checked there)."""
         stack = np.stack([getattr(e, f) for f in FIELDS])   # the mutation's own copy, (field, row, variable)
         base = EncodedStrategies(*stack)
         facts = _RowFacts(self.space, base, stack.reshape(len(FIELDS), -1))
