@@ -83,7 +83,7 @@ class TuneResult:
 
     def summary(self) -> dict:
         """The JSON summary ``autosync tune --json`` prints."""
-        b = self.best_baseline
+        b, fastest = self.best_baseline, self.outcome.fastest
         return {
             "model": self.model.name,
             "cluster": self.cluster.name,
@@ -99,6 +99,11 @@ class TuneResult:
             "baseline_trials": sum(1 for t in self.outcome.trials if t.meta.get("role") == "baseline"),
             "confirm_trials": len(self.outcome.confirm_trials),
             "best_measurements": self.best_trial.meta.get("measurements", 1),
+            # the fastest strategy measured, when it was not recommended: its gain over the best
+            # baseline was within the noise between repeated measurements
+            "fastest_not_significant": (None if fastest is None
+                                        or fastest.strategy.fingerprint == self.best_trial.strategy.fingerprint
+                                        else {"origin": fastest.origin, "step_time_s": fastest.median}),
             "total_trials": len(self.outcome.trials),
             "failed_trials": sum(1 for t in self.outcome.trials if not t.ok),
             "trials_to_within_5pct": self.outcome.trials_to_within(0.05),

@@ -125,6 +125,11 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
         parts.append(f"<p>Best: <b>{html.escape(best.origin)}</b>, median {best.median * 1e3:.1f} ms per step"
                      + (f", {bb.median / best.median:.2f}x the best baseline ({html.escape(bb.origin)}, "
                         f"{bb.median * 1e3:.1f} ms)" if bb else "") + ".</p>")
+        fastest = outcome.fastest
+        if fastest.strategy.fingerprint != best.strategy.fingerprint:
+            parts.append(f"<p>The fastest strategy measured ({html.escape(fastest.origin)}, "
+                         f"{fastest.median * 1e3:.1f} ms) is not recommended: its gain over the best baseline "
+                         f"is within the noise between repeated measurements.</p>")
     for title, name in files.items():
         parts.append(f"<h2>{html.escape(title.capitalize())}</h2><img src='{name}' alt='{html.escape(title)}'>")
     if best is not None and model is not None:

@@ -27,6 +27,12 @@ def test_tune_result(result, tmp_path):
     assert s["trials"] == 6 and s["total_trials"] == 6 + s["baseline_trials"] + s["confirm_trials"]
     assert s["confirm_trials"] >= 2 and s["best_measurements"] == 3     # the pick rests on 3 measurements
     assert s["speedup_over_best_baseline"] >= 1.0
+    fastest = result.outcome.fastest    # reported apart only when it is not the recommendation
+    if fastest.strategy.fingerprint == result.best_trial.strategy.fingerprint:
+        assert s["fastest_not_significant"] is None
+    else:
+        assert s["fastest_not_significant"] == {"origin": fastest.origin, "step_time_s": fastest.median}
+        assert result.best_trial.strategy.fingerprint == result.best_baseline.strategy.fingerprint
     assert set(result.speedup_over_baselines) == set(result.baselines)
     df = result.trials
     assert len(df) == s["total_trials"] and {"origin", "median_s", "predicted_s", "role"} <= set(df.columns)
@@ -45,6 +51,19 @@ def test_report(result, tmp_path):
     assert "Best strategy" in page and "All trials" in page and result.best_trial.origin in page
     with pytest.raises(ConfigError, match="no run 'nope' in the store; runs:"):
         write_report(result.store_path, tmp_path / "r2", run_id="nope")
+
+
+def test_a_gain_within_the_noise_is_reported_not_recommended(tmp_path):
+    from tests.test_tuner_tuning import Noisy
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    result = autosync.tune("unused", cluster, trials=4, store=tmp_path / "n.db", settings=FAST,
+                           runner=Noisy(model, cluster, seed=4, gain=1.05, spread=0.2))
+    s = result.summary()
+    assert s["best_origin"] == s["best_baseline"] and s["speedup_over_best_baseline"] == 1.0
+    assert s["fastest_not_significant"]["origin"] in ("search", "explore")
+    page = (write_report(result.store_path, tmp_path / "report") / "index.html").read_text()
+    assert "is not recommended: its gain over the best baseline is within the noise" in page
 
 
 def test_every_trial_failing_is_a_clear_error(tmp_path):

@@ -165,3 +165,44 @@ def test_an_unconfirmed_leader_is_never_recommended(tmp_path):
     assert out.leader().meta.get("measurements", 1) <= 3
     first = next(i for i, t in enumerate(out.trials, 1) if t.strategy.fingerprint == out.best.strategy.fingerprint)
     assert out.trials_to_within(0.05) <= first     # counted from its first measurement, not its confirmation
+
+
+class Noisy(SyntheticRunner):
+    """Each measurement of a strategy lands at its true time times a per-measurement factor of
+    log-spread ``spread``; search strategies are ``gain`` times faster than the baselines."""
+
+    def __init__(self, *a, gain: float, spread: float, **k):
+        super().__init__(*a, **k)
+        self.gain, self.spread = gain, spread
+        self.noise = np.random.default_rng(11)
+        self.role: dict[str, str] = {}
+
+    def run(self, strategies, origins=None):
+        import dataclasses
+
+        out = []
+        for t, origin in zip(super().run(strategies, origins), origins or ["search"] * len(strategies)):
+            role = self.role.setdefault(t.strategy.fingerprint, "search" if origin in ("search", "explore")
+                                        else "baseline")
+            level = (0.1 / self.gain if role == "search" else 0.1) * np.exp(self.noise.normal(0, self.spread))
+            out.append(dataclasses.replace(t, step_times=(level,) * 3))
+        return out
+
+
+@pytest.mark.parametrize("gain, spread, switch", [(1.05, 0.2, False), (1.3, 0.01, True)])
+def test_a_gain_within_the_noise_keeps_the_best_baseline(tmp_path, gain, spread, switch):
+    """Recommending a switch needs a gain beyond the noise between repeated measurements: 5 %
+    under 20 % noise keeps the baseline (the fastest measured is reported apart), 30 % under 1 %
+    noise switches."""
+    out = run(tmp_path, Budget(trials=4, patience=10, confirm=2),
+              runner=Noisy(MODEL, CLUSTER, seed=4, gain=gain, spread=spread))
+    fastest, best, base = out.fastest, out.best, out.best_baseline
+    assert fastest.meta["measurements"] == 3 and base.meta["measurements"] == 3
+    assert fastest.origin in ("search", "explore")       # the search's strategy was the fastest measured...
+    assert out.significant_gain(fastest, base) is switch  # ...but only a gain beyond the noise counts
+    if switch:
+        assert best.strategy.fingerprint == fastest.strategy.fingerprint != base.strategy.fingerprint
+    else:
+        assert best.strategy.fingerprint == base.strategy.fingerprint
+    once = next(t for t in out.measured().values() if "measurements" not in t.meta)
+    assert out.significant_gain(once, base) is None      # measured once: nothing to judge by

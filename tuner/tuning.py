@@ -189,15 +189,45 @@ class TuneOutcome:
         return min(self.measured().values(), key=lambda t: t.median, default=None)
 
     @property
-    def best(self) -> Trial | None:
-        """The recommendation: the leader, except that once confirmation has run only strategies
-        measured as often as the most-measured ones compete (an unconfirmed lucky measurement
-        never wins over confirmed ones)."""
+    def fastest(self) -> Trial | None:
+        """The fastest strategy by its pooled steps, except that once confirmation has run only
+        strategies measured as often as the most-measured ones compete (an unconfirmed lucky
+        measurement never wins over confirmed ones)."""
         merged = self.measured()
         if self.confirm_trials and merged:
             top = max(t.meta.get("measurements", 1) for t in merged.values())
             merged = {k: t for k, t in merged.items() if t.meta.get("measurements", 1) == top}
         return min(merged.values(), key=lambda t: t.median, default=None)
+
+    @property
+    def best(self) -> Trial | None:
+        """The recommendation: ``fastest``, unless it is not a baseline and, on the repeated
+        measurements, beats the best baseline by less than the noise between measurements
+        (``significant_gain``): then the best baseline, since switching strategy should be
+        worth it."""
+        fastest, base = self.fastest, self.best_baseline
+        if fastest is None or base is None or fastest.strategy.fingerprint == base.strategy.fingerprint:
+            return fastest
+        gain = self.significant_gain(fastest, base)
+        return fastest if gain is None or gain else base
+
+    def significant_gain(self, a: Trial, b: Trial, z: float = 1.0) -> bool | None:
+        """Whether strategy ``a`` is faster than ``b`` by more than ``z`` standard errors, on the
+        log medians of their separate measurements (the noise that matters is between
+        measurements: each run of a strategy lands on its own placement and contention). The
+        noise is pooled over every strategy of the run measured more than once. None when
+        either was measured once or no strategy was measured twice (nothing to judge by)."""
+        per: dict[str, list[float]] = {}
+        for t in self.ok:
+            per.setdefault(t.strategy.fingerprint, []).append(float(np.log(t.median)))
+        la, lb = per.get(a.strategy.fingerprint, []), per.get(b.strategy.fingerprint, [])
+        repeated = [v for v in per.values() if len(v) > 1]
+        if len(la) < 2 or len(lb) < 2 or not repeated:
+            return None
+        dof = sum(len(v) - 1 for v in repeated)
+        var = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in repeated) / dof
+        se = np.sqrt(var * (1 / len(la) + 1 / len(lb)))
+        return bool(np.mean(lb) - np.mean(la) > z * se)
 
     @property
     def baselines(self) -> dict[str, Trial]:
