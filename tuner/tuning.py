@@ -214,16 +214,19 @@ class TuneOutcome:
     def significant_gain(self, a: Trial, b: Trial, z: float = 1.0) -> bool | None:
         """Whether strategy ``a`` is faster than ``b`` by more than ``z`` standard errors, on the
         log medians of their separate measurements (the noise that matters is between
-        measurements: each run of a strategy lands on its own placement and contention). The
-        noise is pooled over every strategy of the run measured more than once. None when
-        either was measured once or no strategy was measured twice (nothing to judge by)."""
+        measurements: each run of a strategy lands on its own placement and contention).
+
+        Only the re-measurements count for the means: a strategy's first measurement is how it
+        was picked (the leader of many noisy single measurements is flattered by its noise). The
+        noise is pooled over every strategy of the run measured more than once. None when either
+        was measured once (nothing to judge by)."""
         per: dict[str, list[float]] = {}
         for t in self.ok:
             per.setdefault(t.strategy.fingerprint, []).append(float(np.log(t.median)))
-        la, lb = per.get(a.strategy.fingerprint, []), per.get(b.strategy.fingerprint, [])
-        repeated = [v for v in per.values() if len(v) > 1]
-        if len(la) < 2 or len(lb) < 2 or not repeated:
+        la, lb = per.get(a.strategy.fingerprint, [])[1:], per.get(b.strategy.fingerprint, [])[1:]
+        if not la or not lb:
             return None
+        repeated = [v for v in per.values() if len(v) > 1]
         dof = sum(len(v) - 1 for v in repeated)
         var = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in repeated) / dof
         se = np.sqrt(var * (1 / len(la) + 1 / len(lb)))
