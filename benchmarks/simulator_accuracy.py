@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tuner.dataset import build_trial_set  # noqa: E402
-from tuner.evaluation import score_groups, evaluate, format_table, splits  # noqa: E402
+from tuner.evaluation import evaluate, format_table, score_groups, splits  # noqa: E402
 from tuner.synthetic import make_dataset, noiseless_step_s  # noqa: E402
 
 

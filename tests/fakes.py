@@ -1,5 +1,10 @@
-"""Small hand-made specs shared by the unit tests."""
+"""Small hand-made specs and fake runners shared by the unit tests."""
+import dataclasses
+
+import numpy as np
+
 from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, VariableSpec
+from tuner.synthetic import SyntheticRunner
 
 
 def tiny_model(profile: bool = False) -> ModelSpec:
@@ -24,3 +29,24 @@ def two_node_cluster() -> ClusterSpec:
 def three_node_cluster() -> ClusterSpec:
     return ClusterSpec("three", tuple(NodeSpec(f"h{i}", address=f"10.0.0.{i + 1}", bandwidth_gbps=1.0 + i)
                                       for i in range(3)))
+
+
+class Noisy(SyntheticRunner):
+    """Every baseline strategy measures 0.1 s per step and every searched one 0.1 / ``gain`` s (a
+    strategy's role is that of its first measurement), each measurement times its own factor
+    exp(N(0, ``spread``)): a known gain under a known noise between measurements."""
+
+    def __init__(self, *a, gain: float, spread: float, **k):
+        super().__init__(*a, **k)
+        self.gain, self.spread = gain, spread
+        self.noise = np.random.default_rng(11)
+        self.role: dict[str, str] = {}
+
+    def run(self, strategies, origins=None):
+        out = []
+        for t, origin in zip(super().run(strategies, origins), origins or ["search"] * len(strategies)):
+            role = self.role.setdefault(t.strategy.fingerprint, "search" if origin in ("search", "explore")
+                                        else "baseline")
+            level = (0.1 / self.gain if role == "search" else 0.1) * np.exp(self.noise.normal(0, self.spread))
+            out.append(dataclasses.replace(t, step_times=(level,) * 3))
+        return out

@@ -6,7 +6,7 @@ import pytest
 import autosync
 from autosync.report import write_report
 from strategy_space import ConfigError, load_strategy, validate
-from tests.fakes import three_node_cluster, tiny_model
+from tests.fakes import Noisy, three_node_cluster, tiny_model
 from tuner.synthetic import SyntheticRunner
 from tuner.tuning import SearchSettings
 
@@ -54,8 +54,6 @@ def test_report(result, tmp_path):
 
 
 def test_a_gain_within_the_noise_is_reported_not_recommended(tmp_path):
-    from tests.test_tuner_tuning import Noisy
-
     model, cluster = tiny_model(profile=True), three_node_cluster()
     result = autosync.tune("unused", cluster, trials=4, store=tmp_path / "n.db", settings=FAST,
                            runner=Noisy(model, cluster, seed=4, gain=1.05, spread=0.2))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from strategy_space import validate
-from tests.fakes import three_node_cluster, tiny_model
+from tests.fakes import Noisy, three_node_cluster, tiny_model
 from tuner.constraints import Constraints, Rule
 from tuner.store import TrialStore
 from tuner.synthetic import SyntheticRunner
@@ -165,28 +165,6 @@ def test_an_unconfirmed_leader_is_never_recommended(tmp_path):
     assert out.leader().meta.get("measurements", 1) <= 3
     first = next(i for i, t in enumerate(out.trials, 1) if t.strategy.fingerprint == out.best.strategy.fingerprint)
     assert out.trials_to_within(0.05) <= first     # counted from its first measurement, not its confirmation
-
-
-class Noisy(SyntheticRunner):
-    """Each measurement of a strategy lands at its true time times a per-measurement factor of
-    log-spread ``spread``; search strategies are ``gain`` times faster than the baselines."""
-
-    def __init__(self, *a, gain: float, spread: float, **k):
-        super().__init__(*a, **k)
-        self.gain, self.spread = gain, spread
-        self.noise = np.random.default_rng(11)
-        self.role: dict[str, str] = {}
-
-    def run(self, strategies, origins=None):
-        import dataclasses
-
-        out = []
-        for t, origin in zip(super().run(strategies, origins), origins or ["search"] * len(strategies)):
-            role = self.role.setdefault(t.strategy.fingerprint, "search" if origin in ("search", "explore")
-                                        else "baseline")
-            level = (0.1 / self.gain if role == "search" else 0.1) * np.exp(self.noise.normal(0, self.spread))
-            out.append(dataclasses.replace(t, step_times=(level,) * 3))
-        return out
 
 
 @pytest.mark.parametrize("gain, spread, switch", [(1.05, 0.2, False), (1.3, 0.01, True)])

@@ -28,7 +28,6 @@ import numpy as np
 from .alpha_beta import AlphaBeta
 from .cost_model import AnalyticCostModel
 from .dataset import TrialSet
-from .features import COL
 from .ranker import StrategyRanker
 from .simulator import LearnedSimulator
 
@@ -86,7 +85,7 @@ def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
 
 
 def score_groups(pred: np.ndarray, test: TrialSet, tol: float,
-                  truth: np.ndarray | None = None) -> list[tuple[float, ...]]:
+                 truth: np.ndarray | None = None) -> list[tuple[float, ...]]:
     """Per group of ``test`` with >= 3 rows: (pairwise, tau, regret, pairwise beyond ``tol``), then
     the pairwise accuracies (all pairs, beyond ``tol``) against ``truth`` (NaN without it)."""
     out = []
@@ -113,8 +112,8 @@ def within_test_mask(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> 
 
 def within_split(data: TrialSet, test_share: float = 0.4, seed: int = 0) -> tuple[TrialSet, TrialSet]:
     """Random per-group train/test split of the rows."""
-    test = within_test_mask(data, test_share, seed)
-    return data.subset(np.nonzero(~test)[0]), data.subset(np.nonzero(test)[0])
+    (train, test), = splits(data, "within", seed, test_share)
+    return data.subset(train), data.subset(test)
 
 
 def splits(data: TrialSet, protocol: str, seed: int = 0,
@@ -159,7 +158,7 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
             for train, test in folds:
                 part = data.subset(test)
                 scores += score_groups(np.asarray(method(data.subset(train), part)), part, tol,
-                                        None if truth is None else np.asarray(truth)[test])
+                                       None if truth is None else np.asarray(truth)[test])
             s = np.array(scores)
             with warnings.catch_warnings():   # all-NaN columns (no truth) stay NaN quietly
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -189,8 +188,3 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"truth pw / truth>{tol:.0%}: the same predictions scored against the noiseless step times of the "
                      f"held-out strategies (how they order the strategies, not one noisy measurement of each)")
     return "\n".join(lines)
-
-
-def analytic_column(data: TrialSet) -> np.ndarray:
-    """The default analytic estimate of each row (as featurized)."""
-    return data.X[:, COL["analytic_s"]]

@@ -232,7 +232,7 @@ def simulated_annealing(space: StrategySpace, score: Score | ChainScorer, init: 
             m = Mutation.diff(cur, project(m.encoded), parents)
         prop_s = np.log(np.maximum(chains.propose(m), 1e-12))
         prop_h = fingerprints.of_mutation(m, cur_h)
-        pick = first + prop_s.reshape(C, proposals).argmin(axis=1) if proposals > 1 else first
+        pick = first + prop_s.reshape(C, proposals).argmin(axis=1)
         pick_s = prop_s[pick]
         with np.errstate(over="ignore"):
             accept = (pick_s < cur_s) | (rng.random(C) < np.exp(-(pick_s - cur_s) / temp))

@@ -8,7 +8,6 @@ CNN-, transformer- and recommender-shaped models and random clusters.
 from __future__ import annotations
 
 import dataclasses
-
 import glob
 import os
 import time
