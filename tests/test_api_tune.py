@@ -60,6 +60,9 @@ def test_a_gain_within_the_noise_is_reported_not_recommended(tmp_path):
     s = result.summary()
     assert s["best_origin"] == s["best_baseline"] and s["speedup_over_best_baseline"] == 1.0
     assert s["fastest_not_significant"]["origin"] in ("search", "explore")
+    from autosync.cli.tune import not_recommended_line
+    line = not_recommended_line(s)     # what `autosync tune` prints under its table
+    assert f"{s['fastest_not_significant']['step_time_s'] * 1e3:.1f} ms) is not recommended" in line
     page = (write_report(result.store_path, tmp_path / "report") / "index.html").read_text()
     assert "is not recommended: its gain over the best baseline is within the noise" in page
 

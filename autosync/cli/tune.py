@@ -91,9 +91,18 @@ def cmd_tune(args) -> int:
     if speed is not None:
         print(f"\nbest strategy ({result.best_trial.origin}) is {speed:.2f}x the best baseline "
               f"({summary['best_baseline']}); within 5 % of it after {summary['trials_to_within_5pct']} trials")
+    if summary["fastest_not_significant"]:
+        print(not_recommended_line(summary))
     print(f"best strategy written to {args.out}" + (f"; report in {report_dir}" if report_dir else ""))
     print(f"trials stored in {result.store_path} (run {result.outcome.run_id}; --resume continues it)")
     return 0
+
+
+def not_recommended_line(summary: dict) -> str:
+    """Why the fastest strategy measured is not the recommendation (``fastest_not_significant``)."""
+    f = summary["fastest_not_significant"]
+    return (f"the fastest strategy measured ({f['origin']}, {f['step_time_s'] * 1e3:.1f} ms) is not recommended: "
+            f"its gain over the best baseline is within the noise between repeated measurements")
 
 
 def cmd_report(args) -> int:
