@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -83,9 +82,9 @@ def test_small_variant_trains_a_step_and_has_the_right_character(name):
 
     first = float(step(inputs, targets))
     assert np.isfinite(first)
-    start = time.perf_counter()
+    traced = step.experimental_get_tracing_count()
     step(inputs, targets)
-    assert time.perf_counter() - start < 1.5  # well under a second when the machine is not shared
+    assert step.experimental_get_tracing_count() == traced  # the second step reuses the traced graph
     changed = [not np.array_equal(b, v.numpy()) for b, v in zip(before, variables)]
     assert sum(changed) >= len(variables) - 1  # every variable with a gradient moved
     if name in EMBEDDING_HEAVY:
