@@ -97,11 +97,15 @@ class AllReduce:
         group: fusion group. The members of a group that share backend and compressor are packed
             into one flat buffer and reduced with one collective call per step (normally a group
             is uniform, so one call); groups are issued in gradient-ready order.
+        hierarchical: where nodes hold several workers, reduce on the node first, all-reduce among
+            one leader per node, then broadcast on the node (only the leaders' traffic crosses the
+            NICs). Written to YAML only when true, so existing strategies keep their fingerprints.
     """
 
     backend: str = "auto"
     compressor: str = "none"
     group: int = 0
+    hierarchical: bool = False
 
     def __post_init__(self):
         problems = []
@@ -113,6 +117,8 @@ class AllReduce:
             problems.extend(e.problems)
         if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 0:
             problems.append(f"all_reduce.group must be an integer >= 0, got {self.group!r}")
+        if not isinstance(self.hierarchical, bool):
+            problems.append(f"all_reduce.hierarchical must be true or false, got {self.hierarchical!r}")
         if problems:
             raise ConfigError(problems)
 
@@ -125,16 +131,20 @@ class AllReduce:
         return parse_compressor(self.compressor)[1]
 
     def to_dict(self) -> dict:
-        return {"all_reduce": {"backend": self.backend, "compressor": self.compressor, "group": self.group}}
+        body = {"backend": self.backend, "compressor": self.compressor, "group": self.group}
+        if self.hierarchical:
+            body["hierarchical"] = True
+        return {"all_reduce": body}
 
     @classmethod
     def from_dict(cls, body: Mapping, where: str) -> "AllReduce":
         where = f"{where}.all_reduce"
-        check_keys(body, where, set(), {"backend", "compressor", "group"})
+        check_keys(body, where, set(), {"backend", "compressor", "group", "hierarchical"})
         return cls(
             backend=get_typed(body, "backend", str, where, "auto"),
             compressor=get_typed(body, "compressor", str, where, "none"),
             group=get_typed(body, "group", int, where, 0),
+            hierarchical=get_typed(body, "hierarchical", bool, where, False),
         )
 
 
@@ -193,8 +203,8 @@ class VarConfig:
         if isinstance(first, PS):
             return all(isinstance(s, PS) and (s.local_replication, s.sync, s.staleness)
                        == (first.local_replication, first.sync, first.staleness) for s in self.synchronizers)
-        return all(isinstance(s, AllReduce) and (s.backend, s.compressor) == (first.backend, first.compressor)
-                   for s in self.synchronizers)
+        return all(isinstance(s, AllReduce) and (s.backend, s.compressor, s.hierarchical)
+                   == (first.backend, first.compressor, first.hierarchical) for s in self.synchronizers)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"var": self.name}
