@@ -184,3 +184,43 @@ def test_a_gain_within_the_noise_keeps_the_best_baseline(tmp_path, gain, spread,
         assert best.strategy.fingerprint == base.strategy.fingerprint
     once = next(t for t in out.measured().values() if "measurements" not in t.meta)
     assert out.significant_gain(once, base) is None      # measured once: nothing to judge by
+
+
+def test_pinning_without_staleness_gives_valid_sync_strategies_and_labels_changed_baselines(tmp_path):
+    """Issue 17, item 1: a file that pins sparse variables to ``sync: ps`` and says nothing about
+    staleness must give valid strategies with the documented default mode (synchronous,
+    staleness 0) — also where the pin turns an all-reduce strategy's variable into a parameter
+    server — and a baseline the pin changes must not be reported under its builder's name."""
+    cons = Constraints((Rule(sparse=True, sync="ps"),))
+    out = run(tmp_path, Budget(trials=6, patience=10), constraints=cons)
+    assert out.trials and all(t.ok for t in out.trials), [t.error for t in out.trials if not t.ok]
+    for t in out.trials:
+        validate(t.strategy, MODEL, CLUSTER)
+        emb = t.strategy.config("embedding/embeddings").synchronizers
+        assert all(type(s).__name__ == "PS" and s.sync and s.staleness == 0 for s in emb)
+    names = set(out.baselines)
+    assert "all_reduce+pins" in names and "all_reduce" not in names
+    ar = out.baselines["all_reduce+pins"].strategy
+    assert ar.origin == "all_reduce+pins"
+    assert type(ar.config("dense/kernel").synchronizers[0]).__name__ == "AllReduce"
+    # a builder that already puts the sparse variable on a parameter server keeps its name
+    assert "ps" in names
+
+
+def test_a_pin_keeps_the_mode_of_the_strategys_other_parameter_servers():
+    from strategy_space.space import KIND_AR, StrategySpace
+
+    space = StrategySpace(MODEL, CLUSTER, staleness=(0, 3))
+    cons = Constraints((Rule(match="dense/kernel", sync="ps"),)).compile(space)
+    rng = np.random.default_rng(0)
+    e = space.sample_encoded(rng, 64)
+    e.kind[:, MODEL.index("dense/kernel")] = KIND_AR
+    e = space.normalize(e)
+    before = e.copy()
+    cons.apply(e, space)
+    for r in range(len(e)):
+        validate(space.decode(e, r), MODEL, CLUSTER)
+        ps = before.kind[r] == 0
+        if ps.any():   # the pinned variable joined the parameter servers it found, in their mode
+            i = MODEL.index("dense/kernel")
+            assert (e.sync[r, i], e.staleness[r, i]) == (before.sync[r, ps][0], before.staleness[r, ps][0])

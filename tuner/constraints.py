@@ -194,7 +194,14 @@ class CompiledConstraints:
         self.value[name][sel] = value
 
     def apply(self, e: EncodedStrategies, space: StrategySpace) -> EncodedStrategies:
-        """Project ``e`` (in place) onto the constraints and return it normalized."""
+        """Project ``e`` (in place) onto the constraints and return it normalized.
+
+        A strategy has one PS mode (sync, staleness) for all its parameter servers. Variables a
+        rule turns into parameter servers take the mode the strategy's other parameter servers
+        already have, or, where it had none (an all-reduce strategy), the documented default:
+        synchronous, staleness 0. ``staleness:`` in the file overrides both.
+        """
+        was_ps = e.kind == KIND_PS
         for name, mask in self.mask.items():
             if mask.any():
                 arr = getattr(e, name)
@@ -202,7 +209,23 @@ class CompiledConstraints:
         if self.staleness is not None:
             e.sync[:] = 1
             e.staleness[:] = self.staleness
+        else:
+            ps = e.kind == KIND_PS
+            kept = was_ps & ps
+            has = kept.any(axis=1)
+            first = kept.argmax(axis=1)
+            rows = np.arange(len(e))
+            sync = np.where(has, e.sync[rows, first], 1)
+            staleness = np.where(has, e.staleness[rows, first], 0)
+            e.sync[:] = np.where(ps, sync[:, None], e.sync)
+            e.staleness[:] = np.where(ps, staleness[:, None], e.staleness)
         return space.normalize(e)
+
+    def changes(self, e: EncodedStrategies, space: StrategySpace) -> np.ndarray:
+        """Per strategy, whether projecting it onto the constraints changes it (``e`` is kept)."""
+        before = space.normalize(e.copy()).row_keys()
+        after = self.apply(e.copy(), space).row_keys()
+        return np.array([a != b for a, b in zip(after, before)], bool)
 
     def violations(self, e: EncodedStrategies) -> np.ndarray:
         """Per strategy, whether any fixed field differs (for checks and tests)."""

@@ -28,6 +28,9 @@ from .search import Pool, select_diverse, simulated_annealing
 from .trial import Runner, Trial
 from .warmstart import Group
 
+# appended to a baseline's name when the constraints changed its builder's strategy
+PINNED_SUFFIX = "+pins"
+
 
 @dataclass(frozen=True)
 class SearchSettings:
@@ -104,10 +107,15 @@ class ModelBasedTuner:
 
     def baselines(self) -> list[Proposal]:
         """Every builder's strategy (projected onto the constraints); builders that produce the same
-        strategy share one proposal (measured once, reported under each name)."""
+        strategy share one proposal (measured once, reported under each name). A builder whose
+        strategy the constraints change is named ``NAME+pins`` (what is measured is not NAME's
+        strategy any more)."""
         out: dict[bytes, Proposal] = {}
         for name in BUILDERS:
-            enc = self.project(self.space.encode([get_builder(name).build(self.model, self.cluster)]))
+            enc = self.space.encode([get_builder(name).build(self.model, self.cluster)])
+            if self.constraints is not None and self.constraints.changes(enc, self.space)[0]:
+                name = f"{name}{PINNED_SUFFIX}"
+            enc = self.project(enc)
             key = enc.row_keys()[0]
             if key in out:
                 out[key].aliases += (name,)

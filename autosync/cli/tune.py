@@ -58,6 +58,7 @@ def result_table(result) -> str:
 
 def cmd_tune(args) -> int:
     from autosync.api import tune
+    from tuner.tuning import PINNED_SUFFIX
 
     if args.trials < 0:
         raise ConfigError(f"--trials must be >= 0, got {args.trials}")
@@ -87,6 +88,8 @@ def cmd_tune(args) -> int:
           f"re-measurements, {summary['failed_trials']} failed), "
           f"stopped: {summary['stop_reason']}")
     print(result_table(result))
+    if any(name.endswith(PINNED_SUFFIX) for name in result.baselines):
+        print(f"(NAME{PINNED_SUFFIX}: that builder's strategy changed to keep --constraints; the change was measured)")
     speed = summary["speedup_over_best_baseline"]
     if speed is not None:
         print(f"\nbest strategy ({result.best_trial.origin}) is {speed:.2f}x the best baseline "
