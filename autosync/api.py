@@ -15,7 +15,7 @@ from typing import Callable
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.constraints import Constraints, load_constraints
-from tuner.store import TrialStore
+from tuner.store import TrialStore, check_store_file
 from tuner.trial import Runner, Trial
 from tuner.warmstart import load_warm_start
 from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, TuneOutcome, tune_loop
@@ -155,6 +155,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
     if isinstance(constraints, (str, os.PathLike)):
         constraints = load_constraints(str(constraints))
+    store_path = Path(store) if store is not None else default_store_path()
+    check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
     own_runner = runner is None
     if runner is None:
         from autosync.runtime.runner import RayRunner
@@ -170,7 +172,6 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                            model_spec=spec)
     else:
         spec = runner.model
-    store_path = Path(store) if store is not None else default_store_path()
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with TrialStore(store_path) as trial_store:

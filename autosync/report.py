@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from strategy_space.errors import ConfigError
-from tuner.store import TrialStore
+from tuner.store import TrialStore, open_existing_store
 from tuner.tuning import TuneOutcome
 
 
@@ -104,14 +104,12 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     """
     from autosync.cli.offline import describe
 
-    if not Path(store_path).is_file():
-        raise ConfigError(f"trial store not found: {store_path}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with TrialStore(store_path) as store:
+    with open_existing_store(store_path) as store:
         run_id, trials = _run_trials(store, run_id)
         model = store.model(trials[0].model_fingerprint)
         cluster = store.cluster(trials[0].cluster_fingerprint)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     outcome = TuneOutcome(run_id, list(trials))   # re-measurements pooled per strategy
     files = _plots(outcome, out)
     best = outcome.best

@@ -111,3 +111,68 @@ def test_import_merges_without_duplicates(tmp_path):
     assert a.model(MODEL.fingerprint) == MODEL
     a.close()
     b.close()
+
+
+def _damaged_files(tmp_path):
+    """A good store's first page only, its first half, random bytes, a text file, a foreign SQLite DB."""
+    good = tmp_path / "good.db"
+    with TrialStore(good) as st:
+        st.add_many(_trials(), MODEL, CLUSTER)
+    with TrialStore(good) as st:   # a checkpointed file: a clean close leaves no write-ahead log
+        pass
+    data = good.read_bytes()
+    files = {"first_page": data[:4096], "half": data[: len(data) // 2], "random": os.urandom(5000),
+             "text": b"trials: 3\nthis is not a database\n"}
+    out = {}
+    for name, content in files.items():
+        out[name] = tmp_path / f"{name}.db"
+        out[name].write_bytes(content)
+    other = tmp_path / "foreign.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE songs (title TEXT)")
+    con.commit()
+    con.close()
+    out["foreign"] = other
+    return out
+
+
+def test_a_damaged_or_foreign_store_is_one_clear_error_and_stays_untouched(tmp_path):
+    """Issue 17, item 2: a truncated store, random bytes, a text file or another program's
+    SQLite file raise one StoreError (a ConfigError: exit 2) naming the file; the file's bytes
+    are unchanged and no journal or write-ahead-log file appears beside it."""
+    from strategy_space import ConfigError
+    from tuner.store import StoreError, check_store_file, open_existing_store
+
+    for name, path in _damaged_files(tmp_path).items():
+        before = path.read_bytes()
+        siblings = sorted(os.listdir(tmp_path))
+        for open_ in (check_store_file, TrialStore, open_existing_store):
+            try:
+                open_(path)
+            except StoreError as e:
+                assert isinstance(e, ConfigError)
+                msg = str(e)
+                assert str(path) in msg and "not a readable AutoSync trial store" in msg and "\n" not in msg, msg
+            else:
+                raise AssertionError(f"{name}: {open_.__name__} accepted a damaged store")
+        assert path.read_bytes() == before, name
+        assert sorted(os.listdir(tmp_path)) == siblings, name
+
+
+def test_a_store_killed_before_its_checkpoint_still_opens(tmp_path):
+    """The check must not refuse a good store whose trials still sit in the write-ahead log."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from tests.test_tuner_store import MODEL, CLUSTER, _trials
+        from tuner.store import TrialStore
+        st = TrialStore({str(tmp_path / 'k.db')!r})
+        st.add_many(_trials(), MODEL, CLUSTER)
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert os.path.getsize(tmp_path / "k.db-wal") > 0
+    from tuner.store import open_existing_store
+
+    with open_existing_store(tmp_path / "k.db") as st:
+        assert len(st) == len(_trials())

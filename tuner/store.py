@@ -18,9 +18,11 @@ import platform
 import sqlite3
 import sys
 import time
+import urllib.parse
 from typing import Iterable
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy, dumps, loads
+from strategy_space.errors import ConfigError
 
 from .trial import Trial
 
@@ -45,6 +47,85 @@ CREATE INDEX IF NOT EXISTS trials_strategy ON trials (model_fp, cluster_fp, stra
 """
 _TRIAL_COLS = ("uid", "model_fp", "cluster_fp", "strategy_fp", "status", "median_s", "step_times", "error",
                "batch_size", "breakdown", "origin", "started_at", "finished_at", "meta", "env")
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_NEEDED_TABLES = {"info", "models", "clusters", "strategies", "trials"}
+
+
+class StoreError(ConfigError):
+    """A file given as a trial store that is not one (or is damaged); it is left as it is."""
+
+
+def _store_error(path: str, why: str) -> StoreError:
+    return StoreError(f"{path} is not a readable AutoSync trial store: {why}. The file was left unchanged; "
+                      f"give another trial store file (a new path starts an empty store) or move this one away")
+
+
+def check_store_file(path: str | os.PathLike) -> None:
+    """Check, without writing anything, that ``path`` is missing, empty, or a readable AutoSync
+    trial store of this schema version.
+
+    The file is read through an immutable read-only connection (no lock, journal or WAL files
+    are created). When a write-ahead log sits beside it (a writer was killed before
+    checkpointing), the main file alone may not be consistent, so only its header is checked.
+
+    Raises:
+        StoreError: a directory, a file that is not SQLite, a damaged database, or an SQLite
+            database that is not a trial store (or of another schema version).
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise _store_error(path, "it is a directory")
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as e:
+        raise _store_error(path, f"it cannot be read ({e.strerror or e})") from None
+    if not head:
+        return
+    if head != SQLITE_MAGIC:
+        raise _store_error(path, "it is not an SQLite database (wrong file header)")
+    wal = path + "-wal"
+    if os.path.exists(wal) and os.path.getsize(wal) > 0:
+        return
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro&immutable=1"
+    try:
+        db = sqlite3.connect(uri, uri=True)
+        try:
+            check = db.execute("PRAGMA quick_check").fetchone()
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            version = (db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone()
+                       if "info" in tables else None)
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        raise _store_error(path, f"SQLite cannot read it ({e}); it is damaged or truncated") from None
+    if not check or check[0] != "ok":
+        raise _store_error(path, f"the database is damaged ({str(check[0] if check else '')[:120]})")
+    if tables and not _NEEDED_TABLES <= tables:
+        raise _store_error(path, f"it is an SQLite database without AutoSync's tables (it has "
+                                 f"{', '.join(sorted(tables)[:5])}{' ...' if len(tables) > 5 else ''})")
+    if version is not None and str(version[0]) != str(SCHEMA_VERSION):
+        raise _store_error(path, f"it has schema version {str(version[0])[:20]}, this AutoSync reads {SCHEMA_VERSION}")
+
+
+def open_existing_store(path: str | os.PathLike) -> "TrialStore":
+    """Open a trial store that must already exist and hold the tables (for commands that only
+    read one: a missing, empty or damaged file is an error and is not created or changed).
+
+    Raises:
+        StoreError: as ``check_store_file``, or the file is missing or empty.
+    """
+    path = os.fspath(path)
+    check_store_file(path)
+    if not os.path.isfile(path):
+        raise StoreError(f"trial store not found: {path} (give the path of an existing trial store file)")
+    if os.path.getsize(path) == 0:
+        raise _store_error(path, "the file is empty")
+    return TrialStore(path)
 
 
 def runtime_versions() -> dict:
@@ -76,12 +157,27 @@ class TrialStore:
     Args:
         path: the database file (created with its tables if missing).
         timeout_s: how long to wait for another writer's lock.
+
+    Raises:
+        StoreError: ``path`` is not a trial store or is damaged (``check_store_file``); the file
+            is left as it was.
     """
 
     def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0):
         self.path = os.fspath(path)
         self._parsed: dict[str, Strategy] = {}
+        check_store_file(self.path)
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                raise StoreError(f"{self.path}: the trial store is locked by another process ({e}); wait for "
+                                 f"it to finish or give another store file") from None
+            raise _store_error(self.path, f"SQLite cannot use it ({e})") from None
+
+    def _open(self) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -91,8 +187,9 @@ class TrialStore:
                     self._db.execute(statement)
             self._db.execute("INSERT OR IGNORE INTO info VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         found = self._db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone()[0]
-        if int(found) != SCHEMA_VERSION:
-            raise ValueError(f"{self.path}: trial store schema version {found}, this AutoSync reads {SCHEMA_VERSION}")
+        if str(found) != str(SCHEMA_VERSION):
+            self._db.close()
+            raise _store_error(self.path, f"it has schema version {str(found)[:20]}, this AutoSync reads {SCHEMA_VERSION}")
 
     # ---- plumbing ---------------------------------------------------------------------------
     class _Tx:

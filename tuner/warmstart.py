@@ -66,9 +66,8 @@ def load_warm_start(source: str | os.PathLike | None, *, exclude_models: Iterabl
     Raises:
         ConfigError: the source does not exist or is not a trial store.
     """
-    import sqlite3
-
     from .dataset import store_groups
+    from .store import StoreError
 
     path = resolve_warm_start(source)
     if path is None:
@@ -77,7 +76,9 @@ def load_warm_start(source: str | os.PathLike | None, *, exclude_models: Iterabl
     with tempfile.TemporaryDirectory(prefix="autosync-warm-") as scratch:
         try:
             store = _open_store(path, scratch)
-        except (OSError, sqlite3.DatabaseError, ValueError) as e:
+        except StoreError as e:
+            raise ConfigError(f"warm start: {e}; use {CHOICES}") from None
+        except (OSError, EOFError, gzip.BadGzipFile) as e:   # a damaged .gz
             raise ConfigError(f"warm start {path}: not a readable AutoSync trial store ({e}); use {CHOICES}") from None
         with store:
             groups = store_groups(store)

@@ -9,7 +9,6 @@ least 10 ok trials it is the learned simulator trained on them.
 from __future__ import annotations
 
 import json
-import os
 
 from strategy_space.errors import ConfigError
 
@@ -27,11 +26,9 @@ def register(sub) -> None:
 
 
 def _open_store(path: str):
-    from tuner.store import TrialStore
+    from tuner.store import open_existing_store
 
-    if not os.path.isfile(path):
-        raise ConfigError(f"trial store not found: {path} (give the path of an existing store file)")
-    return TrialStore(path)
+    return open_existing_store(path)
 
 
 def _evaluate(args) -> int:

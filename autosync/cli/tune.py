@@ -16,10 +16,10 @@ DEFAULT_TRIALS = 12
 class Progress:
     """One updating line on a terminal, one line per trial otherwise (both on stderr)."""
 
-    def __init__(self, total_hint: int, stream=sys.stderr):
+    def __init__(self, total_hint: int, stream=None):
         self.total_hint = total_hint
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.stream = stream or sys.stderr   # looked up now, not at import (it may be replaced since)
+        self.tty = self.stream.isatty()
         self.t0 = time.monotonic()
 
     def __call__(self, trial, outcome) -> None:
