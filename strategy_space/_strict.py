@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
+from ._yaml_limits import short_repr
 from .errors import ConfigError
 
 _MISSING = object()
@@ -15,7 +16,7 @@ def check_keys(data: Any, where: str, required: set[str], optional: set[str] = f
     """Return ``data`` if it is a mapping whose keys are exactly ``required`` plus some of
     ``optional``; raise ConfigError naming every unknown or missing key otherwise."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__} {data!r:.80}")
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__} {short_repr(data)}")
     problems = []
     allowed = set(required) | set(optional)
     unknown = sorted(str(k) for k in data if k not in allowed)
@@ -43,7 +44,7 @@ def get_typed(data: Mapping, key: str, types: type | tuple, where: str, default:
     ok = isinstance(value, types_t) and not (is_bool and bool not in types_t)
     if not ok:
         names = " or ".join(t.__name__ for t in types_t)
-        raise ConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r:.80}")
+        raise ConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__} {short_repr(value)}")
     return value
 
 

@@ -15,6 +15,7 @@ import inspect
 import math
 from typing import Callable, Iterable
 
+from ._yaml_limits import short_repr
 from .errors import ConfigError
 from .specs import ClusterSpec, ModelSpec, VariableSpec
 from .strategy import PS, AllReduce, Strategy, VarConfig, parse_compressor
@@ -106,7 +107,7 @@ class _PSOptions:
 class _AROptions:
     def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, backend: str = "auto", compressor: str = "none"):
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-            raise ConfigError(f"chunk_bytes must be an integer >= 1, got {chunk_bytes!r}")
+            raise ConfigError(f"chunk_bytes must be an integer >= 1, got {short_repr(chunk_bytes)}")
         parse_compressor(compressor)
         AllReduce(backend=backend)
         self.chunk_bytes, self.backend, self.compressor = chunk_bytes, backend, compressor
@@ -244,7 +245,7 @@ def register_builder(cls: type[StrategyBuilder]) -> type[StrategyBuilder]:
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a name to be registered")
     if cls.name in BUILDERS:
-        raise ValueError(f"a builder named {cls.name!r} is already registered ({BUILDERS[cls.name].__name__})")
+        raise ValueError(f"a builder named {short_repr(cls.name)} is already registered ({BUILDERS[cls.name].__name__})")
     BUILDERS[cls.name] = cls
     return cls
 
@@ -274,7 +275,7 @@ def get_builder(name: str, **options) -> StrategyBuilder:
         ConfigError: unknown name (lists the valid ones) or unknown option (lists the accepted ones).
     """
     if name not in BUILDERS:
-        raise ConfigError(f"unknown builder {name!r}; valid builders: {', '.join(BUILDERS)}")
+        raise ConfigError(f"unknown builder {short_repr(name)}; valid builders: {', '.join(BUILDERS)}")
     unknown = sorted(set(options) - set(builder_options(name)))
     if unknown:
         raise ConfigError(f"builder {name}: unknown option(s) {', '.join(unknown)}; accepted: "

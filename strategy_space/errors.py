@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+MAX_PROBLEM_CHARS = 1000
+
 
 class ConfigError(ValueError):
     """Bad user input (a spec, a strategy, a flag). Holds every problem found, each one a sentence
@@ -14,7 +16,8 @@ class ConfigError(ValueError):
     def __init__(self, problems: Iterable[str] | str, *, source: str | None = None):
         if isinstance(problems, str):
             problems = [problems]
-        self.problems = [p for p in problems if p]
+        # each problem is a sentence: cut one that quotes a huge value (the cut keeps the start)
+        self.problems = [p if len(p) <= MAX_PROBLEM_CHARS else p[:MAX_PROBLEM_CHARS - 5] + " ..." for p in problems if p]
         if not self.problems:
             raise ValueError("ConfigError needs at least one problem")
         self.source = source

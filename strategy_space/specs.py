@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ._strict import check_keys, fingerprint, get_typed, parse_items
+from ._yaml_limits import short_repr
 from .errors import ConfigError
 
 DTYPE_BYTES = {
@@ -43,11 +44,11 @@ class VariableSpec:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         problems = []
         if not self.name or not isinstance(self.name, str):
-            problems.append(f"variable name must be a non-empty string, got {self.name!r}")
+            problems.append(f"variable name must be a non-empty string, got {short_repr(self.name)}")
         if any(d < 1 for d in self.shape):
             problems.append(f"variable {self.name}: every dimension of shape must be >= 1, got {list(self.shape)}")
         if self.dtype not in DTYPE_BYTES:
-            problems.append(f"variable {self.name}: dtype {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+            problems.append(f"variable {self.name}: dtype {short_repr(self.dtype)} is not one of {', '.join(DTYPE_BYTES)}")
         if self.sparse and not self.shape:
             problems.append(f"variable {self.name}: a sparse variable needs at least one dimension")
         if self.rows_per_step is not None:
@@ -92,7 +93,7 @@ class VariableSpec:
         where = f"variable {name}"
         shape = get_typed(data, "shape", list, where)
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-            raise ConfigError(f"{where}.shape: expected a list of integers, got {shape!r}")
+            raise ConfigError(f"{where}.shape: expected a list of integers, got {short_repr(shape)}")
         spec = cls(
             name=name,
             shape=tuple(shape),
@@ -101,7 +102,7 @@ class VariableSpec:
             rows_per_step=get_typed(data, "rows_per_step", (int, type(None)), where, None),
         )
         if "bytes" in data and data["bytes"] != spec.bytes:
-            raise ConfigError(f"{where}.bytes: {data['bytes']!r} does not match shape x dtype = {spec.bytes}")
+            raise ConfigError(f"{where}.bytes: {short_repr(data['bytes'])} does not match shape x dtype = {spec.bytes}")
         return spec
 
 
@@ -123,7 +124,7 @@ class ComputeProfile:
     def __post_init__(self):
         object.__setattr__(self, "ready_order", tuple(self.ready_order))
         if not (isinstance(self.step_time_s, (int, float)) and self.step_time_s >= 0 and math.isfinite(self.step_time_s)):
-            raise ConfigError(f"profile.step_time_s must be a finite number >= 0, got {self.step_time_s!r}")
+            raise ConfigError(f"profile.step_time_s must be a finite number >= 0, got {short_repr(self.step_time_s)}")
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"step_time_s": float(self.step_time_s), "device": self.device}
@@ -165,10 +166,10 @@ class ModelSpec:
         seen: set[str] = set()
         for v in self.variables:
             if v.name in seen:
-                problems.append(f"model {self.name}: variable name {v.name!r} appears twice; names must be unique")
+                problems.append(f"model {self.name}: variable name {short_repr(v.name)} appears twice; names must be unique")
             seen.add(v.name)
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
-            problems.append(f"model {self.name}: batch_size must be an integer >= 1, got {self.batch_size!r}")
+            problems.append(f"model {self.name}: batch_size must be an integer >= 1, got {short_repr(self.batch_size)}")
         if self.profile is not None and self.profile.ready_order:
             order = self.profile.ready_order
             if sorted(order) != sorted(seen):
@@ -186,7 +187,7 @@ class ModelSpec:
         try:
             return self._index[name]  # type: ignore[attr-defined]
         except KeyError:
-            raise KeyError(f"model {self.name} has no variable {name!r}") from None
+            raise KeyError(f"model {self.name} has no variable {short_repr(name)}") from None
 
     def var(self, name: str) -> VariableSpec:
         return self.variables[self.index(name)]
@@ -266,18 +267,18 @@ class NodeSpec:
     def __post_init__(self):
         problems = []
         if not (isinstance(self.name, str) and _NAME_RE.match(self.name)):
-            problems.append(f"node name {self.name!r} must be non-empty and use only letters, digits, '_', '-', '.'")
+            problems.append(f"node name {short_repr(self.name)} must be non-empty and use only letters, digits, '_', '-', '.'")
         if not (isinstance(self.cpus, int) and self.cpus >= 1):
-            problems.append(f"node {self.name}: cpus must be an integer >= 1, got {self.cpus!r}")
+            problems.append(f"node {self.name}: cpus must be an integer >= 1, got {short_repr(self.cpus)}")
         if not (isinstance(self.gpus, int) and self.gpus >= 0):
-            problems.append(f"node {self.name}: gpus must be an integer >= 0, got {self.gpus!r}")
+            problems.append(f"node {self.name}: gpus must be an integer >= 0, got {short_repr(self.gpus)}")
         if self.workers is None:
             if isinstance(self.gpus, int):
                 object.__setattr__(self, "workers", self.gpus if self.gpus > 0 else 1)
         elif not (isinstance(self.workers, int) and self.workers >= 0):
-            problems.append(f"node {self.name}: workers must be an integer >= 0, got {self.workers!r}")
+            problems.append(f"node {self.name}: workers must be an integer >= 0, got {short_repr(self.workers)}")
         if not (isinstance(self.bandwidth_gbps, (int, float)) and self.bandwidth_gbps > 0):
-            problems.append(f"node {self.name}: bandwidth_gbps must be > 0, got {self.bandwidth_gbps!r}")
+            problems.append(f"node {self.name}: bandwidth_gbps must be > 0, got {short_repr(self.bandwidth_gbps)}")
         if problems:
             raise ConfigError(problems)
 
@@ -360,7 +361,7 @@ class ClusterSpec:
         try:
             return self._index[name]
         except KeyError:
-            raise KeyError(f"cluster {self.name} has no node {name!r}; nodes: {', '.join(self.node_names)}") from None
+            raise KeyError(f"cluster {self.name} has no node {short_repr(name)}; nodes: {', '.join(self.node_names)}") from None
 
     def node(self, name: str) -> NodeSpec:
         return self.nodes[self.node_index(name)]
@@ -406,7 +407,7 @@ FORMAT_VERSION = 1
 
 def _check_header(data: Mapping, kind: str) -> None:
     if "kind" in data and data["kind"] != kind:
-        raise ConfigError(f"expected a {kind} file (kind: {kind}), got kind: {data['kind']!r}")
+        raise ConfigError(f"expected a {kind} file (kind: {kind}), got kind: {short_repr(data['kind'])}")
     version = data.get("version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
-        raise ConfigError(f"{kind} format version {version!r} is not supported; this AutoSync reads version {FORMAT_VERSION}")
+        raise ConfigError(f"{kind} format version {short_repr(version)} is not supported; this AutoSync reads version {FORMAT_VERSION}")

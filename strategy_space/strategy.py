@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
 from ._strict import check_keys, fingerprint, get_typed, parse_items
+from ._yaml_limits import short_repr
 from .errors import ConfigError
 from .specs import FORMAT_VERSION, _check_header
 
@@ -31,14 +32,14 @@ def parse_compressor(text: str) -> tuple[str, int]:
     m = _COMPRESSOR_RE.match(text) if isinstance(text, str) else None
     allowed = "none, fp16, fp16_ef, powersgd(RANK), powersgd_ef(RANK)"
     if not m:
-        raise ConfigError(f"compressor {text!r} is not one of {allowed}")
+        raise ConfigError(f"compressor {short_repr(text)} is not one of {allowed}")
     kind, rank = m.group(1), m.group(2)
     if kind in _RANKED:
         if rank is None or int(rank) < 1:
-            raise ConfigError(f"compressor {text!r} needs a rank >= 1, e.g. {kind}(4)")
+            raise ConfigError(f"compressor {short_repr(text)} needs a rank >= 1, e.g. {kind}(4)")
         return kind, int(rank)
     if rank is not None:
-        raise ConfigError(f"compressor {kind} takes no rank, got {text!r}; allowed: {allowed}")
+        raise ConfigError(f"compressor {kind} takes no rank, got {short_repr(text)}; allowed: {allowed}")
     return kind, 0
 
 
@@ -65,9 +66,9 @@ class PS:
     def __post_init__(self):
         problems = []
         if not isinstance(self.destination, str) or not self.destination:
-            problems.append(f"ps.destination must be a node name, got {self.destination!r}")
+            problems.append(f"ps.destination must be a node name, got {short_repr(self.destination)}")
         if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
-            problems.append(f"ps.staleness must be an integer >= 0, got {self.staleness!r}")
+            problems.append(f"ps.staleness must be an integer >= 0, got {short_repr(self.staleness)}")
         if problems:
             raise ConfigError(problems)
 
@@ -110,15 +111,15 @@ class AllReduce:
     def __post_init__(self):
         problems = []
         if self.backend not in BACKENDS:
-            problems.append(f"all_reduce.backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+            problems.append(f"all_reduce.backend {short_repr(self.backend)} is not one of {', '.join(BACKENDS)}")
         try:
             parse_compressor(self.compressor)
         except ConfigError as e:
             problems.extend(e.problems)
         if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 0:
-            problems.append(f"all_reduce.group must be an integer >= 0, got {self.group!r}")
+            problems.append(f"all_reduce.group must be an integer >= 0, got {short_repr(self.group)}")
         if not isinstance(self.hierarchical, bool):
-            problems.append(f"all_reduce.hierarchical must be true or false, got {self.hierarchical!r}")
+            problems.append(f"all_reduce.hierarchical must be true or false, got {short_repr(self.hierarchical)}")
         if problems:
             raise ConfigError(problems)
 
@@ -183,7 +184,7 @@ class VarConfig:
         if not all(isinstance(s, (PS, AllReduce)) for s in self.synchronizers):
             problems.append(f"variable {self.name}: synchronizers must be PS or AllReduce")
         if not isinstance(self.axis, int) or self.axis < 0:
-            problems.append(f"variable {self.name}: partition axis must be an integer >= 0, got {self.axis!r}")
+            problems.append(f"variable {self.name}: partition axis must be an integer >= 0, got {short_repr(self.axis)}")
         if problems:
             raise ConfigError(problems)
 
@@ -268,7 +269,7 @@ class Strategy:
         try:
             return self._by_name[name]
         except KeyError:
-            raise KeyError(f"strategy has no config for variable {name!r}") from None
+            raise KeyError(f"strategy has no config for variable {short_repr(name)}") from None
 
     def resolved_replicas(self, cluster) -> tuple[str, ...]:
         return self.replicas or cluster.devices
@@ -294,7 +295,7 @@ class Strategy:
         _check_header(data, "strategy")
         replicas = get_typed(data, "replicas", list, "strategy", [])
         if not all(isinstance(r, str) for r in replicas):
-            raise ConfigError(f"strategy.replicas: expected a list of 'node:slot' strings, got {replicas!r}")
+            raise ConfigError(f"strategy.replicas: expected a list of 'node:slot' strings, got {short_repr(replicas)}")
         configs = parse_items(get_typed(data, "variables", list, "strategy"), VarConfig.from_dict, "variables")
         return cls(variables=tuple(configs), replicas=tuple(replicas),
                    origin=get_typed(data, "origin", str, "strategy", ""))

@@ -1,6 +1,7 @@
 """Check a Strategy against a ModelSpec and a ClusterSpec; report every problem at once."""
 from __future__ import annotations
 
+from ._yaml_limits import short_repr
 from .errors import Problems, StrategyError
 from .specs import ClusterSpec, ModelSpec
 from .strategy import PS, AllReduce, Strategy
@@ -56,7 +57,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
             at = f"{where}" + (f" shard {i}" if cfg.partitioned else "")
             if isinstance(sync, PS):
                 if sync.destination not in nodes:
-                    p.add(f"{at}: ps.destination {sync.destination!r} is not a node of cluster "
+                    p.add(f"{at}: ps.destination {short_repr(sync.destination)} is not a node of cluster "
                           f"{cluster.name}; allowed: {node_list}")
                 if not sync.sync and sync.staleness:
                     p.add(f"{at}: staleness {sync.staleness} needs sync: true (asynchronous PS has no "
@@ -80,7 +81,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
     reps = strategy.replicas
     for r in reps:
         if r not in devices:
-            p.add(f"replica {r!r} is not a worker slot of cluster {cluster.name}; "
+            p.add(f"replica {short_repr(r)} is not a worker slot of cluster {cluster.name}; "
                   f"allowed: {', '.join(cluster.devices)}")
     dups = sorted({r for r in reps if reps.count(r) > 1})
     if dups:

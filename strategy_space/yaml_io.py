@@ -13,6 +13,7 @@ from typing import Any, Union
 
 import yaml
 
+from ._yaml_limits import MAX_DEPTH, MAX_FILE_BYTES, FastLoader, PlainLoader, YAMLLimitError, short_repr
 from .errors import ConfigError
 from .specs import ClusterSpec, ModelSpec
 from .strategy import Strategy
@@ -47,29 +48,43 @@ def dumps(obj: Loaded) -> str:
     return yaml.dump(obj.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-# libyaml's loader when PyYAML has it: ~10x faster (a trial store parses one strategy per trial)
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def parse_text(text: str, source: str = "<string>") -> Any:
+    """The plain data of YAML ``text``, through the bounded loaders (``_yaml_limits``).
+
+    Raises:
+        ConfigError: bad YAML, or a document past the limits (an alias bomb, a recursive alias,
+            too deep nesting), with ``source`` and where.
+    """
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=FastLoader)
+    except YAMLLimitError as e:
+        raise ConfigError(f"refused to load: {e}", source=source) from None
     except yaml.YAMLError:
         pass
     try:  # bad YAML: the pure-Python loader words the problem better
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=PlainLoader)
+    except YAMLLimitError as e:
+        raise ConfigError(f"refused to load: {e}", source=source) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"not valid YAML{where}: {problem}", source=source) from None
+    except RecursionError:
+        raise ConfigError(f"refused to load: nesting deeper than {MAX_DEPTH} levels", source=source) from None
 
 
 def read_text(path: str | os.PathLike) -> str:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory; give the path of a YAML file")
     if not p.is_file():
         raise ConfigError(f"file not found: {p} (give the path of an existing YAML file)")
     try:
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{p} is {size / 2**20:.0f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB a "
+                              f"strategy, spec or constraints file may have; is it the right file?")
         return p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read {p}: {e}") from None
@@ -87,7 +102,7 @@ def loads(text: str, expect: str | None = None, source: str = "<string>") -> Loa
                           f"got {type(data).__name__}", source=source)
     kind = data.get("kind", expect)
     if kind not in KINDS:
-        raise ConfigError(f"unknown or missing 'kind': {kind!r}; allowed: {', '.join(KINDS)}", source=source)
+        raise ConfigError(f"unknown or missing 'kind': {short_repr(kind)}; allowed: {', '.join(KINDS)}", source=source)
     if expect is not None and kind != expect:
         raise ConfigError(f"expected a {expect} file but this is a {kind} file (kind: {kind})", source=source)
     try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strategy_space._strict import check_keys, get_typed
+from strategy_space._yaml_limits import short_repr
 from strategy_space.errors import ConfigError, Problems
 from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies, StrategySpace
 from strategy_space.strategy import BACKENDS, parse_compressor
@@ -51,9 +52,9 @@ class Rule:
 
     def __post_init__(self):
         p = Problems()
-        where = f"constraint rule match={self.match!r}"
+        where = f"constraint rule match={short_repr(self.match)}"
         if self.sync is not None and self.sync not in _SYNC:
-            p.add(f"{where}: sync {self.sync!r} is not one of ps, all_reduce")
+            p.add(f"{where}: sync {short_repr(self.sync)} is not one of ps, all_reduce")
         ps_opts = [k for k in _PS_ONLY if getattr(self, k) is not None]
         ar_opts = [k for k in _AR_ONLY if getattr(self, k) is not None]
         if ps_opts and ar_opts:
@@ -69,7 +70,7 @@ class Rule:
             except ConfigError as e:
                 p.items.extend(f"{where}: {x}" for x in e.problems)
         if self.backend is not None and self.backend not in BACKENDS:
-            p.add(f"{where}: backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+            p.add(f"{where}: backend {short_repr(self.backend)} is not one of {', '.join(BACKENDS)}")
         if self.group is not None and self.group < 0:
             p.add(f"{where}: group must be >= 0, got {self.group}")
         p.raise_if_any()
@@ -100,9 +101,9 @@ class Constraints:
     def from_dict(cls, data) -> "Constraints":
         check_keys(data, "constraints", set(), {"kind", "version", "staleness", "variables"})
         if data.get("kind", "constraints") != "constraints":
-            raise ConfigError(f"expected a constraints file (kind: constraints), got kind: {data['kind']!r}")
+            raise ConfigError(f"expected a constraints file (kind: constraints), got kind: {short_repr(data['kind'])}")
         if data.get("version", 1) != 1:
-            raise ConfigError(f"constraints format version {data['version']!r} is not supported; this AutoSync reads 1")
+            raise ConfigError(f"constraints format version {short_repr(data['version'])} is not supported; this AutoSync reads 1")
         keys = {f for f in Rule.__dataclass_fields__}
         problems: list[str] = []
         rules = []
@@ -145,9 +146,9 @@ class Constraints:
         p = Problems()
         for rule in self.rules:
             sel = np.array([rule.selects(v.name, v.sparse) for v in model.variables])
-            where = f"constraint rule match={rule.match!r}" + (f" sparse={rule.sparse}" if rule.sparse is not None else "")
+            where = f"constraint rule match={short_repr(rule.match)}" + (f" sparse={rule.sparse}" if rule.sparse is not None else "")
             if not sel.any():
-                p.add(f"{where}: selects no variable of model {model.name}; check the pattern (e.g. {model.names[0]!r})")
+                p.add(f"{where}: selects no variable of model {model.name}; check the pattern (e.g. {short_repr(model.names[0])})")
                 continue
             if rule.kind is not None:
                 c.set("kind", sel, rule.kind)
@@ -159,7 +160,7 @@ class Constraints:
                 c.set("shards", sel, rule.shards)
             if rule.destination is not None:
                 if rule.destination not in cluster.node_names:
-                    p.add(f"{where}: destination {rule.destination!r} is not a node of cluster {cluster.name}; "
+                    p.add(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster {cluster.name}; "
                           f"allowed: {', '.join(cluster.node_names)}")
                 else:
                     c.set("dest", sel, cluster.node_index(rule.destination))

@@ -1,0 +1,106 @@
+"""Issue 17, item 3: every YAML AutoSync reads refuses alias bombs, recursive aliases and runaway
+nesting quickly and with a clear message; error messages quote huge values only in part."""
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from strategy_space import ConfigError, load, save
+from strategy_space._strict import get_typed
+from strategy_space.builders import get_builder
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.constraints import load_constraints
+
+
+def anchors(levels: int, fan: int = 9, indent: str = "      ") -> str:
+    """Nested anchors: level i is a list of ``fan`` aliases of level i-1 (fan**levels leaves)."""
+    lines = [f"{indent}- &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{indent}- &a{i} [" + ", ".join([f"*a{i - 1}"] * fan) + "]" for i in range(1, levels)]
+    return "\n".join(lines)
+
+
+def bombs() -> dict[str, tuple[str, str]]:
+    """One file per loader, the bomb inside a field that loader allows (kind -> (file, text))."""
+    deep = anchors(12)
+    return {
+        "model": ("model.yaml", "kind: model\nversion: 1\nname: m\nbatch_size: 8\nvariables:\n"
+                                f"- name: v\n  shape:\n{deep}\n"),
+        "cluster": ("cluster.yaml", "kind: cluster\nversion: 1\nname: c\nnodes:\n"
+                                    f"- name: n0\n  address:\n{deep}\n"),
+        "strategy": ("s.yaml", "kind: strategy\nversion: 1\nvariables:\n"
+                               f"- var: v\n  ps:\n    destination:\n{deep}\n"),
+        "constraints": ("c.yaml", f"kind: constraints\nvariables:\n- match:\n{deep}\n"),
+    }
+
+
+def _load(kind, path):
+    return load_constraints(str(path)) if kind == "constraints" else load(path, kind)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["model", "cluster", "strategy", "constraints"])
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path, kind):
+    name, text = bombs()[kind]
+    assert len(text) < 2000   # a 1 KB file that stands for 9**12 values
+    path = tmp_path / name
+    path.write_text(text)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as info:
+            _load(kind, path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(info.value)
+    assert msg.startswith(str(path)) and "aliases" in msg and "\n" not in msg and len(msg) < 500, msg
+    assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("text, why", [("kind: model\nname: &a [x, *a]\n", "recursive alias"),
+                                       ("kind: model\nname: " + "[" * 3000 + "]" * 3000 + "\n", "nesting deeper")])
+def test_recursive_aliases_and_deep_nesting_are_refused(tmp_path, text, why):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        load(path, "model")
+
+
+def test_a_few_aliases_still_load(tmp_path):
+    """Aliases are YAML: a file that shares a value through an anchor loads as written out."""
+    model, cluster = tiny_model(), three_node_cluster()
+    s = get_builder("ps").build(model, cluster)
+    path = tmp_path / "s.yaml"
+    save(s, path)
+    flow = "{destination: h0, local_replication: false, sync: true, staleness: 0}"
+    head, rest = path.read_text().split(flow, 1)
+    text = head + "&ps0 " + flow + rest.replace(flow, "*ps0")
+    assert "*ps0" in text
+    path.write_text(text)
+    assert load(path, "strategy").variables == s.variables
+
+
+def test_a_directory_is_not_reported_as_a_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load(tmp_path, "model")
+
+
+class _Loud:
+    """A value whose repr is counted (a message must not repr every item of a huge value)."""
+
+    calls = 0
+
+    def __repr__(self):
+        _Loud.calls += 1
+        return "loud"
+
+
+def test_messages_quote_only_the_start_of_a_huge_value():
+    huge = [_Loud()] * 1_000_000
+    _Loud.calls = 0
+    with pytest.raises(ConfigError) as info:
+        get_typed({"name": huge}, "name", str, "model")
+    assert _Loud.calls < 10 and len(str(info.value)) < 200
+    with pytest.raises(ConfigError) as info:
+        get_typed({"name": "x" * 10**7}, "name", int, "model")
+    assert len(str(info.value)) < 200
