@@ -161,12 +161,12 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     if runner is None:
         from autosync.runtime.runner import RayRunner
 
-        from autosync.runtime.optimizers import check_optimizer_config, keras_optimizer_config
+        from autosync.runtime.optimizers import check_model_optimizer
 
         model_def = load_model_def(model)
         # fail now, not after every trial failed: the runtime applies updates with its own
         # implementations of the Keras optimizers
-        check_optimizer_config(keras_optimizer_config(model_def.optimizer_fn()))
+        check_model_optimizer(model_def)
         spec = load_model_spec(model_def, profile=True)
         runner = RayRunner(model_def, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
                            model_spec=spec)

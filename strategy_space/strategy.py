@@ -280,6 +280,14 @@ class Strategy:
         d.pop("origin", None)
         return fingerprint(d)
 
+    def canonical(self, cluster=None) -> "Strategy":
+        """The canonical equivalent (``strategy_space.canonical``): fusion groups renumbered in
+        first-use order, variables by name, no origin; with ``cluster``, placements rotated over
+        identical nodes. Equivalent strategies have equal canonical forms."""
+        from .canonical import canonical
+
+        return canonical(self, cluster)
+
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"kind": "strategy", "version": FORMAT_VERSION}
         if self.origin:

@@ -38,3 +38,67 @@ def test_a_damaged_store_is_one_message_exit_2_and_left_untouched(tmp_path, caps
     err = _one_error(capsys, argv[0])
     assert code == 2 and "not a readable AutoSync trial store" in err and str(db) in err
     assert _files(tmp_path) == before   # nothing written, nothing changed, no report folder
+
+
+RMSPROP_SCRIPT = '''
+import functools
+import keras
+import numpy as np
+from autosync.model_def import ModelDef
+
+def make_model():
+    x = keras.Input((4,))
+    return keras.Model(x, keras.layers.Dense(1, name="out")(x))
+
+def make_optimizer():
+    return keras.optimizers.RMSprop(learning_rate=0.01)
+
+def batches(worker_index, num_workers):
+    rng = np.random.default_rng(worker_index)
+    while True:
+        yield rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+
+def build():
+    return ModelDef(name="rms", model_fn=make_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
+                    optimizer_fn=make_optimizer, dataset_fn=batches, batch_size=8)
+'''
+
+
+@pytest.fixture
+def rmsprop_model(tmp_path, monkeypatch):
+    """A user's script model with an optimizer the runtime does not implement; Ray must not start."""
+    script = tmp_path / "rms_model.py"
+    script.write_text(RMSPROP_SCRIPT)
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray was started before the optimizer was checked")
+
+    import autosync.runtime.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "RayRunner", no_ray)
+    return f"{script}:build"
+
+
+def test_an_unsupported_optimizer_is_refused_up_front_by_every_command_with_one_message(
+        rmsprop_model, tmp_path, capsys):
+    """Issue 17, item 4: tune, run and baselines refuse before Ray starts, with the same message,
+    which does not blame parameter servers (all-reduce strategies use the same update rules);
+    inspect warns and succeeds."""
+    strategy = tmp_path / "s.yaml"
+    strategy.write_text("kind: strategy\nversion: 1\nvariables:\n- var: out/kernel\n  all_reduce: {}\n"
+                        "- var: out/bias\n  all_reduce: {}\n")
+    messages = []
+    for argv in (["tune", "--model", rmsprop_model, "--warm-start", "none", "--store", str(tmp_path / "t.db")],
+                 ["run", "--model", rmsprop_model, "--strategy", str(strategy)],
+                 ["baselines", "--model", rmsprop_model]):
+        assert main(argv) == 2, argv
+        err = _one_error(capsys, argv[0])
+        messages.append(err.split(": error: ", 1)[1])
+        assert "'RMSprop' is not supported" in err and "parameter servers" not in err.split(";")[0], err
+    assert len(set(messages)) == 1, messages
+    assert not (tmp_path / "t.db").exists()
+    assert main(["inspect", "--model", rmsprop_model]) == 0
+    captured = capsys.readouterr()
+    assert "out/kernel" in captured.out
+    assert "warning:" in captured.err and "'RMSprop' is not supported" in captured.err
+    assert "Traceback" not in captured.err

@@ -44,10 +44,22 @@ def cmd_models(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from autosync.sources import load_model_spec
+    import sys
+
+    from autosync.sources import is_trainable_source, load_model_def, load_model_spec
     from strategy_space.yaml_io import save
 
-    spec = load_model_spec(args.model, profile=args.profile)
+    model = args.model
+    if is_trainable_source(model):
+        from autosync.runtime.optimizers import check_model_optimizer
+
+        model = load_model_def(model)
+        try:
+            check_model_optimizer(model)
+        except ConfigError as e:   # inspecting is fine; tune, run and baselines will refuse it
+            print(f"autosync inspect: warning: {e}; `autosync tune`, `run` and `baselines` will refuse this model "
+                  f"until it is changed", file=sys.stderr)
+    spec = load_model_spec(model, profile=args.profile)
     print(f"model {spec.name}: batch size {spec.batch_size} per worker, fingerprint {spec.fingerprint}")
     print(variables_table(spec))
     if spec.profile is not None:

@@ -20,12 +20,28 @@ def _add_common(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _runner(args):
-    from autosync.runtime.runner import RayRunner
+def _prepare(args):
+    """Everything that can be checked before Ray starts: the flags, the model (loaded, its
+    optimizer checked, its ModelSpec built here) and the cluster. Returns (ModelDef, ModelSpec,
+    ClusterSpec)."""
+    from autosync.runtime.optimizers import check_model_optimizer
+    from autosync.sources import load_cluster, load_model_def, load_model_spec
 
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got --steps {args.steps} --warmup {args.warmup}")
-    return RayRunner(args.model, args.cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.timeout)
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    cluster = load_cluster(args.cluster)
+    model_def = load_model_def(args.model)
+    check_model_optimizer(model_def)
+    return model_def, load_model_spec(model_def), cluster
+
+
+def _runner(args, model_def, spec, cluster):
+    from autosync.runtime.runner import RayRunner
+
+    return RayRunner(model_def, cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.timeout,
+                     model_spec=spec)
 
 
 def _record(trial) -> dict:
@@ -44,11 +60,12 @@ def cmd_run(args) -> int:
     from strategy_space.yaml_io import load_strategy
 
     strategy = load_strategy(args.strategy)
-    with _runner(args) as runner:
-        try:
-            validate(strategy, runner.model, runner.cluster)
-        except ConfigError as e:
-            raise e.with_source(args.strategy) from None
+    model_def, spec, cluster = _prepare(args)
+    try:   # a strategy for another model or cluster fails here, before Ray starts
+        validate(strategy, spec, cluster)
+    except ConfigError as e:
+        raise e.with_source(args.strategy) from None
+    with _runner(args, model_def, spec, cluster) as runner:
         trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
     if args.json:
         print(json.dumps(_record(trial), indent=2))
@@ -66,29 +83,41 @@ def cmd_run(args) -> int:
 
 def cmd_baselines(args) -> int:
     from autosync.runtime.plan import SyncPlan
-    from strategy_space.builders import BUILDERS, get_builder
+    from tuner.baseline_runs import measure_baselines
 
+    model_def, spec, cluster = _prepare(args)
+
+    def runnable(strategy) -> None:
+        SyncPlan.build(validate(strategy, spec, cluster), spec, cluster)
+
+    with _runner(args, model_def, spec, cluster) as runner:
+        runs = measure_baselines(runner, check=runnable, retries=1)
     records = []
-    with _runner(args) as runner:
-        model = runner.model
-        for name in BUILDERS:
-            strategy = get_builder(name).build(model, runner.cluster)
-            try:
-                SyncPlan.build(validate(strategy, model, runner.cluster), model, runner.cluster)
-            except ConfigError as e:
-                records.append({"builder": name, "status": "not supported", "error": str(e), "step_time_s": None,
-                                "samples_per_s": None})
-                continue
-            rec = _record(runner.run([strategy], origins=[name])[0])
-            records.append({"builder": name, **rec})
+    for r in runs:
+        if r.unsupported:
+            rec = {"status": "not supported", "error": r.unsupported, "step_time_s": None, "samples_per_s": None}
+        else:
+            rec = _record(r.trial)
+        rec = {"builder": r.builder, **rec, "same_as": r.same_as, "attempts": r.attempts,
+               "first_error": r.first_error or None}
+        records.append(rec)
     records.sort(key=lambda r: (r["step_time_s"] is None, (r["step_time_s"] or {}).get("median", 0.0)))
     if args.json:
         print(json.dumps(records, indent=2))
         return 0
+
+    def note(r) -> str:
+        if r["same_as"]:
+            return f"same strategy as {r['same_as']} (one measurement)"
+        text = (r.get("error") or "").splitlines()[0] if r.get("error") else ""
+        if r["attempts"] > 1:
+            text = (f"failed twice: {text}" if r["status"] != "ok"
+                    else f"ok on the retry; first run: {(r['first_error'] or '').splitlines()[0]}")
+        return text[:110]
+
     rows = [(r["builder"], r["status"], _fmt((r["step_time_s"] or {}).get("median")),
              _fmt((r["step_time_s"] or {}).get("p90")),
-             f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
-             (r.get("error") or "")[:70]) for r in records]
+             f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-", note(r)) for r in records]
     print(table(["builder", "status", "median step", "p90 step", "samples/s", "note"], rows, right=(2, 3, 4)))
     return 0
 
@@ -98,6 +127,7 @@ def register(sub) -> None:
     _add_common(p)
     p.add_argument("--strategy", required=True, metavar="FILE", help="strategy YAML file")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("baselines", help="run every baseline builder's strategy on Ray, fastest first")
+    p = sub.add_parser("baselines", help="run every baseline builder's strategy on Ray, fastest first (builders "
+                                         "with the same strategy share one measurement; a failed one is retried once)")
     _add_common(p)
     p.set_defaults(func=cmd_baselines)

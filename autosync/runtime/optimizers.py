@@ -1,4 +1,5 @@
-"""Keras optimizer update rules re-implemented in numpy, for parameter-server shards.
+"""Keras optimizer update rules re-implemented in numpy, for parameter-server shards and the
+all-reduced variables' local updates.
 
 Parameter-server actors are fresh processes every trial; importing TensorFlow there would cost
 seconds per trial (see ``benchmarks/runtime_overhead.py``), so they apply updates with these
@@ -17,6 +18,7 @@ import abc
 
 import numpy as np
 
+from strategy_space._yaml_limits import short_repr
 from strategy_space.errors import ConfigError
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
@@ -184,8 +186,13 @@ def keras_optimizer_config(optimizer) -> dict:
     return {**optimizer.get_config(), "class": name}
 
 
+# where the rules above run, for messages: every strategy's updates go through them, the
+# parameter servers' and the all-reduced variables' alike (``autosync.comm.channel``)
+_WHERE = "by AutoSync's runtime (it applies every update, parameter server or all-reduce, with its own copy of the Keras rules)"
+
+
 def check_optimizer_config(config: dict) -> None:
-    """Raise if a Keras optimizer config (``optimizer.get_config()``) cannot be run on the PS.
+    """Raise if a Keras optimizer config (``optimizer.get_config()``) cannot be run by the runtime.
 
     Raises:
         ConfigError: unknown optimizer, a learning-rate schedule, or an option that changes the
@@ -194,24 +201,37 @@ def check_optimizer_config(config: dict) -> None:
     name = _kind(config)
     problems = []
     if name not in OPTIMIZERS:
-        problems.append(f"optimizer {config.get('class', config.get('name'))!r} is not supported on parameter servers; "
+        problems.append(f"optimizer {short_repr(config.get('class', config.get('name')))} is not supported {_WHERE}; "
                         f"supported: {', '.join(c.__name__ for c in OPTIMIZERS.values())} "
                         f"(keras.optimizers); change the ModelDef's optimizer_fn")
     lr = config.get("learning_rate")
     if not isinstance(lr, (int, float)):
-        problems.append(f"optimizer learning_rate must be a constant number on parameter servers, got "
-                        f"{type(lr).__name__} (a schedule?); use a float learning rate")
+        problems.append(f"optimizer learning_rate must be a constant number, got {type(lr).__name__} (a schedule?), "
+                        f"which is not supported {_WHERE}; use a float learning rate")
     for key, default in _UNSUPPORTED.items():
         if config.get(key, default) != default:
-            problems.append(f"optimizer option {key}={config[key]!r} is not supported on parameter servers; "
+            problems.append(f"optimizer option {key}={short_repr(config[key])} is not supported {_WHERE}; "
                             f"remove it (allowed: {default!r})")
     if name in OPTIMIZERS:
         known = set(OPTIMIZERS[name]._options) | set(_UNSUPPORTED) | _IGNORED
         extra = sorted(set(config) - known)
         if extra:
-            problems.append(f"optimizer {name}: options {extra} are not implemented on parameter servers")
+            problems.append(f"optimizer {name}: options {extra} are not implemented {_WHERE}")
     if problems:
         raise ConfigError(problems)
+
+
+def check_model_optimizer(model_def) -> None:
+    """The one optimizer check every command runs on a trainable model, before Ray starts
+    (``tune``, ``run``, ``baselines`` refuse; ``inspect`` warns).
+
+    Raises:
+        ConfigError: see ``check_optimizer_config``, attributed to the model.
+    """
+    try:
+        check_optimizer_config(keras_optimizer_config(model_def.optimizer_fn()))
+    except ConfigError as e:
+        raise e.with_source(f"model {model_def.name}") from None
 
 
 def make_optimizer(config: dict) -> NumpyOptimizer:
