@@ -18,6 +18,7 @@ from strategy_space.errors import ConfigError
 from strategy_space.yaml_io import load
 
 MODEL_FORMS = "zoo:NAME[?size=small], path/to/script.py:function, or a model-spec YAML file"
+TRAINABLE_FORMS = "zoo:NAME[?size=small] or path/to/script.py:function"
 CLUSTER_FORMS = "local, testbed, or a cluster-spec YAML file"
 
 LOCAL_WORKERS = 2

@@ -155,10 +155,46 @@ Synchronizer = Union[PS, AllReduce]
 def _sync_from_dict(data: Mapping, where: str) -> Synchronizer:
     kinds = [k for k in ("ps", "all_reduce") if k in data]
     if len(kinds) != 1:
-        raise ConfigError(f"{where}: needs exactly one synchronizer, 'ps' or 'all_reduce', got {sorted(data) or 'none'}")
-    if kinds[0] == "ps":
-        return PS.from_dict(data["ps"], where)
-    return AllReduce.from_dict(data["all_reduce"] or {}, where)
+        raise ConfigError(f"{where}: needs exactly one synchronizer, 'ps' or 'all_reduce', got "
+                          f"{short_repr(sorted(map(str, data))) if data else 'none'}")
+    try:
+        if kinds[0] == "ps":
+            return PS.from_dict(data["ps"], where)
+        return AllReduce.from_dict(data["all_reduce"] or {}, where)
+    except ConfigError as e:   # the value checks of __post_init__ do not know the variable: name it
+        raise ConfigError([p if p.startswith(where) else f"{where}.{kinds[0]}: {p}" for p in e.problems]) from None
+
+
+_PER_VARIABLE = re.compile(r"^variable (\S+?)((?:\.[A-Za-z_\[\]0-9]+)*): (.*)$", re.S)
+
+
+def merge_variable_problems(problems: list[str]) -> list[str]:
+    """One sentence per distinct problem: ``variable a.x: P`` and ``variable b.x: P`` become
+    ``variables a, b: x: P`` (a bad value repeated over many variables is said once)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    order: list = []
+    for p in problems:
+        m = _PER_VARIABLE.match(p)
+        if not m:
+            order.append(p)
+            continue
+        key = (m.group(2), m.group(3))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(m.group(1))
+    out = []
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        names = groups[item]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        if len(names) == 1:
+            out.append(f"variable {shown}{item[0]}: {item[1]}")
+        else:
+            out.append(f"variables {shown}: {item[0][1:] + ': ' if item[0] else ''}{item[1]}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -304,7 +340,10 @@ class Strategy:
         replicas = get_typed(data, "replicas", list, "strategy", [])
         if not all(isinstance(r, str) for r in replicas):
             raise ConfigError(f"strategy.replicas: expected a list of 'node:slot' strings, got {short_repr(replicas)}")
-        configs = parse_items(get_typed(data, "variables", list, "strategy"), VarConfig.from_dict, "variables")
+        try:
+            configs = parse_items(get_typed(data, "variables", list, "strategy"), VarConfig.from_dict, "variables")
+        except ConfigError as e:
+            raise ConfigError(merge_variable_problems(e.problems)) from None
         return cls(variables=tuple(configs), replicas=tuple(replicas),
                    origin=get_typed(data, "origin", str, "strategy", ""))
 

@@ -102,3 +102,46 @@ def test_an_unsupported_optimizer_is_refused_up_front_by_every_command_with_one_
     assert "out/kernel" in captured.out
     assert "warning:" in captured.err and "'RMSprop' is not supported" in captured.err
     assert "Traceback" not in captured.err
+
+
+def test_an_unknown_compressor_is_said_once_per_value_naming_the_variables(tmp_path, capsys):
+    """Issue 17, item 7."""
+    bad = tmp_path / "s.yaml"
+    bad.write_text("kind: strategy\nversion: 1\nvariables:\n"
+                   + "".join(f"- var: v{i}\n  all_reduce: {{compressor: zip}}\n" for i in range(4))
+                   + "- var: w\n  all_reduce: {compressor: zap}\n")
+    assert main(["show", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("'zip'") == 1 and err.count("'zap'") == 1 and "Traceback" not in err
+    assert "variables v0, v1, v2, v3: all_reduce: compressor 'zip'" in err
+    assert "variable w.all_reduce: compressor 'zap'" in err
+
+
+def test_a_directory_given_as_a_file_is_called_a_directory(tmp_path, capsys):
+    """Issue 17, item 7."""
+    assert main(["show", str(tmp_path)]) == 2
+    err = _one_error(capsys, "show")
+    assert "is a directory" in err and "not found" not in err
+    assert main(["simulate", "--eval", str(tmp_path)]) == 2
+    assert "is a directory" in _one_error(capsys, "simulate")
+
+
+def test_tune_help_says_a_model_spec_cannot_be_tuned(capsys, monkeypatch):
+    """Issue 17, item 7: the help no longer offers a form that ``tune`` rejects."""
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "model-spec YAML holds no code to train, so it cannot be tuned" in text
+
+
+def test_run_reports_a_strategy_for_another_model_before_ray_starts(rmsprop_model, tmp_path, capsys, monkeypatch):
+    """Issue 17, item 7 (the optimizer check is bypassed so the strategy check is what fails)."""
+    import autosync.runtime.optimizers as optimizers
+
+    monkeypatch.setattr(optimizers, "check_model_optimizer", lambda model_def: None)
+    strategy = tmp_path / "s.yaml"
+    strategy.write_text("kind: strategy\nversion: 1\nvariables:\n- var: emb/embeddings\n  all_reduce: {}\n")
+    assert main(["run", "--model", rmsprop_model, "--strategy", str(strategy)]) == 2
+    err = capsys.readouterr().err
+    assert str(strategy) in err and "emb/embeddings" in err and "Traceback" not in err

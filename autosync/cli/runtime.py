@@ -6,13 +6,13 @@ import math
 import sys
 
 from autosync.cli._format import table
-from autosync.sources import CLUSTER_FORMS, MODEL_FORMS
+from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space import validate
 from strategy_space.errors import ConfigError
 
 
 def _add_common(p) -> None:
-    p.add_argument("--model", required=True, metavar="M", help=f"trainable model: {MODEL_FORMS.split(', or')[0]}")
+    p.add_argument("--model", required=True, metavar="M", help=f"trainable model: {TRAINABLE_FORMS}")
     p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
     p.add_argument("--steps", type=int, default=10, metavar="N", help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")

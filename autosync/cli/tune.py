@@ -6,7 +6,7 @@ import sys
 import time
 
 from autosync.cli._format import table
-from autosync.sources import CLUSTER_FORMS, MODEL_FORMS
+from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
 
 DEFAULT_MODEL = "zoo:ncf"
@@ -118,7 +118,9 @@ def cmd_report(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("tune", help="find the fastest strategy by measurement (the main job)")
-    p.add_argument("--model", default=DEFAULT_MODEL, metavar="M", help=f"model: {MODEL_FORMS} (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
+                   help=f"trainable model: {TRAINABLE_FORMS} (default {DEFAULT_MODEL}); a model-spec YAML holds no "
+                        f"code to train, so it cannot be tuned (use `autosync simulate` with it)")
     p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"search trials, on top of one per baseline builder (default {DEFAULT_TRIALS})")

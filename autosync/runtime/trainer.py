@@ -133,7 +133,14 @@ class Trainer:
         return history
 
     def get_weights(self) -> list:
-        """All model weights as numpy arrays, in ``model.get_weights()`` order (synchronized)."""
+        """All model weights as numpy arrays, in ``model.get_weights()`` order, as worker 0 holds
+        them.
+
+        Trainable weights are synchronized, so every worker holds the same values. Non-trainable
+        state is not: BatchNormalization's moving mean and variance are worker 0's own, updated
+        from its data shard only; they are not averaged over the workers as
+        ``tf.distribute.MultiWorkerMirroredStrategy`` with ``SyncBatchNormalization`` would.
+        """
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
         return self.session.weights(time.monotonic() + self.timeout_s)
