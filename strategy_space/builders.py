@@ -245,7 +245,8 @@ def register_builder(cls: type[StrategyBuilder]) -> type[StrategyBuilder]:
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a name to be registered")
     if cls.name in BUILDERS:
-        raise ValueError(f"a builder named {short_repr(cls.name)} is already registered ({BUILDERS[cls.name].__name__})")
+        raise ValueError(f"a builder named {short_repr(cls.name)} is already registered "
+                         f"({BUILDERS[cls.name].__name__})")
     BUILDERS[cls.name] = cls
     return cls
 

@@ -17,7 +17,8 @@ class ConfigError(ValueError):
         if isinstance(problems, str):
             problems = [problems]
         # each problem is a sentence: cut one that quotes a huge value (the cut keeps the start)
-        self.problems = [p if len(p) <= MAX_PROBLEM_CHARS else p[:MAX_PROBLEM_CHARS - 5] + " ..." for p in problems if p]
+        self.problems = [p if len(p) <= MAX_PROBLEM_CHARS else p[:MAX_PROBLEM_CHARS - 4] + " ..."
+                         for p in problems if p]
         if not self.problems:
             raise ValueError("ConfigError needs at least one problem")
         self.source = source

@@ -48,7 +48,8 @@ class VariableSpec:
         if any(d < 1 for d in self.shape):
             problems.append(f"variable {self.name}: every dimension of shape must be >= 1, got {list(self.shape)}")
         if self.dtype not in DTYPE_BYTES:
-            problems.append(f"variable {self.name}: dtype {short_repr(self.dtype)} is not one of {', '.join(DTYPE_BYTES)}")
+            problems.append(f"variable {self.name}: dtype {short_repr(self.dtype)} is not one of "
+                            f"{', '.join(DTYPE_BYTES)}")
         if self.sparse and not self.shape:
             problems.append(f"variable {self.name}: a sparse variable needs at least one dimension")
         if self.rows_per_step is not None:
@@ -166,7 +167,8 @@ class ModelSpec:
         seen: set[str] = set()
         for v in self.variables:
             if v.name in seen:
-                problems.append(f"model {self.name}: variable name {short_repr(v.name)} appears twice; names must be unique")
+                problems.append(f"model {self.name}: variable name {short_repr(v.name)} appears twice; names "
+                                f"must be unique")
             seen.add(v.name)
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             problems.append(f"model {self.name}: batch_size must be an integer >= 1, got {short_repr(self.batch_size)}")
@@ -267,7 +269,8 @@ class NodeSpec:
     def __post_init__(self):
         problems = []
         if not (isinstance(self.name, str) and _NAME_RE.match(self.name)):
-            problems.append(f"node name {short_repr(self.name)} must be non-empty and use only letters, digits, '_', '-', '.'")
+            problems.append(f"node name {short_repr(self.name)} must be non-empty and use only letters, digits, "
+                            f"'_', '-', '.'")
         if not (isinstance(self.cpus, int) and self.cpus >= 1):
             problems.append(f"node {self.name}: cpus must be an integer >= 1, got {short_repr(self.cpus)}")
         if not (isinstance(self.gpus, int) and self.gpus >= 0):
@@ -361,7 +364,8 @@ class ClusterSpec:
         try:
             return self._index[name]
         except KeyError:
-            raise KeyError(f"cluster {self.name} has no node {short_repr(name)}; nodes: {', '.join(self.node_names)}") from None
+            raise KeyError(f"cluster {self.name} has no node {short_repr(name)}; nodes: "
+                           f"{', '.join(self.node_names)}") from None
 
     def node(self, name: str) -> NodeSpec:
         return self.nodes[self.node_index(name)]
@@ -410,4 +414,5 @@ def _check_header(data: Mapping, kind: str) -> None:
         raise ConfigError(f"expected a {kind} file (kind: {kind}), got kind: {short_repr(data['kind'])}")
     version = data.get("version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
-        raise ConfigError(f"{kind} format version {short_repr(version)} is not supported; this AutoSync reads version {FORMAT_VERSION}")
+        raise ConfigError(f"{kind} format version {short_repr(version)} is not supported; this AutoSync reads "
+                          f"version {FORMAT_VERSION}")

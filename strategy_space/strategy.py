@@ -220,7 +220,8 @@ class VarConfig:
         if not all(isinstance(s, (PS, AllReduce)) for s in self.synchronizers):
             problems.append(f"variable {self.name}: synchronizers must be PS or AllReduce")
         if not isinstance(self.axis, int) or self.axis < 0:
-            problems.append(f"variable {self.name}: partition axis must be an integer >= 0, got {short_repr(self.axis)}")
+            problems.append(f"variable {self.name}: partition axis must be an integer >= 0, got "
+                            f"{short_repr(self.axis)}")
         if problems:
             raise ConfigError(problems)
 

@@ -54,7 +54,8 @@ def test_matches_keras(name, kw, sparse):
 def test_unsupported_options_and_optimizers_are_rejected():
     import keras
 
-    with pytest.raises(ConfigError, match=r"optimizer 'RMSprop' is not supported by AutoSync's runtime .*; supported: SGD, Adam, AdamW, Adagrad"):
+    with pytest.raises(ConfigError, match=r"optimizer 'RMSprop' is not supported by AutoSync's runtime .*; "
+                                          r"supported: SGD, Adam, AdamW, Adagrad"):
         check_optimizer_config(keras_optimizer_config(keras.optimizers.RMSprop()))
     with pytest.raises(ConfigError, match=r"optimizer option clipnorm=1.0 is not supported"):
         check_optimizer_config(keras_optimizer_config(keras.optimizers.SGD(clipnorm=1.0)))

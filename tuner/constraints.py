@@ -103,7 +103,8 @@ class Constraints:
         if data.get("kind", "constraints") != "constraints":
             raise ConfigError(f"expected a constraints file (kind: constraints), got kind: {short_repr(data['kind'])}")
         if data.get("version", 1) != 1:
-            raise ConfigError(f"constraints format version {short_repr(data['version'])} is not supported; this AutoSync reads 1")
+            raise ConfigError(f"constraints format version {short_repr(data['version'])} is not supported; this "
+                              f"AutoSync reads 1")
         keys = {f for f in Rule.__dataclass_fields__}
         problems: list[str] = []
         rules = []
@@ -146,9 +147,11 @@ class Constraints:
         p = Problems()
         for rule in self.rules:
             sel = np.array([rule.selects(v.name, v.sparse) for v in model.variables])
-            where = f"constraint rule match={short_repr(rule.match)}" + (f" sparse={rule.sparse}" if rule.sparse is not None else "")
+            where = (f"constraint rule match={short_repr(rule.match)}"
+                     + (f" sparse={rule.sparse}" if rule.sparse is not None else ""))
             if not sel.any():
-                p.add(f"{where}: selects no variable of model {model.name}; check the pattern (e.g. {short_repr(model.names[0])})")
+                p.add(f"{where}: selects no variable of model {model.name}; check the pattern (e.g. "
+                      f"{short_repr(model.names[0])})")
                 continue
             if rule.kind is not None:
                 c.set("kind", sel, rule.kind)
@@ -160,7 +163,8 @@ class Constraints:
                 c.set("shards", sel, rule.shards)
             if rule.destination is not None:
                 if rule.destination not in cluster.node_names:
-                    p.add(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster {cluster.name}; "
+                    p.add(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster "
+                          f"{cluster.name}; "
                           f"allowed: {', '.join(cluster.node_names)}")
                 else:
                     c.set("dest", sel, cluster.node_index(rule.destination))

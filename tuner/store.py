@@ -189,7 +189,8 @@ class TrialStore:
         found = self._db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone()[0]
         if str(found) != str(SCHEMA_VERSION):
             self._db.close()
-            raise _store_error(self.path, f"it has schema version {str(found)[:20]}, this AutoSync reads {SCHEMA_VERSION}")
+            raise _store_error(self.path, f"it has schema version {str(found)[:20]}, this AutoSync reads "
+                                          f"{SCHEMA_VERSION}")
 
     # ---- plumbing ---------------------------------------------------------------------------
     class _Tx:

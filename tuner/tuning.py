@@ -100,6 +100,9 @@ class ModelBasedTuner:
         self.predictor = Predictor(model, cluster, seed=settings.seed)
         self.rng = np.random.default_rng(settings.seed)
         self.measured: dict[bytes, float] = {}   # encoded key -> measured seconds (inf: failed)
+        # canonical fingerprints of everything measured: strategies that differ only in fusion-group
+        # numbering or in a rotation over identical nodes are one strategy (``Strategy.canonical``)
+        self.measured_canonical: set[str] = set()
         self.last_pool: Pool | None = None
 
     def project(self, e: EncodedStrategies) -> EncodedStrategies:
@@ -110,22 +113,27 @@ class ModelBasedTuner:
         strategy share one proposal (measured once, reported under each name). A builder whose
         strategy the constraints change is named ``NAME+pins`` (what is measured is not NAME's
         strategy any more)."""
-        out: dict[bytes, Proposal] = {}
+        out: dict[str, Proposal] = {}
         for name in BUILDERS:
             enc = self.space.encode([get_builder(name).build(self.model, self.cluster)])
             if self.constraints is not None and self.constraints.changes(enc, self.space)[0]:
                 name = f"{name}{PINNED_SUFFIX}"
-            enc = self.project(enc)
-            key = enc.row_keys()[0]
+            strategy = self.space.decode(self.project(enc), 0, origin=name)
+            key = self.canonical_key(strategy)
             if key in out:
                 out[key].aliases += (name,)
             else:
-                out[key] = Proposal(self.space.decode(enc, 0, origin=name), name)
+                out[key] = Proposal(strategy, name)
         return list(out.values())
+
+    def canonical_key(self, strategy: Strategy) -> str:
+        """Equal for strategies that run identically (see ``Strategy.canonical``)."""
+        return strategy.canonical(self.cluster).fingerprint
 
     def update(self, trials: list[Trial], store=None) -> None:
         """Record measured trials; refit the predictor on the store (all groups) if given."""
         for t in trials:
+            self.measured_canonical.add(self.canonical_key(t.strategy))
             try:
                 key = self.space.encode([t.strategy]).row_keys()[0]
             except (ConfigError, KeyError):  # outside the encodable space, or another model's strategy
@@ -153,11 +161,34 @@ class ModelBasedTuner:
         fused, seconds = self.predictor.order(pool.encoded)
         pool = Pool(pool.encoded.take(fused), seconds[fused])
         self.last_pool = pool
-        picks = select_diverse(pool, k, rng, epsilon=s.epsilon, exclude=set(self.measured))
+        picks = self._select(pool, k, rng)
         greedy = k - int(round(s.epsilon * k)) if k > 1 else k
         return [Proposal(self.space.decode(pool.encoded, i, origin="search" if n < greedy else "explore"),
                          "search" if n < greedy else "explore", float(pool.predicted[i]))
                 for n, i in enumerate(picks)]
+
+    def _select(self, pool: Pool, k: int, rng: np.random.Generator, rounds: int = 8) -> list[int]:
+        """``select_diverse``, never picking a strategy equivalent to a measured one or to another
+        pick (measuring it again would measure noise): equivalent picks are excluded and the
+        selection redone (at most ``rounds`` times; few picks ever are). Their features are equal
+        already (features depend on group membership and node facts, not on ids), so only the
+        measuring needs this."""
+        exclude = set(self.measured)
+        keys = pool.encoded.row_keys()
+        picks: list[int] = []
+        for _ in range(rounds):
+            picks = select_diverse(pool, k, rng, epsilon=self.settings.epsilon, exclude=exclude)
+            seen = set(self.measured_canonical)
+            dup = []
+            for i in picks:
+                fp = self.canonical_key(self.space.decode(pool.encoded, i))
+                if fp in seen:
+                    dup.append(i)
+                seen.add(fp)
+            if not dup:
+                return picks
+            exclude |= {keys[i] for i in dup}
+        return [i for i in picks if keys[i] not in exclude]
 
     def _decode_keys(self, keys: list[bytes]) -> EncodedStrategies:
         names = EncodedStrategies.field_names()
