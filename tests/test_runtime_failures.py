@@ -89,3 +89,103 @@ def test_failed_and_timed_out_trials_are_contained(runner):
 
     runner.close()
     assert _all_dead(_pids(again)), "close() left actors running"
+
+
+def _descendants(root: int) -> list[int]:
+    import os
+
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _ps_processes() -> list[int]:
+    """PIDs of parameter-server actors of this test session's Ray (never another process's)."""
+    import os
+
+    out = []
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                if f.read().startswith("ray::ParameterServerShard"):
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.integration
+def test_a_killed_parameter_server_is_named_as_the_actor_that_died(runner):
+    """Issue 17, item 6: a parameter server killed mid-trial is reported as that parameter
+    server's death, not as a failure of the worker that was waiting on it."""
+    import os
+    import signal
+    import threading
+
+    from strategy_space.builders import get_builder
+
+    strategy = get_builder("ps").build(runner.model, runner.cluster)
+    runner.flag.write_text("hang")   # worker 1 stalls at step 2, so the trial is still running
+    out = {}
+    th = threading.Thread(target=lambda: out.update(trial=runner.run([strategy])[0]), daemon=True)
+    th.start()
+    end = time.monotonic() + 60
+    while not _ps_processes() and time.monotonic() < end:
+        time.sleep(0.2)
+    pids = _ps_processes()
+    assert pids, "no parameter-server actor appeared"
+    time.sleep(2.0)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    th.join(timeout=80)
+    runner.flag.unlink()
+    trial = out["trial"]
+    assert trial.status == "failed", (trial.status, trial.error)
+    assert trial.error.startswith("parameter server ps@node0 died"), trial.error
+    assert "Traceback" not in trial.error and "\n" not in trial.error
+
+
+@pytest.mark.integration
+def test_a_killed_driver_leaves_nothing_of_its_local_ray_running(tmp_path):
+    """Issue 17, item 6: after ``kill -9`` of a driver that started the embedded ``local`` Ray,
+    its processes (GCS, raylet, dashboard and runtime-env agents, workers) are gone within
+    seconds, not after Ray's own minute-long parent check."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r})\n"
+            "from autosync.sources import local_cluster\n"
+            "from autosync.runtime.binding import ClusterBinding\n"
+            "ClusterBinding.bind(local_cluster()); print('ready', flush=True); time.sleep(600)\n")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        time.sleep(2.0)   # the watchdog has seen the agents
+        started = _descendants(driver.pid)
+        names = []
+        for pid in started:
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    names.append(f.read())
+            except OSError:
+                pass
+        assert any("DashboardAgent" in n or "dashboard" in n for n in names), names
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    assert _all_dead(started, timeout=20.0), "processes of the killed driver's Ray are still running"

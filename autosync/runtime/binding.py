@@ -9,7 +9,7 @@ ConfigError that says what was requested, what is available and how to fix it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strategy_space import ClusterSpec
 from strategy_space.errors import ConfigError
@@ -28,12 +28,15 @@ class ClusterBinding:
         keys: node name -> the Ray resource that pins actors to it.
         node_ids: node name -> Ray node id.
         started_ray: this binding started the embedded Ray (and ``close`` stops it).
+        reaper: the watchdog that stops the embedded Ray's processes if the driver is killed
+            (``autosync.runtime.reaper``); None when this binding did not start Ray.
     """
 
     cluster: ClusterSpec
     keys: dict
     node_ids: dict
     started_ray: bool = False
+    reaper: object = field(default=None, compare=False, repr=False)
 
     @classmethod
     def bind(cls, cluster: ClusterSpec) -> "ClusterBinding":
@@ -45,16 +48,17 @@ class ClusterBinding:
         """
         import ray
 
-        started = False
+        started, reaper = False, None
         if not ray.is_initialized():
-            started = _start_ray(cluster)
+            started, reaper = _start_ray(cluster)
         try:
             keys, node_ids = _resolve(cluster, [n for n in ray.nodes() if n.get("Alive")])
         except ConfigError:
             if started:
                 ray.shutdown()
+                _stop(reaper)
             raise
-        return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started)
+        return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started, reaper=reaper)
 
     def actor_options(self, node: str, num_cpus: float = 0.0) -> dict:
         """``.options(...)`` keyword arguments that place an actor on ``node``."""
@@ -71,29 +75,45 @@ class ClusterBinding:
             import ray
 
             ray.shutdown()
+            _stop(self.reaper)
+
+
+def _stop(reaper) -> None:
+    if reaper is not None and reaper.poll() is None:
+        reaper.kill()
+        reaper.wait()
 
 
 def _is_local(cluster: ClusterSpec) -> bool:
     return len(cluster.nodes) == 1 and cluster.nodes[0].address in LOOPBACK and cluster.nodes[0].resource is None
 
 
-def _start_ray(cluster: ClusterSpec) -> bool:
+def _start_ray(cluster: ClusterSpec) -> tuple[bool, object]:
+    """Connect to RAY_ADDRESS, or start the embedded Ray for ``local``; returns (started, reaper)."""
     import ray
+
+    from autosync.runtime.reaper import start_reaper
 
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        return False
+        return False, None
     if not _is_local(cluster):
         raise ConfigError(
             f"cluster {cluster.name} has {len(cluster.nodes)} node(s) but Ray is not running here; "
             f"fix by starting the Ray cluster and setting RAY_ADDRESS=<head>:6379 (or calling "
             f"ray.init(address=...)) before running, or use cluster 'local'")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # started first, so its snapshots of the driver's descendants see Ray's processes as they appear
+    reaper = start_reaper()
     # address="local": a fresh private instance, never a cluster some `ray start` left recorded
-    ray.init(address="local", num_cpus=cluster.nodes[0].cpus, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
-    return True
+    try:
+        ray.init(address="local", num_cpus=cluster.nodes[0].cpus, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+    except BaseException:
+        _stop(reaper)
+        raise
+    return True, reaper
 
 
 def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:

@@ -51,11 +51,38 @@ def error_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def wait_all(refs: list, deadline: float | None, what: str, names: list | None = None) -> list:
+def dead_actor(e: BaseException, labels: dict[str, str]) -> str | None:
+    """The label (``labels``: actor id hex -> e.g. ``parameter server ps@host1``) of the actor
+    whose death caused ``e``, if it is one of them: a worker whose call to a killed parameter
+    server failed names the server, not itself."""
+    import re
+
+    import ray
+
+    stack, seen = [e], 0
+    while stack and seen < 16:
+        x = stack.pop()
+        seen += 1
+        if isinstance(x, ray.exceptions.RayActorError) and getattr(x, "actor_id", None) in labels:
+            return labels[x.actor_id]
+        stack += [c for c in (getattr(x, "cause", None), x.__cause__, x.__context__) if isinstance(c, BaseException)]
+    text = str(e)
+    for m in re.finditer(r"actor_id:?\s*([0-9a-f]{16,})", text):
+        if m.group(1) in labels:
+            return labels[m.group(1)]
+    return None
+
+
+def wait_all(refs: list, deadline: float | None, what: str, names: list | None = None,
+             actors: dict[str, str] | None = None) -> list:
     """``ray.get`` of all refs, failing fast on the first error and at the deadline.
 
+    Args:
+        actors: actor id hex -> label of the actors the refs depend on; an error caused by the
+            death of one of them is reported as that actor's death (``dead_actor``).
+
     Raises:
-        TrialFailed: one raised (its reason, prefixed by its name).
+        TrialFailed: one raised (its reason, prefixed by its name, or the actor that died).
         TrialTimeout: not all finished before ``deadline``.
     """
     import ray
@@ -76,7 +103,11 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
             results[i] = ray.get(done[0])
         except Exception as e:  # noqa: BLE001 - any task/actor error fails the session
             who = names[i] if names else f"#{i}"
-            raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from e
+            died = dead_actor(e, actors) if actors else None
+            if died is not None:
+                raise TrialFailed(f"{died} died (the actor process exited or was killed; {what} {who} "
+                                  f"lost it)") from None
+            raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from None
     return results
 
 
@@ -263,7 +294,13 @@ class Session:
     def run(self, steps: int, deadline: float | None = None) -> list[dict]:
         """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``)."""
         refs = [w.run.remote(steps) for w in self.workers]
-        return wait_all(refs, deadline, "worker", list(self.plan.replicas))
+        return wait_all(refs, deadline, "worker", list(self.plan.replicas), actors=self.actor_labels())
+
+    def actor_labels(self) -> dict[str, str]:
+        """Actor id hex -> what it is, for naming the one that died."""
+        out = {a._actor_id.hex(): f"parameter server {p.name}" for a, p in zip(self.ps_actors, self.plan.ps_actors)}
+        out.update({w._actor_id.hex(): f"worker {slot}" for w, slot in zip(self.workers, self.plan.replicas)})
+        return out
 
     def weights(self, deadline: float | None = None) -> list:
         """Model weights of the first worker (synchronized by the last ``run``)."""
