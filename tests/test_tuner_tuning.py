@@ -224,3 +224,28 @@ def test_a_pin_keeps_the_mode_of_the_strategys_other_parameter_servers():
         if ps.any():   # the pinned variable joined the parameter servers it found, in their mode
             i = MODEL.index("dense/kernel")
             assert (e.sync[r, i], e.staleness[r, i]) == (before.sync[r, ps][0], before.staleness[r, ps][0])
+
+
+class FailsFirstRun(SyntheticRunner):
+    """The first run of builder ``name`` fails (a passing fault)."""
+
+    def __init__(self, name, *a, **k):
+        super().__init__(*a, **k)
+        self.name, self.failed = name, False
+
+    def run(self, strategies, origins=None):
+        import dataclasses
+
+        out = super().run(strategies, origins)
+        if not self.failed and out[0].origin == self.name:
+            self.failed = True
+            out[0] = dataclasses.replace(out[0], status="failed", step_times=(), error="parameter server ps@h1 died")
+        return out
+
+
+def test_a_failed_baseline_is_measured_once_more(tmp_path):
+    """Issue 17, item 6: a baseline whose first run failed stays in the comparison."""
+    out = run(tmp_path, Budget(trials=3, patience=10, confirm=0), runner=FailsFirstRun("ps", MODEL, CLUSTER, seed=1))
+    ps = [t for t in out.trials if t.origin == "ps" and t.meta["role"] == "baseline"]
+    assert [t.ok for t in ps] == [False, True] and ps[1].meta["attempt"] == 2
+    assert out.baselines["ps"].ok

@@ -351,14 +351,20 @@ def tune_loop(runner: Runner, store, tuner: ModelBasedTuner, budget: Budget, *, 
         for p in proposals:
             if budget.time_s is not None and clock() - start > budget.time_s and role != "baseline":
                 break
-            [t] = runner.run([p.strategy], [p.origin])
-            t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": role,
-                                             "predicted_s": p.predicted_s, "aliases": list(p.aliases)})
-            store.add(t, model, cluster)
-            outcome.trials.append(t)
-            got.append(t)
-            if on_trial:
-                on_trial(t, outcome)
+            # a failed baseline is run once more before it drops out of the comparison (a fault can
+            # be passing: a killed actor, a busy node); both attempts are stored
+            for attempt in range(2 if role == "baseline" else 1):
+                [t] = runner.run([p.strategy], [p.origin])
+                t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": role,
+                                                 "predicted_s": p.predicted_s, "aliases": list(p.aliases),
+                                                 **({"attempt": attempt + 1} if attempt else {})})
+                store.add(t, model, cluster)
+                outcome.trials.append(t)
+                got.append(t)
+                if on_trial:
+                    on_trial(t, outcome)
+                if t.ok:
+                    break
         tuner.update(got)
         return got
 
