@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-MAX_PROBLEM_CHARS = 1000
+MAX_PROBLEM_CHARS = 1000   # a problem quoting a huge value is cut
+MAX_PROBLEMS_SHOWN = 20    # a file with thousands of bad entries lists the first ones
 
 
 class ConfigError(ValueError):
@@ -29,7 +30,9 @@ class ConfigError(ValueError):
         if len(self.problems) == 1:
             return where + self.problems[0]
         lines = [f"{where}{len(self.problems)} problems:"]
-        lines += [f"  - {p}" for p in self.problems]
+        lines += [f"  - {p}" for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        if len(self.problems) > MAX_PROBLEMS_SHOWN:
+            lines.append(f"  ... and {len(self.problems) - MAX_PROBLEMS_SHOWN} more (fix these first)")
         return "\n".join(lines)
 
     def with_source(self, source: str) -> "ConfigError":

@@ -101,7 +101,7 @@ def loads(text: str, expect: str | None = None, source: str = "<string>") -> Loa
         raise ConfigError(f"expected a YAML mapping with 'kind: {expect or 'strategy|model|cluster'}', "
                           f"got {type(data).__name__}", source=source)
     kind = data.get("kind", expect)
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ConfigError(f"unknown or missing 'kind': {short_repr(kind)}; allowed: {', '.join(KINDS)}", source=source)
     if expect is not None and kind != expect:
         raise ConfigError(f"expected a {expect} file but this is a {kind} file (kind: {kind})", source=source)

@@ -21,15 +21,17 @@ def add_model_cluster(p: argparse.ArgumentParser, model_required: bool = True, c
 
 
 def _parse_options(items: list[str]) -> dict:
-    """``key=value`` pairs; values are read as YAML scalars (ints, bools, strings)."""
-    import yaml
+    """``key=value`` pairs; values are read as YAML scalars (ints, bools, strings), through the
+    same bounded loader as every YAML file."""
+    from strategy_space._yaml_limits import short_repr
+    from strategy_space.yaml_io import parse_text
 
     opts = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--option {item!r} must look like key=value, e.g. chunk_bytes=4194304")
-        opts[key] = yaml.safe_load(value)
+            raise ConfigError(f"--option {short_repr(item)} must look like key=value, e.g. chunk_bytes=4194304")
+        opts[key] = parse_text(value, f"--option {short_repr(key)}")
     return opts
 
 
