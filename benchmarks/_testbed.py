@@ -20,6 +20,16 @@ def write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def git_commit(repo: str) -> str:
+    """The commit the measuring code is at (``-dirty`` when it had uncommitted changes), for the
+    provenance every result entry records; ``unknown`` outside a git checkout."""
+    import subprocess
+
+    r = subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
 def strip_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
     """``argv`` without ``flags`` and their values (``--flag v`` or ``--flag=v``; flags that take
     several values, ``--flag a b``, lose all of them)."""

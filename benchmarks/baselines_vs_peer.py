@@ -220,7 +220,7 @@ def inside(args) -> int:
     import ray
 
     import _peer
-    from _testbed import write_json
+    from _testbed import git_commit, write_json
     from autosync.sources import load_cluster
     from autosync.testbed import format_rate
 
@@ -248,7 +248,8 @@ def inside(args) -> int:
     for name in args.models:
         t0 = time.monotonic()
         print(f"{name}:", flush=True)
-        results["models"][name] = {"run_started": results["meta"]["started"]}
+        # provenance per entry: a --merge file holds entries of several runs
+        results["models"][name] = {"run_started": results["meta"]["started"], "commit": git_commit(REPO)}
         results["models"][name].update(measure_model(name, cluster, args.warmup, args.steps, args.trial_timeout,
                                                 lambda line: print(line, flush=True)))
         results["models"][name]["wall_s"] = round(time.monotonic() - t0, 1)

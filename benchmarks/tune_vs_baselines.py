@@ -148,13 +148,6 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
     return out
 
 
-def _commit() -> str:
-    import subprocess
-
-    r = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
-
-
 def _ms(s) -> str:
     return "-" if s is None or not math.isfinite(s) else f"{s * 1e3:.0f}"
 
@@ -232,7 +225,7 @@ def inside(args) -> int:
     import ray
 
     import _peer
-    from _testbed import write_json
+    from _testbed import git_commit, write_json
     from autosync.sources import load_cluster
     from autosync.testbed import format_rate
 
@@ -267,7 +260,9 @@ def inside(args) -> int:
             print(f"  {name}: FAILED: {type(e).__name__}: {e}", flush=True)
             continue
         r["wall_s"] = round(time.monotonic() - t0, 1)
-        r["commit"], r["measured_at"] = _commit(), time.strftime("%Y-%m-%d %H:%M:%S")
+        # provenance per entry: a --merge file holds entries of several runs
+        r["commit"], r["run_started"] = git_commit(REPO), results["meta"]["started"]
+        r["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
         results["models"][name] = r
         results["models"] = {m: results["models"][m] for m in MODELS if m in results["models"]}
         results["meta"]["wall_s"] = round(time.monotonic() - t_all, 1)

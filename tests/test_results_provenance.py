@@ -1,0 +1,44 @@
+"""Issue 17: the committed benchmark results say which run measured each entry, and the figures
+the README quotes match the result file it names."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from tests.conftest import REPO
+
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+FILES = sorted(f for f in os.listdir(RESULTS) if f.endswith(".json"))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_entry_records_its_run_or_says_it_is_unknown(name):
+    with open(os.path.join(RESULTS, name)) as f:
+        data = json.load(f)
+    runs = set()
+    for model, entry in data["models"].items():
+        assert "run_started" in entry and "commit" in entry, f"{name}: {model} has no run_started/commit"
+        if entry["run_started"] is None or entry["commit"] is None:
+            assert entry.get("provenance"), f"{name}: {model}: unknown provenance must be said in 'provenance'"
+        runs.add(entry["run_started"])
+    if len(runs) > 1:
+        assert data["meta"].get("mixed_runs"), f"{name} holds entries of several runs without saying so"
+
+
+def test_the_readme_peer_figure_is_the_one_in_the_file_it_names():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    m = re.search(r"PS strategies beat the peer by up to ([0-9.]+)x \(([a-z0-9]+): `([a-z_]+)` .*?; "
+                  r"`(benchmarks/results/[a-z_]+\.json)`", readme)
+    assert m, "the README's figure against the peer no longer names its model, builder and result file"
+    quoted, model, builder, path = float(m.group(1)), m.group(2), m.group(3), m.group(4)
+    with open(os.path.join(REPO, path)) as f:
+        data = json.load(f)["models"]
+    ps = ("ps", "ps_lb", "partitioned_ps", "uneven_partitioned_ps")
+    ratios = {(name, b): entry["peer"]["median_s"] / r["median_s"] for name, entry in data.items()
+              for b, r in entry["builders"].items() if b in ps and r.get("median_s") and entry["peer"].get("median_s")}
+    best = max(ratios, key=ratios.get)
+    assert round(ratios[best], 2) == quoted and best[0] == model and ratios[(model, builder)] == ratios[best]
