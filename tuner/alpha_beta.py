@@ -10,6 +10,8 @@ Step model::
             + alpha_call * ps_latency_rounds            # a worker's push and pull round trips
             + alpha_step * ring_steps                   # steps of the collectives (ring or hierarchical)
             + alpha_call * ring_steps_objectstore       # ... a Ray call per step on the object-store backend
+            + ar_curve_s                                # calibrated clusters: the collectives on the
+                                                        # measured curve (wire and steps then exclude them)
     T_cpu   = cpu_bytes_max / cpu_rate                  # busiest node's CPU bytes per core: Ray
                                                         # serialization, PS sums and optimizer updates,
                                                         # casts, collectives on the CPU
@@ -36,7 +38,7 @@ import numpy as np
 
 # terms the formula reads; features.py produces every one of them
 TERMS = ("compute_s", "wire_s", "ps_latency_rounds", "ring_steps", "ring_steps_objectstore", "exposed_frac",
-         "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention")
+         "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention", "ar_curve_s")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ def net_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:
     """``T_net`` of the module doc, per strategy (seconds)."""
     return (terms["wire_s"] / p.efficiency
             + p.alpha_call_s * (terms["ps_latency_rounds"] + terms["ring_steps_objectstore"])
-            + p.alpha_step_s * terms["ring_steps"])
+            + p.alpha_step_s * terms["ring_steps"]
+            + terms["ar_curve_s"])
 
 
 def cpu_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.calibration import CostCurve
 from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
@@ -61,7 +62,7 @@ FEATURE_NAMES = (
     "ar_max_group_bytes", "ring_steps", "ring_steps_objectstore", "compressed_saved_bytes",
     "fp16_raw_bytes", "powersgd_raw_bytes", "sparse_allgather_bytes", "staleness", "stale_factor",
     "async", "exposed_frac", "comm_s", "analytic_s", "model_bytes", "ps_calls_max", "cpu_bytes_max",
-    "ps_update_bytes_max", "local_agg_bytes", "cpu_contention", "hierarchical", "cpu_s",
+    "ps_update_bytes_max", "local_agg_bytes", "cpu_contention", "hierarchical", "cpu_s", "ar_curve_s",
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 INDEX_BYTES = 8            # int64 row indices of sparse gradients
@@ -121,6 +122,7 @@ class FeatureTables:
     lanes: np.ndarray       # (N,) cores that work on a node's communication at once (its actors)
     cpu_collectives: np.ndarray   # (N,) 1.0 where collectives run on the CPU (no GPU: no NCCL)
     cpu_contention: float   # 1.0 when compute runs on the CPUs too (no GPU): CPU work cannot hide
+    ar_curve: CostCurve | None = None   # the cluster's measured all-reduce seconds per message size
     # derived in __post_init__ (float32 so that the per-strategy work stays in float32):
     # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_i,
     # val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), half_val (val_dense x half_m1),
@@ -190,6 +192,7 @@ class FeatureTables:
             model_bytes=float(val.sum() + (rows * INDEX_BYTES).sum()),
             lanes=np.maximum(1.0, np.minimum(cpus, workers + 1)), cpu_collectives=(~gpu).astype(np.float32),
             cpu_contention=float(not gpu[workers > 0].any()),
+            ar_curve=_curve(cluster, float(workers.sum())),
         )
 
 
@@ -241,7 +244,7 @@ class _Parts:
 
 
 _S = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
-                                  "max_group", "hier"))}
+                                  "max_group", "hier", "curve_ns"))}
 
 
 def _axis_facts(t: FeatureTables, e: EncodedStrategies):
@@ -349,6 +352,8 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     s[:, _S["n_groups"]] = np.count_nonzero(total > 0.5, axis=1)
     s[:, _S["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
     s[:, _S["max_group"]] = total.max(1)
+    if t.ar_curve is not None:
+        s[:, _S["curve_ns"]] = curve_ns(t.ar_curve, total)
     # sums over variables as matrix products, in float64: sums of float32 terms are then exact (bar
     # magnitudes ~2^30 apart), the same in any order (tuner.incremental adds them cell by cell)
     out.psum[:, rows] = (psf.astype(np.float64) @ t.ps_right).T
@@ -398,7 +403,9 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     hier = sc["hier"] > 0
     # hierarchical: reduce onto a leader per node, ring among the Nw leaders, broadcast on the node
     ring_n = np.where(hier, 2 * (Nw - 1) / Nw, ring)          # NIC share of the buffer per node
-    if Nw > 1:
+    if t.ar_curve is not None:
+        nic_ring = 0.0                           # measured: the curve holds the collectives' time
+    elif Nw > 1:
         nic_ring = ring_n * S * hw
         intra = intra + S * np.where(hier, 2 * lr_extra, ring * lr_extra)
     else:
@@ -461,7 +468,13 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     f[C["ar_collectives"]] = n_coll
     f[C["ar_max_group_bytes"]] = sc["max_group"]
     steps = n_coll * np.where(hier, 2 * (Nw - 1) + 2 * (t.workers.max() > 1), 2 * max(W - 1, 0))
-    f[C["ring_steps"]] = steps * ~objectstore
+    f[C["ring_steps"]] = steps * ~objectstore * (t.ar_curve is None)
+    if t.ar_curve is not None:
+        # fused buffers and (as one buffer) the all-gathers on the measured curve; hierarchical:
+        # the leaders' ring moves ring_n / ring of the flat ring's bytes
+        gathered = t.ar_curve.seconds(gather * (W / 2)) if len(t.sparse_cols) else 0.0
+        f[C["ar_curve_s"]] = ((sc["curve_ns"].astype(np.float64) * 1e-9 + gathered)
+                              * np.where(hier, ring_n / max(ring, 1e-12), 1.0))
     f[C["ring_steps_objectstore"]] = steps * objectstore
     f[C["compressed_saved_bytes"]] = asum[3] - wire_dense
     f[C["fp16_raw_bytes"]] = sc["fp16_raw"]
@@ -507,6 +520,22 @@ def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, p
     flat = np.bincount(np.concatenate([start.ravel(), (start + extra[:, c].astype(np.int32)).ravel(), (start + k).ravel()]),
                        np.concatenate([np.add(X, Y, dtype=np.float64).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
     return flat.reshape(B, L) @ _fold(L, N)
+
+
+def _curve(cluster: ClusterSpec, W: float) -> CostCurve | None:
+    """The cluster's calibrated all-reduce curve, scaled to a ring over all ``W`` workers."""
+    cal = cluster.calibration
+    if cal is None:
+        return None
+    ring = lambda n: 2 * (n - 1) / n if n > 1 else 1.0   # noqa: E731 - bytes a ring moves per buffer byte
+    return CostCurve(cal.allreduce, scale=ring(W) / ring(cal.workers))
+
+
+def curve_ns(curve: CostCurve, buffers: np.ndarray) -> np.ndarray:
+    """Seconds of a strategy's fused buffers (rows: strategies, columns: groups' bytes) on the
+    calibrated curve, in whole nanoseconds per buffer: integer sums are the same in any order, so
+    the incremental featurizer's numbers are bit for bit these."""
+    return np.rint(curve.seconds(buffers) * 1e9).astype(np.int64).sum(axis=-1).astype(np.float64)
 
 
 def _round_up(x: int, n: int) -> int:

@@ -37,7 +37,7 @@ import numpy as np
 from strategy_space.space import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, Mutation
 
 from .alpha_beta import AlphaBeta
-from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts
+from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts, curve_ns
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
@@ -364,6 +364,7 @@ class IncrementalFeaturizer:
         scal[_S["n_groups"]] = (total > 0.5).sum(0)
         scal[_S["n_coll"]] = full.reshape(3 * lay.G, B).sum(0) + full[2].sum(0) + sums[lay.ar_scalars + 2]
         scal[_S["max_group"]] = total.max(0)
+        scal[_S["curve_ns"]] = curve_ns(t.ar_curve, total.T) if t.ar_curve is not None else 0.0
         parts = _Parts(sums[:3 * t.N].reshape(3, t.N, B), psum, sums[lay.ar:lay.ar + 4].astype(np.float32), wsum, scal)
         return _assemble(t, self.params, parts)
 
