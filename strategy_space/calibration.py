@@ -96,8 +96,8 @@ class Calibration:
 
 
 class CostCurve:
-    """Seconds of one message of a given size from measured (bytes, seconds) points: log-log
-    interpolation between them, the smallest size's time below it (latency bound), and the last
+    """Seconds of one message of a given size from measured (bytes, seconds) points (made
+    non-decreasing in size): log-log interpolation between them, the smallest size's time below it (latency bound), and the last
     segment's bandwidth beyond the largest (bandwidth bound).
 
     Args:
@@ -107,7 +107,8 @@ class CostCurve:
 
     def __init__(self, points, scale: float = 1.0):
         b = np.array([p[0] for p in points], dtype=np.float64)
-        s = np.array([p[1] for p in points], dtype=np.float64) * scale
+        # a bigger message is never faster: measurement noise between sizes is smoothed away
+        s = np.maximum.accumulate(np.array([p[1] for p in points], dtype=np.float64)) * scale
         self.log_b, self.log_s = np.log(b), np.log(s)
         self.b_last, self.s_last = b[-1], s[-1]
         # bytes per second of the last segment (at least the last point's average rate)
