@@ -3,7 +3,8 @@
 Each YAML under ``benchmarks/published/`` encodes one published comparison of synchronization
 strategies on one model and cluster: the source (paper, table or figure, the quoted figures), the
 ModelSpec, the compute time per step (with how it follows from published constants), the
-ClusterSpec, and per strategy a builder and its published step time relative to a reference
+ClusterSpec, and per strategy a builder (``none``: the compute alone, what a scaling efficiency
+compares with) and its published step time relative to a reference
 strategy. The analytic model predicts every strategy with its default (physical, unfitted)
 constants; per table this prints predicted vs published relative step times, the pairwise order
 agreement and each ratio's error. The tables are the test, never training data.
@@ -58,7 +59,9 @@ def load_table(path: str) -> dict:
     names = [r["name"] for r in rows]
     if data["reference"] not in names:
         raise ConfigError(f"{path}: reference {data['reference']!r} is not one of the strategies {names}")
-    strategies = [get_builder(r["builder"], **(r.get("options") or {})).build(model, cluster) for r in rows]
+    # builder "none": the same compute without any communication (what scaling efficiency compares with)
+    strategies = [None if r["builder"] == "none" else get_builder(r["builder"], **(r.get("options") or {})).build(
+        model, cluster) for r in rows]
     return {"path": os.path.relpath(path, REPO), "source": data["source"], "model": model, "cluster": cluster,
             "reference": data["reference"], "names": names, "strategies": strategies,
             "published": np.array([float(r["published"]) for r in rows])}
@@ -67,8 +70,12 @@ def load_table(path: str) -> dict:
 def score(table: dict) -> dict:
     """Predicted vs published step times relative to the reference, order agreement, ratio errors."""
     model, cluster = table["model"], table["cluster"]
-    enc = StrategySpace(model, cluster).encode(table["strategies"])
-    predicted_s = AnalyticCostModel().predict(model, cluster, enc)
+    synced = [s for s in table["strategies"] if s is not None]
+    predicted_s = np.full(len(table["strategies"]), model.profile.step_time_s)
+    if synced:
+        enc = StrategySpace(model, cluster).encode(synced)
+        at = [i for i, s in enumerate(table["strategies"]) if s is not None]
+        predicted_s[at] = AnalyticCostModel().predict(model, cluster, enc)
     ref = table["names"].index(table["reference"])
     predicted = predicted_s / predicted_s[ref]
     published = table["published"] / table["published"][ref]
