@@ -19,13 +19,18 @@ from .encoding import (COMPRESSOR_ID, FIELD_INDEX, FIELDS, KIND_AR, KIND_PS, Enc
 
 MUTABLE = ("kind", "shards", "dest", "group", "compressor", "local_replication", "mode", "hierarchical")
 _PSGD = COMPRESSOR_ID["powersgd"]
+# share of proposals that switch their strategy between flat and hierarchical all-reduce (where a
+# node holds several workers): a switch changes every all-reduce variable, so a share like a
+# per-variable decision's (1 in 5 all-reduce draws) made scoring ~5x slower on a 200-variable model;
+# at this share it adds ~3 cells per proposal there, and a search still tries it thousands of times
+HIERARCHICAL_SHARE = 1.0 / 32
 _F = FIELD_INDEX
 _M = {n: i for i, n in enumerate(MUTABLE)}
 # per field: the decisions that draw it afresh ("kind" redraws the variable's whole synchronizer)
 _REDRAWS = {"kind": ("kind",), "shards": ("kind", "shards"), "dest": ("kind", "dest"), "group": ("kind", "group"),
             "group_stride": ("kind", "group"), "local_replication": ("kind", "local_replication")}
 _U = {n: i for i, n in enumerate(("var", "decision", "kind", "split", "shards", "dest", "group", "stride", "lr",
-                                  "mode", "backend", "pick", "hier"))}   # rows of a pass's uniform numbers
+                                  "mode", "backend", "pick", "hier", "flip"))}   # rows of a pass's uniform numbers
 
 
 class Mutator:
@@ -57,7 +62,6 @@ class Mutator:
         else:
             names += ["group"] if sp.num_groups > 1 else []
             names += ["compressor"] if len(sp.compressor_choices) > 1 else []
-            names += ["hierarchical"] if sp.multi_worker_nodes else []
         return [_M[n] for n in names]
 
     def mutate(self, e: EncodedStrategies, parents: np.ndarray, rng: np.random.Generator, tries: int) -> Mutation:
@@ -105,6 +109,8 @@ class Mutator:
         old = facts.flat[:, p * V + v]
         kind = old[_F["kind"]]
         what = self._table[kind, (u[_U["decision"]] * self._count[kind]).astype(np.int64)]
+        if self.space.multi_worker_nodes:   # a strategy-wide switch, drawn apart (HIERARCHICAL_SHARE)
+            what[(u[_U["flip"]] < HIERARCHICAL_SHARE) & facts.has_ar[p]] = _M["hierarchical"]
         changed = np.zeros(n, bool)
         draws, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros((len(FIELDS), 0), np.int32)]
         single = np.flatnonzero((what != _M["mode"]) & (what != _M["compressor"]) & (what != _M["hierarchical"]))

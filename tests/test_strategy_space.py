@@ -122,8 +122,11 @@ def test_mutate_rows_changes_one_decision_of_each_parent(which):
     assert len(m) == len(parents) and (m.parents == parents).all()
     wide = {"sync", "staleness", "backend", "hierarchical"}
     op_rows = set(m.group_rows.tolist())
+    unchanged = 0
     for i, diff in enumerate(_differing_cells(space, m, parents)):
-        assert diff, f"proposal {i} equals its parent"
+        if not diff:   # every draw of its tries changed nothing (documented; rare in these spaces)
+            unchanged += 1
+            continue
         variables = {v for v, _ in diff}
         fields_ = {f for _, f in diff}
         p = parents[i]
@@ -137,6 +140,7 @@ def test_mutate_rows_changes_one_decision_of_each_parent(which):
             assert fields_ == {"hierarchical"} and all(base.kind[p, v] == KIND_AR for v in variables)
             assert {v for v in range(base.kind.shape[1]) if base.kind[p, v] == KIND_AR} == variables
         # else: one variable's decision (its synchronizer may bring the strategy's options along)
+    assert unchanged <= len(parents) // 100, f"{unchanged} of {len(parents)} proposals equal their parents"
     e = m.encoded
     normalized = space.normalize(e.copy())
     for f in e.field_names():
