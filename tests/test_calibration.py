@@ -71,7 +71,8 @@ def test_the_analytic_model_reads_all_reduce_time_off_the_calibrated_curve():
     # two buffers: each pays the curve's latency
     assert X[1, COL["ar_curve_s"]] == pytest.approx(CostCurve(CAL.allreduce).seconds(
         np.array([262144.0, 1024.0])).sum(), rel=1e-6)
-    assert X[0, COL["ring_steps"]] == 0 and X[0, COL["nic_out_s"]] == 0   # in the curve, not twice
+    # in the curve, not twice: no ring bytes on the NICs, no ring steps, no CPU collective work
+    assert X[0, COL["ring_steps"]] == 0 and X[0, COL["nic_out_s"]] == 0 and X[0, COL["cpu_bytes_max"]] == 0
     assert featurize(FeatureTables.from_specs(m, plain), space.encode([s]))[0, COL["ar_curve_s"]] == 0
     # a slower measured curve predicts a slower all-reduce
     slow = replace(CAL, allreduce=tuple((b, 10 * t) for b, t in CAL.allreduce))

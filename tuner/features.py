@@ -449,8 +449,9 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     server = 2 * pushed + pulled + UPDATE_PASSES * (H0 + H1)   # deserialize + sum pushes, serialize pulls
     worker = wk * (Qtot + H0tot) + 2 * hw * H1tot + 2 * lr_extra * H1tot
     worker += wk * (sc["fp16_raw"] + sc["psgd_raw"])           # a cast / projection pass per value
-    # collectives on the CPU (no GPU: ring on CPU; hierarchical: the leader sums and broadcasts)
-    ar_cpu = S * np.where(hier, 2 * lr_extra + 2 * ring_n * hw, 2 * ring * wk)
+    # collectives on the CPU (no GPU: ring on CPU; hierarchical: the leader sums and broadcasts);
+    # a calibrated curve holds that work already
+    ar_cpu = S * np.where(hier, 2 * lr_extra + 2 * ring_n * hw, 2 * ring * wk) * (t.ar_curve is None)
     cpu = (server + worker + ar_cpu * t.cpu_collectives[:, None]) / t.lanes[:, None]
     f[C["ps_calls_max"]] = calls.max(0)
     f[C["cpu_bytes_max"]] = cpu.max(0)
