@@ -20,10 +20,11 @@ from .encoding import (COMPRESSOR_ID, FIELD_INDEX, FIELDS, KIND_AR, KIND_PS, Enc
 MUTABLE = ("kind", "shards", "dest", "group", "compressor", "local_replication", "mode", "hierarchical")
 _PSGD = COMPRESSOR_ID["powersgd"]
 # share of proposals that switch their strategy between flat and hierarchical all-reduce (where a
-# node holds several workers): a switch changes every all-reduce variable, so a share like a
-# per-variable decision's (1 in 5 all-reduce draws) made scoring ~5x slower on a 200-variable model;
-# at this share it adds ~3 cells per proposal there, and a search still tries it thousands of times
-HIERARCHICAL_SHARE = 1.0 / 32
+# node holds several workers): a switch changes every all-reduce variable, so as one of the five
+# all-reduce decisions it made scoring ~5x slower on the 200-variable benchmark, at 1 in 32 still
+# ~1.5x; at 1 in 128 the cost is within noise and a search round (92,160 proposals) still tries
+# ~700 switches
+HIERARCHICAL_SHARE = 1.0 / 128
 _F = FIELD_INDEX
 _M = {n: i for i, n in enumerate(MUTABLE)}
 # per field: the decisions that draw it afresh ("kind" redraws the variable's whole synchronizer)

@@ -291,3 +291,22 @@ def test_chains_that_take_other_chains_proposals():
             getattr(cur, f)[moved] = getattr(prop, f)[chosen[moved]]
         now = inc.current()
         assert all((getattr(now, f) == getattr(cur, f)).all() for f in FIELDS)
+
+
+def test_incremental_features_follow_a_switch_to_hierarchical_all_reduce():
+    """A strategy-wide switch between flat and hierarchical all-reduce (rare among drawn mutations)
+    gives featurize's numbers exactly, and they differ from the flat strategy's."""
+    model, cluster = wide_model(seed=5), _cluster([2, 3, 1])
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    e = space.sample_encoded(np.random.default_rng(8), 16)
+    e.hierarchical[:] = 0
+    flipped = e.copy()
+    flipped.hierarchical[:] = e.kind == KIND_AR
+    inc = IncrementalFeaturizer(t)
+    inc.reset(e)
+    got = inc.propose(flipped)
+    assert np.array_equal(got, featurize(t, flipped))
+    has_ar = (e.kind == KIND_AR).any(axis=1)
+    assert (got[has_ar, COL["hierarchical"]] == 1).all()
+    assert (got[has_ar, COL["nic_out_s"]] != featurize(t, e)[has_ar, COL["nic_out_s"]]).any()
