@@ -4,7 +4,9 @@ changes of a batch's rows (``Mutation``), and an index of the fusion groups (``G
 Encoding: B strategies x V variables, one int32 array (B, V) per field. A variable's shards share
 one kind of synchronizer and its options; where they differ:
   * PS shard i sits on node ``(dest + i) % N`` (round-robin from the first node);
-  * AR shard i is in fusion group ``group + group_stride * i``.
+  * AR shard i is in fusion group ``group + group_stride * i``;
+  * ``hierarchical`` (all-reduce: reduce on the node, all-reduce among node leaders, broadcast) is
+    strategy-wide, like the backend: one value on every all-reduce variable, 0 elsewhere.
 ``StrategySpace`` (``strategy_space.space``) encodes, decodes, samples and mutates these batches.
 """
 from __future__ import annotations
@@ -23,7 +25,8 @@ BACKEND_ID = {b: i for i, b in enumerate(BACKENDS)}
 @dataclass
 class EncodedStrategies:
     """A batch of strategies as int32 arrays of shape (B, V), one per field (see module doc).
-    Fields that do not apply are 0 (PS: group, compressor, rank, backend; AR: dest, PS options)."""
+    Fields that do not apply are 0 (PS: group, compressor, rank, backend, hierarchical; AR: dest,
+    PS options)."""
 
     kind: np.ndarray
     shards: np.ndarray
@@ -37,6 +40,7 @@ class EncodedStrategies:
     compressor: np.ndarray
     rank: np.ndarray
     backend: np.ndarray
+    hierarchical: np.ndarray
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -67,9 +71,9 @@ class EncodedStrategies:
 
 FIELDS = EncodedStrategies.field_names()
 FIELD_INDEX = {n: i for i, n in enumerate(FIELDS)}
-# options of a whole strategy (one PS mode, one all-reduce backend), stored on every variable they
-# apply to and 0 elsewhere; the other fields are per variable
-STRATEGY_WIDE = ("sync", "staleness", "backend")
+# options of a whole strategy (one PS mode, one all-reduce backend and hierarchy), stored on every
+# variable they apply to and 0 elsewhere; the other fields are per variable
+STRATEGY_WIDE = ("sync", "staleness", "backend", "hierarchical")
 VARIABLE_FIELDS = tuple(n for n in FIELDS if n not in STRATEGY_WIDE)
 
 

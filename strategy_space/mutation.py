@@ -5,7 +5,8 @@ compressor), never as a fresh batch.
 What a draw reads of its parent row (its strategy-wide options, the members of a fusion group and
 whether they share a compressor, the PS variables) is indexed once per call for the batch varied
 (``_RowFacts``: O(rows x V)); a draw then costs O(1) plus the cells it changes (a PS mode: every PS
-variable; a group's compressor: one group change, however large the group). The fields are
+variable; flat vs hierarchical all-reduce: every all-reduce variable; a group's compressor: one
+group change, however large the group). The fields are
 stacked (field, cell), so one gather reads every field of a set of cells; the uniform numbers of a
 pass are drawn in one call. ``StrategySpace.mutate_rows`` is the entry point.
 """
@@ -16,15 +17,21 @@ import numpy as np
 from .encoding import (COMPRESSOR_ID, FIELD_INDEX, FIELDS, KIND_AR, KIND_PS, EncodedStrategies, GroupIndex, Mutation,
                        runs)
 
-MUTABLE = ("kind", "shards", "dest", "group", "compressor", "local_replication", "mode")
+MUTABLE = ("kind", "shards", "dest", "group", "compressor", "local_replication", "mode", "hierarchical")
 _PSGD = COMPRESSOR_ID["powersgd"]
+# share of proposals that switch their strategy between flat and hierarchical all-reduce (where a
+# node holds several workers): a switch changes every all-reduce variable, so as one of the five
+# all-reduce decisions it made scoring ~5x slower on the 200-variable benchmark, at 1 in 32 still
+# ~1.5x; at 1 in 128 the cost is within noise and a search round (92,160 proposals) still tries
+# ~700 switches
+HIERARCHICAL_SHARE = 1.0 / 128
 _F = FIELD_INDEX
 _M = {n: i for i, n in enumerate(MUTABLE)}
 # per field: the decisions that draw it afresh ("kind" redraws the variable's whole synchronizer)
 _REDRAWS = {"kind": ("kind",), "shards": ("kind", "shards"), "dest": ("kind", "dest"), "group": ("kind", "group"),
             "group_stride": ("kind", "group"), "local_replication": ("kind", "local_replication")}
 _U = {n: i for i, n in enumerate(("var", "decision", "kind", "split", "shards", "dest", "group", "stride", "lr",
-                                  "mode", "backend", "pick"))}   # rows of a pass's uniform numbers
+                                  "mode", "backend", "pick", "hier", "flip"))}   # rows of a pass's uniform numbers
 
 
 class Mutator:
@@ -103,9 +110,11 @@ class Mutator:
         old = facts.flat[:, p * V + v]
         kind = old[_F["kind"]]
         what = self._table[kind, (u[_U["decision"]] * self._count[kind]).astype(np.int64)]
+        if self.space.multi_worker_nodes:   # a strategy-wide switch, drawn apart (HIERARCHICAL_SHARE)
+            what[(u[_U["flip"]] < HIERARCHICAL_SHARE) & facts.has_ar[p]] = _M["hierarchical"]
         changed = np.zeros(n, bool)
         draws, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros((len(FIELDS), 0), np.int32)]
-        single = np.flatnonzero((what != _M["mode"]) & (what != _M["compressor"]))
+        single = np.flatnonzero((what != _M["mode"]) & (what != _M["compressor"]) & (what != _M["hierarchical"]))
         if len(single):
             new = self._redraw(facts, p[single], v[single], what[single], old[:, single], u[:, single])
             ch = (new != old[:, single]).any(axis=0)
@@ -113,13 +122,14 @@ class Mutator:
             draws.append(single[ch])
             cols.append(v[single[ch]])
             values.append(new[:, ch])
-        s = np.flatnonzero(what == _M["mode"])
-        if len(s):
-            ch, i, col, vals = self._mode(facts, p[s], u[:, s])
-            changed[s] = ch
-            draws.append(s[i])
-            cols.append(col)
-            values.append(vals)
+        for decision, draw in (("mode", self._mode), ("hierarchical", self._hierarchical)):
+            s = np.flatnonzero(what == _M[decision])
+            if len(s):
+                ch, i, col, vals = draw(facts, p[s], u[:, s])
+                changed[s] = ch
+                draws.append(s[i])
+                cols.append(col)
+                values.append(vals)
         # a group's new compressor: one group change, not a cell per member
         s = np.flatnonzero(what == _M["compressor"])
         choices = self.space.compressor_choices
@@ -156,6 +166,7 @@ class Mutator:
             new[_F["sync"], whole] = np.where(has_ps, facts.sync[pw], mode[:, 0])
             new[_F["staleness"], whole] = np.where(has_ps, facts.stale[pw], mode[:, 1])
             new[_F["backend"], whole] = np.where(facts.has_ar[pw], facts.backend[pw], backend)
+            new[_F["hierarchical"], whole] = np.where(facts.has_ar[pw], facts.hier[pw], uw[_U["hier"]] < 0.5)
         # a variable that joins a fusion group takes the compressor of the group's other members
         s = np.flatnonzero(self._redraws["group"][what])
         if len(s):
@@ -165,6 +176,20 @@ class Mutator:
             new[_F["rank"], s[has]] = facts.flat[_F["rank"], src[has]]
         sp.normalize_cells(new, v)
         return new
+
+    def _hierarchical(self, facts: "_RowFacts", p: np.ndarray, u: np.ndarray):
+        """Strategies ``p`` switch between flat and hierarchical all-reduce: whether each changed
+        (one without all-reduce variables cannot), and the cells that differ (draw, variable,
+        fields)."""
+        V = facts.V
+        pos, n = runs(facts.ar_cells, p * V, (p + 1) * V)
+        i = np.repeat(np.arange(len(p)), n)
+        cell = facts.ar_cells[pos]
+        vals = facts.flat[:, cell]
+        vals[_F["hierarchical"]] = 1 - facts.hier[p][i]
+        differs = vals[_F["hierarchical"]] != facts.flat[_F["hierarchical"], cell]
+        i = i[differs]
+        return np.bincount(i, minlength=len(p)) > 0, i, cell[differs] % V, vals[:, differs]
 
     def _mode(self, facts: "_RowFacts", p: np.ndarray, u: np.ndarray):
         """A new PS mode for strategies ``p``: whether each changed, and the cells that differ
@@ -184,7 +209,7 @@ class Mutator:
 
 class _RowFacts:
     """What draws read of the rows of ``e``: every field of every cell (``flat``: field x flat
-    cell), per row its PS mode and backend, its PS cells, and its all-reduce cells by fusion group
+    cell), per row its PS mode, backend and hierarchy, its PS and all-reduce cells, and its all-reduce cells by fusion group
     (flat indices)."""
 
     def __init__(self, space, e: EncodedStrategies, flat: np.ndarray):
@@ -196,7 +221,9 @@ class _RowFacts:
         self.has_ps, self.has_ar = ps.any(axis=1), ~ps.all(axis=1)
         self.sync, self.stale = e.sync[rows, first_ps], e.staleness[rows, first_ps]
         self.backend = e.backend[rows, first_ar]
+        self.hier = e.hierarchical[rows, first_ar]
         self.ps_cells = np.flatnonzero(ps)
+        self.ar_cells = np.flatnonzero(~ps)
         # all-reduce variables by (row, group): the first two compressible ones of each, and
         # whether a group's members share one compressor (and which)
         self.groups = gi = GroupIndex.of(e, space.num_groups, space.compressible)

@@ -111,6 +111,8 @@ class StrategySpace:
         e.compressor[rows] = comp[r, g, 0]
         e.rank[rows] = comp[r, g, 1]
         e.backend[rows] = np.array(self.backends, dtype=np.int32)[rng.integers(0, len(self.backends), size=(len(rows), 1))]
+        # hierarchical all-reduce differs from a flat one only where a node holds several workers
+        e.hierarchical[rows] = rng.integers(0, 2, size=(len(rows), 1)) * self.multi_worker_nodes
 
     def normalize(self, e: EncodedStrategies) -> EncodedStrategies:
         """Zero the fields that do not apply, so equal strategies encode equally (in place)."""
@@ -128,6 +130,7 @@ class StrategySpace:
         e.compressor *= ok
         e.rank *= ok & (e.compressor >= COMPRESSOR_ID["powersgd"])
         e.backend *= ar
+        e.hierarchical *= ar & self.multi_worker_nodes
         return e
 
     def sample(self, rng: np.random.Generator) -> Strategy:
@@ -142,7 +145,8 @@ class StrategySpace:
     def mutate_rows(self, e: EncodedStrategies, parents, rng: np.random.Generator, *, tries: int = 8) -> Mutation:
         """Proposals, as changes: proposal i is row ``parents[i]`` of ``e`` with one decision changed —
         one variable's synchronizer (redrawn whole), shards, placement, fusion groups or local
-        replication, a fusion group's compressor, or the strategy-wide PS mode — the new value
+        replication, a fusion group's compressor, the strategy-wide PS mode, or whether the
+        strategy's all-reduce is hierarchical (where a node holds several workers) — the new value
         drawn as ``sample_encoded`` draws it. A proposal whose draw changes nothing draws again,
         variable and decision included (up to ``tries`` times; a space with a single point cannot
         change).
@@ -179,6 +183,7 @@ class StrategySpace:
             vals[F[f]] *= ps
         for f in ("group", "backend"):
             vals[F[f]] *= ar
+        vals[F["hierarchical"]] *= ar & self.multi_worker_nodes
         vals[F["group_stride"]] *= ar & (shards > 1)
         ok = ar & self.compressible[vs]
         vals[F["compressor"]] *= ok
@@ -222,6 +227,7 @@ class StrategySpace:
             kind, rank = first.compressor_kind, first.compressor_rank
             e.kind[b, v], e.group[b, v], e.group_stride[b, v] = KIND_AR, first.group, stride
             e.compressor[b, v], e.rank[b, v], e.backend[b, v] = COMPRESSOR_ID[kind], rank, BACKEND_ID[first.backend]
+            e.hierarchical[b, v] = first.hierarchical
         if why:
             raise ConfigError(f"variable {cfg.name}: cannot be encoded for the tuner because {why}; "
                               f"such strategies run but are not searched or simulated")
@@ -239,6 +245,7 @@ class StrategySpace:
             else:
                 comp = format_compressor(COMPRESSOR_KINDS[e.compressor[row, v]], int(e.rank[row, v]))
                 g0, st = int(e.group[row, v]), int(e.group_stride[row, v])
-                syncs = tuple(AllReduce(BACKENDS[e.backend[row, v]], comp, g0 + st * i) for i in range(k))
+                hier = bool(e.hierarchical[row, v])
+                syncs = tuple(AllReduce(BACKENDS[e.backend[row, v]], comp, g0 + st * i, hier) for i in range(k))
             configs.append(VarConfig(var.name, syncs, int(e.axis[row, v])))
         return Strategy(tuple(configs), origin=origin)

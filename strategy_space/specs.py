@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ._strict import check_keys, fingerprint, get_typed, parse_items
 from ._yaml_limits import short_repr
+from .calibration import Calibration
 from .errors import ConfigError
 
 DTYPE_BYTES = {
@@ -326,11 +327,14 @@ class ClusterSpec:
         name: cluster name.
         nodes: the nodes; exactly one is the chief (the first one when none is marked).
         intra_node_bandwidth_gbps: bandwidth between workers of one node (None: memory speed).
+        calibration: measured communication costs (``autosync calibrate``), or None. Not part of
+            the fingerprint: measuring a cluster does not make it another cluster.
     """
 
     name: str
     nodes: tuple[NodeSpec, ...]
     intra_node_bandwidth_gbps: float | None = None
+    calibration: Calibration | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -387,6 +391,7 @@ class ClusterSpec:
     def fingerprint(self) -> str:
         d = self.to_dict()
         d.pop("name")
+        d.pop("calibration", None)
         return fingerprint(d)
 
     def to_dict(self) -> dict:
@@ -394,16 +399,20 @@ class ClusterSpec:
                              "nodes": [n.to_dict() for n in self.nodes]}
         if self.intra_node_bandwidth_gbps is not None:
             d["intra_node_bandwidth_gbps"] = float(self.intra_node_bandwidth_gbps)
+        if self.calibration is not None:
+            d["calibration"] = self.calibration.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ClusterSpec":
-        check_keys(data, "cluster", {"name", "nodes"}, {"kind", "version", "intra_node_bandwidth_gbps"})
+        check_keys(data, "cluster", {"name", "nodes"}, {"kind", "version", "intra_node_bandwidth_gbps", "calibration"})
         _check_header(data, "cluster")
         nodes = parse_items(get_typed(data, "nodes", list, "cluster"), NodeSpec.from_dict, "nodes")
         intra = get_typed(data, "intra_node_bandwidth_gbps", (int, float, type(None)), "cluster", None)
+        cal = get_typed(data, "calibration", (Mapping, type(None)), "cluster", None)
         return cls(name=get_typed(data, "name", str, "cluster"), nodes=tuple(nodes),
-                   intra_node_bandwidth_gbps=float(intra) if intra is not None else None)
+                   intra_node_bandwidth_gbps=float(intra) if intra is not None else None,
+                   calibration=Calibration.from_dict(cal) if cal is not None else None)
 
 
 FORMAT_VERSION = 1

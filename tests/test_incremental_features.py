@@ -4,6 +4,8 @@ every proposal, bit for bit, across spaces, clusters, constraints and partition 
 predictions and annealing pools built on them."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -75,6 +77,13 @@ def _cluster(workers, bw=None):
                                   for i, w in enumerate(workers)))
 
 
+def _calibrated(cluster):
+    from strategy_space.calibration import Calibration
+
+    curve = tuple((4 ** k * 1024, 2e-4 * 1.5 ** k + 4 ** k * 1024 / 1e8) for k in range(1, 9))
+    return replace(cluster, calibration=Calibration("gloo", 2, curve, ((4096, 1e-3), (2 ** 20, 5e-3))))
+
+
 CASES = {
     "tiny, 3 nodes": (tiny_model(profile=True), three_node_cluster(), {}),
     "tiny, 2 nodes, every option": (tiny_model(), two_node_cluster(),
@@ -83,6 +92,7 @@ CASES = {
     "wide, shards wrap the nodes": (wide_model(), _cluster([2, 1, 3], [1.0, 2.5, 10.0]), dict(max_shards=11)),
     "wide, a node without workers": (wide_model(seed=1), _cluster([2, 0, 2, 1]), dict(num_groups=3)),
     "wide, one node one worker": (wide_model(seed=2), _cluster([1]), {}),
+    "wide, calibrated all-reduce curve": (wide_model(seed=4), _calibrated(_cluster([2, 1, 2])), dict(num_groups=5)),
     "sparse rows that do not divide": (ModelSpec("sp", (VariableSpec("e1", (101, 4), sparse=True, rows_per_step=7),
                                                         VariableSpec("e2", (53, 3), sparse=True, rows_per_step=50),
                                                         VariableSpec("d", (10, 3)))), _cluster([1, 2]),
@@ -281,3 +291,22 @@ def test_chains_that_take_other_chains_proposals():
             getattr(cur, f)[moved] = getattr(prop, f)[chosen[moved]]
         now = inc.current()
         assert all((getattr(now, f) == getattr(cur, f)).all() for f in FIELDS)
+
+
+def test_incremental_features_follow_a_switch_to_hierarchical_all_reduce():
+    """A strategy-wide switch between flat and hierarchical all-reduce (rare among drawn mutations)
+    gives featurize's numbers exactly, and they differ from the flat strategy's."""
+    model, cluster = wide_model(seed=5), _cluster([2, 3, 1])
+    space = StrategySpace(model, cluster)
+    t = FeatureTables.from_specs(model, cluster)
+    e = space.sample_encoded(np.random.default_rng(8), 16)
+    e.hierarchical[:] = 0
+    flipped = e.copy()
+    flipped.hierarchical[:] = e.kind == KIND_AR
+    inc = IncrementalFeaturizer(t)
+    inc.reset(e)
+    got = inc.propose(flipped)
+    assert np.array_equal(got, featurize(t, flipped))
+    has_ar = (e.kind == KIND_AR).any(axis=1)
+    assert (got[has_ar, COL["hierarchical"]] == 1).all()
+    assert (got[has_ar, COL["nic_out_s"]] != featurize(t, e)[has_ar, COL["nic_out_s"]]).any()

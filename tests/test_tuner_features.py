@@ -75,14 +75,19 @@ def test_sparse_bytes_ps_and_all_gather():
     assert ar["ar_ring_bytes"] == pytest.approx(2 * 2 / 3 * 32 + 2 * 400, rel=1e-6)
 
 
-def test_local_replication_pulls_once_per_node():
+def test_local_replication_pushes_and_pulls_once_per_node():
     c = _cluster(nodes=2, workers=2)
     plain = _feat(MODEL, c, Strategy((VarConfig("a", (PS("n0"),)), VarConfig("b", (PS("n0"),)))))
     lr = _feat(MODEL, c, Strategy((VarConfig("a", (PS("n0", local_replication=True),)),
                                    VarConfig("b", (PS("n0", local_replication=True),)))))
-    assert plain["ps_pull_sum_bytes"] == 4 * 440
-    assert lr["ps_pull_sum_bytes"] == 2 * 440
-    assert lr["lr_saved_bytes"] == 440 * (4 - 2)
+    assert plain["ps_pull_sum_bytes"] == 4 * 440 and plain["ps_push_sum_bytes"] == 4 * 440
+    # the workers of a node sum their gradients, push the sum once and share one pull
+    assert lr["ps_pull_sum_bytes"] == 2 * 440 and lr["ps_push_sum_bytes"] == 2 * 440
+    assert lr["lr_saved_bytes"] == 2 * 440 * (4 - 2)
+    assert lr["nic_in_s"] == pytest.approx(440 / GBIT)     # n1's one push; plain: both of its workers'
+    assert plain["nic_in_s"] == pytest.approx(2 * 440 / GBIT)
+    assert lr["ps_calls_max"] == 2 * 2 and plain["ps_calls_max"] == 2 * 4   # one push + pull per node / worker
+    assert lr["local_agg_bytes"] > 0 and plain["local_agg_bytes"] == 0
 
 
 def test_uneven_partition_round_robin_exact():
@@ -93,7 +98,9 @@ def test_uneven_partition_round_robin_exact():
 
 
 def _reference_push(model, cluster, strategy):
-    W = cluster.num_workers
+    """Bytes pushed into each node: per worker, or once per node for dense variables with local
+    replication (the node's workers sum first)."""
+    W, Nw = cluster.num_workers, sum(1 for n in cluster.nodes if n.workers)
     host = np.zeros(len(cluster.nodes))
     for cfg in strategy.variables:
         v = model.var(cfg.name)
@@ -101,8 +108,9 @@ def _reference_push(model, cluster, strategy):
         per_row = (v.row_bytes + (8 if v.sparse else 0)) * rows / v.shape[0]
         for (lo, hi), s in zip(shard_bounds(v.shape[0], cfg.num_shards), cfg.synchronizers):
             if isinstance(s, PS):
-                host[cluster.node_index(s.destination)] += (hi - lo) * per_row
-    return W * host
+                once = s.local_replication and not v.sparse
+                host[cluster.node_index(s.destination)] += (Nw if once else W) * (hi - lo) * per_row
+    return host
 
 
 def test_random_strategies_match_brute_force():
@@ -218,3 +226,42 @@ def test_nodes_used_by_few_parameter_servers_are_counted_exactly():
         hosts = {s.destination for cfg in space.decode(enc, i).variables for s in cfg.synchronizers
                  if isinstance(s, PS)}
         assert X[i, COL["ps_nodes_used"]] == len(hosts)
+
+
+def test_hierarchical_all_reduce_crosses_nics_once_per_node():
+    c = _cluster(nodes=2, workers=4)                          # W = 8, Nw = 2
+    flat = _feat(MODEL, c, Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (AllReduce(),)))))
+    hier = _feat(MODEL, c, Strategy((VarConfig("a", (AllReduce(hierarchical=True),)),
+                                     VarConfig("b", (AllReduce(hierarchical=True),)))))
+    assert flat["nic_out_s"] == pytest.approx(2 * 7 / 8 * 440 / GBIT)   # ring over 8 workers
+    assert hier["nic_out_s"] == pytest.approx(2 * 1 / 2 * 440 / GBIT)   # ring over 2 node leaders
+    assert flat["ring_steps"] == 2 * 7 and hier["ring_steps"] == 2 * 1 + 2   # + reduce and broadcast on the node
+    assert hier["hierarchical"] == 1 and flat["hierarchical"] == 0
+    assert hier["local_agg_bytes"] > 0 and flat["local_agg_bytes"] == 0
+
+
+def _zoo(name):
+    from strategy_space import load_model_spec
+
+    return load_model_spec(__file__.rsplit("/tests/", 1)[0] + f"/configs/models/{name}.yaml")
+
+
+@pytest.mark.parametrize("nodes,workers", [(1, 2), (3, 1), (2, 2)])
+def test_candidates_that_move_different_bytes_get_different_predictions(nodes, workers):
+    """On one node (``--cluster local``: no NIC traffic) as on several, strategies that differ in what
+    they move differ in predicted step time: CPU serialization, PS sums and updates and per-call
+    work differ even where no byte crosses a NIC."""
+    from tuner.cost_model import AnalyticCostModel
+
+    m = _zoo("resnet50")
+    c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", cpus=2, workers=workers, bandwidth_gbps=10.0) for i in range(nodes)))
+    space = StrategySpace(m, c)
+    e = space.sample_encoded(np.random.default_rng(0), 64)
+    pred = AnalyticCostModel().predict(m, c, e)
+    assert np.ptp(pred) / pred.min() > 0.05        # a spread, not a vertical line
+    assert len(np.unique(np.round(pred, 6))) > 48
+    # the same gradients through one parameter server vs all-reduce: PS moves more through the node
+    ps = Strategy(tuple(VarConfig(v.name, (PS("n0"),)) for v in m.variables))
+    ar = Strategy(tuple(VarConfig(v.name, (AllReduce(),)) for v in m.variables))
+    t_ps, t_ar = AnalyticCostModel().predict(m, c, space.encode([ps, ar]))
+    assert t_ps > 1.05 * t_ar

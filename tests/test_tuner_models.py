@@ -101,3 +101,21 @@ def test_noiseless_step_time_is_what_measurements_scatter_around():
     measured = np.array([[t.median for t in SyntheticRunner(model, cluster, seed=s).run(strategies)] for s in range(9)])
     ratio = np.median(measured, axis=0) / true
     assert np.all((ratio > 0.9) & (ratio < 1.25))    # jitter and stragglers only ever slow the slowest node
+
+
+def test_synthetic_world_aggregates_on_the_node_and_reduces_hierarchically():
+    """The synthetic truth runs what the runtime runs: local replication pushes a node's summed
+    gradient once, a hierarchical all-reduce crosses each NIC among node leaders only."""
+    from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+    from tuner.netsim import Truth, simulate_step
+
+    quiet = Truth(node_jitter=0.0, straggler_p=0.0, step_noise=0.0)
+    m = ModelSpec("d", tuple(VariableSpec(f"w{i}", (512, 1024)) for i in range(4)))   # 8 MiB of gradients
+    c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=4, cpus=4, bandwidth_gbps=1.0) for i in range(2)))
+
+    def step(sync):
+        s = Strategy(tuple(VarConfig(v.name, (sync,)) for v in m.variables))
+        return simulate_step(m, c, s, 0.01, np.random.default_rng(0), quiet)[0]
+
+    assert step(PS("n0", local_replication=True)) < 0.5 * step(PS("n0"))
+    assert step(AllReduce(hierarchical=True)) < step(AllReduce())

@@ -3,8 +3,8 @@
 It is the cold-start predictor: with no data it uses DESIGN.md's measured constants
 (``AlphaBeta()``), works for any (model, cluster) read from YAML and needs no TensorFlow. Given
 measured trials, ``fit`` adjusts alpha (per call and per ring step), the bandwidth efficiency, the
-parameter-server aggregation rate and a compute scale by regularised nonlinear least squares on
-log step times (Levenberg-Marquardt with a numeric Jacobian: five parameters, a few hundred rows).
+CPU byte rate, the per-call actor time and a compute scale by regularised nonlinear least squares
+on log step times (Levenberg-Marquardt with a numeric Jacobian: six parameters, a few hundred rows).
 """
 from __future__ import annotations
 

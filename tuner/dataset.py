@@ -19,14 +19,14 @@ from strategy_space.space import StrategySpace
 from .features import COL, FeatureTables, featurize
 from .trial import Trial
 
-_TIMES = ("wire_s", "nic_in_s", "nic_out_s", "intra_s", "ar_ring_s", "comm_s", "analytic_s")
+_TIMES = ("wire_s", "nic_in_s", "nic_out_s", "intra_s", "ar_ring_s", "comm_s", "analytic_s", "cpu_s")
 _BYTES = ("ps_push_max_node_bytes", "ps_push_sum_bytes", "ps_pull_max_node_bytes", "ps_pull_sum_bytes",
           "server_bytes_max", "lr_saved_bytes", "sparse_ps_bytes", "ar_raw_bytes", "ar_wire_bytes",
           "ar_ring_bytes", "ar_max_group_bytes", "compressed_saved_bytes", "fp16_raw_bytes",
-          "powersgd_raw_bytes", "sparse_allgather_bytes")
+          "powersgd_raw_bytes", "sparse_allgather_bytes", "cpu_bytes_max", "ps_update_bytes_max", "local_agg_bytes")
 _AS_IS = ("num_workers", "num_nodes", "nodes_with_workers", "ps_share", "ps_vars_frac", "ps_imbalance",
           "ps_nodes_used", "ps_latency_rounds", "ar_groups", "ar_collectives", "staleness", "stale_factor",
-          "async", "exposed_frac")
+          "async", "exposed_frac", "ps_calls_max", "cpu_contention", "hierarchical")
 RELATIVE_NAMES = (tuple(f"{n}/compute" for n in _TIMES) + ("log_compute_s", "log_analytic_s", "log_comm_s",
                   "ring_steps*alpha/compute", "ring_steps_os*alpha/compute", "ps_rounds*alpha/compute")
                   + tuple(f"{n}/model" for n in _BYTES) + _AS_IS)

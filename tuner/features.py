@@ -14,11 +14,24 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
     from the variable's group (strided shards occupy consecutive groups).
   * PS push: every worker sends its gradient to the host (sparse: touched rows x width + int64
     indices); pull: every worker receives the values (sparse: touched rows only). With local
-    replication a node pulls a dense variable once for all its workers (the workers then read it
-    from the local object store); sparse pulls are per worker because workers touch different rows.
-    Traffic between a worker and a server on the same node is intra-node.
+    replication the workers of a node sum a dense variable's gradients, push the sum once per
+    node and share one pull (they read it from the local object store); sparse variables push and
+    pull per worker because workers touch different rows. Traffic between a worker and a server
+    on the same node is intra-node.
   * All-reduce: a ring over all workers; each worker sends and receives ``2(W-1)/W`` x the fused
-    buffer. fp16 sends 2 bytes per value; PowerSGD rank ``r`` sends ``r(m+n)`` values per m x n
+    buffer. Hierarchical (strategy-wide): the workers of a node reduce onto a leader, the ``Nw``
+    leaders run the ring (``2(Nw-1)/Nw`` x the buffer through each NIC, ``2(Nw-1)`` steps), the
+    leader broadcasts on the node (two more steps, intra-node bytes).
+  * CPU work per node (``cpu_bytes_max``: bytes per core of the busiest node; ``cpu_s`` with the
+    default rate): a PS node deserializes and sums the pushes, serializes the pulls and updates
+    its parameters (``UPDATE_PASSES`` passes); workers serialize pushes, deserialize pulls, sum
+    locally replicated gradients, cast (fp16) or project (PowerSGD) their all-reduced values;
+    collectives run on the CPU where a node has no GPU (no NCCL). A node's communication runs on
+    as many cores as it has actors (workers + a PS), at most its CPUs. ``ps_calls_max``: the calls
+    the busiest PS actor serves one after another (a push and a pull per worker, per node for
+    locally replicated variables) — with the per-node bytes, the slowest shard's (straggler's)
+    time. ``cpu_contention``: compute runs on the CPUs too (no GPU), so that work hides behind
+    nothing. fp16 sends 2 bytes per value; PowerSGD rank ``r`` sends ``r(m+n)`` values per m x n
     shard (never more than the raw ``m n``; vectors are sent raw); sparse gradients are
     all-gathered, ``(W-1)`` x rows x (width + index) per worker, written as an equivalent ring
     buffer of ``W/2`` x the per-worker bytes.
@@ -35,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.calibration import CostCurve
 from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
@@ -47,7 +61,8 @@ FEATURE_NAMES = (
     "ar_raw_bytes", "ar_wire_bytes", "ar_ring_bytes", "ar_ring_s", "ar_groups", "ar_collectives",
     "ar_max_group_bytes", "ring_steps", "ring_steps_objectstore", "compressed_saved_bytes",
     "fp16_raw_bytes", "powersgd_raw_bytes", "sparse_allgather_bytes", "staleness", "stale_factor",
-    "async", "exposed_frac", "comm_s", "analytic_s", "model_bytes",
+    "async", "exposed_frac", "comm_s", "analytic_s", "model_bytes", "ps_calls_max", "cpu_bytes_max",
+    "ps_update_bytes_max", "local_agg_bytes", "cpu_contention", "hierarchical", "cpu_s", "ar_curve_s",
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 INDEX_BYTES = 8            # int64 row indices of sparse gradients
@@ -60,6 +75,9 @@ _BREAKPOINTS = 24          # ready-order points where the overlap bound is evalu
 # of the bytes its sums passed through, see tuner.incremental), a shard at least its slices' index
 # bytes (>= 8 rows x slices / dim0, i.e. >= 8 / (2 x shards) bytes)
 _EMPTY_BYTES = 1e-3
+# passes over a parameter's bytes when a parameter server applies its update (gradient, parameter,
+# Adam's two moments: read and write); ModelSpec does not name the optimizer, so Adam's
+UPDATE_PASSES = 4.0
 _DEFAULT_PARAMS = AlphaBeta()   # frozen; building one validates it, which costs more than small batches
 _PSGD = COMPRESSOR_ID["powersgd"]
 _FP16 = (COMPRESSOR_ID["fp16"], COMPRESSOR_ID["fp16_ef"])
@@ -101,6 +119,10 @@ class FeatureTables:
     compute_s: float
     model_bytes: float      # per-worker gradient bytes of one step, all variables (normalizer)
     ring_bw: float          # slowest link of the all-reduce ring (bytes/s)
+    lanes: np.ndarray       # (N,) cores that work on a node's communication at once (its actors)
+    cpu_collectives: np.ndarray   # (N,) 1.0 where collectives run on the CPU (no GPU: no NCCL)
+    cpu_contention: float   # 1.0 when compute runs on the CPUs too (no GPU): CPU work cannot hide
+    ar_curve: CostCurve | None = None   # the cluster's measured all-reduce seconds per message size
     # derived in __post_init__ (float32 so that the per-strategy work stays in float32):
     # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_i,
     # val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), half_val (val_dense x half_m1),
@@ -155,6 +177,8 @@ class FeatureTables:
         intra = (cluster.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS) * 1e9 / 8
         bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes], dtype=np.float32)
         multi = (workers > 0).sum() > 1
+        cpus = np.array([n.cpus for n in cluster.nodes], dtype=np.float32)
+        gpu = np.array([n.gpus > 0 for n in cluster.nodes])
         return cls(
             V=len(vs), N=len(cluster.nodes), W=float(workers.sum()), Nw=float((workers > 0).sum()),
             workers=workers, has_w=(workers > 0).astype(np.float32),
@@ -166,6 +190,9 @@ class FeatureTables:
             tau=tau.astype(np.float32), compute_s=estimate_compute_s(model),
             ring_bw=float(bw[workers > 0].min()) if multi else intra,
             model_bytes=float(val.sum() + (rows * INDEX_BYTES).sum()),
+            lanes=np.maximum(1.0, np.minimum(cpus, workers + 1)), cpu_collectives=(~gpu).astype(np.float32),
+            cpu_contention=float(not gpu[workers > 0].any()),
+            ar_curve=_curve(cluster, float(workers.sum())),
         )
 
 
@@ -217,7 +244,7 @@ class _Parts:
 
 
 _S = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
-                                  "max_group"))}
+                                  "max_group", "hier", "curve_ns"))}
 
 
 def _axis_facts(t: FeatureTables, e: EncodedStrategies):
@@ -325,6 +352,8 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     s[:, _S["n_groups"]] = np.count_nonzero(total > 0.5, axis=1)
     s[:, _S["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
     s[:, _S["max_group"]] = total.max(1)
+    if t.ar_curve is not None:
+        s[:, _S["curve_ns"]] = curve_ns(t.ar_curve, total)
     # sums over variables as matrix products, in float64: sums of float32 terms are then exact (bar
     # magnitudes ~2^30 apart), the same in any order (tuner.incremental adds them cell by cell)
     out.psum[:, rows] = (psf.astype(np.float64) @ t.ps_right).T
@@ -336,6 +365,7 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     s[:, _S["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
     # one backend per strategy; PS variables encode 0 and objectstore is the largest id
     s[:, _S["objectstore"]] = e.backend.max(1) == BACKEND_ID["objectstore"]
+    s[:, _S["hier"]] = e.hierarchical.max(1)     # one hierarchy per strategy (PS variables encode 0)
     if t.sparse_cols.size:
         c = t.sparse_cols                        # all-gathers: one per sparse AR shard
         s[:, _S["n_coll"]] += (arf[:, c] * kf[:, c]).sum(1)
@@ -354,10 +384,14 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     H0, H1 = H[0], H[1]
     P = H0 + H1 + H[2]
     Ptot, H0tot, H1tot = P.sum(0), H0.sum(0), H1.sum(0)
-    wk, hw = t.workers[:, None], t.has_w[:, None]
-    srv_in, srv_out = (W - wk) * P, (W - wk) * H0 + (t.Nw - hw) * H1
-    cli_out, cli_in = wk * (Ptot - P), wk * (H0tot - H0) + hw * (H1tot - H1)
-    intra = wk * (P + H0) + hw * H1 + wk * (H1tot - H1)
+    Q = H0 + H[2]                                # pushed by every worker (no LR: values and indices)
+    Qtot = Q.sum(0)
+    wk, hw, Nw = t.workers[:, None], t.has_w[:, None], t.Nw
+    lr_extra = np.maximum(wk - 1, 0)             # workers of a node beyond the one that pushes its sum
+    # local replication: a node's workers sum their gradients, push once per PS node, pull once
+    srv_in, srv_out = (W - wk) * Q + (Nw - hw) * H1, (W - wk) * H0 + (Nw - hw) * H1
+    cli_out, cli_in = wk * (Qtot - Q) + hw * (H1tot - H1), wk * (H0tot - H0) + hw * (H1tot - H1)
+    intra = wk * (Q + H0) + 2 * hw * H1 + 2 * lr_extra * H1tot
 
     sc = {n: a.scal[i] for n, i in _S.items()}
     psum = a.psum[:4]                            # count, sparse bytes, value bytes, dense value bytes
@@ -366,10 +400,17 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     wire_dense = a.wsum[0]
     S = wire_dense + gather * (W / 2)            # equivalent ring buffer
     ring = 2 * (W - 1) / W
-    if t.Nw > 1:
-        nic_ring, intra = ring * S * hw, intra + ring * S * np.maximum(wk - 1, 0)
+    hier = sc["hier"] > 0
+    # hierarchical: reduce onto a leader per node, ring among the Nw leaders, broadcast on the node
+    ring_n = np.where(hier, 2 * (Nw - 1) / Nw, ring)          # NIC share of the buffer per node
+    if t.ar_curve is not None:
+        nic_ring = 0.0                           # measured: the curve holds the collectives' time
+    elif Nw > 1:
+        nic_ring = ring_n * S * hw
+        intra = intra + S * np.where(hier, 2 * lr_extra, ring * lr_extra)
     else:
-        nic_ring, intra = 0.0, intra + ring * S * wk
+        nic_ring = 0.0
+        intra = intra + S * np.where(hier, 2 * lr_extra, ring * wk)
     n_coll = sc["n_coll"]
     objectstore = (asum[0] > 0) & (sc["objectstore"] > 0)
 
@@ -381,7 +422,7 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     f[C["intra_s"]] = intra.max(0) / t.intra_bw
     f[C["wire_s"]] = np.maximum(np.maximum(f[C["nic_in_s"]], f[C["nic_out_s"]]), f[C["intra_s"]])
     any_ps = psum[0] > 0
-    pushed, pulled = W * P, W * H0 + t.Nw * H1
+    pushed, pulled = W * Q + Nw * H1, W * H0 + Nw * H1
     f[C["compute_s"]] = t.compute_s
     f[C["model_bytes"]] = t.model_bytes
     f[C["num_workers"]], f[C["num_nodes"]], f[C["nodes_with_workers"]] = W, N, t.Nw
@@ -398,8 +439,27 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     f[C["ps_nodes_used"]] = used
     f[C["ps_messages"]] = 2 * W * used
     f[C["server_bytes_max"]] = push_max
-    f[C["ps_latency_rounds"]] = (2 + W) * any_ps
-    f[C["lr_saved_bytes"]] = H1tot * (W - t.Nw)
+    f[C["ps_latency_rounds"]] = 2 * any_ps      # a worker's push and pull round trips, every PS node at once
+    f[C["lr_saved_bytes"]] = 2 * H1tot * (W - Nw)
+    # ---- CPU work on each node (Ray serialization, sums, optimizer updates, casts, CPU collectives) --
+    hosts = P > _EMPTY_BYTES
+    # calls a PS node's actor serves one after another: a push and a pull per worker (per node for
+    # variables with local replication only)
+    calls = 2 * hosts * np.where(Q > _EMPTY_BYTES, W, Nw)
+    server = 2 * pushed + pulled + UPDATE_PASSES * (H0 + H1)   # deserialize + sum pushes, serialize pulls
+    worker = wk * (Qtot + H0tot) + 2 * hw * H1tot + 2 * lr_extra * H1tot
+    worker += wk * (sc["fp16_raw"] + sc["psgd_raw"])           # a cast / projection pass per value
+    # collectives on the CPU (no GPU: ring on CPU; hierarchical: the leader sums and broadcasts);
+    # a calibrated curve holds that work already
+    ar_cpu = S * np.where(hier, 2 * lr_extra + 2 * ring_n * hw, 2 * ring * wk) * (t.ar_curve is None)
+    cpu = (server + worker + ar_cpu * t.cpu_collectives[:, None]) / t.lanes[:, None]
+    f[C["ps_calls_max"]] = calls.max(0)
+    f[C["cpu_bytes_max"]] = cpu.max(0)
+    f[C["ps_update_bytes_max"]] = (UPDATE_PASSES * (H0 + H1)).max(0)
+    f[C["local_agg_bytes"]] = (2 * lr_extra * H1tot).max(0) + S * hier * 2 * max(float(t.workers.max()) - 1, 0)
+    f[C["cpu_contention"]] = t.cpu_contention
+    f[C["hierarchical"]] = hier
+    f[C["cpu_s"]] = f[C["cpu_bytes_max"]] / p.cpu_rate_bps + p.alpha_server_s * f[C["ps_calls_max"]]
     f[C["sparse_ps_bytes"]] = psum[1]
     f[C["ar_raw_bytes"]] = asum[2]
     f[C["ar_wire_bytes"]] = S
@@ -408,8 +468,14 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     f[C["ar_groups"]] = sc["n_groups"]
     f[C["ar_collectives"]] = n_coll
     f[C["ar_max_group_bytes"]] = sc["max_group"]
-    steps = n_coll * 2 * max(W - 1, 0)
-    f[C["ring_steps"]] = steps * ~objectstore
+    steps = n_coll * np.where(hier, 2 * (Nw - 1) + 2 * (t.workers.max() > 1), 2 * max(W - 1, 0))
+    f[C["ring_steps"]] = steps * ~objectstore * (t.ar_curve is None)
+    if t.ar_curve is not None:
+        # fused buffers and (as one buffer) the all-gathers on the measured curve; hierarchical:
+        # the leaders' ring moves ring_n / ring of the flat ring's bytes
+        gathered = t.ar_curve.seconds(gather * (W / 2)) if len(t.sparse_cols) else 0.0
+        f[C["ar_curve_s"]] = ((sc["curve_ns"].astype(np.float64) * 1e-9 + gathered)
+                              * np.where(hier, ring_n / max(ring, 1e-12), 1.0))
     f[C["ring_steps_objectstore"]] = steps * objectstore
     f[C["compressed_saved_bytes"]] = asum[3] - wire_dense
     f[C["fp16_raw_bytes"]] = sc["fp16_raw"]
@@ -455,6 +521,22 @@ def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, p
     flat = np.bincount(np.concatenate([start.ravel(), (start + extra[:, c].astype(np.int32)).ravel(), (start + k).ravel()]),
                        np.concatenate([np.add(X, Y, dtype=np.float64).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
     return flat.reshape(B, L) @ _fold(L, N)
+
+
+def _curve(cluster: ClusterSpec, W: float) -> CostCurve | None:
+    """The cluster's calibrated all-reduce curve, scaled to a ring over all ``W`` workers."""
+    cal = cluster.calibration
+    if cal is None:
+        return None
+    ring = lambda n: 2 * (n - 1) / n if n > 1 else 1.0   # noqa: E731 - bytes a ring moves per buffer byte
+    return CostCurve(cal.allreduce, scale=ring(W) / ring(cal.workers))
+
+
+def curve_ns(curve: CostCurve, buffers: np.ndarray) -> np.ndarray:
+    """Seconds of a strategy's fused buffers (rows: strategies, columns: groups' bytes) on the
+    calibrated curve, in whole nanoseconds per buffer: integer sums are the same in any order, so
+    the incremental featurizer's numbers are bit for bit these."""
+    return np.rint(curve.seconds(buffers) * 1e9).astype(np.int64).sum(axis=-1).astype(np.float64)
 
 
 def _round_up(x: int, n: int) -> int:

@@ -14,7 +14,7 @@ The sums of a strategy are one float64 column (rows: ``_Layout``): bytes hosted 
 ``features._Parts.hosted``, the PS and all-reduce sums behind ``_Parts.psum`` / ``asum``, the wire
 bytes at or after each ready-order breakpoint as difference entries (a variable adds its weight at
 breakpoint 0 and takes it out past its ready position; running sums restore them), and the bytes
-of each fusion group per compressor class. Strategy-wide options (staleness, sync, backend) are
+of each fusion group per compressor class. Strategy-wide options (staleness, sync, backend, hierarchy) are
 reduced per chain and updated by the changed cells (a maximum that a change may lower is reduced
 again over that proposal's row). A cell's contribution is
 ``features._block_parts``' float32 arithmetic, its shards laid on nodes and groups directly rather
@@ -37,7 +37,7 @@ import numpy as np
 from strategy_space.space import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, Mutation
 
 from .alpha_beta import AlphaBeta
-from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts
+from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts, curve_ns
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
@@ -86,7 +86,7 @@ class IncrementalFeaturizer:
         self._running = np.tri(nbp, nbp + 1)   # row j: difference entries 0..j
         self._parent: np.ndarray | None = None   # (FIELDS, C, V): every field of the chains' strategies
         self._sums: np.ndarray | None = None      # (height, C): their sums
-        self._wide: np.ndarray | None = None      # (3, C): their staleness max, sync count, backend max
+        self._wide: np.ndarray | None = None      # (4, C): staleness max, sync count, backend and hierarchy max
         self._pending = None
         self._groups: GroupSums | None = None     # aggregates for group compressor changes
 
@@ -113,7 +113,7 @@ class IncrementalFeaturizer:
             rows = np.arange(s, min(s + _RESET_ROWS, C))
             cells = dict(zip(CELL_FIELDS, cell_fields[:, rows].reshape(len(CELL_FIELDS), -1)))
             self._add_cells(self._sums, np.repeat(rows, t.V), np.tile(v, len(rows)), cells, paired=False)
-        self._wide = np.stack([e.staleness.max(1), e.sync.sum(1), e.backend.max(1)]).astype(np.int64)
+        self._wide = np.stack([e.staleness.max(1), e.sync.sum(1), e.backend.max(1), e.hierarchical.max(1)]).astype(np.int64)
         return self._features(self._sums, self._wide)
 
     def propose(self, proposals: Mutation | EncodedStrategies) -> np.ndarray:
@@ -216,12 +216,12 @@ class IncrementalFeaturizer:
 
     def _propose_wide(self, parents: np.ndarray, B: int, b: np.ndarray, v: np.ndarray, old: np.ndarray,
                       new: np.ndarray) -> np.ndarray:
-        """(3, B) staleness max, sync count and backend max of the proposals (``featurize`` reduces
+        """(4, B) staleness max, sync count, backend and hierarchy max of the proposals (``featurize`` reduces
         them over the variables): the parents' updated by the changed cells (proposals ``b``,
         variables ``v``; ``old``, ``new``: their fields). A maximum that a change may have lowered
         is recomputed over its proposal's row."""
         wide = self._wide[:, parents]
-        for row, f in ((0, "staleness"), (1, "sync"), (2, "backend")):
+        for row, f in ((0, "staleness"), (1, "sync"), (2, "backend"), (3, "hierarchical")):
             i = FIELD_INDEX[f]
             ch = np.flatnonzero(new[i] != old[i])   # few: cells that changed synchronizer, a PS mode
             if not len(ch):
@@ -360,9 +360,11 @@ class IncrementalFeaturizer:
         scal[_S["stale"]] = wide[0]
         scal[_S["sync"]] = wide[1]
         scal[_S["objectstore"]] = wide[2] == BACKEND_ID["objectstore"]
+        scal[_S["hier"]] = wide[3]
         scal[_S["n_groups"]] = (total > 0.5).sum(0)
         scal[_S["n_coll"]] = full.reshape(3 * lay.G, B).sum(0) + full[2].sum(0) + sums[lay.ar_scalars + 2]
         scal[_S["max_group"]] = total.max(0)
+        scal[_S["curve_ns"]] = curve_ns(t.ar_curve, total.T) if t.ar_curve is not None else 0.0
         parts = _Parts(sums[:3 * t.N].reshape(3, t.N, B), psum, sums[lay.ar:lay.ar + 4].astype(np.float32), wsum, scal)
         return _assemble(t, self.params, parts)
 

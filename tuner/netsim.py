@@ -5,7 +5,9 @@ each NIC direction by max-min fairness as they come and go (not a sum of bytes o
 a parameter server serves push calls one at a time in arrival order (fan-in queue) before it
 updates and answers pulls, each node's compute jitters and some nodes straggle, messages pay
 serialization and per-call latency, collectives run one after another in ready order as ring
-steps, PowerSGD does two all-reduces plus its matrix products, fp16 pays the cast, and the
+steps (hierarchical ones among node leaders after a reduce on the node), workers with local
+replication sum on their node and push once, PowerSGD does two all-reduces plus its matrix
+products, fp16 pays the cast, and the
 backward pass's cost per variable is not proportional to its size. Only plain data goes in
 (ModelSpec, ClusterSpec, Strategy), so it does not share code with ``features``.
 """
@@ -140,7 +142,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
     index = {n: i for i, n in enumerate(cluster.node_names)}
 
     # ---- gather per-server and per-buffer work from the strategy ----------------------------
-    srv = {}   # node -> [push bytes, pull bytes, LR pull bytes, last ready, stale, async]
+    srv = {}   # node -> [per-worker push bytes, per-worker pull bytes, LR bytes (per node), last ready, stale, async]
     bufs = {}  # (group, backend, compressor) -> [bytes, ready, psgd list]
     gathers = []
     for cfg in strategy.variables:
@@ -152,14 +154,17 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
             frac = (hi - lo) / dim
             if isinstance(s, PS):
                 e = srv.setdefault(index[s.destination], [0.0, 0.0, 0.0, 0.0, 0, False])
-                e[0] += (vals + idx) * frac
-                e[2 if (s.local_replication and not v.sparse) else 1] += vals * frac
+                if s.local_replication and not v.sparse:   # the node's workers sum, push once, pull once
+                    e[2] += vals * frac
+                else:
+                    e[0] += (vals + idx) * frac
+                    e[1] += vals * frac
                 e[3] = max(e[3], ready[v.name])
                 e[4], e[5] = max(e[4], s.staleness), e[5] or not s.sync
             elif v.sparse:
                 gathers.append(((vals + idx) * frac, ready[v.name]))
             else:
-                b = bufs.setdefault((s.group, s.backend, s.compressor), [0.0, 0.0, []])
+                b = bufs.setdefault((s.group, s.backend, s.compressor, s.hierarchical), [0.0, 0.0, []])
                 b[1] = max(b[1], ready[v.name])
                 kind, rank = s.compressor_kind, s.compressor_rank
                 m, n = (hi - lo), v.size // dim
@@ -170,6 +175,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
     # ---- parameter servers: push -> FIFO fan-in -> update -> pull ----------------------------
     t_ps = [0.0]
     state = {n: {"free": 0.0, "got": 0} for n in srv}
+    # pushes a server waits for: one per worker of its per-worker bytes, one per node of LR bytes
+    expect = {n: (W if e[0] else 0) + (len(hosts) if e[2] else 0) for n, e in srv.items()}
 
     def path(a, b):
         return (mem(a),) if a == b else (out_(a), in_(b))
@@ -182,7 +189,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
             st = state[n]
             st["free"] = max(st["free"], t) + truth.alpha_server_s + bytes_ / truth.server_agg_bps
             st["got"] += 1
-            if st["got"] == W:
+            if st["got"] == expect[n]:
                 go = st["free"] + (srv[n][1] + srv[n][2]) / truth.update_bps + truth.alpha_call_s / 2
                 for m in hosts:
                     fluid.add(go, srv[n][1] * wk[m], path(n, m), wk[m], pulled)
@@ -192,29 +199,39 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
                                   lambda t, m=m, lr=lr: fluid.add(t, lr * wk[m], (mem(m),), 1.0, pulled))
         return done
 
-    for n, (push, _, _, last, _, _) in srv.items():
+    for n, (push, _, lr, last, _, _) in srv.items():
         for m in hosts:
-            at = comp_end[m] * last + push / truth.serialize_bps + truth.alpha_call_s / 2
-            # the node's workers push together: weight = number of flows (per-flow fairness)
-            cb = make_push_done(n, push)
-            fluid.add(at, push * wk[m], path(m, n), wk[m], lambda t, cb=cb, k=wk[m]: [cb(t) for _ in range(k)])
+            if push:
+                at = comp_end[m] * last + push / truth.serialize_bps + truth.alpha_call_s / 2
+                # the node's workers push together: weight = number of flows (per-flow fairness)
+                cb = make_push_done(n, push)
+                fluid.add(at, push * wk[m], path(m, n), wk[m], lambda t, cb=cb, k=wk[m]: [cb(t) for _ in range(k)])
+            if lr:   # the workers' gradients summed through the node's memory, then one push
+                at = comp_end[m] * last + lr * wk[m] / truth.serialize_bps + truth.alpha_call_s / 2
+                fluid.add(at, lr, path(m, n), 1.0, make_push_done(n, lr))
 
     # ---- collectives: one at a time in ready order, ring steps ----------------------------------
     ring_path = tuple(r for i, a in enumerate(hosts) for r in (out_(a), in_(hosts[(i + 1) % len(hosts)]))) \
         if len(hosts) > 1 else ()
     ring_path += tuple(mem(a) for a in hosts if wk[a] > 1 or len(hosts) == 1)
     colls = []
-    for (group, backend, comp), (nbytes, rdy, psgd) in bufs.items():
+    Nw, most = len(hosts), max(wk)
+    for (group, backend, comp, hier), (nbytes, rdy, psgd) in bufs.items():
         os_ = backend == "objectstore"
         cast = nbytes / truth.fp16_cast_bps if comp.startswith("fp16") else 0.0
+        # hierarchical: reduce onto node leaders and broadcast back through memory, ring among leaders
+        if hier:
+            ring, steps, local = 2 * (Nw - 1) / Nw, 2 * (Nw - 1) + 2 * (most > 1), 2 * (most - 1) / intra
+        else:
+            ring, steps, local = 2 * (W - 1) / W, 2 * (W - 1), 0.0
         if nbytes:
-            colls.append((rdy, cast, 2 * (W - 1) / W * nbytes, 2 * (W - 1), os_))
+            colls.append((rdy, cast + local * nbytes, ring * nbytes, steps, os_))
         if psgd:
             flops = sum(4.0 * m * n * r for m, n, r, _ in psgd) / truth.psgd_flops
             pb = sum(r * m * e for m, n, r, e in psgd)
             qb = sum(r * n * e for m, n, r, e in psgd)
-            colls.append((rdy, flops / 2, 2 * (W - 1) / W * pb, 2 * (W - 1), os_))
-            colls.append((rdy, flops / 2, 2 * (W - 1) / W * qb, 2 * (W - 1), os_))
+            colls.append((rdy, flops / 2 + local * pb, ring * pb, steps, os_))
+            colls.append((rdy, flops / 2 + local * qb, ring * qb, steps, os_))
     for nbytes, rdy in gathers:
         colls.append((rdy, 0.0, (W - 1) * nbytes, W - 1, False))
     colls.sort(key=lambda c: c[0])

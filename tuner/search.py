@@ -28,7 +28,7 @@ from .incremental import IncrementalFeaturizer
 Score = Callable[[EncodedStrategies], np.ndarray]
 # fields that make two strategies different in what they run (options that normalize away excluded)
 DECISION_FIELDS = ("kind", "shards", "dest", "group", "group_stride", "local_replication", "staleness",
-                   "sync", "compressor", "rank", "backend")
+                   "sync", "compressor", "rank", "backend", "hierarchical")
 
 
 @dataclass

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "testbed",   # up, shape, status, down, exec
     "runtime",   # run, baselines (Ray)
     "simulate",  # predicted step time of a strategy; evaluation of the predictors
+    "calibrate",  # measured collective and PS costs of a cluster, into its spec
     "tune",      # tune (the main job), report
 )
 

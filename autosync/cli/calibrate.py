@@ -1,0 +1,45 @@
+"""``autosync calibrate``: measure a cluster's all-reduce time per message size and a PS round
+trip, and write the cluster spec with them (its ``calibration:`` section).
+
+    autosync calibrate --cluster C [--out FILE] [--reps N] [--backend B]
+
+The tuner's analytic model then reads all-reduce costs off the measured curve for that cluster.
+"""
+from __future__ import annotations
+
+import sys
+
+from strategy_space.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure a cluster's collective and PS costs; write them into its spec",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster", required=True, help="local, testbed or a cluster-spec YAML")
+    p.add_argument("--out", help="write the calibrated cluster spec here (default: print it)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per message size (default %(default)s)")
+    p.add_argument("--backend", default="auto", help="collective backend: auto, gloo, objectstore, nccl "
+                                                     "(default %(default)s: as training resolves it)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from autosync.calibrate import bus_bandwidth_gbps, calibrate
+    from autosync.sources import load_cluster
+    from strategy_space import dumps, save
+
+    if args.backend not in ("auto", "gloo", "objectstore", "nccl"):
+        raise ConfigError(f"--backend {args.backend!r} is not one of auto, gloo, objectstore, nccl")
+    cluster = calibrate(load_cluster(args.cluster), reps=args.reps, backend=args.backend)
+    cal = cluster.calibration
+    print(f"calibrated {cluster.name}: {cal.backend} all-reduce over {cal.workers} workers, "
+          f"{bus_bandwidth_gbps(cal):.2f} Gbit/s bus bandwidth at {cal.allreduce[-1][0] >> 20} MiB, "
+          f"{cal.allreduce[0][1] * 1e3:.2f} ms at {cal.allreduce[0][0] >> 10} KiB; "
+          f"PS round trip {cal.ps_round_trip[0][1] * 1e3:.2f} ms at {cal.ps_round_trip[0][0] >> 10} KiB",
+          file=sys.stderr)
+    if args.out:
+        save(cluster, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(dumps(cluster), end="")
+    return 0

@@ -1,0 +1,83 @@
+"""``autosync calibrate`` on real Ray: the local cluster (integration) and a 2-node emulated
+testbed with shaped links (multinode: needs root; wrap in `flock /tmp/autosync-testbed.lock`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from strategy_space import ClusterSpec, NodeSpec, load
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = (4096, 65536, 1 << 20, 8 << 20)
+
+
+@pytest.mark.integration
+def test_calibrate_measures_local_and_writes_a_loadable_spec(ray_session, tmp_path):
+    from autosync.calibrate import calibrate
+    from strategy_space import save
+
+    local = ClusterSpec("local", (NodeSpec("node0", address="127.0.0.1", cpus=2, workers=2, chief=True),))
+    cal_cluster = calibrate(local, sizes=SIZES, reps=3)
+    cal = cal_cluster.calibration
+    assert cal.workers == 2 and cal.backend in ("gloo", "objectstore")
+    assert [b for b, _ in cal.allreduce] == list(SIZES) == [b for b, _ in cal.ps_round_trip]
+    # 8 MiB takes longer than 4 KiB, both for the collective and the PS round trip
+    assert cal.allreduce[-1][1] > cal.allreduce[0][1] and cal.ps_round_trip[-1][1] > cal.ps_round_trip[0][1]
+    path = tmp_path / "local.yaml"
+    save(cal_cluster, path)
+    back = load(path, "cluster")
+    assert back == cal_cluster and back.fingerprint == local.fingerprint
+
+
+@pytest.mark.integration
+def test_calibrate_needs_two_worker_slots():
+    from autosync.calibrate import calibrate
+    from strategy_space import ConfigError
+
+    one = ClusterSpec("one", (NodeSpec("node0", workers=1),))
+    with pytest.raises(ConfigError, match="a collective needs at least two"):
+        calibrate(one)
+
+
+RATE_MBIT = 200
+DRIVER = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from autosync.calibrate import bus_bandwidth_gbps, calibrate
+from autosync.sources import load_cluster
+cluster = calibrate(load_cluster("testbed"), sizes=(4096, 1 << 20, 16 << 20, 32 << 20), reps=3, backend="gloo")
+print("RESULT " + json.dumps({"busbw_gbps": bus_bandwidth_gbps(cluster.calibration),
+                              "calibration": cluster.calibration.to_dict()}), flush=True)
+'''
+
+
+@pytest.mark.multinode
+def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
+    """2 hosts at 200mbit each way: the all-reduce bus bandwidth at 32 MiB is within 10 % of the
+    shaped rate (a 2-worker ring sends each byte of the buffer once each way over each link)."""
+    if os.geteuid() != 0:
+        pytest.fail("the testbed needs root (network namespaces, tc); run as root or deselect -m 'not multinode'")
+    from autosync.testbed import Testbed, ray_nodes
+    from autosync.testbed.config import host_ns
+
+    tb = Testbed(nodes=2, bandwidth=f"{RATE_MBIT}mbit", cpus_per_node=1, object_store_mb=400, state_dir=tmp_path)
+    try:
+        tb.up()
+        script = tmp_path / "driver.py"
+        script.write_text(DRIVER)
+        t0 = time.monotonic()
+        out = subprocess.run(ray_nodes.in_namespace(host_ns(0), [sys.executable, str(script), REPO]), env=tb.env(),
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        assert line, f"no result after {time.monotonic() - t0:.0f} s (exit {out.returncode}): {out.stderr[-3000:]}"
+    finally:
+        tb.down()
+    result = json.loads(line[len("RESULT "):])
+    busbw = result["busbw_gbps"] * 1e3
+    print(f"\n2 nodes at {RATE_MBIT}mbit: all-reduce bus bandwidth {busbw:.1f} Mbit/s at 32 MiB")
+    assert abs(busbw - RATE_MBIT) <= 0.1 * RATE_MBIT, f"bus bandwidth {busbw:.1f} Mbit/s vs shaped {RATE_MBIT}"

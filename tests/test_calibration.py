@@ -1,0 +1,81 @@
+"""The calibration section of a ClusterSpec and its use by the analytic model (pure: no Ray)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+from strategy_space.calibration import Calibration, CostCurve
+from strategy_space.space import StrategySpace
+from tuner.cost_model import AnalyticCostModel
+from tuner.features import COL, FeatureTables, featurize
+
+CAL = Calibration("gloo", 2, ((4096, 3e-4), (65536, 5e-4), (1 << 20, 4e-3)), ((4096, 1.1e-3), (1 << 20, 9e-3)))
+
+
+def _cluster(calibration=None, nodes=2):
+    return ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=1, bandwidth_gbps=1.0) for i in range(nodes)),
+                       calibration=calibration)
+
+
+def test_calibration_round_trips_exactly_and_keeps_the_fingerprint():
+    c = _cluster(CAL)
+    text = yaml.safe_dump(c.to_dict(), sort_keys=False)
+    back = ClusterSpec.from_dict(yaml.safe_load(text))
+    assert back == c and back.calibration == CAL
+    assert back.to_dict() == c.to_dict()
+    assert c.fingerprint == _cluster().fingerprint     # measuring a cluster does not make it another
+
+
+@pytest.mark.parametrize("body,match", [
+    ({"backend": "gloo", "workers": 2, "allreduce": [{"bytes": 10, "seconds": 1.0}]}, r"missing required key\(s\) ps_round_trip"),
+    ({"backend": "gloo", "workers": 2, "allreduce": [{"bytes": 10, "seconds": 1.0, "x": 1}], "ps_round_trip": []},
+     "unknown key"),
+    ({"backend": "gloo", "workers": 2, "allreduce": [{"bytes": 20, "seconds": 1.0}, {"bytes": 10, "seconds": 2.0}],
+      "ps_round_trip": [{"bytes": 10, "seconds": 1.0}]}, "strictly increasing"),
+    ({"backend": "gloo", "workers": 2, "allreduce": [{"bytes": 10, "seconds": -1.0}],
+      "ps_round_trip": [{"bytes": 10, "seconds": 1.0}]}, "seconds a finite number > 0"),
+    ({"backend": "gloo", "workers": 0, "allreduce": [{"bytes": 10, "seconds": 1.0}],
+      "ps_round_trip": [{"bytes": 10, "seconds": 1.0}]}, "workers must be an integer >= 1"),
+])
+def test_bad_calibration_is_rejected_with_what_to_fix(body, match):
+    data = _cluster().to_dict()
+    data["calibration"] = body
+    with pytest.raises(ConfigError, match=match):
+        ClusterSpec.from_dict(data)
+
+
+def test_cost_curve_interpolates_and_extrapolates_physically():
+    curve = CostCurve(CAL.allreduce)
+    s = curve.seconds(np.array([0.0, 100.0, 4096.0, 65536.0, 1 << 20, 2 << 20]))
+    assert s[0] == 0 and s[1] == pytest.approx(3e-4) and s[2] == pytest.approx(3e-4)   # latency floor
+    assert s[3] == pytest.approx(5e-4) and s[4] == pytest.approx(4e-3)
+    rate = ((1 << 20) - 65536) / (4e-3 - 5e-4)                 # the last segment's bandwidth
+    assert s[5] == pytest.approx(4e-3 + (1 << 20) / rate)
+    mid = curve.seconds(np.array([16384.0]))[0]
+    assert 3e-4 < mid < 5e-4
+
+
+def test_the_analytic_model_reads_all_reduce_time_off_the_calibrated_curve():
+    m = ModelSpec("m", (VariableSpec("a", (256, 256)), VariableSpec("b", (256,))))      # 263,168 bytes
+    s = Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (AllReduce(),))))
+    split = Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (AllReduce(group=1),))))
+    plain, calibrated = _cluster(), _cluster(CAL)
+    space = StrategySpace(m, calibrated)
+    X = featurize(FeatureTables.from_specs(m, calibrated), space.encode([s, split]))
+    assert X[0, COL["ar_curve_s"]] == pytest.approx(CostCurve(CAL.allreduce).seconds(np.array([263168.0]))[0],
+                                                    rel=1e-6)
+    # two buffers: each pays the curve's latency
+    assert X[1, COL["ar_curve_s"]] == pytest.approx(CostCurve(CAL.allreduce).seconds(
+        np.array([262144.0, 1024.0])).sum(), rel=1e-6)
+    # in the curve, not twice: no ring bytes on the NICs, no ring steps, no CPU collective work
+    assert X[0, COL["ring_steps"]] == 0 and X[0, COL["nic_out_s"]] == 0 and X[0, COL["cpu_bytes_max"]] == 0
+    assert featurize(FeatureTables.from_specs(m, plain), space.encode([s]))[0, COL["ar_curve_s"]] == 0
+    # a slower measured curve predicts a slower all-reduce
+    slow = replace(CAL, allreduce=tuple((b, 10 * t) for b, t in CAL.allreduce))
+    fast_t = AnalyticCostModel().predict(m, calibrated, space.encode([s]))[0]
+    slow_t = AnalyticCostModel().predict(m, _cluster(slow), space.encode([s]))[0]
+    assert slow_t > fast_t
