@@ -14,18 +14,29 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 FILES = sorted(f for f in os.listdir(RESULTS) if f.endswith(".json"))
 
 
+def _entries(data: dict) -> dict:
+    """The per-entry records of a result file: ``models`` (one entry per model) or ``entries``
+    (one per measured configuration); a file of neither kind is one run as a whole."""
+    for key in ("models", "entries"):
+        if isinstance(data.get(key), dict):
+            return data[key]
+    return {"(whole file)": data}
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_every_entry_records_its_run_or_says_it_is_unknown(name):
     with open(os.path.join(RESULTS, name)) as f:
         data = json.load(f)
     runs = set()
-    for model, entry in data["models"].items():
-        assert "run_started" in entry and "commit" in entry, f"{name}: {model} has no run_started/commit"
-        if entry["run_started"] is None or entry["commit"] is None:
+    for model, entry in _entries(data).items():
+        started = entry.get("run_started", entry.get("started"))
+        assert ("run_started" in entry or "started" in entry) and "commit" in entry, \
+            f"{name}: {model} has no run_started/commit"
+        if started is None or entry["commit"] is None:
             assert entry.get("provenance"), f"{name}: {model}: unknown provenance must be said in 'provenance'"
-        runs.add(entry["run_started"])
+        runs.add(started)
     if len(runs) > 1:
-        assert data["meta"].get("mixed_runs"), f"{name} holds entries of several runs without saying so"
+        assert data.get("meta", {}).get("mixed_runs"), f"{name} holds entries of several runs without saying so"
 
 
 def test_the_readme_peer_figure_is_the_one_in_the_file_it_names():
