@@ -92,6 +92,7 @@ class AllReduceChannel:
         self.seed = seed
         self.calls = 0
         self.bytes_sent = 0
+        self.bytes_received = 0
         self._backends: dict[str, CollectiveBackend] = {}
         self._optimizer = None
         self._ef: dict[str, ErrorFeedback] = {}
@@ -105,8 +106,9 @@ class AllReduceChannel:
         return state
 
     # ---- SyncChannel -------------------------------------------------------------------
-    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
-        """Values per (var, shard): every worker applied the same reduced gradients."""
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
+        """Values per (var, shard): every worker applied the same reduced gradients. They are
+        held here, so ``rows`` (what the step reads of sparse variables) changes nothing."""
         return self.params
 
     def push(self, step: int, grads: list) -> None:
@@ -146,6 +148,7 @@ class AllReduceChannel:
     def _allreduce(self, backend: str, buf: np.ndarray, tag: str) -> np.ndarray:
         self.calls += 1
         self.bytes_sent += buf.nbytes
+        self.bytes_received += buf.nbytes
         return self._backend(backend).allreduce(buf, tag)
 
     def _reduce_dense(self, backend, comp, ms, parts, tag) -> dict:
@@ -212,6 +215,7 @@ class AllReduceChannel:
         self.bytes_sent += idx_buf.nbytes + val_buf.nbytes
         all_idx = b.allgather(idx_buf, f"{tag}/i")
         all_val = b.allgather(val_buf, f"{tag}/v")
+        self.bytes_received += sum(a.nbytes for a in all_idx) + sum(a.nbytes for a in all_val)
         gathered: list[tuple[list, list]] = [([], []) for _ in ms]
         for w_idx, w_val in zip(all_idx, all_val):
             n_idx, n_val = len(ms), 0

@@ -217,7 +217,7 @@ class Session:
 
         from autosync.runtime.ps_shard import ParameterServerShard
 
-        from autosync.runtime.optimizers import check_optimizer_config
+        from autosync.runtime.optimizers import check_optimizer_config, squares_slices
 
         plan = self.plan
         setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends if b != "objectstore"}
@@ -249,7 +249,7 @@ class Session:
             for g in plan.ar_groups for m in g.members}
 
         def channels(i: int) -> list:
-            out = [PSChannel(i, pairs, shapes, plan.staleness)] if pairs else []
+            out = [PSChannel(i, pairs, shapes, plan.staleness, squares_slices(desc["optimizer"]))] if pairs else []
             if plan.ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, list(plan.ar_groups), setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))

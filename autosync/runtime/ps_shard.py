@@ -4,8 +4,15 @@ It runs numpy only (no TensorFlow), so a fresh one starts in a fraction of a sec
 asyncio Ray actor: ``pull`` may wait for a version without blocking ``push`` calls.
 
 Protocol, per worker and step ``t`` (one call each, whatever the number of shards held):
-    ``push(worker, t, grads)``  grads: key -> dense ndarray or ``(indices, values)``;
-    ``pull(min_version)``       waits until ``version >= min_version``, returns the values.
+    ``push(worker, t, grads)``  grads: key -> dense ndarray, or for a sparse shard
+                                ``(rows, values)`` or ``(rows, values, positions, square_sums)``
+                                (repeated rows summed by the sender; see ``rows.dedup_rows``);
+    ``pull(min_version, rows)`` waits until ``version >= min_version``, returns the values: whole
+                                shards, except the keys in ``rows`` (key -> shard-local row ids),
+                                for which only those rows are returned, in that order.
+
+Sparse shards move rows, never tables, in both directions; the optimizer update itself is the
+full Keras one (Adam's moments decay on every row), applied here.
 
 ``version`` counts applied updates. Synchronous mode sums the pushes of step ``t`` from all
 workers and, once all are in and every earlier step is applied, applies their mean as update
@@ -54,7 +61,7 @@ class ParameterServerShard:
         self._error: str | None = None
         self._cond: asyncio.Condition | None = None
         self._shared_ref = None
-        self._shared_version = -1
+        self._shared_version: tuple | None = None
 
     def _condition(self) -> asyncio.Condition:
         # created inside the actor's event loop, on first use
@@ -89,34 +96,41 @@ class ParameterServerShard:
                 async with self._condition():
                     self._condition().notify_all()
 
-    async def pull(self, min_version: int):
+    async def pull(self, min_version: int, rows: dict | None = None):
         """Current values once ``version >= min_version``.
+
+        Args:
+            min_version: the update count to wait for.
+            rows: sparse key -> shard-local row ids: only those rows of that shard are returned
+                (a copy, in the order given); other keys are returned whole.
 
         Returns:
             ``(version, direct, shared_ref)``: ``direct`` maps keys to arrays; ``shared_ref`` is an
-            ObjectRef to a dict of the locally replicated keys (None if there are none).
+            ObjectRef to a dict of the locally replicated keys not pulled by rows (None if none).
         """
         cond = self._condition()
         async with cond:
             await cond.wait_for(lambda: self.version >= min_version or self._error is not None)
         if self._error:
             raise RuntimeError(self._error)
-        direct = {k: v for k, v in self.params.items() if k not in self.shared_keys}
-        return self.version, direct, self._shared_snapshot()
+        rows = rows or {}
+        direct = {k: v[rows[k]] if k in rows else v for k, v in self.params.items()
+                  if k in rows or k not in self.shared_keys}
+        return self.version, direct, self._shared_snapshot(self.shared_keys - set(rows))
 
     async def values(self) -> dict:
         """All shards now (for tests and final weights)."""
         return dict(self.params)
 
-    def _shared_snapshot(self):
-        if not self.shared_keys:
+    def _shared_snapshot(self, keys: frozenset):
+        if not keys:
             return None
-        if self._shared_version != self.version:
+        if self._shared_version != (self.version, keys):
             import ray
 
             # one object per version: workers of a node read the same copy from their store
-            self._shared_ref = ray.put({k: self.params[k] for k in self.shared_keys})
-            self._shared_version = self.version
+            self._shared_ref = ray.put({k: self.params[k] for k in keys})
+            self._shared_version = (self.version, keys)
         return self._shared_ref
 
     def _own(self, grads: dict) -> dict:
@@ -124,7 +138,7 @@ class ParameterServerShard:
         for key, g in grads.items():
             if key not in self.params:
                 raise KeyError(f"{self.name} holds no shard {key}; it holds {sorted(self.params)}")
-            out[key] = (np.asarray(g[0]), np.asarray(g[1])) if key in self.sparse_keys else np.asarray(g)
+            out[key] = _sparse_grad(g) if key in self.sparse_keys else np.asarray(g)
         return out
 
     def _accumulate(self, worker: int, step: int, grads: dict) -> None:
@@ -153,8 +167,22 @@ class ParameterServerShard:
             for key, parts in entry["sparse"].items():
                 idx = np.concatenate([p[0] for p in parts])
                 vals = np.concatenate([p[1] for p in parts])
-                grads[key] = (idx, vals / vals.dtype.type(n))
+                squares = None
+                if any(p[2] is not None for p in parts):
+                    sq = np.concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
+                    squares = sq / sq.dtype.type(n * n)
+                grads[key] = (idx, vals / vals.dtype.type(n), squares)
             self.optimizer.apply(self.version, self.params, grads)
             self.version += 1
             applied = True
         return applied
+
+
+def _sparse_grad(g) -> tuple:
+    """A pushed sparse gradient as ``(indices, values, squares or None)`` for the optimizer."""
+    indices, values = np.asarray(g[0]), np.asarray(g[1])
+    if len(g) == 2:
+        return indices, values, None
+    squares = np.square(values)
+    squares[np.asarray(g[2])] = np.asarray(g[3])
+    return indices, values, squares

@@ -1,0 +1,132 @@
+"""Which rows of its sparse variables a training step reads, known before the step runs.
+
+A parameter-server worker pulls only the rows of an embedding table its next step looks up, so it
+must know them before it computes: it draws the batch first and runs a pruned function of the
+model inputs that yields the lookup ids. The common case is found from the Keras functional graph:
+a ``keras.layers.Embedding`` whose every call in the model is fed by tensors computed from the
+model inputs (directly, or through slicing and other preprocessing). The ids are then the inputs
+of those calls, computed by ``keras.Model(model.inputs, [those tensors])``.
+
+Any other sparse variable (a gather inside a custom layer, a table read by a sampler inside the
+step, an embedding in a subclassed model) cannot be predicted this way; it is pulled whole every
+step, and ``RowReads.full_pull`` says which and why.
+
+The worker also checks every step that the rows its gradient touches were among those predicted,
+so a wrong prediction fails loudly instead of training on stale rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RowReads:
+    """The predictable row reads of a model's sparse variables.
+
+    Attributes:
+        outputs: variable index -> positions in ``ids(x)``'s outputs whose values are its rows.
+        full_pull: variable path -> why its rows cannot be known before the step.
+        ids: ``ids(x) -> list of tensors`` (None when no variable is predictable).
+    """
+
+    outputs: dict[int, list[int]] = field(default_factory=dict)
+    full_pull: dict[str, str] = field(default_factory=dict)
+    ids: object = None
+
+    def rows(self, x) -> dict[int, np.ndarray]:
+        """Variable index -> sorted unique int64 rows the step on inputs ``x`` reads."""
+        if not self.outputs:
+            return {}
+        import tensorflow as tf
+
+        values = [np.asarray(t) for t in tf.nest.flatten(self.ids(x))]
+        return {v: np.unique(np.concatenate([values[p].ravel() for p in pos]).astype(np.int64))
+                for v, pos in self.outputs.items()}
+
+
+def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
+    """Find how to compute the rows each sparse variable's step reads from the model inputs.
+
+    Args:
+        model: the built Keras model.
+        variables: its trainable variables (model order).
+        sparse: per variable, whether its gradient is ``IndexedSlices``.
+
+    Returns:
+        RowReads (``full_pull`` lists every sparse variable that is not predictable).
+    """
+    import keras
+
+    out = RowReads()
+    wanted = {v.path: i for i, v, s in zip(range(len(variables)), variables, sparse) if s}
+    if not wanted:
+        return out
+    owners: dict[str, list] = {}
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.Embedding) and layer.embeddings.path in wanted:
+            owners.setdefault(layer.embeddings.path, []).append(layer)
+    inputs = getattr(model, "inputs", None)
+    tensors: list = []
+    for path, index in wanted.items():
+        layers = owners.get(path)
+        if not layers:
+            out.full_pull[path] = "not read by a keras.layers.Embedding (e.g. a gather inside a custom layer)"
+            continue
+        if not inputs:
+            out.full_pull[path] = "the model is not a functional model (its embedding inputs cannot be traced)"
+            continue
+        feeds = [t for layer in layers for node in layer._inbound_nodes for t in node.input_tensors]
+        try:
+            keras.Model(inputs, feeds)  # only succeeds when every feed is computed from the inputs
+        except Exception as e:  # noqa: BLE001 - any failure means: not predictable from the inputs
+            out.full_pull[path] = f"its embedding ids are not computed from the model inputs ({type(e).__name__})"
+            continue
+        out.outputs[index] = list(range(len(tensors), len(tensors) + len(feeds)))
+        tensors.extend(feeds)
+    if tensors:
+        import tensorflow as tf
+
+        ids_model = keras.Model(inputs, tensors)
+        out.ids = tf.function(lambda x: ids_model(x, training=False))
+    return out
+
+
+def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool):
+    """Sum the slices of repeated rows of a sparse gradient: what a worker sends for it.
+
+    Keras optimizers that square the gradient (Adam, Adagrad) square each slice before repeated
+    rows add up, so where a row repeats they need the sum of squared slices as well; it is sent
+    only for those rows (for a row seen once it equals the square of its value).
+
+    Returns:
+        ``(rows, sums)`` (rows int32, sorted, unique), plus ``(positions, square_sums)`` of the
+        repeated rows when ``with_squares`` and some row repeats.
+    """
+    indices = np.asarray(indices)
+    values = np.asarray(values)
+    rows, inverse, counts = np.unique(indices, return_inverse=True, return_counts=True)
+    rows = rows.astype(np.int32)
+    if len(rows) == len(indices):
+        order = np.argsort(indices, kind="stable")
+        return rows, values[order]
+    sums = np.zeros((len(rows),) + values.shape[1:], dtype=values.dtype)
+    np.add.at(sums, inverse, values)
+    if not with_squares:
+        return rows, sums
+    repeated = np.flatnonzero(counts > 1).astype(np.int32)
+    squares = np.zeros_like(sums)
+    np.add.at(squares, inverse, np.square(values))
+    return rows, sums, repeated, squares[repeated]
+
+
+def payload_bytes(obj) -> int:
+    """Bytes of the arrays in a (nested) payload: what crosses the network, less framing."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
