@@ -27,7 +27,7 @@ class RowReads:
 
     Attributes:
         outputs: variable index -> positions in ``ids(x)``'s outputs whose values are its rows.
-        full_pull: variable path -> why its rows cannot be known before the step.
+        full_pull: variable path -> why its rows cannot be known before the step (a clause).
         ids: ``ids(x) -> list of tensors`` (None when no variable is predictable).
     """
 
@@ -72,16 +72,16 @@ def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
     for path, index in wanted.items():
         layers = owners.get(path)
         if not layers:
-            out.full_pull[path] = "not read by a keras.layers.Embedding (e.g. a gather inside a custom layer)"
+            out.full_pull[path] = "it is not read by a keras.layers.Embedding (a gather inside a custom layer?)"
             continue
         if not inputs:
-            out.full_pull[path] = "the model is not a functional model (its embedding inputs cannot be traced)"
+            out.full_pull[path] = "the model is not functional: its embedding inputs cannot be traced"
             continue
         feeds = [t for layer in layers for node in layer._inbound_nodes for t in node.input_tensors]
         try:
             keras.Model(inputs, feeds)  # only succeeds when every feed is computed from the inputs
         except Exception as e:  # noqa: BLE001 - any failure means: not predictable from the inputs
-            out.full_pull[path] = f"its embedding ids are not computed from the model inputs ({type(e).__name__})"
+            out.full_pull[path] = f"its embedding ids are not computed from the model inputs alone ({type(e).__name__})"
             continue
         out.outputs[index] = list(range(len(tensors), len(tensors) + len(feeds)))
         tensors.extend(feeds)
@@ -130,3 +130,18 @@ def payload_bytes(obj) -> int:
     if isinstance(obj, (tuple, list)):
         return sum(payload_bytes(v) for v in obj)
     return 0
+
+
+def row_reads_of(model_def) -> RowReads:
+    """Build ``model_def``'s model, take one gradient on its first batch and find its row reads
+    (what ``autosync inspect`` reports; workers do the same in ``load``)."""
+    import keras
+    import tensorflow as tf
+
+    from autosync.models import ingest
+
+    keras.utils.set_random_seed(model_def.seed)
+    inputs, targets = ingest.first_batch(model_def)
+    model = model_def.model_fn()
+    variables, grads = ingest.compute_gradients(model, model_def.loss_fn(), inputs, targets)
+    return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
