@@ -63,3 +63,20 @@ def test_a_gather_in_a_custom_layer_is_pulled_whole_and_says_why():
     assert reads.outputs == {} and reads.rows(np.zeros((1, 2), "int32")) == {}
     assert "lookup/table" in reads.full_pull
     assert "not read by a keras.layers.Embedding" in reads.full_pull["lookup/table"]
+
+
+def test_merge_rows_sums_senders_and_keeps_every_squared_slice():
+    from autosync.runtime.rows import merge_rows
+
+    rng = np.random.default_rng(3)
+    idx = [np.array([0, 4, 4, 7]), np.array([4, 9, 9])]
+    vals = [rng.standard_normal((4, 2)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)]
+    rows, sums, pos, squares = merge_rows([dedup_rows(i, v, True) for i, v in zip(idx, vals)], True)
+    all_idx, all_vals = np.concatenate(idx), np.concatenate(vals)
+    assert rows.tolist() == [0, 4, 7, 9]
+    for k, r in enumerate(rows):
+        np.testing.assert_allclose(sums[k], all_vals[all_idx == r].sum(0), rtol=1e-6)
+    assert rows[pos].tolist() == [4, 9]  # the rows with more than one slice in all
+    for k, r in zip(pos, rows[pos]):
+        np.testing.assert_allclose(squares[list(pos).index(k)], np.square(all_vals[all_idx == r]).sum(0), rtol=1e-6)
+    assert len(merge_rows([dedup_rows(i, v, False) for i, v in zip(idx, vals)], False)) == 2

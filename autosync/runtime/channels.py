@@ -69,63 +69,108 @@ class PSChannel(SyncChannel):
         actors: ``[(actor_handle, PSActorPlan), ...]``.
         shapes: shape of every model variable (index -> shape).
         staleness: how many steps this worker may run ahead of the slowest one.
+        squares: the PS optimizer needs the squared slices of repeated sparse rows.
+        aggregator: the node's ``NodeAggregator`` (None: no other worker on this node, or an
+            asynchronous PS); locally replicated shards then go through it, once per node.
     """
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
-                 squares: bool = True):
+                 squares: bool = True, aggregator=None):
         self.worker_index = worker_index
         self.actors = actors
         self.shapes = [tuple(s) for s in shapes]
         self.staleness = staleness
-        self.squares = squares  # the PS optimizer needs the squared slices of repeated rows
+        self.squares = squares
+        self.aggregator = aggregator
         self.calls = 0
         self.bytes_sent = 0
         self.bytes_received = 0
         self._pushes: list = []
+
+    def _via_node(self, ref) -> bool:
+        return self.aggregator is not None and ref.local_replication
 
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
         import ray
 
         min_version = step if fresh else step - self.staleness
         rows = rows or {}
-        refs, wanted = [], []
-        for actor, plan in self.actors:
-            local, shard_rows = {}, {}
+        # the final, fresh pull of a run is every worker's own (one worker may pull alone)
+        node = self.aggregator is not None and not fresh
+        refs, wanted, node_rows = [], [], {}
+        for a, (actor, plan) in enumerate(self.actors):
+            local, shard_rows, node_local = {}, {}, {}
             for ref in plan.shards:
+                routed = node and ref.local_replication
+                if routed:
+                    node_rows.setdefault(a, {})
                 if ref.sparse and ref.var_index in rows:
                     ids = rows[ref.var_index]
                     if ref.num_shards > 1:
                         ids = ids[(ids >= ref.start) & (ids < ref.stop)]
-                    local[ref.key] = ids
-                    shard_rows[ref.key] = (ids - ref.start).astype(np.int32)
+                    (node_rows[a] if routed else shard_rows)[ref.key] = (ids - ref.start).astype(np.int32)
+                    if not routed:
+                        local[ref.key] = ids
             wanted.append(local)
             self.bytes_sent += payload_bytes(shard_rows)
-            refs.append(actor.pull.remote(min_version, shard_rows or None))
-        self.calls += len(refs)
-        replies = ray.get(refs)
+            if not node:
+                refs.append(actor.pull.remote(min_version, shard_rows or None))
+            elif any(not r.local_replication for r in plan.shards):
+                refs.append(actor.pull.remote(min_version, shard_rows or None, "direct"))
+            else:
+                refs.append(None)
+        node_ref = None
+        if node_rows:
+            self.bytes_sent += payload_bytes(node_rows)
+            node_ref = self.aggregator.pull.remote(self.worker_index, step, min_version, node_rows)
+            self.calls += 1
+        self.calls += sum(r is not None for r in refs)
+        replies = ray.get([r for r in refs if r is not None])
         # earlier pushes are complete once their step's values are out; surface their errors
         self._check_pushes()
         shards: dict = {}
         shared = [r[2] for r in replies if r[2] is not None]
-        for (_, direct, _), local in zip(replies, wanted):
+        for (_, direct, _), local in zip(replies, [w for w, r in zip(wanted, refs) if r is not None]):
             self.bytes_received += payload_bytes(direct)
             for key, value in direct.items():
                 shards[key] = (local[key], value) if key in local else value
         for part in ray.get(shared) if shared else ():
             self.bytes_received += payload_bytes(part)
             shards.update(part)
+        if node_ref is not None:
+            starts = {ref.key: ref.start for _, plan in self.actors for ref in plan.shards}
+            for values in ray.get(node_ref).values():
+                self.bytes_received += payload_bytes(values)
+                for key, value in values.items():
+                    # shard-local rows of the node's union back to the variable's row ids
+                    shards[key] = (value[0].astype(np.int64) + starts[key], value[1]) if isinstance(value, tuple) else value
         return shards
 
     def push(self, step: int, grads: list) -> None:
-        for actor, plan in self.actors:
-            payload = {}
+        node_payloads = {}
+        for a, (actor, plan) in enumerate(self.actors):
+            payload, node_payload = {}, {}
             for ref in plan.shards:
                 g = grads[ref.var_index]
                 if g is not None:
                     g = self._shard_grad(ref, g)
-                    payload[ref.key] = dedup_rows(g[0], g[1], self.squares) if ref.sparse else g
-            self.bytes_sent += payload_bytes(payload)
-            self._pushes.append(actor.push.remote(self.worker_index, step, payload))
+                    g = dedup_rows(g[0], g[1], self.squares) if ref.sparse else g
+                    (node_payload if self._via_node(ref) else payload)[ref.key] = g
+            if self.aggregator is None:
+                kinds = None
+            elif any(not r.local_replication for r in plan.shards):
+                kinds = ("direct",)
+            else:
+                kinds = ()
+            if any(self._via_node(r) for r in plan.shards):
+                node_payloads[a] = node_payload
+            if kinds != ():
+                self.bytes_sent += payload_bytes(payload)
+                self._pushes.append(actor.push.remote(self.worker_index, step, payload, 1, kinds))
+                self.calls += 1
+        if node_payloads:
+            self.bytes_sent += payload_bytes(node_payloads)
+            self._pushes.append(self.aggregator.push.remote(self.worker_index, step, node_payloads))
             self.calls += 1
 
     def finish(self) -> None:
@@ -147,4 +192,3 @@ class PSChannel(SyncChannel):
     @staticmethod
     def _shard_grad(ref, g):
         return shard_gradient(g, ref.start, ref.stop, ref.axis, ref.num_shards)  # a view; serialized once
-

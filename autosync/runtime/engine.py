@@ -248,8 +248,13 @@ class Session:
             initial[m.key[0]][(slice(None),) * m.axis + (slice(m.start, m.stop),)])
             for g in plan.ar_groups for m in g.members}
 
+        squares = squares_slices(desc["optimizer"])
+        aggregators = self._start_aggregators(squares)
+        node_of = {i: node for node, workers in plan.node_aggregation().items() for i in workers}
+
         def channels(i: int) -> list:
-            out = [PSChannel(i, pairs, shapes, plan.staleness, squares_slices(desc["optimizer"]))] if pairs else []
+            out = [PSChannel(i, pairs, shapes, plan.staleness, squares,
+                             aggregators.get(node_of.get(i)))] if pairs else []
             if plan.ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, list(plan.ar_groups), setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
@@ -259,6 +264,20 @@ class Session:
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
         return {"ps": ps_info, "workers": infos}
+
+    def _start_aggregators(self, squares: bool) -> dict:
+        """One NodeAggregator per node whose workers aggregate (see ``SyncPlan.node_aggregation``)."""
+        import ray
+
+        from autosync.runtime.aggregator import NodeAggregator
+
+        sparse = [r.key for p in self.plan.ps_actors for r in p.shards if r.sparse]
+        out = {}
+        for node, workers in self.plan.node_aggregation().items():
+            actor = ray.remote(NodeAggregator).options(**self.pool.binding.actor_options(node), max_concurrency=1000)
+            out[node] = actor.remote(node, len(workers), self.ps_actors, sparse, squares)
+            self.helpers.append(out[node])
+        return out
 
     def run(self, steps: int, deadline: float | None = None) -> list[dict]:
         """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``)."""

@@ -93,6 +93,17 @@ class SyncPlan:
     def replica_node(self, slot: str) -> str:
         return slot.rsplit(":", 1)[0]
 
+    def node_aggregation(self) -> dict[str, list[int]]:
+        """Node -> indices of its workers, for the nodes whose workers sum their gradients of the
+        locally replicated shards before one push and share one pull (synchronous PS, nodes with
+        several workers)."""
+        if not self.sync or not any(r.local_replication for p in self.ps_actors for r in p.shards):
+            return {}
+        by_node: dict[str, list[int]] = {}
+        for i, slot in enumerate(self.replicas):
+            by_node.setdefault(self.replica_node(slot), []).append(i)
+        return {node: workers for node, workers in by_node.items() if len(workers) > 1}
+
     @classmethod
     def build(cls, strategy: Strategy, model: ModelSpec, cluster) -> "SyncPlan":
         """Plan a strategy that ``validate`` accepted.

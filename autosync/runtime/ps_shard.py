@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import numpy as np
 
@@ -62,6 +63,10 @@ class ParameterServerShard:
         self._cond: asyncio.Condition | None = None
         self._shared_ref = None
         self._shared_version: tuple | None = None
+        # the kinds of keys held; a step is complete once each kind has all workers' gradients
+        self.kinds = tuple(k for k, has in (("direct", set(self.params) - self.shared_keys),
+                                            ("shared", self.shared_keys)) if has)
+        self.stats_ = {"pushes": 0, "pulls": 0, "apply_s": 0.0, "wait_s": 0.0}
 
     def _condition(self) -> asyncio.Condition:
         # created inside the actor's event loop, on first use
@@ -75,20 +80,30 @@ class ParameterServerShard:
 
         return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    async def push(self, worker: int, step: int, grads: dict) -> None:
-        """Receive one worker's gradient shards for ``step`` (all keys of this actor at once)."""
+    async def push(self, source, step: int, grads: dict, weight: int = 1, kinds=None) -> None:
+        """Receive gradient shards for ``step`` (all keys of this actor a source sends, at once).
+
+        Args:
+            source: the sending worker's index, or the node name of a node aggregator.
+            step: the step the gradients belong to.
+            grads: key -> gradient (see the module doc).
+            weight: how many workers' gradients ``grads`` sums (a node aggregator's: its workers).
+            kinds: which of this actor's key kinds the push covers: ``direct`` (keys pulled by each
+                worker) and/or ``shared`` (locally replicated keys); default both it holds.
+        """
         if self._error:
             raise RuntimeError(self._error)
+        self.stats_["pushes"] += 1
         try:
             if self.sync:
-                self._accumulate(worker, step, grads)
+                self._accumulate(source, step, grads, weight, tuple(kinds or self.kinds))
                 applied = self._apply_complete_steps()
             else:
                 self.optimizer.apply(self.version, self.params, self._own(grads))
                 self.version += 1
                 applied = True
         except Exception as e:  # reported to every waiting pull, then re-raised
-            self._error = f"{self.name}: update for step {step} from worker {worker} failed: {type(e).__name__}: {e}"
+            self._error = f"{self.name}: update for step {step} from worker {source} failed: {type(e).__name__}: {e}"
             applied = True
             raise
         finally:
@@ -96,13 +111,21 @@ class ParameterServerShard:
                 async with self._condition():
                     self._condition().notify_all()
 
-    async def pull(self, min_version: int, rows: dict | None = None):
+    async def stats(self) -> dict:
+        """Calls received and time spent: ``pushes``, ``pulls``, ``apply_s`` (optimizer updates)
+        and ``wait_s`` (per step, from its first push to its last: how long the step waited for
+        its slowest sender)."""
+        return dict(self.stats_)
+
+    async def pull(self, min_version: int, rows: dict | None = None, which: str = "all"):
         """Current values once ``version >= min_version``.
 
         Args:
             min_version: the update count to wait for.
             rows: sparse key -> shard-local row ids: only those rows of that shard are returned
                 (a copy, in the order given); other keys are returned whole.
+            which: ``all`` keys, only the ``direct`` ones (not locally replicated), or only the
+                ``shared`` ones (a node aggregator's pull, returned directly).
 
         Returns:
             ``(version, direct, shared_ref)``: ``direct`` maps keys to arrays; ``shared_ref`` is an
@@ -113,9 +136,15 @@ class ParameterServerShard:
             await cond.wait_for(lambda: self.version >= min_version or self._error is not None)
         if self._error:
             raise RuntimeError(self._error)
+        self.stats_["pulls"] += 1
         rows = rows or {}
-        direct = {k: v[rows[k]] if k in rows else v for k, v in self.params.items()
-                  if k in rows or k not in self.shared_keys}
+        take = lambda k, v: v[rows[k]] if k in rows else v  # noqa: E731
+        if which == "shared":
+            return self.version, {k: take(k, v) for k, v in self.params.items() if k in self.shared_keys}, None
+        direct = {k: take(k, v) for k, v in self.params.items() if k in rows or k not in self.shared_keys}
+        if which == "direct":
+            direct = {k: v for k, v in direct.items() if k not in self.shared_keys}
+            return self.version, direct, None
         return self.version, direct, self._shared_snapshot(self.shared_keys - set(rows))
 
     async def values(self) -> dict:
@@ -141,13 +170,16 @@ class ParameterServerShard:
             out[key] = _sparse_grad(g) if key in self.sparse_keys else np.asarray(g)
         return out
 
-    def _accumulate(self, worker: int, step: int, grads: dict) -> None:
+    def _accumulate(self, source, step: int, grads: dict, weight: int, kinds: tuple) -> None:
         if step < self.version:
-            raise RuntimeError(f"worker {worker} pushed step {step} but step {self.version - 1} is already applied")
-        entry = self._pending.setdefault(step, {"workers": set(), "dense": {}, "sparse": {}})
-        if worker in entry["workers"]:
-            raise RuntimeError(f"worker {worker} pushed step {step} twice")
-        entry["workers"].add(worker)
+            raise RuntimeError(f"worker {source} pushed step {step} but step {self.version - 1} is already applied")
+        entry = self._pending.setdefault(step, {"sources": set(), "weight": dict.fromkeys(self.kinds, 0),
+                                                "dense": {}, "sparse": {}, "first": time.perf_counter()})
+        for kind in kinds:
+            if (source, kind) in entry["sources"]:
+                raise RuntimeError(f"worker {source} pushed step {step} twice")
+            entry["sources"].add((source, kind))
+            entry["weight"][kind] += weight
         for key, g in self._own(grads).items():
             if key in self.sparse_keys:
                 entry["sparse"].setdefault(key, []).append(g)
@@ -158,8 +190,11 @@ class ParameterServerShard:
 
     def _apply_complete_steps(self) -> bool:
         applied = False
-        while len(self._pending.get(self.version, {}).get("workers", ())) == self.num_workers:
+        while self.version in self._pending and all(
+                w == self.num_workers for w in self._pending[self.version]["weight"].values()):
             entry = self._pending.pop(self.version)
+            t0 = time.perf_counter()
+            self.stats_["wait_s"] += t0 - entry["first"]
             n = self.num_workers
             grads: dict = {}
             for key, total in entry["dense"].items():
@@ -173,6 +208,7 @@ class ParameterServerShard:
                     squares = sq / sq.dtype.type(n * n)
                 grads[key] = (idx, vals / vals.dtype.type(n), squares)
             self.optimizer.apply(self.version, self.params, grads)
+            self.stats_["apply_s"] += time.perf_counter() - t0
             self.version += 1
             applied = True
         return applied

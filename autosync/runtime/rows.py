@@ -145,3 +145,32 @@ def row_reads_of(model_def) -> RowReads:
     model = model_def.model_fn()
     variables, grads = ingest.compute_gradients(model, model_def.loss_fn(), inputs, targets)
     return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
+
+
+def merge_rows(parts: list, with_squares: bool):
+    """Sum several senders' deduplicated sparse gradients (``dedup_rows`` outputs) into one of
+    the same form: what a node sends for the rows its workers touched."""
+    rows = np.concatenate([p[0] for p in parts])
+    values = np.concatenate([p[1] for p in parts])
+    unique, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
+    sums = np.zeros((len(unique),) + values.shape[1:], dtype=values.dtype)
+    np.add.at(sums, inverse, values)
+    if not with_squares:
+        return unique.astype(np.int32), sums
+    squares, repeated = [], []
+    for p in parts:
+        sq = np.square(p[1])
+        flag = np.zeros(len(p[0]), dtype=bool)
+        if len(p) > 2:
+            sq[p[2]] = p[3]
+            flag[p[2]] = True
+        squares.append(sq)
+        repeated.append(flag)
+    total = np.zeros_like(sums)
+    np.add.at(total, inverse, np.concatenate(squares))
+    flags = np.zeros(len(unique), dtype=np.int64)
+    np.add.at(flags, inverse, np.concatenate(repeated).astype(np.int64))
+    pos = np.flatnonzero((counts > 1) | (flags > 0)).astype(np.int32)
+    if not len(pos):
+        return unique.astype(np.int32), sums
+    return unique.astype(np.int32), sums, pos, total[pos]
