@@ -5,7 +5,8 @@ must know them before it computes: it draws the batch first and runs a pruned fu
 model inputs that yields the lookup ids. The common case is found from the Keras functional graph:
 a ``keras.layers.Embedding`` whose every call in the model is fed by tensors computed from the
 model inputs (directly, or through slicing and other preprocessing). The ids are then the inputs
-of those calls, computed by ``keras.Model(model.inputs, [those tensors])``.
+of those calls, computed by ``keras.Model(model.inputs, [those tensors])``. A custom layer may
+declare its reads (``row_reads`` and ``row_read_inputs``, see ``find_row_reads``).
 
 Any other sparse variable (a gather inside a custom layer, a table read by a sampler inside the
 step, an embedding in a subclassed model) cannot be predicted this way; it is pulled whole every
@@ -26,12 +27,12 @@ class RowReads:
     """The predictable row reads of a model's sparse variables.
 
     Attributes:
-        outputs: variable index -> positions in ``ids(x)``'s outputs whose values are its rows.
+        outputs: variable index -> where its rows come from (for messages and tests).
         full_pull: variable path -> why its rows cannot be known before the step (a clause).
-        ids: ``ids(x) -> list of tensors`` (None when no variable is predictable).
+        ids: ``ids(x) -> {variable index: int64 tensor of row ids}`` (None when none is predictable).
     """
 
-    outputs: dict[int, list[int]] = field(default_factory=dict)
+    outputs: dict[int, list[str]] = field(default_factory=dict)
     full_pull: dict[str, str] = field(default_factory=dict)
     ids: object = None
 
@@ -39,15 +40,16 @@ class RowReads:
         """Variable index -> sorted unique int64 rows the step on inputs ``x`` reads."""
         if not self.outputs:
             return {}
-        import tensorflow as tf
-
-        values = [np.asarray(t) for t in tf.nest.flatten(self.ids(x))]
-        return {v: np.unique(np.concatenate([values[p].ravel() for p in pos]).astype(np.int64))
-                for v, pos in self.outputs.items()}
+        return {v: np.unique(np.asarray(t)) for v, t in self.ids(x).items()}
 
 
 def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
     """Find how to compute the rows each sparse variable's step reads from the model inputs.
+
+    Two kinds of readers are understood: ``keras.layers.Embedding`` (rows = its inputs), and any
+    layer that declares its reads with a ``row_reads(inputs) -> {variable path: ids}`` method and
+    a ``row_read_inputs`` tuple (the positions, among its call's inputs, that ``row_reads`` takes;
+    e.g. a sampled softmax reads the label rows plus candidates drawn from the labels).
 
     Args:
         model: the built Keras model.
@@ -63,34 +65,68 @@ def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
     wanted = {v.path: i for i, v, s in zip(range(len(variables)), variables, sparse) if s}
     if not wanted:
         return out
-    owners: dict[str, list] = {}
+    readers: dict[str, list] = {}  # variable path -> layers that read it by rows
     for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, keras.layers.Embedding) and layer.embeddings.path in wanted:
-            owners.setdefault(layer.embeddings.path, []).append(layer)
+        if isinstance(layer, keras.layers.Embedding):
+            paths = [layer.embeddings.path]
+        elif callable(getattr(layer, "row_reads", None)) and hasattr(layer, "row_read_inputs"):
+            paths = [w.path for w in layer.trainable_weights]
+        else:
+            continue
+        for path in paths:
+            if path in wanted:
+                readers.setdefault(path, []).append(layer)
     inputs = getattr(model, "inputs", None)
     tensors: list = []
+    plan: dict[int, list] = {}  # variable index -> [(layer, positions of its feeds in tensors)]
     for path, index in wanted.items():
-        layers = owners.get(path)
+        layers = readers.get(path)
         if not layers:
-            out.full_pull[path] = "it is not read by a keras.layers.Embedding (a gather inside a custom layer?)"
+            out.full_pull[path] = ("it is not read by a keras.layers.Embedding or a layer declaring row_reads "
+                                   "(a gather inside a custom layer?)")
             continue
         if not inputs:
             out.full_pull[path] = "the model is not functional: its embedding inputs cannot be traced"
             continue
-        feeds = [t for layer in layers for node in layer._inbound_nodes for t in node.input_tensors]
+        uses, feeds = [], []
+        for layer in layers:
+            for node in layer._inbound_nodes:
+                given = list(node.input_tensors)
+                picked = given if isinstance(layer, keras.layers.Embedding) else [given[i] for i in layer.row_read_inputs]
+                uses.append((layer, list(range(len(tensors) + len(feeds), len(tensors) + len(feeds) + len(picked)))))
+                feeds.extend(picked)
         try:
             keras.Model(inputs, feeds)  # only succeeds when every feed is computed from the inputs
         except Exception as e:  # noqa: BLE001 - any failure means: not predictable from the inputs
-            out.full_pull[path] = f"its embedding ids are not computed from the model inputs alone ({type(e).__name__})"
+            out.full_pull[path] = f"its lookup ids are not computed from the model inputs alone ({type(e).__name__})"
             continue
-        out.outputs[index] = list(range(len(tensors), len(tensors) + len(feeds)))
+        plan[index] = [(layer, pos, path) for layer, pos in uses]
+        out.outputs[index] = [layer.name for layer, _ in uses]
         tensors.extend(feeds)
     if tensors:
-        import tensorflow as tf
-
-        ids_model = keras.Model(inputs, tensors)
-        out.ids = tf.function(lambda x: ids_model(x, training=False))
+        out.ids = _ids_function(keras.Model(inputs, tensors), plan)
     return out
+
+
+def _ids_function(feeds_model, plan: dict):
+    """A tf.function from model inputs to each predictable variable's row ids."""
+    import keras
+    import tensorflow as tf
+
+    def ids(x):
+        feeds = tf.nest.flatten(feeds_model(x, training=False))
+        out = {}
+        for index, uses in plan.items():
+            parts = []
+            for layer, pos, path in uses:
+                if isinstance(layer, keras.layers.Embedding):
+                    parts.append(feeds[pos[0]])
+                else:
+                    parts.append(layer.row_reads([feeds[p] for p in pos])[path])
+            out[index] = tf.concat([tf.reshape(tf.cast(p, tf.int64), [-1]) for p in parts], axis=0)
+        return out
+
+    return tf.function(ids)
 
 
 def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool):
