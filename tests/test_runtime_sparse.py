@@ -123,6 +123,8 @@ def test_bytes_per_step_are_rows_touched_times_width(pool):
     assert trial.status == "ok", trial.error
     moved = trial.meta["bytes_per_step_per_worker"]
     assert trial.meta["full_pull"] == {}
+    (name, stats), = trial.meta["ps_stats"].items()  # one PS actor: every worker's push each step
+    assert stats["pushes"] == 2 * STEPS and stats["wait_s"] >= 0 and stats["apply_s"] > 0
 
     dense = sum(v.bytes for v in spec.variables if not v.sparse)
     width = rm.DIM * 4

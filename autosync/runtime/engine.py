@@ -284,6 +284,14 @@ class Session:
         refs = [w.run.remote(steps) for w in self.workers]
         return wait_all(refs, deadline, "worker", list(self.plan.replicas))
 
+    def ps_stats(self, deadline: float | None = None) -> dict:
+        """Per PS actor (by name): pushes and pulls served, seconds applying updates, and
+        ``wait_s``, the time steps spent between their first and last push (how long a shard held
+        its update waiting for the slowest sender), summed over the steps run so far."""
+        names = [p.name for p in self.plan.ps_actors]
+        stats = wait_all([a.stats.remote() for a in self.ps_actors], deadline, "parameter server", names)
+        return dict(zip(names, stats))
+
     def weights(self, deadline: float | None = None) -> list:
         """Model weights of the first worker (synchronized by the last ``run``)."""
         return wait_all([self.workers[0].get_weights.remote()], deadline, "worker")[0]

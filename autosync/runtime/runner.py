@@ -123,6 +123,7 @@ class RayRunner(Runner):
             placement = session.start(deadline)
             meta["placement"] = placement
             results = session.run(self.warmup + self.steps, deadline)
+            meta["ps_stats"] = session.ps_stats(deadline)
             session.close()
         except ConfigError as e:
             if session is not None:
