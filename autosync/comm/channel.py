@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autosync.comm.backends import CollectiveBackend, resolve_backend
+from autosync.comm.backends import CollectiveBackend, HierarchicalBackend, resolve_backend
 from autosync.comm.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
 
 
@@ -45,7 +45,8 @@ class ARMember:
         num_shards: shards of the variable.
         sparse: gradient is ``(indices, values)``.
         compressor: spec such as ``fp16_ef`` or ``powersgd(4)`` (``none`` for sparse).
-        backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``).
+        backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``), or
+            ``hierarchical`` (reduce on the node, leaders all-reduce, broadcast on the node).
     """
 
     key: tuple[int, int]
@@ -141,7 +142,8 @@ class AllReduceChannel:
     def _backend(self, name: str) -> CollectiveBackend:
         b = self._backends.get(name)
         if b is None:
-            b = resolve_backend(name, gpus=False).connect(self.rank, self.world, self.setups[name])
+            cls = HierarchicalBackend if name == "hierarchical" else resolve_backend(name, gpus=False)
+            b = cls.connect(self.rank, self.world, self.setups[name])
             self._backends[name] = b
         return b
 

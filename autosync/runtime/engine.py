@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from autosync.comm.backends import ObjectStoreBackend
+from autosync.comm.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.comm.channel import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.channels import PSChannel
@@ -220,7 +220,8 @@ class Session:
         from autosync.runtime.optimizers import check_optimizer_config, squares_slices
 
         plan = self.plan
-        setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends if b != "objectstore"}
+        setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends
+                  if b not in ("objectstore", "hierarchical")}
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
@@ -244,6 +245,10 @@ class Session:
             mailbox = ObjectStoreBackend.prepare(n, "", binding.actor_options(binding.cluster.chief.name))
             self.helpers.append(mailbox)
             setups["objectstore"] = mailbox
+        if "hierarchical" in plan.backends:
+            hierarchy = prepare_hierarchy([plan.replica_node(s) for s in plan.replicas], binding.actor_options)
+            self.helpers.extend(hierarchy.pop("mailboxes"))
+            setups["hierarchical"] = hierarchy
         ar_values = {m.key: initial[m.key[0]] if m.num_shards == 1 else np.ascontiguousarray(
             initial[m.key[0]][(slice(None),) * m.axis + (slice(m.start, m.stop),)])
             for g in plan.ar_groups for m in g.members}
