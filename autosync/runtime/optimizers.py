@@ -174,10 +174,28 @@ class Adagrad(NumpyOptimizer):
     def _update(self, iteration, key, var, grad):
         f = var.dtype.type
         lr = f(self.learning_rate)
-        g, g2 = _grad_and_square(var, grad)
         s = self.slots[key]
+        if isinstance(grad, tuple) and self.weight_decay is None:
+            return self._update_rows(key, var, grad, lr, f(self.options["epsilon"]))
+        g, g2 = _grad_and_square(var, grad)
         s["accumulator"] = s["accumulator"] + g2
         return var - (lr * g) / np.sqrt(s["accumulator"] + f(self.options["epsilon"]))
+
+    def _update_rows(self, key, var, grad, lr, eps):
+        """The same update on the touched rows only: elsewhere Keras adds 0 to the accumulator and
+        subtracts exactly 0 from the variable, so skipping those rows changes no bit (repeated rows
+        are added up in the same order as the dense scatter does)."""
+        indices, values = grad[0], grad[1]
+        squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
+        rows, inverse = np.unique(indices, return_inverse=True)
+        g = _scatter_sum((len(rows),) + var.shape[1:], var.dtype, inverse, values)
+        g2 = _scatter_sum((len(rows),) + var.shape[1:], var.dtype, inverse, squares)
+        acc = self.slots[key]["accumulator"]  # never handed out: updated in place
+        acc_rows = acc[rows] + g2
+        acc[rows] = acc_rows
+        new = var.copy()  # a pulled snapshot of var must not change under its reader
+        new[rows] = var[rows] - (lr * g) / np.sqrt(acc_rows + eps)
+        return new
 
 
 OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}

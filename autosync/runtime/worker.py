@@ -139,6 +139,7 @@ class TrainingWorker:
         self.channels = channels
         self.layout = [tuple(x) for x in layout]
         self.step = 0
+        self._partial = False
 
     def run(self, steps: int) -> dict:
         """Run ``steps`` training steps, then pull the final values.
