@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests import runtime_models as rm
+from tests.runtime_helpers import warm_pool
 from strategy_space import AllReduce, ClusterSpec, NodeSpec, Strategy, VarConfig
 
 pytestmark = pytest.mark.integration
@@ -20,13 +21,7 @@ QUAD = ClusterSpec(name="quad", nodes=(
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    from autosync.runtime.binding import ClusterBinding
-    from autosync.runtime.engine import WorkerPool
-
-    ray_session.cloudpickle.register_pickle_by_value(rm)
-    pool = WorkerPool(ClusterBinding.bind(QUAD))
-    yield pool
-    pool.kill_all()
+    yield from warm_pool(ray_session, QUAD)
 
 
 @pytest.mark.parametrize("backend", ["gloo", "objectstore"])

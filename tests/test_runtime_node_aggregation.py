@@ -7,14 +7,10 @@ hold only one.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.runtime_helpers import run_cluster_script
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = r'''
@@ -64,16 +60,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path):
-    script = tmp_path / "aggregation.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_cluster_script(tmp_path, SCRIPT)
     steps = out["steps"]
     # ps@n0 holds only replicated shards: one push per node per step; ps@n1 also holds the
     # hidden kernel, which each of the 4 workers pushes itself

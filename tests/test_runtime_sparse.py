@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests import runtime_models as rm
+from tests.runtime_helpers import warm_pool
 from strategy_space import PS, AllReduce, ClusterSpec, NodeSpec, Strategy, VarConfig
 
 pytestmark = pytest.mark.integration
@@ -29,13 +30,7 @@ OPTIMIZERS = {
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    from autosync.runtime.binding import ClusterBinding
-    from autosync.runtime.engine import WorkerPool
-
-    ray_session.cloudpickle.register_pickle_by_value(rm)
-    pool = WorkerPool(ClusterBinding.bind(PAIR))
-    yield pool
-    pool.kill_all()
+    yield from warm_pool(ray_session, PAIR)
 
 
 def _spec(pool, md):
