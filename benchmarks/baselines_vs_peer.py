@@ -133,7 +133,9 @@ def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: 
                    "step_times_s": [round(t, 5) for t in trial.step_times],
                    "breakdown_s": trial.breakdown or None,
                    "ps_actors": trial.meta.get("ps_actors"),
-                   "ray_calls_per_step_per_worker": trial.meta.get("ray_calls_per_step_per_worker")}
+                   "ray_calls_per_step_per_worker": trial.meta.get("ray_calls_per_step_per_worker"),
+                   "bytes_per_step_per_worker": trial.meta.get("bytes_per_step_per_worker"),
+                   "full_pull": trial.meta.get("full_pull")}
             out["builders"][builder] = rec
             measured.append((strategy, builder))
             say(f"  {builder}: {trial.status} " + (f"median {trial.median * 1e3:.1f} ms" if trial.ok
@@ -234,7 +236,9 @@ def inside(args) -> int:
     # neither this script's folder nor _peer is importable on the nodes: ship them by value
     ray.cloudpickle.register_pickle_by_value(_peer)
     bandwidth = format_rate(round(cluster.nodes[0].bandwidth_gbps * 1e9))
+    commit = git_commit(REPO)  # at the start of the run: the code that measured it
     results = {"meta": {"nodes": len(cluster.nodes), "bandwidth": bandwidth, "cpus_per_node": cluster.nodes[0].cpus,
+                        "commit": commit,
                         "warmup": args.warmup, "steps": args.steps, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                         "ray": ray.__version__},
@@ -249,7 +253,7 @@ def inside(args) -> int:
         t0 = time.monotonic()
         print(f"{name}:", flush=True)
         # provenance per entry: a --merge file holds entries of several runs
-        results["models"][name] = {"run_started": results["meta"]["started"], "commit": git_commit(REPO)}
+        results["models"][name] = {"run_started": results["meta"]["started"], "commit": commit}
         results["models"][name].update(measure_model(name, cluster, args.warmup, args.steps, args.trial_timeout,
                                                 lambda line: print(line, flush=True)))
         results["models"][name]["wall_s"] = round(time.monotonic() - t0, 1)

@@ -8,9 +8,13 @@ For small models on this machine it measures, in one run:
   - Ray calls per step per worker (target: 2 x the PS actors it talks to, whatever the number of
     variables),
   - trial start-up with warm workers (fresh PS actors, reset workers: from "run this strategy" to
-    the first step) next to the cost of importing TensorFlow in a fresh process.
+    the first step) next to the cost of importing TensorFlow in a fresh process,
+  - for each sparse zoo model, the bytes a worker moves per step for its sparse variables on
+    parameter servers (measured by the channels: array payload) against the analytic minimum,
+    rows touched x row width, in each direction (target: <= 1.2x). Rows touched are the unique
+    row indices of the worker's gradient on each timed batch, computed here in one process.
 
-Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N]
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only]
 """
 from __future__ import annotations
 
@@ -110,6 +114,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bytes-only", action="store_true", help="only the sparse bytes-per-step table")
     args = ap.parse_args()
     if args.single:
         single_process(args.steps, args.warmup)
@@ -117,6 +122,9 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.bytes_only:
+        sparse_bytes(args.steps, args.warmup)
+        return
 
     tf_import = fresh_import_s("tensorflow")
     ray_np_import = fresh_import_s("ray, numpy")
@@ -165,6 +173,74 @@ def main() -> None:
                           f"{r[7]:.2f}", f"{r[8] * 1e3:.2f}", f"{r[9] * 1e3:.2f}", f"{r[10]:.2f}"]))
     print(f"import tensorflow in a fresh process: {tf_import:.2f} s; import ray+numpy (what a PS actor "
           f"loads): {ray_np_import:.2f} s")
+    sparse_bytes(min(args.steps, 5), min(args.warmup, 2))
+
+
+SPARSE_ZOO = ("ncf", "dlrm", "lm1b", "bert")
+
+
+def rows_touched(md, workers: int, first: int, steps: int) -> dict:
+    """Mean unique rows per timed step per worker of each sparse variable (by name), from the
+    gradients of the very batches the workers train on."""
+    import itertools
+
+    import keras
+    import tensorflow as tf
+
+    from autosync.models.ingest import compute_gradients, variable_names
+
+    keras.utils.set_random_seed(md.seed)
+    model, loss = md.model_fn(), md.loss_fn()
+    counts: dict = {}
+    for w in range(workers):
+        for x, y in itertools.islice(md.batches(w, workers), first, first + steps):
+            variables, grads = compute_gradients(model, loss, x, y)
+            for name, g in zip(variable_names(variables), grads):
+                if isinstance(g, tf.IndexedSlices):
+                    counts.setdefault(name, []).append(len(np.unique(g.indices.numpy())))
+    return {name: float(np.mean(c)) for name, c in counts.items()}
+
+
+def sparse_bytes(steps: int, warmup: int) -> None:
+    """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""
+    import ray
+
+    from autosync.models import zoo
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.runner import RayRunner
+    from strategy_space import ClusterSpec, NodeSpec
+    from strategy_space.builders import get_builder
+
+    cpus = os.cpu_count() or 1
+    pair = ClusterSpec(name="pair", nodes=tuple(
+        NodeSpec(name=f"node{i}", cpus=max(1, cpus // WORKERS), workers=1, chief=i == 0) for i in range(WORKERS)))
+    if not ray.is_initialized():
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    pool = WorkerPool(ClusterBinding.bind(pair))
+    print(f"\nsparse variables on parameter servers ('ps' strategy, {WORKERS} workers, {steps} timed steps): "
+          f"bytes per step per worker vs rows touched x width")
+    print(" | ".join(("model", "sparse vars", "pulled whole", "rows/step", "min each way KB", "sent KB", "sent x",
+                      "received KB", "received x")))
+    for name in SPARSE_ZOO:
+        md = zoo.get_model_def(name)
+        runner = RayRunner(md, pair, warmup=warmup, steps=steps, pool=pool, trial_timeout_s=600)
+        spec = runner.model
+        trial = runner.run([get_builder("ps").build(spec, pair)])[0]
+        if not trial.ok:
+            print(f"{name} | failed: {trial.error}")
+            continue
+        moved = trial.meta["bytes_per_step_per_worker"]
+        dense = sum(v.bytes for v in spec.variables if not v.sparse)  # whole, each direction
+        touched = rows_touched(md, WORKERS, warmup, steps)
+        minimum = sum(rows * spec.var(v).bytes / spec.var(v).shape[0] for v, rows in touched.items())
+        sent, received = moved["bytes_sent"] - dense, moved["bytes_received"] - dense
+        print(" | ".join([name, str(len(touched)), str(len(trial.meta["full_pull"])),
+                          f"{sum(touched.values()):.0f}", f"{minimum / 1e3:.1f}", f"{sent / 1e3:.1f}",
+                          f"{sent / minimum:.2f}", f"{received / 1e3:.1f}", f"{received / minimum:.2f}"]))
+        for var, why in trial.meta["full_pull"].items():
+            print(f"    {var}: pulled whole, because {why}")
+    pool.kill_all()
 
 
 if __name__ == "__main__":

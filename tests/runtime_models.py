@@ -82,10 +82,72 @@ def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
     streams = [md.batches(i, num_workers) for i in range(num_workers)]
     for _ in range(steps):
         parts = [next(s) for s in streams]
-        x = np.concatenate([p[0] for p in parts])
+        if isinstance(parts[0][0], list):  # several model inputs: join each across workers
+            x = [np.concatenate([p[0][k] for p in parts]) for k in range(len(parts[0][0]))]
+        else:
+            x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
     return model.get_weights()
+
+
+# ---- a model with several embeddings: one shared by two inputs, one tied to the output layer ----
+SHARED_VOCAB, OTHER_VOCAB, TIED_VOCAB = 300, 50, 12
+
+
+def build_multi_embedding_model():
+    """Inputs ``a`` (3 ids) and ``b`` (2 ids) look up one shared table, ``c`` (2 ids) another;
+    ``d`` (2 ids) looks up a table that is also the output projection (tied: dense gradient)."""
+    import keras
+    from keras import ops
+
+    class TiedOutput(keras.layers.Layer):
+        def __init__(self, embedding, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding = embedding
+
+        def call(self, x):
+            return ops.matmul(x, ops.transpose(self.embedding.embeddings))
+
+    a = keras.Input((3,), dtype="int32", name="a")
+    b = keras.Input((2,), dtype="int32", name="b")
+    c = keras.Input((2,), dtype="int32", name="c")
+    d = keras.Input((2,), dtype="int32", name="d")
+    shared = keras.layers.Embedding(SHARED_VOCAB, DIM, name="shared")
+    other = keras.layers.Embedding(OTHER_VOCAB, DIM, name="other")
+    tied = keras.layers.Embedding(TIED_VOCAB, DIM, name="tied")
+    x = keras.layers.Concatenate(axis=1)([shared(a), shared(b), other(c), tied(d)])
+    x = keras.layers.Flatten()(x)
+    h = keras.layers.Dense(DIM, activation="tanh", name="hidden")(x)
+    return keras.Model([a, b, c, d], TiedOutput(tied, name="tied_out")(h))
+
+
+def multi_batches(worker: int, num_workers: int, batch: int = 8, count: int = 6):
+    """Fixed batches; ids drawn from a skewed distribution so rows repeat within a batch."""
+    rng = np.random.RandomState(2000 + 31 * worker + num_workers)
+    out = []
+    for _ in range(count):
+        a = (rng.zipf(1.3, size=(batch, 3)) % SHARED_VOCAB).astype("int32")
+        b = rng.randint(0, SHARED_VOCAB, size=(batch, 2)).astype("int32")
+        c = rng.randint(0, OTHER_VOCAB, size=(batch, 2)).astype("int32")
+        d = rng.randint(0, TIED_VOCAB, size=(batch, 2)).astype("int32")
+        y = np.sin((a.sum(1, keepdims=True) + c.sum(1, keepdims=True) + np.arange(TIED_VOCAB)) / 9.0)
+        out.append(([a, b, c, d], y.astype("float32")))
+    return out
+
+
+def make_any_optimizer(kind: str, **kw):
+    import keras
+
+    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+            "adagrad": keras.optimizers.Adagrad}[kind](**kw)
+
+
+def multi_model_def(optimizer: str = "sgd", batch: int = 8, **opt_kw) -> ModelDef:
+    return ModelDef(
+        name="multi_emb", model_fn=build_multi_embedding_model, loss_fn=mse,
+        optimizer_fn=functools.partial(make_any_optimizer, optimizer, **opt_kw),
+        dataset_fn=functools.partial(multi_batches, batch=batch), batch_size=batch, seed=11)

@@ -6,12 +6,7 @@ hold only one.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.runtime_helpers import run_cluster_script
 
 SCRIPT = r'''
 import json, os, sys
@@ -58,16 +53,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_ps_shards_and_workers_are_placed_on_their_nodes(tmp_path):
-    script = tmp_path / "multinode.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_cluster_script(tmp_path, SCRIPT)
 
     assert "requested Ray resource 'host9'" in out["missing"] and "fix by" in out["missing"]
     assert "requested 4 CPUs" in out["cpus"] and "available 1" in out["cpus"]

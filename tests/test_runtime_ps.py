@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tests import runtime_models as rm
+from tests.runtime_helpers import warm_pool
 from strategy_space import PS, ClusterSpec, NodeSpec, Strategy, VarConfig
 
 STEPS = 4
@@ -22,13 +23,7 @@ BUILDER_OPTIONS = {
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    from autosync.runtime.binding import ClusterBinding
-    from autosync.runtime.engine import WorkerPool
-
-    ray_session.cloudpickle.register_pickle_by_value(rm)
-    pool = WorkerPool(ClusterBinding.bind(PAIR))
-    yield pool
-    pool.kill_all()
+    yield from warm_pool(ray_session, PAIR)
 
 
 def _strategy(name: str, model_spec) -> Strategy:

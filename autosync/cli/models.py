@@ -62,6 +62,8 @@ def cmd_inspect(args) -> int:
     spec = load_model_spec(model, profile=args.profile)
     print(f"model {spec.name}: batch size {spec.batch_size} per worker, fingerprint {spec.fingerprint}")
     print(variables_table(spec))
+    if any(v.sparse for v in spec.variables) and is_trainable_source(args.model):
+        print_row_reads(args.model)
     if spec.profile is not None:
         p = spec.profile
         print(f"\ncompute: {p.step_time_s * 1e3:.2f} ms per step (forward+backward, median) on {p.device}")
@@ -74,6 +76,20 @@ def cmd_inspect(args) -> int:
         save(spec, args.out)
         print(f"\nwrote {args.out}")
     return 0
+
+
+def print_row_reads(source: str) -> None:
+    """Which sparse variables parameter servers can serve by rows (lookups known before the
+    step) and which are pulled whole every step, with the reason."""
+    from autosync.runtime.rows import row_reads_of
+    from autosync.sources import load_model_def
+
+    reads = row_reads_of(load_model_def(source))
+    whole = reads.full_pull
+    print(f"\nparameter-server pulls: {len(reads.outputs)} sparse variable(s) by rows (lookups known before the step)"
+          + (f", {len(whole)} whole every step:" if whole else ""))
+    for name, why in whole.items():
+        print(f"  {name}: whole table, because {why}")
 
 
 def register(sub) -> None:

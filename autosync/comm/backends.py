@@ -229,6 +229,117 @@ class ObjectStoreBackend(CollectiveBackend):
         return parts
 
 
+class HierarchicalBackend(CollectiveBackend):
+    """Reduce on the node, all-reduce among one leader per node, broadcast on the node.
+
+    Only the leaders' traffic crosses the NICs: a node's workers hand their buffers to the leader
+    through the node's own object store (a node ``Mailbox``), the leaders all-reduce (or gather)
+    among themselves through the object store (``ObjectStoreBackend`` over a leaders' mailbox: a
+    gloo world cannot be split into node and leader groups, torch allows one per process), and
+    each leader hands the result back on its node. Set up by the runtime (``prepare_hierarchy``),
+    not by name.
+
+    Args:
+        rank: global rank.
+        node_rank, node_size: position among the node's workers and their number (rank 0 leads).
+        node_mailbox: the node's Mailbox (None for a node with one worker).
+        leaders: ObjectStoreBackend of the leaders (None for a non-leader).
+    """
+
+    name = "hierarchical"
+
+    def __init__(self, rank: int, node_rank: int, node_size: int, node_mailbox, leaders):
+        self.rank, self.node_rank, self.node_size = rank, node_rank, node_size
+        self.node = ObjectStoreBackend(node_rank, node_size, node_mailbox) if node_size > 1 else None
+        self.leaders = leaders
+
+    @classmethod
+    def connect(cls, rank, world, setup):
+        node_rank, node_size, node_mailbox, leader_rank, leader_world, leader_mailbox = setup["ranks"][rank]
+        leaders = ObjectStoreBackend(leader_rank, leader_world, leader_mailbox) if node_rank == 0 else None
+        return cls(rank, node_rank, node_size, node_mailbox, leaders)
+
+    def _to_leader(self, arr, tag: str) -> list | None:
+        """The node's arrays at the leader (node rank order), None elsewhere."""
+        import ray
+
+        if self.node is None:
+            return [arr]
+        ref = None if self.node_rank == 0 else ray.put(np.ascontiguousarray(arr))
+        got = self.node._trade(f"{tag}/up", [ref if j == 0 else None for j in range(self.node_size)])
+        if self.node_rank != 0:
+            return None
+        got[0] = arr
+        return got
+
+    def _from_leader(self, value, tag: str):
+        import ray
+
+        if self.node is None:
+            return value
+        ref = ray.put(value) if self.node_rank == 0 else None
+        got = self.node._trade(f"{tag}/down", [ref if self.node_rank == 0 and j else None
+                                               for j in range(self.node_size)])
+        return value if self.node_rank == 0 else got[0]
+
+    def allreduce(self, buf, tag):
+        parts = self._to_leader(buf, tag)
+        total = None
+        if parts is not None:
+            local = parts[0].copy()
+            for p in parts[1:]:
+                local += p
+            total = self.leaders.allreduce(local, f"{tag}/leaders")
+        return self._from_leader(total, tag)
+
+    def allgather(self, arr, tag):
+        parts = self._to_leader(arr, tag)
+        everyone = None
+        if parts is not None:
+            # leaders trade their node's arrays, each prefixed by the per-worker lengths
+            counts = np.array([len(p) for p in parts], dtype=np.int64)
+            width = int(np.prod(arr.shape[1:]))
+            block = np.concatenate([np.asarray(p).reshape(len(p), width) for p in parts])
+            nodes = self.leaders.allgather(block, f"{tag}/leaders/values")
+            all_counts = self.leaders.allgather(counts, f"{tag}/leaders/counts")
+            everyone = []
+            for block, cs in zip(nodes, all_counts):
+                offset = 0
+                for c in cs:
+                    everyone.append(block[offset:offset + int(c)].reshape((int(c),) + arr.shape[1:]))
+                    offset += int(c)
+        return self._from_leader(everyone, tag)
+
+
+def prepare_hierarchy(replica_nodes: list[str], actor_options) -> dict:
+    """Driver side: mailboxes for a hierarchical collective over workers on ``replica_nodes``
+    (node name per global rank, in rank order); ``actor_options(node)`` places a node's mailbox.
+
+    Returns:
+        ``{"ranks": {rank: (node_rank, node_size, node_mailbox, leader_rank, leaders, leader_mailbox)}}``
+        with ``"mailboxes"``: every helper actor made (to kill with the session).
+    """
+    import ray
+
+    nodes: dict[str, list[int]] = {}
+    for rank, node in enumerate(replica_nodes):
+        nodes.setdefault(node, []).append(rank)
+    order = list(nodes)
+    leader_box = ObjectStoreBackend.prepare(len(order), "", actor_options(order[0])) if len(order) > 1 else None
+    boxes = [leader_box] if leader_box is not None else []
+    ranks = {}
+    for leader_rank, node in enumerate(order):
+        members = nodes[node]
+        box = None
+        if len(members) > 1:
+            box = ray.remote(Mailbox).options(**{**actor_options(node), "num_cpus": 0,
+                                                 "max_concurrency": max(8, 4 * len(members))}).remote(len(members))
+            boxes.append(box)
+        for node_rank, rank in enumerate(members):
+            ranks[rank] = (node_rank, len(members), box, leader_rank, len(order), leader_box)
+    return {"ranks": ranks, "mailboxes": boxes}
+
+
 BACKENDS: dict[str, type[CollectiveBackend]] = {
     "gloo": GlooBackend,
     "nccl": NcclBackend,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autosync.comm.backends import CollectiveBackend, resolve_backend
+from autosync.comm.backends import CollectiveBackend, HierarchicalBackend, resolve_backend
 from autosync.comm.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
 
 
@@ -45,7 +45,8 @@ class ARMember:
         num_shards: shards of the variable.
         sparse: gradient is ``(indices, values)``.
         compressor: spec such as ``fp16_ef`` or ``powersgd(4)`` (``none`` for sparse).
-        backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``).
+        backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``), or
+            ``hierarchical`` (reduce on the node, leaders all-reduce, broadcast on the node).
     """
 
     key: tuple[int, int]
@@ -92,6 +93,7 @@ class AllReduceChannel:
         self.seed = seed
         self.calls = 0
         self.bytes_sent = 0
+        self.bytes_received = 0
         self._backends: dict[str, CollectiveBackend] = {}
         self._optimizer = None
         self._ef: dict[str, ErrorFeedback] = {}
@@ -105,8 +107,9 @@ class AllReduceChannel:
         return state
 
     # ---- SyncChannel -------------------------------------------------------------------
-    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
-        """Values per (var, shard): every worker applied the same reduced gradients."""
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
+        """Values per (var, shard): every worker applied the same reduced gradients. They are
+        held here, so ``rows`` (what the step reads of sparse variables) changes nothing."""
         return self.params
 
     def push(self, step: int, grads: list) -> None:
@@ -139,13 +142,15 @@ class AllReduceChannel:
     def _backend(self, name: str) -> CollectiveBackend:
         b = self._backends.get(name)
         if b is None:
-            b = resolve_backend(name, gpus=False).connect(self.rank, self.world, self.setups[name])
+            cls = HierarchicalBackend if name == "hierarchical" else resolve_backend(name, gpus=False)
+            b = cls.connect(self.rank, self.world, self.setups[name])
             self._backends[name] = b
         return b
 
     def _allreduce(self, backend: str, buf: np.ndarray, tag: str) -> np.ndarray:
         self.calls += 1
         self.bytes_sent += buf.nbytes
+        self.bytes_received += buf.nbytes
         return self._backend(backend).allreduce(buf, tag)
 
     def _reduce_dense(self, backend, comp, ms, parts, tag) -> dict:
@@ -212,6 +217,7 @@ class AllReduceChannel:
         self.bytes_sent += idx_buf.nbytes + val_buf.nbytes
         all_idx = b.allgather(idx_buf, f"{tag}/i")
         all_val = b.allgather(val_buf, f"{tag}/v")
+        self.bytes_received += sum(a.nbytes for a in all_idx) + sum(a.nbytes for a in all_val)
         gathered: list[tuple[list, list]] = [([], []) for _ in ms]
         for w_idx, w_val in zip(all_idx, all_val):
             n_idx, n_val = len(ms), 0

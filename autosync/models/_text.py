@@ -102,17 +102,45 @@ class SampledSoftmaxLoss(keras.layers.Layer):
                                       initializer=keras.initializers.RandomNormal(stddev=dim ** -0.5))
         self.bias = self.add_weight(shape=(self.vocab,), name="softmax_bias", initializer="zeros")
 
+    # the rows a step reads depend only on the labels (input 1): a parameter-server worker can
+    # compute them before the step (see autosync.runtime.rows) and pull only those rows
+    row_read_inputs = (1,)
+
+    def sample(self, labels):
+        """``num_sampled`` candidate classes drawn log-uniformly, with replacement, from a
+        stateless generator seeded by the labels: the same batch always gets the same negatives,
+        so the candidates can be computed before the step (and in any process)."""
+        flat = tf.reshape(tf.cast(labels, tf.int64), (-1,))
+        weights = tf.range(1, tf.size(flat, out_type=tf.int64) + 1) * 2654435761 % 2147483647
+        key = tf.reduce_sum(flat * weights) % 2147483647
+        u = tf.random.stateless_uniform((self.num_sampled,), seed=tf.stack([tf.constant(self.seed, tf.int64), key]),
+                                        dtype=tf.float64)
+        log_range = tf.math.log(tf.constant(self.vocab + 1.0, tf.float64))
+        ids = tf.cast(tf.floor(tf.exp(u * log_range)), tf.int64) - 1
+        return tf.clip_by_value(ids, 0, self.vocab - 1)
+
+    def expected_count(self, ids):
+        """Expected occurrences of each class in a draw of ``num_sampled`` (log-uniform)."""
+        ids = tf.cast(ids, tf.float64)
+        p = (tf.math.log(ids + 2.0) - tf.math.log(ids + 1.0)) / tf.math.log(tf.constant(self.vocab + 1.0, tf.float64))
+        return tf.cast(p * self.num_sampled, tf.float32)
+
+    def row_reads(self, inputs):
+        """The rows of ``kernel`` and ``bias`` a call on ``inputs`` (``[labels]``) reads."""
+        labels = tf.reshape(tf.cast(inputs[0], tf.int64), (-1,))
+        ids = tf.concat([labels, self.sample(inputs[0])], axis=0)
+        return {self.kernel.path: ids, self.bias.path: ids}
+
     def call(self, inputs):
         hidden, labels = inputs
         shape = tf.shape(labels)
         flat_labels = tf.reshape(tf.cast(labels, tf.int64), (-1, 1))
         flat_hidden = tf.reshape(hidden, (-1, hidden.shape[-1]))
-        sampled = tf.random.log_uniform_candidate_sampler(
-            flat_labels, num_true=1, num_sampled=self.num_sampled, unique=True, range_max=self.vocab,
-            seed=self.seed)
+        sampled = self.sample(labels)
+        candidates = (sampled, self.expected_count(flat_labels), self.expected_count(sampled))
         loss = tf.nn.sampled_softmax_loss(
             weights=self.kernel, biases=self.bias, labels=flat_labels, inputs=flat_hidden,
-            num_sampled=self.num_sampled, num_classes=self.vocab, sampled_values=sampled,
+            num_sampled=self.num_sampled, num_classes=self.vocab, sampled_values=candidates,
             remove_accidental_hits=True)
         return tf.reshape(loss, shape)
 

@@ -1,7 +1,7 @@
 """Worker-side synchronization channels.
 
-A worker's step is always: ``values = channel.pull(step)`` (assign them), compute gradients,
-``channel.push(step, grads)``. Each synchronizer kind is a channel:
+A worker's step is always: draw the batch, ``values = channel.pull(step, rows=rows)`` (assign
+them), compute gradients, ``channel.push(step, grads)``. Each synchronizer kind is a channel:
 
 - ``PSChannel`` (here): pushes each PS actor's gradient shards in ONE call and pulls its shards in
   ONE call per step, whatever the number of variables.
@@ -9,11 +9,20 @@ A worker's step is always: ``values = channel.pull(step)`` (assign them), comput
   fusion groups (gloo, nccl or the object store) and applies the local optimizer, ``pull`` returns
   the locally updated values.
 
-``pull`` returns values per ``(var_index, shard_index)``; the worker puts each variable together
-from the parts of every channel, so one variable's shards may be split between PS and all-reduce.
+``pull(step, fresh=False, rows=None)`` returns values per ``(var_index, shard_index)``; the worker
+puts each variable together from the parts of every channel, so one variable's shards may be
+split between PS and all-reduce. ``rows`` maps a sparse variable's index to the sorted unique
+int64 row ids (of the whole variable) the step reads; for its shards a channel may return
+``(row_ids, values)`` (row ids of the whole variable, values of those rows) instead of the whole
+shard: the PS channel does, so only those rows cross the network. A variable not in ``rows`` is
+returned whole. A channel that holds its values locally (all-reduce) ignores ``rows``.
 
 Gradients are given per model variable: a dense ndarray, ``(indices, values)`` for a sparse
-(IndexedSlices) gradient, or None (no gradient: nothing is sent).
+(IndexedSlices) gradient, or None (no gradient: nothing is sent). The PS channel sums the
+slices of repeated rows before sending (``rows.dedup_rows``).
+
+Every channel counts ``calls`` (Ray calls) and ``bytes_sent``/``bytes_received`` (array payload
+bytes, both directions) so the runtime can report what a step moved.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ import abc
 import numpy as np
 
 from autosync.comm.channel import shard_gradient
+from autosync.runtime.rows import dedup_rows, payload_bytes
 
 
 class SyncChannel(abc.ABC):
@@ -29,13 +39,17 @@ class SyncChannel(abc.ABC):
 
     Attributes:
         calls: Ray actor calls issued so far (the overhead the runtime is measured by).
+        bytes_sent, bytes_received: array payload bytes moved so far.
     """
 
     calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
     @abc.abstractmethod
-    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
-        """Values of this channel's shards to compute ``step`` with: (var, shard) -> array.
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
+        """Values of this channel's shards to compute ``step`` with: (var, shard) -> array, or
+        ``(row_ids, values)`` for a variable in ``rows`` (see the module doc).
 
         ``fresh`` waits for every update before ``step`` (no staleness allowance)."""
 
@@ -55,41 +69,108 @@ class PSChannel(SyncChannel):
         actors: ``[(actor_handle, PSActorPlan), ...]``.
         shapes: shape of every model variable (index -> shape).
         staleness: how many steps this worker may run ahead of the slowest one.
+        squares: the PS optimizer needs the squared slices of repeated sparse rows.
+        aggregator: the node's ``NodeAggregator`` (None: no other worker on this node, or an
+            asynchronous PS); locally replicated shards then go through it, once per node.
     """
 
-    def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int):
+    def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
+                 squares: bool = True, aggregator=None):
         self.worker_index = worker_index
         self.actors = actors
         self.shapes = [tuple(s) for s in shapes]
         self.staleness = staleness
+        self.squares = squares
+        self.aggregator = aggregator
         self.calls = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
         self._pushes: list = []
 
-    def pull(self, step: int, fresh: bool = False) -> dict[tuple[int, int], np.ndarray]:
+    def _via_node(self, ref) -> bool:
+        return self.aggregator is not None and ref.local_replication
+
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
         import ray
 
         min_version = step if fresh else step - self.staleness
-        refs = [actor.pull.remote(min_version) for actor, _ in self.actors]
-        self.calls += len(refs)
-        replies = ray.get(refs)
+        rows = rows or {}
+        # the final, fresh pull of a run is every worker's own (one worker may pull alone)
+        node = self.aggregator is not None and not fresh
+        refs, wanted, node_rows = [], [], {}
+        for a, (actor, plan) in enumerate(self.actors):
+            local, shard_rows, node_local = {}, {}, {}
+            for ref in plan.shards:
+                routed = node and ref.local_replication
+                if routed:
+                    node_rows.setdefault(a, {})
+                if ref.sparse and ref.var_index in rows:
+                    ids = rows[ref.var_index]
+                    if ref.num_shards > 1:
+                        ids = ids[(ids >= ref.start) & (ids < ref.stop)]
+                    (node_rows[a] if routed else shard_rows)[ref.key] = (ids - ref.start).astype(np.int32)
+                    if not routed:
+                        local[ref.key] = ids
+            wanted.append(local)
+            self.bytes_sent += payload_bytes(shard_rows)
+            if not node:
+                refs.append(actor.pull.remote(min_version, shard_rows or None))
+            elif any(not r.local_replication for r in plan.shards):
+                refs.append(actor.pull.remote(min_version, shard_rows or None, "direct"))
+            else:
+                refs.append(None)
+        node_ref = None
+        if node_rows:
+            self.bytes_sent += payload_bytes(node_rows)
+            node_ref = self.aggregator.pull.remote(self.worker_index, step, min_version, node_rows)
+            self.calls += 1
+        self.calls += sum(r is not None for r in refs)
+        replies = ray.get([r for r in refs if r is not None])
         # earlier pushes are complete once their step's values are out; surface their errors
         self._check_pushes()
         shards: dict = {}
         shared = [r[2] for r in replies if r[2] is not None]
-        for _, direct, _ in replies:
-            shards.update(direct)
+        for (_, direct, _), local in zip(replies, [w for w, r in zip(wanted, refs) if r is not None]):
+            self.bytes_received += payload_bytes(direct)
+            for key, value in direct.items():
+                shards[key] = (local[key], value) if key in local else value
         for part in ray.get(shared) if shared else ():
+            self.bytes_received += payload_bytes(part)
             shards.update(part)
+        if node_ref is not None:
+            starts = {ref.key: ref.start for _, plan in self.actors for ref in plan.shards}
+            for values in ray.get(node_ref).values():
+                self.bytes_received += payload_bytes(values)
+                for key, value in values.items():
+                    # shard-local rows of the node's union back to the variable's row ids
+                    shards[key] = (value[0].astype(np.int64) + starts[key], value[1]) if isinstance(value, tuple) else value
         return shards
 
     def push(self, step: int, grads: list) -> None:
-        for actor, plan in self.actors:
-            payload = {}
+        node_payloads = {}
+        for a, (actor, plan) in enumerate(self.actors):
+            payload, node_payload = {}, {}
             for ref in plan.shards:
                 g = grads[ref.var_index]
                 if g is not None:
-                    payload[ref.key] = self._shard_grad(ref, g)
-            self._pushes.append(actor.push.remote(self.worker_index, step, payload))
+                    g = self._shard_grad(ref, g)
+                    g = dedup_rows(g[0], g[1], self.squares) if ref.sparse else g
+                    (node_payload if self._via_node(ref) else payload)[ref.key] = g
+            if self.aggregator is None:
+                kinds = None
+            elif any(not r.local_replication for r in plan.shards):
+                kinds = ("direct",)
+            else:
+                kinds = ()
+            if any(self._via_node(r) for r in plan.shards):
+                node_payloads[a] = node_payload
+            if kinds != ():
+                self.bytes_sent += payload_bytes(payload)
+                self._pushes.append(actor.push.remote(self.worker_index, step, payload, 1, kinds))
+                self.calls += 1
+        if node_payloads:
+            self.bytes_sent += payload_bytes(node_payloads)
+            self._pushes.append(self.aggregator.push.remote(self.worker_index, step, node_payloads))
             self.calls += 1
 
     def finish(self) -> None:

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from autosync.comm.backends import ObjectStoreBackend
+from autosync.comm.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.comm.channel import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.channels import PSChannel
@@ -248,10 +248,11 @@ class Session:
 
         from autosync.runtime.ps_shard import ParameterServerShard
 
-        from autosync.runtime.optimizers import check_optimizer_config
+        from autosync.runtime.optimizers import check_optimizer_config, squares_slices
 
         plan = self.plan
-        setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends if b != "objectstore"}
+        setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends
+                  if b not in ("objectstore", "hierarchical")}
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
@@ -275,12 +276,21 @@ class Session:
             mailbox = ObjectStoreBackend.prepare(n, "", binding.actor_options(binding.cluster.chief.name))
             self.helpers.append(mailbox)
             setups["objectstore"] = mailbox
+        if "hierarchical" in plan.backends:
+            hierarchy = prepare_hierarchy([plan.replica_node(s) for s in plan.replicas], binding.actor_options)
+            self.helpers.extend(hierarchy.pop("mailboxes"))
+            setups["hierarchical"] = hierarchy
         ar_values = {m.key: initial[m.key[0]] if m.num_shards == 1 else np.ascontiguousarray(
             initial[m.key[0]][(slice(None),) * m.axis + (slice(m.start, m.stop),)])
             for g in plan.ar_groups for m in g.members}
 
+        squares = squares_slices(desc["optimizer"])
+        aggregators = self._start_aggregators(squares)
+        node_of = {i: node for node, workers in plan.node_aggregation().items() for i in workers}
+
         def channels(i: int) -> list:
-            out = [PSChannel(i, pairs, shapes, plan.staleness)] if pairs else []
+            out = [PSChannel(i, pairs, shapes, plan.staleness, squares,
+                             aggregators.get(node_of.get(i)))] if pairs else []
             if plan.ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, list(plan.ar_groups), setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
@@ -290,6 +300,20 @@ class Session:
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
         return {"ps": ps_info, "workers": infos}
+
+    def _start_aggregators(self, squares: bool) -> dict:
+        """One NodeAggregator per node whose workers aggregate (see ``SyncPlan.node_aggregation``)."""
+        import ray
+
+        from autosync.runtime.aggregator import NodeAggregator
+
+        sparse = [r.key for p in self.plan.ps_actors for r in p.shards if r.sparse]
+        out = {}
+        for node, workers in self.plan.node_aggregation().items():
+            actor = ray.remote(NodeAggregator).options(**self.pool.binding.actor_options(node), max_concurrency=1000)
+            out[node] = actor.remote(node, len(workers), self.ps_actors, sparse, squares)
+            self.helpers.append(out[node])
+        return out
 
     def run(self, steps: int, deadline: float | None = None) -> list[dict]:
         """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``)."""
@@ -301,6 +325,14 @@ class Session:
         out = {a._actor_id.hex(): f"parameter server {p.name}" for a, p in zip(self.ps_actors, self.plan.ps_actors)}
         out.update({w._actor_id.hex(): f"worker {slot}" for w, slot in zip(self.workers, self.plan.replicas)})
         return out
+
+    def ps_stats(self, deadline: float | None = None) -> dict:
+        """Per PS actor (by name): pushes and pulls served, seconds applying updates, and
+        ``wait_s``, the time steps spent between their first and last push (how long a shard held
+        its update waiting for the slowest sender), summed over the steps run so far."""
+        names = [p.name for p in self.plan.ps_actors]
+        stats = wait_all([a.stats.remote() for a in self.ps_actors], deadline, "parameter server", names)
+        return dict(zip(names, stats))
 
     def weights(self, deadline: float | None = None) -> list:
         """Model weights of the first worker (synchronized by the last ``run``)."""

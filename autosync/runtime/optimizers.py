@@ -8,9 +8,11 @@ variable's dtype (float32 scalars, same operation order), so results match a sin
 optimizer to float rounding.
 
 Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
-embedding lookup, exactly what ``tf.IndexedSlices`` holds). Keras treats them as follows, and so
-do we: repeated indices add up; for Adam, ``square(gradient)`` squares each slice *before* they are
-added up (Keras squares the ``IndexedSlices`` values), so ``v`` sees the sum of squared slices.
+embedding lookup, exactly what ``tf.IndexedSlices`` holds), or as ``(indices, values, squares)``
+where the sender already summed repeated slices and ``squares`` holds each row's sum of squared
+slices. Keras treats them as follows, and so do we: repeated indices add up; for Adam,
+``square(gradient)`` squares each slice *before* they are added up (Keras squares the
+``IndexedSlices`` values), so ``v`` sees the sum of squared slices.
 """
 from __future__ import annotations
 
@@ -39,11 +41,14 @@ def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.nd
 
 def _grad_and_square(var: np.ndarray, grad):
     """The dense gradient and the gradient squared as Keras squares it: for a sparse gradient
-    each slice is squared before repeated rows are added up."""
+    each slice is squared before repeated rows are added up. A sparse gradient may carry those
+    squares already, ``(indices, values, squares)``, when its slices were summed before sending
+    (``squares`` None: each slice is its own square's source)."""
     if isinstance(grad, tuple):
-        indices, values = grad
+        indices, values = grad[0], grad[1]
+        squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
         return (_scatter_sum(var.shape, var.dtype, indices, values),
-                _scatter_sum(var.shape, var.dtype, indices, np.square(values)))
+                _scatter_sum(var.shape, var.dtype, indices, squares))
     return grad, np.square(grad)
 
 
@@ -56,6 +61,7 @@ class NumpyOptimizer(abc.ABC):
 
     slot_names: tuple[str, ...] = ()
     keras_name = ""
+    squares_slices = False  # the update reads the square of each sparse slice (Adam, Adagrad)
     _options: dict = {}
 
     def __init__(self, config: dict):
@@ -109,7 +115,7 @@ class SGD(NumpyOptimizer):
                 np.subtract.at(new, grad[0], grad[1] * lr)
                 return new
             return var - grad * lr
-        g = _scatter_sum(var.shape, var.dtype, *grad) if isinstance(grad, tuple) else grad
+        g = _scatter_sum(var.shape, var.dtype, grad[0], grad[1]) if isinstance(grad, tuple) else grad
         mom = var.dtype.type(self.options["momentum"])
         slots = self.slots[key]
         m = slots["momentum"] * mom - g * lr
@@ -123,6 +129,7 @@ class Adam(NumpyOptimizer):
     """``keras.optimizers.Adam`` with bias correction and optional AMSGrad."""
 
     keras_name = "adam"
+    squares_slices = True
     _options = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False}
 
     def __init__(self, config):
@@ -159,6 +166,7 @@ class Adagrad(NumpyOptimizer):
     slices are added up, so the accumulator gets the sum of squared slices."""
 
     keras_name = "adagrad"
+    squares_slices = True
     slot_names = ("accumulator",)
     _options = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
 
@@ -168,10 +176,28 @@ class Adagrad(NumpyOptimizer):
     def _update(self, iteration, key, var, grad):
         f = var.dtype.type
         lr = f(self.learning_rate)
-        g, g2 = _grad_and_square(var, grad)
         s = self.slots[key]
+        if isinstance(grad, tuple) and self.weight_decay is None:
+            return self._update_rows(key, var, grad, lr, f(self.options["epsilon"]))
+        g, g2 = _grad_and_square(var, grad)
         s["accumulator"] = s["accumulator"] + g2
         return var - (lr * g) / np.sqrt(s["accumulator"] + f(self.options["epsilon"]))
+
+    def _update_rows(self, key, var, grad, lr, eps):
+        """The same update on the touched rows only: elsewhere Keras adds 0 to the accumulator and
+        subtracts exactly 0 from the variable, so skipping those rows changes no bit (repeated rows
+        are added up in the same order as the dense scatter does)."""
+        indices, values = grad[0], grad[1]
+        squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
+        rows, inverse = np.unique(indices, return_inverse=True)
+        g = _scatter_sum((len(rows),) + var.shape[1:], var.dtype, inverse, values)
+        g2 = _scatter_sum((len(rows),) + var.shape[1:], var.dtype, inverse, squares)
+        acc = self.slots[key]["accumulator"]  # never handed out: updated in place
+        acc_rows = acc[rows] + g2
+        acc[rows] = acc_rows
+        new = var.copy()  # a pulled snapshot of var must not change under its reader
+        new[rows] = var[rows] - (lr * g) / np.sqrt(acc_rows + eps)
+        return new
 
 
 OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}
@@ -233,6 +259,13 @@ def check_model_optimizer(model_def) -> None:
         check_optimizer_config(keras_optimizer_config(model_def.optimizer_fn()))
     except ConfigError as e:
         raise e.with_source(f"model {model_def.name}") from None
+
+
+def squares_slices(config: dict) -> bool:
+    """Whether the optimizer of ``config`` needs the sum of squared slices of repeated sparse rows
+    (a sender that sums repeated rows must then send those squares as well)."""
+    cls = OPTIMIZERS.get(_kind(config))
+    return cls is None or cls.squares_slices
 
 
 def make_optimizer(config: dict) -> NumpyOptimizer:

@@ -93,6 +93,17 @@ class SyncPlan:
     def replica_node(self, slot: str) -> str:
         return slot.rsplit(":", 1)[0]
 
+    def node_aggregation(self) -> dict[str, list[int]]:
+        """Node -> indices of its workers, for the nodes whose workers sum their gradients of the
+        locally replicated shards before one push and share one pull (synchronous PS, nodes with
+        several workers)."""
+        if not self.sync or not any(r.local_replication for p in self.ps_actors for r in p.shards):
+            return {}
+        by_node: dict[str, list[int]] = {}
+        for i, slot in enumerate(self.replicas):
+            by_node.setdefault(self.replica_node(slot), []).append(i)
+        return {node: workers for node, workers in by_node.items() if len(workers) > 1}
+
     @classmethod
     def build(cls, strategy: Strategy, model: ModelSpec, cluster) -> "SyncPlan":
         """Plan a strategy that ``validate`` accepted.
@@ -101,6 +112,9 @@ class SyncPlan:
             ConfigError: an all-reduce backend that cannot run here (e.g. gloo without torch).
         """
         gpus = any(n.gpus > 0 for n in cluster.nodes)
+        slots = strategy.resolved_replicas(cluster)
+        # hierarchical all-reduce differs from flat only where a node holds several workers
+        shared_nodes = len({s.rsplit(":", 1)[0] for s in slots}) < len(slots)
         backends: dict[str, str] = {}
         by_node: dict[str, list[ShardRef]] = {}
         groups: dict[int, list[ARMember]] = {}
@@ -116,10 +130,11 @@ class SyncPlan:
                 if isinstance(sync, AllReduce):
                     if sync.backend not in backends:
                         backends[sync.backend] = resolve_backend(sync.backend, gpus).name
+                    backend = "hierarchical" if sync.hierarchical and shared_nodes else backends[sync.backend]
                     groups.setdefault(sync.group, []).append(ARMember(
                         key=(var_index, shard_index), start=start, stop=stop, axis=axis,
                         num_shards=cfg.num_shards, sparse=var.sparse,
-                        compressor="none" if var.sparse else sync.compressor, backend=backends[sync.backend]))
+                        compressor="none" if var.sparse else sync.compressor, backend=backend))
                     continue
                 modes.add((sync.sync, sync.staleness))
                 by_node.setdefault(sync.destination, []).append(ShardRef(

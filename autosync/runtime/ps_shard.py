@@ -4,8 +4,15 @@ It runs numpy only (no TensorFlow), so a fresh one starts in a fraction of a sec
 asyncio Ray actor: ``pull`` may wait for a version without blocking ``push`` calls.
 
 Protocol, per worker and step ``t`` (one call each, whatever the number of shards held):
-    ``push(worker, t, grads)``  grads: key -> dense ndarray or ``(indices, values)``;
-    ``pull(min_version)``       waits until ``version >= min_version``, returns the values.
+    ``push(worker, t, grads)``  grads: key -> dense ndarray, or for a sparse shard
+                                ``(rows, values)`` or ``(rows, values, positions, square_sums)``
+                                (repeated rows summed by the sender; see ``rows.dedup_rows``);
+    ``pull(min_version, rows)`` waits until ``version >= min_version``, returns the values: whole
+                                shards, except the keys in ``rows`` (key -> shard-local row ids),
+                                for which only those rows are returned, in that order.
+
+Sparse shards move rows, never tables, in both directions; the optimizer update itself is the
+full Keras one (Adam's moments decay on every row), applied here.
 
 ``version`` counts applied updates. Synchronous mode sums the pushes of step ``t`` from all
 workers and, once all are in and every earlier step is applied, applies their mean as update
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import numpy as np
 
@@ -54,7 +62,11 @@ class ParameterServerShard:
         self._error: str | None = None
         self._cond: asyncio.Condition | None = None
         self._shared_ref = None
-        self._shared_version = -1
+        self._shared_version: tuple | None = None
+        # the kinds of keys held; a step is complete once each kind has all workers' gradients
+        self.kinds = tuple(k for k, has in (("direct", set(self.params) - self.shared_keys),
+                                            ("shared", self.shared_keys)) if has)
+        self.stats_ = {"pushes": 0, "pulls": 0, "apply_s": 0.0, "wait_s": 0.0}
 
     def _condition(self) -> asyncio.Condition:
         # created inside the actor's event loop, on first use
@@ -68,20 +80,30 @@ class ParameterServerShard:
 
         return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    async def push(self, worker: int, step: int, grads: dict) -> None:
-        """Receive one worker's gradient shards for ``step`` (all keys of this actor at once)."""
+    async def push(self, source, step: int, grads: dict, weight: int = 1, kinds=None) -> None:
+        """Receive gradient shards for ``step`` (all keys of this actor a source sends, at once).
+
+        Args:
+            source: the sending worker's index, or the node name of a node aggregator.
+            step: the step the gradients belong to.
+            grads: key -> gradient (see the module doc).
+            weight: how many workers' gradients ``grads`` sums (a node aggregator's: its workers).
+            kinds: which of this actor's key kinds the push covers: ``direct`` (keys pulled by each
+                worker) and/or ``shared`` (locally replicated keys); default both it holds.
+        """
         if self._error:
             raise RuntimeError(self._error)
+        self.stats_["pushes"] += 1
         try:
             if self.sync:
-                self._accumulate(worker, step, grads)
+                self._accumulate(source, step, grads, weight, tuple(kinds or self.kinds))
                 applied = self._apply_complete_steps()
             else:
                 self.optimizer.apply(self.version, self.params, self._own(grads))
                 self.version += 1
                 applied = True
         except Exception as e:  # reported to every waiting pull, then re-raised
-            self._error = f"{self.name}: update for step {step} from worker {worker} failed: {type(e).__name__}: {e}"
+            self._error = f"{self.name}: update for step {step} from worker {source} failed: {type(e).__name__}: {e}"
             applied = True
             raise
         finally:
@@ -89,34 +111,55 @@ class ParameterServerShard:
                 async with self._condition():
                     self._condition().notify_all()
 
-    async def pull(self, min_version: int):
+    async def stats(self) -> dict:
+        """Calls received and time spent: ``pushes``, ``pulls``, ``apply_s`` (optimizer updates)
+        and ``wait_s`` (per step, from its first push to its last: how long the step waited for
+        its slowest sender)."""
+        return dict(self.stats_)
+
+    async def pull(self, min_version: int, rows: dict | None = None, which: str = "all"):
         """Current values once ``version >= min_version``.
+
+        Args:
+            min_version: the update count to wait for.
+            rows: sparse key -> shard-local row ids: only those rows of that shard are returned
+                (a copy, in the order given); other keys are returned whole.
+            which: ``all`` keys, only the ``direct`` ones (not locally replicated), or only the
+                ``shared`` ones (a node aggregator's pull, returned directly).
 
         Returns:
             ``(version, direct, shared_ref)``: ``direct`` maps keys to arrays; ``shared_ref`` is an
-            ObjectRef to a dict of the locally replicated keys (None if there are none).
+            ObjectRef to a dict of the locally replicated keys not pulled by rows (None if none).
         """
         cond = self._condition()
         async with cond:
             await cond.wait_for(lambda: self.version >= min_version or self._error is not None)
         if self._error:
             raise RuntimeError(self._error)
-        direct = {k: v for k, v in self.params.items() if k not in self.shared_keys}
-        return self.version, direct, self._shared_snapshot()
+        self.stats_["pulls"] += 1
+        rows = rows or {}
+        take = lambda k, v: v[rows[k]] if k in rows else v  # noqa: E731
+        if which == "shared":
+            return self.version, {k: take(k, v) for k, v in self.params.items() if k in self.shared_keys}, None
+        direct = {k: take(k, v) for k, v in self.params.items() if k in rows or k not in self.shared_keys}
+        if which == "direct":
+            direct = {k: v for k, v in direct.items() if k not in self.shared_keys}
+            return self.version, direct, None
+        return self.version, direct, self._shared_snapshot(self.shared_keys - set(rows))
 
     async def values(self) -> dict:
         """All shards now (for tests and final weights)."""
         return dict(self.params)
 
-    def _shared_snapshot(self):
-        if not self.shared_keys:
+    def _shared_snapshot(self, keys: frozenset):
+        if not keys:
             return None
-        if self._shared_version != self.version:
+        if self._shared_version != (self.version, keys):
             import ray
 
             # one object per version: workers of a node read the same copy from their store
-            self._shared_ref = ray.put({k: self.params[k] for k in self.shared_keys})
-            self._shared_version = self.version
+            self._shared_ref = ray.put({k: self.params[k] for k in keys})
+            self._shared_version = (self.version, keys)
         return self._shared_ref
 
     def _own(self, grads: dict) -> dict:
@@ -124,16 +167,19 @@ class ParameterServerShard:
         for key, g in grads.items():
             if key not in self.params:
                 raise KeyError(f"{self.name} holds no shard {key}; it holds {sorted(self.params)}")
-            out[key] = (np.asarray(g[0]), np.asarray(g[1])) if key in self.sparse_keys else np.asarray(g)
+            out[key] = _sparse_grad(g) if key in self.sparse_keys else np.asarray(g)
         return out
 
-    def _accumulate(self, worker: int, step: int, grads: dict) -> None:
+    def _accumulate(self, source, step: int, grads: dict, weight: int, kinds: tuple) -> None:
         if step < self.version:
-            raise RuntimeError(f"worker {worker} pushed step {step} but step {self.version - 1} is already applied")
-        entry = self._pending.setdefault(step, {"workers": set(), "dense": {}, "sparse": {}})
-        if worker in entry["workers"]:
-            raise RuntimeError(f"worker {worker} pushed step {step} twice")
-        entry["workers"].add(worker)
+            raise RuntimeError(f"worker {source} pushed step {step} but step {self.version - 1} is already applied")
+        entry = self._pending.setdefault(step, {"sources": set(), "weight": dict.fromkeys(self.kinds, 0),
+                                                "dense": {}, "sparse": {}, "first": time.perf_counter()})
+        for kind in kinds:
+            if (source, kind) in entry["sources"]:
+                raise RuntimeError(f"worker {source} pushed step {step} twice")
+            entry["sources"].add((source, kind))
+            entry["weight"][kind] += weight
         for key, g in self._own(grads).items():
             if key in self.sparse_keys:
                 entry["sparse"].setdefault(key, []).append(g)
@@ -144,8 +190,11 @@ class ParameterServerShard:
 
     def _apply_complete_steps(self) -> bool:
         applied = False
-        while len(self._pending.get(self.version, {}).get("workers", ())) == self.num_workers:
+        while self.version in self._pending and all(
+                w == self.num_workers for w in self._pending[self.version]["weight"].values()):
             entry = self._pending.pop(self.version)
+            t0 = time.perf_counter()
+            self.stats_["wait_s"] += t0 - entry["first"]
             n = self.num_workers
             grads: dict = {}
             for key, total in entry["dense"].items():
@@ -153,8 +202,23 @@ class ParameterServerShard:
             for key, parts in entry["sparse"].items():
                 idx = np.concatenate([p[0] for p in parts])
                 vals = np.concatenate([p[1] for p in parts])
-                grads[key] = (idx, vals / vals.dtype.type(n))
+                squares = None
+                if any(p[2] is not None for p in parts):
+                    sq = np.concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
+                    squares = sq / sq.dtype.type(n * n)
+                grads[key] = (idx, vals / vals.dtype.type(n), squares)
             self.optimizer.apply(self.version, self.params, grads)
+            self.stats_["apply_s"] += time.perf_counter() - t0
             self.version += 1
             applied = True
         return applied
+
+
+def _sparse_grad(g) -> tuple:
+    """A pushed sparse gradient as ``(indices, values, squares or None)`` for the optimizer."""
+    indices, values = np.asarray(g[0]), np.asarray(g[1])
+    if len(g) == 2:
+        return indices, values, None
+    squares = np.square(values)
+    squares[np.asarray(g[2])] = np.asarray(g[3])
+    return indices, values, squares

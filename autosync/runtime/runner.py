@@ -32,7 +32,10 @@ def summarize_steps(results: list[dict], warmup: int) -> dict:
     compute = np.mean([r["compute"][timed] for r in results])
     sync = np.mean([r["sync"][timed] for r in results])
     calls = np.array([r["calls"][timed] for r in results], dtype=float)
+    moved = {k: float(np.mean([r[k][timed] for r in results])) for k in ("bytes_sent", "bytes_received")
+             if all(k in r for r in results)}
     return {
+        "bytes_per_step_per_worker": moved,
         "step_times": durations.max(axis=0).tolist(),
         "breakdown": {"compute": float(compute), "sync": float(sync)},
         "calls_per_step_per_worker": float(calls.mean()),
@@ -120,6 +123,7 @@ class RayRunner(Runner):
             placement = session.start(deadline)
             meta["placement"] = placement
             results = session.run(self.warmup + self.steps, deadline)
+            meta["ps_stats"] = session.ps_stats(deadline)
             session.close()
         except ConfigError as e:
             if session is not None:
@@ -138,6 +142,9 @@ class RayRunner(Runner):
         meta.update({
             "startup_s": summary["first_step_start"] - started,
             "ray_calls_per_step_per_worker": summary["calls_per_step_per_worker"],
+            "bytes_per_step_per_worker": summary["bytes_per_step_per_worker"],
+            # sparse variables pulled whole each step: their lookups are not known before the step
+            "full_pull": dict(self.pool.description.get("full_pull", {})),
             "ps_actors": len(plan.ps_actors),
             "workers": plan.num_workers,
             "loss": summary["loss"],

@@ -3,6 +3,10 @@
 A worker process imports TensorFlow once (seconds), so the runtime keeps workers warm across
 trials; ``load`` builds a model, ``reset`` starts a trial from the initial weights and a fresh data
 iterator, and ``run`` executes steps against the trial's synchronization channels.
+
+A step draws its batch first, so that for the sparse variables whose lookups are predictable
+(``autosync.runtime.rows``) it pulls only the rows the batch reads; the worker's copy of such a
+table is current on those rows only, until ``get_weights`` pulls it whole.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import time
 import numpy as np
 
 from autosync.runtime.optimizers import keras_optimizer_config
+from autosync.runtime.rows import find_row_reads
 
 
 def _to_numpy(grad):
@@ -43,6 +48,7 @@ class TrainingWorker:
         self.model = None
         self.channels: list = []
         self.step = 0
+        self._partial = False  # some row-pulled tables are current only on the rows last read
 
     def info(self) -> dict:
         """Where this worker runs."""
@@ -57,8 +63,10 @@ class TrainingWorker:
         """Build the model from its seed and probe one gradient.
 
         Returns:
-            ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]}``
-            (trainable variables in model order).
+            ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays],
+            "row_pull": [names], "full_pull": {name: reason}}`` (trainable variables in model order;
+            ``row_pull``: sparse variables whose rows each step reads are known before it runs and
+            pulled alone from parameter servers; ``full_pull``: sparse ones pulled whole, and why).
         """
         import keras
         import tensorflow as tf
@@ -88,13 +96,40 @@ class TrainingWorker:
         _, grads = gradients(x, y)  # builds a model created without shapes, traces once
         self.variables = list(model.trainable_variables)
         self.initial_weights = [w.copy() for w in model.get_weights()]
+        sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
+        self.row_reads = find_row_reads(model, self.variables, sparse)
+        self._assign_rows = self._row_assigner()
         return {
-            "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype),
-                           "sparse": isinstance(g, tf.IndexedSlices)}
-                          for v, g in zip(self.variables, grads)],
+            "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s}
+                          for v, s in zip(self.variables, sparse)],
             "optimizer": keras_optimizer_config(optimizer),
             "initial": [v.numpy() for v in self.variables],
+            "row_pull": [self.variables[i].path for i in sorted(self.row_reads.outputs)],
+            "full_pull": dict(self.row_reads.full_pull),
         }
+
+    def _row_assigner(self):
+        """One graph call that assigns whole variables and scatters the pulled rows of the
+        row-pulled ones (row counts vary per step: their signature leaves them open)."""
+        import tensorflow as tf
+
+        variables = self.variables
+        row_vars = sorted(self.row_reads.outputs)
+        whole = [i for i in range(len(variables)) if i not in self.row_reads.outputs]
+        signature = [
+            [tf.TensorSpec(variables[i].shape, variables[i].dtype) for i in whole],
+            [tf.TensorSpec([None], tf.int64) for _ in row_vars],
+            [tf.TensorSpec([None] + list(variables[i].shape[1:]), variables[i].dtype) for i in row_vars],
+        ]
+
+        @tf.function(input_signature=signature)
+        def assign_rows(values, rows, row_values):
+            for i, value in zip(whole, values):
+                variables[i].assign(value)
+            for i, r, value in zip(row_vars, rows, row_values):
+                variables[i].value.scatter_update(tf.IndexedSlices(value, r))
+
+        return assign_rows
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list) -> None:
         """Start from the initial weights with a fresh data iterator and the given channels;
@@ -104,56 +139,106 @@ class TrainingWorker:
         self.channels = channels
         self.layout = [tuple(x) for x in layout]
         self.step = 0
+        self._partial = False
 
     def run(self, steps: int) -> dict:
         """Run ``steps`` training steps, then pull the final values.
 
         Returns:
             per-step lists ``start`` (UNIX time at each step start, plus one after the final
-            pull), ``compute``, ``sync`` (seconds), ``loss`` and ``calls`` (Ray calls made).
+            pull), ``compute``, ``sync`` (seconds), ``loss``, ``calls`` (Ray calls made) and
+            ``bytes_sent``/``bytes_received`` (array payload bytes the step moved).
         """
-        out = {"start": [], "compute": [], "sync": [], "loss": [], "calls": []}
+        out = {"start": [], "compute": [], "sync": [], "loss": [], "calls": [], "bytes_sent": [],
+               "bytes_received": []}
+        counters = lambda: (sum(c.calls for c in self.channels), sum(c.bytes_sent for c in self.channels),  # noqa: E731
+                            sum(c.bytes_received for c in self.channels))
         for _ in range(steps):
-            calls0 = sum(c.calls for c in self.channels)
+            before = counters()
             t0 = time.time()
             out["start"].append(t0)
-            self._assign_pulled(self.step)
             x, y = next(self.batches)
+            rows = self.row_reads.rows(x)
+            self._assign_pulled(self.step, rows=rows)
             t1 = time.perf_counter()
             loss, grads = self._gradients(x, y)
             grads = [_to_numpy(g) for g in grads]
             compute = time.perf_counter() - t1
+            self._check_rows(rows, grads)
             for channel in self.channels:
                 channel.push(self.step, grads)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(float(loss))
-            out["calls"].append(sum(c.calls for c in self.channels) - calls0)
+            for key, b, a in zip(("calls", "bytes_sent", "bytes_received"), before, counters()):
+                out[key].append(a - b)
             self.step += 1
-        # the final pull waits for every worker's last update: the model ends fully synchronized
-        self._assign_pulled(self.step, fresh=True)
+        # the final pull waits for every worker's last update: the model ends synchronized
+        # (row-pulled tables on no rows: get_weights pulls them whole when asked)
+        none = {v: np.zeros(0, np.int64) for v in self.row_reads.outputs}
+        self._assign_pulled(self.step, fresh=True, rows=none)
+        self._partial = bool(none)
         for channel in self.channels:
             channel.finish()
         out["start"].append(time.time())
         return out
 
     def get_weights(self) -> list:
-        """All model weights (``model.get_weights()`` order)."""
+        """All model weights (``model.get_weights()`` order), row-pulled tables pulled whole."""
+        if self._partial:
+            self._assign_pulled(self.step, fresh=True)
+            self._partial = False
         return self.model.get_weights()
 
-    def _assign_pulled(self, step: int, fresh: bool = False) -> None:
+    def _check_rows(self, rows: dict, grads: list) -> None:
+        """The gradient of a row-pulled variable touches only rows that were pulled."""
+        for v, ids in rows.items():
+            g = grads[v]
+            if isinstance(g, tuple):
+                missed = np.setdiff1d(g[0], ids)
+                if missed.size:
+                    raise RuntimeError(
+                        f"variable {self.variables[v].path}: the step read rows {missed[:5].tolist()} that the "
+                        f"lookup-id function did not predict (a model that reads it outside its Embedding "
+                        f"layer?); the prediction is wrong for this model, so row pulls cannot be used")
+
+    def _assign_pulled(self, step: int, fresh: bool = False, rows: dict | None = None) -> None:
+        from strategy_space import shard_bounds
+
         parts: dict = {}
         for channel in self.channels:
-            parts.update(channel.pull(step, fresh=fresh))
+            parts.update(channel.pull(step, fresh=fresh, rows=rows))
         pulled = {}
         for v, (shards, axis) in enumerate(self.layout):
-            if shards == 1:
-                if (v, 0) in parts:
-                    pulled[v] = parts[(v, 0)]  # zero-copy view of the received buffer
-            elif all((v, i) in parts for i in range(shards)):
-                pulled[v] = np.concatenate([parts[(v, i)] for i in range(shards)], axis=axis)
-        if len(pulled) == len(self.variables):
+            got = [parts.get((v, i)) for i in range(shards)]
+            if any(p is None for p in got):
+                continue
+            if any(isinstance(p, tuple) for p in got):
+                # rows of a table (whole shards held elsewhere, e.g. all-reduced, become rows too)
+                bounds = shard_bounds(self.variables[v].shape[0], shards)
+                got = [p if isinstance(p, tuple) else (np.arange(a, b), p) for p, (a, b) in zip(got, bounds)]
+                pulled[v] = (np.concatenate([p[0] for p in got]), np.concatenate([p[1] for p in got]))
+            elif shards == 1:
+                pulled[v] = got[0]  # zero-copy view of the received buffer
+            else:
+                pulled[v] = np.concatenate(got, axis=axis)
+        by_rows = self.row_reads.outputs
+        if len(pulled) < len(self.variables):
+            self._assign_each(pulled)
+        elif not by_rows:
             self._assign([pulled[i] for i in range(len(self.variables))])
+        elif all(isinstance(pulled[v], tuple) for v in by_rows):
+            order = sorted(by_rows)
+            self._assign_rows([pulled[i] for i in range(len(self.variables)) if i not in by_rows],
+                              [pulled[v][0].astype(np.int64) for v in order], [pulled[v][1] for v in order])
         else:
-            for i, value in pulled.items():
+            self._assign_each(pulled)
+
+    def _assign_each(self, pulled: dict) -> None:
+        import tensorflow as tf
+
+        for i, value in pulled.items():
+            if isinstance(value, tuple):
+                self.variables[i].value.scatter_update(tf.IndexedSlices(value[1], value[0]))
+            else:
                 self.variables[i].assign(value)

@@ -1,0 +1,212 @@
+"""Which rows of its sparse variables a training step reads, known before the step runs.
+
+A parameter-server worker pulls only the rows of an embedding table its next step looks up, so it
+must know them before it computes: it draws the batch first and runs a pruned function of the
+model inputs that yields the lookup ids. The common case is found from the Keras functional graph:
+a ``keras.layers.Embedding`` whose every call in the model is fed by tensors computed from the
+model inputs (directly, or through slicing and other preprocessing). The ids are then the inputs
+of those calls, computed by ``keras.Model(model.inputs, [those tensors])``. A custom layer may
+declare its reads (``row_reads`` and ``row_read_inputs``, see ``find_row_reads``).
+
+Any other sparse variable (a gather inside a custom layer, a table read by a sampler inside the
+step, an embedding in a subclassed model) cannot be predicted this way; it is pulled whole every
+step, and ``RowReads.full_pull`` says which and why.
+
+The worker also checks every step that the rows its gradient touches were among those predicted,
+so a wrong prediction fails loudly instead of training on stale rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RowReads:
+    """The predictable row reads of a model's sparse variables.
+
+    Attributes:
+        outputs: variable index -> where its rows come from (for messages and tests).
+        full_pull: variable path -> why its rows cannot be known before the step (a clause).
+        ids: ``ids(x) -> {variable index: int64 tensor of row ids}`` (None when none is predictable).
+    """
+
+    outputs: dict[int, list[str]] = field(default_factory=dict)
+    full_pull: dict[str, str] = field(default_factory=dict)
+    ids: object = None
+
+    def rows(self, x) -> dict[int, np.ndarray]:
+        """Variable index -> sorted unique int64 rows the step on inputs ``x`` reads."""
+        if not self.outputs:
+            return {}
+        return {v: np.unique(np.asarray(t)) for v, t in self.ids(x).items()}
+
+
+def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
+    """Find how to compute the rows each sparse variable's step reads from the model inputs.
+
+    Two kinds of readers are understood: ``keras.layers.Embedding`` (rows = its inputs), and any
+    layer that declares its reads with a ``row_reads(inputs) -> {variable path: ids}`` method and
+    a ``row_read_inputs`` tuple (the positions, among its call's inputs, that ``row_reads`` takes;
+    e.g. a sampled softmax reads the label rows plus candidates drawn from the labels).
+
+    Args:
+        model: the built Keras model.
+        variables: its trainable variables (model order).
+        sparse: per variable, whether its gradient is ``IndexedSlices``.
+
+    Returns:
+        RowReads (``full_pull`` lists every sparse variable that is not predictable).
+    """
+    import keras
+
+    out = RowReads()
+    wanted = {v.path: i for i, v, s in zip(range(len(variables)), variables, sparse) if s}
+    if not wanted:
+        return out
+    readers: dict[str, list] = {}  # variable path -> layers that read it by rows
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.Embedding):
+            paths = [layer.embeddings.path]
+        elif callable(getattr(layer, "row_reads", None)) and hasattr(layer, "row_read_inputs"):
+            paths = [w.path for w in layer.trainable_weights]
+        else:
+            continue
+        for path in paths:
+            if path in wanted:
+                readers.setdefault(path, []).append(layer)
+    inputs = getattr(model, "inputs", None)
+    tensors: list = []
+    plan: dict[int, list] = {}  # variable index -> [(layer, positions of its feeds in tensors)]
+    for path, index in wanted.items():
+        layers = readers.get(path)
+        if not layers:
+            out.full_pull[path] = ("it is not read by a keras.layers.Embedding or a layer declaring row_reads "
+                                   "(a gather inside a custom layer?)")
+            continue
+        if not inputs:
+            out.full_pull[path] = "the model is not functional: its embedding inputs cannot be traced"
+            continue
+        uses, feeds = [], []
+        for layer in layers:
+            for node in layer._inbound_nodes:
+                given = list(node.input_tensors)
+                picked = given if isinstance(layer, keras.layers.Embedding) else [given[i] for i in layer.row_read_inputs]
+                uses.append((layer, list(range(len(tensors) + len(feeds), len(tensors) + len(feeds) + len(picked)))))
+                feeds.extend(picked)
+        try:
+            keras.Model(inputs, feeds)  # only succeeds when every feed is computed from the inputs
+        except Exception as e:  # noqa: BLE001 - any failure means: not predictable from the inputs
+            out.full_pull[path] = f"its lookup ids are not computed from the model inputs alone ({type(e).__name__})"
+            continue
+        plan[index] = [(layer, pos, path) for layer, pos in uses]
+        out.outputs[index] = [layer.name for layer, _ in uses]
+        tensors.extend(feeds)
+    if tensors:
+        out.ids = _ids_function(keras.Model(inputs, tensors), plan)
+    return out
+
+
+def _ids_function(feeds_model, plan: dict):
+    """A tf.function from model inputs to each predictable variable's row ids."""
+    import keras
+    import tensorflow as tf
+
+    def ids(x):
+        feeds = tf.nest.flatten(feeds_model(x, training=False))
+        out = {}
+        for index, uses in plan.items():
+            parts = []
+            for layer, pos, path in uses:
+                if isinstance(layer, keras.layers.Embedding):
+                    parts.append(feeds[pos[0]])
+                else:
+                    parts.append(layer.row_reads([feeds[p] for p in pos])[path])
+            out[index] = tf.concat([tf.reshape(tf.cast(p, tf.int64), [-1]) for p in parts], axis=0)
+        return out
+
+    return tf.function(ids)
+
+
+def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool):
+    """Sum the slices of repeated rows of a sparse gradient: what a worker sends for it.
+
+    Keras optimizers that square the gradient (Adam, Adagrad) square each slice before repeated
+    rows add up, so where a row repeats they need the sum of squared slices as well; it is sent
+    only for those rows (for a row seen once it equals the square of its value).
+
+    Returns:
+        ``(rows, sums)`` (rows int32, sorted, unique), plus ``(positions, square_sums)`` of the
+        repeated rows when ``with_squares`` and some row repeats.
+    """
+    indices = np.asarray(indices)
+    values = np.asarray(values)
+    rows, inverse, counts = np.unique(indices, return_inverse=True, return_counts=True)
+    rows = rows.astype(np.int32)
+    if len(rows) == len(indices):
+        order = np.argsort(indices, kind="stable")
+        return rows, values[order]
+    sums = np.zeros((len(rows),) + values.shape[1:], dtype=values.dtype)
+    np.add.at(sums, inverse, values)
+    if not with_squares:
+        return rows, sums
+    repeated = np.flatnonzero(counts > 1).astype(np.int32)
+    squares = np.zeros_like(sums)
+    np.add.at(squares, inverse, np.square(values))
+    return rows, sums, repeated, squares[repeated]
+
+
+def payload_bytes(obj) -> int:
+    """Bytes of the arrays in a (nested) payload: what crosses the network, less framing."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
+
+
+def row_reads_of(model_def) -> RowReads:
+    """Build ``model_def``'s model, take one gradient on its first batch and find its row reads
+    (what ``autosync inspect`` reports; workers do the same in ``load``)."""
+    import keras
+    import tensorflow as tf
+
+    from autosync.models import ingest
+
+    keras.utils.set_random_seed(model_def.seed)
+    inputs, targets = ingest.first_batch(model_def)
+    model = model_def.model_fn()
+    variables, grads = ingest.compute_gradients(model, model_def.loss_fn(), inputs, targets)
+    return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
+
+
+def merge_rows(parts: list, with_squares: bool):
+    """Sum several senders' deduplicated sparse gradients (``dedup_rows`` outputs) into one of
+    the same form: what a node sends for the rows its workers touched."""
+    rows = np.concatenate([p[0] for p in parts])
+    values = np.concatenate([p[1] for p in parts])
+    unique, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
+    sums = np.zeros((len(unique),) + values.shape[1:], dtype=values.dtype)
+    np.add.at(sums, inverse, values)
+    if not with_squares:
+        return unique.astype(np.int32), sums
+    squares, repeated = [], []
+    for p in parts:
+        sq = np.square(p[1])
+        flag = np.zeros(len(p[0]), dtype=bool)
+        if len(p) > 2:
+            sq[p[2]] = p[3]
+            flag[p[2]] = True
+        squares.append(sq)
+        repeated.append(flag)
+    total = np.zeros_like(sums)
+    np.add.at(total, inverse, np.concatenate(squares))
+    flags = np.zeros(len(unique), dtype=np.int64)
+    np.add.at(flags, inverse, np.concatenate(repeated).astype(np.int64))
+    pos = np.flatnonzero((counts > 1) | (flags > 0)).astype(np.int32)
+    if not len(pos):
+        return unique.astype(np.int32), sums
+    return unique.astype(np.int32), sums, pos, total[pos]

@@ -1,0 +1,110 @@
+"""Predicting the rows a step reads, and what a worker sends for a sparse gradient."""
+from __future__ import annotations
+
+import numpy as np
+
+from autosync.runtime.rows import dedup_rows, payload_bytes
+from tests import runtime_models as rm
+
+
+def test_dedup_sums_repeated_rows_and_keeps_their_squares():
+    idx = np.array([5, 1, 5, 3, 5], dtype=np.int64)
+    vals = np.arange(10, dtype=np.float32).reshape(5, 2)
+    rows, sums, pos, squares = dedup_rows(idx, vals, with_squares=True)
+    assert rows.tolist() == [1, 3, 5] and rows.dtype == np.int32
+    np.testing.assert_array_equal(sums, [[2, 3], [6, 7], [0 + 4 + 8, 1 + 5 + 9]])
+    assert pos.tolist() == [2]  # only row 5 repeats
+    np.testing.assert_array_equal(squares, [[0 + 16 + 64, 1 + 25 + 81]])
+    assert len(dedup_rows(idx, vals, with_squares=False)) == 2
+    rows, sums = dedup_rows(np.array([4, 2]), vals[:2], with_squares=True)  # nothing repeats
+    assert rows.tolist() == [2, 4] and sums.tolist() == [[2, 3], [0, 1]]
+    assert payload_bytes({"a": (rows, sums), "b": [np.zeros(3, np.float64)]}) == 8 + 16 + 24
+
+
+def test_rows_of_embeddings_fed_by_inputs_and_tied_table_is_not_row_sparse():
+    import keras
+    import tensorflow as tf
+
+    from autosync.runtime.rows import find_row_reads
+
+    keras.utils.set_random_seed(0)
+    model = rm.build_multi_embedding_model()
+    x, y = rm.multi_batches(0, 1)[0]
+    with tf.GradientTape() as tape:
+        loss = rm.mse()(y, model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
+    reads = find_row_reads(model, model.trainable_variables, sparse)
+    assert sparse[:3] == [True, True, False] and reads.full_pull == {}
+    rows = reads.rows(x)
+    assert sorted(rows) == [0, 1]
+    assert rows[0].tolist() == np.unique(np.concatenate([x[0].ravel(), x[1].ravel()])).tolist()
+    assert rows[1].tolist() == np.unique(x[2]).tolist()
+    for v in (0, 1):  # exactly the rows the gradient touches
+        assert rows[v].tolist() == np.unique(grads[v].indices.numpy()).tolist()
+
+
+def test_a_gather_in_a_custom_layer_is_pulled_whole_and_says_why():
+    import keras
+    import tensorflow as tf
+
+    from autosync.runtime.rows import find_row_reads
+
+    class Lookup(keras.layers.Layer):
+        def build(self, shape):
+            self.table = self.add_weight(shape=(20, 3), name="table")
+
+        def call(self, ids):
+            return tf.gather(self.table, ids)
+
+    ids = keras.Input((2,), dtype="int32")
+    model = keras.Model(ids, keras.layers.Flatten()(Lookup(name="lookup")(ids)))
+    reads = find_row_reads(model, model.trainable_variables, [True])
+    assert reads.outputs == {} and reads.rows(np.zeros((1, 2), "int32")) == {}
+    assert "lookup/table" in reads.full_pull
+    assert "not read by a keras.layers.Embedding or a layer declaring row_reads" in reads.full_pull["lookup/table"]
+
+
+def test_merge_rows_sums_senders_and_keeps_every_squared_slice():
+    from autosync.runtime.rows import merge_rows
+
+    rng = np.random.default_rng(3)
+    idx = [np.array([0, 4, 4, 7]), np.array([4, 9, 9])]
+    vals = [rng.standard_normal((4, 2)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)]
+    rows, sums, pos, squares = merge_rows([dedup_rows(i, v, True) for i, v in zip(idx, vals)], True)
+    all_idx, all_vals = np.concatenate(idx), np.concatenate(vals)
+    assert rows.tolist() == [0, 4, 7, 9]
+    for k, r in enumerate(rows):
+        np.testing.assert_allclose(sums[k], all_vals[all_idx == r].sum(0), rtol=1e-6)
+    assert rows[pos].tolist() == [4, 9]  # the rows with more than one slice in all
+    for k, r in zip(pos, rows[pos]):
+        np.testing.assert_allclose(squares[list(pos).index(k)], np.square(all_vals[all_idx == r]).sum(0), rtol=1e-6)
+    assert len(merge_rows([dedup_rows(i, v, False) for i, v in zip(idx, vals)], False)) == 2
+
+
+def test_lm1b_sampled_softmax_declares_its_rows():
+    """The zoo's LM1B draws its sampled classes from the labels, so its softmax rows are known
+    before the step: every sparse variable is predicted, exactly as its gradient touches."""
+    import tensorflow as tf
+
+    from autosync.models import ingest, zoo
+    from autosync.runtime.rows import row_reads_of
+
+    md = zoo.get_model_def("lm1b")
+    reads = row_reads_of(md)
+    assert reads.full_pull == {} and len(reads.outputs) == 3
+    model = md.model_fn()
+    for x, y in [ingest.first_batch(md, 0, 2), ingest.first_batch(md, 1, 2)]:
+        variables, grads = ingest.compute_gradients(model, md.loss_fn(), x, y)
+        predicted = find_reads_on(model, variables, grads).rows(x)
+        for v, g in enumerate(grads):
+            if isinstance(g, tf.IndexedSlices):
+                assert predicted[v].tolist() == np.unique(g.indices.numpy()).tolist(), variables[v].path
+
+
+def find_reads_on(model, variables, grads):
+    import tensorflow as tf
+
+    from autosync.runtime.rows import find_row_reads
+
+    return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
