@@ -118,6 +118,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
          patience: int = 4, confirm: int = 2, settings: SearchSettings | None = None, warm_start="builtin",
+         precision: float | None = 0.03, max_steps: int = 200,
          runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
@@ -132,6 +133,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         constraints: pinned decisions (a Constraints or a YAML path).
         resume: continue the latest run of this model and cluster in the store.
         steps, warmup, trial_timeout_s: per-trial measurement settings.
+        precision, max_steps: after ``steps``, measure until the 95 % interval of the median step
+            time is within ``precision`` of it (None: exactly ``steps``), at most ``max_steps``.
         patience: stop after this many rounds without a better measured strategy.
         confirm: re-measure the best strategy and the best baseline until each has 1 + confirm
             measurements (the recommendation and the speed-up rest on those; 0: off).
@@ -167,7 +170,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         check_optimizer_config(keras_optimizer_config(model_def.optimizer_fn()))
         spec = load_model_spec(model_def, profile=True)
         runner = RayRunner(model_def, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
-                           model_spec=spec)
+                           model_spec=spec, precision=precision, max_steps=max(max_steps, steps))
     else:
         spec = runner.model
     store_path = Path(store) if store is not None else default_store_path()

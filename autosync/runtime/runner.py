@@ -1,7 +1,9 @@
 """RayRunner: run strategies on a Ray cluster and measure them (the tuner's ``Runner``).
 
 Per strategy: validate, plan, fresh parameter servers and reset workers (fresh weights, optimizer
-state and data), ``warmup`` steps, then ``steps`` timed steps, all under ``trial_timeout_s``. A
+state and data), ``warmup`` steps, then ``steps`` timed steps and, with a precision target, more
+in growing batches until the 95 % interval of the median step time is within the target or a cap
+is reached (``tuner.precision.MeasurePolicy``), all under ``trial_timeout_s``. A
 strategy that is invalid, raises or runs out of time becomes a failed/timeout Trial; its actors
 are killed and replaced, and the next strategy runs normally.
 """
@@ -16,6 +18,7 @@ from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPo
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import Strategy, validate
 from strategy_space.errors import ConfigError
+from tuner.precision import MeasurePolicy
 from tuner.trial import Runner, Trial
 
 
@@ -41,6 +44,25 @@ def summarize_steps(results: list[dict], warmup: int) -> dict:
     }
 
 
+def combine_summaries(parts: list[dict]) -> dict:
+    """One summary of several consecutive ``run`` batches: step times and losses concatenated,
+    breakdown and call counts averaged by steps."""
+    if len(parts) == 1:
+        return parts[0]
+    n = [len(p["step_times"]) for p in parts]
+
+    def mean(values: list) -> float:
+        return float(sum(k * v for k, v in zip(n, values)) / sum(n))
+
+    return {
+        "step_times": [x for p in parts for x in p["step_times"]],
+        "breakdown": {k: mean([p["breakdown"][k] for p in parts]) for k in parts[0]["breakdown"]},
+        "calls_per_step_per_worker": mean([p["calls_per_step_per_worker"] for p in parts]),
+        "loss": [x for p in parts for x in p["loss"]],
+        "first_step_start": parts[0]["first_step_start"],
+    }
+
+
 class RayRunner(Runner):
     """Runs strategies of one model on one cluster with the Ray runtime.
 
@@ -48,7 +70,10 @@ class RayRunner(Runner):
         model_def: a ModelDef or a trainable source (``zoo:NAME``, ``script.py:fn``).
         cluster: a ClusterSpec or a cluster name/YAML path (``local``).
         warmup: untimed steps per trial (includes tracing and first transfers).
-        steps: timed steps per trial.
+        steps: timed steps per trial (the first batch when a precision target is set).
+        precision: run more steps until the 95 % interval of the median step time is within
+            this fraction of it (0.03: +-3 %); None: exactly ``steps`` timed steps.
+        max_steps, max_measure_s: caps on the timed steps and their seconds (precision mode).
         trial_timeout_s: limit for one trial, start-up included.
         pool: warm workers to use (shared, e.g. between runners of several models); by default
             the runner starts its own and kills them on ``close``.
@@ -60,7 +85,8 @@ class RayRunner(Runner):
     """
 
     def __init__(self, model_def, cluster="local", *, warmup: int = 2, steps: int = 10,
-                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None):
+                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None,
+                 precision: float | None = None, max_steps: int = 200, max_measure_s: float = 60.0):
         from autosync.sources import load_cluster, load_model_def
 
         if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
@@ -70,6 +96,11 @@ class RayRunner(Runner):
         self.model_def = load_model_def(model_def)
         self.cluster = load_cluster(cluster)
         self.warmup, self.steps, self.trial_timeout_s = warmup, steps, float(trial_timeout_s)
+        try:
+            self.policy = MeasurePolicy(precision=precision, min_steps=steps, max_steps=max(max_steps, steps),
+                                        max_seconds=max_measure_s)
+        except ValueError as e:
+            raise ConfigError(f"measurement settings: {e}") from None
         self._own_pool = pool is None
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
@@ -119,7 +150,7 @@ class RayRunner(Runner):
             session = Session(self.pool, plan)
             placement = session.start(deadline)
             meta["placement"] = placement
-            results = session.run(self.warmup + self.steps, deadline)
+            summary = self._measure(session, deadline)
             session.close()
         except ConfigError as e:
             if session is not None:
@@ -134,7 +165,8 @@ class RayRunner(Runner):
         except Exception as e:  # noqa: BLE001 - a runner never raises for one bad strategy
             session_abort(session, self.pool)
             return self._failed(common, "failed", f"{type(e).__name__}: {e}", meta)
-        summary = summarize_steps(results, self.warmup)
+        meta["steps"] = len(summary["step_times"])
+        meta["measure"] = self.policy.describe(summary["step_times"])
         meta.update({
             "startup_s": summary["first_step_start"] - started,
             "ray_calls_per_step_per_worker": summary["calls_per_step_per_worker"],
@@ -145,6 +177,21 @@ class RayRunner(Runner):
         return Trial(status="ok", step_times=tuple(summary["step_times"]), breakdown=summary["breakdown"],
                      batch_size=self.model_def.batch_size * plan.num_workers, finished_at=time.time(),
                      meta=meta, **common)
+
+    def _measure(self, session: Session, deadline: float) -> dict:
+        """Warm-up and the first batch, then further batches while the policy asks for more and
+        the trial's deadline leaves room for them (estimated from the steps so far)."""
+        parts = [summarize_steps(session.run(self.warmup + self.steps, deadline), self.warmup)]
+        for _ in range(64):  # bounded: every batch adds >= 1 step and max_steps caps them
+            times = [x for p in parts for x in p["step_times"]]
+            more = self.policy.next_batch(times, float(np.sum(times)))
+            per_step = float(np.mean(times))
+            if per_step > 0:  # leave a fifth of the time left for the final pull and slack
+                more = min(more, int(0.8 * (deadline - time.monotonic()) / per_step))
+            if more <= 0:
+                break
+            parts.append(summarize_steps(session.run(more, deadline), 0))
+        return combine_summaries(parts)
 
     def _failed(self, common: dict, status: str, reason: str, meta: dict) -> Trial:
         common.setdefault("model_fingerprint", self._model.fingerprint if self._model else "")
