@@ -118,7 +118,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
          patience: int = 4, confirm: int = 2, settings: SearchSettings | None = None, warm_start="builtin",
-         precision: float | None = 0.03, max_steps: int = 200,
+         precision: float | None = 0.03, max_steps: int = 200, compute: str = "real",
+         step_time_s: float | None = None, optimizer: str = "sgd",
          runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
@@ -141,6 +142,10 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         warm_start: trials the predictor learns from besides the store: ``builtin`` (the dataset
             AutoSync measured on its testbed), ``none``, another trial store file (read only), or
             groups already loaded with ``tuner.warmstart.load_warm_start``.
+        compute, step_time_s, optimizer: ``real`` (TensorFlow workers) or ``emulated`` (workers
+            wait ``step_time_s``, default the profiled compute time, and send synthetic gradients;
+            ``model`` may then be a model-spec YAML; ``optimizer`` names its optimizer); see
+            ``autosync.runtime.emulated``.
         runner: measure with this Runner instead of the Ray runtime (tests, simulation).
         on_trial: progress callback.
 
@@ -159,11 +164,19 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     if isinstance(constraints, (str, os.PathLike)):
         constraints = load_constraints(str(constraints))
     own_runner = runner is None
-    if runner is None:
+    if runner is None and compute == "emulated":
         from autosync.runtime.runner import RayRunner
+
+        runner = RayRunner(model, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
+                           precision=precision, max_steps=max(max_steps, steps), compute="emulated",
+                           step_time_s=step_time_s, optimizer=optimizer)
+        cluster_spec, spec = runner.cluster, runner.given_spec
+    elif runner is None:
+        from autosync.runtime.runner import RayRunner, check_real_compute
 
         from autosync.runtime.optimizers import check_optimizer_config, keras_optimizer_config
 
+        check_real_compute(compute, cluster_spec, step_time_s)
         model_def = load_model_def(model)
         # fail now, not after every trial failed: the runtime applies updates with its own
         # implementations of the Keras optimizers

@@ -18,6 +18,7 @@ def _add_common(p) -> None:
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="limit per trial in seconds (default 300)")
     add_precision_flags(p)
+    add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -28,6 +29,24 @@ def add_precision_flags(p) -> None:
                         "+-F of it (default 0.03; 0 measures exactly --steps steps)")
     p.add_argument("--max-steps", type=int, default=200, metavar="N",
                    help="cap on timed steps per trial with --precision (default 200)")
+
+
+def add_compute_flags(p) -> None:
+    """``--compute``, ``--step-time`` and ``--optimizer`` (shared with ``tune``)."""
+    p.add_argument("--compute", choices=("real", "emulated"), default="real",
+                   help="real: workers run the model with TensorFlow (default); emulated: workers wait the "
+                        "model's profiled compute time asleep and send synthetic gradients of its exact shapes "
+                        "and sparsity (--model may then be a model-spec YAML)")
+    p.add_argument("--step-time", type=float, metavar="S",
+                   help="emulated compute per step in seconds (default: the spec's profile.step_time_s, or "
+                        "measured for a trainable model); the testbed's --dilation multiplies it")
+    p.add_argument("--optimizer", default="sgd", metavar="NAME",
+                   help="optimizer of emulated compute: sgd (default), momentum, adam or adagrad")
+
+
+def compute_settings(args) -> dict:
+    """RayRunner keywords from ``--compute``/``--step-time``/``--optimizer``."""
+    return {"compute": args.compute, "step_time_s": args.step_time, "optimizer": args.optimizer}
 
 
 def precision_settings(args) -> dict:
@@ -49,7 +68,7 @@ def _runner(args):
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got --steps {args.steps} --warmup {args.warmup}")
     return RayRunner(args.model, args.cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.timeout,
-                     **precision_settings(args))
+                     **precision_settings(args), **compute_settings(args))
 
 
 def _record(trial) -> dict:

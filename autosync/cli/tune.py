@@ -6,7 +6,7 @@ import sys
 import time
 
 from autosync.cli._format import table
-from autosync.cli.runtime import add_precision_flags, precision_settings
+from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, MODEL_FORMS
 from strategy_space.errors import ConfigError
 
@@ -71,7 +71,8 @@ def cmd_tune(args) -> int:
     try:
         result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
                       store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
-                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress, **measure)
+                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress, **measure,
+                      **compute_settings(args))
     finally:
         progress.close()
     result.save(args.out)
@@ -135,6 +136,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
     add_precision_flags(p)
+    add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     p.set_defaults(func=cmd_tune)
 

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
 from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import Strategy, validate
@@ -74,6 +75,13 @@ class RayRunner(Runner):
         precision: run more steps until the 95 % interval of the median step time is within
             this fraction of it (0.03: +-3 %); None: exactly ``steps`` timed steps.
         max_steps, max_measure_s: caps on the timed steps and their seconds (precision mode).
+        compute: ``real`` (TensorFlow workers) or ``emulated`` (``autosync.runtime.emulated``:
+            workers wait the profiled compute time and send synthetic gradients; ``model_def``
+            may then also be a model-spec YAML or a ModelSpec). Emulated trials are recorded
+            against the cluster with ``compute: emulated``, so they never pool with real ones.
+        step_time_s: emulated compute per step (default: the spec's ``profile.step_time_s``,
+            measured for a trainable model); times the cluster's ``compute_dilation``.
+        optimizer: emulated compute's optimizer (``emulated.OPTIMIZERS``; default ``sgd``).
         trial_timeout_s: limit for one trial, start-up included.
         pool: warm workers to use (shared, e.g. between runners of several models); by default
             the runner starts its own and kills them on ``close``.
@@ -86,15 +94,22 @@ class RayRunner(Runner):
 
     def __init__(self, model_def, cluster="local", *, warmup: int = 2, steps: int = 10,
                  trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None,
-                 precision: float | None = None, max_steps: int = 200, max_measure_s: float = 60.0):
+                 precision: float | None = None, max_steps: int = 200, max_measure_s: float = 60.0,
+                 compute: str = "real", step_time_s: float | None = None, optimizer: str = "sgd"):
         from autosync.sources import load_cluster, load_model_def
 
         if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
             raise ConfigError(f"steps must be an integer >= 1 and warmup >= 0, got steps={steps!r}, warmup={warmup!r}")
         if not trial_timeout_s > 0:
             raise ConfigError(f"trial_timeout_s must be > 0, got {trial_timeout_s!r}")
-        self.model_def = load_model_def(model_def)
         self.cluster = load_cluster(cluster)
+        self.compute = compute
+        if compute == "emulated":
+            self.model_def, self.cluster, model_spec = emulated_setup(model_def, self.cluster, model_spec,
+                                                                      step_time_s, optimizer)
+        else:
+            check_real_compute(compute, self.cluster, step_time_s)
+            self.model_def = load_model_def(model_def)
         self.warmup, self.steps, self.trial_timeout_s = warmup, steps, float(trial_timeout_s)
         try:
             self.policy = MeasurePolicy(precision=precision, min_steps=steps, max_steps=max(max_steps, steps),
@@ -106,6 +121,12 @@ class RayRunner(Runner):
         self.binding = self.pool.binding
         self._model = None
         self._given_spec = model_spec
+
+    @property
+    def given_spec(self):
+        """The ModelSpec given (or, with emulated compute, made) for recording trials; None when
+        the workers' own description is used (see ``model``)."""
+        return self._given_spec
 
     @property
     def model(self):
@@ -134,7 +155,9 @@ class RayRunner(Runner):
         started = time.time()
         t0 = time.monotonic()
         deadline = t0 + self.trial_timeout_s
-        meta: dict = {"warmup": self.warmup, "steps": self.steps}
+        meta: dict = {"warmup": self.warmup, "steps": self.steps, "compute": self.compute}
+        if self.compute == "emulated":
+            meta["emulated_step_time_s"] = self.model_def.step_time_s
         common = dict(strategy=strategy, origin=origin or strategy.origin, started_at=started,
                       cluster_fingerprint=self.cluster.fingerprint)
         session = None
@@ -203,6 +226,57 @@ class RayRunner(Runner):
         if self._own_pool:
             self.pool.kill_all()
             self.binding.close()
+
+
+def check_real_compute(compute: str, cluster, step_time_s) -> None:
+    """Refuse settings that only make sense with emulated compute.
+
+    Raises:
+        ConfigError: unknown mode, or an emulated-only setting with real compute.
+    """
+    if compute not in COMPUTE_MODES:
+        raise ConfigError(f"compute must be one of {', '.join(COMPUTE_MODES)}, got {compute!r}")
+    problems = []
+    if cluster.compute == "emulated":
+        problems.append(f"cluster {cluster.name} records compute: emulated; run it with --compute emulated "
+                        f"(API: compute='emulated')")
+    if cluster.compute_dilation != 1:
+        problems.append(f"cluster {cluster.name} has compute_dilation {cluster.compute_dilation:g}, which only "
+                        f"emulated compute can follow (real TensorFlow compute cannot be slowed down); run with "
+                        f"--compute emulated, or bring the testbed up without --dilation")
+    if step_time_s is not None:
+        problems.append("--step-time sets the compute time of emulated compute; add --compute emulated")
+    if problems:
+        raise ConfigError(problems)
+
+
+def emulated_setup(model, cluster, model_spec, step_time_s, optimizer):
+    """(EmulatedModelDef, the cluster marked ``compute: emulated``, the ModelSpec trials are
+    recorded against) for a model source, ModelSpec or EmulatedModelDef.
+
+    The recorded spec carries the undilated step time as its profile (the cluster carries the
+    dilation), so the simulator sees what the workers do.
+    """
+    import dataclasses
+
+    from autosync.sources import load_model_spec
+    from strategy_space import ComputeProfile, ModelSpec
+
+    cluster = dataclasses.replace(cluster, compute="emulated")
+    if isinstance(model, EmulatedModelDef):
+        return model, cluster, model.spec
+    if model_spec is None:
+        if isinstance(model, ModelSpec):
+            model_spec = model
+        else:
+            # a trainable model's compute is measured unless the step time is given
+            model_spec = load_model_spec(model, profile=step_time_s is None and not str(model).endswith((".yaml", ".yml")))
+    md = emulated_model_def(model_spec, cluster, step_time_s, optimizer)
+    base = model_spec.profile
+    profile = ComputeProfile(step_time_s=md.step_time_s / cluster.compute_dilation, device="emulated",
+                             ready_order=base.ready_order if base else ())
+    spec = dataclasses.replace(model_spec, profile=profile)
+    return dataclasses.replace(md, spec=spec), cluster, spec
 
 
 def session_abort(session: Session | None, pool: WorkerPool) -> None:
