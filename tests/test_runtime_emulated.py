@@ -166,3 +166,15 @@ def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder):
     for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 5, 0.01), spec.variables):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
     assert any(np.abs(w).max() > 0 for w in weights)
+
+
+def test_real_compute_refuses_emulated_only_settings():
+    from autosync.runtime.runner import check_real_compute
+
+    dilated = ClusterSpec("d", (NodeSpec("a"),), compute_dilation=25.0)
+    with pytest.raises(ConfigError, match="compute_dilation 25, which only emulated compute can follow"):
+        check_real_compute("real", dilated, None)
+    with pytest.raises(ConfigError, match="--step-time sets the compute time of emulated compute"):
+        check_real_compute("real", ClusterSpec("p", (NodeSpec("a"),)), 0.1)
+    with pytest.raises(ConfigError, match="compute must be one of real, emulated"):
+        check_real_compute("gpu", ClusterSpec("p", (NodeSpec("a"),)), None)
