@@ -178,3 +178,23 @@ def test_real_compute_refuses_emulated_only_settings():
         check_real_compute("real", ClusterSpec("p", (NodeSpec("a"),)), 0.1)
     with pytest.raises(ConfigError, match="compute must be one of real, emulated"):
         check_real_compute("gpu", ClusterSpec("p", (NodeSpec("a"),)), None)
+
+
+def test_real_and_emulated_trials_are_never_pooled(tmp_path):
+    """Emulated trials are recorded against the cluster marked ``compute: emulated``: the store,
+    hence the warm start and the simulator's training groups, keeps them apart from real ones."""
+    from autosync.report import _compute_note
+    from strategy_space.builders import get_builder
+    from tuner.dataset import store_groups
+    from tuner.store import TrialStore
+    from tuner.trial import Trial
+
+    real = ClusterSpec("c", (NodeSpec("a", workers=2),))
+    emu = dataclasses.replace(real, compute="emulated", compute_dilation=10.0)
+    strategy = get_builder("all_reduce").build(SPEC, real)
+    with TrialStore(tmp_path / "t.db") as store:
+        for c, t in ((real, 0.1), (emu, 0.3)):
+            store.add(Trial(strategy, SPEC.fingerprint, c.fingerprint, "ok", step_times=(t,)), SPEC, c)
+        groups = store_groups(store)
+    assert sorted((c.compute, [t.median for t in ts]) for _, c, ts in groups) == [("emulated", [0.3]), ("real", [0.1])]
+    assert _compute_note(emu) == " (emulated compute, 10x dilated)" and _compute_note(real) == ""
