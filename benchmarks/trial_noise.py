@@ -93,6 +93,8 @@ def inside(args) -> int:
     from strategy_space.builders import get_builder
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    commit = _commit()   # of the code this run measures, not of whatever HEAD is when it ends
+    load_start = os.getloadavg()[0]
     t0 = time.monotonic()
     runner = RayRunner(args.model, "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=240.0,
                        precision=0.03, max_steps=args.max_steps, max_measure_s=args.max_measure_s,
@@ -121,10 +123,12 @@ def inside(args) -> int:
     finally:
         runner.close()
     summary = summarize(per)
-    entry = {"commit": _commit(), "started_at": started, "compute": args.compute, "nodes": len(cluster.nodes),
+    entry = {"commit": commit, "started_at": started, "compute": args.compute, "nodes": len(cluster.nodes),
              "bandwidth_gbps": cluster.nodes[0].bandwidth_gbps, "model": args.model,
              "step_time_s": runner.model_def.step_time_s if args.compute == "emulated" else None,
              "cores": os.cpu_count(), "cpuset": bool(args.shape_note == "cpuset"),
+             # other work on the machine competes with real compute: the load says how much
+             "loadavg_1min_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
              "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "max_steps": args.max_steps,
              "wall_s": round(time.monotonic() - t0, 1), "stopped": stopped, **summary}
     print(render(entry))
