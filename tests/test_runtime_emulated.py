@@ -198,3 +198,22 @@ def test_real_and_emulated_trials_are_never_pooled(tmp_path):
         groups = store_groups(store)
     assert sorted((c.compute, [t.median for t in ts]) for _, c, ts in groups) == [("emulated", [0.3]), ("real", [0.1])]
     assert _compute_note(emu) == " (emulated compute, 10x dilated)" and _compute_note(real) == ""
+
+
+@pytest.mark.integration
+def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path):
+    import autosync
+    from strategy_space.yaml_io import save
+    from tuner.store import TrialStore
+    from tuner.tuning import SearchSettings
+
+    path = tmp_path / "emu.yaml"
+    save(dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=None), path)
+    result = autosync.tune(str(path), "local", compute="emulated", step_time_s=0.01, trials=1, steps=3, warmup=1,
+                           precision=None, confirm=0, warm_start="none", store=tmp_path / "t.db",
+                           settings=SearchSettings(batch=1, candidates=16, chains=4, anneal_steps=4))
+    assert result.cluster.compute == "emulated" and result.best_trial.ok
+    assert {t.meta["compute"] for t in result.outcome.trials} == {"emulated"}
+    with TrialStore(tmp_path / "t.db") as store:
+        [(_, cfp, _)] = store.groups()
+        assert store.cluster(cfp).compute == "emulated"
