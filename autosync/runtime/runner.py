@@ -203,7 +203,9 @@ class RayRunner(Runner):
 
     def _measure(self, session: Session, deadline: float) -> dict:
         """Warm-up and the first batch, then further batches while the policy asks for more and
-        the trial's deadline leaves room for them (estimated from the steps so far)."""
+        the trial's deadline leaves room for them (estimated from the steps so far). Each batch
+        ends with a synchronizing pull, so the last step of a batch also waits for stragglers
+        (it matters only for strategies with staleness, and batches are few)."""
         parts = [summarize_steps(session.run(self.warmup + self.steps, deadline), self.warmup)]
         for _ in range(64):  # bounded: every batch adds >= 1 step and max_steps caps them
             times = [x for p in parts for x in p["step_times"]]
