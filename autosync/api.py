@@ -118,6 +118,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
          patience: int = 4, confirm: int = 2, settings: SearchSettings | None = None, warm_start="builtin",
+         precision: float | None = 0.03, max_steps: int = 200, compute: str = "real",
+         step_time_s: float | None = None, optimizer: str = "sgd",
          runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
@@ -132,12 +134,18 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         constraints: pinned decisions (a Constraints or a YAML path).
         resume: continue the latest run of this model and cluster in the store.
         steps, warmup, trial_timeout_s: per-trial measurement settings.
+        precision, max_steps: after ``steps``, measure until the 95 % interval of the median step
+            time is within ``precision`` of it (None: exactly ``steps``), at most ``max_steps``.
         patience: stop after this many rounds without a better measured strategy.
         confirm: re-measure the best strategy and the best baseline until each has 1 + confirm
             measurements (the recommendation and the speed-up rest on those; 0: off).
         warm_start: trials the predictor learns from besides the store: ``builtin`` (the dataset
             AutoSync measured on its testbed), ``none``, another trial store file (read only), or
             groups already loaded with ``tuner.warmstart.load_warm_start``.
+        compute, step_time_s, optimizer: ``real`` (TensorFlow workers) or ``emulated`` (workers
+            wait ``step_time_s``, default the profiled compute time, and send synthetic gradients;
+            ``model`` may then be a model-spec YAML; ``optimizer`` names its optimizer); see
+            ``autosync.runtime.emulated``.
         runner: measure with this Runner instead of the Ray runtime (tests, simulation).
         on_trial: progress callback.
 
@@ -158,18 +166,26 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     store_path = Path(store) if store is not None else default_store_path()
     check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
     own_runner = runner is None
-    if runner is None:
+    if runner is None and compute == "emulated":
         from autosync.runtime.runner import RayRunner
+
+        runner = RayRunner(model, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
+                           precision=precision, max_steps=max(max_steps, steps), compute="emulated",
+                           step_time_s=step_time_s, optimizer=optimizer)
+        cluster_spec, spec = runner.cluster, runner.given_spec
+    elif runner is None:
+        from autosync.runtime.runner import RayRunner, check_real_compute
 
         from autosync.runtime.optimizers import check_model_optimizer
 
+        check_real_compute(compute, cluster_spec, step_time_s)
         model_def = load_model_def(model)
         # fail now, not after every trial failed: the runtime applies updates with its own
         # implementations of the Keras optimizers
         check_model_optimizer(model_def)
         spec = load_model_spec(model_def, profile=True)
         runner = RayRunner(model_def, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
-                           model_spec=spec)
+                           model_spec=spec, precision=precision, max_steps=max(max_steps, steps))
     else:
         spec = runner.model
     store_path.parent.mkdir(parents=True, exist_ok=True)

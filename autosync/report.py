@@ -117,7 +117,8 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
              f"{t.meta['predicted_s'] * 1e3:.1f}" if t.meta.get("predicted_s") else "-",
              (t.error or "").splitlines()[0][:80] if t.error else "") for i, t in enumerate(trials, 1)]
     parts = [f"<h1>AutoSync tuning report</h1><p>model <b>{html.escape(model.name if model else '?')}</b> on cluster "
-             f"<b>{html.escape(cluster.name if cluster else '?')}</b>, run {html.escape(run_id)}, {len(trials)} trials.</p>"]
+             f"<b>{html.escape(cluster.name if cluster else '?')}</b>{_compute_note(cluster)}, run {html.escape(run_id)}, "
+             f"{len(trials)} trials.</p>"]
     if best is not None:
         bb = outcome.best_baseline
         parts.append(f"<p>Best: <b>{html.escape(best.origin)}</b>, median {best.median * 1e3:.1f} ms per step"
@@ -141,3 +142,11 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     (out / "index.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>AutoSync report"
                                     f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
     return out
+
+
+def _compute_note(cluster) -> str:
+    """How the workers computed: emulated compute (and its dilation) is said, real is the default."""
+    if cluster is None or getattr(cluster, "compute", "real") == "real":
+        return ""
+    dilation = f", {cluster.compute_dilation:g}x dilated" if cluster.compute_dilation != 1 else ""
+    return f" (emulated compute{dilation})"

@@ -73,17 +73,20 @@ def confirm(name: str, cluster, strategies: dict, repeats: int, warmup: int, ste
     """Median step time of each strategy over ``repeats`` interleaved trials on fresh workers."""
     from autosync.runtime.runner import RayRunner
 
-    runner = RayRunner(f"zoo:{name}", cluster, warmup=warmup, steps=steps, trial_timeout_s=300.0)
+    runner = RayRunner(f"zoo:{name}", cluster, warmup=warmup, steps=steps, trial_timeout_s=300.0, precision=0.03)
     got: dict = {k: [] for k in strategies}
+    intervals: dict = {k: [] for k in strategies}
     try:
         for r in range(repeats):
             for key, strategy in strategies.items():
                 t = runner.run_one(strategy, key)
                 got[key].append(t.median if t.ok else None)
+                intervals[key].append(list(t.median_ci) if t.ok and t.median_ci else None)
                 say(f"  confirm {r + 1}/{repeats} {key}: " + (f"{t.median * 1e3:.1f} ms" if t.ok else t.error[:160]))
     finally:
         runner.close()
-    return {k: {"medians_s": v, "median_s": statistics.median([x for x in v if x]) if any(v) else None}
+    return {k: {"medians_s": v, "median_ci95_s": intervals[k],
+                "median_s": statistics.median([x for x in v if x]) if any(v) else None}
             for k, v in got.items()}
 
 

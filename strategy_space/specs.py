@@ -329,12 +329,19 @@ class ClusterSpec:
         intra_node_bandwidth_gbps: bandwidth between workers of one node (None: memory speed).
         calibration: measured communication costs (``autosync calibrate``), or None. Not part of
             the fingerprint: measuring a cluster does not make it another cluster.
+        compute: ``real`` (workers run the model) or ``emulated`` (workers wait the profiled
+            compute time and send synthetic gradients); trials of the two never share a group.
+        compute_dilation: emulated compute runs this many times slower than the profile (a testbed
+            whose links run K times slower than the cluster it stands for keeps its
+            communication-to-compute ratio with dilation K).
     """
 
     name: str
     nodes: tuple[NodeSpec, ...]
     intra_node_bandwidth_gbps: float | None = None
     calibration: Calibration | None = None
+    compute: str = "real"
+    compute_dilation: float = 1.0
     _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -353,6 +360,11 @@ class ClusterSpec:
             problems.append(f"cluster {self.name}: no node has workers; set workers >= 1 on at least one node")
         if self.intra_node_bandwidth_gbps is not None and not self.intra_node_bandwidth_gbps > 0:
             problems.append(f"cluster {self.name}: intra_node_bandwidth_gbps must be > 0, got {self.intra_node_bandwidth_gbps}")
+        if self.compute not in ("real", "emulated"):
+            problems.append(f"cluster {self.name}: compute must be 'real' or 'emulated', got {self.compute!r}")
+        if not (isinstance(self.compute_dilation, (int, float)) and 1 <= self.compute_dilation <= 10_000):
+            problems.append(f"cluster {self.name}: compute_dilation must be a number in [1, 10000], "
+                            f"got {self.compute_dilation!r}")
         if problems:
             raise ConfigError(problems)
         if not chiefs:
@@ -401,18 +413,26 @@ class ClusterSpec:
             d["intra_node_bandwidth_gbps"] = float(self.intra_node_bandwidth_gbps)
         if self.calibration is not None:
             d["calibration"] = self.calibration.to_dict()
+        # written only when set, so the fingerprints of real-compute clusters stay as they were
+        if self.compute != "real":
+            d["compute"] = self.compute
+        if self.compute_dilation != 1:
+            d["compute_dilation"] = float(self.compute_dilation)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ClusterSpec":
-        check_keys(data, "cluster", {"name", "nodes"}, {"kind", "version", "intra_node_bandwidth_gbps", "calibration"})
+        check_keys(data, "cluster", {"name", "nodes"},
+                   {"kind", "version", "intra_node_bandwidth_gbps", "calibration", "compute", "compute_dilation"})
         _check_header(data, "cluster")
         nodes = parse_items(get_typed(data, "nodes", list, "cluster"), NodeSpec.from_dict, "nodes")
         intra = get_typed(data, "intra_node_bandwidth_gbps", (int, float, type(None)), "cluster", None)
         cal = get_typed(data, "calibration", (Mapping, type(None)), "cluster", None)
         return cls(name=get_typed(data, "name", str, "cluster"), nodes=tuple(nodes),
                    intra_node_bandwidth_gbps=float(intra) if intra is not None else None,
-                   calibration=Calibration.from_dict(cal) if cal is not None else None)
+                   calibration=Calibration.from_dict(cal) if cal is not None else None,
+                   compute=get_typed(data, "compute", str, "cluster", "real"),
+                   compute_dilation=float(get_typed(data, "compute_dilation", (int, float), "cluster", 1.0)))
 
 
 FORMAT_VERSION = 1

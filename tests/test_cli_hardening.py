@@ -126,13 +126,13 @@ def test_a_directory_given_as_a_file_is_called_a_directory(tmp_path, capsys):
     assert "is a directory" in _one_error(capsys, "simulate")
 
 
-def test_tune_help_says_a_model_spec_cannot_be_tuned(capsys, monkeypatch):
-    """Issue 17, item 7: the help no longer offers a form that ``tune`` rejects."""
+def test_tune_help_says_a_model_spec_needs_emulated_compute(capsys, monkeypatch):
+    """Issue 17, item 7: the help offers a model-spec YAML only with the mode that accepts it."""
     monkeypatch.setenv("COLUMNS", "400")
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "model-spec YAML holds no code to train, so it cannot be tuned" in text
+    assert "model-spec YAML holds no code to train, so it is tuned only with --compute emulated" in text
 
 
 def test_run_reports_a_strategy_for_another_model_before_ray_starts(rmsprop_model, tmp_path, capsys, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 from strategy_space import load_strategy, validate
 
 pytestmark = pytest.mark.integration
-ARGS = ["--model", "zoo:ncf", "--cluster", "local", "--steps", "4", "--warmup", "1"]
+ARGS = ["--model", "zoo:ncf", "--cluster", "local", "--steps", "4", "--warmup", "1", "--precision", "0"]   # fixed step counts keep it short
 
 
 def _env():

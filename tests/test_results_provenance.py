@@ -14,13 +14,15 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 FILES = sorted(f for f in os.listdir(RESULTS) if f.endswith(".json"))
 
 
-def _entries(data: dict) -> dict:
-    """The per-entry records of a result file: ``models`` (one entry per model) or ``entries``
-    (one per measured configuration); a file of neither kind is one run as a whole."""
-    for key in ("models", "entries"):
-        if isinstance(data.get(key), dict):
-            return data[key]
-    return {"(whole file)": data}
+def _entries(data: dict) -> tuple[dict, bool]:
+    """The per-entry records of a result file and whether each entry is a run of its own:
+    ``models`` (one entry per model, normally of one run), ``runs`` (one entry per run, e.g. per
+    testbed shape); a file of neither kind is one run as a whole."""
+    if isinstance(data.get("models"), dict):
+        return data["models"], False
+    if isinstance(data.get("runs"), dict):
+        return data["runs"], True
+    return {"(whole file)": data}, False
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -28,14 +30,15 @@ def test_every_entry_records_its_run_or_says_it_is_unknown(name):
     with open(os.path.join(RESULTS, name)) as f:
         data = json.load(f)
     runs = set()
-    for model, entry in _entries(data).items():
-        started = entry.get("run_started", entry.get("started"))
-        assert ("run_started" in entry or "started" in entry) and "commit" in entry, \
-            f"{name}: {model} has no run_started/commit"
+    entries, per_run = _entries(data)
+    for model, entry in entries.items():
+        keys = [k for k in ("run_started", "started", "started_at") if k in entry]
+        assert keys and "commit" in entry, f"{name}: {model} has no start time/commit"
+        started = entry[keys[0]]
         if started is None or entry["commit"] is None:
             assert entry.get("provenance"), f"{name}: {model}: unknown provenance must be said in 'provenance'"
         runs.add(started)
-    if len(runs) > 1:
+    if len(runs) > 1 and not per_run:
         assert data.get("meta", {}).get("mixed_runs"), f"{name} holds entries of several runs without saying so"
 
 

@@ -66,6 +66,15 @@ class Trial:
         return float(np.mean(self.step_times)) if self.step_times else math.inf
 
     @property
+    def median_ci(self) -> tuple[float, float] | None:
+        """Distribution-free 95 % interval of the median step time (``tuner.precision``); None
+        when failed or with fewer than 6 steps. For pooled measurements (``merge_measurements``)
+        it is the interval of the pooled steps, which ignores the noise between measurements."""
+        from .precision import median_interval
+
+        return median_interval(self.step_times) if self.ok else None
+
+    @property
     def p90(self) -> float:
         return float(np.percentile(self.step_times, 90)) if self.step_times else math.inf
 
@@ -79,7 +88,8 @@ class Trial:
             "status": self.status,
             "origin": self.origin,
             "error": self.error or None,
-            "step_time_s": {"median": self.median, "mean": self.mean, "p90": self.p90}
+            "step_time_s": {"median": self.median, "mean": self.mean, "p90": self.p90,
+                            "median_ci95": list(self.median_ci) if self.median_ci else None}
             if self.ok else None,
             "samples_per_s": self.samples_per_s if self.ok else None,
             "steps": len(self.step_times),

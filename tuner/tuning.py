@@ -257,17 +257,26 @@ class TuneOutcome:
 
         Only the re-measurements count for the means: a strategy's first measurement is how it
         was picked (the leader of many noisy single measurements is flattered by its noise). The
-        noise is pooled over every strategy of the run measured more than once. None when either
+        noise is pooled over every strategy of the run measured more than once; it is never taken
+        below the imprecision of the measurements themselves (the variance of a log median implied
+        by each measurement's 95 % interval, averaged over those that count), so a few repeats
+        that happen to agree cannot make imprecise measurements look decisive. None when either
         was measured once (nothing to judge by)."""
         per: dict[str, list[float]] = {}
+        within: dict[str, list[float]] = {}
         for t in self.ok:
             per.setdefault(t.strategy.fingerprint, []).append(float(np.log(t.median)))
-        la, lb = per.get(a.strategy.fingerprint, [])[1:], per.get(b.strategy.fingerprint, [])[1:]
+            within.setdefault(t.strategy.fingerprint, []).append(_log_median_variance(t))
+        fa, fb = a.strategy.fingerprint, b.strategy.fingerprint
+        la, lb = per.get(fa, [])[1:], per.get(fb, [])[1:]
         if not la or not lb:
             return None
         repeated = [v for v in per.values() if len(v) > 1]
         dof = sum(len(v) - 1 for v in repeated)
         var = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in repeated) / dof
+        floor = [w for w in within[fa][1:] + within[fb][1:] if np.isfinite(w)]
+        if floor:
+            var = max(var, float(np.mean(floor)))
         se = np.sqrt(var * (1 / len(la) + 1 / len(lb)))
         return bool(np.mean(lb) - np.mean(la) > z * se)
 
@@ -304,6 +313,15 @@ class TuneOutcome:
             if t.ok and (t.strategy.fingerprint == best.strategy.fingerprint or t.median <= best.median * (1 + fraction)):
                 return i
         return None
+
+
+def _log_median_variance(t: Trial) -> float:
+    """Variance of log(median step time) implied by the trial's 95 % interval (its width in logs
+    over 2 x 1.96); inf when it has no interval (fewer than 6 steps)."""
+    ci = t.median_ci
+    if ci is None or not ci[0] > 0:
+        return float("inf")
+    return float((np.log(ci[1]) - np.log(ci[0])) / (2 * 1.96)) ** 2
 
 
 def merge_measurements(trials: list[Trial]) -> Trial:

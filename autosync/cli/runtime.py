@@ -17,21 +17,68 @@ def _add_common(p) -> None:
     p.add_argument("--steps", type=int, default=10, metavar="N", help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="limit per trial in seconds (default 300)")
+    add_precision_flags(p)
+    add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_precision_flags(p) -> None:
+    """``--precision`` and ``--max-steps`` (shared with ``tune``)."""
+    p.add_argument("--precision", type=float, default=0.03, metavar="F",
+                   help="after --steps, measure until the 95%% interval of the median step time is within "
+                        "+-F of it (default 0.03; 0 measures exactly --steps steps)")
+    p.add_argument("--max-steps", type=int, default=200, metavar="N",
+                   help="cap on timed steps per trial with --precision (default 200)")
+
+
+def add_compute_flags(p) -> None:
+    """``--compute``, ``--step-time`` and ``--optimizer`` (shared with ``tune``)."""
+    p.add_argument("--compute", choices=("real", "emulated"), default="real",
+                   help="real: workers run the model with TensorFlow (default); emulated: workers wait the "
+                        "model's profiled compute time asleep and send synthetic gradients of its exact shapes "
+                        "and sparsity (--model may then be a model-spec YAML)")
+    p.add_argument("--step-time", type=float, metavar="S",
+                   help="emulated compute per step in seconds (default: the spec's profile.step_time_s, or "
+                        "measured for a trainable model); the testbed's --dilation multiplies it")
+    p.add_argument("--optimizer", default="sgd", metavar="NAME",
+                   help="optimizer of emulated compute: sgd (default), momentum, adam or adagrad")
+
+
+def compute_settings(args) -> dict:
+    """RayRunner keywords from ``--compute``/``--step-time``/``--optimizer``."""
+    return {"compute": args.compute, "step_time_s": args.step_time, "optimizer": args.optimizer}
+
+
+def precision_settings(args) -> dict:
+    """RayRunner keywords from ``--precision``/``--max-steps``.
+
+    Raises:
+        ConfigError: out-of-range values.
+    """
+    if not 0 <= args.precision < 1:
+        raise ConfigError(f"--precision must be a fraction in [0, 1) such as 0.03 (0: off), got {args.precision}")
+    if args.max_steps < args.steps:
+        raise ConfigError(f"--max-steps ({args.max_steps}) must be >= --steps ({args.steps})")
+    return {"precision": args.precision or None, "max_steps": args.max_steps}
 
 
 def _prepare(args):
     """Everything that can be checked before Ray starts: the flags, the model (loaded, its
-    optimizer checked, its ModelSpec built here) and the cluster. Returns (ModelDef, ModelSpec,
-    ClusterSpec)."""
+    optimizer checked, its ModelSpec built here; with emulated compute the synthetic model) and
+    the cluster. Returns (ModelDef, ModelSpec, ClusterSpec) as the runner will use them."""
     from autosync.runtime.optimizers import check_model_optimizer
+    from autosync.runtime.runner import check_real_compute, emulated_setup
     from autosync.sources import load_cluster, load_model_def, load_model_spec
 
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got --steps {args.steps} --warmup {args.warmup}")
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    precision_settings(args)
     cluster = load_cluster(args.cluster)
+    if args.compute == "emulated":
+        return emulated_setup(args.model, cluster, None, args.step_time, args.optimizer)
+    check_real_compute(args.compute, cluster, args.step_time)
     model_def = load_model_def(args.model)
     check_model_optimizer(model_def)
     return model_def, load_model_spec(model_def), cluster
@@ -41,7 +88,7 @@ def _runner(args, model_def, spec, cluster):
     from autosync.runtime.runner import RayRunner
 
     return RayRunner(model_def, cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.timeout,
-                     model_spec=spec)
+                     model_spec=spec, **precision_settings(args), **compute_settings(args))
 
 
 def _record(trial) -> dict:
@@ -70,7 +117,10 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps(_record(trial), indent=2))
     elif trial.ok:
-        rows = [("median step", _fmt(trial.median)), ("p90 step", _fmt(trial.p90)),
+        ci = trial.median_ci
+        rows = [("median step", _fmt(trial.median)),
+                ("95% interval of the median", f"{_fmt(ci[0])} .. {_fmt(ci[1])}" if ci else "- (fewer than 6 steps)"),
+                ("timed steps", str(len(trial.step_times))), ("p90 step", _fmt(trial.p90)),
                 ("samples/s", f"{trial.samples_per_s:.1f}"),
                 ("compute / sync per step", f"{_fmt(trial.breakdown['compute'])} / {_fmt(trial.breakdown['sync'])}"),
                 ("ray calls per step per worker", f"{trial.meta['ray_calls_per_step_per_worker']:g}"),

@@ -23,9 +23,17 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="testbed_command", metavar="ACTION", required=True)
 
     up = sub.add_parser("up", help="create the namespaces, shape the links, start Ray, write the ClusterSpec")
-    up.add_argument("--nodes", type=int, default=DEFAULTS["nodes"], help="number of hosts (default %(default)s)")
-    up.add_argument("--bandwidth", default=DEFAULTS["bandwidth"],
-                    help="per-host rate each direction: 1gbit, 200mbit, ... or none (default %(default)s)")
+    up.add_argument("--nodes", type=int, help=f"number of hosts (default {DEFAULTS['nodes']}; with --like: "
+                                               f"as many of the target's as fit)")
+    up.add_argument("--bandwidth", help=f"per-host rate each direction: 1gbit, 200mbit, ... or none "
+                                        f"(default {DEFAULTS['bandwidth']})")
+    up.add_argument("--like", metavar="CLUSTER.yaml",
+                    help="shape the testbed like this cluster: its nodes (as many as fit), its workers per node, "
+                         "links at its bandwidth / --dilation")
+    up.add_argument("--dilation", type=float, metavar="K",
+                    help="with --like: links run K times slower than the target's and the ClusterSpec records "
+                         "compute_dilation K (emulated compute K times slower), keeping the target's "
+                         "communication-to-compute ratio")
     up.add_argument("--cpus-per-node", type=int, default=DEFAULTS["cpus_per_node"],
                     help="logical CPUs each Ray node advertises (default %(default)s)")
     up.add_argument("--object-store-mb", type=int, default=DEFAULTS["object_store_mb"],
@@ -54,17 +62,64 @@ def _failed(action: str, err: Exception) -> int:
     return 1
 
 
+def up_config(args, mem_available_mb: float, cores: int):
+    """The TestbedConfig ``up`` brings up, and the warnings to print first.
+
+    Raises:
+        ConfigError: a bad combination of flags (``--dilation`` without ``--like``, ``--like`` with
+            ``--bandwidth``) or a bad target.
+    """
+    from autosync.sources import load_cluster
+    from autosync.testbed.config import TestbedConfig
+    from autosync.testbed.like import like_config, oversubscription_warning
+
+    if args.like is None:
+        if args.dilation is not None:
+            raise ConfigError("--dilation scales the links of a target cluster: give it with --like CLUSTER.yaml "
+                              "(without --like, set the rate directly with --bandwidth)")
+        config = TestbedConfig(nodes=args.nodes or DEFAULTS["nodes"], bandwidth=args.bandwidth or DEFAULTS["bandwidth"],
+                               cpus_per_node=args.cpus_per_node, object_store_mb=args.object_store_mb)
+        notes: list[str] = []
+    else:
+        if args.bandwidth is not None:
+            raise ConfigError(f"--like takes the bandwidth from {args.like} (divided by --dilation); leave out "
+                              f"--bandwidth {args.bandwidth}, or drop --like")
+        plan = like_config(load_cluster(args.like), 1.0 if args.dilation is None else args.dilation,
+                           nodes=args.nodes, cpus_per_node=args.cpus_per_node, object_store_mb=args.object_store_mb,
+                           mem_available_mb=mem_available_mb)
+        config, notes = plan.config, list(plan.notes)
+    warning = oversubscription_warning(config, cores)
+    return config, notes + ([warning] if warning else [])
+
+
+def _mem_available_mb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
 def _up(args) -> int:
+    import os
+
     from autosync.testbed import Testbed, TestbedError
 
-    tb = Testbed(nodes=args.nodes, bandwidth=args.bandwidth, cpus_per_node=args.cpus_per_node,
-                 object_store_mb=args.object_store_mb)
+    config, notes = up_config(args, _mem_available_mb(), os.cpu_count() or 1)
+    for note in notes:
+        print(f"autosync testbed up: warning: {note}", file=sys.stderr)
+    tb = Testbed(config=config)
     try:
         tb.up(progress=lambda line: print(line + " ...", flush=True))
     except TestbedError as e:
         return _failed("up", f"{e}\n(everything it had made has been removed)")
     st = tb.state
-    print(f"testbed up in {st.up_seconds:.1f} s: {', '.join(st.namespaces)} at {st.config.bandwidth}; "
+    like = (f" like {st.config.like} ({st.config.workers_per_node} workers per node, compute dilation "
+            f"{st.config.compute_dilation:g})" if st.config.like else "")
+    print(f"testbed up in {st.up_seconds:.1f} s: {', '.join(st.namespaces)} at {st.config.bandwidth}{like}; "
           f"Ray head {st.ray_address}")
     print(f"state: {tb.state_dir}; use `--cluster testbed`, or `autosync testbed exec -- CMD` to run a driver")
     return 0

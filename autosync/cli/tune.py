@@ -6,6 +6,7 @@ import sys
 import time
 
 from autosync.cli._format import table
+from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
 
@@ -66,11 +67,13 @@ def cmd_tune(args) -> int:
         raise ConfigError(f"--confirm must be >= 0, got {args.confirm}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
+    measure = precision_settings(args)
     progress = Progress(args.trials)
     try:
         result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
                       store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
-                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress)
+                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress, **measure,
+                      **compute_settings(args))
     finally:
         progress.close()
     result.save(args.out)
@@ -120,7 +123,7 @@ def register(sub) -> None:
     p = sub.add_parser("tune", help="find the fastest strategy by measurement (the main job)")
     p.add_argument("--model", default=DEFAULT_MODEL, metavar="M",
                    help=f"trainable model: {TRAINABLE_FORMS} (default {DEFAULT_MODEL}); a model-spec YAML holds no "
-                        f"code to train, so it cannot be tuned (use `autosync simulate` with it)")
+                        f"code to train, so it is tuned only with --compute emulated (synthetic gradients)")
     p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"search trials, on top of one per baseline builder (default {DEFAULT_TRIALS})")
@@ -137,6 +140,8 @@ def register(sub) -> None:
                    help="re-measure the best strategy and the best baseline until each has 1+N measurements (default 2)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
+    add_precision_flags(p)
+    add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
     p.set_defaults(func=cmd_tune)
 

@@ -126,6 +126,7 @@ class WorkerPool:
         self.binding = binding
         self.actors: dict[str, object] = {}
         self.loaded: dict[str, object] = {}   # slot -> ModelDef it holds
+        self.kinds: dict[str, type] = {}      # slot -> worker class (TensorFlow or emulated compute)
         self.model_def = None
         self.description: dict | None = None
         self.spawn_s = 0.0
@@ -172,7 +173,7 @@ class WorkerPool:
         """
         import ray
 
-        from autosync.runtime.worker import TrainingWorker
+        from autosync.runtime.emulated import worker_class
 
         if model_def is not self.model_def:
             self.model_def, self.description = model_def, None
@@ -180,9 +181,14 @@ class WorkerPool:
         if not stale:
             return [self.actors[s] for s in slots]
         t0 = time.perf_counter()
-        cls = ray.remote(TrainingWorker)
+        kind = worker_class(model_def)
+        if any(self.kinds.get(s, kind) is not kind for s in self.actors):
+            self.kill_all()  # real <-> emulated compute: new processes (and collective groups)
+            stale = list(slots)
+        cls = ray.remote(kind)
         for slot in stale:
             if slot not in self.actors:
+                self.kinds[slot] = kind
                 node = slot.rsplit(":", 1)[0]
                 cpus = self.binding.worker_cpus(node)
                 self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus)).remote(cpus)
@@ -212,7 +218,7 @@ class WorkerPool:
 
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
-        self.actors, self.loaded = {}, {}
+        self.actors, self.loaded, self.kinds = {}, {}, {}
         self._groups = {}
 
 

@@ -1,7 +1,9 @@
 """RayRunner: run strategies on a Ray cluster and measure them (the tuner's ``Runner``).
 
 Per strategy: validate, plan, fresh parameter servers and reset workers (fresh weights, optimizer
-state and data), ``warmup`` steps, then ``steps`` timed steps, all under ``trial_timeout_s``. A
+state and data), ``warmup`` steps, then ``steps`` timed steps and, with a precision target, more
+in growing batches until the 95 % interval of the median step time is within the target or a cap
+is reached (``tuner.precision.MeasurePolicy``), all under ``trial_timeout_s``. A
 strategy that is invalid, raises or runs out of time becomes a failed/timeout Trial; its actors
 are killed and replaced, and the next strategy runs normally.
 """
@@ -12,10 +14,12 @@ from typing import Sequence
 
 import numpy as np
 
+from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
 from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import Strategy, validate
 from strategy_space.errors import ConfigError
+from tuner.precision import MeasurePolicy
 from tuner.trial import Runner, Trial
 
 
@@ -44,6 +48,27 @@ def summarize_steps(results: list[dict], warmup: int) -> dict:
     }
 
 
+def combine_summaries(parts: list[dict]) -> dict:
+    """One summary of several consecutive ``run`` batches: step times and losses concatenated,
+    breakdown and call counts averaged by steps."""
+    if len(parts) == 1:
+        return parts[0]
+    n = [len(p["step_times"]) for p in parts]
+
+    def mean(values: list) -> float:
+        return float(sum(k * v for k, v in zip(n, values)) / sum(n))
+
+    return {
+        "step_times": [x for p in parts for x in p["step_times"]],
+        "breakdown": {k: mean([p["breakdown"][k] for p in parts]) for k in parts[0]["breakdown"]},
+        "calls_per_step_per_worker": mean([p["calls_per_step_per_worker"] for p in parts]),
+        "bytes_per_step_per_worker": {k: mean([p["bytes_per_step_per_worker"][k] for p in parts])
+                                      for k in parts[0]["bytes_per_step_per_worker"]},
+        "loss": [x for p in parts for x in p["loss"]],
+        "first_step_start": parts[0]["first_step_start"],
+    }
+
+
 class RayRunner(Runner):
     """Runs strategies of one model on one cluster with the Ray runtime.
 
@@ -51,7 +76,17 @@ class RayRunner(Runner):
         model_def: a ModelDef or a trainable source (``zoo:NAME``, ``script.py:fn``).
         cluster: a ClusterSpec or a cluster name/YAML path (``local``).
         warmup: untimed steps per trial (includes tracing and first transfers).
-        steps: timed steps per trial.
+        steps: timed steps per trial (the first batch when a precision target is set).
+        precision: run more steps until the 95 % interval of the median step time is within
+            this fraction of it (0.03: +-3 %); None: exactly ``steps`` timed steps.
+        max_steps, max_measure_s: caps on the timed steps and their seconds (precision mode).
+        compute: ``real`` (TensorFlow workers) or ``emulated`` (``autosync.runtime.emulated``:
+            workers wait the profiled compute time and send synthetic gradients; ``model_def``
+            may then also be a model-spec YAML or a ModelSpec). Emulated trials are recorded
+            against the cluster with ``compute: emulated``, so they never pool with real ones.
+        step_time_s: emulated compute per step (default: the spec's ``profile.step_time_s``,
+            measured for a trainable model); times the cluster's ``compute_dilation``.
+        optimizer: emulated compute's optimizer (``emulated.OPTIMIZERS``; default ``sgd``).
         trial_timeout_s: limit for one trial, start-up included.
         pool: warm workers to use (shared, e.g. between runners of several models); by default
             the runner starts its own and kills them on ``close``.
@@ -63,21 +98,40 @@ class RayRunner(Runner):
     """
 
     def __init__(self, model_def, cluster="local", *, warmup: int = 2, steps: int = 10,
-                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None):
+                 trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None,
+                 precision: float | None = None, max_steps: int = 200, max_measure_s: float = 60.0,
+                 compute: str = "real", step_time_s: float | None = None, optimizer: str = "sgd"):
         from autosync.sources import load_cluster, load_model_def
 
         if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
             raise ConfigError(f"steps must be an integer >= 1 and warmup >= 0, got steps={steps!r}, warmup={warmup!r}")
         if not trial_timeout_s > 0:
             raise ConfigError(f"trial_timeout_s must be > 0, got {trial_timeout_s!r}")
-        self.model_def = load_model_def(model_def)
         self.cluster = load_cluster(cluster)
+        self.compute = compute
+        if compute == "emulated":
+            self.model_def, self.cluster, model_spec = emulated_setup(model_def, self.cluster, model_spec,
+                                                                      step_time_s, optimizer)
+        else:
+            check_real_compute(compute, self.cluster, step_time_s)
+            self.model_def = load_model_def(model_def)
         self.warmup, self.steps, self.trial_timeout_s = warmup, steps, float(trial_timeout_s)
+        try:
+            self.policy = MeasurePolicy(precision=precision, min_steps=steps, max_steps=max(max_steps, steps),
+                                        max_seconds=max_measure_s)
+        except ValueError as e:
+            raise ConfigError(f"measurement settings: {e}") from None
         self._own_pool = pool is None
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
         self._model = None
         self._given_spec = model_spec
+
+    @property
+    def given_spec(self):
+        """The ModelSpec given (or, with emulated compute, made) for recording trials; None when
+        the workers' own description is used (see ``model``)."""
+        return self._given_spec
 
     @property
     def model(self):
@@ -106,7 +160,9 @@ class RayRunner(Runner):
         started = time.time()
         t0 = time.monotonic()
         deadline = t0 + self.trial_timeout_s
-        meta: dict = {"warmup": self.warmup, "steps": self.steps}
+        meta: dict = {"warmup": self.warmup, "steps": self.steps, "compute": self.compute}
+        if self.compute == "emulated":
+            meta["emulated_step_time_s"] = self.model_def.step_time_s
         common = dict(strategy=strategy, origin=origin or strategy.origin, started_at=started,
                       cluster_fingerprint=self.cluster.fingerprint)
         session = None
@@ -122,7 +178,7 @@ class RayRunner(Runner):
             session = Session(self.pool, plan)
             placement = session.start(deadline)
             meta["placement"] = placement
-            results = session.run(self.warmup + self.steps, deadline)
+            summary = self._measure(session, deadline)
             meta["ps_stats"] = session.ps_stats(deadline)
             session.close()
         except ConfigError as e:
@@ -138,7 +194,8 @@ class RayRunner(Runner):
         except Exception as e:  # noqa: BLE001 - a runner never raises for one bad strategy
             session_abort(session, self.pool)
             return self._failed(common, "failed", f"{type(e).__name__}: {e}", meta)
-        summary = summarize_steps(results, self.warmup)
+        meta["steps"] = len(summary["step_times"])
+        meta["measure"] = self.policy.describe(summary["step_times"])
         meta.update({
             "startup_s": summary["first_step_start"] - started,
             "ray_calls_per_step_per_worker": summary["calls_per_step_per_worker"],
@@ -153,6 +210,23 @@ class RayRunner(Runner):
                      batch_size=self.model_def.batch_size * plan.num_workers, finished_at=time.time(),
                      meta=meta, **common)
 
+    def _measure(self, session: Session, deadline: float) -> dict:
+        """Warm-up and the first batch, then further batches while the policy asks for more and
+        the trial's deadline leaves room for them (estimated from the steps so far). Each batch
+        ends with a synchronizing pull, so the last step of a batch also waits for stragglers
+        (it matters only for strategies with staleness, and batches are few)."""
+        parts = [summarize_steps(session.run(self.warmup + self.steps, deadline), self.warmup)]
+        for _ in range(64):  # bounded: every batch adds >= 1 step and max_steps caps them
+            times = [x for p in parts for x in p["step_times"]]
+            more = self.policy.next_batch(times, float(np.sum(times)))
+            per_step = float(np.mean(times))
+            if per_step > 0:  # leave a fifth of the time left for the final pull and slack
+                more = min(more, int(0.8 * (deadline - time.monotonic()) / per_step))
+            if more <= 0:
+                break
+            parts.append(summarize_steps(session.run(more, deadline), 0))
+        return combine_summaries(parts)
+
     def _failed(self, common: dict, status: str, reason: str, meta: dict) -> Trial:
         common.setdefault("model_fingerprint", self._model.fingerprint if self._model else "")
         return Trial(status=status, error=reason, finished_at=time.time(), meta=meta, **common)
@@ -163,6 +237,57 @@ class RayRunner(Runner):
         if self._own_pool:
             self.pool.kill_all()
             self.binding.close()
+
+
+def check_real_compute(compute: str, cluster, step_time_s) -> None:
+    """Refuse settings that only make sense with emulated compute.
+
+    Raises:
+        ConfigError: unknown mode, or an emulated-only setting with real compute.
+    """
+    if compute not in COMPUTE_MODES:
+        raise ConfigError(f"compute must be one of {', '.join(COMPUTE_MODES)}, got {compute!r}")
+    problems = []
+    if cluster.compute == "emulated":
+        problems.append(f"cluster {cluster.name} records compute: emulated; run it with --compute emulated "
+                        f"(API: compute='emulated')")
+    if cluster.compute_dilation != 1:
+        problems.append(f"cluster {cluster.name} has compute_dilation {cluster.compute_dilation:g}, which only "
+                        f"emulated compute can follow (real TensorFlow compute cannot be slowed down); run with "
+                        f"--compute emulated, or bring the testbed up without --dilation")
+    if step_time_s is not None:
+        problems.append("--step-time sets the compute time of emulated compute; add --compute emulated")
+    if problems:
+        raise ConfigError(problems)
+
+
+def emulated_setup(model, cluster, model_spec, step_time_s, optimizer):
+    """(EmulatedModelDef, the cluster marked ``compute: emulated``, the ModelSpec trials are
+    recorded against) for a model source, ModelSpec or EmulatedModelDef.
+
+    The recorded spec carries the undilated step time as its profile (the cluster carries the
+    dilation), so the simulator sees what the workers do.
+    """
+    import dataclasses
+
+    from autosync.sources import load_model_spec
+    from strategy_space import ComputeProfile, ModelSpec
+
+    cluster = dataclasses.replace(cluster, compute="emulated")
+    if isinstance(model, EmulatedModelDef):
+        return model, cluster, model.spec
+    if model_spec is None:
+        if isinstance(model, ModelSpec):
+            model_spec = model
+        else:
+            # a trainable model's compute is measured unless the step time is given
+            model_spec = load_model_spec(model, profile=step_time_s is None and not str(model).endswith((".yaml", ".yml")))
+    md = emulated_model_def(model_spec, cluster, step_time_s, optimizer)
+    base = model_spec.profile
+    profile = ComputeProfile(step_time_s=md.step_time_s / cluster.compute_dilation, device="emulated",
+                             ready_order=base.ready_order if base else ())
+    spec = dataclasses.replace(model_spec, profile=profile)
+    return dataclasses.replace(md, spec=spec), cluster, spec
 
 
 def session_abort(session: Session | None, pool: WorkerPool) -> None:

@@ -117,6 +117,10 @@ class TestbedConfig:
         bandwidth: per-host rate each direction, e.g. ``1gbit``, ``200mbit`` or ``none``.
         cpus_per_node: logical CPUs each Ray node advertises (``--num-cpus``).
         object_store_mb: object store of each Ray node, in MiB (>= 100).
+        workers_per_node: training replicas each node's ClusterSpec entry gets.
+        compute_dilation: recorded in the ClusterSpec: emulated compute runs this many times
+            slower (``--like ... --dilation K``).
+        like: name of the cluster this testbed stands for (``--like``), or None.
     """
 
     __test__ = False  # not a pytest test class despite the name
@@ -125,6 +129,9 @@ class TestbedConfig:
     bandwidth: str = "1gbit"
     cpus_per_node: int = 1
     object_store_mb: int = 1000
+    workers_per_node: int = 1
+    compute_dilation: float = 1.0
+    like: str | None = None
 
     def __post_init__(self):
         problems = Problems()
@@ -132,6 +139,10 @@ class TestbedConfig:
             problems.add(f"nodes must be an integer in 1..{MAX_NODES}, got {self.nodes!r}")
         if not (isinstance(self.cpus_per_node, int) and self.cpus_per_node >= 1):
             problems.add(f"cpus_per_node must be an integer >= 1, got {self.cpus_per_node!r}")
+        if not (isinstance(self.workers_per_node, int) and self.workers_per_node >= 1):
+            problems.add(f"workers_per_node must be an integer >= 1, got {self.workers_per_node!r}")
+        if not (isinstance(self.compute_dilation, (int, float)) and 1 <= self.compute_dilation <= 10_000):
+            problems.add(f"compute_dilation must be a number in [1, 10000], got {self.compute_dilation!r}")
         if not (isinstance(self.object_store_mb, int) and self.object_store_mb >= 100):
             problems.add(f"object_store_mb must be an integer >= 100 (Ray needs at least ~75 MiB), "
                          f"got {self.object_store_mb!r}")

@@ -143,11 +143,11 @@ def cluster_spec(config: TestbedConfig) -> ClusterSpec:
     the custom resource ``hostI`` for pinning, host0 as chief."""
     gbps = rate_gbps(config.rate_bps)
     nodes = tuple(
-        NodeSpec(name=host_ns(i), address=host_address(i), cpus=config.cpus_per_node, gpus=0, workers=1,
-                 chief=(i == 0), bandwidth_gbps=gbps, resource=host_ns(i))
+        NodeSpec(name=host_ns(i), address=host_address(i), cpus=config.cpus_per_node, gpus=0,
+                 workers=config.workers_per_node, chief=(i == 0), bandwidth_gbps=gbps, resource=host_ns(i))
         for i in range(config.nodes)
     )
-    return ClusterSpec(name=CLUSTER_NAME, nodes=nodes)
+    return ClusterSpec(name=CLUSTER_NAME, nodes=nodes, compute_dilation=config.compute_dilation)
 
 
 def mark_up(st: TestbedState, up_seconds: float, directory: Path | None = None) -> TestbedState:

@@ -260,6 +260,7 @@ class Testbed:
         bandwidth: per-host rate each direction (``1gbit``, ``200mbit``, ``none``).
         cpus_per_node: ``--num-cpus`` of each Ray node.
         object_store_mb: object store per node, MiB.
+        config: a whole TestbedConfig instead of the four above (e.g. from ``like_config``).
         state_dir: state folder (default ``$AUTOSYNC_TESTBED_DIR`` or ``/tmp/autosync-testbed``).
 
     Raises:
@@ -269,9 +270,10 @@ class Testbed:
     __test__ = False
 
     def __init__(self, nodes: int = 3, bandwidth: str = "1gbit", cpus_per_node: int = 1,
-                 object_store_mb: int = 1000, state_dir: str | Path | None = None):
-        self.config = TestbedConfig(nodes=nodes, bandwidth=bandwidth, cpus_per_node=cpus_per_node,
-                                    object_store_mb=object_store_mb)
+                 object_store_mb: int = 1000, state_dir: str | Path | None = None, *,
+                 config: TestbedConfig | None = None):
+        self.config = config or TestbedConfig(nodes=nodes, bandwidth=bandwidth, cpus_per_node=cpus_per_node,
+                                              object_store_mb=object_store_mb)
         self.state_dir = _dir(state_dir)
         self.state: state.TestbedState | None = None
 

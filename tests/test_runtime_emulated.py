@@ -1,0 +1,226 @@
+"""Emulated compute: synthetic gradients of the spec's exact shapes and sparsity, handed over after
+the profiled compute time; real synchronization applies them exactly (checked against numpy)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+from autosync.runtime.emulated import (EmulatedModelDef, EmulatedWorker, distinct_zipf_rows,
+                                       emulated_model_def, step_rows, synthetic_gradients)
+from strategy_space import ClusterSpec, ComputeProfile, ConfigError, ModelSpec, NodeSpec, VariableSpec
+from strategy_space.yaml_io import load
+
+SPEC = ModelSpec("emu", (
+    VariableSpec("emb", (4000, 8), sparse=True, rows_per_step=50),
+    VariableSpec("dense/kernel", (8, 16)),
+    VariableSpec("dense/bias", (16,)),
+    VariableSpec("half", (6, 4), dtype="float16"),
+    VariableSpec("counter", (1,), dtype="int64"),
+), batch_size=8, profile=ComputeProfile(0.01, "test", ("counter", "half", "dense/bias", "dense/kernel", "emb")))
+
+
+def same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, tuple):
+        return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[1].dtype == b[1].dtype
+    return np.array_equal(a, b) and a.dtype == b.dtype
+
+
+@pytest.mark.parametrize("path", ["ncf.yaml", "bert_base.yaml", "resnet50.yaml"])
+def test_gradients_have_the_exact_shapes_dtypes_and_sparsity_of_full_size_specs(configs_dir, path):
+    spec = load(f"{configs_dir}/models/{path}", "model")
+    grads = synthetic_gradients(spec, seed=1, worker=0, step=0)
+    assert len(grads) == len(spec.variables)
+    for var, g in zip(spec.variables, grads):
+        if var.sparse:
+            idx, vals = g
+            assert len(idx) == len(np.unique(idx)) == var.rows_per_step      # distinct rows, as profiled
+            assert 0 <= idx.min() and idx.max() < var.shape[0]
+            assert vals.shape == (var.rows_per_step,) + var.shape[1:] and vals.dtype == np.dtype(var.dtype)
+        else:
+            assert g.shape == var.shape and g.dtype == np.dtype(var.dtype)
+
+
+def test_gradients_are_deterministic_per_seed_worker_and_step():
+    g = synthetic_gradients(SPEC, 3, 1, 5)
+    assert all(same(a, b) for a, b in zip(g, synthetic_gradients(SPEC, 3, 1, 5)))
+    assert not np.array_equal(g[0][0], synthetic_gradients(SPEC, 3, 1, 6)[0][0])      # rows change per step
+    assert not np.array_equal(g[1], synthetic_gradients(SPEC, 3, 0, 5)[1])            # workers differ
+    assert g[4] is None and g[3].dtype == np.float16                                  # ints get no gradient
+
+
+def test_sparse_rows_are_zipf_like_and_distinct():
+    rng = np.random.default_rng(0)
+    counts = np.zeros(1000)
+    for _ in range(200):
+        rows = distinct_zipf_rows(rng, 1000, 50)
+        assert len(np.unique(rows)) == 50
+        counts[rows] += 1
+    assert counts[:10].mean() > 5 * counts[500:].mean()            # frequent ids are drawn far more often
+    assert list(distinct_zipf_rows(rng, 5, 5)) == [0, 1, 2, 3, 4]
+    assert len(np.unique(distinct_zipf_rows(rng, 12, 11))) == 11   # nearly every row: filled up
+
+
+class RecordingChannel:
+    """A channel that records what the worker hands over, which rows it had drawn when pulling
+    and which rows it asked the pull for."""
+
+    calls = bytes_sent = bytes_received = 0
+
+    def __init__(self, worker):
+        self.worker, self.pushes, self.rows_at_pull, self.rows_asked = worker, [], [], []
+
+    def pull(self, step, fresh=False, rows=None):
+        self.rows_at_pull.append((step, {k: v.copy() for k, v in self.worker.rows.items()}))
+        self.rows_asked.append((step, fresh, rows))
+        return {}
+
+    def push(self, step, grads):
+        self.pushes.append((step, grads, time.perf_counter()))
+
+    def finish(self):
+        pass
+
+
+def test_worker_waits_the_compute_time_and_hands_over_the_synthetic_gradients():
+    md = EmulatedModelDef(SPEC, 0.03, seed=2)
+    w = EmulatedWorker(1)
+    desc = w.load(md, 1, 2)
+    assert [v["name"] for v in desc["variables"]] == list(SPEC.names)
+    assert desc["optimizer"]["class"] == "SGD" and all(not a.any() for a in desc["initial"])
+    ch = RecordingChannel(w)
+    w.reset(1, 2, [ch], [(1, 0)] * len(SPEC.variables))
+    out = w.run(4)
+    assert len(out["start"]) == 5 and min(out["compute"]) >= 0.03
+    for step, grads, _ in ch.pushes:
+        assert all(same(a, b) for a, b in zip(grads, synthetic_gradients(SPEC, 2, 1, step)))
+        # the step's rows were drawn before its pull, and the pull asked for exactly those rows
+        assert np.array_equal(dict(ch.rows_at_pull)[step][0], step_rows(SPEC, 2, 1, step)[0])
+        asked = {s: r for s, fresh, r in ch.rows_asked if not fresh}
+        assert set(asked[step]) == {0} and np.array_equal(asked[step][0], step_rows(SPEC, 2, 1, step)[0])
+    # the final synchronizing pull names no rows of the sparse table (weights are pulled whole on demand)
+    step, fresh, rows = ch.rows_asked[-1]
+    assert fresh and step == 4 and rows[0].size == 0
+
+
+def test_dilation_and_step_time_override():
+    cluster = ClusterSpec("c", (NodeSpec("a"),), compute_dilation=4.0)
+    assert emulated_model_def(SPEC, cluster).step_time_s == pytest.approx(0.04)
+    assert emulated_model_def(SPEC, cluster, step_time_s=0.5).step_time_s == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="no profile.step_time_s"):
+        emulated_model_def(dataclasses.replace(SPEC, profile=None), cluster)
+    with pytest.raises(ConfigError, match="not one of sgd"):
+        EmulatedModelDef(SPEC, 0.1, optimizer="rmsprop")
+
+
+def test_cluster_compute_fields_round_trip_and_keep_old_fingerprints():
+    plain = ClusterSpec("c", (NodeSpec("a"),))
+    emu = dataclasses.replace(plain, compute="emulated", compute_dilation=25.0)
+    assert "compute" not in plain.to_dict() and "compute_dilation" not in plain.to_dict()
+    assert ClusterSpec.from_dict(emu.to_dict()) == emu and emu.fingerprint != plain.fingerprint
+    with pytest.raises(ConfigError, match="compute must be 'real' or 'emulated'"):
+        ClusterSpec("c", (NodeSpec("a"),), compute="gpu")
+
+
+PAIR = ClusterSpec(name="pair", nodes=(
+    NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1, chief=True),
+    NodeSpec(name="node1", address="127.0.0.1", cpus=1, workers=1),
+), compute="emulated")
+OPTIONS = {"ps": {}, "partitioned_ps": {"min_partition_bytes": 1}, "all_reduce": {}}
+
+
+def numpy_reference(spec, seed, workers, steps, lr):
+    """Synchronous SGD on the mean of every worker's synthetic gradients, from zeros."""
+    params = [np.zeros(v.shape, dtype=v.dtype) for v in spec.variables]
+    for t in range(steps):
+        for w in range(workers):
+            for v, g in enumerate(synthetic_gradients(spec, seed, w, t)):
+                if g is None:
+                    continue
+                if isinstance(g, tuple):
+                    np.subtract.at(params[v], g[0], g[1] * params[v].dtype.type(lr / workers))
+                else:
+                    params[v] = params[v] - g * params[v].dtype.type(lr / workers)
+    return params
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("builder", sorted(OPTIONS))
+def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder):
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import Session, WorkerPool
+    from autosync.runtime.plan import SyncPlan
+    from strategy_space.builders import get_builder
+
+    spec = dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=ComputeProfile(0.005))
+    md = EmulatedModelDef(spec, 0.005, "sgd", seed=7)
+    pool = WorkerPool(ClusterBinding.bind(PAIR))
+    try:
+        pool.ensure(md, PAIR.devices, time.monotonic() + 120)
+        plan = SyncPlan.build(get_builder(builder, **OPTIONS[builder]).build(spec, PAIR), spec, PAIR)
+        session = Session(pool, plan)
+        session.start(time.monotonic() + 120)
+        session.run(3, time.monotonic() + 120)
+        session.run(2, time.monotonic() + 120)     # a second batch continues where the first stopped
+        weights = session.weights(time.monotonic() + 60)
+        session.close()
+    finally:
+        pool.kill_all()
+    for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 5, 0.01), spec.variables):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
+    assert any(np.abs(w).max() > 0 for w in weights)
+
+
+def test_real_compute_refuses_emulated_only_settings():
+    from autosync.runtime.runner import check_real_compute
+
+    dilated = ClusterSpec("d", (NodeSpec("a"),), compute_dilation=25.0)
+    with pytest.raises(ConfigError, match="compute_dilation 25, which only emulated compute can follow"):
+        check_real_compute("real", dilated, None)
+    with pytest.raises(ConfigError, match="--step-time sets the compute time of emulated compute"):
+        check_real_compute("real", ClusterSpec("p", (NodeSpec("a"),)), 0.1)
+    with pytest.raises(ConfigError, match="compute must be one of real, emulated"):
+        check_real_compute("gpu", ClusterSpec("p", (NodeSpec("a"),)), None)
+
+
+def test_real_and_emulated_trials_are_never_pooled(tmp_path):
+    """Emulated trials are recorded against the cluster marked ``compute: emulated``: the store,
+    hence the warm start and the simulator's training groups, keeps them apart from real ones."""
+    from autosync.report import _compute_note
+    from strategy_space.builders import get_builder
+    from tuner.dataset import store_groups
+    from tuner.store import TrialStore
+    from tuner.trial import Trial
+
+    real = ClusterSpec("c", (NodeSpec("a", workers=2),))
+    emu = dataclasses.replace(real, compute="emulated", compute_dilation=10.0)
+    strategy = get_builder("all_reduce").build(SPEC, real)
+    with TrialStore(tmp_path / "t.db") as store:
+        for c, t in ((real, 0.1), (emu, 0.3)):
+            store.add(Trial(strategy, SPEC.fingerprint, c.fingerprint, "ok", step_times=(t,)), SPEC, c)
+        groups = store_groups(store)
+    assert sorted((c.compute, [t.median for t in ts]) for _, c, ts in groups) == [("emulated", [0.3]), ("real", [0.1])]
+    assert _compute_note(emu) == " (emulated compute, 10x dilated)" and _compute_note(real) == ""
+
+
+@pytest.mark.integration
+def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path):
+    import autosync
+    from strategy_space.yaml_io import save
+    from tuner.store import TrialStore
+    from tuner.tuning import SearchSettings
+
+    path = tmp_path / "emu.yaml"
+    save(dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=None), path)
+    result = autosync.tune(str(path), "local", compute="emulated", step_time_s=0.01, trials=1, steps=3, warmup=1,
+                           precision=None, confirm=0, warm_start="none", store=tmp_path / "t.db",
+                           settings=SearchSettings(batch=1, candidates=16, chains=4, anneal_steps=4))
+    assert result.cluster.compute == "emulated" and result.best_trial.ok
+    assert {t.meta["compute"] for t in result.outcome.trials} == {"emulated"}
+    with TrialStore(tmp_path / "t.db") as store:
+        [(_, cfp, _)] = store.groups()
+        assert store.cluster(cfp).compute == "emulated"

@@ -1,0 +1,115 @@
+"""``testbed up --like CLUSTER --dilation K``: the scaled shape, the ClusterSpec it writes, and the
+flag combinations it refuses (unit: nothing is brought up)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from autosync.testbed import netns, ray_nodes, state
+from autosync.testbed import testbed as tb_mod
+from autosync.testbed.like import like_config, nodes_that_fit, oversubscription_warning
+from strategy_space import ClusterSpec, NodeSpec
+from strategy_space.errors import ConfigError
+from strategy_space.yaml_io import load
+
+
+def _cli(argv, monkeypatch):
+    import autosync.cli as cli
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("testbed",))
+    return cli.main(argv)
+
+
+@pytest.fixture
+def paper_b(configs_dir):
+    return os.path.join(configs_dir, "clusters", "paper_4x4t4_50gbit.yaml")
+
+
+def test_like_scales_the_links_and_records_the_dilation(paper_b):
+    plan = like_config(load(paper_b, "cluster"), 250)
+    c = plan.config
+    assert (c.nodes, c.bandwidth, c.workers_per_node, c.compute_dilation, c.like) == \
+        (4, "200mbit", 4, 250.0, "paper_4x4t4_50gbit")
+    assert not plan.dropped
+    spec = state.cluster_spec(c)
+    assert spec.compute_dilation == 250.0 and spec.num_workers == 16
+    assert {n.bandwidth_gbps for n in spec.nodes} == {0.2}
+
+
+def test_nodes_that_do_not_fit_are_dropped_and_named(configs_dir):
+    target = load(os.path.join(configs_dir, "clusters", "paper_11x1gpu_40gbit.yaml"), "cluster")
+    assert nodes_that_fit(1000, 6500) == 4                      # 0.8 * 6500 MiB / 1300 MiB per node
+    plan = like_config(target, 200, mem_available_mb=6500)
+    assert plan.config.nodes == 4 and plan.dropped == tuple(f"node{i}" for i in range(4, 11))
+    assert "dropped: node4" in plan.notes[0]
+    assert like_config(target, 200, nodes=3).config.nodes == 3
+
+
+def test_too_fast_links_are_warned_about(paper_b):
+    plan = like_config(load(paper_b, "cluster"), 10)             # 5gbit: CPU-bound here
+    assert any("faster than this machine emulates faithfully" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("kw, message", [({"dilation": 0.5}, r"--dilation must be a number in \[1, 10000\]"),
+                                         ({"dilation": 10_000, "nodes": 9}, "the target .* has 4 nodes"),
+                                         ({"dilation": 1e4}, None)])
+def test_bad_like_settings(paper_b, kw, message):
+    target = load(paper_b, "cluster")
+    if message is None:                                          # 50gbit / 1e4 = 5mbit: still shapeable
+        assert like_config(target, **kw).config.bandwidth == "5mbit"
+        return
+    with pytest.raises(ConfigError, match=message):
+        like_config(target, **kw)
+
+
+def test_mixed_bandwidths_and_rates_out_of_range_are_refused():
+    mixed = ClusterSpec("m", (NodeSpec("a", bandwidth_gbps=1.0), NodeSpec("b", bandwidth_gbps=10.0)))
+    with pytest.raises(ConfigError, match="mixes node bandwidths"):
+        like_config(mixed, 2)
+    slow = ClusterSpec("s", (NodeSpec("a", bandwidth_gbps=0.01),))
+    with pytest.raises(ConfigError, match="outside the 1mbit..100gbit"):
+        like_config(slow, 100)
+
+
+def test_oversubscription_warning():
+    cfg = dataclasses.replace(like_config(ClusterSpec("x", (NodeSpec("a"), NodeSpec("b"), NodeSpec("c"))), 5).config)
+    assert "3 workers (3 nodes x 1) on 2 cores" in oversubscription_warning(cfg, 2)
+    assert oversubscription_warning(cfg, 4) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dilation", "10"], "--dilation scales the links of a target cluster: give it with --like"),
+    (["--like", "PAPER", "--bandwidth", "1gbit"], "--like takes the bandwidth from"),
+    (["--like", "PAPER", "--dilation", "0"], "--dilation must be a number"),
+    (["--like", "nope.yaml", "--dilation", "2"], "nope.yaml"),
+])
+def test_bad_combinations_exit_2(tmp_path, monkeypatch, capsys, paper_b, argv, message):
+    monkeypatch.setenv(state.ENV_DIR, str(tmp_path))
+    argv = [paper_b if a == "PAPER" else a for a in argv]
+    assert _cli(["testbed", "up", *argv], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / state.STATE_FILE).exists()
+
+
+def test_up_like_writes_the_scaled_cluster_spec(tmp_path, monkeypatch, capsys, paper_b):
+    """The whole `up --like` path with the system calls replaced: what lands in cluster.yaml."""
+    monkeypatch.setenv(state.ENV_DIR, str(tmp_path))
+    for mod, name in ((netns, "check_requirements"), (netns, "create_lan"), (netns, "shape"),
+                      (ray_nodes, "ray_executable"), (ray_nodes, "start_nodes")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: None)
+    monkeypatch.setattr(netns, "namespace_exists", lambda ns: False)
+    monkeypatch.setattr(ray_nodes, "probe", lambda *a, **k: {"ok": True, "alive": []})
+    monkeypatch.setattr(ray_nodes, "testbed_env", lambda d: {})
+    assert _cli(["testbed", "up", "--like", paper_b, "--dilation", "250", "--object-store-mb", "200"],
+                monkeypatch) == 0
+    out = capsys.readouterr()
+    assert "like paper_4x4t4_50gbit (4 workers per node, compute dilation 250)" in out.out
+    assert "16 workers (4 nodes x 4) on" in out.err or (os.cpu_count() or 1) >= 16
+    spec = load(str(tmp_path / state.CLUSTER_FILE), "cluster")
+    assert [n.name for n in spec.nodes] == ["host0", "host1", "host2", "host3"]
+    assert {(n.bandwidth_gbps, n.workers) for n in spec.nodes} == {(0.2, 4)}
+    assert spec.compute_dilation == 250.0 and spec.compute == "real"
+    assert tb_mod._dir(tmp_path) == tmp_path.resolve()
