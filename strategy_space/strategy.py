@@ -16,7 +16,7 @@ from ._strict import check_keys, fingerprint, get_typed, parse_items
 from .errors import ConfigError
 from .specs import FORMAT_VERSION, _check_header
 
-BACKENDS = ("auto", "gloo", "nccl", "objectstore")
+BACKENDS = ("auto", "gloo", "nccl", "objectstore", "graph")
 COMPRESSOR_KINDS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
 _RANKED = ("powersgd", "powersgd_ef")
 _COMPRESSOR_RE = re.compile(r"^(none|fp16|fp16_ef|powersgd|powersgd_ef)(?:\((\d+)\))?$")

@@ -12,7 +12,11 @@ and ``allgather`` (arrays of any length, e.g. sparse indices).
 * ``objectstore``: reduce-scatter then all-gather through Ray's object store: every worker puts
   the chunk each peer reduces and trades ObjectRefs through a small async ``Mailbox`` actor, so a
   buffer crosses each link about 2(n-1)/n times, as in a ring — and needs nothing beyond Ray.
-* ``auto``: nccl where the workers have GPUs, else gloo if torch is importable, else objectstore.
+* ``graph``: TensorFlow's own collective ops (ring over gRPC on CPUs, NCCL on GPUs), run inside
+  the worker's training step (``autosync.runtime.graph_sync``; transport in
+  ``autosync.comm.tf_collective``).
+* ``auto``: graph where TensorFlow is importable (it is wherever workers run real compute), else
+  nccl where the workers have GPUs, else gloo if torch is importable, else objectstore.
 """
 from __future__ import annotations
 
@@ -240,6 +244,16 @@ def gloo_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def graph_available() -> bool:
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def _graph_backend() -> type[CollectiveBackend]:
+    from autosync.comm.tf_collective import GraphBackend  # imports this module: load it on demand
+
+    return GraphBackend
+
+
 def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
     """The backend class for a strategy's ``backend`` field.
 
@@ -247,9 +261,14 @@ def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
         ConfigError: unknown name, or gloo requested without torch installed.
     """
     if name == "auto":
-        name = "nccl" if gpus else ("gloo" if gloo_available() else "objectstore")
+        name = "graph" if graph_available() else "nccl" if gpus else ("gloo" if gloo_available() else "objectstore")
+    if name == "graph":
+        if not graph_available():
+            raise ConfigError("all_reduce backend graph needs TensorFlow on the driver and the workers; "
+                              "install it or use backend gloo or objectstore")
+        return _graph_backend()
     if name not in BACKENDS:
-        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, graph, {', '.join(BACKENDS)}")
     if name == "gloo" and not gloo_available():
         raise ConfigError("all_reduce backend gloo needs torch (CPU build): pip install torch==2.13.0 "
                           "(pinned: an unpinned torch pulls GBs of CUDA packages), or use backend objectstore")

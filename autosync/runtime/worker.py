@@ -53,6 +53,18 @@ class TrainingWorker:
                 "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                 "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 
+    def collective_address(self) -> str:
+        """Where this worker's TensorFlow server will listen (``host:port``)."""
+        from autosync.comm.tf_collective import free_address
+
+        return free_address()
+
+    def join_collective(self, rank: int, addresses: list) -> str:
+        """Join the workers' TensorFlow cluster (before ``load``); see ``tf_collective.join``."""
+        from autosync.comm.tf_collective import join
+
+        return join(rank, addresses)
+
     def load(self, model_def, worker_index: int, num_workers: int) -> dict:
         """Build the model from its seed and probe one gradient.
 
@@ -102,6 +114,9 @@ class TrainingWorker:
         self.model.set_weights(self.initial_weights)
         self.batches = self.model_def.batches(worker_index, num_workers)
         self.channels = channels
+        # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
+        self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn())
+                              for c in channels if hasattr(c, "bind")), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
 
@@ -120,7 +135,7 @@ class TrainingWorker:
             self._assign_pulled(self.step)
             x, y = next(self.batches)
             t1 = time.perf_counter()
-            loss, grads = self._gradients(x, y)
+            loss, grads = self._compute(x, y)
             grads = [_to_numpy(g) for g in grads]
             compute = time.perf_counter() - t1
             for channel in self.channels:
@@ -134,6 +149,7 @@ class TrainingWorker:
         self._assign_pulled(self.step, fresh=True)
         for channel in self.channels:
             channel.finish()
+            out.update(getattr(channel, "summary", dict)())
         out["start"].append(time.time())
         return out
 

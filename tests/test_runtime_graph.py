@@ -1,0 +1,112 @@
+"""The ``graph`` backend on real Ray + TensorFlow: fusion groups reduced by TensorFlow's collective
+ops inside the workers' training step and applied by the model's own Keras optimizer train
+exactly like one process on the global batch (fp16 within fp16 tolerance), alone and mixed with
+parameter servers; and a group's collective finishes before the backward pass has produced its
+last gradient."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strategy_space import PS, AllReduce, Strategy, VarConfig
+from tests import runtime_models as rm
+from tests.test_runtime_ps import PAIR, STEPS, _model_spec, _train, pool  # noqa: F401 - pytest fixture
+
+pytestmark = pytest.mark.integration
+
+EXACT = {"rtol": 1e-5, "atol": 1e-6}
+FP16 = {"rtol": 1e-2, "atol": 2e-3}
+
+
+def _close(weights, expected, spec, **tol):
+    for got, want, var in zip(weights, expected, spec.variables):
+        assert np.allclose(got, want, **tol), (var.name, np.abs(got - want).max())
+
+
+def _in_graph_members(trainer) -> int:
+    from autosync.runtime.graph_sync import split_groups
+
+    graph, _ = split_groups(list(trainer.plan.ar_groups), list(trainer.plan.layout))
+    return sum(len(g.members) for g in graph)
+
+
+@pytest.mark.parametrize("builder,options", [
+    ("all_reduce", {"chunk_bytes": 64}),             # several fusion groups, the embedding gathered
+    ("partitioned_all_reduce", {"min_partition_bytes": 1}),   # shards reduced apart, put together
+    ("parallax", {}),                                 # sparse embedding on PS, dense in the graph
+])
+@pytest.mark.parametrize("compressor", ["none", "fp16", "fp16_ef"])
+def test_graph_all_reduce_equals_single_process(pool, builder, options, compressor):
+    from strategy_space.builders import get_builder
+
+    md = rm.model_def("adam", learning_rate=0.05)
+    spec = _model_spec(pool, md)
+    strategy = get_builder(builder, backend="graph", compressor=compressor, **options).build(spec, PAIR)
+    trainer, history, weights = _train(pool, md, strategy)
+    _close(weights, rm.reference_weights(md, num_workers=2, steps=STEPS), spec,
+           **(EXACT if compressor == "none" else FP16))
+    initial = rm.reference_weights(md, num_workers=2, steps=0)
+    assert any(not np.allclose(a, b) for a, b in zip(weights, initial))
+    assert trainer.plan.backends == ("graph",)
+    # every dense all-reduced variable was reduced and updated inside the graph (a split sparse
+    # one, in partitioned_all_reduce, is gathered eagerly by the same collectives)
+    members = [m for g in trainer.plan.ar_groups for m in g.members]
+    split_sparse = [m for m in members if m.sparse and m.num_shards > 1]
+    assert _in_graph_members(trainer) == len(members) - len(split_sparse) > 0
+    assert bool(split_sparse) == (builder == "partitioned_all_reduce")
+    if builder == "all_reduce":
+        assert len(trainer.plan.ar_groups) >= 2
+        assert any(m.sparse for g in trainer.plan.ar_groups for m in g.members)
+
+
+def test_auto_prefers_graph(pool):
+    from strategy_space.builders import get_builder
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    spec = _model_spec(pool, md)
+    trainer, _, weights = _train(pool, md, get_builder("all_reduce").build(spec, PAIR))
+    assert trainer.plan.backends == ("graph",)
+    _close(weights, rm.reference_weights(md, num_workers=2, steps=STEPS), spec, **EXACT)
+
+
+def test_mixed_ps_graph_and_numpy_path(pool):
+    """PS variables, in-graph variables, and graph members that must take the numpy path (a
+    variable whose shards are split between PS and all-reduce; PowerSGD-free so exact)."""
+    md = rm.model_def("sgd", learning_rate=0.1, momentum=0.9)
+    spec = _model_spec(pool, md)
+    strategy = Strategy((
+        VarConfig("emb/embeddings", (PS("node0"),)),
+        VarConfig("hidden/kernel", (AllReduce(backend="graph", group=0), PS("node1")), axis=1),
+        VarConfig("hidden/bias", (AllReduce(backend="graph", group=0),)),
+        VarConfig("out/kernel", (AllReduce(backend="graph", group=1),)),
+        VarConfig("out/bias", (PS("node1"),)),
+    ))
+    trainer, _, weights = _train(pool, md, strategy)
+    _close(weights, rm.reference_weights(md, num_workers=2, steps=STEPS), spec, **EXACT)
+    assert _in_graph_members(trainer) == 2   # hidden/bias and out/kernel; hidden/kernel's shard eagerly
+    assert len(trainer.plan.ps_actors) == 2
+
+
+def test_collective_finishes_before_the_last_gradient(ray_session):
+    """A model whose first layer's backward pass is long (a large dense input layer): the output
+    layer's group is all-reduced while that gradient is still being computed."""
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.trainer import Trainer
+    from strategy_space.builders import get_builder
+
+    md = rm.deep_model_def()
+    pool = WorkerPool(ClusterBinding.bind(PAIR))
+    try:
+        spec = _model_spec(pool, md)
+        strategy = get_builder("all_reduce", backend="graph", chunk_bytes=1).build(spec, PAIR)
+        with Trainer(md, strategy, PAIR, pool=pool, timeout_s=300) as trainer:
+            trainer.fit(steps=4, steps_per_call=4)
+            results = trainer.session.run(4, None)
+    finally:
+        pool.kill_all()
+    assert len(trainer.plan.ar_groups) == len(spec.variables)   # one group per variable
+    shares = [s for r in results for s in r["ar_hidden"]]
+    assert len(shares) == 8
+    # groups issued first (the output layer's) ran while the first layer's gradient was computed
+    assert np.median(shares) > 0.2, shares
