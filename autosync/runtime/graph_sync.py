@@ -33,7 +33,6 @@ from autosync.comm.channel import ARGroup, ARMember
 from autosync.comm.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
 
 IN_GRAPH_COMPRESSORS = ("none", "fp16", "fp16_ef")
-TIMELINE_STEPS = 10_000  # per-step timestamps kept for the overlap figure
 
 
 def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
@@ -58,16 +57,67 @@ def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[
     return graph, rest
 
 
-def hidden_share(times: np.ndarray) -> float:
-    """Share of one step's collective time that ran before the last gradient existed.
+def trace_step(worker, logdir: str) -> list[tuple[str, int, int]]:
+    """Run one training step of ``worker`` (a TrainingWorker after ``reset``; every worker of the
+    group must run it at the same time) under TensorFlow's profiler.
 
-    ``times`` = [last gradient, ready_1, done_1, ready_2, done_2, ...] (seconds)."""
-    last, spans = times[0], times[1:].reshape(-1, 2)
-    total = float(np.sum(spans[:, 1] - spans[:, 0]))
-    if total <= 0:
-        return 0.0
-    hidden = np.clip(np.minimum(spans[:, 1], last) - spans[:, 0], 0.0, None)
-    return float(np.sum(hidden) / total)
+    Returns:
+        ``(op name, start ns, end ns)`` of every op executed, as the profiler recorded them.
+    """
+    import glob
+    import os
+
+    import tensorflow as tf
+
+    x, y = next(worker.batches)
+    worker._compute(x, y)  # noqa: SLF001 - traced and warm before profiling
+    x, y = next(worker.batches)
+    tf.profiler.experimental.start(logdir)
+    try:
+        worker._compute(x, y)  # noqa: SLF001
+    finally:
+        tf.profiler.experimental.stop()
+    try:
+        from tsl.profiler.protobuf import xplane_pb2
+    except ImportError:  # older layouts
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    path = max(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    events = []
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            for e in line.events:
+                start = line.timestamp_ns + e.offset_ps // 1000
+                events.append((names[e.metadata_id].name, start, start + e.duration_ps // 1000))
+    return events
+
+
+def overlap_from_trace(events: list[tuple[str, int, int]]) -> dict:
+    """What one traced step says about overlap.
+
+    Returns:
+        ``first_collective_start`` and ``last_gradient_end`` (ns; gradient ops are the ones the
+        tape names ``gradient_tape/...``), and ``hidden_share``: the share of the time collectives
+        were running that lies before the last gradient op ended (0 when no collective ran).
+    """
+    collectives = sorted((a, b) for n, a, b in events if "Collective" in n and b > a)
+    gradients = [b for n, a, b in events if n.startswith("gradient_tape/")]
+    if not collectives or not gradients:
+        return {"first_collective_start": None, "last_gradient_end": None, "hidden_share": 0.0}
+    last = max(gradients)
+    merged: list[list[int]] = []  # union of the collectives' intervals
+    for a, b in collectives:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    busy = sum(b - a for a, b in merged)
+    hidden = sum(max(0, min(b, last) - a) for a, b in merged)
+    return {"first_collective_start": collectives[0][0], "last_gradient_end": last,
+            "hidden_share": hidden / busy if busy else 0.0}
 
 
 class GraphAllReduceChannel:
@@ -86,7 +136,6 @@ class GraphAllReduceChannel:
         # the eager GraphBackend counts up from "base"; the graph takes the upper half
         self.key_base = int(setup["base"]) + SESSION_KEYS // 2
         self.calls = 0
-        self.timeline: list[np.ndarray] = []
 
     # ---- SyncChannel: the variables are updated in the graph, nothing to pull or push ----------
     def pull(self, step: int, fresh: bool = False) -> dict:
@@ -97,13 +146,6 @@ class GraphAllReduceChannel:
 
     def finish(self) -> None:
         """Collectives complete inside the step: nothing is outstanding."""
-
-    def summary(self) -> dict:
-        """``{"ar_hidden": [share of collective time hidden behind the backward pass, per step]}``
-        for the steps since the last summary."""
-        shares = [hidden_share(t) for t in self.timeline]
-        self.timeline = []
-        return {"ar_hidden": shares}
 
     # ---- the step ------------------------------------------------------------------------------
     def bind(self, model, loss_fn, optimizer):
@@ -127,7 +169,7 @@ class GraphAllReduceChannel:
                 loss = loss_fn(y, model(x, training=True))
             grads = tape.gradient(loss, variables)
             shards: dict = {}
-            stamps, last = [], None
+            last = None
             keys = iter(range(base, base + SESSION_KEYS // 2))
             for g in groups:
                 for i, (comp, ms) in enumerate(_by_compressor(g)):
@@ -138,14 +180,10 @@ class GraphAllReduceChannel:
                     if comp == "sparse":
                         for m in ms:
                             with tf.control_dependencies(deps):
-                                t0, out = _gather_sparse(grads[m.key[0]], world, keys, hint)
-                            shards[m.key] = out
+                                shards[m.key] = out = _gather_sparse(grads[m.key[0]], world, keys, hint)
                             last = out.values
-                            stamps += [t0, _stamp(last)]
                         continue
                     parts = [_take(grads[m.key[0]], m) for m in ms]
-                    with tf.control_dependencies(deps + parts):
-                        t0 = tf.timestamp()
                     flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts], 0) / world
                     if comp == "fp16_ef":
                         mem = memory[(g.group, i)]
@@ -159,29 +197,19 @@ class GraphAllReduceChannel:
                     with tf.control_dependencies(deps):
                         total = tf.cast(all_reduce(wire, world, next(keys), hint), tf.float32)
                     last = total
-                    stamps += [t0, _stamp(total)]
                     offset = 0
                     for m, p in zip(ms, parts):
                         n = _size(variables[m.key[0]], m)
                         shards[m.key] = tf.cast(tf.reshape(total[offset:offset + n], tf.shape(p)), p.dtype)
                         offset += n
             done = [v for v in owned if grads[v] is not None]
-            with tf.control_dependencies([_flat_dep(grads[v]) for v in range(len(variables)) if grads[v] is not None]):
-                backward_end = tf.timestamp()
             reduced = [_assemble(variables[v], [shards[k] for k in sorted(k for k in shards if k[0] == v)], groups, v)
                        for v in done]
             optimizer.apply_gradients(zip(reduced, [variables[v] for v in done]))
             mine = set(owned)
-            times = tf.stack([backward_end] + stamps) if stamps else tf.reshape(backward_end, [1])
-            return loss, [None if v in mine else grads[v] for v in range(len(variables))], times
+            return loss, [None if v in mine else grads[v] for v in range(len(variables))]
 
-        def compute(x, y):
-            loss, grads, times = step(x, y)
-            if len(self.timeline) < TIMELINE_STEPS:
-                self.timeline.append(times.numpy())
-            return loss, grads
-
-        return compute
+        return step
 
 
 def _by_compressor(group: ARGroup) -> list[tuple[str, list[ARMember]]]:
@@ -205,21 +233,8 @@ def _take(grad, m: ARMember):
     return grad[(slice(None),) * m.axis + (slice(m.start, m.stop),)]
 
 
-def _stamp(t):
-    import tensorflow as tf
-
-    with tf.control_dependencies([t]):
-        return tf.timestamp()
-
-
-def _flat_dep(grad):
-    import tensorflow as tf
-
-    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
-
-
 def _gather_sparse(grad, world: int, keys, hint: str):
-    """All-gather one IndexedSlices gradient: (start timestamp, the mean as IndexedSlices).
+    """All-gather one IndexedSlices gradient; returns the mean as IndexedSlices.
 
     The row count must be equal on every worker for one instance key; it is the static count
     when the graph knows it (an embedding lookup of a fixed-shape batch), else the gradient is
@@ -238,11 +253,9 @@ def _gather_sparse(grad, world: int, keys, hint: str):
         pad = n_rows - tf.shape(indices)[0]
         indices = tf.concat([indices, tf.zeros([pad], tf.int64)], 0)
         values = tf.concat([values, tf.zeros(tf.concat([[pad], tf.shape(values)[1:]], 0), values.dtype)], 0)
-    with tf.control_dependencies([indices, values]):
-        t0 = tf.timestamp()
     all_indices = all_gather(indices, world, next(keys), hint)
     all_values = all_gather(values, world, next(keys), hint)
-    return t0, tf.IndexedSlices(all_values / tf.cast(world, values.dtype), all_indices, grad.dense_shape)
+    return tf.IndexedSlices(all_values / tf.cast(world, values.dtype), all_indices, grad.dense_shape)
 
 
 def _assemble(variable, parts: list, groups: list[ARGroup], v: int):

@@ -37,7 +37,9 @@ class TrainingWorker:
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        # two at least: an in-graph collective is launched by an inter-op thread, and with one
+        # it waits for whatever long gradient op runs (no overlap with the backward pass)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
         self.threads = threads
         self.model_def = None
         self.model = None
@@ -149,7 +151,6 @@ class TrainingWorker:
         self._assign_pulled(self.step, fresh=True)
         for channel in self.channels:
             channel.finish()
-            out.update(getattr(channel, "summary", dict)())
         out["start"].append(time.time())
         return out
 
