@@ -59,16 +59,6 @@ def test_graph_all_reduce_equals_single_process(pool, builder, options, compress
         assert any(m.sparse for g in trainer.plan.ar_groups for m in g.members)
 
 
-def test_auto_prefers_graph(pool):
-    from strategy_space.builders import get_builder
-
-    md = rm.model_def("sgd", learning_rate=0.1)
-    spec = _model_spec(pool, md)
-    trainer, _, weights = _train(pool, md, get_builder("all_reduce").build(spec, PAIR))
-    assert trainer.plan.backends == ("graph",)
-    _close(weights, rm.reference_weights(md, num_workers=2, steps=STEPS), spec, **EXACT)
-
-
 def test_mixed_ps_graph_and_numpy_path(pool):
     """PS variables, in-graph variables, and graph members that must take the numpy path (a
     variable whose shards are split between PS and all-reduce; PowerSGD-free so exact)."""

@@ -15,8 +15,10 @@ and ``allgather`` (arrays of any length, e.g. sparse indices).
 * ``graph``: TensorFlow's own collective ops (ring over gRPC on CPUs, NCCL on GPUs), run inside
   the worker's training step (``autosync.runtime.graph_sync``; transport in
   ``autosync.comm.tf_collective``).
-* ``auto``: graph where TensorFlow is importable (it is wherever workers run real compute), else
-  nccl where the workers have GPUs, else gloo if torch is importable, else objectstore.
+* ``auto``: on GPUs graph (NCCL inside the training step; nccl if TensorFlow is missing); on CPUs
+  gloo if torch is importable, else objectstore. TensorFlow's gRPC ring measured 0.07-0.32x the
+  bus bandwidth of plain gloo on one machine (benchmarks/allreduce_bandwidth.py), so on CPUs
+  graph is a strategy choice, not the default.
 """
 from __future__ import annotations
 
@@ -261,7 +263,10 @@ def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
         ConfigError: unknown name, or gloo requested without torch installed.
     """
     if name == "auto":
-        name = "graph" if graph_available() else "nccl" if gpus else ("gloo" if gloo_available() else "objectstore")
+        if gpus:
+            name = "graph" if graph_available() else "nccl"
+        else:
+            name = "gloo" if gloo_available() else "objectstore"
     if name == "graph":
         if not graph_available():
             raise ConfigError("all_reduce backend graph needs TensorFlow on the driver and the workers; "
