@@ -33,9 +33,9 @@ def test_split_groups_keeps_in_graph_only_whole_variables_it_can_reduce():
     layout = [(1, 0), (1, 0), (1, 0), (2, 0), (2, 0), (2, 0), (1, 0), (1, 0)]
     graph, rest = split_groups(groups, layout)
     assert [(g.group, [m.key for m in g.members]) for g in graph] == [
-        (0, [(0, 0), (2, 0)]), (1, [(3, 0)]), (2, [(3, 1)]), (3, [(7, 0)])]
+        (0, [(0, 0), (1, 0), (2, 0)]), (1, [(3, 0)]), (2, [(3, 1)]), (3, [(7, 0)])]
     assert [(g.group, [m.key for m in g.members]) for g in rest] == [
-        (0, [(1, 0)]), (1, [(4, 0)]), (2, [(4, 1), (5, 0)]), (3, [(6, 0)])]
+        (1, [(4, 0)]), (2, [(4, 1), (5, 0)]), (3, [(6, 0)])]
 
 
 def test_overlap_from_trace():

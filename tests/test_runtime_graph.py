@@ -59,6 +59,41 @@ def test_graph_all_reduce_equals_single_process(pool, builder, options, compress
         assert any(m.sparse for g in trainer.plan.ar_groups for m in g.members)
 
 
+def test_powersgd_in_graph_trains_like_uncompressed(pool):
+    from strategy_space.builders import get_builder
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    spec = _model_spec(pool, md)
+    losses = {}
+    for comp in ("none", "powersgd_ef(1)"):
+        strategy = get_builder("all_reduce", backend="graph", compressor=comp).build(spec, PAIR)
+        trainer, history, _ = _train(pool, md, strategy, steps=80)
+        assert _in_graph_members(trainer) == sum(len(g.members) for g in trainer.plan.ar_groups)
+        losses[comp] = history.loss
+    start = np.mean(losses["none"][:4])
+    end = {c: np.mean(l[-8:]) for c, l in losses.items()}
+    assert end["none"] < 0.5 * start
+    assert end["powersgd_ef(1)"] < 1.5 * end["none"] + 0.05 * start, (start, end)
+    assert not np.allclose(losses["none"], losses["powersgd_ef(1)"])  # it really compressed
+
+
+@pytest.mark.parametrize("compressor", ["powersgd(2)", "powersgd_ef(1)"])
+def test_powersgd_in_graph_matches_the_numpy_protocol(pool, compressor):
+    """Same Q draw, same rounds, same error feedback: the graph and the numpy path over gloo end
+    at the same parameters (to float tolerance: QR and matmul differ in rounding only)."""
+    from strategy_space.builders import get_builder
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    spec = _model_spec(pool, md)
+    weights = {}
+    for backend in ("gloo", "graph"):
+        strategy = get_builder("all_reduce", backend=backend, compressor=compressor).build(spec, PAIR)
+        _, _, weights[backend] = _train(pool, md, strategy, steps=6)
+    _close(weights["graph"], weights["gloo"], spec, rtol=1e-4, atol=1e-5)
+    exact = rm.reference_weights(md, num_workers=2, steps=6)
+    assert any(not np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(weights["graph"], exact))
+
+
 def test_mixed_ps_graph_and_numpy_path(pool):
     """PS variables, in-graph variables, and graph members that must take the numpy path (a
     variable whose shards are split between PS and all-reduce; PowerSGD-free so exact)."""

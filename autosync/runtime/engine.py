@@ -288,7 +288,7 @@ class Session:
                 out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
             if in_graph:
-                out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"]))
+                out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"], seed=self.pool.model_def.seed))
             return out
 
         resets = [w.reset.remote(i, n, channels(i), list(plan.layout)) for i, w in enumerate(self.workers)]

@@ -10,6 +10,8 @@ and applies the model's own Keras optimizer to them, all in one graph:
   so it starts while the rest of the backward pass still runs;
 * ``fp16`` casts the buffer to half precision in the graph (2 bytes per value on the wire);
   ``fp16_ef`` first adds the residual of the previous step, kept in a variable;
+* PowerSGD runs its two rounds in the graph (P matrices plus uncompressible members, then Q
+  matrices), warm Q and error-feedback residuals in variables;
 * sparse members (``IndexedSlices``) are all-gathered, indices and values, and applied as
   ``IndexedSlices`` (duplicate rows add up, as in one process);
 * a variable split into shards is reduced shard by shard (each shard in its own group) and put
@@ -17,10 +19,10 @@ and applies the model's own Keras optimizer to them, all in one graph:
 
 Gradients of every other variable leave the graph as before (parameter servers, other
 backends); the graph's own come back as None, so no other channel sends them. A variable can be
-reduced in the graph only if every shard of it is a ``graph`` member with compressor none, fp16
-or fp16_ef (and, if sparse, it is not split); ``split_groups`` sends the others (PowerSGD, a
-variable shared with a parameter server) to the numpy channel, which uses the same collectives
-eagerly through ``autosync.comm.tf_collective.GraphBackend``.
+reduced in the graph only if every shard of it is a ``graph`` member (and, if sparse, it is not
+split); ``split_groups`` sends the others (a variable shared with a parameter server or another
+backend, a split sparse one) to the numpy channel, which uses the same collectives eagerly through
+``autosync.comm.tf_collective.GraphBackend``.
 
 On a GPU the gradients, the collectives (NCCL) and the optimizer stay on the device; collectives
 are then chained in issue order, as NCCL needs one order on every worker.
@@ -29,10 +31,13 @@ from __future__ import annotations
 
 import numpy as np
 
+import zlib
+
 from autosync.comm.channel import ARGroup, ARMember
+from autosync.comm.compression import make_compressor, orthogonalize, powersgd_compressible
 from autosync.comm.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
 
-IN_GRAPH_COMPRESSORS = ("none", "fp16", "fp16_ef")
+IN_GRAPH_COMPRESSORS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
 
 
 def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
@@ -44,7 +49,7 @@ def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[
             members.setdefault(m.key[0], []).append(m)
     inside = {v for v, ms in members.items()
               if len(ms) == layout[v][0]
-              and all(m.backend == "graph" and m.compressor in IN_GRAPH_COMPRESSORS for m in ms)
+              and all(m.backend == "graph" and m.compressor.split("(")[0] in IN_GRAPH_COMPRESSORS for m in ms)
               and not (ms[0].sparse and layout[v][0] > 1)}
     graph, rest = [], []
     for g in groups:
@@ -128,10 +133,11 @@ class GraphAllReduceChannel:
         rank, world: this worker's position and the number of workers.
         groups: fusion groups in gradient-ready order (only members ``split_groups`` kept).
         setup: the ``graph`` backend's session setup, ``{"group", "base"}``.
+        seed: PowerSGD's shared seed (Q's first draw, equal on every worker).
     """
 
-    def __init__(self, rank: int, world: int, groups: list[ARGroup], setup: dict):
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, groups: list[ARGroup], setup: dict, seed: int = 0):
+        self.rank, self.world, self.seed = rank, world, seed
         self.groups = list(groups)
         # the eager GraphBackend counts up from "base"; the graph takes the upper half
         self.key_base = int(setup["base"]) + SESSION_KEYS // 2
@@ -159,6 +165,10 @@ class GraphAllReduceChannel:
         memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
                   for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
                   if comp == "fp16_ef" for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}
+        powersgd = {(g.group, i): _PowerSGDGraphState([(m, _shape(variables[m.key[0]], m)) for m in ms], comp,
+                                                      self.seed)
+                    for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
+                    if comp.startswith("powersgd")}
         world, hint, base = self.world, communication_hint(), self.key_base
         chain = hint == "nccl"
         groups = self.groups
@@ -184,6 +194,12 @@ class GraphAllReduceChannel:
                             last = out.values
                         continue
                     parts = [_take(grads[m.key[0]], m) for m in ms]
+                    if comp.startswith("powersgd"):
+                        with tf.control_dependencies(deps):
+                            out = powersgd[(g.group, i)].reduce(ms, parts, world, keys, hint)
+                        shards.update(out)
+                        last = out[ms[-1].key]
+                        continue
                     flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts], 0) / world
                     if comp == "fp16_ef":
                         mem = memory[(g.group, i)]
@@ -220,11 +236,89 @@ def _by_compressor(group: ARGroup) -> list[tuple[str, list[ARMember]]]:
     return list(out.items())
 
 
-def _size(variable, m: ARMember) -> int:
+def _shape(variable, m: ARMember) -> tuple[int, ...]:
     shape = list(variable.shape)
     if shape:
         shape[m.axis] = m.stop - m.start
-    return int(np.prod(shape))
+    return tuple(int(d) for d in shape)
+
+
+def _size(variable, m: ARMember) -> int:
+    return int(np.prod(_shape(variable, m)))
+
+
+class _PowerSGDGraphState:
+    """PowerSGD's two rounds for one (group, compressor) inside the graph, with its state (warm
+    Q per matrix, error-feedback residual) in variables: the same protocol as
+    ``autosync.comm.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
+    Round 1 all-reduces the P matrices and the uncompressible members in one buffer, round 2 the
+    Q matrices."""
+
+    def __init__(self, members: list[tuple[ARMember, tuple[int, ...]]], comp: str, seed: int):
+        import tensorflow as tf
+
+        _, self.rank, self.ef = make_compressor(comp)
+        self.shapes = {m.key: shape for m, shape in members}
+        self.low = {m.key for m, shape in members if powersgd_compressible(shape, self.rank)}
+        self.q, self.err = {}, {}
+        for m, shape in members:
+            if m.key not in self.low:
+                continue
+            n = int(np.prod(shape[1:]))
+            rng = np.random.default_rng([seed, zlib.crc32(repr(m.key).encode())])
+            self.q[m.key] = tf.Variable(orthogonalize(rng.standard_normal((n, self.rank)).astype(np.float32)),
+                                        trainable=False)
+            if self.ef:
+                self.err[m.key] = tf.Variable(tf.zeros([shape[0], n]), trainable=False)
+
+    def reduce(self, ms: list[ARMember], parts: list, world: int, keys, hint: str) -> dict:
+        import tensorflow as tf
+
+        low = [(m, p) for m, p in zip(ms, parts) if m.key in self.low]
+        raw = [(m, p) for m, p in zip(ms, parts) if m.key not in self.low]
+        mats = {}
+        for m, p in low:
+            shape = self.shapes[m.key]
+            mat = tf.reshape(tf.cast(p, tf.float32), [shape[0], -1])
+            mats[m.key] = mat + self.err[m.key] if self.ef else mat
+        ps = [tf.matmul(mats[m.key], self.q[m.key]) for m, _ in low]
+        flat = [tf.reshape(x, [-1]) for x in ps] + [tf.reshape(tf.cast(p, tf.float32), [-1]) for _, p in raw]
+        out1 = all_reduce(tf.concat(flat, 0) / world, world, next(keys), hint)
+        out, offset, p_hats = {}, 0, []
+        for m, _ in low:
+            size = self.shapes[m.key][0] * self.rank
+            p_hats.append(_orthogonalize(tf.reshape(out1[offset:offset + size], [-1, self.rank])))
+            offset += size
+        for m, p in raw:
+            size = int(np.prod(self.shapes[m.key]))
+            out[m.key] = tf.cast(tf.reshape(out1[offset:offset + size], tf.shape(p)), p.dtype)
+            offset += size
+        if not low:
+            return out
+        qs = [tf.matmul(mats[m.key], p_hat, transpose_a=True) for (m, _), p_hat in zip(low, p_hats)]
+        out2 = all_reduce(tf.concat([tf.reshape(q, [-1]) for q in qs], 0) / world, world, next(keys), hint)
+        offset = 0
+        for (m, p), p_hat, q in zip(low, p_hats, qs):
+            q_mean = tf.reshape(out2[offset:offset + int(np.prod(q.shape))], q.shape)
+            offset += int(np.prod(q.shape))
+            approx = tf.matmul(p_hat, q_mean, transpose_b=True)
+            self.q[m.key].assign(q_mean)
+            if self.ef:
+                self.err[m.key].assign(mats[m.key] - approx)
+            out[m.key] = tf.cast(tf.reshape(approx, tf.shape(p)), p.dtype)
+        return out
+
+
+def _orthogonalize(p, eps: float = 1e-8):
+    """``autosync.comm.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
+    diagonal, columns of a rank-deficient P zeroed."""
+    import tensorflow as tf
+
+    q, r = tf.linalg.qr(p)
+    diag = tf.linalg.diag_part(r)
+    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
+    keep = tf.cast(tf.abs(diag) >= eps, q.dtype)
+    return q * signs * keep
 
 
 def _take(grad, m: ARMember):
