@@ -15,7 +15,6 @@ No target for graph (issue 15 asks for it to be measured next to plain gloo).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -23,6 +22,8 @@ import sys
 import time
 
 import numpy as np
+
+from _rows import commit, write_rows
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -127,14 +128,6 @@ def ray_backend(backend: str, world: int, sizes: list[int], reps: int) -> dict[i
     return out
 
 
-def _commit() -> str:
-    import subprocess
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def busbw_gbit(nbytes: int, world: int, seconds: float) -> float:
     return 2 * (world - 1) / world * nbytes * 8 / seconds / 1e9
 
@@ -162,7 +155,7 @@ def main(argv=None) -> int:
                 bw = busbw_gbit(n * 4, world, res[n])
                 rows.append({"workers": world, "MiB": mib, "backend": name, "seconds": res[n],
                              "busbw_gbit": bw, "ratio_to_plain_gloo": bw / ref,
-                             "commit": _commit(), "started_utc": started})
+                             "commit": commit(), "started_utc": started})
     ray.shutdown()
 
     print(f"{'workers':>7} {'MiB':>5} {'backend':<17} {'median s':>9} {'busbw Gbit/s':>13} {'x plain':>8}")
@@ -176,9 +169,7 @@ def main(argv=None) -> int:
             verdict = "met" if r["ratio_to_plain_gloo"] >= target else "MISSED"
             print(f"target {r['backend']} >= {target}x plain gloo at {big} MiB, {r['workers']} workers: "
                   f"{r['ratio_to_plain_gloo']:.2f}x ({verdict})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(args.json, rows)
     return 0
 
 

@@ -17,23 +17,17 @@ the testbed against Ray Train (baselines_vs_peer.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from _rows import commit, write_rows
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def _commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def measure(model: str, backend: str, cluster, pool, steps: int, warmup: int, chunk_bytes: int | None) -> dict:
@@ -78,7 +72,7 @@ def main(argv=None) -> int:
     from autosync.sources import load_cluster
 
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    commit = _commit()
+    at_commit = commit()
     cluster = load_cluster(args.cluster)
     rows = []
     for name in args.models:
@@ -91,16 +85,14 @@ def main(argv=None) -> int:
         rows.append({"model": model, "cluster": cluster.name, "gloo_s": res["gloo"]["median_s"],
                      "graph_s": res["graph"]["median_s"], "speedup": res["gloo"]["median_s"] / res["graph"]["median_s"],
                      "hidden_share": res["graph"]["hidden_share"], "groups": res["graph"]["groups"],
-                     "chunk_bytes": args.chunk_bytes, "steps": args.steps, "commit": commit, "started_utc": started})
+                     "chunk_bytes": args.chunk_bytes, "steps": args.steps, "commit": at_commit, "started_utc": started})
         pool.binding.close()
     print(f"{'model':<22} {'gloo s':>8} {'graph s':>8} {'gloo/graph':>10} {'hidden':>7} {'groups':>6}")
     for r in rows:
         print(f"{r['model']:<22} {r['gloo_s']:>8.3f} {r['graph_s']:>8.3f} {r['speedup']:>10.2f} "
               f"{r['hidden_share']:>7.0%} {r['groups']:>6}")
-    print(f"commit {commit}, started {started} UTC, cluster {cluster.name}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    print(f"commit {at_commit}, started {started} UTC, cluster {cluster.name}")
+    write_rows(args.json, rows)
     return 0
 
 
