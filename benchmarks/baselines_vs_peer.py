@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import os
@@ -90,13 +91,17 @@ def _args(argv=None):
     p.add_argument("--nodes", type=int, default=3, help="testbed nodes, when the script brings it up (default 3)")
     p.add_argument("--bandwidth", default="1gbit", help="testbed link rate, when the script brings it up")
     p.add_argument("--trial-timeout", type=float, default=300.0, help="limit per trial, seconds (default 300)")
+    p.add_argument("--builders", nargs="+", metavar="NAME", help="only these builders (default: all)")
+    p.add_argument("--ar-backend", default="auto", help="all-reduce backend of the builders that take one "
+                   "(auto, gloo, objectstore, graph; default auto)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
     p.add_argument("--merge", action="store_true",
                    help="keep the other models of an existing JSON in --out (re-measure only --models)")
     return p.parse_args(argv)
 
 
-def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: float, say) -> dict:
+def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: float, say,
+                  builders: list[str] | None = None, ar_backend: str = "auto") -> dict:
     """AutoSync's baselines, then the peer, on one model (the pool is killed before the peer
     runs: every node has one CPU and the peer's workers need it)."""
     import _peer
@@ -120,8 +125,9 @@ def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: 
         out["parameter_bytes"] = sum(v.bytes for v in model.variables)
         out["sparse_bytes"] = sum(v.bytes for v in model.variables if v.sparse)
         measured: list = []  # (strategy, builder that measured it)
-        for builder in BUILDERS:
-            strategy = get_builder(builder).build(model, cluster)
+        for builder in builders or BUILDERS:
+            takes_backend = "backend" in inspect.signature(BUILDERS[builder]).parameters
+            strategy = get_builder(builder, **({"backend": ar_backend} if takes_backend else {})).build(model, cluster)
             same = next((b for s, b in measured if s == strategy), None)
             if same is not None:
                 out["builders"][builder] = {**out["builders"][same], "same_as": same}
@@ -240,6 +246,7 @@ def inside(args) -> int:
     results = {"meta": {"nodes": len(cluster.nodes), "bandwidth": bandwidth, "cpus_per_node": cluster.nodes[0].cpus,
                         "commit": commit,
                         "warmup": args.warmup, "steps": args.steps, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "ar_backend": args.ar_backend, "builders": args.builders or "all",
                         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                         "ray": ray.__version__},
                "models": {}}
@@ -255,7 +262,8 @@ def inside(args) -> int:
         # provenance per entry: a --merge file holds entries of several runs
         results["models"][name] = {"run_started": results["meta"]["started"], "commit": commit}
         results["models"][name].update(measure_model(name, cluster, args.warmup, args.steps, args.trial_timeout,
-                                                lambda line: print(line, flush=True)))
+                                                lambda line: print(line, flush=True), args.builders,
+                                                args.ar_backend))
         results["models"][name]["wall_s"] = round(time.monotonic() - t0, 1)
         results["meta"]["wall_s"] = round(time.monotonic() - t_all, 1)
         results["models"] = {m: results["models"][m] for m in MODELS if m in results["models"]}
@@ -285,6 +293,14 @@ def main(argv=None) -> int:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         print(f"unknown models {unknown}; valid: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    from strategy_space.builders import BUILDERS
+    from strategy_space.strategy import BACKENDS
+
+    bad = [b for b in args.builders or () if b not in BUILDERS]
+    if bad or args.ar_backend not in BACKENDS:
+        print(f"unknown builders {bad} or backend {args.ar_backend!r}; builders: {', '.join(BUILDERS)}; "
+              f"backends: {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
     return inside(args) if args.inside else outside(args, argv)
 

@@ -17,7 +17,7 @@ from ._yaml_limits import short_repr
 from .errors import ConfigError
 from .specs import FORMAT_VERSION, _check_header
 
-BACKENDS = ("auto", "gloo", "nccl", "objectstore")
+BACKENDS = ("auto", "gloo", "nccl", "objectstore", "graph")
 COMPRESSOR_KINDS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
 _RANKED = ("powersgd", "powersgd_ef")
 _COMPRESSOR_RE = re.compile(r"^(none|fp16|fp16_ef|powersgd|powersgd_ef)(?:\((\d+)\))?$")

@@ -151,3 +151,27 @@ def multi_model_def(optimizer: str = "sgd", batch: int = 8, **opt_kw) -> ModelDe
         name="multi_emb", model_fn=build_multi_embedding_model, loss_fn=mse,
         optimizer_fn=functools.partial(make_any_optimizer, optimizer, **opt_kw),
         dataset_fn=functools.partial(multi_batches, batch=batch), batch_size=batch, seed=11)
+
+
+def build_conv_model():
+    """A convolution with few weights but a long backward pass (its filter gradient is computed
+    last), under a dense output layer: the output layer's gradients are ready long before."""
+    import keras
+
+    img = keras.Input((32, 32, 8), name="img")
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv")(img)
+    x = keras.layers.Flatten()(x)
+    out = keras.layers.Dense(1, name="out")(x)
+    return keras.Model(img, out)
+
+
+def conv_batches(worker: int, num_workers: int, batch: int = 16, count: int = 2):
+    rng = np.random.RandomState(2000 + 17 * worker + num_workers)
+    return [(rng.standard_normal((batch, 32, 32, 8)).astype("float32"),
+             rng.standard_normal((batch, 1)).astype("float32")) for _ in range(count)]
+
+
+def deep_model_def() -> ModelDef:
+    return ModelDef(name="conv_overlap", model_fn=build_conv_model, loss_fn=mse,
+                    optimizer_fn=functools.partial(make_optimizer, "sgd", learning_rate=0.01),
+                    dataset_fn=conv_batches, batch_size=16, seed=3)

@@ -12,7 +12,13 @@ and ``allgather`` (arrays of any length, e.g. sparse indices).
 * ``objectstore``: reduce-scatter then all-gather through Ray's object store: every worker puts
   the chunk each peer reduces and trades ObjectRefs through a small async ``Mailbox`` actor, so a
   buffer crosses each link about 2(n-1)/n times, as in a ring — and needs nothing beyond Ray.
-* ``auto``: nccl where the workers have GPUs, else gloo if torch is importable, else objectstore.
+* ``graph``: TensorFlow's own collective ops (ring over gRPC on CPUs, NCCL on GPUs), run inside
+  the worker's training step (``autosync.runtime.graph_sync``; transport in
+  ``autosync.comm.tf_collective``).
+* ``auto``: on GPUs graph (NCCL inside the training step; nccl if TensorFlow is missing); on CPUs
+  gloo if torch is importable, else objectstore. TensorFlow's gRPC ring measured 0.07-0.32x the
+  bus bandwidth of plain gloo on one machine (benchmarks/allreduce_bandwidth.py), so on CPUs
+  graph is a strategy choice, not the default.
 """
 from __future__ import annotations
 
@@ -351,6 +357,16 @@ def gloo_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def graph_available() -> bool:
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def _graph_backend() -> type[CollectiveBackend]:
+    from autosync.comm.tf_collective import GraphBackend  # imports this module: load it on demand
+
+    return GraphBackend
+
+
 def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
     """The backend class for a strategy's ``backend`` field.
 
@@ -358,9 +374,17 @@ def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
         ConfigError: unknown name, or gloo requested without torch installed.
     """
     if name == "auto":
-        name = "nccl" if gpus else ("gloo" if gloo_available() else "objectstore")
+        if gpus:
+            name = "graph" if graph_available() else "nccl"
+        else:
+            name = "gloo" if gloo_available() else "objectstore"
+    if name == "graph":
+        if not graph_available():
+            raise ConfigError("all_reduce backend graph needs TensorFlow on the driver and the workers; "
+                              "install it or use backend gloo or objectstore")
+        return _graph_backend()
     if name not in BACKENDS:
-        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, graph, {', '.join(BACKENDS)}")
     if name == "gloo" and not gloo_available():
         raise ConfigError("all_reduce backend gloo needs torch (CPU build): pip install torch==2.13.0 "
                           "(pinned: an unpinned torch pulls GBs of CUDA packages), or use backend objectstore")

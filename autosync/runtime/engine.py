@@ -16,6 +16,7 @@ from autosync.comm.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.comm.channel import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.channels import PSChannel
+from autosync.runtime.graph_sync import GraphAllReduceChannel, split_groups
 from autosync.runtime.plan import SyncPlan
 from strategy_space.errors import ConfigError
 
@@ -133,6 +134,8 @@ class WorkerPool:
         # (backend, slots) -> collective group name; torch.distributed makes one world per
         # process, so a group lives exactly as long as the worker processes it was made with
         self._groups: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._joined: set[tuple[str, ...]] = set()   # slots whose workers form a TensorFlow cluster
+        self._sessions = 0
 
     @classmethod
     def shared_or_new(cls, cluster, pool: "WorkerPool | None" = None) -> "WorkerPool":
@@ -158,11 +161,29 @@ class WorkerPool:
 
         name = self._groups.get((backend, slots))
         if name is None:
-            if any(b in ("gloo", "nccl") for b, _ in self._groups):
+            torch_world = backend in ("gloo", "nccl") and any(b in ("gloo", "nccl") for b, _ in self._groups)
+            # a TensorFlow cluster is joined before a worker runs any op: only fresh workers can
+            if torch_world or (backend == "graph" and self.actors):
                 self.kill_all()
             name = f"autosync-{backend}-{uuid.uuid4().hex[:8]}"
             self._groups[(backend, slots)] = name
         return name
+
+    def next_instance_base(self) -> int:
+        """First TensorFlow collective instance key of a new ``graph`` session (keys of one
+        session never meet another's shapes)."""
+        from autosync.comm.tf_collective import SESSION_KEYS
+
+        self._sessions += 1
+        return self._sessions * SESSION_KEYS
+
+    def _join_graph(self, slots: tuple[str, ...], deadline: float | None) -> None:
+        """Make the (fresh) workers of ``slots`` one TensorFlow cluster for in-graph collectives."""
+        workers = [self.actors[s] for s in slots]
+        addresses = wait_all([w.collective_address.remote() for w in workers], deadline, "worker", list(slots))
+        wait_all([w.join_collective.remote(i, addresses) for i, w in enumerate(workers)], deadline, "worker",
+                 list(slots))
+        self._joined.add(slots)
 
     def ensure(self, model_def, slots: tuple[str, ...], deadline: float | None = None) -> list:
         """Handles for ``slots`` (in order) holding ``model_def``; starts or reloads as needed.
@@ -192,6 +213,12 @@ class WorkerPool:
                 node = slot.rsplit(":", 1)[0]
                 cpus = self.binding.worker_cpus(node)
                 self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus)).remote(cpus)
+        if ("graph", slots) in self._groups and slots not in self._joined:
+            try:
+                self._join_graph(slots, deadline)
+            except TrialFailed:
+                self.kill_all()
+                raise
         refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots)) for s in stale]
         try:
             loaded = wait_all(refs, deadline, "worker", stale)
@@ -220,6 +247,7 @@ class WorkerPool:
             ray.kill(actor, no_restart=True)
         self.actors, self.loaded, self.kinds = {}, {}, {}
         self._groups = {}
+        self._joined = set()
 
 
 def _digest(arrays: list) -> str:
@@ -257,8 +285,11 @@ class Session:
         from autosync.runtime.optimizers import check_optimizer_config, squares_slices
 
         plan = self.plan
-        setups = {b: self.pool.collective_group(b, plan.replicas) for b in plan.backends
-                  if b not in ("objectstore", "hierarchical")}
+        # graph first: forming its cluster may restart the workers, which ends their gloo world
+        setups = {b: self.pool.collective_group(b, plan.replicas)
+                  for b in sorted(plan.backends, key=lambda b: b != "graph") if b not in ("objectstore", "hierarchical")}
+        if "graph" in setups:
+            setups["graph"] = {"group": setups["graph"], "base": self.pool.next_instance_base()}
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
@@ -286,9 +317,11 @@ class Session:
             hierarchy = prepare_hierarchy([plan.replica_node(s) for s in plan.replicas], binding.actor_options)
             self.helpers.extend(hierarchy.pop("mailboxes"))
             setups["hierarchical"] = hierarchy
+        # members reduced in the graph are updated there; the numpy channel holds only the others
+        in_graph, ar_groups = split_groups(list(plan.ar_groups), list(plan.layout))
         ar_values = {m.key: initial[m.key[0]] if m.num_shards == 1 else np.ascontiguousarray(
             initial[m.key[0]][(slice(None),) * m.axis + (slice(m.start, m.stop),)])
-            for g in plan.ar_groups for m in g.members}
+            for g in ar_groups for m in g.members}
 
         squares = squares_slices(desc["optimizer"])
         aggregators = self._start_aggregators(squares)
@@ -297,9 +330,11 @@ class Session:
         def channels(i: int) -> list:
             out = [PSChannel(i, pairs, shapes, plan.staleness, squares,
                              aggregators.get(node_of.get(i)))] if pairs else []
-            if plan.ar_groups:  # after the PS channel: its pushes fly while the collectives run
-                out.append(AllReduceChannel(i, n, list(plan.ar_groups), setups, ar_values, desc["optimizer"],
+            if ar_groups:  # after the PS channel: its pushes fly while the collectives run
+                out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
+            if in_graph:
+                out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"], seed=self.pool.model_def.seed))
             return out
 
         resets = [w.reset.remote(i, n, channels(i), list(plan.layout)) for i, w in enumerate(self.workers)]

@@ -42,7 +42,9 @@ class TrainingWorker:
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        # two at least: an in-graph collective is launched by an inter-op thread, and with one
+        # it waits for whatever long gradient op runs (no overlap with the backward pass)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
         self.threads = threads
         self.model_def = None
         self.model = None
@@ -58,6 +60,18 @@ class TrainingWorker:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                 "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+
+    def collective_address(self) -> str:
+        """Where this worker's TensorFlow server will listen (``host:port``)."""
+        from autosync.comm.tf_collective import free_address
+
+        return free_address()
+
+    def join_collective(self, rank: int, addresses: list) -> str:
+        """Join the workers' TensorFlow cluster (before ``load``); see ``tf_collective.join``."""
+        from autosync.comm.tf_collective import join
+
+        return join(rank, addresses)
 
     def load(self, model_def, worker_index: int, num_workers: int) -> dict:
         """Build the model from its seed and probe one gradient.
@@ -137,6 +151,9 @@ class TrainingWorker:
         self.model.set_weights(self.initial_weights)
         self.batches = self.model_def.batches(worker_index, num_workers)
         self.channels = channels
+        # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
+        self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn())
+                              for c in channels if hasattr(c, "bind")), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
         self._partial = False
@@ -161,7 +178,7 @@ class TrainingWorker:
             rows = self.row_reads.rows(x)
             self._assign_pulled(self.step, rows=rows)
             t1 = time.perf_counter()
-            loss, grads = self._gradients(x, y)
+            loss, grads = self._compute(x, y)
             grads = [_to_numpy(g) for g in grads]
             compute = time.perf_counter() - t1
             self._check_rows(rows, grads)

@@ -1,0 +1,362 @@
+"""All-reduce inside the worker's training step (the ``graph`` backend).
+
+For the variables it owns, ``GraphAllReduceChannel`` replaces the worker's gradient function with
+one ``tf.function`` that computes the gradients, reduces them with TensorFlow's collective ops
+and applies the model's own Keras optimizer to them, all in one graph:
+
+* one collective per (fusion group, compressor), its members flattened and packed into one
+  buffer pre-divided by the number of workers (the sum is the mean); groups are issued in the
+  plan's gradient-ready order, and each collective depends only on its own members' gradients,
+  so it starts while the rest of the backward pass still runs;
+* ``fp16`` casts the buffer to half precision in the graph (2 bytes per value on the wire);
+  ``fp16_ef`` first adds the residual of the previous step, kept in a variable;
+* PowerSGD runs its two rounds in the graph (P matrices plus uncompressible members, then Q
+  matrices), warm Q and error-feedback residuals in variables;
+* sparse members (``IndexedSlices``) are all-gathered, indices and values, and applied as
+  ``IndexedSlices`` (duplicate rows add up, as in one process);
+* a variable split into shards is reduced shard by shard (each shard in its own group) and put
+  together again before the update; the optimizers are element-wise, so this is exact.
+
+Gradients of every other variable leave the graph as before (parameter servers, other
+backends); the graph's own come back as None, so no other channel sends them. A variable can be
+reduced in the graph only if every shard of it is a ``graph`` member (and, if sparse, it is not
+split); ``split_groups`` sends the others (a variable shared with a parameter server or another
+backend, a split sparse one) to the numpy channel, which uses the same collectives eagerly through
+``autosync.comm.tf_collective.GraphBackend``.
+
+On a GPU the gradients, the collectives (NCCL) and the optimizer stay on the device; collectives
+are then chained in issue order, as NCCL needs one order on every worker.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import zlib
+
+from autosync.comm.channel import ARGroup, ARMember
+from autosync.comm.compression import make_compressor, orthogonalize, powersgd_compressible
+from autosync.comm.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
+
+IN_GRAPH_COMPRESSORS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
+
+
+def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
+    """(groups reduced in the graph, groups left to the numpy channel), order kept, empty ones
+    dropped. ``layout[v]`` is variable v's (number of shards, axis)."""
+    members: dict[int, list[ARMember]] = {}
+    for g in groups:
+        for m in g.members:
+            members.setdefault(m.key[0], []).append(m)
+    inside = {v for v, ms in members.items()
+              if len(ms) == layout[v][0]
+              and all(m.backend == "graph" and m.compressor.split("(")[0] in IN_GRAPH_COMPRESSORS for m in ms)
+              and not (ms[0].sparse and layout[v][0] > 1)}
+    graph, rest = [], []
+    for g in groups:
+        mine = tuple(m for m in g.members if m.key[0] in inside)
+        other = tuple(m for m in g.members if m.key[0] not in inside)
+        if mine:
+            graph.append(ARGroup(g.group, mine))
+        if other:
+            rest.append(ARGroup(g.group, other))
+    return graph, rest
+
+
+def trace_step(worker, logdir: str) -> list[tuple[str, int, int]]:
+    """Run one training step of ``worker`` (a TrainingWorker after ``reset``; every worker of the
+    group must run it at the same time) under TensorFlow's profiler.
+
+    Returns:
+        ``(op name, start ns, end ns)`` of every op executed, as the profiler recorded them.
+    """
+    import glob
+    import os
+
+    import tensorflow as tf
+
+    x, y = next(worker.batches)
+    worker._compute(x, y)  # noqa: SLF001 - traced and warm before profiling
+    x, y = next(worker.batches)
+    tf.profiler.experimental.start(logdir)
+    try:
+        worker._compute(x, y)  # noqa: SLF001
+    finally:
+        tf.profiler.experimental.stop()
+    try:
+        from tsl.profiler.protobuf import xplane_pb2
+    except ImportError:  # older layouts
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    path = max(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    events = []
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            for e in line.events:
+                start = line.timestamp_ns + e.offset_ps // 1000
+                events.append((names[e.metadata_id].name, start, start + e.duration_ps // 1000))
+    return events
+
+
+def overlap_from_trace(events: list[tuple[str, int, int]]) -> dict:
+    """What one traced step says about overlap.
+
+    Returns:
+        ``first_collective_start`` and ``last_gradient_end`` (ns; gradient ops are the ones the
+        tape names ``gradient_tape/...``), and ``hidden_share``: the share of the time collectives
+        were running that lies before the last gradient op ended (0 when no collective ran).
+    """
+    collectives = sorted((a, b) for n, a, b in events if "Collective" in n and b > a)
+    gradients = [b for n, a, b in events if n.startswith("gradient_tape/")]
+    if not collectives or not gradients:
+        return {"first_collective_start": None, "last_gradient_end": None, "hidden_share": 0.0}
+    last = max(gradients)
+    merged: list[list[int]] = []  # union of the collectives' intervals
+    for a, b in collectives:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    busy = sum(b - a for a, b in merged)
+    hidden = sum(max(0, min(b, last) - a) for a, b in merged)
+    return {"first_collective_start": collectives[0][0], "last_gradient_end": last,
+            "hidden_share": hidden / busy if busy else 0.0}
+
+
+class GraphAllReduceChannel:
+    """In-graph all-reduce for one worker (a SyncChannel: ``pull``/``push``/``finish``, plus
+    ``bind``, with which the worker gets its training-step function).
+
+    Args:
+        rank, world: this worker's position and the number of workers.
+        groups: fusion groups in gradient-ready order (only members ``split_groups`` kept).
+        setup: the ``graph`` backend's session setup, ``{"group", "base"}``.
+        seed: PowerSGD's shared seed (Q's first draw, equal on every worker).
+    """
+
+    def __init__(self, rank: int, world: int, groups: list[ARGroup], setup: dict, seed: int = 0):
+        self.rank, self.world, self.seed = rank, world, seed
+        self.groups = list(groups)
+        # the eager GraphBackend counts up from "base"; the graph takes the upper half
+        self.key_base = int(setup["base"]) + SESSION_KEYS // 2
+        self.calls = 0
+
+    # ---- SyncChannel: the variables are updated in the graph, nothing to pull or push ----------
+    def pull(self, step: int, fresh: bool = False) -> dict:
+        return {}
+
+    def push(self, step: int, grads: list) -> None:
+        """The graph already reduced and applied this channel's gradients (they arrive as None)."""
+
+    def finish(self) -> None:
+        """Collectives complete inside the step: nothing is outstanding."""
+
+    # ---- the step ------------------------------------------------------------------------------
+    def bind(self, model, loss_fn, optimizer):
+        """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
+        variables reduced here come back as None, the others as computed."""
+        import tensorflow as tf
+
+        variables = list(model.trainable_variables)
+        owned = sorted({m.key[0] for g in self.groups for m in g.members})
+        optimizer.build([variables[v] for v in owned])
+        memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
+                  for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
+                  if comp == "fp16_ef" for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}
+        powersgd = {(g.group, i): _PowerSGDGraphState([(m, _shape(variables[m.key[0]], m)) for m in ms], comp,
+                                                      self.seed)
+                    for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
+                    if comp.startswith("powersgd")}
+        world, hint, base = self.world, communication_hint(), self.key_base
+        chain = hint == "nccl"
+        groups = self.groups
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, variables)
+            shards: dict = {}
+            last = None
+            keys = iter(range(base, base + SESSION_KEYS // 2))
+            for g in groups:
+                for i, (comp, ms) in enumerate(_by_compressor(g)):
+                    ms = [m for m in ms if grads[m.key[0]] is not None]
+                    if not ms:
+                        continue
+                    deps = [last] if chain and last is not None else []
+                    if comp == "sparse":
+                        for m in ms:
+                            with tf.control_dependencies(deps):
+                                shards[m.key] = out = _gather_sparse(grads[m.key[0]], world, keys, hint)
+                            last = out.values
+                        continue
+                    parts = [_take(grads[m.key[0]], m) for m in ms]
+                    if comp.startswith("powersgd"):
+                        with tf.control_dependencies(deps):
+                            out = powersgd[(g.group, i)].reduce(ms, parts, world, keys, hint)
+                        shards.update(out)
+                        last = out[ms[-1].key]
+                        continue
+                    flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts], 0) / world
+                    if comp == "fp16_ef":
+                        mem = memory[(g.group, i)]
+                        flat = flat + mem
+                        wire = tf.cast(flat, tf.float16)
+                        mem.assign(flat - tf.cast(wire, tf.float32))
+                    elif comp == "fp16":
+                        wire = tf.cast(flat, tf.float16)
+                    else:
+                        wire = flat
+                    with tf.control_dependencies(deps):
+                        total = tf.cast(all_reduce(wire, world, next(keys), hint), tf.float32)
+                    last = total
+                    offset = 0
+                    for m, p in zip(ms, parts):
+                        n = _size(variables[m.key[0]], m)
+                        shards[m.key] = tf.cast(tf.reshape(total[offset:offset + n], tf.shape(p)), p.dtype)
+                        offset += n
+            done = [v for v in owned if grads[v] is not None]
+            reduced = [_assemble(variables[v], [shards[k] for k in sorted(k for k in shards if k[0] == v)], groups, v)
+                       for v in done]
+            optimizer.apply_gradients(zip(reduced, [variables[v] for v in done]))
+            mine = set(owned)
+            return loss, [None if v in mine else grads[v] for v in range(len(variables))]
+
+        return step
+
+
+def _by_compressor(group: ARGroup) -> list[tuple[str, list[ARMember]]]:
+    """Members of a group by what goes on the wire (``sparse`` or the compressor), first-seen order."""
+    out: dict[str, list[ARMember]] = {}
+    for m in group.members:
+        out.setdefault("sparse" if m.sparse else m.compressor, []).append(m)
+    return list(out.items())
+
+
+def _shape(variable, m: ARMember) -> tuple[int, ...]:
+    shape = list(variable.shape)
+    if shape:
+        shape[m.axis] = m.stop - m.start
+    return tuple(int(d) for d in shape)
+
+
+def _size(variable, m: ARMember) -> int:
+    return int(np.prod(_shape(variable, m)))
+
+
+class _PowerSGDGraphState:
+    """PowerSGD's two rounds for one (group, compressor) inside the graph, with its state (warm
+    Q per matrix, error-feedback residual) in variables: the same protocol as
+    ``autosync.comm.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
+    Round 1 all-reduces the P matrices and the uncompressible members in one buffer, round 2 the
+    Q matrices."""
+
+    def __init__(self, members: list[tuple[ARMember, tuple[int, ...]]], comp: str, seed: int):
+        import tensorflow as tf
+
+        _, self.rank, self.ef = make_compressor(comp)
+        self.shapes = {m.key: shape for m, shape in members}
+        self.low = {m.key for m, shape in members if powersgd_compressible(shape, self.rank)}
+        self.q, self.err = {}, {}
+        for m, shape in members:
+            if m.key not in self.low:
+                continue
+            n = int(np.prod(shape[1:]))
+            rng = np.random.default_rng([seed, zlib.crc32(repr(m.key).encode())])
+            self.q[m.key] = tf.Variable(orthogonalize(rng.standard_normal((n, self.rank)).astype(np.float32)),
+                                        trainable=False)
+            if self.ef:
+                self.err[m.key] = tf.Variable(tf.zeros([shape[0], n]), trainable=False)
+
+    def reduce(self, ms: list[ARMember], parts: list, world: int, keys, hint: str) -> dict:
+        import tensorflow as tf
+
+        low = [(m, p) for m, p in zip(ms, parts) if m.key in self.low]
+        raw = [(m, p) for m, p in zip(ms, parts) if m.key not in self.low]
+        mats = {}
+        for m, p in low:
+            shape = self.shapes[m.key]
+            mat = tf.reshape(tf.cast(p, tf.float32), [shape[0], -1])
+            mats[m.key] = mat + self.err[m.key] if self.ef else mat
+        ps = [tf.matmul(mats[m.key], self.q[m.key]) for m, _ in low]
+        flat = [tf.reshape(x, [-1]) for x in ps] + [tf.reshape(tf.cast(p, tf.float32), [-1]) for _, p in raw]
+        out1 = all_reduce(tf.concat(flat, 0) / world, world, next(keys), hint)
+        out, offset, p_hats = {}, 0, []
+        for m, _ in low:
+            size = self.shapes[m.key][0] * self.rank
+            p_hats.append(_orthogonalize(tf.reshape(out1[offset:offset + size], [-1, self.rank])))
+            offset += size
+        for m, p in raw:
+            size = int(np.prod(self.shapes[m.key]))
+            out[m.key] = tf.cast(tf.reshape(out1[offset:offset + size], tf.shape(p)), p.dtype)
+            offset += size
+        if not low:
+            return out
+        qs = [tf.matmul(mats[m.key], p_hat, transpose_a=True) for (m, _), p_hat in zip(low, p_hats)]
+        out2 = all_reduce(tf.concat([tf.reshape(q, [-1]) for q in qs], 0) / world, world, next(keys), hint)
+        offset = 0
+        for (m, p), p_hat, q in zip(low, p_hats, qs):
+            q_mean = tf.reshape(out2[offset:offset + int(np.prod(q.shape))], q.shape)
+            offset += int(np.prod(q.shape))
+            approx = tf.matmul(p_hat, q_mean, transpose_b=True)
+            self.q[m.key].assign(q_mean)
+            if self.ef:
+                self.err[m.key].assign(mats[m.key] - approx)
+            out[m.key] = tf.cast(tf.reshape(approx, tf.shape(p)), p.dtype)
+        return out
+
+
+def _orthogonalize(p, eps: float = 1e-8):
+    """``autosync.comm.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
+    diagonal, columns of a rank-deficient P zeroed."""
+    import tensorflow as tf
+
+    q, r = tf.linalg.qr(p)
+    diag = tf.linalg.diag_part(r)
+    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
+    keep = tf.cast(tf.abs(diag) >= eps, q.dtype)
+    return q * signs * keep
+
+
+def _take(grad, m: ARMember):
+    if m.num_shards == 1:
+        return grad
+    return grad[(slice(None),) * m.axis + (slice(m.start, m.stop),)]
+
+
+def _gather_sparse(grad, world: int, keys, hint: str):
+    """All-gather one IndexedSlices gradient; returns the mean as IndexedSlices.
+
+    The row count must be equal on every worker for one instance key; it is the static count
+    when the graph knows it (an embedding lookup of a fixed-shape batch), else the gradient is
+    padded with zero rows at index 0 up to the variable's row count."""
+    import tensorflow as tf
+
+    indices = tf.cast(grad.indices, tf.int64)
+    values = grad.values
+    rows = grad.dense_shape[0]
+    n = indices.shape[0]
+    if n is None:
+        n_rows = int(tf.get_static_value(rows)) if tf.get_static_value(rows) is not None else None
+        if n_rows is None:
+            raise ValueError("a sparse gradient with neither a static row count nor a static table size "
+                             "cannot be all-gathered in the graph; give the model a fixed input shape")
+        pad = n_rows - tf.shape(indices)[0]
+        indices = tf.concat([indices, tf.zeros([pad], tf.int64)], 0)
+        values = tf.concat([values, tf.zeros(tf.concat([[pad], tf.shape(values)[1:]], 0), values.dtype)], 0)
+    all_indices = all_gather(indices, world, next(keys), hint)
+    all_values = all_gather(values, world, next(keys), hint)
+    return tf.IndexedSlices(all_values / tf.cast(world, values.dtype), all_indices, grad.dense_shape)
+
+
+def _assemble(variable, parts: list, groups: list[ARGroup], v: int):
+    """The reduced gradient of variable ``v`` from its reduced shards (in shard order)."""
+    import tensorflow as tf
+
+    if len(parts) == 1:
+        return parts[0]
+    axis = next(m.axis for g in groups for m in g.members if m.key[0] == v)
+    return tf.concat(parts, axis)
