@@ -138,8 +138,13 @@ class PSChannel(SyncChannel):
         return self.aggregator is not None and ref.local_replication
 
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
-        import ray
+        return self.finish_pull(self.start_pull(step, fresh, rows))
 
+    def start_pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> tuple:
+        """Issue the pull calls of ``step`` (see ``pull``) without waiting: with staleness >= 1 a
+        worker issues step t+1's pull before computing step t, so the pull overlaps the step
+        (it waits only for updates up to ``t + 1 - staleness``, which needs no push of step t).
+        ``finish_pull`` waits for the values."""
         min_version = step if fresh else step - self.staleness
         rows = rows or {}
         # the final, fresh pull of a run is every worker's own (one worker may pull alone)
@@ -178,6 +183,13 @@ class PSChannel(SyncChannel):
             node_ref = self.aggregator.pull.remote(self.worker_index, step, min_version, node_rows)
             self.calls += 1
         self.calls += sum(r is not None for r in refs)
+        return refs, wanted, node_ref
+
+    def finish_pull(self, pending: tuple) -> dict:
+        """The values of a pull issued by ``start_pull``."""
+        import ray
+
+        refs, wanted, node_ref = pending
         replies = ray.get([r for r in refs if r is not None])
         # earlier pushes are complete once their step's values are out; surface their errors
         self._check_pushes()
