@@ -67,11 +67,11 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.limit, self.peak_rss, self.peak_pss, self.over = limit, 0, 0, False
         self.processes = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self):
         me = os.getpid()
-        while not self._stop.wait(0.2):
+        while not self._halt.wait(0.2):
             pids = _descendants(me)
             rss, pss = _memory(pids)
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
@@ -86,7 +86,7 @@ class Sampler(threading.Thread):
                             pass
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 
