@@ -78,11 +78,11 @@ def main(argv=None) -> int:
     }
     link = cluster.nodes[0].bandwidth_gbps * 1e9 / 8 / 1e6
     out = {"meta": {"commit": commit, "started": started, "mb": args.mb, "link_mb_s": link,
-                    "repeats": args.repeats}, "cases": {}}
+                    "repeats": args.repeats}, "entries": {}}
     for name, fn in cases.items():
         t = timed(fn)
         rate = args.mb / t  # each direction carries args.mb in every case
-        out["cases"][name] = {"run_started": started, "commit": commit, "median_s": t, "mb_s_per_direction": rate,
+        out["entries"][name] = {"run_started": started, "commit": commit, "median_s": t, "mb_s_per_direction": rate,
                               "of_link": rate / link}
         print(f"{name}: {t * 1e3:.0f} ms, {rate:.1f} MB/s per direction ({rate / link:.0%} of the link)", flush=True)
     ray.shutdown()
