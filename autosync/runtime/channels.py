@@ -21,6 +21,13 @@ Gradients are given per model variable: a dense ndarray, ``(indices, values)`` f
 (IndexedSlices) gradient, or None (no gradient: nothing is sent). The PS channel sums the
 slices of repeated rows before sending (``rows.dedup_rows``).
 
+Pipelining (``PSChannel`` with ``chunks``, synchronous PS): an actor's keys may be split into a
+few chunks of similar bytes (``ps_chunks``); the channel then pushes and pulls each chunk in its
+own call, so the PS applies and serves a chunk as soon as all workers pushed it, and a chunk's
+pull crosses the network while other chunks' pushes are still in flight: both directions of a NIC
+carry traffic at once instead of all pushes, then all pulls. Calls stay batched per chunk (a few
+per PS actor and step), never one per variable.
+
 Every channel counts ``calls`` (Ray calls) and ``bytes_sent``/``bytes_received`` (array payload
 bytes, both directions) so the runtime can report what a step moved.
 """
@@ -61,6 +68,41 @@ class SyncChannel(abc.ABC):
         """Wait for outstanding work and surface its errors."""
 
 
+def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: int) -> list | None:
+    """Split one PS actor's keys into at most ``max_chunks`` chunks of similar bytes, none under
+    ``min_bytes`` (so a small actor keeps one call); where the dense shards split, the sparse
+    ones (rows move, not the table) form one chunk of their own. None: one chunk (no split).
+
+    Args:
+        shards: the actor's ``ShardRef`` s, in plan order.
+        shapes, itemsize: per model variable, its shape and bytes per element.
+    """
+    if max_chunks <= 1:
+        return None
+    dense = [(r.key, _shard_bytes(r, shapes[r.var_index], itemsize[r.var_index])) for r in shards if not r.sparse]
+    sparse = [r.key for r in shards if r.sparse]
+    total = sum(b for _, b in dense)
+    count = min(max_chunks - (1 if sparse else 0), total // max(1, min_bytes))
+    if count < 2:
+        return None
+    chunks, current, filled = [], [], 0
+    for key, b in dense:
+        # a key whose middle lies past the current chunk's share of the total starts the next chunk
+        if current and filled + b / 2 > total * (len(chunks) + 1) / count and len(chunks) < count - 1:
+            chunks.append(current)
+            current = []
+        current.append(key)
+        filled += b
+    chunks += [c for c in (current, sparse) if c]
+    return chunks if len(chunks) > 1 else None
+
+
+def _shard_bytes(ref, shape, itemsize: int) -> int:
+    n = int(np.prod(shape)) if shape else 1
+    dim = shape[ref.axis] if shape else 1
+    return n // max(1, dim) * (ref.stop - ref.start) * itemsize
+
+
 class PSChannel(SyncChannel):
     """Parameter-server synchronization for one worker.
 
@@ -72,16 +114,21 @@ class PSChannel(SyncChannel):
         squares: the PS optimizer needs the squared slices of repeated sparse rows.
         aggregator: the node's ``NodeAggregator`` (None: no other worker on this node, or an
             asynchronous PS); locally replicated shards then go through it, once per node.
+        chunks: per actor, its keys split into chunks pushed and pulled by separate calls (the
+            actor's own ``chunks``); None or one chunk: one push and one pull call per actor.
     """
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
-                 squares: bool = True, aggregator=None):
+                 squares: bool = True, aggregator=None, chunks: list | None = None):
         self.worker_index = worker_index
         self.actors = actors
         self.shapes = [tuple(s) for s in shapes]
         self.staleness = staleness
         self.squares = squares
         self.aggregator = aggregator
+        if chunks is not None and aggregator is not None and any(c and len(c) > 1 for c in chunks):
+            raise ValueError("chunked PS calls do not go through a node aggregator")
+        self.chunks = [[tuple(k) for k in c] if c and len(c) > 1 else None for c in (chunks or [None] * len(actors))]
         self.calls = 0
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -91,8 +138,13 @@ class PSChannel(SyncChannel):
         return self.aggregator is not None and ref.local_replication
 
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
-        import ray
+        return self.finish_pull(self.start_pull(step, fresh, rows))
 
+    def start_pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> tuple:
+        """Issue the pull calls of ``step`` (see ``pull``) without waiting: with staleness >= 1 a
+        worker issues step t+1's pull before computing step t, so the pull overlaps the step
+        (it waits only for updates up to ``t + 1 - staleness``, which needs no push of step t).
+        ``finish_pull`` waits for the values."""
         min_version = step if fresh else step - self.staleness
         rows = rows or {}
         # the final, fresh pull of a run is every worker's own (one worker may pull alone)
@@ -111,8 +163,14 @@ class PSChannel(SyncChannel):
                     (node_rows[a] if routed else shard_rows)[ref.key] = (ids - ref.start).astype(np.int32)
                     if not routed:
                         local[ref.key] = ids
-            wanted.append(local)
             self.bytes_sent += payload_bytes(shard_rows)
+            if self.chunks[a] is not None:  # no aggregator: one pull per chunk, each served when ready
+                for c, keys in enumerate(self.chunks[a]):
+                    sub = {k: shard_rows[k] for k in keys if k in shard_rows}
+                    refs.append(actor.pull.remote(min_version, sub or None, "all", c))
+                    wanted.append(local)
+                continue
+            wanted.append(local)
             if not node:
                 refs.append(actor.pull.remote(min_version, shard_rows or None))
             elif any(not r.local_replication for r in plan.shards):
@@ -125,6 +183,13 @@ class PSChannel(SyncChannel):
             node_ref = self.aggregator.pull.remote(self.worker_index, step, min_version, node_rows)
             self.calls += 1
         self.calls += sum(r is not None for r in refs)
+        return refs, wanted, node_ref
+
+    def finish_pull(self, pending: tuple) -> dict:
+        """The values of a pull issued by ``start_pull``."""
+        import ray
+
+        refs, wanted, node_ref = pending
         replies = ray.get([r for r in refs if r is not None])
         # earlier pushes are complete once their step's values are out; surface their errors
         self._check_pushes()
@@ -164,7 +229,13 @@ class PSChannel(SyncChannel):
                 kinds = ()
             if any(self._via_node(r) for r in plan.shards):
                 node_payloads[a] = node_payload
-            if kinds != ():
+            if self.chunks[a] is not None:
+                self.bytes_sent += payload_bytes(payload)
+                for c, keys in enumerate(self.chunks[a]):
+                    part = {k: payload[k] for k in keys if k in payload}
+                    self._pushes.append(actor.push.remote(self.worker_index, step, part, 1, None, c))
+                    self.calls += 1
+            elif kinds != ():
                 self.bytes_sent += payload_bytes(payload)
                 self._pushes.append(actor.push.remote(self.worker_index, step, payload, 1, kinds))
                 self.calls += 1

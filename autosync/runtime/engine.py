@@ -8,6 +8,7 @@ time-out it kills every actor involved so the next session starts clean.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import numpy as np
@@ -15,10 +16,26 @@ import numpy as np
 from autosync.comm.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.comm.channel import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
-from autosync.runtime.channels import PSChannel
+from autosync.runtime.channels import PSChannel, ps_chunks
 from autosync.runtime.graph_sync import GraphAllReduceChannel, split_groups
 from autosync.runtime.plan import SyncPlan
 from strategy_space.errors import ConfigError
+
+
+# synchronous PS pipelining (see ``channels.ps_chunks``): at most this many chunks per PS actor,
+# none under PS_CHUNK_MIN_BYTES; AUTOSYNC_PS_CHUNKS=1 turns it off (one push and one pull per actor)
+PS_CHUNKS = 4
+PS_CHUNK_MIN_BYTES = 1 << 20
+
+
+def ps_chunk_limit() -> int:
+    """Chunks per PS actor: ``$AUTOSYNC_PS_CHUNKS`` (read per session) or ``PS_CHUNKS``."""
+    raw = os.environ.get("AUTOSYNC_PS_CHUNKS", "").strip()
+    if not raw:
+        return PS_CHUNKS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"AUTOSYNC_PS_CHUNKS must be a whole number >= 1 (1 turns PS pipelining off), got {raw!r}")
+    return int(raw)
 
 
 class TrialFailed(RuntimeError):
@@ -296,17 +313,21 @@ class Session:
         initial = desc["initial"]
         binding = self.pool.binding
         ps_cls = ray.remote(ParameterServerShard)
-        for p in self.plan.ps_actors:
+        shapes = [v["shape"] for v in desc["variables"]]
+        # pipelined push/pull chunks: synchronous PS without node aggregation only
+        limit = ps_chunk_limit() if plan.sync and not plan.node_aggregation() else 1
+        itemsize = [np.dtype(v["dtype"]).itemsize for v in desc["variables"]]
+        self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES) for p in plan.ps_actors]
+        for p, chunks in zip(self.plan.ps_actors, self.chunks):
             values = {r.key: initial[r.var_index] if r.num_shards == 1
                       else np.ascontiguousarray(initial[r.var_index][r.slicer(initial[r.var_index].ndim)])
                       for r in p.shards}
             self.ps_actors.append(ps_cls.options(**binding.actor_options(p.node), max_concurrency=1000).remote(
                 p.name, values, [r.key for r in p.shards if r.sparse],
                 [r.key for r in p.shards if r.local_replication], desc["optimizer"],
-                self.plan.num_workers, self.plan.sync))
+                self.plan.num_workers, self.plan.sync, chunks))
         names = [p.name for p in self.plan.ps_actors]
         ps_info = wait_all([a.ready.remote() for a in self.ps_actors], deadline, "parameter server", names)
-        shapes = [v["shape"] for v in desc["variables"]]
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
         n = self.plan.num_workers
         if "objectstore" in plan.backends:
@@ -329,7 +350,7 @@ class Session:
 
         def channels(i: int) -> list:
             out = [PSChannel(i, pairs, shapes, plan.staleness, squares,
-                             aggregators.get(node_of.get(i)))] if pairs else []
+                             aggregators.get(node_of.get(i)), self.chunks)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))

@@ -16,7 +16,14 @@ full Keras one (Adam's moments decay on every row), applied here.
 
 ``version`` counts applied updates. Synchronous mode sums the pushes of step ``t`` from all
 workers and, once all are in and every earlier step is applied, applies their mean as update
-``t`` (so ``version == t + 1`` afterwards). A worker computing step ``t`` pulls with
+``t`` (so ``version == t + 1`` afterwards).
+
+Pipelining (synchronous mode): the keys may be split into ``chunks`` (groups of keys; by default
+one group of all keys). A worker then pushes and pulls each chunk in its own call
+(``push(..., chunk=c)``, ``pull(..., chunk=c)``), every chunk has its own version and is applied
+as soon as all workers' gradients of that chunk are in, so the pull of an applied chunk crosses
+the network while the pushes of the others are still in flight, and no chunk waits for another.
+``version`` is then the least version of all chunks. A worker computing step ``t`` pulls with
 ``min_version = t - staleness``: with staleness 0 it always sees exactly version ``t``, which is
 single-process training on the global batch. Asynchronous mode applies every push on arrival.
 """
@@ -41,10 +48,12 @@ class ParameterServerShard:
         optimizer_config: the Keras optimizer's ``get_config()``.
         num_workers: pushes per step in synchronous mode.
         sync: synchronous (True) or asynchronous PS.
+        chunks: the keys split into groups updated and served separately (see the module doc);
+            None: one group of all keys.
     """
 
     def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
-                 num_workers: int, sync: bool):
+                 num_workers: int, sync: bool, chunks=None):
         from autosync.runtime.optimizers import make_optimizer
 
         self.name = name
@@ -61,12 +70,26 @@ class ParameterServerShard:
         self._pending: dict[int, dict] = {}
         self._error: str | None = None
         self._cond: asyncio.Condition | None = None
-        self._shared_ref = None
-        self._shared_version: tuple | None = None
+        self._shared: dict = {}  # keys -> (chunk versions, ObjectRef of their values)
         # the kinds of keys held; a step is complete once each kind has all workers' gradients
-        self.kinds = tuple(k for k, has in (("direct", set(self.params) - self.shared_keys),
-                                            ("shared", self.shared_keys)) if has)
-        self.stats_ = {"pushes": 0, "pulls": 0, "apply_s": 0.0, "wait_s": 0.0}
+        self.chunks = [tuple(tuple(k) for k in c) for c in chunks] if chunks else [tuple(self.params)]
+        if sorted(k for c in self.chunks for k in c) != sorted(self.params):
+            raise ValueError(f"{name}: chunks {self.chunks} do not split its keys {sorted(self.params)} exactly")
+        if len(self.chunks) > 1 and not sync:
+            raise ValueError(f"{name}: an asynchronous PS applies each push as it comes; it takes no chunks")
+        # per chunk: the kinds of keys it holds; its step is complete once each kind has all workers' gradients
+        self.chunk_kinds = [self._kinds_of(c) for c in self.chunks]
+        self.kinds = self._kinds_of(tuple(self.params))
+        self.chunk_version = [0] * len(self.chunks)
+        self._chunk_of = {k: c for c, keys in enumerate(self.chunks) for k in keys}
+        self._first_push: dict[int, float] = {}  # step -> time of its first push (any chunk)
+        self._last_push: dict[int, float] = {}
+        self.stats_ = {"pushes": 0, "pulls": 0, "apply_s": 0.0, "wait_s": 0.0, "chunks": len(self.chunks),
+                       "chunk_wait_s": [0.0] * len(self.chunks)}
+
+    def _kinds_of(self, keys) -> tuple:
+        return tuple(k for k, has in (("direct", set(keys) - self.shared_keys),
+                                      ("shared", set(keys) & self.shared_keys)) if has)
 
     def _condition(self) -> asyncio.Condition:
         # created inside the actor's event loop, on first use
@@ -80,7 +103,7 @@ class ParameterServerShard:
 
         return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    async def push(self, source, step: int, grads: dict, weight: int = 1, kinds=None) -> None:
+    async def push(self, source, step: int, grads: dict, weight: int = 1, kinds=None, chunk=None) -> None:
         """Receive gradient shards for ``step`` (all keys of this actor a source sends, at once).
 
         Args:
@@ -90,13 +113,14 @@ class ParameterServerShard:
             weight: how many workers' gradients ``grads`` sums (a node aggregator's: its workers).
             kinds: which of this actor's key kinds the push covers: ``direct`` (keys pulled by each
                 worker) and/or ``shared`` (locally replicated keys); default both it holds.
+            chunk: the one chunk the push covers (its keys only); None: all chunks.
         """
         if self._error:
             raise RuntimeError(self._error)
         self.stats_["pushes"] += 1
         try:
             if self.sync:
-                self._accumulate(source, step, grads, weight, tuple(kinds or self.kinds))
+                self._accumulate(source, step, grads, weight, tuple(kinds or self.kinds), chunk)
                 applied = self._apply_complete_steps()
             else:
                 self.optimizer.apply(self.version, self.params, self._own(grads))
@@ -113,11 +137,12 @@ class ParameterServerShard:
 
     async def stats(self) -> dict:
         """Calls received and time spent: ``pushes``, ``pulls``, ``apply_s`` (optimizer updates)
-        and ``wait_s`` (per step, from its first push to its last: how long the step waited for
-        its slowest sender)."""
+        ``wait_s`` (per step, from its first push to its last: how long the step waited for
+        its slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
+        chunk's first push to its last, how long that chunk's update waited)."""
         return dict(self.stats_)
 
-    async def pull(self, min_version: int, rows: dict | None = None, which: str = "all"):
+    async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None):
         """Current values once ``version >= min_version``.
 
         Args:
@@ -126,6 +151,8 @@ class ParameterServerShard:
                 (a copy, in the order given); other keys are returned whole.
             which: ``all`` keys, only the ``direct`` ones (not locally replicated), or only the
                 ``shared`` ones (a node aggregator's pull, returned directly).
+            chunk: only that chunk's keys, once that chunk's version is ``>= min_version``;
+                None: every key, once every chunk is.
 
         Returns:
             ``(version, direct, shared_ref)``: ``direct`` maps keys to arrays; ``shared_ref`` is an
@@ -133,19 +160,25 @@ class ParameterServerShard:
         """
         cond = self._condition()
         async with cond:
-            await cond.wait_for(lambda: self.version >= min_version or self._error is not None)
+            await cond.wait_for(lambda: self._version(chunk) >= min_version or self._error is not None)
         if self._error:
             raise RuntimeError(self._error)
         self.stats_["pulls"] += 1
+        version = self._version(chunk)
         rows = rows or {}
+        keys = self.params if chunk is None else self.chunks[chunk]
+        params = {k: self.params[k] for k in keys}
         take = lambda k, v: v[rows[k]] if k in rows else v  # noqa: E731
         if which == "shared":
-            return self.version, {k: take(k, v) for k, v in self.params.items() if k in self.shared_keys}, None
-        direct = {k: take(k, v) for k, v in self.params.items() if k in rows or k not in self.shared_keys}
+            return version, {k: take(k, v) for k, v in params.items() if k in self.shared_keys}, None
+        direct = {k: take(k, v) for k, v in params.items() if k in rows or k not in self.shared_keys}
         if which == "direct":
             direct = {k: v for k, v in direct.items() if k not in self.shared_keys}
-            return self.version, direct, None
-        return self.version, direct, self._shared_snapshot(self.shared_keys - set(rows))
+            return version, direct, None
+        return version, direct, self._shared_snapshot(frozenset(params) & self.shared_keys - set(rows))
+
+    def _version(self, chunk) -> int:
+        return self.version if chunk is None else self.chunk_version[chunk]
 
     async def values(self) -> dict:
         """All shards now (for tests and final weights)."""
@@ -154,13 +187,14 @@ class ParameterServerShard:
     def _shared_snapshot(self, keys: frozenset):
         if not keys:
             return None
-        if self._shared_version != (self.version, keys):
+        version = (self.version, tuple(self.chunk_version))
+        cached = self._shared.get(keys)
+        if cached is None or cached[0] != version:
             import ray
 
             # one object per version: workers of a node read the same copy from their store
-            self._shared_ref = ray.put({k: self.params[k] for k in keys})
-            self._shared_version = (self.version, keys)
-        return self._shared_ref
+            cached = self._shared[keys] = (version, ray.put({k: self.params[k] for k in keys}))
+        return cached[1]
 
     def _own(self, grads: dict) -> dict:
         out = {}
@@ -170,17 +204,31 @@ class ParameterServerShard:
             out[key] = _sparse_grad(g) if key in self.sparse_keys else np.asarray(g)
         return out
 
-    def _accumulate(self, source, step: int, grads: dict, weight: int, kinds: tuple) -> None:
-        if step < self.version:
-            raise RuntimeError(f"worker {source} pushed step {step} but step {self.version - 1} is already applied")
-        entry = self._pending.setdefault(step, {"sources": set(), "weight": dict.fromkeys(self.kinds, 0),
-                                                "dense": {}, "sparse": {}, "first": time.perf_counter()})
-        for kind in kinds:
-            if (source, kind) in entry["sources"]:
-                raise RuntimeError(f"worker {source} pushed step {step} twice")
-            entry["sources"].add((source, kind))
-            entry["weight"][kind] += weight
-        for key, g in self._own(grads).items():
+    def _accumulate(self, source, step: int, grads: dict, weight: int, kinds: tuple, chunk) -> None:
+        covered = range(len(self.chunks)) if chunk is None else (chunk,)
+        now = time.perf_counter()
+        self._first_push.setdefault(step, now)
+        self._last_push[step] = now
+        own = self._own(grads)
+        for c in covered:
+            if step < self.chunk_version[c]:
+                raise RuntimeError(f"worker {source} pushed step {step} but step {self.chunk_version[c] - 1} "
+                                   f"is already applied")
+            entry = self._pending.setdefault((step, c), {"sources": set(), "first": now, "dense": {}, "sparse": {},
+                                                         "weight": dict.fromkeys(self.chunk_kinds[c], 0)})
+            for kind in kinds:
+                if kind not in entry["weight"]:
+                    continue
+                if (source, kind) in entry["sources"]:
+                    raise RuntimeError(f"worker {source} pushed step {step} twice")
+                entry["sources"].add((source, kind))
+                entry["weight"][kind] += weight
+            entry["last"] = now
+        for key, g in own.items():
+            c = self._chunk_of[key]
+            if c not in covered:
+                raise RuntimeError(f"{self.name}: a push for chunk {chunk} holds key {key} of chunk {c}")
+            entry = self._pending[(step, c)]
             if key in self.sparse_keys:
                 entry["sparse"].setdefault(key, []).append(g)
             elif key in entry["dense"]:
@@ -190,28 +238,37 @@ class ParameterServerShard:
 
     def _apply_complete_steps(self) -> bool:
         applied = False
-        while self.version in self._pending and all(
-                w == self.num_workers for w in self._pending[self.version]["weight"].values()):
-            entry = self._pending.pop(self.version)
-            t0 = time.perf_counter()
-            self.stats_["wait_s"] += t0 - entry["first"]
-            n = self.num_workers
-            grads: dict = {}
-            for key, total in entry["dense"].items():
-                grads[key] = total / total.dtype.type(n)
-            for key, parts in entry["sparse"].items():
-                idx = np.concatenate([p[0] for p in parts])
-                vals = np.concatenate([p[1] for p in parts])
-                squares = None
-                if any(p[2] is not None for p in parts):
-                    sq = np.concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
-                    squares = sq / sq.dtype.type(n * n)
-                grads[key] = (idx, vals / vals.dtype.type(n), squares)
-            self.optimizer.apply(self.version, self.params, grads)
-            self.stats_["apply_s"] += time.perf_counter() - t0
+        for c in range(len(self.chunks)):
+            while (self.chunk_version[c], c) in self._pending and all(
+                    w == self.num_workers for w in self._pending[(self.chunk_version[c], c)]["weight"].values()):
+                step = self.chunk_version[c]
+                entry = self._pending.pop((step, c))
+                self.stats_["chunk_wait_s"][c] += entry["last"] - entry["first"]
+                self._apply(step, entry)
+                self.chunk_version[c] += 1
+                applied = True
+        while self.version < min(self.chunk_version):
+            # the step is applied in every chunk: how long it waited between its first and last push
+            self.stats_["wait_s"] += self._last_push.pop(self.version) - self._first_push.pop(self.version)
             self.version += 1
-            applied = True
         return applied
+
+    def _apply(self, step: int, entry: dict) -> None:
+        t0 = time.perf_counter()
+        n = self.num_workers
+        grads: dict = {}
+        for key, total in entry["dense"].items():
+            grads[key] = total / total.dtype.type(n)
+        for key, parts in entry["sparse"].items():
+            idx = np.concatenate([p[0] for p in parts])
+            vals = np.concatenate([p[1] for p in parts])
+            squares = None
+            if any(p[2] is not None for p in parts):
+                sq = np.concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
+                squares = sq / sq.dtype.type(n * n)
+            grads[key] = (idx, vals / vals.dtype.type(n), squares)
+        self.optimizer.apply(step, self.params, grads)
+        self.stats_["apply_s"] += time.perf_counter() - t0
 
 
 def _sparse_grad(g) -> tuple:

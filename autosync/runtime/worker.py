@@ -170,13 +170,26 @@ class TrainingWorker:
                "bytes_received": []}
         counters = lambda: (sum(c.calls for c in self.channels), sum(c.bytes_sent for c in self.channels),  # noqa: E731
                             sum(c.bytes_received for c in self.channels))
-        for _ in range(steps):
+        # with staleness >= 1 on every channel, step t+1's batch is drawn and its pull issued
+        # before step t computes, so the pull overlaps the step (never across run calls)
+        prefetch = bool(self.channels) and all(hasattr(c, "start_pull") and c.staleness >= 1 for c in self.channels)
+        ahead = None
+        for i in range(steps):
             before = counters()
             t0 = time.time()
             out["start"].append(t0)
-            x, y = next(self.batches)
-            rows = self.row_reads.rows(x)
-            self._assign_pulled(self.step, rows=rows)
+            if ahead is None:
+                x, y = next(self.batches)
+                rows = self.row_reads.rows(x)
+                self._assign_pulled(self.step, rows=rows)
+            else:
+                x, y, rows, pending = ahead
+                self._assign_pulled(self.step, rows=rows, pending=pending)
+                ahead = None
+            if prefetch and i + 1 < steps:
+                nx, ny = next(self.batches)
+                nrows = self.row_reads.rows(nx)
+                ahead = (nx, ny, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
             t1 = time.perf_counter()
             loss, grads = self._compute(x, y)
             grads = [_to_numpy(g) for g in grads]
@@ -219,12 +232,14 @@ class TrainingWorker:
                         f"lookup-id function did not predict (a model that reads it outside its Embedding "
                         f"layer?); the prediction is wrong for this model, so row pulls cannot be used")
 
-    def _assign_pulled(self, step: int, fresh: bool = False, rows: dict | None = None) -> None:
+    def _assign_pulled(self, step: int, fresh: bool = False, rows: dict | None = None, pending=None) -> None:
+        """Pull (or, given ``pending``, finish the pulls each channel started) and assign."""
         from strategy_space import shard_bounds
 
         parts: dict = {}
-        for channel in self.channels:
-            parts.update(channel.pull(step, fresh=fresh, rows=rows))
+        for i, channel in enumerate(self.channels):
+            parts.update(channel.pull(step, fresh=fresh, rows=rows) if pending is None
+                         else channel.finish_pull(pending[i]))
         pulled = {}
         for v, (shards, axis) in enumerate(self.layout):
             got = [parts.get((v, i)) for i in range(shards)]

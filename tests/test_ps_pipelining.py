@@ -1,0 +1,105 @@
+"""PS pipelining without Ray: chunked pushes update exactly as whole pushes do, a chunk is applied
+and served as soon as all workers pushed it (while another chunk still waits), and
+``ps_chunks`` splits an actor's keys into chunks of similar bytes."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from autosync.runtime.channels import ps_chunks
+from autosync.runtime.plan import ShardRef
+from autosync.runtime.ps_shard import ParameterServerShard
+from autosync.runtime.rows import dedup_rows
+
+A, B, E = (0, 0), (1, 0), (2, 0)  # two dense keys, one sparse
+CHUNKS = [[A], [B], [E]]
+OPTIMIZERS = [{"class": "Adam", "learning_rate": 0.05},
+              {"class": "SGD", "learning_rate": 0.1, "momentum": 0.9}]
+
+
+def _values():
+    rng = np.random.default_rng(0)
+    return {A: rng.standard_normal((4, 3)).astype(np.float32), B: rng.standard_normal(5).astype(np.float32),
+            E: rng.standard_normal((10, 2)).astype(np.float32)}
+
+
+def _grads(worker, step):
+    rng = np.random.default_rng(100 * worker + step)
+    idx = rng.integers(0, 10, 6)
+    return {A: rng.standard_normal((4, 3)).astype(np.float32), B: rng.standard_normal(5).astype(np.float32),
+            E: dedup_rows(idx, rng.standard_normal((6, 2)).astype(np.float32), True)}
+
+
+def _ps(opt, chunks):
+    return ParameterServerShard("ps@x", _values(), [E], [], opt, num_workers=2, sync=True, chunks=chunks)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_chunked_pushes_equal_whole_pushes_and_serve_each_chunk_when_ready(opt):
+    whole, chunked = _ps(opt, None), _ps(opt, CHUNKS)
+
+    async def go():
+        for step in range(3):
+            for w in range(2):
+                await whole.push(w, step, _grads(w, step))
+            # chunk 0 from both workers, the others from one worker only: chunk 0 is served already
+            for w in range(2):
+                g = _grads(w, step)
+                await chunked.push(w, step, {A: g[A]}, chunk=0)
+            g0 = _grads(0, step)
+            await chunked.push(0, step, {B: g0[B]}, chunk=1)
+            await chunked.push(0, step, {E: g0[E]}, chunk=2)
+            version, direct, _ = await asyncio.wait_for(chunked.pull(step + 1, None, "all", 0), 5)
+            assert version == step + 1 and set(direct) == {A}
+            assert chunked.chunk_version == [step + 1, step, step] and chunked.version == step
+            late = asyncio.ensure_future(chunked.pull(step + 1, {E: np.array([3, 1], np.int32)}, "all", 2))
+            await asyncio.sleep(0.01)
+            assert not late.done()  # chunk 2 waits for worker 1
+            g1 = _grads(1, step)
+            await chunked.push(1, step, {B: g1[B]}, chunk=1)
+            await chunked.push(1, step, {E: g1[E]}, chunk=2)
+            version, direct, _ = await asyncio.wait_for(late, 5)
+            assert version == step + 1 and set(direct) == {E}
+            np.testing.assert_array_equal(direct[E], chunked.params[E][[3, 1]])
+        return await chunked.stats()
+
+    stats = asyncio.run(go())
+    assert chunked.version == whole.version == 3
+    for key in (A, B, E):
+        np.testing.assert_array_equal(chunked.params[key], whole.params[key])
+        assert not np.allclose(whole.params[key], _values()[key])
+    assert stats["chunks"] == 3 and stats["pushes"] == 18 and len(stats["chunk_wait_s"]) == 3
+
+
+def test_chunks_must_split_the_keys_and_need_sync():
+    opt = OPTIMIZERS[0]
+    with pytest.raises(ValueError, match="do not split"):
+        _ps(opt, [[A], [B]])
+    with pytest.raises(ValueError, match="asynchronous"):
+        ParameterServerShard("ps@x", _values(), [E], [], opt, num_workers=2, sync=False, chunks=CHUNKS)
+
+
+def _ref(v, rows, sparse=False, shard=0, shards=1, axis=0):
+    return ShardRef(var_index=v, shard_index=shard, num_shards=shards, start=0, stop=rows, axis=axis,
+                    sparse=sparse, local_replication=False)
+
+
+def test_ps_chunks_split_by_bytes_sparse_apart_small_actor_whole():
+    shapes = [[1000, 256], [1000, 256], [10], [1000, 256], [5000, 64]]
+    itemsize = [4] * 5
+    refs = [_ref(0, 1000), _ref(1, 1000), _ref(2, 10), _ref(3, 1000), _ref(4, 5000, sparse=True)]
+    # 3 dense keys of ~1 MB (and a bias): three chunks, the sparse table in a fourth
+    chunks = ps_chunks(refs, shapes, itemsize, max_chunks=4, min_bytes=1 << 18)
+    assert chunks == [[(0, 0)], [(1, 0), (2, 0)], [(3, 0)], [(4, 0)]]
+    # the bound on chunks holds; no key is lost or repeated
+    two = ps_chunks(refs, shapes, itemsize, max_chunks=3, min_bytes=1)
+    assert len(two) == 3 and sorted(k for c in two for k in c) == sorted(r.key for r in refs)
+    assert two[-1] == [(4, 0)]
+    # too few bytes to split, or pipelining off: one call per actor
+    assert ps_chunks(refs, shapes, itemsize, max_chunks=4, min_bytes=1 << 30) is None
+    assert ps_chunks(refs, shapes, itemsize, max_chunks=1, min_bytes=1) is None
+    # a shard of a partitioned variable counts its own bytes only
+    half = [_ref(0, 500, shards=2), _ref(1, 1000)]
+    assert ps_chunks(half, shapes, itemsize, max_chunks=4, min_bytes=1 << 19) == [[(0, 0)], [(1, 0)]]
