@@ -142,9 +142,12 @@ class GraphAllReduceChannel:
         # the eager GraphBackend counts up from "base"; the graph takes the upper half
         self.key_base = int(setup["base"]) + SESSION_KEYS // 2
         self.calls = 0
+        # what the collectives move stays inside TensorFlow and is not counted here: a trial's
+        # bytes per step cover the parameter servers and the numpy all-reduce path only
+        self.bytes_sent = self.bytes_received = 0
 
     # ---- SyncChannel: the variables are updated in the graph, nothing to pull or push ----------
-    def pull(self, step: int, fresh: bool = False) -> dict:
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
         return {}
 
     def push(self, step: int, grads: list) -> None:
