@@ -3,8 +3,8 @@ ends with the values of SGD applied to the mean gradient, for every backend avai
 import numpy as np
 import pytest
 
-from autosync.comm.backends import BACKENDS
-from autosync.comm.channel import AllReduceChannel, ARGroup, ARMember
+from autosync.runtime.sync.backends import BACKENDS
+from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from autosync.comm.compression import (ErrorFeedback, FP16Compressor, NoneCompressor, PowerSGDState, make_compressor,
+from autosync.runtime.sync.compression import (ErrorFeedback, FP16Compressor, NoneCompressor, PowerSGDState, make_compressor,
                                        orthogonalize, powersgd_compressible, wire_values)
 from strategy_space.errors import ConfigError
 
@@ -110,7 +110,7 @@ def test_make_compressor_specs():
 def test_sparse_members_of_a_group_cost_two_collectives_in_all():
     """However many sparse variables share a group, a step all-gathers them with two calls (a
     call per variable would be one Ray round trip per variable per step)."""
-    from autosync.comm.channel import AllReduceChannel, ARGroup, ARMember
+    from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
 
     class Recorder:
         """A two-worker backend: the peer sends the same rows, doubled."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autosync.comm.backends import resolve_backend
-from autosync.comm.channel import ARGroup, ARMember
-from autosync.runtime.graph_sync import overlap_from_trace, split_groups
+from autosync.runtime.sync.backends import resolve_backend
+from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.graph import overlap_from_trace, split_groups
 from strategy_space.errors import ConfigError
 
 

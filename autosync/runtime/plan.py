@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autosync.comm.backends import resolve_backend
-from autosync.comm.channel import ARGroup, ARMember
+from autosync.runtime.sync.backends import resolve_backend
+from autosync.runtime.sync.allreduce import ARGroup, ARMember
 from strategy_space import AllReduce, ModelSpec, Strategy, VariableSpec, shard_bounds
 from strategy_space.builders import ready_order
 

@@ -5,7 +5,7 @@ them), compute gradients, ``channel.push(step, grads)``. Each synchronizer kind 
 
 - ``PSChannel`` (here): pushes each PS actor's gradient shards in ONE call and pulls its shards in
   ONE call per step, whatever the number of variables.
-- ``autosync.comm.channel.AllReduceChannel`` implements the same two methods: ``push`` reduces the
+- ``autosync.runtime.sync.allreduce.AllReduceChannel`` implements the same two methods: ``push`` reduces the
   fusion groups (gloo, nccl or the object store) and applies the local optimizer, ``pull`` returns
   the locally updated values.
 
@@ -30,7 +30,7 @@ import abc
 
 import numpy as np
 
-from autosync.comm.channel import shard_gradient
+from autosync.runtime.sync.allreduce import shard_gradient
 from autosync.runtime.rows import dedup_rows, payload_bytes
 
 

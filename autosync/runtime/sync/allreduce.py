@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autosync.comm.backends import CollectiveBackend, HierarchicalBackend, resolve_backend
-from autosync.comm.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
+from autosync.runtime.sync.backends import CollectiveBackend, HierarchicalBackend, resolve_backend
+from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
 
 
 def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):

@@ -22,7 +22,7 @@ backends); the graph's own come back as None, so no other channel sends them. A 
 reduced in the graph only if every shard of it is a ``graph`` member (and, if sparse, it is not
 split); ``split_groups`` sends the others (a variable shared with a parameter server or another
 backend, a split sparse one) to the numpy channel, which uses the same collectives eagerly through
-``autosync.comm.tf_collective.GraphBackend``.
+``autosync.runtime.sync.tf_collective.GraphBackend``.
 
 On a GPU the gradients, the collectives (NCCL) and the optimizer stay on the device; collectives
 are then chained in issue order, as NCCL needs one order on every worker.
@@ -33,9 +33,9 @@ import numpy as np
 
 import zlib
 
-from autosync.comm.channel import ARGroup, ARMember
-from autosync.comm.compression import make_compressor, orthogonalize, powersgd_compressible
-from autosync.comm.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
+from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.compression import make_compressor, orthogonalize, powersgd_compressible
+from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
 
 IN_GRAPH_COMPRESSORS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
 
@@ -250,7 +250,7 @@ def _size(variable, m: ARMember) -> int:
 class _PowerSGDGraphState:
     """PowerSGD's two rounds for one (group, compressor) inside the graph, with its state (warm
     Q per matrix, error-feedback residual) in variables: the same protocol as
-    ``autosync.comm.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
+    ``autosync.runtime.sync.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
     Round 1 all-reduces the P matrices and the uncompressible members in one buffer, round 2 the
     Q matrices."""
 
@@ -310,7 +310,7 @@ class _PowerSGDGraphState:
 
 
 def _orthogonalize(p, eps: float = 1e-8):
-    """``autosync.comm.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
+    """``autosync.runtime.sync.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
     diagonal, columns of a rank-deficient P zeroed."""
     import tensorflow as tf
 

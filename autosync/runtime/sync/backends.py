@@ -13,8 +13,8 @@ and ``allgather`` (arrays of any length, e.g. sparse indices).
   the chunk each peer reduces and trades ObjectRefs through a small async ``Mailbox`` actor, so a
   buffer crosses each link about 2(n-1)/n times, as in a ring — and needs nothing beyond Ray.
 * ``graph``: TensorFlow's own collective ops (ring over gRPC on CPUs, NCCL on GPUs), run inside
-  the worker's training step (``autosync.runtime.graph_sync``; transport in
-  ``autosync.comm.tf_collective``).
+  the worker's training step (``autosync.runtime.sync.graph``; transport in
+  ``autosync.runtime.sync.tf_collective``).
 * ``auto``: on GPUs graph (NCCL inside the training step; nccl if TensorFlow is missing); on CPUs
   gloo if torch is importable, else objectstore. TensorFlow's gRPC ring measured 0.07-0.32x the
   bus bandwidth of plain gloo on one machine (benchmarks/allreduce_bandwidth.py), so on CPUs
@@ -362,7 +362,7 @@ def graph_available() -> bool:
 
 
 def _graph_backend() -> type[CollectiveBackend]:
-    from autosync.comm.tf_collective import GraphBackend  # imports this module: load it on demand
+    from autosync.runtime.sync.tf_collective import GraphBackend  # imports this module: load it on demand
 
     return GraphBackend
 
