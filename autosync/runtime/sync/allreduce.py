@@ -19,20 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autosync.runtime.sync.backends import CollectiveBackend, HierarchicalBackend, resolve_backend
+from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
+from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
 from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
-
-
-def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):
-    """The part of a full-variable gradient that belongs to shard ``[start, stop)`` along ``axis``:
-    a view of a dense array, or the rows of a sparse ``(indices, values)`` pair, re-indexed."""
-    if num_shards == 1:
-        return grad
-    if isinstance(grad, tuple):
-        indices, values = grad
-        mask = (indices >= start) & (indices < stop)
-        return indices[mask] - start, values[mask]
-    return grad[(slice(None),) * axis + (slice(start, stop),)]
 
 
 @dataclass(frozen=True)
@@ -71,8 +60,8 @@ class ARGroup:
     members: tuple[ARMember, ...]
 
 
-class AllReduceChannel:
-    """All-reduce synchronization for one worker (implements the runtime's SyncChannel).
+class AllReduceChannel(SyncChannel):
+    """All-reduce synchronization for one worker, through a collective backend.
 
     Args:
         rank, world: this worker's position and the number of workers.

@@ -29,11 +29,12 @@ are then chained in issue order, as NCCL needs one order on every worker.
 """
 from __future__ import annotations
 
-import numpy as np
-
 import zlib
 
+import numpy as np
+
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.compression import make_compressor, orthogonalize, powersgd_compressible
 from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
 
@@ -125,9 +126,9 @@ def overlap_from_trace(events: list[tuple[str, int, int]]) -> dict:
             "hidden_share": hidden / busy if busy else 0.0}
 
 
-class GraphAllReduceChannel:
-    """In-graph all-reduce for one worker (a SyncChannel: ``pull``/``push``/``finish``, plus
-    ``bind``, with which the worker gets its training-step function).
+class GraphAllReduceChannel(SyncChannel):
+    """In-graph all-reduce for one worker: a SyncChannel with nothing to pull or push, plus
+    ``bind``, with which the worker gets its training-step function.
 
     Args:
         rank, world: this worker's position and the number of workers.
@@ -144,7 +145,8 @@ class GraphAllReduceChannel:
         self.calls = 0
 
     # ---- SyncChannel: the variables are updated in the graph, nothing to pull or push ----------
-    def pull(self, step: int, fresh: bool = False) -> dict:
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
+        """The variables live in the model and are updated there: nothing to hand back."""
         return {}
 
     def push(self, step: int, grads: list) -> None:

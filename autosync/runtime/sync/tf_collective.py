@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from autosync.runtime.sync.backends import CollectiveBackend
+from autosync.runtime.sync.base import CollectiveBackend
 
 GROUP_KEY = 1
 TIMEOUT_S = 300.0        # a collective waiting longer for its peers fails (instead of hanging)
