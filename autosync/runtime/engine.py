@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 
-from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
-from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
-from autosync.runtime.sync.ps import PSChannel
-from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
 from autosync.runtime.plan import SyncPlan
+from autosync.runtime.sync.allreduce import AllReduceChannel
+from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
+from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
+from autosync.runtime.sync.ps import PSChannel
 from strategy_space.errors import ConfigError
 
 

@@ -1,0 +1,88 @@
+"""What PowerSGD compresses and how many values it sends is one rule: the runtime's channel, the
+features and the network simulation agree on it, shape by shape (no Ray, no TensorFlow)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
+from autosync.runtime.sync.compression import wire_values
+from strategy_space import AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible, powersgd_wire_values
+from strategy_space.space import StrategySpace
+from tuner.features import COL, FeatureTables, featurize
+from tuner.netsim import powersgd_matrix
+
+# (shape, rank, values sent): r(m + n) for a matrix PowerSGD shrinks, else every value
+CASES = [((10, 3), 4, 30), ((64, 64), 4, 512), ((1000,), 2, 1000), ((5, 4, 4), 4, 80),
+         ((16, 3, 3, 8), 2, 176), ((7, 5), 2, 24), ((6, 6), 3, 36)]
+
+
+class _CountingBackend:
+    """A one-worker collective that counts the values it is handed."""
+
+    def __init__(self):
+        self.values = 0
+
+    def allreduce(self, buf, tag):
+        self.values += buf.size
+        return buf
+
+
+def _runtime_values(shape, rank) -> int:
+    codec = Compressor.parse(f"powersgd({rank})")
+    member = ARMember((0, 0), 0, shape[0], 0, 1, False, codec, "counting")
+    ch = AllReduceChannel(0, 1, [ARGroup(0, (member,))], {"counting": None}, {(0, 0): np.zeros(shape, np.float32)},
+                          {"name": "SGD", "learning_rate": 0.1, "momentum": 0.0, "nesterov": False})
+    backend = ch._backends["counting"] = _CountingBackend()
+    ch.push(0, [np.random.default_rng(0).standard_normal(shape).astype(np.float32)])
+    return backend.values
+
+
+def _feature_values(shape, rank) -> float:
+    model = ModelSpec("m", (VariableSpec("w", shape),), batch_size=4)
+    cluster = ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=1, bandwidth_gbps=1.0) for i in range(2)))
+    strategy = Strategy((VarConfig("w", (AllReduce(compressor=f"powersgd({rank})"),)),))
+    X = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
+    return float(X[0, COL["ar_wire_bytes"]]) / 4   # float32 values
+
+
+def _netsim_values(shape, rank) -> int:
+    low = powersgd_matrix(shape, 0, shape[0], Compressor.parse(f"powersgd({rank})"))
+    return int(np.prod(shape)) if low is None else rank * (low[0] + low[1])
+
+
+@pytest.mark.parametrize("shape, rank, sent", CASES)
+def test_runtime_features_and_netsim_send_the_same_values(shape, rank, sent):
+    assert _runtime_values(shape, rank) == sent
+    assert wire_values(shape, Compressor.parse(f"powersgd({rank})")) == (sent, 4)
+    assert _feature_values(shape, rank) == sent
+    assert _netsim_values(shape, rank) == sent
+
+
+def test_the_rule_is_elementwise_over_arrays_and_numbers():
+    shapes = [s for s, _, _ in CASES]
+    ranks = np.array([r for _, r, _ in CASES])
+    m, n = np.array([matrix_dims(s) for s in shapes]).T
+    assert powersgd_wire_values(m, n, ranks).tolist() == [sent for _, _, sent in CASES]
+    assert powersgd_compressible(m, n, ranks).tolist() == [bool(powersgd_compressible(*matrix_dims(s), r))
+                                                            for s, r, _ in CASES]
+    # thin matrices: r(m + n) < m n already implies min(m, n) > r
+    assert not powersgd_compressible(1000, 4, 4) and powersgd_compressible(1000, 5, 4)
+
+
+def test_a_shard_along_a_later_axis_is_the_runtime_matrix_of_the_shard():
+    # shard (64, 8) of a (64, 32) variable split along axis 1: the runtime sees 64 x 8, not 8 x 64
+    assert powersgd_matrix((64, 32), 1, 8, Compressor.parse("powersgd(2)")) == (64, 8)
+    assert powersgd_matrix((64, 32), 1, 8, Compressor.parse("fp16")) is None
+
+
+def test_compressor_value_round_trips_its_spec():
+    for spec in ("none", "fp16", "fp16_ef", "powersgd(4)", "powersgd_ef(1)"):
+        c = Compressor.parse(spec)
+        assert str(c) == spec and Compressor.parse(spec) is c
+    assert Compressor.parse("powersgd_ef(3)") == Compressor("powersgd", 3, True)
+    with pytest.raises(ValueError, match="takes no rank"):
+        Compressor.parse("fp16(2)")
+    with pytest.raises(ValueError, match="not one of"):
+        Compressor.parse(["fp16"])
