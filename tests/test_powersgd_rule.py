@@ -29,20 +29,23 @@ class _CountingBackend:
         return buf
 
 
-def _runtime_values(shape, rank) -> int:
+def _runtime_values(shape, rank, axis=0, shards=1) -> int:
     codec = Compressor.parse(f"powersgd({rank})")
-    member = ARMember((0, 0), 0, shape[0], 0, 1, False, codec, "counting")
-    ch = AllReduceChannel(0, 1, [ARGroup(0, (member,))], {"counting": None}, {(0, 0): np.zeros(shape, np.float32)},
+    step = shape[axis] // shards
+    members = tuple(ARMember((0, k), k * step, (k + 1) * step, axis, shards, False, codec, "counting")
+                    for k in range(shards))
+    values = {m.key: np.zeros(m.take(np.zeros(shape)).shape, np.float32) for m in members}
+    ch = AllReduceChannel(0, 1, [ARGroup(0, members)], {"counting": None}, values,
                           {"name": "SGD", "learning_rate": 0.1, "momentum": 0.0, "nesterov": False})
     backend = ch._backends["counting"] = _CountingBackend()
     ch.push(0, [np.random.default_rng(0).standard_normal(shape).astype(np.float32)])
     return backend.values
 
 
-def _feature_values(shape, rank) -> float:
+def _feature_values(shape, rank, axis=0, shards=1) -> float:
     model = ModelSpec("m", (VariableSpec("w", shape),), batch_size=4)
     cluster = ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=1, bandwidth_gbps=1.0) for i in range(2)))
-    strategy = Strategy((VarConfig("w", (AllReduce(compressor=f"powersgd({rank})"),)),))
+    strategy = Strategy((VarConfig("w", (AllReduce(compressor=f"powersgd({rank})"),) * shards, axis),))
     X = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
     return float(X[0, COL["ar_wire_bytes"]]) / 4   # float32 values
 
@@ -72,9 +75,12 @@ def test_the_rule_is_elementwise_over_arrays_and_numbers():
 
 
 def test_a_shard_along_a_later_axis_is_the_runtime_matrix_of_the_shard():
-    # shard (64, 8) of a (64, 32) variable split along axis 1: the runtime sees 64 x 8, not 8 x 64
-    assert powersgd_matrix((64, 32), 1, 8, Compressor.parse("powersgd(2)")) == (64, 8)
-    assert powersgd_matrix((64, 32), 1, 8, Compressor.parse("fp16")) is None
+    # a (8, 4, 10) variable in two shards along axis 1: each shard (8, 2, 10) is the 8 x 20 matrix
+    # the runtime compresses (28 values at rank 1), not 2 slices x 80 values (82)
+    assert powersgd_matrix((8, 4, 10), 1, 2, Compressor.parse("powersgd(1)")) == (8, 20)
+    assert powersgd_matrix((8, 4, 10), 1, 2, Compressor.parse("fp16")) is None
+    assert _runtime_values((8, 4, 10), 1, axis=1, shards=2) == 2 * 28
+    assert _feature_values((8, 4, 10), 1, axis=1, shards=2) == 2 * 28
 
 
 def test_compressor_value_round_trips_its_spec():
