@@ -37,9 +37,7 @@ from autosync.runtime.sync.allreduce import ARGroup, ARMember
 from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.compression import orthogonalize
 from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
-from strategy_space.compressor import COMPRESSOR_KINDS, Compressor, matrix_dims, powersgd_compressible
-
-IN_GRAPH_COMPRESSORS = COMPRESSOR_KINDS  # every one: fp16 casts and PowerSGD's rounds run in the graph
+from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
 
 
 def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
@@ -51,7 +49,7 @@ def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[
             members.setdefault(m.key[0], []).append(m)
     inside = {v for v, ms in members.items()
               if len(ms) == layout[v][0]
-              and all(m.backend == "graph" and m.compressor.name in IN_GRAPH_COMPRESSORS for m in ms)
+              and all(m.backend == "graph" for m in ms)
               and not (ms[0].sparse and layout[v][0] > 1)}
     graph, rest = [], []
     for g in groups:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autosync.runtime.sync.base import SyncChannel, shard_gradient
 from autosync.runtime.rows import dedup_rows, payload_bytes
+from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
 class PSChannel(SyncChannel):
