@@ -37,7 +37,7 @@ class _CollectiveProbe:
         self.backend = None
 
     def connect(self, backend: str, rank: int, world: int, setup) -> None:
-        from autosync.comm.backends import BACKENDS
+        from autosync.runtime.sync.backends import BACKENDS
 
         self.backend = BACKENDS[backend].connect(rank, world, setup)
 
@@ -103,7 +103,7 @@ def calibrate(cluster: ClusterSpec, *, sizes=SIZES, reps: int = 5, backend: str 
                           f"two: give a node workers: 2 or more, or add a node")
     import ray
 
-    from autosync.comm.backends import resolve_backend
+    from autosync.runtime.sync.backends import resolve_backend
     from autosync.runtime.binding import ClusterBinding
 
     binding = ClusterBinding.bind(cluster)

@@ -77,17 +77,17 @@ class BenchWorker:
         torch.set_num_threads(1)
 
     def address(self):
-        from autosync.comm.tf_collective import free_address
+        from autosync.runtime.sync.tf_collective import free_address
 
         return free_address()
 
     def join(self, rank, addresses):
-        from autosync.comm.tf_collective import join
+        from autosync.runtime.sync.tf_collective import join
 
         join(rank, addresses)
 
     def connect(self, backend, rank, world, setup):
-        from autosync.comm.backends import resolve_backend
+        from autosync.runtime.sync.backends import resolve_backend
 
         self.b = resolve_backend(backend, gpus=False).connect(rank, world, setup)
 
@@ -109,7 +109,7 @@ class BenchWorker:
 def ray_backend(backend: str, world: int, sizes: list[int], reps: int) -> dict[int, float]:
     import ray
 
-    from autosync.comm.backends import resolve_backend
+    from autosync.runtime.sync.backends import resolve_backend
 
     actor = ray.remote(num_cpus=0)(BenchWorker)
     workers = [actor.remote() for _ in range(world)]

@@ -18,7 +18,8 @@ from typing import Callable, Iterable
 from ._yaml_limits import short_repr
 from .errors import ConfigError
 from .specs import ClusterSpec, ModelSpec, VariableSpec
-from .strategy import PS, AllReduce, Strategy, VarConfig, parse_compressor
+from .compressor import Compressor
+from .strategy import PS, AllReduce, Strategy, VarConfig
 
 DEFAULT_CHUNK_BYTES = 16 * 2**20     # fusion buffer size for all-reduce groups
 DEFAULT_MIN_PARTITION_BYTES = 2**20  # variables smaller than this are not partitioned
@@ -108,7 +109,7 @@ class _AROptions:
     def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, backend: str = "auto", compressor: str = "none"):
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise ConfigError(f"chunk_bytes must be an integer >= 1, got {short_repr(chunk_bytes)}")
-        parse_compressor(compressor)
+        Compressor.parse(compressor)
         AllReduce(backend=backend)
         self.chunk_bytes, self.backend, self.compressor = chunk_bytes, backend, compressor
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from .strategy import BACKENDS, COMPRESSOR_KINDS
+from .compressor import COMPRESSOR_KINDS
+from .strategy import BACKENDS
 
 KIND_PS, KIND_AR = 0, 1
 COMPRESSOR_ID = {k: i for i, k in enumerate(COMPRESSOR_KINDS)}

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .compressor import COMPRESSOR_KINDS, Compressor
 from .encoding import (BACKEND_ID, COMPRESSOR_ID, FIELD_INDEX, FIELDS, KIND_AR, KIND_PS, STRATEGY_WIDE,
                        VARIABLE_FIELDS, EncodedStrategies, Mutation)
 from .errors import ConfigError
 from .mutation import Mutator
 from .specs import ClusterSpec, ModelSpec
-from .strategy import BACKENDS, COMPRESSOR_KINDS, PS, AllReduce, Strategy, VarConfig, format_compressor
+from .strategy import BACKENDS, PS, AllReduce, Strategy, VarConfig
 
 # the encoding's names, long imported from here
 __all__ = ["StrategySpace", "EncodedStrategies", "Mutation", "KIND_PS", "KIND_AR", "COMPRESSOR_ID", "BACKEND_ID",
@@ -224,7 +225,7 @@ class StrategySpace:
             stride = cfg.synchronizers[1].group - first.group if k > 1 else 0
             if stride not in (0, 1) or any(s.group != first.group + stride * i for i, s in enumerate(cfg.synchronizers)):
                 why = "its shards' fusion groups are neither all equal nor consecutive"
-            kind, rank = first.compressor_kind, first.compressor_rank
+            kind, rank = first.codec.name, first.codec.rank
             e.kind[b, v], e.group[b, v], e.group_stride[b, v] = KIND_AR, first.group, stride
             e.compressor[b, v], e.rank[b, v], e.backend[b, v] = COMPRESSOR_ID[kind], rank, BACKEND_ID[first.backend]
             e.hierarchical[b, v] = first.hierarchical
@@ -243,7 +244,7 @@ class StrategySpace:
                 syncs = tuple(PS(names[(d0 + i) % N], bool(e.local_replication[row, v]), bool(e.sync[row, v]),
                                  int(e.staleness[row, v])) for i in range(k))
             else:
-                comp = format_compressor(COMPRESSOR_KINDS[e.compressor[row, v]], int(e.rank[row, v]))
+                comp = str(Compressor.of(COMPRESSOR_KINDS[e.compressor[row, v]], int(e.rank[row, v])))
                 g0, st = int(e.group[row, v]), int(e.group_stride[row, v])
                 hier = bool(e.hierarchical[row, v])
                 syncs = tuple(AllReduce(BACKENDS[e.backend[row, v]], comp, g0 + st * i, hier) for i in range(k))

@@ -14,37 +14,11 @@ from typing import Any, Mapping, Union
 
 from ._strict import check_keys, fingerprint, get_typed, parse_items
 from ._yaml_limits import short_repr
+from .compressor import Compressor
 from .errors import ConfigError
 from .specs import FORMAT_VERSION, _check_header
 
 BACKENDS = ("auto", "gloo", "nccl", "objectstore", "graph")
-COMPRESSOR_KINDS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
-_RANKED = ("powersgd", "powersgd_ef")
-_COMPRESSOR_RE = re.compile(r"^(none|fp16|fp16_ef|powersgd|powersgd_ef)(?:\((\d+)\))?$")
-
-
-def parse_compressor(text: str) -> tuple[str, int]:
-    """Split ``powersgd(4)`` into ``("powersgd", 4)``; rank is 0 for unranked compressors.
-
-    Raises:
-        ConfigError: for an unknown name, a missing or zero rank, or a rank on an unranked one.
-    """
-    m = _COMPRESSOR_RE.match(text) if isinstance(text, str) else None
-    allowed = "none, fp16, fp16_ef, powersgd(RANK), powersgd_ef(RANK)"
-    if not m:
-        raise ConfigError(f"compressor {short_repr(text)} is not one of {allowed}")
-    kind, rank = m.group(1), m.group(2)
-    if kind in _RANKED:
-        if rank is None or int(rank) < 1:
-            raise ConfigError(f"compressor {short_repr(text)} needs a rank >= 1, e.g. {kind}(4)")
-        return kind, int(rank)
-    if rank is not None:
-        raise ConfigError(f"compressor {kind} takes no rank, got {short_repr(text)}; allowed: {allowed}")
-    return kind, 0
-
-
-def format_compressor(kind: str, rank: int = 0) -> str:
-    return f"{kind}({rank})" if kind in _RANKED else kind
 
 
 @dataclass(frozen=True)
@@ -113,7 +87,7 @@ class AllReduce:
         if self.backend not in BACKENDS:
             problems.append(f"all_reduce.backend {short_repr(self.backend)} is not one of {', '.join(BACKENDS)}")
         try:
-            parse_compressor(self.compressor)
+            Compressor.parse(self.compressor)
         except ConfigError as e:
             problems.extend(e.problems)
         if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 0:
@@ -124,12 +98,9 @@ class AllReduce:
             raise ConfigError(problems)
 
     @property
-    def compressor_kind(self) -> str:
-        return parse_compressor(self.compressor)[0]
-
-    @property
-    def compressor_rank(self) -> int:
-        return parse_compressor(self.compressor)[1]
+    def codec(self) -> Compressor:
+        """The compressor as a value (parsed once per distinct spec)."""
+        return Compressor.parse(self.compressor)
 
     def to_dict(self) -> dict:
         body = {"backend": self.backend, "compressor": self.compressor, "group": self.group}

@@ -3,8 +3,9 @@ ends with the values of SGD applied to the mean gradient, for every backend avai
 import numpy as np
 import pytest
 
-from autosync.comm.backends import BACKENDS
-from autosync.comm.channel import AllReduceChannel, ARGroup, ARMember
+from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
+from autosync.runtime.sync.backends import BACKENDS
+from strategy_space.compressor import Compressor
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +17,7 @@ SGD = {"name": "SGD", "learning_rate": LR, "momentum": 0.0, "nesterov": False}
 
 def members(compressor: str, backend: str):
     m = lambda var, shard, n, start, stop, group, sparse=False: (group, ARMember(  # noqa: E731
-        (var, shard), start, stop, 0, n, sparse, "none" if sparse else compressor, backend))
+        (var, shard), start, stop, 0, n, sparse, Compressor.parse("none" if sparse else compressor), backend))
     items = [m(0, 0, 1, 0, 8, 0), m(1, 0, 1, 0, 4, 0), m(2, 0, 1, 0, 10, 1, True), m(3, 0, 2, 0, 3, 2), m(3, 1, 2, 3, 6, 3)]
     groups: dict[int, list] = {}
     for g, mem in items:

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from autosync.comm.compression import (ErrorFeedback, FP16Compressor, NoneCompressor, PowerSGDState, make_compressor,
-                                       orthogonalize, powersgd_compressible, wire_values)
+from autosync.runtime.sync.compression import (ErrorFeedback, FP16Compressor, NoneCompressor, PowerSGDState, elementwise,
+                                                orthogonalize, wire_values)
+from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
 from strategy_space.errors import ConfigError
 
 
@@ -13,8 +14,8 @@ def test_fp16_sends_half_the_bytes():
     assert wire.dtype == np.float16 and wire.nbytes == x.nbytes // 2
     back = FP16Compressor().decompress(wire, ctx)
     assert back.dtype == np.float32 and np.allclose(back, x, rtol=1e-3, atol=1e-3)
-    assert wire_values((1000,), "fp16") == (1000, 2)
-    assert wire_values((1000,), "none") == (1000, 4)
+    assert wire_values((1000,), Compressor.parse("fp16")) == (1000, 2)
+    assert wire_values((1000,), Compressor.parse("none")) == (1000, 4)
 
 
 def test_none_is_identity():
@@ -26,7 +27,7 @@ def test_none_is_identity():
 @pytest.mark.parametrize("shape, rank", [((64, 32), 2), ((16, 3, 3, 8), 4), ((100, 200), 1)])
 def test_powersgd_sends_r_m_plus_n(shape, rank):
     m, n = shape[0], int(np.prod(shape[1:]))
-    assert wire_values(shape, f"powersgd({rank})") == (rank * (m + n), 4)
+    assert wire_values(shape, Compressor.parse(f"powersgd({rank})")) == (rank * (m + n), 4)
     # and the P, Q matrices really have that many values
     state = PowerSGDState(rank, error_feedback=False)
     g = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
@@ -36,9 +37,9 @@ def test_powersgd_sends_r_m_plus_n(shape, rank):
 
 
 def test_powersgd_vectors_and_tiny_matrices_uncompressed():
-    assert not powersgd_compressible((512,), 4)
-    assert not powersgd_compressible((4, 4), 4)
-    assert wire_values((512,), "powersgd_ef(4)") == (512, 4)
+    assert not powersgd_compressible(*matrix_dims((512,)), 4)
+    assert not powersgd_compressible(*matrix_dims((4, 4)), 4)
+    assert wire_values((512,), Compressor.parse("powersgd_ef(4)")) == (512, 4)
 
 
 def test_powersgd_exact_for_low_rank_matrix():
@@ -100,17 +101,19 @@ def test_error_feedback_memory():
     assert np.array_equal(ef.add("a", x), 2 * x)
 
 
-def test_make_compressor_specs():
-    assert make_compressor("fp16_ef")[1:] == (0, True)
-    assert make_compressor("powersgd(3)")[0] is None and make_compressor("powersgd(3)")[1:] == (3, False)
+def test_elementwise_compressor_of_a_setting():
+    assert isinstance(elementwise(Compressor.parse("fp16_ef")), FP16Compressor)
+    assert isinstance(elementwise(Compressor.parse("none")), NoneCompressor)
+    with pytest.raises(ValueError, match="not element-wise"):
+        elementwise(Compressor.parse("powersgd(3)"))
     with pytest.raises(ConfigError, match="needs a rank"):
-        make_compressor("powersgd")
+        Compressor.parse("powersgd")
 
 
 def test_sparse_members_of_a_group_cost_two_collectives_in_all():
     """However many sparse variables share a group, a step all-gathers them with two calls (a
     call per variable would be one Ray round trip per variable per step)."""
-    from autosync.comm.channel import AllReduceChannel, ARGroup, ARMember
+    from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
 
     class Recorder:
         """A two-worker backend: the peer sends the same rows, doubled."""
@@ -124,7 +127,7 @@ def test_sparse_members_of_a_group_cost_two_collectives_in_all():
             return [arr, peer]
 
     shapes = [(10, 3), (7, 2), (5,)]
-    members = tuple(ARMember((v, 0), 0, s[0], 0, 1, True, "none", "objectstore") for v, s in enumerate(shapes))
+    members = tuple(ARMember((v, 0), 0, s[0], 0, 1, True, Compressor(), "objectstore") for v, s in enumerate(shapes))
     values = {(v, 0): np.zeros(s, np.float32) for v, s in enumerate(shapes)}
     ch = AllReduceChannel(0, 2, [ARGroup(0, members)], {"objectstore": None}, values,
                           {"name": "SGD", "learning_rate": 1.0, "class": "SGD"})

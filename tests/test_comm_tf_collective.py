@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from autosync.comm.backends import resolve_backend
-from autosync.comm.channel import ARGroup, ARMember
-from autosync.runtime.graph_sync import overlap_from_trace, split_groups
+from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.backends import resolve_backend
+from autosync.runtime.sync.graph import overlap_from_trace, split_groups
+from strategy_space.compressor import Compressor
 from strategy_space.errors import ConfigError
 
 
 def _m(var, shard=0, shards=1, backend="graph", compressor="none", sparse=False):
     return ARMember(key=(var, shard), start=0, stop=1, axis=0, num_shards=shards, sparse=sparse,
-                    compressor=compressor, backend=backend)
+                    compressor=Compressor.parse(compressor), backend=backend)
 
 
 def test_auto_is_graph_on_gpus_and_gloo_on_cpus():

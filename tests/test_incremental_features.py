@@ -123,13 +123,17 @@ def test_incremental_features_match_under_constraints():
 
 
 def test_incremental_features_from_strategies_split_along_other_axes():
-    """Encoded strategies may split along axis 1; mutations normalize back to axis 0."""
-    model = ModelSpec("ax", (VariableSpec("w", (6, 50)), VariableSpec("v", (9, 7)), VariableSpec("b", (50,))), 8)
+    """Encoded strategies may split along axis 1 (PowerSGD then compresses each shard's own
+    (first dimension, rest) matrix); mutations normalize back to axis 0."""
+    model = ModelSpec("ax", (VariableSpec("w", (6, 50)), VariableSpec("v", (9, 7)), VariableSpec("b", (50,)),
+                             VariableSpec("c", (8, 5, 10))), 8)
     cluster = _cluster([1, 2])
     space = StrategySpace(model, cluster)
+    psgd = AllReduce(compressor="powersgd(1)", group=2)
     s = Strategy((VarConfig("w", (PS("n0"), PS("n1"), PS("n0")), axis=1),
                   VarConfig("v", (AllReduce(group=0), AllReduce(group=1)), axis=1),
-                  VarConfig("b", (AllReduce(compressor="fp16"),))))
+                  VarConfig("b", (AllReduce(compressor="fp16"),)),
+                  VarConfig("c", (psgd, psgd), axis=1)))
     init = space.encode([s] * 6)
     assert init.axis.any()
     run_chains(space, FeatureTables.from_specs(model, cluster), np.random.default_rng(6), chains=6, init=init)

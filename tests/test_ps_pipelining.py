@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from autosync.runtime.channels import ps_chunks
+from autosync.runtime.sync.ps import ps_chunks
 from autosync.runtime.plan import ShardRef
 from autosync.runtime.ps_shard import ParameterServerShard
 from autosync.runtime.rows import dedup_rows

@@ -24,7 +24,7 @@ def _close(weights, expected, spec, **tol):
 
 
 def _in_graph_members(trainer) -> int:
-    from autosync.runtime.graph_sync import split_groups
+    from autosync.runtime.sync.graph import split_groups
 
     graph, _ = split_groups(list(trainer.plan.ar_groups), list(trainer.plan.layout))
     return sum(len(g.members) for g in graph)
@@ -118,7 +118,7 @@ def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
     backward pass has produced its last gradient."""
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
-    from autosync.runtime.graph_sync import overlap_from_trace, trace_step
+    from autosync.runtime.sync.graph import overlap_from_trace, trace_step
     from autosync.runtime.trainer import Trainer
     from strategy_space.builders import get_builder
 

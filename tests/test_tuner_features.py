@@ -147,7 +147,7 @@ def _reference_all_reduce(model, cluster, strategy):
             if v.sparse:
                 gathers += 1
                 continue
-            kind, rank, eb = s.compressor_kind, s.compressor_rank, v.bytes // v.size
+            kind, rank, eb = s.codec.name, s.codec.rank, v.bytes // v.size
             m, n = hi - lo, v.size // dim
             if kind.startswith("powersgd"):   # one buffer class, P and Q collectives; vectors travel raw
                 cls, nbytes = 2, min(rank * (m + n), m * n) * eb if len(v.shape) >= 2 else m * n * eb

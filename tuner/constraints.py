@@ -28,7 +28,8 @@ from strategy_space._strict import check_keys, get_typed
 from strategy_space._yaml_limits import short_repr
 from strategy_space.errors import ConfigError, Problems
 from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies, StrategySpace
-from strategy_space.strategy import BACKENDS, parse_compressor
+from strategy_space.compressor import Compressor
+from strategy_space.strategy import BACKENDS
 from strategy_space.yaml_io import parse_text, read_text
 
 _SYNC = {"ps": KIND_PS, "all_reduce": KIND_AR}
@@ -66,7 +67,7 @@ class Rule:
             p.add(f"{where}: shards must be >= 1, got {self.shards}")
         if self.compressor is not None:
             try:
-                parse_compressor(self.compressor)
+                Compressor.parse(self.compressor)
             except ConfigError as e:
                 p.items.extend(f"{where}: {x}" for x in e.problems)
         if self.backend is not None and self.backend not in BACKENDS:
@@ -171,7 +172,8 @@ class Constraints:
             if rule.local_replication is not None:
                 c.set("local_replication", sel, int(rule.local_replication))
             if rule.compressor is not None:
-                kind, rank = parse_compressor(rule.compressor)
+                codec = Compressor.parse(rule.compressor)
+                kind, rank = codec.name, codec.rank
                 illegal = [model.variables[i].name for i in np.nonzero(sel & ~space.compressible)[0]]
                 if kind != "none" and illegal:
                     p.add(f"{where}: compressor {rule.compressor} cannot apply to {', '.join(illegal[:3])} "

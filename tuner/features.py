@@ -49,6 +49,7 @@ import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.calibration import CostCurve
+from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
 from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
@@ -256,6 +257,19 @@ def _axis_facts(t: FeatureTables, e: EncodedStrategies):
     return dim, t.val_bytes / dim, t.idx_bytes / dim, t.size / dim
 
 
+def powersgd_shard_bytes(t: FeatureTables, v: np.ndarray, axis: np.ndarray, slices: np.ndarray,
+                          cols: np.ndarray, r: np.ndarray, eb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Wire bytes of PowerSGD cells (variable ``v`` split along ``axis``): a base-size shard of
+    ``slices`` slices of ``cols`` values, and a shard of one slice more; the matrix is the
+    runtime's ``(first dimension, rest)`` of the shard. ``tuner.incremental`` calls it too, so the
+    two featurizers agree to the bit."""
+    first = axis == 0
+    dim0 = t.dims[v, 0].astype(np.float32)
+    fb = powersgd_wire_values(*shard_matrix_dims(slices, cols, dim0, first), r) * eb
+    fe = powersgd_wire_values(*shard_matrix_dims(slices + 1, cols, dim0, first), r) * eb
+    return fb, fe
+
+
 def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slice, work) -> None:
     # Budget: ~0.2 ns per element for a float32/int32 (B, V) pass, ~2.5 ns per bincount entry,
     # ~3.5 ns per gathered element. So: no gathers on the common path, no int32 x float32 mixes
@@ -296,8 +310,7 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
         n = cols[pv] if np.ndim(cols) == 1 else cols.reshape(-1)[fi]
         m = base.reshape(-1)[fi]
         eb = t.elem_bytes[pv]
-        fb = np.minimum(r * (m + n), m * n) * eb
-        fe = np.minimum(r * (m + 1 + n), (m + 1) * n) * eb
+        fb, fe = powersgd_shard_bytes(t, pv, e.axis.reshape(-1)[fi], m, n, r, eb)
         X.reshape(-1)[fi] = fb
         Y.reshape(-1)[fi] = (fe - fb) * lay.reshape(-1)[fi]
         wv.reshape(-1)[fi] = kf.reshape(-1)[fi] * fb + extra.reshape(-1)[fi] * (fe - fb)

@@ -37,7 +37,7 @@ import numpy as np
 from strategy_space.space import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, Mutation
 
 from .alpha_beta import AlphaBeta
-from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts, curve_ns
+from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts, curve_ns, powersgd_shard_bytes
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
@@ -415,9 +415,7 @@ def _cell_parts(t: FeatureTables, v: np.ndarray, f: dict) -> _Cells:
     psgd = (comp >= _PSGD) & t.matrix[v]
     if psgd.any():
         r = f["rank"][psgd].astype(np.float32)
-        n, m, eb = cols[psgd], base[psgd], t.elem_bytes[v[psgd]]
-        fb = np.minimum(r * (m + n), m * n) * eb
-        fe = np.minimum(r * (m + 1 + n), (m + 1) * n) * eb
+        fb, fe = powersgd_shard_bytes(t, v[psgd], f["axis"][psgd], base[psgd], cols[psgd], r, t.elem_bytes[v[psgd]])
         X[psgd] = fb
         Y[psgd] = (fe - fb) * lay[psgd]
         wv[psgd] = kf[psgd] * fb + extra[psgd] * (fe - fb)

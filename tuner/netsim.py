@@ -20,6 +20,7 @@ import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy
 from strategy_space.builders import ready_order, step_bytes
+from strategy_space.compressor import Compressor, powersgd_compressible, shard_matrix_dims
 from strategy_space.strategy import PS, shard_bounds
 
 INDEX_BYTES = 8
@@ -124,6 +125,18 @@ def _backward_profile(model: ModelSpec) -> dict:
     return dict(zip(order, ready))
 
 
+def powersgd_matrix(shape: tuple[int, ...], axis: int, slices: int, codec: Compressor) -> tuple[int, int] | None:
+    """The ``(m, n)`` matrix PowerSGD sends in low rank for a shard of ``slices`` slices along
+    ``axis`` of a variable of ``shape`` (the runtime's ``(first dimension, rest)`` of the shard),
+    or None where the shard travels whole (another compressor, or nothing to gain)."""
+    if codec.kind != "powersgd":
+        return None
+    dim = shape[axis] if shape else 1
+    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    m, n = (int(x) for x in shard_matrix_dims(slices, size // dim, shape[0] if shape else 1, axis == 0))
+    return (m, n) if powersgd_compressible(m, n, codec.rank) else None
+
+
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, compute_s: float,
                   rng: np.random.Generator, truth: Truth = Truth()) -> tuple[float, dict]:
     """Seconds of one synchronous step of ``strategy`` (steady state) and a phase breakdown."""
@@ -164,14 +177,14 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
             elif v.sparse:
                 gathers.append(((vals + idx) * frac, ready[v.name]))
             else:
-                b = bufs.setdefault((s.group, s.backend, s.compressor, s.hierarchical), [0.0, 0.0, []])
+                codec = s.codec
+                b = bufs.setdefault((s.group, s.backend, codec, s.hierarchical), [0.0, 0.0, []])
                 b[1] = max(b[1], ready[v.name])
-                kind, rank = s.compressor_kind, s.compressor_rank
-                m, n = (hi - lo), v.size // dim
-                if kind.startswith("powersgd") and len(v.shape) >= 2 and rank * (m + n) < m * n:
-                    b[2].append((m, n, rank, v.bytes // v.size))
+                low_rank = powersgd_matrix(v.shape, cfg.axis, hi - lo, codec)
+                if low_rank is not None:
+                    b[2].append(low_rank + (codec.rank, v.bytes // v.size))
                 else:
-                    b[0] += vals * frac * (0.5 if kind.startswith("fp16") and v.bytes // v.size == 4 else 1.0)
+                    b[0] += vals * frac * (0.5 if codec.kind == "fp16" and v.bytes // v.size == 4 else 1.0)
     # ---- parameter servers: push -> FIFO fan-in -> update -> pull ----------------------------
     t_ps = [0.0]
     state = {n: {"free": 0.0, "got": 0} for n in srv}
@@ -218,7 +231,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
     Nw, most = len(hosts), max(wk)
     for (group, backend, comp, hier), (nbytes, rdy, psgd) in bufs.items():
         os_ = backend == "objectstore"
-        cast = nbytes / truth.fp16_cast_bps if comp.startswith("fp16") else 0.0
+        cast = nbytes / truth.fp16_cast_bps if comp.kind == "fp16" else 0.0
         # hierarchical: reduce onto node leaders and broadcast back through memory, ring among leaders
         if hier:
             ring, steps, local = 2 * (Nw - 1) / Nw, 2 * (Nw - 1) + 2 * (most > 1), 2 * (most - 1) / intra

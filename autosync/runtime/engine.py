@@ -13,12 +13,12 @@ import time
 
 import numpy as np
 
-from autosync.comm.backends import ObjectStoreBackend, prepare_hierarchy
-from autosync.comm.channel import AllReduceChannel
 from autosync.runtime.binding import ClusterBinding
-from autosync.runtime.channels import PSChannel, ps_chunks
-from autosync.runtime.graph_sync import GraphAllReduceChannel, split_groups
 from autosync.runtime.plan import SyncPlan
+from autosync.runtime.sync.allreduce import AllReduceChannel
+from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
+from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
+from autosync.runtime.sync.ps import PSChannel, ps_chunks
 from strategy_space.errors import ConfigError
 
 
@@ -189,7 +189,7 @@ class WorkerPool:
     def next_instance_base(self) -> int:
         """First TensorFlow collective instance key of a new ``graph`` session (keys of one
         session never meet another's shapes)."""
-        from autosync.comm.tf_collective import SESSION_KEYS
+        from autosync.runtime.sync.tf_collective import SESSION_KEYS
 
         self._sessions += 1
         return self._sessions * SESSION_KEYS

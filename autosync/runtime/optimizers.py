@@ -213,7 +213,7 @@ def keras_optimizer_config(optimizer) -> dict:
 
 
 # where the rules above run, for messages: every strategy's updates go through them, the
-# parameter servers' and the all-reduced variables' alike (``autosync.comm.channel``)
+# parameter servers' and the all-reduced variables' alike (``autosync.runtime.sync.allreduce``)
 _WHERE = ("by AutoSync's runtime (it applies every update, parameter server or all-reduce, with its own copy "
           "of the Keras rules)")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autosync.comm.backends import resolve_backend
-from autosync.comm.channel import ARGroup, ARMember
-from strategy_space import AllReduce, ModelSpec, Strategy, VariableSpec, shard_bounds
+from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.backends import resolve_backend
+from strategy_space import AllReduce, Compressor, ModelSpec, Strategy, VariableSpec, shard_bounds
 from strategy_space.builders import ready_order
 
 
@@ -134,7 +134,7 @@ class SyncPlan:
                     groups.setdefault(sync.group, []).append(ARMember(
                         key=(var_index, shard_index), start=start, stop=stop, axis=axis,
                         num_shards=cfg.num_shards, sparse=var.sparse,
-                        compressor="none" if var.sparse else sync.compressor, backend=backend))
+                        compressor=Compressor() if var.sparse else sync.codec, backend=backend))
                     continue
                 modes.add((sync.sync, sync.staleness))
                 by_node.setdefault(sync.destination, []).append(ShardRef(

@@ -63,13 +63,13 @@ class TrainingWorker:
 
     def collective_address(self) -> str:
         """Where this worker's TensorFlow server will listen (``host:port``)."""
-        from autosync.comm.tf_collective import free_address
+        from autosync.runtime.sync.tf_collective import free_address
 
         return free_address()
 
     def join_collective(self, rank: int, addresses: list) -> str:
         """Join the workers' TensorFlow cluster (before ``load``); see ``tf_collective.join``."""
-        from autosync.comm.tf_collective import join
+        from autosync.runtime.sync.tf_collective import join
 
         return join(rank, addresses)
 

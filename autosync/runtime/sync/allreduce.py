@@ -19,20 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autosync.comm.backends import CollectiveBackend, HierarchicalBackend, resolve_backend
-from autosync.comm.compression import ErrorFeedback, PowerSGDState, make_compressor, powersgd_compressible
-
-
-def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):
-    """The part of a full-variable gradient that belongs to shard ``[start, stop)`` along ``axis``:
-    a view of a dense array, or the rows of a sparse ``(indices, values)`` pair, re-indexed."""
-    if num_shards == 1:
-        return grad
-    if isinstance(grad, tuple):
-        indices, values = grad
-        mask = (indices >= start) & (indices < stop)
-        return indices[mask] - start, values[mask]
-    return grad[(slice(None),) * axis + (slice(start, stop),)]
+from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
+from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
+from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise
+from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
 
 
 @dataclass(frozen=True)
@@ -44,7 +34,7 @@ class ARMember:
         start, stop, axis: the shard's slice of the variable (whole variable: 0..dim, axis 0).
         num_shards: shards of the variable.
         sparse: gradient is ``(indices, values)``.
-        compressor: spec such as ``fp16_ef`` or ``powersgd(4)`` (``none`` for sparse).
+        compressor: the setting, parsed once when the plan is made (``none`` for sparse).
         backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``), or
             ``hierarchical`` (reduce on the node, leaders all-reduce, broadcast on the node).
     """
@@ -55,7 +45,7 @@ class ARMember:
     axis: int
     num_shards: int
     sparse: bool
-    compressor: str
+    compressor: Compressor
     backend: str
 
     def take(self, grad):
@@ -71,8 +61,8 @@ class ARGroup:
     members: tuple[ARMember, ...]
 
 
-class AllReduceChannel:
-    """All-reduce synchronization for one worker (implements the runtime's SyncChannel).
+class AllReduceChannel(SyncChannel):
+    """All-reduce synchronization for one worker, through a collective backend.
 
     Args:
         rank, world: this worker's position and the number of workers.
@@ -96,8 +86,8 @@ class AllReduceChannel:
         self.bytes_received = 0
         self._backends: dict[str, CollectiveBackend] = {}
         self._optimizer = None
-        self._ef: dict[str, ErrorFeedback] = {}
-        self._powersgd: dict[str, PowerSGDState] = {}
+        self._ef: dict[Compressor, ErrorFeedback] = {}
+        self._powersgd: dict[Compressor, PowerSGDState] = {}
         self._version = 0
 
     def __getstate__(self):
@@ -155,9 +145,9 @@ class AllReduceChannel:
 
     def _reduce_dense(self, backend, comp, ms, parts, tag) -> dict:
         scale = np.float32(1.0 / self.world)
-        compressor, rank, ef = make_compressor(comp)
-        if compressor is None:
-            return self._reduce_powersgd(backend, comp, rank, ef, ms, parts, tag)
+        if comp.kind == "powersgd":
+            return self._reduce_powersgd(backend, comp, ms, parts, tag)
+        compressor, ef = elementwise(comp), comp.error_feedback
         flats = [np.asarray(p, dtype=np.float32).ravel() * scale for p in parts]
         if ef:
             memory = self._ef.setdefault(comp, ErrorFeedback())
@@ -173,10 +163,10 @@ class AllReduceChannel:
         total = compressor.decompress(self._allreduce(backend, wire, tag), ctx)
         return self._unpack(total, ms, parts)
 
-    def _reduce_powersgd(self, backend, comp, rank, ef, ms, parts, tag) -> dict:
-        state = self._powersgd.setdefault(comp, PowerSGDState(rank, ef, self.seed))
+    def _reduce_powersgd(self, backend, comp, ms, parts, tag) -> dict:
+        state = self._powersgd.setdefault(comp, PowerSGDState(comp.rank, comp.error_feedback, self.seed))
         scale = np.float32(1.0 / self.world)
-        low = [i for i, p in enumerate(parts) if powersgd_compressible(p.shape, rank)]
+        low = [i for i, p in enumerate(parts) if powersgd_compressible(*matrix_dims(p.shape), comp.rank)]
         raw = [i for i in range(len(parts)) if i not in set(low)]
         ps = [state.first_round(ms[i].key, np.asarray(parts[i], dtype=np.float32)) for i in low]
         # round 1: the P matrices and the uncompressible members, one buffer

@@ -8,7 +8,8 @@ Two shapes of compression exist:
 * PowerSGD is a protocol: per matrix M (m x n), ``P = M Q`` is all-reduced, orthogonalized, then
   ``Q = M^T P`` is all-reduced and ``M ~ P Q^T``: r(m + n) values instead of m n. Q is warm-started
   from the previous step. Tensors of rank > 2 are viewed as (shape[0], prod(rest)); vectors and
-  tiny matrices (where r(m+n) >= m n) are sent uncompressed.
+  tiny matrices (where r(m+n) >= m n) are sent uncompressed (the rule is
+  ``strategy_space.compressor.powersgd_compressible``, shared with the features and the simulator).
 
 ``ErrorFeedback`` adds the residual of the previous step's compression before compressing and keeps
 the new residual (Karimireddy et al., 2019); ``fp16_ef`` and ``powersgd_ef`` use it.
@@ -25,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from strategy_space.errors import ConfigError
-from strategy_space.strategy import parse_compressor
+from strategy_space.compressor import Compressor, matrix_dims, powersgd_wire_values
 
 
-class Compressor(abc.ABC):
-    """A stateless element-wise compressor."""
+class ElementwiseCompressor(abc.ABC):
+    """A stateless element-wise compressor (the operation; the setting is a
+    ``strategy_space.compressor.Compressor``)."""
 
     name: str = ""
 
@@ -46,7 +48,7 @@ class Compressor(abc.ABC):
         return num_values * itemsize
 
 
-class NoneCompressor(Compressor):
+class NoneCompressor(ElementwiseCompressor):
     name = "none"
 
     def compress(self, x):
@@ -56,7 +58,7 @@ class NoneCompressor(Compressor):
         return wire
 
 
-class FP16Compressor(Compressor):
+class FP16Compressor(ElementwiseCompressor):
     """Half precision on the wire. Values are scaled by the caller (divided by the number of
     workers before the sum) so the fp16 sum does not overflow where the mean would not."""
 
@@ -72,7 +74,7 @@ class FP16Compressor(Compressor):
         return num_values * 2
 
 
-COMPRESSORS: dict[str, type[Compressor]] = {"none": NoneCompressor, "fp16": FP16Compressor}
+ELEMENTWISE: dict[str, type[ElementwiseCompressor]] = {"none": NoneCompressor, "fp16": FP16Compressor}
 
 
 class ErrorFeedback:
@@ -92,15 +94,6 @@ class ErrorFeedback:
 def as_matrix(x: np.ndarray) -> np.ndarray:
     """View a tensor as the matrix PowerSGD compresses: (shape[0], rest)."""
     return x.reshape(x.shape[0], -1)
-
-
-def powersgd_compressible(shape: tuple[int, ...], rank: int) -> bool:
-    """Whether PowerSGD at ``rank`` sends less than the raw tensor."""
-    if len(shape) < 2:
-        return False
-    m = shape[0]
-    n = int(np.prod(shape[1:]))
-    return rank * (m + n) < m * n and min(m, n) > rank
 
 
 def orthogonalize(p: np.ndarray, eps: float = 1e-8) -> np.ndarray:
@@ -168,24 +161,20 @@ class PowerSGDState:
         return approx
 
 
-def make_compressor(spec: str) -> tuple[Compressor | None, int, bool]:
-    """Split a compressor spec (``fp16_ef``, ``powersgd(4)``) into the element-wise compressor
-    (None for PowerSGD), the PowerSGD rank (0 if not PowerSGD) and whether error feedback is on."""
-    kind, rank = parse_compressor(spec)
-    ef = kind.endswith("_ef")
-    base = kind[:-3] if ef else kind
-    if base == "powersgd":
-        return None, rank, ef
-    return COMPRESSORS[base](), 0, ef
+def elementwise(codec: Compressor) -> ElementwiseCompressor:
+    """The element-wise compressor of a ``none`` or ``fp16`` setting (error feedback or not).
+
+    Raises:
+        ValueError: for PowerSGD, which is a protocol (``PowerSGDState``), not an element-wise pair.
+    """
+    if codec.kind not in ELEMENTWISE:
+        raise ValueError(f"compressor {codec} is not element-wise; use PowerSGDState for PowerSGD")
+    return ELEMENTWISE[codec.kind]()
 
 
-def wire_values(shape: tuple[int, ...], spec: str) -> tuple[int, int]:
-    """(values sent, bytes per value) for one tensor under ``spec`` in one step."""
-    compressor, rank, _ = make_compressor(spec)
+def wire_values(shape: tuple[int, ...], codec: Compressor) -> tuple[int, int]:
+    """(values sent, bytes per value) for one tensor under ``codec`` in one step."""
     n = int(np.prod(shape)) if shape else 1
-    if compressor is None:
-        if powersgd_compressible(shape, rank):
-            m, rest = shape[0], n // shape[0]
-            return rank * (m + rest), 4
-        return n, 4
-    return n, compressor.wire_bytes(1)
+    if codec.kind == "powersgd":
+        return int(powersgd_wire_values(*matrix_dims(shape), codec.rank)), 4
+    return n, elementwise(codec).wire_bytes(1)

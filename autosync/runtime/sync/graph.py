@@ -22,22 +22,22 @@ backends); the graph's own come back as None, so no other channel sends them. A 
 reduced in the graph only if every shard of it is a ``graph`` member (and, if sparse, it is not
 split); ``split_groups`` sends the others (a variable shared with a parameter server or another
 backend, a split sparse one) to the numpy channel, which uses the same collectives eagerly through
-``autosync.comm.tf_collective.GraphBackend``.
+``autosync.runtime.sync.tf_collective.GraphBackend``.
 
 On a GPU the gradients, the collectives (NCCL) and the optimizer stay on the device; collectives
 are then chained in issue order, as NCCL needs one order on every worker.
 """
 from __future__ import annotations
 
-import numpy as np
-
 import zlib
 
-from autosync.comm.channel import ARGroup, ARMember
-from autosync.comm.compression import make_compressor, orthogonalize, powersgd_compressible
-from autosync.comm.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
+import numpy as np
 
-IN_GRAPH_COMPRESSORS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
+from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.base import SyncChannel
+from autosync.runtime.sync.compression import orthogonalize
+from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
+from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
 
 
 def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
@@ -49,7 +49,7 @@ def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[
             members.setdefault(m.key[0], []).append(m)
     inside = {v for v, ms in members.items()
               if len(ms) == layout[v][0]
-              and all(m.backend == "graph" and m.compressor.split("(")[0] in IN_GRAPH_COMPRESSORS for m in ms)
+              and all(m.backend == "graph" for m in ms)
               and not (ms[0].sparse and layout[v][0] > 1)}
     graph, rest = [], []
     for g in groups:
@@ -125,9 +125,9 @@ def overlap_from_trace(events: list[tuple[str, int, int]]) -> dict:
             "hidden_share": hidden / busy if busy else 0.0}
 
 
-class GraphAllReduceChannel:
-    """In-graph all-reduce for one worker (a SyncChannel: ``pull``/``push``/``finish``, plus
-    ``bind``, with which the worker gets its training-step function).
+class GraphAllReduceChannel(SyncChannel):
+    """In-graph all-reduce for one worker: a SyncChannel with nothing to pull or push, plus
+    ``bind``, with which the worker gets its training-step function.
 
     Args:
         rank, world: this worker's position and the number of workers.
@@ -148,6 +148,7 @@ class GraphAllReduceChannel:
 
     # ---- SyncChannel: the variables are updated in the graph, nothing to pull or push ----------
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
+        """The variables live in the model and are updated there: nothing to hand back."""
         return {}
 
     def push(self, step: int, grads: list) -> None:
@@ -167,11 +168,11 @@ class GraphAllReduceChannel:
         optimizer.build([variables[v] for v in owned])
         memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
                   for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
-                  if comp == "fp16_ef" for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}
+                  if comp is not None and comp.kind == "fp16" and comp.error_feedback for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}
         powersgd = {(g.group, i): _PowerSGDGraphState([(m, _shape(variables[m.key[0]], m)) for m in ms], comp,
                                                       self.seed)
                     for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
-                    if comp.startswith("powersgd")}
+                    if comp is not None and comp.kind == "powersgd"}
         world, hint, base = self.world, communication_hint(), self.key_base
         chain = hint == "nccl"
         groups = self.groups
@@ -190,26 +191,26 @@ class GraphAllReduceChannel:
                     if not ms:
                         continue
                     deps = [last] if chain and last is not None else []
-                    if comp == "sparse":
+                    if comp is None:
                         for m in ms:
                             with tf.control_dependencies(deps):
                                 shards[m.key] = out = _gather_sparse(grads[m.key[0]], world, keys, hint)
                             last = out.values
                         continue
                     parts = [_take(grads[m.key[0]], m) for m in ms]
-                    if comp.startswith("powersgd"):
+                    if comp.kind == "powersgd":
                         with tf.control_dependencies(deps):
                             out = powersgd[(g.group, i)].reduce(ms, parts, world, keys, hint)
                         shards.update(out)
                         last = out[ms[-1].key]
                         continue
                     flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts], 0) / world
-                    if comp == "fp16_ef":
+                    if comp.kind == "fp16" and comp.error_feedback:
                         mem = memory[(g.group, i)]
                         flat = flat + mem
                         wire = tf.cast(flat, tf.float16)
                         mem.assign(flat - tf.cast(wire, tf.float32))
-                    elif comp == "fp16":
+                    elif comp.kind == "fp16":
                         wire = tf.cast(flat, tf.float16)
                     else:
                         wire = flat
@@ -231,11 +232,12 @@ class GraphAllReduceChannel:
         return step
 
 
-def _by_compressor(group: ARGroup) -> list[tuple[str, list[ARMember]]]:
-    """Members of a group by what goes on the wire (``sparse`` or the compressor), first-seen order."""
-    out: dict[str, list[ARMember]] = {}
+def _by_compressor(group: ARGroup) -> list[tuple[Compressor | None, list[ARMember]]]:
+    """Members of a group by what goes on the wire (the compressor, None for sparse members),
+    first-seen order."""
+    out: dict[Compressor | None, list[ARMember]] = {}
     for m in group.members:
-        out.setdefault("sparse" if m.sparse else m.compressor, []).append(m)
+        out.setdefault(None if m.sparse else m.compressor, []).append(m)
     return list(out.items())
 
 
@@ -253,16 +255,16 @@ def _size(variable, m: ARMember) -> int:
 class _PowerSGDGraphState:
     """PowerSGD's two rounds for one (group, compressor) inside the graph, with its state (warm
     Q per matrix, error-feedback residual) in variables: the same protocol as
-    ``autosync.comm.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
+    ``autosync.runtime.sync.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
     Round 1 all-reduces the P matrices and the uncompressible members in one buffer, round 2 the
     Q matrices."""
 
-    def __init__(self, members: list[tuple[ARMember, tuple[int, ...]]], comp: str, seed: int):
+    def __init__(self, members: list[tuple[ARMember, tuple[int, ...]]], comp: Compressor, seed: int):
         import tensorflow as tf
 
-        _, self.rank, self.ef = make_compressor(comp)
+        self.rank, self.ef = comp.rank, comp.error_feedback
         self.shapes = {m.key: shape for m, shape in members}
-        self.low = {m.key for m, shape in members if powersgd_compressible(shape, self.rank)}
+        self.low = {m.key for m, shape in members if powersgd_compressible(*matrix_dims(shape), self.rank)}
         self.q, self.err = {}, {}
         for m, shape in members:
             if m.key not in self.low:
@@ -313,7 +315,7 @@ class _PowerSGDGraphState:
 
 
 def _orthogonalize(p, eps: float = 1e-8):
-    """``autosync.comm.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
+    """``autosync.runtime.sync.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
     diagonal, columns of a rank-deficient P zeroed."""
     import tensorflow as tf
 

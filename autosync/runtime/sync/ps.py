@@ -1,25 +1,5 @@
-"""Worker-side synchronization channels.
-
-A worker's step is always: draw the batch, ``values = channel.pull(step, rows=rows)`` (assign
-them), compute gradients, ``channel.push(step, grads)``. Each synchronizer kind is a channel:
-
-- ``PSChannel`` (here): pushes each PS actor's gradient shards in ONE call and pulls its shards in
-  ONE call per step, whatever the number of variables.
-- ``autosync.comm.channel.AllReduceChannel`` implements the same two methods: ``push`` reduces the
-  fusion groups (gloo, nccl or the object store) and applies the local optimizer, ``pull`` returns
-  the locally updated values.
-
-``pull(step, fresh=False, rows=None)`` returns values per ``(var_index, shard_index)``; the worker
-puts each variable together from the parts of every channel, so one variable's shards may be
-split between PS and all-reduce. ``rows`` maps a sparse variable's index to the sorted unique
-int64 row ids (of the whole variable) the step reads; for its shards a channel may return
-``(row_ids, values)`` (row ids of the whole variable, values of those rows) instead of the whole
-shard: the PS channel does, so only those rows cross the network. A variable not in ``rows`` is
-returned whole. A channel that holds its values locally (all-reduce) ignores ``rows``.
-
-Gradients are given per model variable: a dense ndarray, ``(indices, values)`` for a sparse
-(IndexedSlices) gradient, or None (no gradient: nothing is sent). The PS channel sums the
-slices of repeated rows before sending (``rows.dedup_rows``).
+"""Parameter-server synchronization seen from one worker (the channel; the shards are
+``autosync.runtime.ps_shard``). The channel contract is in ``base``.
 
 Pipelining (``PSChannel`` with ``chunks``, synchronous PS): an actor's keys may be split into a
 few chunks of similar bytes (``ps_chunks``); the channel then pushes and pulls each chunk in its
@@ -27,45 +7,13 @@ own call, so the PS applies and serves a chunk as soon as all workers pushed it,
 pull crosses the network while other chunks' pushes are still in flight: both directions of a NIC
 carry traffic at once instead of all pushes, then all pulls. Calls stay batched per chunk (a few
 per PS actor and step), never one per variable.
-
-Every channel counts ``calls`` (Ray calls) and ``bytes_sent``/``bytes_received`` (array payload
-bytes, both directions) so the runtime can report what a step moved.
 """
 from __future__ import annotations
 
-import abc
-
 import numpy as np
 
-from autosync.comm.channel import shard_gradient
 from autosync.runtime.rows import dedup_rows, payload_bytes
-
-
-class SyncChannel(abc.ABC):
-    """The synchronization of some variables, seen from one worker.
-
-    Attributes:
-        calls: Ray actor calls issued so far (the overhead the runtime is measured by).
-        bytes_sent, bytes_received: array payload bytes moved so far.
-    """
-
-    calls: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-
-    @abc.abstractmethod
-    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
-        """Values of this channel's shards to compute ``step`` with: (var, shard) -> array, or
-        ``(row_ids, values)`` for a variable in ``rows`` (see the module doc).
-
-        ``fresh`` waits for every update before ``step`` (no staleness allowance)."""
-
-    @abc.abstractmethod
-    def push(self, step: int, grads: list) -> None:
-        """Hand over this worker's gradients of ``step`` (all variables, model order)."""
-
-    def finish(self) -> None:
-        """Wait for outstanding work and surface its errors."""
+from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
 def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: int) -> list | None:

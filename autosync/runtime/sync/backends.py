@@ -13,8 +13,8 @@ and ``allgather`` (arrays of any length, e.g. sparse indices).
   the chunk each peer reduces and trades ObjectRefs through a small async ``Mailbox`` actor, so a
   buffer crosses each link about 2(n-1)/n times, as in a ring — and needs nothing beyond Ray.
 * ``graph``: TensorFlow's own collective ops (ring over gRPC on CPUs, NCCL on GPUs), run inside
-  the worker's training step (``autosync.runtime.graph_sync``; transport in
-  ``autosync.comm.tf_collective``).
+  the worker's training step (``autosync.runtime.sync.graph``; transport in
+  ``autosync.runtime.sync.tf_collective``).
 * ``auto``: on GPUs graph (NCCL inside the training step; nccl if TensorFlow is missing); on CPUs
   gloo if torch is importable, else objectstore. TensorFlow's gRPC ring measured 0.07-0.32x the
   bus bandwidth of plain gloo on one machine (benchmarks/allreduce_bandwidth.py), so on CPUs
@@ -22,17 +22,17 @@ and ``allgather`` (arrays of any length, e.g. sparse indices).
 """
 from __future__ import annotations
 
-import abc
 import asyncio
 import fcntl
 import importlib.util
 import os
 import socket
 import struct
-from typing import Any
 
 import numpy as np
 
+from autosync.runtime.sync.base import CollectiveBackend
+from autosync.runtime.sync.tf_collective import GraphBackend
 from strategy_space.errors import ConfigError
 
 GLOO_TIMEOUT_MS = 120_000
@@ -50,35 +50,6 @@ def interface_for_address(ip: str) -> str | None:
             if socket.inet_ntoa(packed[20:24]) == ip:
                 return name
     return None
-
-
-class CollectiveBackend(abc.ABC):
-    """One worker's end of a collective group."""
-
-    name: str = ""
-
-    @classmethod
-    def prepare(cls, world: int, group: str, actor_options: dict | None = None) -> Any:
-        """Driver side, once per worker pool; the result is passed to ``connect``.
-        ``actor_options`` place any helper actor (e.g. on the chief node)."""
-        return group
-
-    @classmethod
-    @abc.abstractmethod
-    def connect(cls, rank: int, world: int, setup: Any) -> "CollectiveBackend":
-        """Worker side: join the group."""
-
-    @abc.abstractmethod
-    def allreduce(self, buf: np.ndarray, tag: str) -> np.ndarray:
-        """Element-wise sum of ``buf`` over all workers (``tag`` names the call: one per group
-        and step, equal on every worker)."""
-
-    @abc.abstractmethod
-    def allgather(self, arr: np.ndarray, tag: str) -> list[np.ndarray]:
-        """Every worker's ``arr`` (lengths along axis 0 may differ), in rank order."""
-
-    def close(self) -> None:
-        """Leave the group."""
 
 
 class GlooBackend(CollectiveBackend):
@@ -361,12 +332,6 @@ def graph_available() -> bool:
     return importlib.util.find_spec("tensorflow") is not None
 
 
-def _graph_backend() -> type[CollectiveBackend]:
-    from autosync.comm.tf_collective import GraphBackend  # imports this module: load it on demand
-
-    return GraphBackend
-
-
 def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
     """The backend class for a strategy's ``backend`` field.
 
@@ -382,7 +347,7 @@ def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
         if not graph_available():
             raise ConfigError("all_reduce backend graph needs TensorFlow on the driver and the workers; "
                               "install it or use backend gloo or objectstore")
-        return _graph_backend()
+        return GraphBackend
     if name not in BACKENDS:
         raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, graph, {', '.join(BACKENDS)}")
     if name == "gloo" and not gloo_available():

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from autosync.comm.backends import CollectiveBackend
+from autosync.runtime.sync.base import CollectiveBackend
 
 GROUP_KEY = 1
 TIMEOUT_S = 300.0        # a collective waiting longer for its peers fails (instead of hanging)
@@ -98,7 +98,7 @@ class GraphBackend(CollectiveBackend):
     """TensorFlow collective ops, called from numpy (eagerly) by the all-reduce channel.
 
     The runtime reduces most ``graph`` members inside the training step instead (see
-    ``autosync.runtime.graph_sync``); this class serves the members that cannot be (PowerSGD, a
+    ``autosync.runtime.sync.graph``); this class serves the members that cannot be (PowerSGD, a
     variable split between all-reduce and a parameter server) and the bandwidth benchmark.
     ``setup`` is ``{"group": name, "base": first instance key of this session}``; the workers
     joined the group when they started.

@@ -1,0 +1,105 @@
+"""What every worker-side synchronization has in common: the channel and the collective backend.
+
+A worker's step is always: draw the batch, ``values = channel.pull(step, rows=rows)`` (assign
+them), compute gradients, ``channel.push(step, grads)``. Each synchronizer kind is a channel:
+
+- ``ps.PSChannel``: pushes each PS actor's gradient shards in ONE call and pulls its shards in
+  ONE call per step, whatever the number of variables.
+- ``allreduce.AllReduceChannel``: ``push`` reduces the fusion groups through a collective backend
+  (``backends``: gloo, nccl, the object store, TensorFlow's collectives called eagerly) and applies
+  the local optimizer, ``pull`` returns the locally updated values.
+- ``graph.GraphAllReduceChannel``: reduces its groups and applies the Keras optimizer inside the
+  worker's training step; its ``pull``/``push`` have nothing left to do.
+
+``pull(step, fresh=False, rows=None)`` returns values per ``(var_index, shard_index)``; the worker
+puts each variable together from the parts of every channel, so one variable's shards may be
+split between PS and all-reduce. ``rows`` maps a sparse variable's index to the sorted unique
+int64 row ids (of the whole variable) the step reads; for its shards a channel may return
+``(row_ids, values)`` (row ids of the whole variable, values of those rows) instead of the whole
+shard: the PS channel does, so only those rows cross the network. A variable not in ``rows`` is
+returned whole. A channel that holds its values locally (all-reduce) ignores ``rows``.
+
+Gradients are given per model variable: a dense ndarray, ``(indices, values)`` for a sparse
+(IndexedSlices) gradient, or None (no gradient: nothing is sent). The PS channel sums the
+slices of repeated rows before sending (``rows.dedup_rows``).
+
+Every channel counts ``calls`` (Ray calls) and ``bytes_sent``/``bytes_received`` (array payload
+bytes, both directions) so the runtime can report what a step moved.
+
+A ``CollectiveBackend`` is one worker's end of a collective group (``allreduce``, ``allgather``);
+the registry of backends is ``backends.resolve_backend``.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+
+class SyncChannel(abc.ABC):
+    """The synchronization of some variables, seen from one worker.
+
+    Attributes:
+        calls: Ray actor calls issued so far (the overhead the runtime is measured by).
+        bytes_sent, bytes_received: array payload bytes moved so far.
+    """
+
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    @abc.abstractmethod
+    def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
+        """Values of this channel's shards to compute ``step`` with: (var, shard) -> array, or
+        ``(row_ids, values)`` for a variable in ``rows`` (see the module doc).
+
+        ``fresh`` waits for every update before ``step`` (no staleness allowance)."""
+
+    @abc.abstractmethod
+    def push(self, step: int, grads: list) -> None:
+        """Hand over this worker's gradients of ``step`` (all variables, model order)."""
+
+    def finish(self) -> None:
+        """Wait for outstanding work and surface its errors."""
+
+
+def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):
+    """The part of a full-variable gradient that belongs to shard ``[start, stop)`` along ``axis``:
+    a view of a dense array, or the rows of a sparse ``(indices, values)`` pair, re-indexed."""
+    if num_shards == 1:
+        return grad
+    if isinstance(grad, tuple):
+        indices, values = grad
+        mask = (indices >= start) & (indices < stop)
+        return indices[mask] - start, values[mask]
+    return grad[(slice(None),) * axis + (slice(start, stop),)]
+
+
+class CollectiveBackend(abc.ABC):
+    """One worker's end of a collective group."""
+
+    name: str = ""
+
+    @classmethod
+    def prepare(cls, world: int, group: str, actor_options: dict | None = None) -> Any:
+        """Driver side, once per worker pool; the result is passed to ``connect``.
+        ``actor_options`` place any helper actor (e.g. on the chief node)."""
+        return group
+
+    @classmethod
+    @abc.abstractmethod
+    def connect(cls, rank: int, world: int, setup: Any) -> "CollectiveBackend":
+        """Worker side: join the group."""
+
+    @abc.abstractmethod
+    def allreduce(self, buf: np.ndarray, tag: str) -> np.ndarray:
+        """Element-wise sum of ``buf`` over all workers (``tag`` names the call: one per group
+        and step, equal on every worker)."""
+
+    @abc.abstractmethod
+    def allgather(self, arr: np.ndarray, tag: str) -> list[np.ndarray]:
+        """Every worker's ``arr`` (lengths along axis 0 may differ), in rank order."""
+
+    def close(self) -> None:
+        """Leave the group."""
