@@ -26,24 +26,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 GIB = 1 << 30
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def _memory(pids: list[int]) -> tuple[int, int]:
     """(RSS, PSS) bytes summed over ``pids`` (from /proc/PID/smaps_rollup)."""
     rss = pss = 0
@@ -70,9 +52,11 @@ class Sampler(threading.Thread):
         self._halt = threading.Event()
 
     def run(self):
+        from autosync.runtime.reaper import descendants
+
         me = os.getpid()
         while not self._halt.wait(0.2):
-            pids = _descendants(me)
+            pids = [me] + descendants(me)
             rss, pss = _memory(pids)
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self.processes = max(self.processes, len(pids))

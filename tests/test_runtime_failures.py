@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from autosync.runtime.reaper import descendants
 from tests import runtime_models as rm
 
 
@@ -91,31 +92,12 @@ def test_failed_and_timed_out_trials_are_contained(runner):
     assert _all_dead(_pids(again)), "close() left actors running"
 
 
-def _descendants(root: int) -> list[int]:
-    import os
-
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
-            except (OSError, IndexError, ValueError):
-                continue
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _ps_processes() -> list[int]:
     """PIDs of parameter-server actors of this test session's Ray (never another process's)."""
     import os
 
     out = []
-    for pid in _descendants(os.getpid()):
+    for pid in descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline") as f:
                 if f.read().startswith("ray::ParameterServerShard"):
@@ -176,7 +158,7 @@ def test_a_killed_driver_leaves_nothing_of_its_local_ray_running(tmp_path):
     try:
         assert driver.stdout.readline().strip() == "ready"
         time.sleep(2.0)   # the watchdog has seen the agents
-        started = _descendants(driver.pid)
+        started = descendants(driver.pid)
         names = []
         for pid in started:
             try:

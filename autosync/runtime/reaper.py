@@ -81,3 +81,24 @@ def start_reaper(interval_s: float = 1.0, grace_s: float = 3.0) -> subprocess.Po
     return subprocess.Popen([sys.executable, "-S", "-c", _WATCHDOG, str(os.getpid()), str(interval_s), str(grace_s)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
+
+
+def descendants(root: int) -> list[int]:
+    """PIDs of every process descended from ``root`` (not ``root`` itself), read from /proc
+    (Linux): what a run started, for tests and memory benchmarks. The watchdog above keeps its own
+    copy of this walk, since it runs with the standard library alone."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
