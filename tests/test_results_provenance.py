@@ -14,12 +14,16 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 FILES = sorted(f for f in os.listdir(RESULTS) if f.endswith(".json"))
 
 
-def _entries(data: dict) -> tuple[dict, bool]:
+def _entries(data) -> tuple[dict, bool]:
     """The per-entry records of a result file and whether each entry is a run of its own:
-    ``models`` (one entry per model, normally of one run), ``runs`` (one entry per run, e.g. per
-    testbed shape); a file of neither kind is one run as a whole."""
-    if isinstance(data.get("models"), dict):
-        return data["models"], False
+    ``models`` or ``entries`` (one entry per model or measured configuration, normally of one
+    run), ``runs`` (one entry per run, e.g. per testbed shape), a list of rows (each recording its
+    run); a file of none of these kinds is one run as a whole."""
+    if isinstance(data, list):
+        return {f"row {i}": row for i, row in enumerate(data)}, True
+    for key in ("models", "entries"):
+        if isinstance(data.get(key), dict):
+            return data[key], False
     if isinstance(data.get("runs"), dict):
         return data["runs"], True
     return {"(whole file)": data}, False
@@ -32,14 +36,14 @@ def test_every_entry_records_its_run_or_says_it_is_unknown(name):
     runs = set()
     entries, per_run = _entries(data)
     for model, entry in entries.items():
-        keys = [k for k in ("run_started", "started", "started_at") if k in entry]
+        keys = [k for k in ("run_started", "started", "started_at", "started_utc") if k in entry]
         assert keys and "commit" in entry, f"{name}: {model} has no start time/commit"
         started = entry[keys[0]]
         if started is None or entry["commit"] is None:
             assert entry.get("provenance"), f"{name}: {model}: unknown provenance must be said in 'provenance'"
         runs.add(started)
     if len(runs) > 1 and not per_run:
-        assert data.get("meta", {}).get("mixed_runs"), f"{name} holds entries of several runs without saying so"
+        assert isinstance(data, dict) and data.get("meta", {}).get("mixed_runs"), f"{name} holds entries of several runs without saying so"
 
 
 def test_the_readme_peer_figure_is_the_one_in_the_file_it_names():
