@@ -63,6 +63,15 @@ def faulty_batches(worker: int, num_workers: int, flag: str, at: int = 3):
         yield b
 
 
+def build_unseeded_model():
+    """``build_model`` with one layer initialized from the process id: every worker (a process of
+    its own) builds different initial weights, whatever the seed."""
+    model = build_model()
+    out = model.get_layer("out")
+    out.kernel.assign(np.full(out.kernel.shape, (os.getpid() % 997) / 997.0, "float32"))
+    return model
+
+
 def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, **opt_kw) -> ModelDef:
     return ModelDef(
         name="tiny_emb", model_fn=build_model, loss_fn=mse,

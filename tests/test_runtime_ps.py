@@ -134,3 +134,19 @@ def test_pipelined_chunks_equal_single_process(pool, monkeypatch, staleness):
             assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
     else:
         assert np.mean(history.loss[-5:]) < 0.5 * np.mean(history.loss[:5])
+
+
+def test_workers_that_build_different_initial_weights_are_refused(pool):
+    """The driver compares the workers' digests of their initial weights (it receives the values
+    of one worker only), and names what to fix."""
+    import dataclasses
+
+    from strategy_space.errors import ConfigError
+
+    md = dataclasses.replace(rm.model_def(), name="unseeded", model_fn=rm.build_unseeded_model)
+    with pytest.raises(ConfigError, match="built different initial weights.*make model_fn deterministic"):
+        pool.ensure(md, PAIR.devices)
+    assert not pool.actors, "workers of a refused model are killed"
+    # the pool still serves a deterministic model afterwards, with one copy of the values
+    pool.ensure(rm.model_def(), PAIR.devices)
+    assert pool.description["initial"] is not None and pool.description["initial_digest"]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autosync.runtime.digest import weights_digest
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.builders import ready_order
 from strategy_space.errors import ConfigError
@@ -180,8 +181,10 @@ class EmulatedWorker:
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "compute": "emulated"}
 
-    def load(self, model_def: EmulatedModelDef, worker_index: int, num_workers: int) -> dict:
-        """Prepare the synthetic gradients; returns the description ``TrainingWorker.load`` does."""
+    def load(self, model_def: EmulatedModelDef, worker_index: int, num_workers: int,
+             send_initial: bool = True) -> dict:
+        """Prepare the synthetic gradients; returns the description ``TrainingWorker.load`` does
+        (the zero initial values themselves only with ``send_initial``)."""
         spec = model_def.spec
         self.model_def, self.worker_index = model_def, worker_index
         self.base = base_gradients(spec, model_def.seed, worker_index)
@@ -192,7 +195,8 @@ class EmulatedWorker:
             "variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype, "sparse": v.sparse}
                           for v in spec.variables],
             "optimizer": dict(OPTIMIZERS[model_def.optimizer]),
-            "initial": self.initial,
+            "initial": self.initial if send_initial else None,
+            "initial_digest": weights_digest(self.initial),
         }
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list) -> None:

@@ -7,7 +7,6 @@ time-out it kills every actor involved so the next session starts clean.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 
@@ -236,7 +235,10 @@ class WorkerPool:
             except TrialFailed:
                 self.kill_all()
                 raise
-        refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots)) for s in stale]
+        # one worker sends its initial values (the parameter servers start from them); the others
+        # send only their digest, so the driver never holds more than one copy of the model
+        first = stale[0] if self.description is None else None
+        refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots), s == first) for s in stale]
         try:
             loaded = wait_all(refs, deadline, "worker", stale)
         except TrialFailed:
@@ -247,8 +249,8 @@ class WorkerPool:
             self.loaded[slot] = model_def
         if self.description is None:
             self.description = loaded[0]
-        reference = _digest(self.description["initial"])
-        differ = [s for s, d in zip(stale, loaded) if _digest(d["initial"]) != reference]
+        reference = self.description["initial_digest"]
+        differ = [s for s, d in zip(stale, loaded) if d["initial_digest"] != reference]
         if differ:
             self.kill_all()
             raise ConfigError(f"model {model_def.name}: workers {differ} built different initial weights "
@@ -265,13 +267,6 @@ class WorkerPool:
         self.actors, self.loaded, self.kinds = {}, {}, {}
         self._groups = {}
         self._joined = set()
-
-
-def _digest(arrays: list) -> str:
-    h = hashlib.sha1()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 class Session:

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from autosync.runtime.digest import weights_digest
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime.rows import find_row_reads
 
@@ -73,11 +74,16 @@ class TrainingWorker:
 
         return join(rank, addresses)
 
-    def load(self, model_def, worker_index: int, num_workers: int) -> dict:
+    def load(self, model_def, worker_index: int, num_workers: int, send_initial: bool = True) -> dict:
         """Build the model from its seed and probe one gradient.
 
+        Args:
+            send_initial: return the initial values themselves (else only their digest: the
+                driver needs one worker's copy, and every worker's digest to compare).
+
         Returns:
-            ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays],
+            ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]
+            or None, "initial_digest": str,
             "row_pull": [names], "full_pull": {name: reason}}`` (trainable variables in model order;
             ``row_pull``: sparse variables whose rows each step reads are known before it runs and
             pulled alone from parameter servers; ``full_pull``: sparse ones pulled whole, and why).
@@ -117,7 +123,8 @@ class TrainingWorker:
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s}
                           for v, s in zip(self.variables, sparse)],
             "optimizer": keras_optimizer_config(optimizer),
-            "initial": [v.numpy() for v in self.variables],
+            "initial": [v.numpy() for v in self.variables] if send_initial else None,
+            "initial_digest": weights_digest(v.numpy() for v in self.variables),
             "row_pull": [self.variables[i].path for i in sorted(self.row_reads.outputs)],
             "full_pull": dict(self.row_reads.full_pull),
         }
