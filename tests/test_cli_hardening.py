@@ -104,6 +104,24 @@ def test_an_unsupported_optimizer_is_refused_up_front_by_every_command_with_one_
     assert "Traceback" not in captured.err
 
 
+def test_the_trainer_refuses_an_unsupported_optimizer_before_ray_starts(rmsprop_model, tmp_path, monkeypatch):
+    """Issue 17, item 4, for the Python API: the same message as the commands, and no worker pool
+    (so no Ray) is created."""
+    import autosync.runtime.trainer as trainer_module
+    from autosync.runtime.trainer import Trainer
+    from strategy_space.errors import ConfigError
+
+    def no_pool(*a, **k):
+        raise AssertionError("a worker pool was made before the optimizer was checked")
+
+    monkeypatch.setattr(trainer_module.WorkerPool, "shared_or_new", no_pool)
+    strategy = tmp_path / "s.yaml"
+    strategy.write_text("kind: strategy\nversion: 1\nvariables:\n- var: out/kernel\n  all_reduce: {}\n"
+                        "- var: out/bias\n  all_reduce: {}\n")
+    with pytest.raises(ConfigError, match="'RMSprop' is not supported"):
+        Trainer(rmsprop_model, str(strategy), "local")
+
+
 def test_an_unknown_compressor_is_said_once_per_value_naming_the_variables(tmp_path, capsys):
     """Issue 17, item 7."""
     bad = tmp_path / "s.yaml"

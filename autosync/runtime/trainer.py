@@ -51,7 +51,7 @@ class Trainer:
 
     Raises:
         ConfigError: bad model, strategy or cluster, a strategy that does not fit the model, or
-            one this runtime cannot execute yet (all-reduce).
+            an optimizer the runtime does not implement (checked before Ray starts).
     """
 
     def __init__(self, model, strategy, cluster="local", *, timeout_s: float = 600.0,
@@ -59,10 +59,13 @@ class Trainer:
         from autosync.sources import load_cluster, load_model_def
         from strategy_space.yaml_io import load_strategy
 
+        from autosync.runtime.optimizers import check_model_optimizer
+
         self.model_def = load_model_def(model)
         self.cluster = load_cluster(cluster)
         if not isinstance(strategy, Strategy):
             strategy = load_strategy(strategy)
+        check_model_optimizer(self.model_def)   # before Ray starts, as the commands do
         self.strategy = strategy
         self.timeout_s = float(timeout_s)
         self._own_pool = pool is None
