@@ -115,7 +115,12 @@ def test_mixed_ps_graph_and_numpy_path(pool):
 def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
     """A convolution whose filter gradient is computed last and takes long, under a dense output
     layer: TensorFlow's profiler shows the output layer's collective running before the
-    backward pass has produced its last gradient."""
+    backward pass has produced its last gradient.
+
+    Whether an op that may start early does so is up to TensorFlow's scheduler (on a loaded
+    2-core machine it once started 13 us late), so up to three steps are traced and one in which
+    every worker overlaps suffices; a collective that has to wait for every gradient (a control
+    dependency) can overlap in none of them."""
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
     from autosync.runtime.sync.graph import overlap_from_trace, trace_step
@@ -124,21 +129,28 @@ def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
 
     md = rm.deep_model_def()
     pool = WorkerPool(ClusterBinding.bind(PAIR))
+    tries = []
     try:
         spec = _model_spec(pool, md)
         strategy = get_builder("all_reduce", backend="graph", chunk_bytes=1).build(spec, PAIR)
         with Trainer(md, strategy, PAIR, pool=pool, timeout_s=300) as trainer:
             trainer.fit(steps=2)
             workers = trainer.session.workers
-            traces = ray_session.get([w.__ray_call__.remote(trace_step, str(tmp_path / f"w{i}"))
-                                      for i, w in enumerate(workers)], timeout=300)
+            for attempt in range(3):
+                traces = ray_session.get([w.__ray_call__.remote(trace_step, str(tmp_path / f"a{attempt}w{i}"))
+                                          for i, w in enumerate(workers)], timeout=300)
+                for events in traces:
+                    names = [n for n, _, _ in events]
+                    assert any("Conv2DBackpropFilter" in n for n in names), sorted(set(names))[:50]
+                found = [overlap_from_trace(events) for events in traces]
+                assert all(f["first_collective_start"] is not None for f in found), found
+                tries.append(found)
+                if all(f["first_collective_start"] < f["last_gradient_end"] and f["hidden_share"] > 0.0
+                       for f in found):
+                    break
     finally:
         pool.kill_all()
     assert len(trainer.plan.ar_groups) == len(spec.variables)   # one group per variable
-    for events in traces:
-        names = [n for n, _, _ in events]
-        assert any("Conv2DBackpropFilter" in n for n in names), sorted(set(names))[:50]
-        found = overlap_from_trace(events)
-        assert found["first_collective_start"] is not None
-        assert found["first_collective_start"] < found["last_gradient_end"], found
-        assert found["hidden_share"] > 0.0, found
+    last = tries[-1]
+    assert all(f["first_collective_start"] < f["last_gradient_end"] and f["hidden_share"] > 0.0
+               for f in last), tries
