@@ -81,6 +81,8 @@ class PSChannel(SyncChannel):
         self.bytes_sent = 0
         self.bytes_received = 0
         self._pushes: list = []
+        # each shard's first row in its variable (node-aggregated pulls return shard-local rows)
+        self._starts = {ref.key: ref.start for _, plan in actors for ref in plan.shards}
 
     def _via_node(self, ref) -> bool:
         return self.aggregator is not None and ref.local_replication
@@ -151,7 +153,7 @@ class PSChannel(SyncChannel):
             self.bytes_received += payload_bytes(part)
             shards.update(part)
         if node_ref is not None:
-            starts = {ref.key: ref.start for _, plan in self.actors for ref in plan.shards}
+            starts = self._starts
             for values in ray.get(node_ref).values():
                 self.bytes_received += payload_bytes(values)
                 for key, value in values.items():
