@@ -1,17 +1,24 @@
 """Make the warm-start dataset AutoSync ships (``tuner/data/warmstart.db.gz``) by measuring trials on
-the emulated testbed.
+the emulated testbed, on shapes where the network, not this machine's CPU, decides.
 
-For each testbed shape (``--testbeds 3x1gbit 4x500mbit``: nodes x link rate, 1 CPU per node) and
-each small zoo model, one tuning run (``autosync.tune``, no warm start of its own, the store shared
-across models so later models already learn from earlier ones) with a large exploration share, so
-the dataset holds the baselines, the tuner's own picks and random strategies. Every trial lands in
+A shape is ``NxRATE[:COMPUTE]``: N nodes (1 CPU each) with links shaped to RATE, and real
+(TensorFlow) or emulated compute (workers wait the profiled compute time and send synthetic
+gradients; see ``autosync.runtime.emulated``). Real compute needs no more nodes than cores.
+For each shape and each model, one tuning run (``autosync.tune``, no warm start of its own, the
+store shared across models so later models already learn from earlier ones) with a large
+exploration share, so the dataset holds the baselines, the tuner's own picks and random
+strategies; every trial is measured to a precision (95 % interval of its median within +-3 %, or
+a step cap). The tuner's confirmation re-measures its best strategy and best baseline; on top of
+that ``--repeat`` more strategies per group (the slowest and a middle one) are measured twice more,
+so every group holds several strategies measured three times on purpose and the dataset's noise
+ceiling is known (``benchmarks/simulator_accuracy.py --store`` prints it). Every trial lands in
 ``--store`` as it is measured (an interrupted run keeps what it measured; re-running adds to it).
 ``--pack`` then writes the compacted, gzip-compressed copy into the package.
 
-Needs root (the testbed)::
+Needs root (the testbed); hold the testbed lock::
 
-    sudo python benchmarks/make_warmstart.py --testbeds 3x1gbit --trials 24
-    sudo python benchmarks/make_warmstart.py --testbeds 4x500mbit --trials 16
+    flock /tmp/autosync-testbed.lock python benchmarks/make_warmstart.py \\
+        --testbeds 2x200mbit 2x100mbit 3x200mbit:emulated 3x100mbit:emulated --trials 6
     python benchmarks/make_warmstart.py --pack          # -> tuner/data/warmstart.db.gz
 """
 from __future__ import annotations
@@ -34,19 +41,24 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODELS = ("ncf", "dlrm", "lm1b", "resnet50", "bert", "vgg16")   # cheapest first
 DEFAULT_STORE = os.path.join(REPO, "benchmarks", "results", "warmstart.db")
-TESTBED_RE = re.compile(r"^(\d+)x(\w+)$")
+TESTBED_RE = re.compile(r"^(\d+)x(\w+?)(?::(real|emulated))?$")
 
 
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--inside", action="store_true", help="measure only (inside host0 of an existing testbed)")
-    p.add_argument("--testbeds", nargs="+", default=["3x1gbit"], metavar="NxRATE",
-                   help="testbed shapes to measure on, one after the other (default 3x1gbit)")
+    p.add_argument("--testbeds", nargs="+", default=["2x200mbit"], metavar="NxRATE[:COMPUTE]",
+                   help="testbed shapes to measure on, one after the other (default 2x200mbit; COMPUTE is "
+                        "real, the default, or emulated)")
+    p.add_argument("--compute", choices=("real", "emulated"), default="real", help=argparse.SUPPRESS)
+    p.add_argument("--repeat", type=int, default=2,
+                   help="strategies per group measured twice more on purpose, besides the confirmation (default 2)")
+    p.add_argument("--max-steps", type=int, default=40, help="timed-step cap of the precision target (default 40)")
     p.add_argument("--models", nargs="+", default=list(MODELS), metavar="NAME", help="zoo models (default: all six)")
     p.add_argument("--trials", type=int, default=24, help="search trials per model, on top of the baselines")
     p.add_argument("--epsilon", type=float, default=0.5, help="share of each round drawn at random (default 0.5)")
     p.add_argument("--time-per-model", type=float, default=600.0, help="time budget per model, s (default 600)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per trial (default 2)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 2)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per trial (default 6)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", default=DEFAULT_STORE, help="trial store to grow")
@@ -57,7 +69,9 @@ def _args(argv=None):
 
 def inside(args) -> int:
     from autosync.api import tune
+    from autosync.runtime.runner import RayRunner
     from strategy_space.errors import ConfigError
+    from tuner.store import TrialStore
     from tuner.tuning import SearchSettings
 
     if not os.environ.get("RAY_ADDRESS"):
@@ -66,23 +80,64 @@ def inside(args) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.store)), exist_ok=True)
     for i, name in enumerate(args.models):
         t0 = time.monotonic()
-        print(f"{name}:", flush=True)
+        print(f"{name} ({args.compute} compute):", flush=True)
 
-        def show(trial, outcome):
+        def show(trial, outcome=None):
             got = f"{trial.median * 1e3:.1f} ms" if trial.ok else f"{trial.status}: {trial.error[:120]}"
-            print(f"  {len(outcome.trials):3d} {trial.meta.get('role', '')[:6]:6s} {trial.origin:24s} {got}", flush=True)
+            n = len(outcome.trials) if outcome else "+"
+            print(f"  {n:>3} {trial.meta.get('role', '')[:7]:7s} {trial.origin:24s} {got}", flush=True)
 
+        runner = None
         try:
-            result = tune(f"zoo:{name}", "testbed", trials=args.trials, time_budget_s=args.time_per_model,
-                          store=args.store, steps=args.steps, warmup=args.warmup, trial_timeout_s=180.0,
-                          patience=10**6, warm_start="none", on_trial=show,
+            runner = RayRunner(f"zoo:{name}", "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=180.0,
+                               precision=0.03, max_steps=args.max_steps, compute=args.compute)
+            # the runner's cluster: with emulated compute it records the compute mode
+            result = tune(f"zoo:{name}", runner.cluster, trials=args.trials, time_budget_s=args.time_per_model,
+                          store=args.store, patience=10**6, warm_start="none", on_trial=show, runner=runner,
                           settings=SearchSettings(epsilon=args.epsilon, seed=args.seed + i))
             s = result.summary()
             print(f"  -> {s['total_trials']} trials in {time.monotonic() - t0:.0f} s, best {s['best_step_time_s'] * 1e3:.1f} ms "
                   f"({s['best_origin']}), {s['speedup_over_best_baseline']:.2f}x the best baseline", flush=True)
+            repeat(runner, result, args.repeat, args.store, show)
         except ConfigError as e:
             print(f"  -> {name} gave no usable trial: {e}", flush=True)
+        finally:
+            if runner is not None:
+                runner.close()
     return 0
+
+
+def repeat(runner, result, count: int, store_path: str, show) -> None:
+    """Measure ``count`` more strategies of the run twice more each (role ``repeat``): the slowest
+    ok one and ones from the middle of the ranking, skipping those the confirmation already
+    measured three times; stored like the run's own trials."""
+    import dataclasses
+    import statistics
+
+    from tuner.store import TrialStore
+
+    outcome = result.outcome
+    times: dict[str, list] = {}
+    for t in outcome.trials:
+        if t.ok:
+            times.setdefault(t.strategy.canonical().fingerprint, []).append(t)
+    once = sorted((ts for ts in times.values() if len(ts) == 1), key=lambda ts: ts[0].median)
+    picks = []
+    if once:
+        picks.append(once[-1])
+        picks += [once[j] for j in sorted({len(once) * k // (count + 1) for k in range(1, count + 1)})
+                  if once[j] is not once[-1]]
+    with TrialStore(store_path) as store:
+        for [first] in picks[:count]:
+            for _ in range(2):
+                [t] = runner.run([first.strategy], [first.origin])
+                t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": "repeat"})
+                store.add(t, result.model, result.cluster)
+                show(t)
+    spread = [statistics.stdev([t.median for t in ts]) / statistics.mean([t.median for t in ts])
+              for ts in times.values() if len(ts) >= 3]
+    if spread:
+        print(f"  confirmation repeats: CV {', '.join(f'{c * 100:.1f} %' for c in spread)}", flush=True)
 
 
 def pack(store: str, packed: str) -> int:
@@ -127,18 +182,25 @@ def main(argv=None) -> int:
         return pack(args.store, args.packed or str(BUILTIN_PATH))
     unknown = [m for m in args.models if m not in MODELS]
     bad = [t for t in args.testbeds if not TESTBED_RE.match(t)]
-    if unknown or bad or args.trials < 0 or args.steps < 1 or not 0 <= args.epsilon <= 1:
-        print(f"bad arguments: models {unknown} (valid: {', '.join(MODELS)}), testbeds {bad} (form NxRATE, "
-              f"e.g. 3x1gbit), --trials >= 0, --steps >= 1, 0 <= --epsilon <= 1", file=sys.stderr)
+    cores = os.cpu_count() or 1
+    crowded = [t for t in args.testbeds if TESTBED_RE.match(t) and TESTBED_RE.match(t).group(3) != "emulated"
+               and int(TESTBED_RE.match(t).group(1)) > cores]
+    if (unknown or bad or crowded or args.trials < 0 or args.steps < 1 or args.repeat < 0
+            or not 0 <= args.epsilon <= 1):
+        print(f"bad arguments: models {unknown} (valid: {', '.join(MODELS)}), testbeds {bad} (form NxRATE[:COMPUTE], "
+              f"e.g. 2x200mbit or 3x100mbit:emulated), real-compute testbeds with more nodes than the {cores} cores "
+              f"{crowded} (the CPU would decide, not the network: use :emulated), --trials >= 0, --steps >= 1, "
+              f"--repeat >= 0, 0 <= --epsilon <= 1", file=sys.stderr)
         return 2
     if args.inside:
         return inside(args)
     from _testbed import run_in_testbed
 
     for shape in args.testbeds:
-        nodes, rate = TESTBED_RE.match(shape).groups()
+        nodes, rate, compute = TESTBED_RE.match(shape).groups()
         rc = run_in_testbed(__file__, argv, nodes=int(nodes), bandwidth=rate, name="make_warmstart",
-                            outer_flags={"--testbeds", "--store"}, extra=["--store", os.path.abspath(args.store)])
+                            outer_flags={"--testbeds", "--store", "--compute"},
+                            extra=["--store", os.path.abspath(args.store), "--compute", compute or "real"])
         if rc:
             return rc
     return 0
