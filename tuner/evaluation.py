@@ -17,6 +17,16 @@ strategy in the synthetic truth spread by ~2-9 %), so pairs closer than the nois
 noise, not by the strategies: no predictor can order them better than chance. Where the noiseless
 step times are known (the synthetic world), ``evaluate(truth=...)`` also scores the predictions
 against them.
+
+On real trials the truth is unknown; what stands in for it is the repeats: a strategy measured
+several times (the tuner's confirmation, the dataset's on-purpose repeats) says how far one
+measurement strays (``repeat_noise``). ``merge_repeats`` pools the repeats of a strategy into one
+row first (identical features: no predictor can tell them apart, and a repeat left on both sides of
+a train/test split would be scored as a prediction), and ``noise_ceiling`` is the accuracy that the
+noiseless truth itself would score against measurements carrying that noise.
+
+``median_abs_error`` is the step-time error |predicted / measured - 1| (methods that predict
+seconds; the ranker only orders, ``NaN``).
 """
 from __future__ import annotations
 
@@ -84,6 +94,58 @@ def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
             "simulator (ratio)": simulator("ratio"), "simulator (log)": simulator("log"), "ranker": ranker}
 
 
+ORDER_ONLY = frozenset({"ranker"})   # methods whose output is a score, not seconds
+
+
+def merge_repeats(data: TrialSet) -> tuple[TrialSet, np.ndarray]:
+    """One row per distinct (group, feature row): the median of its measured times.
+
+    Returns:
+        (merged set, log-deviations of every repeated measurement from its strategy's mean log
+        time, ddof-corrected so their std estimates one measurement's noise; empty without repeats).
+    """
+    keys: dict[tuple, list[int]] = {}
+    for i in range(len(data)):
+        keys.setdefault((int(data.group[i]), data.X[i].tobytes()), []).append(i)
+    first = np.array([rows[0] for rows in keys.values()], dtype=np.int64)
+    merged = data.subset(first)
+    merged.y = np.array([float(np.median(data.y[rows])) for rows in keys.values()])
+    dev = []
+    for rows in keys.values():
+        if len(rows) >= 2:
+            logs = np.log(data.y[rows])
+            dev.extend((logs - logs.mean()) * np.sqrt(len(rows) / (len(rows) - 1)))
+    return merged, np.asarray(dev, dtype=np.float64)
+
+
+def repeat_noise(deviations: np.ndarray) -> float:
+    """One measurement's noise: the std of log step time over repeats (NaN without repeats)."""
+    return float(np.sqrt(np.mean(np.square(deviations)))) if len(deviations) >= 2 else float("nan")
+
+
+def noise_ceiling(data: TrialSet, sigma: float, tol: float = 0.0, draws: int = 200, seed: int = 0) -> float:
+    """Mean per-group pairwise accuracy of the noiseless truth scored against measurements with
+    log-normal noise ``sigma``, taking ``data.y`` as the truth: the best any predictor can expect
+    (NaN for an unknown ``sigma``). Rows merged from n repeats carry sigma / sqrt(n)'s noise at
+    most; using ``sigma`` keeps the ceiling conservative."""
+    if not np.isfinite(sigma):
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    per = []
+    for g in np.unique(data.group):
+        y = data.y[data.group == g]
+        if len(y) >= 3:
+            per.append(np.nanmean([pairwise_accuracy(y, y * np.exp(rng.normal(0.0, sigma, len(y))), tol)
+                                   for _ in range(draws)]))
+    return float(np.nanmean(per)) if per else float("nan")
+
+
+def median_abs_error(pred, true) -> float:
+    """Median of |predicted / measured - 1| over the rows."""
+    pred, true = np.asarray(pred, float), np.asarray(true, float)
+    return float(np.median(np.abs(pred / true - 1.0))) if len(true) else float("nan")
+
+
 def score_groups(pred: np.ndarray, test: TrialSet, tol: float,
                  truth: np.ndarray | None = None) -> list[tuple[float, ...]]:
     """Per group of ``test`` with >= 3 rows: (pairwise, tau, regret, pairwise beyond ``tol``), then
@@ -145,7 +207,9 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
 
     Returns:
         rows ``{protocol, method, groups, pairwise_acc, pairwise_acc_tol, tol, kendall_tau, top1_regret,
-        pairwise_truth, pairwise_truth_tol}`` (the truth columns NaN without ``truth``).
+        pairwise_truth, pairwise_truth_tol, abs_error}`` (the truth columns NaN without ``truth``;
+        ``abs_error``: median |predicted / measured - 1| over the held-out rows, NaN for a method
+        in ``ORDER_ONLY``).
     """
     methods = methods or predictors(seed=seed)
     if truth is not None and len(truth) != len(data):
@@ -154,11 +218,13 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
     for protocol in protocols:
         folds = splits(data, protocol, seed, test_share)
         for name, method in methods.items():
-            scores = []
+            scores, errors = [], []
             for train, test in folds:
                 part = data.subset(test)
-                scores += score_groups(np.asarray(method(data.subset(train), part)), part, tol,
-                                       None if truth is None else np.asarray(truth)[test])
+                pred = np.asarray(method(data.subset(train), part))
+                scores += score_groups(pred, part, tol, None if truth is None else np.asarray(truth)[test])
+                if name not in ORDER_ONLY:
+                    errors.append(np.abs(pred / part.y - 1.0))
             s = np.array(scores)
             with warnings.catch_warnings():   # all-NaN columns (no truth) stay NaN quietly
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -166,7 +232,8 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
             results.append({"protocol": protocol, "method": name, "groups": len(s),
                             "pairwise_acc": float(means[0]), "pairwise_acc_tol": float(means[3]),
                             "tol": tol, "kendall_tau": float(means[1]), "top1_regret": float(means[2]),
-                            "pairwise_truth": float(means[4]), "pairwise_truth_tol": float(means[5])})
+                            "pairwise_truth": float(means[4]), "pairwise_truth_tol": float(means[5]),
+                            "abs_error": float(np.median(np.concatenate(errors))) if errors else float("nan")})
     return results
 
 
@@ -174,17 +241,24 @@ def format_table(rows: list[dict]) -> str:
     """A plain-text table of ``evaluate`` rows (with the columns against the truth when known)."""
     tol = rows[0]["tol"] if rows else 0.05
     truth = any(np.isfinite(r.get("pairwise_truth", np.nan)) for r in rows)
-    head = f"{'protocol':<8} {'method':<20} {'groups':>6} {'pairwise':>9} {f'pw>{tol:.0%}':>9} {'tau':>7} {'regret':>8}"
+    head = (f"{'protocol':<8} {'method':<20} {'groups':>6} {'pairwise':>9} {f'pw>{tol:.0%}':>9} {'tau':>7} "
+            f"{'regret':>8} {'|err|':>7}")
     head += f" {'truth pw':>9} {f'truth>{tol:.0%}':>9}" if truth else ""
     lines = [head, "-" * len(head)]
     for r in rows:
         line = (f"{r['protocol']:<8} {r['method']:<20} {r['groups']:>6} {r['pairwise_acc']:>9.3f} "
-                f"{r['pairwise_acc_tol']:>9.3f} {r['kendall_tau']:>7.3f} {r['top1_regret']:>7.1%}")
+                f"{r['pairwise_acc_tol']:>9.3f} {r['kendall_tau']:>7.3f} {r['top1_regret']:>7.1%} "
+                f"{_pct(r.get('abs_error', np.nan)):>7}")
         line += f" {r['pairwise_truth']:>9.3f} {r['pairwise_truth_tol']:>9.3f}" if truth else ""
         lines.append(line)
     lines.append(f"pairwise: all pairs of a group's held-out trials; pw>{tol:.0%}: only pairs whose measured times "
                  f"differ by more than {tol:.0%} (closer pairs are within the measurement noise)")
+    lines.append("|err|: median |predicted / measured - 1| of the step time (- for a method that only orders)")
     if truth:
         lines.append(f"truth pw / truth>{tol:.0%}: the same predictions scored against the noiseless step times of the "
                      f"held-out strategies (how they order the strategies, not one noisy measurement of each)")
     return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return "-" if not np.isfinite(x) else f"{x:.1%}"

@@ -1,0 +1,53 @@
+"""Repeats pooled before scoring, the noise they reveal, the ceiling it sets, and step-time error."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner.dataset import TrialSet
+from tuner.evaluation import evaluate, median_abs_error, merge_repeats, noise_ceiling, repeat_noise
+
+
+def _set(X, y, group):
+    n_groups = int(max(group)) + 1
+    return TrialSet(np.asarray(X, np.float32), np.asarray(y, float), np.asarray(group),
+                    [(f"m{g}", "c") for g in range(n_groups)], [f"m{g}" for g in range(n_groups)])
+
+
+def test_merge_repeats_pools_identical_rows_within_a_group_only():
+    X = [[1, 0], [1, 0], [1, 0], [2, 0], [1, 0]]
+    data = _set(X, [1.0, 1.2, 1.1, 3.0, 5.0], [0, 0, 0, 0, 1])
+    merged, dev = merge_repeats(data)
+    # group 0: the three repeats of [1, 0] become one row at their median; group 1's identical row stays apart
+    assert len(merged) == 3
+    assert sorted(zip(merged.group.tolist(), merged.y.tolist())) == [(0, 1.1), (0, 3.0), (1, 5.0)]
+    assert len(dev) == 3 and abs(float(np.sum(dev))) < 1e-12
+
+
+def test_repeat_noise_recovers_the_noise_it_was_given():
+    rng = np.random.default_rng(0)
+    sigma, strategies, repeats = 0.05, 400, 3
+    X = np.repeat(np.arange(strategies)[:, None], repeats, axis=0)
+    y = np.repeat(rng.uniform(0.1, 2.0, strategies), repeats) * np.exp(rng.normal(0, sigma, strategies * repeats))
+    _, dev = merge_repeats(_set(X, y, np.zeros(len(y), int)))
+    assert repeat_noise(dev) == pytest.approx(sigma, rel=0.1)
+    assert np.isnan(repeat_noise(np.array([])))
+
+
+def test_noise_ceiling_falls_with_noise_and_is_one_without():
+    y = np.linspace(1.0, 2.0, 12)
+    data = _set(np.arange(12)[:, None], y, np.zeros(12, int))
+    quiet, loud = noise_ceiling(data, 0.05), noise_ceiling(data, 0.3)
+    assert noise_ceiling(data, 0.0) == 1.0
+    assert 0.5 < loud < quiet < 1.0
+    assert np.isnan(noise_ceiling(data, float("nan")))
+
+
+def test_median_abs_error_and_order_only_methods():
+    assert median_abs_error([1.1, 0.9, 2.0], [1.0, 1.0, 1.0]) == pytest.approx(0.1)
+    y = np.linspace(1.0, 3.0, 30)
+    data = _set(np.arange(30)[:, None], y, np.repeat([0, 1], 15))
+    twice = {"twice": lambda tr, te: 2 * te.y, "ranker": lambda tr, te: -te.y}
+    rows = {r["method"]: r for r in evaluate(data, twice, protocols=("within",))}
+    assert rows["twice"]["abs_error"] == pytest.approx(1.0) and rows["twice"]["pairwise_acc"] == 1.0
+    assert np.isnan(rows["ranker"]["abs_error"])   # a score, not seconds
