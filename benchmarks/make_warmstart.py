@@ -36,6 +36,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -64,6 +65,8 @@ def _args(argv=None):
     p.add_argument("--store", default=DEFAULT_STORE, help="trial store to grow")
     p.add_argument("--pack", action="store_true", help="write --store, compacted and gzipped, to --packed")
     p.add_argument("--packed", default=None, help="default: tuner/data/warmstart.db.gz")
+    p.add_argument("--noise-out", default=os.path.join(REPO, "benchmarks", "results", "warmstart_noise.json"),
+                   help="with --pack: where the per-shape noise summary goes (default %(default)s)")
     return p.parse_args(argv)
 
 
@@ -145,7 +148,7 @@ def repeat(runner, result, count: int, store_path: str, show) -> None:
         print(f"  confirmation repeats: CV {', '.join(f'{c * 100:.1f} %' for c in spread)}", flush=True)
 
 
-def pack(store: str, packed: str) -> int:
+def pack(store: str, packed: str, noise_out: str | None = None) -> int:
     """Copy ``store`` (consistent snapshot), VACUUM it, gzip it atomically into ``packed``."""
     from tuner.store import TrialStore
 
@@ -175,7 +178,66 @@ def pack(store: str, packed: str) -> int:
         per.setdefault(names[mfp], []).append(count)
     print(f"packed {n} trials ({ok} ok) in {len(groups)} groups: {json.dumps(per)}")
     print(f"{packed}: {os.path.getsize(packed) / 2**20:.2f} MiB (raw {raw / 2**20:.2f} MiB)")
+    shapes = noise_summary(store)
+    print("repeat-to-repeat noise per shape and model (std of log step time over repeats of one strategy):")
+    print_noise(shapes)
+    if noise_out:
+        import datetime
+
+        from _testbed import git_commit, write_json
+
+        stamp = lambda ts: datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+        first = min(r["first"] for m in shapes.values() for r in m.values())
+        write_json(noise_out, {
+            "what": "noise of the shipped warm-start dataset, per testbed shape and model, from its own repeats",
+            "dataset": os.path.relpath(packed, REPO), "trials": n, "ok": ok,
+            # the dataset's measurement began then; the packing run (this file) is recorded apart
+            "run_started": stamp(first), "measured_until": stamp(max(r["last"] for m in shapes.values() for r in m.values())),
+            "commit": git_commit(REPO), "packed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "shapes": shapes})
+        print(f"noise summary written to {noise_out}")
     return 0
+
+
+def noise_summary(store: str) -> dict:
+    """Per testbed shape (cluster fingerprint) and model: how far repeated measurements of one
+    strategy (canonical form) stray: the std of log step time over repeats (~ the CV), its median
+    over the strategies measured more than once, and the trials' own interval half-widths."""
+    import statistics
+
+    import numpy as np
+
+    from tuner.dataset import store_groups
+    from tuner.store import TrialStore
+
+    shapes: dict = {}
+    with TrialStore(store) as s:
+        for model, cluster, trials in store_groups(s):
+            ok = [t for t in trials if t.ok]
+            by: dict = {}
+            for t in ok:
+                by.setdefault(t.strategy.canonical(cluster).fingerprint, []).append(t.median)
+            sds = [float(np.std(np.log(v), ddof=1)) for v in by.values() if len(v) >= 2]
+            half = [t.meta.get("measure", {}).get("halfwidth") for t in ok]
+            half = [h for h in half if h is not None]
+            key = f"{len(cluster.nodes)}x{cluster.nodes[0].bandwidth_gbps * 1000:g}mbit:{cluster.compute}"
+            shapes.setdefault(key, {})[model.name] = {
+                "trials": len(ok), "strategies": len(by), "repeated": len(sds),
+                "repeat_cv_median": statistics.median(sds) if sds else None,
+                "repeat_cv_worst": max(sds) if sds else None,
+                "halfwidth_median": statistics.median(half) if half else None,
+                "first": min(t.started_at for t in trials), "last": max(t.finished_at for t in trials)}
+    return shapes
+
+
+def print_noise(shapes: dict) -> None:
+    for shape, models in shapes.items():
+        print(f"{shape}:")
+        for name, r in models.items():
+            cv = "-" if r["repeat_cv_median"] is None else f"{r['repeat_cv_median'] * 100:.1f} % (worst {r['repeat_cv_worst'] * 100:.1f} %)"
+            hw = "-" if r["halfwidth_median"] is None else f"+-{r['halfwidth_median'] * 100:.1f} %"
+            print(f"  {name:16s} {r['trials']:3d} trials, {r['strategies']:2d} strategies, {r['repeated']} repeated: "
+                  f"repeat CV {cv}; a trial's 95 % interval {hw}")
 
 
 def main(argv=None) -> int:
@@ -184,7 +246,7 @@ def main(argv=None) -> int:
     if args.pack:
         from tuner.warmstart import BUILTIN_PATH
 
-        return pack(args.store, args.packed or str(BUILTIN_PATH))
+        return pack(args.store, args.packed or str(BUILTIN_PATH), args.noise_out)
     unknown = [m for m in args.models if m not in MODELS]
     bad = [t for t in args.testbeds if not TESTBED_RE.match(t)]
     cores = os.cpu_count() or 1
