@@ -344,8 +344,8 @@ class Session:
         node_of = {i: node for node, workers in plan.node_aggregation().items() for i in workers}
 
         def channels(i: int) -> list:
-            out = [PSChannel(i, pairs, shapes, plan.staleness, squares,
-                             aggregators.get(node_of.get(i)), self.chunks)] if pairs else []
+            out = [PSChannel(i, pairs, shapes, plan.staleness, squares, aggregators.get(node_of.get(i)),
+                             self.chunks, rows_by_reference=plan.sync)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
