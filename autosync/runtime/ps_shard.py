@@ -56,15 +56,24 @@ class ParameterServerShard:
         sync: synchronous (True) or asynchronous PS.
         chunks: the keys split into groups updated and served separately (see the module doc);
             None: one group of all keys.
+        description: a worker's ``load`` description with its ``initial`` values (the runtime passes
+            the pool's copy in the object store); given, ``values`` maps each key to
+            ``(var_index, start, stop, axis)`` and the shard starts from that slice of the initial
+            values: a view of the object store, not a copy (a slice along axis 0 is contiguous).
     """
 
     def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
-                 num_workers: int, sync: bool, chunks=None):
+                 num_workers: int, sync: bool, chunks=None, description: dict | None = None):
         from autosync.runtime.optimizers import make_optimizer
 
         self.name = name
-        # received arrays may be read-only views of the object store: own a copy
-        self.params = {k: np.array(v) for k, v in values.items()}
+        if description is not None:
+            values = {k: _initial_slice(description["initial"][v], start, stop, axis)
+                      for k, (v, start, stop, axis) in values.items()}
+        # received arrays may be read-only views of the object store; they are kept as they are
+        # (no second copy of the tables): no update writes a value in place, each stores a new
+        # array (``NumpyOptimizer``), which frees the received one once all its values are replaced
+        self.params = dict(values)
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
@@ -305,6 +314,13 @@ class ParameterServerShard:
             grads[key] = (idx, vals / vals.dtype.type(n), squares)
         self.optimizer.apply(step, self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0
+
+
+def _initial_slice(value: np.ndarray, start: int, stop: int, axis: int) -> np.ndarray:
+    """``value[start:stop]`` along ``axis``, contiguous (copied only where the slice is not)."""
+    if value.ndim == 0 or (start == 0 and stop == value.shape[axis]):
+        return value
+    return np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
 
 
 def _sparse_grad(g) -> tuple:
