@@ -19,7 +19,7 @@ For small models on this machine it measures, in one run:
     sum, a second row of values that the sum alone cannot replace; so the exact minimum sent is
     (rows touched + rows repeated within the worker's batch) x width.
 
-Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--out FILE]
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -120,6 +120,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bytes-only", action="store_true", help="only the sparse bytes-per-step table")
+    ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=list(SPARSE_ZOO),
+                    help="sparse zoo models of the bytes-per-step table (default: all)")
     ap.add_argument("--out", help="also write the sparse bytes-per-step table as JSON to FILE "
                                   "(e.g. benchmarks/results/runtime_overhead_sparse_bytes.json)")
     args = ap.parse_args()
@@ -130,7 +132,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.bytes_only:
-        sparse_bytes(args.steps, args.warmup, args.out)
+        sparse_bytes(args.steps, args.warmup, args.out, args.models)
         return
 
     tf_import = fresh_import_s("tensorflow")
@@ -180,7 +182,7 @@ def main() -> None:
                           f"{r[7]:.2f}", f"{r[8] * 1e3:.2f}", f"{r[9] * 1e3:.2f}", f"{r[10]:.2f}"]))
     print(f"import tensorflow in a fresh process: {tf_import:.2f} s; import ray+numpy (what a PS actor "
           f"loads): {ray_np_import:.2f} s")
-    sparse_bytes(min(args.steps, 5), min(args.warmup, 2), args.out)
+    sparse_bytes(min(args.steps, 5), min(args.warmup, 2), args.out, args.models)
 
 
 SPARSE_ZOO = ("ncf", "dlrm", "lm1b", "bert")
@@ -212,7 +214,7 @@ def rows_touched(md, workers: int, first: int, steps: int) -> tuple[dict, dict]:
             {name: float(np.mean(c)) for name, c in repeated.items()})
 
 
-def sparse_bytes(steps: int, warmup: int, out: str | None = None) -> None:
+def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_ZOO) -> None:
     """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""
     import ray
 
@@ -244,7 +246,7 @@ def sparse_bytes(steps: int, warmup: int, out: str | None = None) -> None:
                         "minimum": "rows touched x width, each direction; exact (sent): plus rows repeated in the "
                                    "worker's batch x width where the optimizer squares each slice"},
                "models": {}}
-    for name in SPARSE_ZOO:
+    for name in models:
         md = zoo.get_model_def(name)
         runner = RayRunner(md, pair, warmup=warmup, steps=steps, pool=pool, trial_timeout_s=600)
         spec = runner.model
