@@ -8,6 +8,15 @@ out: the machine's real use). The run stops early, killing those processes, when
 ``--limit-gib``, and says so. Writes ``full_models_memory.json`` with the commit and start time.
 
     python benchmarks/full_models_memory.py --models ncf dlrm --builder parallax --steps 3
+
+With ``--rows-fraction F [F ...]`` it trains instead the full-size architecture of dlrm with every
+embedding table cut to a fraction F of its rows (at least 1), once per F, and fits peak PSS
+against the table bytes: the slope is the memory held per byte of table (how many copies of the
+tables exist at the peak), the intercept what Ray and TensorFlow take anyway; it extrapolates
+both to the full size (written to ``full_models_memory_scaled.json``). That measures the
+full-size model's memory on a machine that cannot hold it.
+
+    python benchmarks/full_models_memory.py --rows-fraction 0.02 0.04 0.08
 """
 from __future__ import annotations
 
@@ -74,7 +83,25 @@ class Sampler(threading.Thread):
         self.join()
 
 
-def measure(name: str, builder: str, steps: int, limit: int) -> dict:
+def scaled_dlrm(fraction: float):
+    """The full-size DLRM (zoo ``dlrm?size=full``: Criteo Kaggle tables x 16, its MLPs, Adagrad,
+    batch 128) with every table cut to ``fraction`` of its rows."""
+    import functools
+
+    from autosync.model_def import ModelDef
+    from autosync.models import _data, _recsys
+
+    tables = tuple(max(1, int(n * fraction)) for n in _data.CRITEO_KAGGLE_TABLES)
+    return ModelDef(name=f"dlrm-rows{fraction:g}",
+                    model_fn=functools.partial(_recsys.dlrm, table_sizes=tables, dim=16, bottom=(512, 256, 64),
+                                               top=(512, 256)),
+                    loss_fn=_recsys.click_loss, optimizer_fn=_recsys.adagrad,
+                    dataset_fn=functools.partial(_data.click_log_batches, dense_features=_data.CRITEO_DENSE_FEATURES,
+                                                 table_sizes=tables, batch_size=128),
+                    batch_size=128)
+
+
+def measure(name: str, builder: str, steps: int, limit: int, model_def=None) -> dict:
     import ray
 
     from autosync.runtime.runner import RayRunner
@@ -83,9 +110,9 @@ def measure(name: str, builder: str, steps: int, limit: int) -> dict:
     sampler = Sampler(limit)
     sampler.start()
     t0 = time.monotonic()
-    rec = {"source": f"zoo:{name}?size=full", "builder": builder}
+    rec = {"source": f"zoo:{name}?size=full" if model_def is None else model_def.name, "builder": builder}
     try:
-        runner = RayRunner(rec["source"], "local", warmup=1, steps=steps, trial_timeout_s=900)
+        runner = RayRunner(model_def or rec["source"], "local", warmup=1, steps=steps, trial_timeout_s=900)
         model = runner.model
         rec["parameter_bytes"] = sum(v.bytes for v in model.variables)
         rec["sparse_bytes"] = sum(v.bytes for v in model.variables if v.sparse)
@@ -114,13 +141,22 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="timed steps (default 3, after 1 warm-up)")
     p.add_argument("--limit-gib", type=float, default=16.0, help="stop a run whose PSS passes this (default 16)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
+    p.add_argument("--rows-fraction", type=float, nargs="+", metavar="F",
+                   help="measure dlrm's full architecture with its tables cut to these fractions of their rows "
+                        "(e.g. 0.02 0.04 0.08) and extrapolate to the full size, instead of --models")
     args = p.parse_args(argv)
     if args.steps < 1 or args.limit_gib <= 0:
         print("full_models_memory: --steps must be >= 1 and --limit-gib > 0", file=sys.stderr)
         return 2
+    if args.rows_fraction and (len(args.rows_fraction) < 2 or not all(0 < f <= 1 for f in args.rows_fraction)):
+        print("full_models_memory: --rows-fraction takes two or more fractions in (0, 1], e.g. 0.02 0.04 0.08",
+              file=sys.stderr)
+        return 2
     from _testbed import git_commit, write_json
 
     started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(REPO)
+    if args.rows_fraction:
+        return scaled(args, started, commit, write_json)
     results = {"meta": {"commit": commit, "started": started, "cluster": "local (1 node, 2 workers)",
                         "steps": args.steps, "limit_gib": args.limit_gib}, "models": {}}
     os.makedirs(args.out, exist_ok=True)
@@ -129,6 +165,44 @@ def main(argv=None) -> int:
         rec = measure(name, args.builder, args.steps, int(args.limit_gib * GIB))
         results["models"][name] = {"run_started": started, "commit": commit, **rec}
         print(json.dumps({name: rec}), flush=True)
+        write_json(path, results)
+    print(f"wrote {path}")
+    return 0
+
+
+def scaled(args, started: str, commit: str, write_json) -> int:
+    """``--rows-fraction``: dlrm at each fraction, then the fit and its extrapolation."""
+    import numpy as np
+
+    from autosync.models import _data
+
+    full_table_bytes = sum(_data.CRITEO_KAGGLE_TABLES) * 16 * 4
+    results = {"meta": {"commit": commit, "started": started, "cluster": "local (1 node, 2 workers)",
+                        "model": "dlrm full architecture, tables cut to a fraction of their rows",
+                        "builder": args.builder, "steps": args.steps, "full_table_bytes": full_table_bytes},
+               "entries": {}}
+    path = os.path.join(args.out, "full_models_memory_scaled.json")
+    for fraction in args.rows_fraction:
+        md = scaled_dlrm(fraction)
+        rec = measure("dlrm", args.builder, args.steps, int(args.limit_gib * GIB), md)
+        rec["table_bytes"] = sum(max(1, int(n * fraction)) for n in _data.CRITEO_KAGGLE_TABLES) * 16 * 4
+        results["entries"][f"rows_fraction={fraction:g}"] = {"run_started": started, "commit": commit,
+                                                             "rows_fraction": fraction, **rec}
+        print(json.dumps({fraction: rec}), flush=True)
+        write_json(path, results)
+    ok = [e for e in results["entries"].values() if e["status"] == "ok"]
+    if len(ok) >= 2:
+        x = np.array([e["table_bytes"] for e in ok], float)
+        for kind in ("pss", "rss"):
+            y = np.array([e[f"peak_{kind}_gib"] * GIB for e in ok], float)
+            slope, intercept = np.polyfit(x, y, 1)
+            results["meta"][f"{kind}_per_table_byte"] = round(float(slope), 2)
+            results["meta"][f"{kind}_intercept_gib"] = round(float(intercept / GIB), 2)
+            results["meta"][f"{kind}_full_size_gib"] = round(float((slope * full_table_bytes + intercept) / GIB), 1)
+        print(f"peak PSS = {results['meta']['pss_per_table_byte']} x table bytes + "
+              f"{results['meta']['pss_intercept_gib']} GiB; full size ({full_table_bytes / GIB:.2f} GiB of tables): "
+              f"{results['meta']['pss_full_size_gib']} GiB PSS, {results['meta']['rss_full_size_gib']} GiB RSS "
+              f"(against 24 GiB)")
         write_json(path, results)
     print(f"wrote {path}")
     return 0

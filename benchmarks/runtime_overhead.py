@@ -13,8 +13,13 @@ For small models on this machine it measures, in one run:
     parameter servers (measured by the channels: array payload) against the analytic minimum,
     rows touched x row width, in each direction (target: <= 1.2x). Rows touched are the unique
     row indices of the worker's gradient on each timed batch, computed here in one process.
+    Sent is also given against the exact minimum: for an optimizer that squares each gradient
+    slice before repeated rows add up (Adam, AdamW, Adagrad: Keras squares the IndexedSlices
+    values), the parameter server needs each repeated row's sum of squared slices as well as its
+    sum, a second row of values that the sum alone cannot replace; so the exact minimum sent is
+    (rows touched + rows repeated within the worker's batch) x width.
 
-Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only]
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -115,6 +120,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bytes-only", action="store_true", help="only the sparse bytes-per-step table")
+    ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=list(SPARSE_ZOO),
+                    help="sparse zoo models of the bytes-per-step table (default: all)")
+    ap.add_argument("--out", help="also write the sparse bytes-per-step table as JSON to FILE "
+                                  "(e.g. benchmarks/results/runtime_overhead_sparse_bytes.json)")
     args = ap.parse_args()
     if args.single:
         single_process(args.steps, args.warmup)
@@ -123,7 +132,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.bytes_only:
-        sparse_bytes(args.steps, args.warmup)
+        sparse_bytes(args.steps, args.warmup, args.out, args.models)
         return
 
     tf_import = fresh_import_s("tensorflow")
@@ -173,15 +182,15 @@ def main() -> None:
                           f"{r[7]:.2f}", f"{r[8] * 1e3:.2f}", f"{r[9] * 1e3:.2f}", f"{r[10]:.2f}"]))
     print(f"import tensorflow in a fresh process: {tf_import:.2f} s; import ray+numpy (what a PS actor "
           f"loads): {ray_np_import:.2f} s")
-    sparse_bytes(min(args.steps, 5), min(args.warmup, 2))
+    sparse_bytes(min(args.steps, 5), min(args.warmup, 2), args.out, args.models)
 
 
 SPARSE_ZOO = ("ncf", "dlrm", "lm1b", "bert")
 
 
-def rows_touched(md, workers: int, first: int, steps: int) -> dict:
-    """Mean unique rows per timed step per worker of each sparse variable (by name), from the
-    gradients of the very batches the workers train on."""
+def rows_touched(md, workers: int, first: int, steps: int) -> tuple[dict, dict]:
+    """Mean unique rows, and mean rows seen more than once, per timed step per worker of each
+    sparse variable (by name), from the gradients of the very batches the workers train on."""
     import itertools
 
     import keras
@@ -192,25 +201,34 @@ def rows_touched(md, workers: int, first: int, steps: int) -> dict:
     keras.utils.set_random_seed(md.seed)
     model, loss = md.model_fn(), md.loss_fn()
     counts: dict = {}
+    repeated: dict = {}
     for w in range(workers):
         for x, y in itertools.islice(md.batches(w, workers), first, first + steps):
             variables, grads = compute_gradients(model, loss, x, y)
             for name, g in zip(variable_names(variables), grads):
                 if isinstance(g, tf.IndexedSlices):
-                    counts.setdefault(name, []).append(len(np.unique(g.indices.numpy())))
-    return {name: float(np.mean(c)) for name, c in counts.items()}
+                    seen = np.unique(g.indices.numpy(), return_counts=True)[1]
+                    counts.setdefault(name, []).append(len(seen))
+                    repeated.setdefault(name, []).append(int(np.sum(seen > 1)))
+    return ({name: float(np.mean(c)) for name, c in counts.items()},
+            {name: float(np.mean(c)) for name, c in repeated.items()})
 
 
-def sparse_bytes(steps: int, warmup: int) -> None:
+def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_ZOO) -> None:
     """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""
     import ray
 
+    from _testbed import git_commit, write_json
     from autosync.models import zoo
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.optimizers import keras_optimizer_config, squares_slices
     from autosync.runtime.runner import RayRunner
     from strategy_space import ClusterSpec, NodeSpec
     from strategy_space.builders import get_builder
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     cpus = os.cpu_count() or 1
     pair = ClusterSpec(name="pair", nodes=tuple(
@@ -220,9 +238,15 @@ def sparse_bytes(steps: int, warmup: int) -> None:
     pool = WorkerPool(ClusterBinding.bind(pair))
     print(f"\nsparse variables on parameter servers ('ps' strategy, {WORKERS} workers, {steps} timed steps): "
           f"bytes per step per worker vs rows touched x width")
-    print(" | ".join(("model", "sparse vars", "pulled whole", "rows/step", "min each way KB", "sent KB", "sent x",
-                      "received KB", "received x")))
-    for name in SPARSE_ZOO:
+    print(" | ".join(("model", "optimizer", "sparse vars", "pulled whole", "rows/step", "repeated rows/step",
+                      "min each way KB", "exact min sent KB", "sent KB", "sent x", "sent x exact", "received KB",
+                      "received x")))
+    results = {"meta": {"commit": commit, "started": started, "cluster": "local, 2 workers as 2 nodes",
+                        "strategy": "ps", "warmup": warmup, "steps": steps,
+                        "minimum": "rows touched x width, each direction; exact (sent): plus rows repeated in the "
+                                   "worker's batch x width where the optimizer squares each slice"},
+               "models": {}}
+    for name in models:
         md = zoo.get_model_def(name)
         runner = RayRunner(md, pair, warmup=warmup, steps=steps, pool=pool, trial_timeout_s=600)
         spec = runner.model
@@ -232,14 +256,28 @@ def sparse_bytes(steps: int, warmup: int) -> None:
             continue
         moved = trial.meta["bytes_per_step_per_worker"]
         dense = sum(v.bytes for v in spec.variables if not v.sparse)  # whole, each direction
-        touched = rows_touched(md, WORKERS, warmup, steps)
-        minimum = sum(rows * spec.var(v).bytes / spec.var(v).shape[0] for v, rows in touched.items())
+        touched, repeated = rows_touched(md, WORKERS, warmup, steps)
+        width = {v: spec.var(v).bytes / spec.var(v).shape[0] for v in touched}
+        minimum = sum(rows * width[v] for v, rows in touched.items())
+        config = keras_optimizer_config(md.optimizer_fn())
+        squares = squares_slices(config)
+        exact = minimum + (sum(rows * width[v] for v, rows in repeated.items()) if squares else 0.0)
         sent, received = moved["bytes_sent"] - dense, moved["bytes_received"] - dense
-        print(" | ".join([name, str(len(touched)), str(len(trial.meta["full_pull"])),
-                          f"{sum(touched.values()):.0f}", f"{minimum / 1e3:.1f}", f"{sent / 1e3:.1f}",
-                          f"{sent / minimum:.2f}", f"{received / 1e3:.1f}", f"{received / minimum:.2f}"]))
+        print(" | ".join([name, config["class"], str(len(touched)), str(len(trial.meta["full_pull"])),
+                          f"{sum(touched.values()):.0f}", f"{sum(repeated.values()):.0f}", f"{minimum / 1e3:.1f}",
+                          f"{exact / 1e3:.1f}", f"{sent / 1e3:.1f}", f"{sent / minimum:.2f}", f"{sent / exact:.2f}",
+                          f"{received / 1e3:.1f}", f"{received / minimum:.2f}"]))
         for var, why in trial.meta["full_pull"].items():
             print(f"    {var}: pulled whole, because {why}")
+        results["models"][name] = {
+            "run_started": started, "commit": commit, "optimizer": config["class"], "squares_slices": squares,
+            "sparse_variables": len(touched), "pulled_whole": trial.meta["full_pull"],
+            "rows_per_step": sum(touched.values()), "repeated_rows_per_step": sum(repeated.values()),
+            "minimum_bytes": minimum, "exact_minimum_sent_bytes": exact, "dense_bytes": dense,
+            "sent_bytes": sent, "received_bytes": received, "sent_x": sent / minimum, "sent_x_exact": sent / exact,
+            "received_x": received / minimum}
+        if out:
+            write_json(out, results)
     pool.kill_all()
 
 

@@ -89,7 +89,7 @@ class NodeAggregator:
                 wanted.setdefault(ps, {})
                 for key, ids in keys.items():
                     wanted[ps].setdefault(key, []).append(ids)
-        union = {ps: {key: np.unique(np.concatenate(ids)).astype(np.int32) for key, ids in keys.items()}
+        union = {ps: {key: np.unique(np.concatenate(ids)) for key, ids in keys.items()}
                  for ps, keys in wanted.items()}
         order = sorted(union)
         replies = await asyncio.gather(*[self.actors[ps].pull.remote(min_version, union[ps] or None, "shared")

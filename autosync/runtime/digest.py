@@ -11,5 +11,5 @@ def weights_digest(arrays: list) -> str:
     """SHA-1 over the arrays' bytes, in order."""
     h = hashlib.sha1()
     for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(np.ascontiguousarray(a))  # the array's own buffer (a contiguous one is not copied)
     return h.hexdigest()

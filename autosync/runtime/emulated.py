@@ -199,7 +199,9 @@ class EmulatedWorker:
             "initial_digest": weights_digest(self.initial),
         }
 
-    def reset(self, worker_index: int, num_workers: int, channels: list, layout: list) -> None:
+    def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
+              description: dict | None = None) -> None:
+        """See ``TrainingWorker.reset`` (``description`` is not needed: the initial values are zeros)."""
         if worker_index != self.worker_index:
             self.base = base_gradients(self.model_def.spec, self.model_def.seed, worker_index)
             self.worker_index = worker_index

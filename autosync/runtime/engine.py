@@ -146,6 +146,9 @@ class WorkerPool:
         self.kinds: dict[str, type] = {}      # slot -> worker class (TensorFlow or emulated compute)
         self.model_def = None
         self.description: dict | None = None
+        # the ObjectRef of ``description``: workers (reset) and PS actors read the initial values
+        # from it in the object store, one copy per node, instead of a copy per process
+        self.description_ref = None
         self.spawn_s = 0.0
         # (backend, slots) -> collective group name; torch.distributed makes one world per
         # process, so a group lives exactly as long as the worker processes it was made with
@@ -213,7 +216,7 @@ class WorkerPool:
         from autosync.runtime.emulated import worker_class
 
         if model_def is not self.model_def:
-            self.model_def, self.description = model_def, None
+            self.model_def, self.description, self.description_ref = model_def, None, None
         stale = [s for s in slots if self.loaded.get(s) is not model_def]
         if not stale:
             return [self.actors[s] for s in slots]
@@ -248,7 +251,7 @@ class WorkerPool:
         for slot in stale:
             self.loaded[slot] = model_def
         if self.description is None:
-            self.description = loaded[0]
+            self.description, self.description_ref = loaded[0], refs[0]
         reference = self.description["initial_digest"]
         differ = [s for s, d in zip(stale, loaded) if d["initial_digest"] != reference]
         if differ:
@@ -314,13 +317,12 @@ class Session:
         itemsize = [np.dtype(v["dtype"]).itemsize for v in desc["variables"]]
         self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES) for p in plan.ps_actors]
         for p, chunks in zip(self.plan.ps_actors, self.chunks):
-            values = {r.key: initial[r.var_index] if r.num_shards == 1
-                      else np.ascontiguousarray(initial[r.var_index][r.slicer(initial[r.var_index].ndim)])
-                      for r in p.shards}
+            # each actor slices its shards from the pool's copy of the initial values (no new copy)
+            shards = {r.key: (r.var_index, r.start, r.stop, r.axis) for r in p.shards}
             self.ps_actors.append(ps_cls.options(**binding.actor_options(p.node), max_concurrency=1000).remote(
-                p.name, values, [r.key for r in p.shards if r.sparse],
+                p.name, shards, [r.key for r in p.shards if r.sparse],
                 [r.key for r in p.shards if r.local_replication], desc["optimizer"],
-                self.plan.num_workers, self.plan.sync, chunks))
+                self.plan.num_workers, self.plan.sync, chunks, self.pool.description_ref))
         names = [p.name for p in self.plan.ps_actors]
         ps_info = wait_all([a.ready.remote() for a in self.ps_actors], deadline, "parameter server", names)
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
@@ -344,8 +346,8 @@ class Session:
         node_of = {i: node for node, workers in plan.node_aggregation().items() for i in workers}
 
         def channels(i: int) -> list:
-            out = [PSChannel(i, pairs, shapes, plan.staleness, squares,
-                             aggregators.get(node_of.get(i)), self.chunks)] if pairs else []
+            out = [PSChannel(i, pairs, shapes, plan.staleness, squares, aggregators.get(node_of.get(i)),
+                             self.chunks, rows_by_reference=plan.sync)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
@@ -353,7 +355,8 @@ class Session:
                 out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"], seed=self.pool.model_def.seed))
             return out
 
-        resets = [w.reset.remote(i, n, channels(i), list(plan.layout)) for i, w in enumerate(self.workers)]
+        resets = [w.reset.remote(i, n, channels(i), list(plan.layout), self.pool.description_ref)
+                  for i, w in enumerate(self.workers)]
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
         return {"ps": ps_info, "workers": infos}

@@ -11,6 +11,12 @@ Protocol, per worker and step ``t`` (one call each, whatever the number of shard
                                 shards, except the keys in ``rows`` (key -> shard-local row ids),
                                 for which only those rows are returned, in that order.
 
+A synchronous PS worker's pull may name itself and its step (``asker``); the actor then keeps the
+rows it asked for, and that worker's push of the same step may send a sparse shard as ``(None,
+values, ...)``: values laid out on those rows (``rows.align_rows``). So a step's row ids cross the
+network once, with the pull. Rows kept for a step whose push never used them (a variable without
+gradient) are dropped once every worker's push of that step is applied.
+
 Sparse shards move rows, never tables, in both directions; the optimizer update itself is the
 full Keras one (Adam's moments decay on every row), applied here.
 
@@ -50,15 +56,24 @@ class ParameterServerShard:
         sync: synchronous (True) or asynchronous PS.
         chunks: the keys split into groups updated and served separately (see the module doc);
             None: one group of all keys.
+        description: a worker's ``load`` description with its ``initial`` values (the runtime passes
+            the pool's copy in the object store); given, ``values`` maps each key to
+            ``(var_index, start, stop, axis)`` and the shard starts from that slice of the initial
+            values: a view of the object store, not a copy (a slice along axis 0 is contiguous).
     """
 
     def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
-                 num_workers: int, sync: bool, chunks=None):
+                 num_workers: int, sync: bool, chunks=None, description: dict | None = None):
         from autosync.runtime.optimizers import make_optimizer
 
         self.name = name
-        # received arrays may be read-only views of the object store: own a copy
-        self.params = {k: np.array(v) for k, v in values.items()}
+        if description is not None:
+            values = {k: _initial_slice(description["initial"][v], start, stop, axis)
+                      for k, (v, start, stop, axis) in values.items()}
+        # received arrays may be read-only views of the object store; they are kept as they are
+        # (no second copy of the tables): no update writes a value in place, each stores a new
+        # array (``NumpyOptimizer``), which frees the received one once all its values are replaced
+        self.params = dict(values)
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
@@ -82,6 +97,7 @@ class ParameterServerShard:
         self.kinds = self._kinds_of(tuple(self.params))
         self.chunk_version = [0] * len(self.chunks)
         self._chunk_of = {k: c for c, keys in enumerate(self.chunks) for k in keys}
+        self._asked: dict[tuple, dict] = {}  # (worker, step) -> {key: rows that worker pulled for it}
         self._first_push: dict[int, float] = {}  # step -> time of its first push (any chunk)
         self._last_push: dict[int, float] = {}
         self.stats_ = {"pushes": 0, "pulls": 0, "apply_s": 0.0, "wait_s": 0.0, "chunks": len(self.chunks),
@@ -119,6 +135,7 @@ class ParameterServerShard:
             raise RuntimeError(self._error)
         self.stats_["pushes"] += 1
         try:
+            grads = self._with_rows(source, step, grads)
             if self.sync:
                 self._accumulate(source, step, grads, weight, tuple(kinds or self.kinds), chunk)
                 applied = self._apply_complete_steps()
@@ -142,7 +159,8 @@ class ParameterServerShard:
         chunk's first push to its last, how long that chunk's update waited)."""
         return dict(self.stats_)
 
-    async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None):
+    async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None,
+                   asker: tuple | None = None):
         """Current values once ``version >= min_version``.
 
         Args:
@@ -153,17 +171,27 @@ class ParameterServerShard:
                 ``shared`` ones (a node aggregator's pull, returned directly).
             chunk: only that chunk's keys, once that chunk's version is ``>= min_version``;
                 None: every key, once every chunk is.
+            asker: ``(worker, step)``: keep the sparse ``rows`` for that worker's push of that step
+                (synchronous PS; see the module doc).
 
         Returns:
             ``(version, direct, shared_ref)``: ``direct`` maps keys to arrays; ``shared_ref`` is an
             ObjectRef to a dict of the locally replicated keys not pulled by rows (None if none).
         """
+        if asker is not None and rows:
+            kept = {k: np.asarray(v) for k, v in rows.items() if k in self.sparse_keys and len(v)}
+            if kept:
+                self._asked.setdefault(tuple(asker), {}).update(kept)
         cond = self._condition()
         async with cond:
             await cond.wait_for(lambda: self._version(chunk) >= min_version or self._error is not None)
         if self._error:
             raise RuntimeError(self._error)
         self.stats_["pulls"] += 1
+        if self.sync:
+            # every push of a step before ``version`` is applied: rows kept for them are unused
+            for old in [a for a in self._asked if a[1] < self.version]:
+                del self._asked[old]
         version = self._version(chunk)
         rows = rows or {}
         keys = self.params if chunk is None else self.chunks[chunk]
@@ -195,6 +223,23 @@ class ParameterServerShard:
             # one object per version: workers of a node read the same copy from their store
             cached = self._shared[keys] = (version, ray.put({k: self.params[k] for k in keys}))
         return cached[1]
+
+    def _with_rows(self, source, step: int, grads: dict) -> dict:
+        """``grads`` with the rows of each ``(None, values, ...)`` sparse shard filled in from what
+        ``source`` pulled for ``step`` (those rows are then forgotten)."""
+        if not any(isinstance(g, tuple) and g[0] is None for g in grads.values()):
+            return grads
+        asked = self._asked.get((source, step), {})
+        out = dict(grads)
+        for key, g in grads.items():
+            if isinstance(g, tuple) and g[0] is None:
+                if key not in asked:
+                    raise RuntimeError(f"{self.name}: worker {source} pushed {key} for step {step} without its rows, "
+                                       f"but pulled no rows of it for that step")
+                out[key] = (asked.pop(key),) + tuple(g[1:])
+        if not asked:
+            self._asked.pop((source, step), None)
+        return out
 
     def _own(self, grads: dict) -> dict:
         out = {}
@@ -269,6 +314,13 @@ class ParameterServerShard:
             grads[key] = (idx, vals / vals.dtype.type(n), squares)
         self.optimizer.apply(step, self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0
+
+
+def _initial_slice(value: np.ndarray, start: int, stop: int, axis: int) -> np.ndarray:
+    """``value[start:stop]`` along ``axis``, contiguous (copied only where the slice is not)."""
+    if value.ndim == 0 or (start == 0 and stop == value.shape[axis]):
+        return value
+    return np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
 
 
 def _sparse_grad(g) -> tuple:

@@ -129,21 +129,33 @@ def _ids_function(feeds_model, plan: dict):
     return tf.function(ids)
 
 
-def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool):
+def index_dtype(rows: int) -> np.dtype:
+    """The narrowest integer dtype that numbers ``rows`` rows: what row ids cross the network in
+    (a 20,000-row table's ids take 2 bytes, not 4 or 8)."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if rows <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
+def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool, dtype=np.int32):
     """Sum the slices of repeated rows of a sparse gradient: what a worker sends for it.
 
     Keras optimizers that square the gradient (Adam, Adagrad) square each slice before repeated
     rows add up, so where a row repeats they need the sum of squared slices as well; it is sent
     only for those rows (for a row seen once it equals the square of its value).
 
+    Args:
+        dtype: the integer dtype of the row ids and positions returned (``index_dtype``).
+
     Returns:
-        ``(rows, sums)`` (rows int32, sorted, unique), plus ``(positions, square_sums)`` of the
+        ``(rows, sums)`` (rows sorted, unique), plus ``(positions, square_sums)`` of the
         repeated rows when ``with_squares`` and some row repeats.
     """
     indices = np.asarray(indices)
     values = np.asarray(values)
     rows, inverse, counts = np.unique(indices, return_inverse=True, return_counts=True)
-    rows = rows.astype(np.int32)
+    rows = rows.astype(dtype)
     if len(rows) == len(indices):
         order = np.argsort(indices, kind="stable")
         return rows, values[order]
@@ -151,10 +163,37 @@ def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool):
     np.add.at(sums, inverse, values)
     if not with_squares:
         return rows, sums
-    repeated = np.flatnonzero(counts > 1).astype(np.int32)
+    repeated = np.flatnonzero(counts > 1).astype(dtype)
     squares = np.zeros_like(sums)
     np.add.at(squares, inverse, np.square(values))
     return rows, sums, repeated, squares[repeated]
+
+
+def align_rows(asked: np.ndarray, deduped: tuple) -> tuple:
+    """A deduplicated sparse gradient (``dedup_rows``) laid out on the rows ``asked``: the sorted
+    unique rows this worker pulled for the same step, which the parameter server remembers, so
+    the push need not name its rows again: ``(None, sums)`` or ``(None, sums, positions,
+    square_sums)``, positions indexing ``asked``.
+
+    A row asked for but not in the gradient gets a zero sum. That is the same update bit for bit
+    for every optimizer the runtime runs: a dense update adds the zero to nothing, the row-only
+    Adagrad adds 0 to the accumulator and subtracts exactly 0 from the row.
+
+    Raises:
+        ValueError: the gradient touches a row that was not asked for.
+    """
+    rows = deduped[0]
+    if len(rows) == len(asked) and np.array_equal(rows, asked):
+        return (None,) + tuple(deduped[1:])
+    place = np.searchsorted(asked, rows)
+    if len(rows) and (place[-1] >= len(asked) or not np.array_equal(asked[place], rows)):
+        raise ValueError(f"the gradient touches rows {np.setdiff1d(rows, asked)[:5].tolist()} that were not pulled "
+                         f"for this step")
+    sums = np.zeros((len(asked),) + deduped[1].shape[1:], dtype=deduped[1].dtype)
+    sums[place] = deduped[1]
+    if len(deduped) == 2:
+        return None, sums
+    return None, sums, place[deduped[2]].astype(asked.dtype), deduped[3]
 
 
 def payload_bytes(obj) -> int:
@@ -184,15 +223,15 @@ def row_reads_of(model_def) -> RowReads:
 
 
 def merge_rows(parts: list, with_squares: bool):
-    """Sum several senders' deduplicated sparse gradients (``dedup_rows`` outputs) into one of
-    the same form: what a node sends for the rows its workers touched."""
+    """Sum several senders' deduplicated sparse gradients (``dedup_rows`` outputs, row ids of one
+    dtype) into one of the same form: what a node sends for the rows its workers touched."""
     rows = np.concatenate([p[0] for p in parts])
     values = np.concatenate([p[1] for p in parts])
     unique, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
     sums = np.zeros((len(unique),) + values.shape[1:], dtype=values.dtype)
     np.add.at(sums, inverse, values)
     if not with_squares:
-        return unique.astype(np.int32), sums
+        return unique, sums
     squares, repeated = [], []
     for p in parts:
         sq = np.square(p[1])
@@ -206,7 +245,7 @@ def merge_rows(parts: list, with_squares: bool):
     np.add.at(total, inverse, np.concatenate(squares))
     flags = np.zeros(len(unique), dtype=np.int64)
     np.add.at(flags, inverse, np.concatenate(repeated).astype(np.int64))
-    pos = np.flatnonzero((counts > 1) | (flags > 0)).astype(np.int32)
+    pos = np.flatnonzero((counts > 1) | (flags > 0)).astype(rows.dtype)
     if not len(pos):
-        return unique.astype(np.int32), sums
-    return unique.astype(np.int32), sums, pos, total[pos]
+        return unique, sums
+    return unique, sums, pos, total[pos]

@@ -115,7 +115,13 @@ class TrainingWorker:
         x, y = next(model_def.batches(worker_index, num_workers))
         _, grads = gradients(x, y)  # builds a model created without shapes, traces once
         self.variables = list(model.trainable_variables)
-        self.initial_weights = [w.copy() for w in model.get_weights()]
+        trainable = {id(v) for v in self.variables}
+        # the worker keeps the initial values of the non-trainable weights only (counters, moving
+        # statistics: small); the trainable ones come with every reset from the pool's copy in
+        # the object store, one per node, instead of one private copy of the tables per worker
+        self._fixed = [(w, np.array(w.numpy())) for w in model.weights if id(w) not in trainable]
+        self._trained = False
+        initial = [v.numpy() for v in self.variables]
         sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
         self.row_reads = find_row_reads(model, self.variables, sparse)
         self._assign_rows = self._row_assigner()
@@ -123,8 +129,8 @@ class TrainingWorker:
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s}
                           for v, s in zip(self.variables, sparse)],
             "optimizer": keras_optimizer_config(optimizer),
-            "initial": [v.numpy() for v in self.variables] if send_initial else None,
-            "initial_digest": weights_digest(v.numpy() for v in self.variables),
+            "initial": initial if send_initial else None,
+            "initial_digest": weights_digest(initial),
             "row_pull": [self.variables[i].path for i in sorted(self.row_reads.outputs)],
             "full_pull": dict(self.row_reads.full_pull),
         }
@@ -152,10 +158,26 @@ class TrainingWorker:
 
         return assign_rows
 
-    def reset(self, worker_index: int, num_workers: int, channels: list, layout: list) -> None:
+    def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
+              description: dict | None = None) -> None:
         """Start from the initial weights with a fresh data iterator and the given channels;
-        ``layout[v]`` is variable v's (number of shards, partition axis)."""
-        self.model.set_weights(self.initial_weights)
+        ``layout[v]`` is variable v's (number of shards, partition axis).
+
+        Args:
+            description: what ``load`` returned with ``send_initial`` (its ``initial`` values, read
+                from the object store without a copy); None only before the model trained.
+
+        Raises:
+            ValueError: no ``description`` although the model has trained since ``load``.
+        """
+        if description is not None:
+            # one variable at a time: a transient tensor of one table at most, never of all
+            for var, value in zip(self.variables, description["initial"]):
+                var.assign(value)
+        elif self._trained:
+            raise ValueError("reset needs the model's initial values (the pool's description) once it has trained")
+        for weight, value in self._fixed:
+            weight.assign(value)
         self.batches = self.model_def.batches(worker_index, num_workers)
         self.channels = channels
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
@@ -177,6 +199,7 @@ class TrainingWorker:
                "bytes_received": []}
         counters = lambda: (sum(c.calls for c in self.channels), sum(c.bytes_sent for c in self.channels),  # noqa: E731
                             sum(c.bytes_received for c in self.channels))
+        self._trained = True
         # with staleness >= 1 on every channel, step t+1's batch is drawn and its pull issued
         # before step t computes, so the pull overlaps the step (never across run calls)
         prefetch = bool(self.channels) and all(hasattr(c, "start_pull") and c.staleness >= 1 for c in self.channels)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autosync.runtime.rows import dedup_rows, payload_bytes
+from autosync.runtime.rows import align_rows, dedup_rows, index_dtype, payload_bytes
 from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
@@ -64,10 +64,16 @@ class PSChannel(SyncChannel):
             asynchronous PS); locally replicated shards then go through it, once per node.
         chunks: per actor, its keys split into chunks pushed and pulled by separate calls (the
             actor's own ``chunks``); None or one chunk: one push and one pull call per actor.
+        rows_by_reference: (synchronous PS) a push of a row-pulled sparse shard does not name its
+            rows: they are the rows this worker pulled for the same step, which the actor keeps
+            from that pull (``rows.align_rows``), so each step's row ids cross the network once.
+
+    Row ids travel in the narrowest integer dtype that numbers the shard's rows (``index_dtype``).
     """
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
-                 squares: bool = True, aggregator=None, chunks: list | None = None):
+                 squares: bool = True, aggregator=None, chunks: list | None = None,
+                 rows_by_reference: bool = False):
         self.worker_index = worker_index
         self.actors = actors
         self.shapes = [tuple(s) for s in shapes]
@@ -83,6 +89,10 @@ class PSChannel(SyncChannel):
         self._pushes: list = []
         # each shard's first row in its variable (node-aggregated pulls return shard-local rows)
         self._starts = {ref.key: ref.start for _, plan in actors for ref in plan.shards}
+        self._dtypes = {ref.key: index_dtype(ref.stop - ref.start)
+                        for _, plan in actors for ref in plan.shards if ref.sparse}
+        self.rows_by_reference = rows_by_reference
+        self._asked: dict[int, dict] = {}  # step -> {key: shard-local rows pulled for it (the actor keeps them)}
 
     def _via_node(self, ref) -> bool:
         return self.aggregator is not None and ref.local_replication
@@ -100,8 +110,10 @@ class PSChannel(SyncChannel):
         # the final, fresh pull of a run is every worker's own (one worker may pull alone)
         node = self.aggregator is not None and not fresh
         refs, wanted, node_rows = [], [], {}
+        # rows the actors keep for this step's push (asker): direct row pulls of a synchronous PS
+        asker = (self.worker_index, step) if self.rows_by_reference else None
         for a, (actor, plan) in enumerate(self.actors):
-            local, shard_rows, node_local = {}, {}, {}
+            local, shard_rows = {}, {}
             for ref in plan.shards:
                 routed = node and ref.local_replication
                 if routed:
@@ -110,21 +122,23 @@ class PSChannel(SyncChannel):
                     ids = rows[ref.var_index]
                     if ref.num_shards > 1:
                         ids = ids[(ids >= ref.start) & (ids < ref.stop)]
-                    (node_rows[a] if routed else shard_rows)[ref.key] = (ids - ref.start).astype(np.int32)
+                    (node_rows[a] if routed else shard_rows)[ref.key] = (ids - ref.start).astype(self._dtypes[ref.key])
                     if not routed:
                         local[ref.key] = ids
+                        if asker is not None and len(ids):
+                            self._asked.setdefault(step, {})[ref.key] = shard_rows[ref.key]
             self.bytes_sent += payload_bytes(shard_rows)
             if self.chunks[a] is not None:  # no aggregator: one pull per chunk, each served when ready
                 for c, keys in enumerate(self.chunks[a]):
                     sub = {k: shard_rows[k] for k in keys if k in shard_rows}
-                    refs.append(actor.pull.remote(min_version, sub or None, "all", c))
+                    refs.append(actor.pull.remote(min_version, sub or None, "all", c, asker))
                     wanted.append(local)
                 continue
             wanted.append(local)
             if not node:
-                refs.append(actor.pull.remote(min_version, shard_rows or None))
+                refs.append(actor.pull.remote(min_version, shard_rows or None, "all", None, asker))
             elif any(not r.local_replication for r in plan.shards):
-                refs.append(actor.pull.remote(min_version, shard_rows or None, "direct"))
+                refs.append(actor.pull.remote(min_version, shard_rows or None, "direct", None, asker))
             else:
                 refs.append(None)
         node_ref = None
@@ -163,13 +177,19 @@ class PSChannel(SyncChannel):
 
     def push(self, step: int, grads: list) -> None:
         node_payloads = {}
+        asked = self._asked.pop(step, {})
+        for old in [s for s in self._asked if s < step]:  # pulls whose step pushed nothing for them
+            del self._asked[old]
         for a, (actor, plan) in enumerate(self.actors):
             payload, node_payload = {}, {}
             for ref in plan.shards:
                 g = grads[ref.var_index]
                 if g is not None:
                     g = self._shard_grad(ref, g)
-                    g = dedup_rows(g[0], g[1], self.squares) if ref.sparse else g
+                    if ref.sparse:
+                        g = dedup_rows(g[0], g[1], self.squares, self._dtypes[ref.key])
+                        if ref.key in asked and not self._via_node(ref):  # the actor holds the rows
+                            g = align_rows(asked[ref.key], g)
                     (node_payload if self._via_node(ref) else payload)[ref.key] = g
             if self.aggregator is None:
                 kinds = None

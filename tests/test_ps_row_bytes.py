@@ -1,0 +1,120 @@
+"""What a parameter-server worker moves per step for a row-pulled sparse variable (no Ray: the
+channel talks to a PS shard in this process): each step's row ids cross once, with the pull, in
+the narrowest dtype; the push sends values alone, and the PS applies them to the rows pulled."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from autosync.runtime.optimizers import squares_slices
+from autosync.runtime.plan import PSActorPlan, ShardRef
+from autosync.runtime.ps_shard import ParameterServerShard
+from autosync.runtime.rows import align_rows, dedup_rows, index_dtype
+from autosync.runtime.sync.ps import PSChannel
+
+ROWS, WIDTH = 1000, 8
+TABLE, BIAS = (0, 0), (1, 0)
+SHAPES = [(ROWS, WIDTH), (3,)]
+
+
+class _Local:
+    """An actor handle whose ``method.remote(...)`` runs the shard's coroutine at once (one loop)."""
+
+    def __init__(self, shard, loop):
+        self._shard, self._loop = shard, loop
+
+    def __getattr__(self, name):
+        method = getattr(self._shard, name)
+        return SimpleNamespace(remote=lambda *args: self._loop.run_until_complete(method(*args)))
+
+
+@pytest.fixture
+def local_ray(monkeypatch):
+    """``ray.get``/``ray.wait`` over the replies _Local returns directly."""
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (list(refs), []))
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _shard(optimizer: dict, values: dict) -> ParameterServerShard:
+    return ParameterServerShard("ps@x", values, [TABLE], [], optimizer, num_workers=1, sync=True)
+
+
+def _values():
+    rng = np.random.default_rng(0)
+    return {TABLE: rng.standard_normal((ROWS, WIDTH)).astype(np.float32), BIAS: np.zeros(3, np.float32)}
+
+
+def _channel(shard, loop, optimizer: dict, by_reference: bool) -> PSChannel:
+    refs = (ShardRef(0, 0, 1, 0, ROWS, 0, True, False), ShardRef(1, 0, 1, 0, 3, 0, False, False))
+    return PSChannel(0, [(_Local(shard, loop), PSActorPlan("x", refs))], SHAPES, staleness=0,
+                     squares=squares_slices(optimizer),
+                     rows_by_reference=by_reference)
+
+
+def _step(seed: int, touched_share: float = 1.0):
+    """A batch's lookups (repeats included), the rows it reads, and a gradient on a share of them."""
+    rng = np.random.default_rng(seed)
+    lookups = rng.integers(0, ROWS, 60)
+    read = np.unique(lookups)
+    hit = lookups[np.isin(lookups, read[: max(1, int(len(read) * touched_share))])]
+    grad = (hit, rng.standard_normal((len(hit), WIDTH)).astype(np.float32))
+    return read, [grad, rng.standard_normal(3).astype(np.float32)]
+
+
+@pytest.mark.parametrize("optimizer", [{"class": "SGD", "learning_rate": 0.1},
+                                       {"class": "Adam", "learning_rate": 0.05},
+                                       {"class": "Adagrad", "learning_rate": 0.2}])
+def test_pushes_by_reference_update_as_explicit_rows_and_send_each_row_id_once(local_ray, optimizer):
+    values = _values()
+    by_ref, explicit = _shard(optimizer, values), _shard(optimizer, values)
+    channel, plain = _channel(by_ref, local_ray, optimizer, True), _channel(explicit, local_ray, optimizer, False)
+    width = WIDTH * 4
+    for step, share in enumerate((1.0, 0.5, 1.0)):  # step 1: half the rows pulled get no gradient
+        read, grads = _step(step, share)
+        sent = channel.bytes_sent
+        for ch in (channel, plain):
+            pulled = ch.pull(step, rows={0: read})
+            np.testing.assert_array_equal(pulled[TABLE][0], read)
+            ch.push(step, grads)
+        # the step's row ids once (2 bytes each: 1000 rows), the gradient's values on those
+        # rows, the dense bias; the sum of squared slices of repeated rows for Adam and Adagrad
+        repeats = int(np.sum(np.unique(grads[0][0], return_counts=True)[1] > 1))
+        squares = repeats * (width + 2) if optimizer["class"] != "SGD" else 0
+        assert channel.bytes_sent - sent == len(read) * (width + 2) + 12 + squares
+        np.testing.assert_array_equal(by_ref.params[TABLE], explicit.params[TABLE])
+        np.testing.assert_array_equal(by_ref.params[BIAS], explicit.params[BIAS])
+    assert index_dtype(ROWS) == np.uint16
+    assert channel.bytes_received == plain.bytes_received
+    assert by_ref._asked == {} and channel._asked == {}  # nothing kept once its push is in
+
+
+def test_align_rows_lays_values_on_the_rows_pulled():
+    asked = np.array([2, 5, 9, 11], np.uint16)
+    idx, vals = np.array([9, 2, 9]), np.arange(6, dtype=np.float32).reshape(3, 2)
+    rows, sums, pos, squares = dedup_rows(idx, vals, True, np.uint16)
+    none, laid, at, sq = align_rows(asked, (rows, sums, pos, squares))
+    assert none is None and at.tolist() == [2] and at.dtype == np.uint16
+    np.testing.assert_array_equal(laid, [[2, 3], [0, 0], [0 + 4, 1 + 5], [0, 0]])
+    np.testing.assert_array_equal(sq, squares)
+    assert align_rows(rows, (rows, sums))[0] is None  # every row pulled touched: values as they are
+    with pytest.raises(ValueError, match=r"rows \[3\] that were not pulled"):
+        align_rows(asked, dedup_rows(np.array([3, 9]), vals[:2], False, np.uint16))
+
+
+def test_index_dtype_is_the_narrowest_that_numbers_the_rows():
+    assert [index_dtype(n) for n in (2, 256, 257, 65536, 65537, 2**32, 2**32 + 1)] == [
+        np.uint8, np.uint8, np.uint16, np.uint16, np.uint32, np.uint32, np.int64]
+
+
+def test_a_push_without_rows_needs_the_pull_of_its_step(local_ray):
+    shard = _shard({"class": "SGD", "learning_rate": 0.1}, _values())
+    with pytest.raises(RuntimeError, match="pulled no rows of it for that step"):
+        local_ray.run_until_complete(shard.push(0, 0, {TABLE: (None, np.zeros((2, WIDTH), np.float32))}))
