@@ -45,8 +45,12 @@ def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_pat
 
     assert s["trials"] == 8 and s["baseline_trials"] >= 3  # on one node several builders coincide
     assert set(s["speedup_over_baselines"]) == set(BUILDERS)  # yet every builder is reported
-    assert s["best_step_time_s"] <= s["best_baseline_step_time_s"]
-    assert s["speedup_over_best_baseline"] >= 1.0
+    # the speed-up is the best baseline's pooled median over the recommendation's; the recommendation
+    # is the best baseline itself unless a searched strategy beat it beyond the noise
+    assert s["speedup_over_best_baseline"] == pytest.approx(s["best_baseline_step_time_s"] / s["best_step_time_s"])
+    assert s["best_measurements"] == 3 and s["confirm_trials"] >= 2
+    if s["best_origin"] != s["best_baseline"]:
+        assert s["best_origin"] in ("search", "explore") and s["speedup_over_best_baseline"] > 1.0
     from autosync.sources import load_cluster
     from tuner.store import TrialStore
 
