@@ -18,7 +18,9 @@ from tuner.constraints import Constraints, load_constraints
 from tuner.store import TrialStore, check_store_file
 from tuner.trial import Runner, Trial
 from tuner.warmstart import load_warm_start
-from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, TuneOutcome, tune_loop
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.outcome import TuneOutcome
+from tuner.tuning import Budget, tune_loop
 
 
 def default_store_path() -> Path:

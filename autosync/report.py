@@ -11,7 +11,7 @@ from pathlib import Path
 
 from strategy_space.errors import ConfigError
 from tuner.store import TrialStore, open_existing_store
-from tuner.tuning import TuneOutcome
+from tuner.outcome import TuneOutcome
 
 
 def _run_trials(store: TrialStore, run_id: str | None):
@@ -102,7 +102,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     Raises:
         ConfigError: missing store, or no such run in it.
     """
-    from autosync.cli.offline import describe
+    from autosync.formatting import describe_strategy
 
     with open_existing_store(store_path) as store:
         run_id, trials = _run_trials(store, run_id)
@@ -132,7 +132,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     for title, name in files.items():
         parts.append(f"<h2>{html.escape(title.capitalize())}</h2><img src='{name}' alt='{html.escape(title)}'>")
     if best is not None and model is not None:
-        srows, _, _ = describe(best.strategy, model)
+        srows, _, _ = describe_strategy(best.strategy, model)
         parts.append("<h2>Best strategy</h2>" + _html_table(
             ["variable", "size", "grad", "sync", "shards", "destination/group", "compressor", "ps options"], srows))
     parts.append("<h2>All trials</h2>" + _html_table(

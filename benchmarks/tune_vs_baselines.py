@@ -95,7 +95,7 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
 
     from autosync.api import tune
     from autosync.sources import load_model_def, load_model_spec
-    from tuner.tuning import SearchSettings
+    from tuner.model_based import SearchSettings
 
     spec = load_model_spec(load_model_def(f"zoo:{name}"), profile=False)
     out: dict = {"parameter_bytes": spec.total_bytes, "sparse_share": spec.sparse_share}
@@ -160,7 +160,7 @@ def _x(r) -> str:
 
 
 def render_table(results: dict) -> str:
-    from autosync.cli._format import table
+    from autosync.formatting import table
 
     rows = []
     for name, r in results["models"].items():

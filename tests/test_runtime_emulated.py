@@ -212,7 +212,7 @@ def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path
     import autosync
     from strategy_space.yaml_io import save
     from tuner.store import TrialStore
-    from tuner.tuning import SearchSettings
+    from tuner.model_based import SearchSettings
 
     path = tmp_path / "emu.yaml"
     save(dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=None), path)

@@ -10,7 +10,8 @@ import pytest
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.store import TrialStore
 from tuner.synthetic import SyntheticRunner, make_dataset
-from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, tune_loop
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.tuning import Budget, tune_loop
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 SETTINGS = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, seed=5)

@@ -10,7 +10,7 @@ from tests.fakes import tiny_model, two_node_cluster
 from strategy_space.builders import get_builder
 from tuner.precision import MeasurePolicy, median_interval, order_statistic_ranks, relative_halfwidth
 from tuner.trial import Trial
-from tuner.tuning import TuneOutcome
+from tuner.outcome import TuneOutcome
 
 
 def coverage(n: int, j: int, k: int) -> float:

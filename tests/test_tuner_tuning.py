@@ -7,7 +7,8 @@ from tests.fakes import Noisy, three_node_cluster, tiny_model
 from tuner.constraints import Constraints, Rule
 from tuner.store import TrialStore
 from tuner.synthetic import SyntheticRunner
-from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, previous_run, tune_loop
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.tuning import Budget, previous_run, tune_loop
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 FAST = SearchSettings(batch=3, candidates=64, chains=16, anneal_steps=10, seed=0)
@@ -208,7 +209,8 @@ def test_pinning_without_staleness_gives_valid_sync_strategies_and_labels_change
 
 
 def test_a_pin_keeps_the_mode_of_the_strategys_other_parameter_servers():
-    from strategy_space.space import KIND_AR, StrategySpace
+    from strategy_space.encoding import KIND_AR
+    from strategy_space.space import StrategySpace
 
     space = StrategySpace(MODEL, CLUSTER, staleness=(0, 3))
     cons = Constraints((Rule(match="dense/kernel", sync="ps"),)).compile(space)
