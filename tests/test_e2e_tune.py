@@ -80,8 +80,8 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     from tuner.store import TrialStore
 
     with TrialStore(db) as store:
-        trials = [t for t in store.trials() if t.meta.get("run_id") == s["run_id"]]
+        trials = [t for t in store.trials() if t.run_id == s["run_id"]]
     assert len(trials) == s["total_trials"] >= killed_at          # the first run's trials are part of it
-    fps = [t.strategy.fingerprint for t in trials if t.meta["role"] != "confirm"]
+    fps = [t.strategy.fingerprint for t in trials if t.role != "confirm"]
     assert len(fps) == len(set(fps)), "a strategy was measured twice (outside confirmation)"
-    assert sum(t.meta["role"] == "search" for t in trials) == 6
+    assert sum(t.role == "search" for t in trials) == 6

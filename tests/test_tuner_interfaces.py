@@ -31,9 +31,9 @@ def test_the_loop_drives_a_random_tuner(tmp_path):
     with TrialStore(tmp_path / "r.db") as store:
         tuner = RandomTuner(MODEL, CLUSTER, seed=3, batch_size=2)
         out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=1), store, tuner, Budget(trials=5, patience=10))
-    searched = [t for t in out.trials if t.meta["role"] == "search"]
+    searched = [t for t in out.trials if t.role == "search"]
     assert len(searched) == 5 and {t.origin for t in searched} == {"random"}
-    fps = [t.strategy.canonical(CLUSTER).fingerprint for t in out.trials if t.meta["role"] != "confirm"]
+    fps = [t.strategy.canonical(CLUSTER).fingerprint for t in out.trials if t.role != "confirm"]
     assert len(fps) == len(set(fps))     # nothing measured twice, not even as an equivalent strategy
 
 

@@ -69,7 +69,7 @@ def test_seeded_run_gives_the_pinned_trials_and_recommendation(tmp_path, name):
     with TrialStore(tmp_path / "p.db") as store:
         tuner = ModelBasedTuner(MODEL, CLUSTER, settings=SETTINGS, warm_start=_warm(name))
         out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=7), store, tuner, Budget(trials=6, patience=10, confirm=1))
-    got = [(t.origin, t.meta["role"], t.strategy.fingerprint[:16]) for t in out.trials]
+    got = [(t.origin, t.role, t.strategy.fingerprint[:16]) for t in out.trials]
     assert got == PINNED[name]["trials"]
     assert (out.best.strategy.fingerprint[:16], out.stop_reason) == (PINNED[name]["best"], PINNED[name]["stop"])
 

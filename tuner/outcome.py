@@ -17,7 +17,7 @@ class TuneOutcome:
     """What a tuning run measured.
 
     Attributes:
-        run_id: id stored in every trial's meta.
+        run_id: id stored in every trial (``Trial.run_id``).
         trials: this run's trials in measurement order (resumed ones included).
         stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
     """
@@ -101,8 +101,8 @@ class TuneOutcome:
         merged = self.measured()
         out = {}
         for t in self.trials:
-            if t.meta.get("role") == "baseline":
-                for name in (t.origin, *t.meta.get("aliases", ())):
+            if t.role == "baseline":
+                for name in (t.origin, *t.aliases):
                     out[name] = merged.get(t.strategy.fingerprint, t)
         return out
 
@@ -112,11 +112,11 @@ class TuneOutcome:
 
     @property
     def search_trials(self) -> list[Trial]:
-        return [t for t in self.trials if t.meta.get("role") not in ("baseline", "confirm")]
+        return [t for t in self.trials if t.role not in ("baseline", "confirm")]
 
     @property
     def confirm_trials(self) -> list[Trial]:
-        return [t for t in self.trials if t.meta.get("role") == "confirm"]
+        return [t for t in self.trials if t.role == "confirm"]
 
     def trials_to_within(self, fraction: float = 0.05) -> int | None:
         """Trials (in order, baselines included) until the final best strategy itself or one

@@ -58,11 +58,11 @@ class Budget:
 
 def previous_run(store, model: ModelSpec, cluster: ClusterSpec) -> tuple[str | None, list[Trial]]:
     """The most recent run id in ``store`` for (model, cluster) and its trials, oldest first."""
-    trials = [t for t in store.trials_for(model.fingerprint, cluster.fingerprint) if t.meta.get("run_id")]
+    trials = [t for t in store.trials_for(model.fingerprint, cluster.fingerprint) if t.run_id]
     if not trials:
         return None, []
-    run_id = max(trials, key=lambda t: t.finished_at).meta["run_id"]
-    return run_id, sorted((t for t in trials if t.meta.get("run_id") == run_id), key=lambda t: t.finished_at)
+    run_id = max(trials, key=lambda t: t.finished_at).run_id
+    return run_id, sorted((t for t in trials if t.run_id == run_id), key=lambda t: t.finished_at)
 
 
 def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines: Tuner | None = None,
@@ -93,7 +93,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
         if run_id is not None:
             outcome.run_id, outcome.trials = run_id, list(previous)
             tuner.update(previous)
-            baselines.update([t for t in previous if t.meta.get("role") == "baseline"])
+            baselines.update([t for t in previous if t.role == "baseline"])
     start = clock()
     pending = baselines.next_batch(None)
 
@@ -106,9 +106,8 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
             # be passing: a killed actor, a busy node); both attempts are stored
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = runner.run([p.strategy], [p.origin])
-                t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": role,
-                                                 "predicted_s": p.predicted_s, "aliases": list(p.aliases),
-                                                 **({"attempt": attempt + 1} if attempt else {})})
+                t = dataclasses.replace(t, run_id=outcome.run_id, role=role, predicted_s=p.predicted_s,
+                                        aliases=p.aliases, meta={**t.meta, **({"attempt": attempt + 1} if attempt else {})})
                 store.add(t, model, cluster)
                 outcome.trials.append(t)
                 got.append(t)
@@ -154,5 +153,5 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
         if not need:
             break
         t = need[0]
-        measure([Proposal(t.strategy, t.origin, aliases=tuple(t.meta.get("aliases", ())))], "confirm")
+        measure([Proposal(t.strategy, t.origin, aliases=t.aliases)], "confirm")
     return outcome
