@@ -24,11 +24,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._rows import commit, write_rows  # noqa: E402
-from tests.fakes import three_node_cluster, tiny_model  # noqa: E402
 from tuner.dataset import build_trial_set, store_groups  # noqa: E402
 from tuner.predictor import Predictor  # noqa: E402
 from tuner.store import TrialStore  # noqa: E402
-from tuner.synthetic import SyntheticRunner, candidate_strategies  # noqa: E402
+from tuner.synthetic import SyntheticRunner, candidate_strategies, random_cluster, random_model  # noqa: E402
 from tuner.training_set import TrainingSet  # noqa: E402
 from tuner.warmstart import load_warm_start, merge_groups  # noqa: E402
 
@@ -41,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="JSON file for the result")
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    model, cluster = tiny_model(profile=True), three_node_cluster()
+    rng = np.random.default_rng(0)   # a generated target model and cluster (tuner.synthetic)
+    model, cluster = random_model(rng, "target"), random_cluster(rng, "target")
     prior = load_warm_start("builtin")
     n_new = args.rounds * args.batch
     strategies = candidate_strategies(model, cluster, np.random.default_rng(0), args.store_trials + n_new)
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
             rows["after"]["refit_s"].append(t4 - t2)
     med = {k: {m: float(np.median(v)) for m, v in d.items()} for k, d in rows.items()}
     result = {"benchmark": "refit_time", "commit": commit(), "started_at": started,
-              "warm_start_trials": sum(len(ts) for _, _, ts in prior), "store_trials": args.store_trials,
+              "model": model.name, "cluster": cluster.name, "warm_start_trials": sum(len(ts) for _, _, ts in prior), "store_trials": args.store_trials,
               "rounds": args.rounds, "batch": args.batch, "training_rows": len(data_after),
               "median_s": med, "rounds_s": rows,
               "data_speedup": med["before"]["data_s"] / med["after"]["data_s"],
