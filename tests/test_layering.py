@@ -160,6 +160,14 @@ def test_no_private_name_crosses_a_module():
     assert not private, "private names imported from another module:\n" + "\n".join(sorted(set(private)))
 
 
+def test_only_the_command_line_imports_the_command_line():
+    """Libraries (the report, the API, the runtime) take what they show from library modules."""
+    graph, _ = import_facts()
+    inside = lambda m: m == "autosync.cli" or m.startswith("autosync.cli.") or m == "autosync.__main__"  # noqa: E731
+    bad = sorted(f"{m} imports {t}" for m, ts in graph.items() if not inside(m) for t in ts if inside(t))
+    assert not bad, bad
+
+
 def test_the_checks_can_fail(tmp_path):
     """A made-up package with a cycle and both kinds of private import is caught."""
     pkg = tmp_path / "toy"
