@@ -111,7 +111,7 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
         curve.append({"n": len(outcome.trials), "role": trial.role, "origin": trial.origin,
                       "median_s": trial.median if trial.ok else None,
                       "predicted_s": trial.predicted_s, "best_s": best.median if best else None})
-        say(f"  {len(outcome.trials):3d} {trial.meta.get('role', '')[:6]:6s} {trial.origin:24s} "
+        say(f"  {len(outcome.trials):3d} {trial.role[:6]:6s} {trial.origin:24s} "
             + (f"{trial.median * 1e3:8.1f} ms" if trial.ok else f"{trial.status}: {trial.error[:100]}")
             + (f"   best {best.median * 1e3:.1f} ms" if best else ""))
 
