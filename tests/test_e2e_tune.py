@@ -24,7 +24,7 @@ def _env():
     return env
 
 
-def _tune(tmp_path, *extra, timeout=900):
+def _tune(tmp_path, *extra, timeout=400):   # under the per-test limit (pytest.ini), with the wait below
     return subprocess.run([sys.executable, "-m", "autosync", "tune", *ARGS, *extra], capture_output=True, text=True,
                           cwd=tmp_path, env=_env(), timeout=timeout)
 
@@ -66,7 +66,7 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     cmd = [sys.executable, "-m", "autosync", "tune", *ARGS, "--trials", "6", "--store", str(db), "--out", "b.yaml"]
     p = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 150
     while _count(db) < 4 and time.monotonic() < deadline and p.poll() is None:
         time.sleep(1)
     assert p.poll() is None, "the run ended before it could be killed"
