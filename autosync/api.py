@@ -18,7 +18,9 @@ from tuner.constraints import Constraints, load_constraints
 from tuner.store import TrialStore, check_store_file
 from tuner.trial import Runner, Trial
 from tuner.warmstart import load_warm_start
-from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, TuneOutcome, tune_loop
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.outcome import TuneOutcome
+from tuner.tuning import Budget, tune_loop
 
 
 def default_store_path() -> Path:
@@ -57,9 +59,9 @@ class TuneResult:
 
         rows = []
         for i, t in enumerate(self.outcome.trials, 1):
-            rows.append({"trial": i, "origin": t.origin, "role": t.meta.get("role"), "status": t.status,
+            rows.append({"trial": i, "origin": t.origin, "role": t.role or None, "status": t.status,
                          "median_s": t.median if t.ok else None, "p90_s": t.p90 if t.ok else None,
-                         "predicted_s": t.meta.get("predicted_s"), "samples_per_s": t.samples_per_s if t.ok else None,
+                         "predicted_s": t.predicted_s, "samples_per_s": t.samples_per_s if t.ok else None,
                          "error": t.error or None, "strategy_fingerprint": t.strategy.fingerprint})
         return pd.DataFrame(rows)
 
@@ -96,7 +98,7 @@ class TuneResult:
             "speedup_over_best_baseline": self.speedup_over_best_baseline,
             "speedup_over_baselines": self.speedup_over_baselines,
             "trials": len(self.outcome.search_trials),
-            "baseline_trials": sum(1 for t in self.outcome.trials if t.meta.get("role") == "baseline"),
+            "baseline_trials": sum(1 for t in self.outcome.trials if t.role == "baseline"),
             "confirm_trials": len(self.outcome.confirm_trials),
             "best_measurements": self.best_trial.meta.get("measurements", 1),
             # the fastest strategy measured, when it was not recommended: its gain over the best

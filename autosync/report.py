@@ -11,19 +11,19 @@ from pathlib import Path
 
 from strategy_space.errors import ConfigError
 from tuner.store import TrialStore, open_existing_store
-from tuner.tuning import TuneOutcome
+from tuner.outcome import TuneOutcome
 
 
 def _run_trials(store: TrialStore, run_id: str | None):
-    trials = [t for t in store.trials() if t.meta.get("run_id")]
+    trials = [t for t in store.trials() if t.run_id]
     if not trials:
         raise ConfigError(f"{store.path if hasattr(store, 'path') else 'the store'} holds no tuning run; "
                           f"run `autosync tune --store FILE` first")
     if run_id is None:
-        run_id = max(trials, key=lambda t: t.finished_at).meta["run_id"]
-    chosen = sorted((t for t in trials if t.meta["run_id"] == run_id), key=lambda t: t.finished_at)
+        run_id = max(trials, key=lambda t: t.finished_at).run_id
+    chosen = sorted((t for t in trials if t.run_id == run_id), key=lambda t: t.finished_at)
     if not chosen:
-        runs = sorted({t.meta["run_id"] for t in trials})
+        runs = sorted({t.run_id for t in trials})
         raise ConfigError(f"no run {run_id!r} in the store; runs: {', '.join(runs)}")
     return run_id, chosen
 
@@ -46,7 +46,7 @@ def _plots(outcome: TuneOutcome, out: Path) -> dict[str, str]:
         curve.append(best * 1e3)
     ax.step(range(1, len(trials) + 1), curve, where="post", label="best single measurement so far")
     for role, color in (("baseline", "tab:gray"), ("search", "tab:blue"), ("confirm", "tab:orange")):
-        pts = [(i, t.median * 1e3) for i, t in ok if t.meta.get("role") == role]
+        pts = [(i, t.median * 1e3) for i, t in ok if t.role == role]
         if pts:
             ax.scatter(*zip(*pts), s=14, color=color, label=f"{role} trials")
     ax.set_xlabel("trial")
@@ -58,7 +58,7 @@ def _plots(outcome: TuneOutcome, out: Path) -> dict[str, str]:
     plt.close(fig)
     files["tuning curve"] = "tuning_curve.png"
     # predicted vs measured
-    pts = [(t.meta["predicted_s"] * 1e3, t.median * 1e3) for _, t in ok if t.meta.get("predicted_s")]
+    pts = [(t.predicted_s * 1e3, t.median * 1e3) for _, t in ok if t.predicted_s]
     if pts:
         fig, ax = plt.subplots(figsize=(5, 5))
         ax.scatter(*zip(*pts), s=16)
@@ -102,7 +102,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     Raises:
         ConfigError: missing store, or no such run in it.
     """
-    from autosync.cli.offline import describe
+    from autosync.formatting import describe_strategy
 
     with open_existing_store(store_path) as store:
         run_id, trials = _run_trials(store, run_id)
@@ -113,8 +113,8 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     outcome = TuneOutcome(run_id, list(trials))   # re-measurements pooled per strategy
     files = _plots(outcome, out)
     best = outcome.best
-    rows = [(i, t.meta.get("role", ""), t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
-             f"{t.meta['predicted_s'] * 1e3:.1f}" if t.meta.get("predicted_s") else "-",
+    rows = [(i, t.role, t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
+             f"{t.predicted_s * 1e3:.1f}" if t.predicted_s else "-",
              (t.error or "").splitlines()[0][:80] if t.error else "") for i, t in enumerate(trials, 1)]
     parts = [f"<h1>AutoSync tuning report</h1><p>model <b>{html.escape(model.name if model else '?')}</b> on cluster "
              f"<b>{html.escape(cluster.name if cluster else '?')}</b>{_compute_note(cluster)}, run {html.escape(run_id)}, "
@@ -132,7 +132,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     for title, name in files.items():
         parts.append(f"<h2>{html.escape(title.capitalize())}</h2><img src='{name}' alt='{html.escape(title)}'>")
     if best is not None and model is not None:
-        srows, _, _ = describe(best.strategy, model)
+        srows, _, _ = describe_strategy(best.strategy, model)
         parts.append("<h2>Best strategy</h2>" + _html_table(
             ["variable", "size", "grad", "sync", "shards", "destination/group", "compressor", "ps options"], srows))
     parts.append("<h2>All trials</h2>" + _html_table(

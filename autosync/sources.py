@@ -109,9 +109,9 @@ def load_model_spec(text, *, profile: bool = False) -> ModelSpec:
     if isinstance(text, str) and text.endswith((".yaml", ".yml")) and not is_trainable_source(text):
         return load(text, "model")  # type: ignore[return-value]
     model_def = load_model_def(text)
-    from autosync.models import ingest
+    from autosync.models import ingest, profile as profiling
 
-    return ingest.model_spec_from_def(model_def, profile=profile)
+    return profiling.profiled_model_spec(model_def) if profile else ingest.model_spec_from_def(model_def)
 
 
 def builtin_cluster_names() -> list[str]:

@@ -163,7 +163,7 @@ def _ms(seconds) -> str:
 
 
 def render_table(results: dict) -> str:
-    from autosync.cli._format import table
+    from autosync.formatting import table
     from strategy_space.builders import BUILDERS
 
     cols = list(BUILDERS) + [PEER]

@@ -75,7 +75,7 @@ def inside(args) -> int:
     from autosync.runtime.runner import RayRunner
     from autosync.sources import load_model_def, load_model_spec
     from strategy_space.errors import ConfigError
-    from tuner.tuning import SearchSettings
+    from tuner.model_based import SearchSettings
 
     if not os.environ.get("RAY_ADDRESS"):
         print("make_warmstart --inside runs inside the testbed's host0 (see the module doc)", file=sys.stderr)
@@ -88,7 +88,7 @@ def inside(args) -> int:
         def show(trial, outcome=None):
             got = f"{trial.median * 1e3:.1f} ms" if trial.ok else f"{trial.status}: {trial.error[:120]}"
             n = len(outcome.trials) if outcome else "+"
-            print(f"  {n:>3} {trial.meta.get('role', '')[:7]:7s} {trial.origin:24s} {got}", flush=True)
+            print(f"  {n:>3} {trial.role[:7]:7s} {trial.origin:24s} {got}", flush=True)
 
         runner = None
         try:
@@ -139,7 +139,7 @@ def repeat(runner, result, count: int, store_path: str, show) -> None:
         for [first] in picks[:count]:
             for _ in range(2):
                 [t] = runner.run([first.strategy], [first.origin])
-                t = dataclasses.replace(t, meta={**t.meta, "run_id": outcome.run_id, "role": "repeat"})
+                t = dataclasses.replace(t, run_id=outcome.run_id, role="repeat")
                 store.add(t, result.model, result.cluster)
                 show(t)
     spread = [statistics.stdev([t.median for t in ts]) / statistics.mean([t.median for t in ts])

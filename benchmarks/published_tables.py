@@ -75,7 +75,7 @@ def score(table: dict) -> dict:
     if synced:
         enc = StrategySpace(model, cluster).encode(synced)
         at = [i for i, s in enumerate(table["strategies"]) if s is not None]
-        predicted_s[at] = AnalyticCostModel().predict(model, cluster, enc)
+        predicted_s[at] = AnalyticCostModel().predict_strategies(model, cluster, enc)
     ref = table["names"].index(table["reference"])
     predicted = predicted_s / predicted_s[ref]
     published = table["published"] / table["published"][ref]

@@ -143,7 +143,7 @@ def shape_key(e: dict) -> str:
 
 
 def render(e: dict) -> str:
-    from autosync.cli._format import table
+    from autosync.formatting import table
 
     def pct(x):
         return "-" if x is None else f"{x * 100:.1f} %"

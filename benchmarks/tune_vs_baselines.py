@@ -128,7 +128,8 @@ def lower_bound(model, cluster, strategy) -> dict:
     """The analytic lower bound of ``strategy``'s step: compute plus the least time the busiest NIC
     needs for the bytes it moves (each direction at the link rate), and the overlapped bound."""
     from strategy_space.space import StrategySpace
-    from tuner.features import COL, FeatureTables, featurize
+    from tuner.feature_tables import FeatureTables
+    from tuner.features import COL, featurize
 
     x = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))[0]
     nic = float(max(x[COL["nic_in_s"]], x[COL["nic_out_s"]]))
@@ -138,16 +139,16 @@ def lower_bound(model, cluster, strategy) -> dict:
 
 def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
     from autosync.api import tune
-    from tuner.tuning import SearchSettings
+    from tuner.model_based import SearchSettings
 
     curve: list = []
 
     def on_trial(trial, outcome):
         best = outcome.best
-        curve.append({"n": len(outcome.trials), "role": trial.meta.get("role"), "origin": trial.origin,
+        curve.append({"n": len(outcome.trials), "role": trial.role, "origin": trial.origin,
                       "median_s": trial.median if trial.ok else None,
-                      "predicted_s": trial.meta.get("predicted_s"), "best_s": best.median if best else None})
-        say(f"  {len(outcome.trials):3d} {trial.meta.get('role', '')[:6]:6s} {trial.origin:24s} "
+                      "predicted_s": trial.predicted_s, "best_s": best.median if best else None})
+        say(f"  {len(outcome.trials):3d} {trial.role[:6]:6s} {trial.origin:24s} "
             + (f"{trial.median * 1e3:8.1f} ms" if trial.ok else f"{trial.status}: {trial.error[:100]}")
             + (f"   best {best.median * 1e3:.1f} ms" if best else ""))
 
@@ -238,7 +239,7 @@ def _x(r) -> str:
 
 
 def render_table(results: dict) -> str:
-    from autosync.cli._format import table
+    from autosync.formatting import table
 
     def ci(c):
         return "-" if not c.get("repeats_ci95_s") else "-".join(_ms(x) for x in c["repeats_ci95_s"])

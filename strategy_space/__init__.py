@@ -5,7 +5,8 @@ legal choices with sampling, mutation and array encoding, and the baseline build
 """
 from .compressor import Compressor
 from .errors import ConfigError, StrategyError
-from .specs import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, VariableSpec
+from .cluster_spec import ClusterSpec, NodeSpec
+from .model_spec import ComputeProfile, ModelSpec, VariableSpec
 from .strategy import PS, AllReduce, Strategy, VarConfig, shard_bounds
 from .validation import validate
 from .yaml_io import dumps, load, load_cluster_spec, load_model_spec, load_strategy, loads, save

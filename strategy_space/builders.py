@@ -15,9 +15,9 @@ import inspect
 import math
 from typing import Callable, Iterable
 
-from ._yaml_limits import short_repr
-from .errors import ConfigError
-from .specs import ClusterSpec, ModelSpec, VariableSpec
+from .cluster_spec import ClusterSpec
+from .errors import ConfigError, short_repr
+from .model_spec import ModelSpec, VariableSpec
 from .compressor import Compressor
 from .strategy import PS, AllReduce, Strategy, VarConfig
 

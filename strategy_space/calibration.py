@@ -22,7 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ._strict import check_keys, get_typed, parse_items
+from .strict import check_keys, get_typed, parse_items
 from .errors import ConfigError
 
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._yaml_limits import short_repr
-from .errors import ConfigError
+from .errors import ConfigError, short_repr
 
 COMPRESSOR_KINDS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
 _RANKED = ("powersgd", "powersgd_ef")

@@ -1,6 +1,7 @@
 """Error types shared by every package: each carries all the problems found, not just the first."""
 from __future__ import annotations
 
+import reprlib
 from typing import Iterable
 
 MAX_PROBLEM_CHARS = 1000   # a problem quoting a huge value is cut
@@ -60,3 +61,15 @@ class Problems:
     def raise_if_any(self, source: str | None = None) -> None:
         if self.items:
             raise self.error_type(self.items, source=source)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+_SHORT.maxlevel = 2
+
+
+def short_repr(value) -> str:
+    """A repr for error messages, built from a bounded part of ``value`` (never the whole of a
+    huge or deeply nested one)."""
+    return _SHORT.repr(value)

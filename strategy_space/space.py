@@ -11,14 +11,11 @@ import numpy as np
 from .compressor import COMPRESSOR_KINDS, Compressor
 from .encoding import (BACKEND_ID, COMPRESSOR_ID, FIELD_INDEX, FIELDS, KIND_AR, KIND_PS, STRATEGY_WIDE,
                        VARIABLE_FIELDS, EncodedStrategies, Mutation)
+from .cluster_spec import ClusterSpec
 from .errors import ConfigError
+from .model_spec import ModelSpec
 from .mutation import Mutator
-from .specs import ClusterSpec, ModelSpec
 from .strategy import BACKENDS, PS, AllReduce, Strategy, VarConfig
-
-# the encoding's names, long imported from here
-__all__ = ["StrategySpace", "EncodedStrategies", "Mutation", "KIND_PS", "KIND_AR", "COMPRESSOR_ID", "BACKEND_ID",
-           "FIELDS", "FIELD_INDEX", "STRATEGY_WIDE", "VARIABLE_FIELDS"]
 
 
 class StrategySpace:

@@ -8,15 +8,14 @@ model and a cluster.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
-from ._strict import check_keys, fingerprint, get_typed, parse_items
-from ._yaml_limits import short_repr
 from .compressor import Compressor
-from .errors import ConfigError
-from .specs import FORMAT_VERSION, _check_header
+from .errors import ConfigError, short_repr
+from .strict import FORMAT_VERSION, check_header, check_keys, fingerprint, get_typed, parse_items
 
 BACKENDS = ("auto", "gloo", "nccl", "objectstore", "graph")
 
@@ -289,12 +288,39 @@ class Strategy:
         return fingerprint(d)
 
     def canonical(self, cluster=None) -> "Strategy":
-        """The canonical equivalent (``strategy_space.canonical``): fusion groups renumbered in
-        first-use order, variables by name, no origin; with ``cluster``, placements rotated over
-        identical nodes. Equivalent strategies have equal canonical forms."""
-        from .canonical import canonical
-
-        return canonical(self, cluster)
+        """The canonical equivalent: one representative of the strategies that run identically;
+        idempotent. Two strategies are the same run when they differ only in
+          * how fusion groups are numbered: a group is a set of variables (shards) reduced together and
+            the runtime issues groups in gradient-ready order, so ids carry no meaning beyond which
+            shards share a group; the canonical form numbers groups 0, 1, ... in first-use order
+            (variables by name, shards in order);
+          * which of several identical nodes holds what (with a cluster given): when every node of the
+            cluster is alike (workers, CPUs, GPUs, bandwidths), a placement and its rotation over the
+            nodes are the same run; the canonical form rotates node names so that the first parameter
+            server shard (variables by name) sits on the first node. A rotation keeps round-robin shard
+            placement round-robin, so a canonical strategy stays in the tuner's encoded space;
+          * the order the variables are listed in, and the ``origin`` label.
+        """
+        configs = sorted(self.variables, key=lambda c: c.name)
+        rename: dict[str, str] = {}
+        if cluster is not None and len(cluster.nodes) > 1 and not self.replicas and _identical_nodes(cluster):
+            names = list(cluster.node_names)
+            first = next((s.destination for c in configs for s in c.synchronizers if isinstance(s, PS)), None)
+            if first in names:
+                shift = names.index(first)
+                rename = {n: names[(i - shift) % len(names)] for i, n in enumerate(names)}
+        groups: dict[int, int] = {}
+        out = []
+        for c in configs:
+            syncs = []
+            for s in c.synchronizers:
+                if isinstance(s, AllReduce):
+                    s = dataclasses.replace(s, group=groups.setdefault(s.group, len(groups)))
+                elif rename:
+                    s = dataclasses.replace(s, destination=rename.get(s.destination, s.destination))
+                syncs.append(s)
+            out.append(VarConfig(c.name, tuple(syncs), c.axis))
+        return Strategy(tuple(out), self.replicas)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"kind": "strategy", "version": FORMAT_VERSION}
@@ -308,7 +334,7 @@ class Strategy:
     @classmethod
     def from_dict(cls, data: Mapping) -> "Strategy":
         check_keys(data, "strategy", {"variables"}, {"kind", "version", "replicas", "origin"})
-        _check_header(data, "strategy")
+        check_header(data, "strategy")
         replicas = get_typed(data, "replicas", list, "strategy", [])
         if not all(isinstance(r, str) for r in replicas):
             raise ConfigError(f"strategy.replicas: expected a list of 'node:slot' strings, got {short_repr(replicas)}")
@@ -330,3 +356,9 @@ def shard_bounds(dim: int, shards: int) -> list[tuple[int, int]]:
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def _identical_nodes(cluster) -> bool:
+    facts = {(n.workers, n.cpus, n.gpus, n.bandwidth_gbps)
+             for n in cluster.nodes}
+    return len(facts) == 1

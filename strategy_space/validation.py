@@ -1,9 +1,9 @@
 """Check a Strategy against a ModelSpec and a ClusterSpec; report every problem at once."""
 from __future__ import annotations
 
-from ._yaml_limits import short_repr
-from .errors import Problems, StrategyError
-from .specs import ClusterSpec, ModelSpec
+from .cluster_spec import ClusterSpec
+from .errors import Problems, StrategyError, short_repr
+from .model_spec import ModelSpec
 from .strategy import PS, AllReduce, Strategy
 
 

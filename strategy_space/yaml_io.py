@@ -13,9 +13,10 @@ from typing import Any, Union
 
 import yaml
 
-from ._yaml_limits import MAX_DEPTH, MAX_FILE_BYTES, FastLoader, PlainLoader, YAMLLimitError, short_repr
-from .errors import ConfigError
-from .specs import ClusterSpec, ModelSpec
+from ._yaml_limits import MAX_DEPTH, MAX_FILE_BYTES, FastLoader, PlainLoader, YAMLLimitError
+from .cluster_spec import ClusterSpec
+from .errors import ConfigError, short_repr
+from .model_spec import ModelSpec
 from .strategy import Strategy
 
 KINDS = {"strategy": Strategy, "model": ModelSpec, "cluster": ClusterSpec}

@@ -1,7 +1,16 @@
-"""Shared fixtures. Ray is started once per test session, and only by tests that ask for it."""
+"""Shared fixtures. Ray is started once per test session, and only by tests that ask for it.
+
+Honest markers: a test that starts Ray or TensorFlow carries ``@pytest.mark.integration`` (or
+``multinode``), so ``pytest -m "not integration"`` is the fast suite. This is enforced: while an
+unmarked test runs, importing ``tensorflow``, ``keras`` or ``ray`` (not yet loaded) raises, in
+the test's process and in the Python subprocesses it starts (``tests/heavy_guard`` comes first
+on their PYTHONPATH); an unmarked test that asks for ``ray_session`` is a collection error.
+"""
 from __future__ import annotations
 
+import importlib.abc
 import os
+import sys
 
 import pytest
 
@@ -11,6 +20,69 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs")
+HEAVY = ("tensorflow", "keras", "ray")
+GUARD_DIR = os.path.join(REPO, "tests", "heavy_guard")
+
+
+def _marked(item) -> bool:
+    return item.get_closest_marker("integration") is not None
+
+
+class _HeavyImportGuard(importlib.abc.MetaPathFinder):
+    def __init__(self, test: str):
+        self.test = test
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in HEAVY and top not in sys.modules:
+            raise ImportError(f"{self.test} imports {top} but is not marked @pytest.mark.integration: mark it, or "
+                              f"keep the fast suite free of Ray and TensorFlow")
+        return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:   # the testbed runs Ray: a multinode test is an integration test too (before -m selects)
+        if item.get_closest_marker("multinode") and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+    bad = [i.nodeid for i in items if "ray_session" in getattr(i, "fixturenames", ()) and not _marked(i)]
+    if bad:
+        raise pytest.UsageError("tests start Ray without @pytest.mark.integration: " + ", ".join(bad))
+
+
+def _guarded(item):
+    if _marked(item):
+        return None
+    guard = _HeavyImportGuard(item.nodeid)
+    sys.meta_path.insert(0, guard)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([GUARD_DIR] + ([old] if old else []))
+    return guard, old
+
+
+def _unguard(state) -> None:
+    if state is None:
+        return
+    guard, old = state
+    sys.meta_path.remove(guard)
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    state = _guarded(item)
+    yield
+    _unguard(state)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    state = _guarded(item)
+    yield
+    _unguard(state)
 
 
 @pytest.fixture(scope="session")

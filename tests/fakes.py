@@ -45,6 +45,9 @@ class Noisy(SyntheticRunner):
     def run(self, strategies, origins=None):
         out = []
         for t, origin in zip(super().run(strategies, origins), origins or ["search"] * len(strategies)):
+            if not t.ok:
+                out.append(t)
+                continue
             role = self.role.setdefault(t.strategy.fingerprint, "search" if origin in ("search", "explore")
                                         else "baseline")
             level = (0.1 / self.gain if role == "search" else 0.1) * np.exp(self.noise.normal(0, self.spread))

@@ -23,7 +23,7 @@ def warm_pool(ray_session, cluster):
     pool.kill_all()
 
 
-def run_cluster_script(tmp_path, script: str, timeout_s: float = 600) -> dict:
+def run_cluster_script(tmp_path, script: str, timeout_s: float = 480) -> dict:
     """Run ``script`` (which builds its own ``ray.cluster_utils.Cluster``: a process may hold only
     one Ray) in a fresh interpreter and return the JSON it printed after ``RESULT ``."""
     path = tmp_path / "cluster_script.py"

@@ -72,7 +72,7 @@ def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
         script.write_text(DRIVER)
         t0 = time.monotonic()
         out = subprocess.run(ray_nodes.in_namespace(host_ns(0), [sys.executable, str(script), REPO]), env=tb.env(),
-                             cwd=REPO, capture_output=True, text=True, timeout=600)
+                             cwd=REPO, capture_output=True, text=True, timeout=480)
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
         assert line, f"no result after {time.monotonic() - t0:.0f} s (exit {out.returncode}): {out.stderr[-3000:]}"
     finally:

@@ -11,7 +11,8 @@ from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeS
 from strategy_space.calibration import Calibration, CostCurve
 from strategy_space.space import StrategySpace
 from tuner.cost_model import AnalyticCostModel
-from tuner.features import COL, FeatureTables, featurize
+from tuner.feature_tables import FeatureTables
+from tuner.features import COL, featurize
 
 CAL = Calibration("gloo", 2, ((4096, 3e-4), (65536, 5e-4), (1 << 20, 4e-3)), ((4096, 1.1e-3), (1 << 20, 9e-3)))
 
@@ -76,6 +77,6 @@ def test_the_analytic_model_reads_all_reduce_time_off_the_calibrated_curve():
     assert featurize(FeatureTables.from_specs(m, plain), space.encode([s]))[0, COL["ar_curve_s"]] == 0
     # a slower measured curve predicts a slower all-reduce
     slow = replace(CAL, allreduce=tuple((b, 10 * t) for b, t in CAL.allreduce))
-    fast_t = AnalyticCostModel().predict(m, calibrated, space.encode([s]))[0]
-    slow_t = AnalyticCostModel().predict(m, _cluster(slow), space.encode([s]))[0]
+    fast_t = AnalyticCostModel().predict_strategies(m, calibrated, space.encode([s]))[0]
+    slow_t = AnalyticCostModel().predict_strategies(m, _cluster(slow), space.encode([s]))[0]
     assert slow_t > fast_t

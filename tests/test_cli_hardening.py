@@ -79,6 +79,7 @@ def rmsprop_model(tmp_path, monkeypatch):
     return f"{script}:build"
 
 
+@pytest.mark.integration
 def test_an_unsupported_optimizer_is_refused_up_front_by_every_command_with_one_message(
         rmsprop_model, tmp_path, capsys):
     """Issue 17, item 4: tune, run and baselines refuse before Ray starts, with the same message,
@@ -104,6 +105,7 @@ def test_an_unsupported_optimizer_is_refused_up_front_by_every_command_with_one_
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.integration
 def test_the_trainer_refuses_an_unsupported_optimizer_before_ray_starts(rmsprop_model, tmp_path, monkeypatch):
     """Issue 17, item 4, for the Python API: the same message as the commands, and no worker pool
     (so no Ray) is created."""
@@ -153,6 +155,7 @@ def test_tune_help_says_a_model_spec_needs_emulated_compute(capsys, monkeypatch)
     assert "model-spec YAML holds no code to train, so it is tuned only with --compute emulated" in text
 
 
+@pytest.mark.integration
 def test_run_reports_a_strategy_for_another_model_before_ray_starts(rmsprop_model, tmp_path, capsys, monkeypatch):
     """Issue 17, item 7 (the optimizer check is bypassed so the strategy check is what fails)."""
     import autosync.runtime.optimizers as optimizers

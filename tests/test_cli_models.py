@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from strategy_space import load_model_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +20,7 @@ def _autosync(*args: str, cwd: str = REPO) -> subprocess.CompletedProcess:
                           env=env, timeout=300)
 
 
+@pytest.mark.integration
 def test_inspect_script_with_profile_and_out_round_trips(tmp_path):
     from autosync.models import ingest, script
 
@@ -37,6 +40,7 @@ def test_inspect_script_with_profile_and_out_round_trips(tmp_path):
     assert load_model_spec(again) == loaded
 
 
+@pytest.mark.integration
 def test_inspect_zoo_model_prints_sparse_rows():
     r = _autosync("inspect", "--model", "zoo:ncf")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = '''
@@ -57,6 +59,7 @@ def _autosync(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_run_prints_measurement_json(tmp_path):
     (tmp_path / "tiny.py").write_text(SCRIPT)
     (tmp_path / "s.yaml").write_text(STRATEGY)
@@ -73,6 +76,7 @@ def test_run_prints_measurement_json(tmp_path):
     assert out["ray_calls_per_step_per_worker"] == 2 and out["startup_s"] > 0
 
 
+@pytest.mark.integration
 def test_bad_strategy_file_exits_2_with_message(tmp_path):
     (tmp_path / "tiny.py").write_text(SCRIPT)
     bad = tmp_path / "bad.yaml"

@@ -18,7 +18,8 @@ from tests.conftest import REPO
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.cost_model import AnalyticCostModel
 from tuner.dataset import build_trial_set, store_groups
-from tuner.features import FeatureTables, featurize
+from tuner.feature_tables import FeatureTables
+from tuner.features import featurize
 from tuner.simulator import LearnedSimulator
 from tuner.store import TrialStore
 from tuner.synthetic import SyntheticRunner, candidate_strategies
@@ -54,7 +55,7 @@ def _features(files):
 def test_strategy_json_analytic(files, capsys):
     out = _json(capsys, ["simulate", "--model", files["model"], "--cluster", files["cluster"],
                          "--strategy", files["strategy"], "--json"])
-    expected = float(AnalyticCostModel().predict_features(_features(files))[0])
+    expected = float(AnalyticCostModel().predict(_features(files))[0])
     assert out["predictor"] == "analytic" and out["model"] == "tiny" and out["cluster"] == "three"
     assert out["step_time_s"] == pytest.approx(expected, rel=1e-6)
     assert out["samples_per_s"] == pytest.approx(64 * 3 / expected, rel=1e-6)
@@ -71,7 +72,7 @@ def test_strategy_with_store_uses_the_learned_simulator(files, capsys):
     expected = float(LearnedSimulator().fit(data.X, data.y).predict(_features(files))[0])
     assert out["predictor"] == "learned"
     assert out["step_time_s"] == pytest.approx(expected, rel=1e-5)
-    analytic = float(AnalyticCostModel().predict_features(_features(files))[0])
+    analytic = float(AnalyticCostModel().predict(_features(files))[0])
     assert out["step_time_s"] != pytest.approx(analytic, rel=1e-3)
 
 

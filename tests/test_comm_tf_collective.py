@@ -16,6 +16,7 @@ def _m(var, shard=0, shards=1, backend="graph", compressor="none", sparse=False)
                     compressor=Compressor.parse(compressor), backend=backend)
 
 
+@pytest.mark.integration
 def test_auto_is_graph_on_gpus_and_gloo_on_cpus():
     assert resolve_backend("auto", gpus=True).name == "graph"
     assert resolve_backend("auto", gpus=False).name == "gloo"

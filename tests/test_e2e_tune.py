@@ -24,7 +24,7 @@ def _env():
     return env
 
 
-def _tune(tmp_path, *extra, timeout=900):
+def _tune(tmp_path, *extra, timeout=400):   # under the per-test limit (pytest.ini), with the wait below
     return subprocess.run([sys.executable, "-m", "autosync", "tune", *ARGS, *extra], capture_output=True, text=True,
                           cwd=tmp_path, env=_env(), timeout=timeout)
 
@@ -45,8 +45,12 @@ def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_pat
 
     assert s["trials"] == 8 and s["baseline_trials"] >= 3  # on one node several builders coincide
     assert set(s["speedup_over_baselines"]) == set(BUILDERS)  # yet every builder is reported
-    assert s["best_step_time_s"] <= s["best_baseline_step_time_s"]
-    assert s["speedup_over_best_baseline"] >= 1.0
+    # the speed-up is the best baseline's pooled median over the recommendation's; the recommendation
+    # is the best baseline itself unless a searched strategy beat it beyond the noise
+    assert s["speedup_over_best_baseline"] == pytest.approx(s["best_baseline_step_time_s"] / s["best_step_time_s"])
+    assert s["best_measurements"] == 3 and s["confirm_trials"] >= 2
+    if s["best_origin"] != s["best_baseline"]:
+        assert s["best_origin"] in ("search", "explore") and s["speedup_over_best_baseline"] > 1.0
     from autosync.sources import load_cluster
     from tuner.store import TrialStore
 
@@ -62,7 +66,7 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     cmd = [sys.executable, "-m", "autosync", "tune", *ARGS, "--trials", "6", "--store", str(db), "--out", "b.yaml"]
     p = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 150
     while _count(db) < 4 and time.monotonic() < deadline and p.poll() is None:
         time.sleep(1)
     assert p.poll() is None, "the run ended before it could be killed"
@@ -76,8 +80,8 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     from tuner.store import TrialStore
 
     with TrialStore(db) as store:
-        trials = [t for t in store.trials() if t.meta.get("run_id") == s["run_id"]]
+        trials = [t for t in store.trials() if t.run_id == s["run_id"]]
     assert len(trials) == s["total_trials"] >= killed_at          # the first run's trials are part of it
-    fps = [t.strategy.fingerprint for t in trials if t.meta["role"] != "confirm"]
+    fps = [t.strategy.fingerprint for t in trials if t.role != "confirm"]
     assert len(fps) == len(set(fps)), "a strategy was measured twice (outside confirmation)"
-    assert sum(t.meta["role"] == "search" for t in trials) == 6
+    assert sum(t.role == "search" for t in trials) == 6

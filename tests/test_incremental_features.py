@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 
 from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
-from strategy_space.space import FIELDS, KIND_AR, Mutation, StrategySpace
+from strategy_space.encoding import FIELDS, KIND_AR, Mutation
+from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.constraints import Constraints, Rule
 from tuner.cost_model import AnalyticCostModel
 from tuner.dataset import featurize_trials
-from tuner.features import COL, FeatureTables, featurize
+from tuner.feature_tables import FeatureTables
+from tuner.features import COL, featurize
 from tuner.incremental import IncrementalFeaturizer
 from tuner.search import IncrementalScorer, simulated_annealing
 from tuner.simulator import LearnedSimulator
@@ -252,9 +254,9 @@ def test_annealing_with_the_incremental_scorer_finds_the_same_pool(proposals):
     t = FeatureTables.from_specs(model, cluster)
     analytic = AnalyticCostModel()
     init = space.sample_encoded(np.random.default_rng(11), 12)
-    full = simulated_annealing(space, lambda e: analytic.predict_features(featurize(t, e)), init,
+    full = simulated_annealing(space, lambda e: analytic.predict(featurize(t, e)), init,
                                np.random.default_rng(12), steps=40, proposals=proposals)
-    fast = simulated_annealing(space, IncrementalScorer(IncrementalFeaturizer(t), analytic.predict_features), init,
+    fast = simulated_annealing(space, IncrementalScorer(IncrementalFeaturizer(t), analytic.predict), init,
                                np.random.default_rng(12), steps=40, proposals=proposals)
     assert fast.encoded.row_keys() == full.encoded.row_keys()
     np.testing.assert_array_equal(fast.predicted, full.predicted)

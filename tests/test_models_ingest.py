@@ -1,10 +1,8 @@
 """Ingestion: sparse detection from a real gradient, rows per step, names, ready order, profile."""
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from autosync.model_def import ModelDef
 from autosync.models import ingest, profile
@@ -13,20 +11,34 @@ from strategy_space.errors import ConfigError
 VOCAB, DIM, BATCH, WIDTH = 50, 4, 8, 3
 
 
-class TiedLM(keras.Model):
-    """An embedding used twice: a lookup (sparse) and the output projection (dense)."""
+def TiedLM():
+    """An embedding used twice: a lookup (sparse) and the output projection (dense). (Keras and
+    TensorFlow are imported by the tests that use them: collecting this file stays fast.)"""
+    import keras
+    import tensorflow as tf
 
-    def __init__(self):
-        super().__init__(name="tied")
-        self.embedding = keras.layers.Embedding(VOCAB, DIM, name="embedding")
-        self.hidden = keras.layers.Dense(DIM, name="hidden")
+    class TiedLM(keras.Model):
+        def __init__(self):
+            super().__init__(name="tied")
+            self.embedding = keras.layers.Embedding(VOCAB, DIM, name="embedding")
+            self.hidden = keras.layers.Dense(DIM, name="hidden")
 
-    def call(self, ids, training=None):
-        h = self.hidden(tf.reduce_mean(self.embedding(ids), axis=1))
-        return tf.matmul(h, self.embedding.embeddings, transpose_b=True)
+        def call(self, ids, training=None):
+            h = self.hidden(tf.reduce_mean(self.embedding(ids), axis=1))
+            return tf.matmul(h, self.embedding.embeddings, transpose_b=True)
+
+    return TiedLM()
+
+
+def _sgd():
+    import keras
+
+    return keras.optimizers.SGD()
 
 
 def _lookup_model():
+    import keras
+
     ids = keras.Input((WIDTH,), dtype="int32")
     x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="lookup")(ids))
     x = keras.layers.Dense(5, name="dense")(x)
@@ -34,6 +46,8 @@ def _lookup_model():
 
 
 def _mse():
+    import keras
+
     return keras.losses.MeanSquaredError()
 
 
@@ -48,6 +62,7 @@ def _tied_batches(worker_index, num_workers):
     yield ids, np.zeros((BATCH, VOCAB), np.float32)
 
 
+@pytest.mark.integration
 def test_embedding_lookup_is_sparse_with_measured_rows_and_dense_layers_are_dense():
     ids, y = next(_ids_batches(0, 1))
     spec = ingest.model_spec_from_model(_lookup_model(), _mse(), ids, y, name="lookup", batch_size=BATCH)
@@ -60,6 +75,7 @@ def test_embedding_lookup_is_sparse_with_measured_rows_and_dense_layers_are_dens
     assert all(v.rows_per_step is None for n, v in by_name.items() if n != "lookup/embeddings")
 
 
+@pytest.mark.integration
 def test_tied_embedding_used_sparsely_and_densely_is_dense():
     ids, y = next(_tied_batches(0, 1))
     spec = ingest.model_spec_from_model(TiedLM(), _mse(), ids, y, name="tied", batch_size=BATCH)
@@ -77,18 +93,20 @@ def test_variable_names_disambiguates_repeated_paths():
         "a/kernel", "a/kernel_1", "b", "a/kernel_2"]
 
 
+@pytest.mark.integration
 def test_model_spec_from_def_rejects_empty_dataset_and_non_pairs():
-    base = dict(name="m", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=keras.optimizers.SGD, batch_size=BATCH)
+    base = dict(name="m", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=_sgd, batch_size=BATCH)
     with pytest.raises(ConfigError, match=r"dataset_fn\(0, 1\) yielded no batches"):
         ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [], **base))
     with pytest.raises(ConfigError, match=r"must yield \(inputs, targets\) pairs, got ndarray"):
         ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [np.zeros((BATCH, WIDTH), np.int32)], **base))
 
 
+@pytest.mark.integration
 def test_profile_measures_step_time_device_and_backward_ready_order():
-    model_def = ModelDef(name="lookup", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=keras.optimizers.SGD,
+    model_def = ModelDef(name="lookup", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=_sgd,
                          dataset_fn=_ids_batches, batch_size=BATCH)
-    spec = ingest.model_spec_from_def(model_def, profile=True, warmup_steps=1, timed_steps=3)
+    spec = profile.profiled_model_spec(model_def, warmup_steps=1, timed_steps=3)
     p = spec.profile
     assert 0 < p.step_time_s < 5
     assert p.device.startswith(("cpu:", "gpu:")) and p.device.endswith(tuple(f"x{i}" for i in range(1, 1025)))
@@ -99,6 +117,7 @@ def test_profile_measures_step_time_device_and_backward_ready_order():
     assert order[-1] == "lookup/embeddings"
 
 
+@pytest.mark.integration
 def test_tied_embedding_is_ready_only_after_its_earliest_use():
     ids, y = next(_tied_batches(0, 1))
     model = TiedLM()
@@ -107,6 +126,7 @@ def test_tied_embedding_is_ready_only_after_its_earliest_use():
     assert p.ready_order[-1] == "tied/embedding/embeddings"
 
 
+@pytest.mark.integration
 def test_profile_rejects_zero_steps():
     ids, y = next(_ids_batches(0, 1))
     with pytest.raises(ValueError, match="timed_steps must be >= 1|warmup_steps and timed_steps"):

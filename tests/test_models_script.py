@@ -22,6 +22,7 @@ def _write(tmp_path, body: str, name: str = "user_model.py") -> str:
     return str(path)
 
 
+@pytest.mark.integration
 def test_example_script_returns_a_model_def_with_sparse_embedding():
     from autosync.models import ingest
 
@@ -33,6 +34,7 @@ def test_example_script_returns_a_model_def_with_sparse_embedding():
     assert not spec.var("hidden/kernel").sparse
 
 
+@pytest.mark.integration
 def test_example_model_def_unpickles_in_a_process_that_cannot_import_the_script(tmp_path):
     import cloudpickle
 
@@ -91,6 +93,7 @@ def test_attribute_that_is_not_a_function(tmp_path):
         script.load_model_def(path, "build")
 
 
+@pytest.mark.integration
 def test_sources_resolve_script_form():
     from autosync.sources import load_model_def
 

@@ -5,7 +5,6 @@ import pickle
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from autosync.models import ingest, zoo
 from strategy_space.errors import ConfigError
@@ -50,9 +49,12 @@ def test_model_defs_pickle():
 
 
 def _flat(batch):
+    import tensorflow as tf
+
     return [np.asarray(a) for a in tf.nest.flatten(batch)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", NAMES)
 def test_data_is_deterministic_and_differs_between_workers(name):
     d = zoo.get_model_def(name)
@@ -64,8 +66,11 @@ def test_data_is_deterministic_and_differs_between_workers(name):
     assert all(a.shape[0] == d.batch_size for a in first)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", NAMES)
 def test_small_variant_trains_a_step_and_has_the_right_character(name):
+    import tensorflow as tf
+
     d = zoo.get_model_def(name)
     inputs, targets = ingest.first_batch(d, 0, 2)
     model, loss, optimizer = d.model_fn(), d.loss_fn(), d.optimizer_fn()
@@ -102,6 +107,7 @@ def test_small_variant_trains_a_step_and_has_the_right_character(name):
             "embedding/embeddings", "softmax/softmax_weights", "softmax/softmax_bias"]
 
 
+@pytest.mark.integration
 def test_resnet50_full_matches_the_keras_model():
     import keras
 

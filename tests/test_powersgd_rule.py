@@ -10,7 +10,8 @@ from autosync.runtime.sync.compression import wire_values
 from strategy_space import AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
 from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible, powersgd_wire_values
 from strategy_space.space import StrategySpace
-from tuner.features import COL, FeatureTables, featurize
+from tuner.feature_tables import FeatureTables
+from tuner.features import COL, featurize
 from tuner.netsim import powersgd_matrix
 
 # (shape, rank, values sent): r(m + n) for a matrix PowerSGD shrinks, else every value

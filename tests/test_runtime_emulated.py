@@ -212,7 +212,7 @@ def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path
     import autosync
     from strategy_space.yaml_io import save
     from tuner.store import TrialStore
-    from tuner.tuning import SearchSettings
+    from tuner.model_based import SearchSettings
 
     path = tmp_path / "emu.yaml"
     save(dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=None), path)
@@ -220,7 +220,7 @@ def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path
                            precision=None, confirm=0, warm_start="none", store=tmp_path / "t.db",
                            settings=SearchSettings(batch=1, candidates=16, chains=4, anneal_steps=4))
     assert result.cluster.compute == "emulated" and result.best_trial.ok
-    assert {t.meta["compute"] for t in result.outcome.trials} == {"emulated"}
+    assert {t.compute for t in result.outcome.trials} == {"emulated"}
     with TrialStore(tmp_path / "t.db") as store:
         [(_, cfp, _)] = store.groups()
         assert store.cluster(cfp).compute == "emulated"

@@ -46,6 +46,7 @@ def runner(ray_session, tmp_path):
     r.close()
 
 
+@pytest.mark.integration
 def test_failed_and_timed_out_trials_are_contained(runner):
     from strategy_space.builders import get_builder
 

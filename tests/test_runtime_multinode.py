@@ -6,7 +6,11 @@ hold only one.
 """
 from __future__ import annotations
 
+import pytest
+
 from tests.runtime_helpers import run_cluster_script
+
+pytestmark = pytest.mark.integration
 
 SCRIPT = r'''
 import json, os, sys

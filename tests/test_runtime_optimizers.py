@@ -32,6 +32,7 @@ def grads(step, sparse):
     ("adagrad", {"learning_rate": 0.2}),
     ("sgd", {"learning_rate": 0.1, "weight_decay": 0.05}),
 ])
+@pytest.mark.integration
 def test_matches_keras(name, kw, sparse):
     import keras
     import tensorflow as tf
@@ -51,6 +52,7 @@ def test_matches_keras(name, kw, sparse):
     assert not np.allclose(params["k"], init)
 
 
+@pytest.mark.integration
 def test_unsupported_options_and_optimizers_are_rejected():
     import keras
 

@@ -10,6 +10,8 @@ from strategy_space import PS, ClusterSpec, NodeSpec, Strategy, VarConfig
 
 STEPS = 4
 # two nodes on this machine: partitioned strategies really get shards on two PS actors
+pytestmark = pytest.mark.integration
+
 PAIR = ClusterSpec(name="pair", nodes=(
     NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1, chief=True),
     NodeSpec(name="node1", address="127.0.0.1", cpus=1, workers=1),

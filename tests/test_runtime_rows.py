@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from autosync.runtime.rows import dedup_rows, payload_bytes
 from tests import runtime_models as rm
@@ -21,6 +22,7 @@ def test_dedup_sums_repeated_rows_and_keeps_their_squares():
     assert payload_bytes({"a": (rows, sums), "b": [np.zeros(3, np.float64)]}) == 8 + 16 + 24
 
 
+@pytest.mark.integration
 def test_rows_of_embeddings_fed_by_inputs_and_tied_table_is_not_row_sparse():
     import keras
     import tensorflow as tf
@@ -44,6 +46,7 @@ def test_rows_of_embeddings_fed_by_inputs_and_tied_table_is_not_row_sparse():
         assert rows[v].tolist() == np.unique(grads[v].indices.numpy()).tolist()
 
 
+@pytest.mark.integration
 def test_a_gather_in_a_custom_layer_is_pulled_whole_and_says_why():
     import keras
     import tensorflow as tf
@@ -82,6 +85,7 @@ def test_merge_rows_sums_senders_and_keeps_every_squared_slice():
     assert len(merge_rows([dedup_rows(i, v, False) for i, v in zip(idx, vals)], False)) == 2
 
 
+@pytest.mark.integration
 def test_lm1b_sampled_softmax_declares_its_rows():
     """The zoo's LM1B draws its sampled classes from the labels, so its softmax rows are known
     before the step: every sparse variable is predicted, exactly as its gradient touches."""

@@ -6,13 +6,15 @@ import dataclasses
 import numpy as np
 
 from strategy_space import ClusterSpec, ConfigError, NodeSpec
-from strategy_space.space import KIND_AR, StrategySpace
+from strategy_space.encoding import KIND_AR
+from strategy_space.space import StrategySpace
 from strategy_space.strategy import PS, AllReduce, Strategy, VarConfig
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.features import FeatureTables, featurize
+from tuner.feature_tables import FeatureTables
+from tuner.features import featurize
 from tuner.search import Pool
 from tuner.synthetic import SyntheticRunner
-from tuner.tuning import ModelBasedTuner, SearchSettings
+from tuner.model_based import ModelBasedTuner, SearchSettings
 
 MODEL = tiny_model(profile=True)
 ALIKE = ClusterSpec("alike", tuple(NodeSpec(f"h{i}", address=f"10.0.0.{i + 1}", bandwidth_gbps=1.0) for i in range(3)))

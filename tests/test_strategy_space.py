@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from strategy_space import (AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, PS, Strategy, VarConfig, VariableSpec,
                             validate)
-from strategy_space.space import KIND_AR, KIND_PS, Mutation, StrategySpace
+from strategy_space.encoding import KIND_AR, KIND_PS, Mutation
+from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 
 variables = st.lists(

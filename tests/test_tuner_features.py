@@ -7,7 +7,8 @@ import pytest
 from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
 from strategy_space.space import StrategySpace
 from strategy_space.strategy import shard_bounds
-from tuner.features import COL, FeatureTables, featurize
+from tuner.feature_tables import FeatureTables
+from tuner.features import COL, featurize
 
 GBIT = 1e9 / 8
 
@@ -257,11 +258,11 @@ def test_candidates_that_move_different_bytes_get_different_predictions(nodes, w
     c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", cpus=2, workers=workers, bandwidth_gbps=10.0) for i in range(nodes)))
     space = StrategySpace(m, c)
     e = space.sample_encoded(np.random.default_rng(0), 64)
-    pred = AnalyticCostModel().predict(m, c, e)
+    pred = AnalyticCostModel().predict_strategies(m, c, e)
     assert np.ptp(pred) / pred.min() > 0.05        # a spread, not a vertical line
     assert len(np.unique(np.round(pred, 6))) > 48
     # the same gradients through one parameter server vs all-reduce: PS moves more through the node
     ps = Strategy(tuple(VarConfig(v.name, (PS("n0"),)) for v in m.variables))
     ar = Strategy(tuple(VarConfig(v.name, (AllReduce(),)) for v in m.variables))
-    t_ps, t_ar = AnalyticCostModel().predict(m, c, space.encode([ps, ar]))
+    t_ps, t_ar = AnalyticCostModel().predict_strategies(m, c, space.encode([ps, ar]))
     assert t_ps > 1.05 * t_ar

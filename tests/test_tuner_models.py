@@ -46,7 +46,7 @@ def test_init_does_no_work_and_fit_returns_self(data):
 def test_little_data_falls_back_to_analytic(data):
     sim = LearnedSimulator(min_trials=10).fit(data.X[:5], data.y[:5])
     assert sim.regressor_ is None
-    np.testing.assert_allclose(sim.predict(data.X), sim.analytic_.predict_features(data.X))
+    np.testing.assert_allclose(sim.predict(data.X), sim.analytic_.predict(data.X))
 
 
 def test_learned_models_beat_chance_on_held_out_trials(data):
@@ -62,7 +62,7 @@ def test_learned_models_beat_chance_on_held_out_trials(data):
 def test_analytic_fit_reduces_error(data):
     base = AnalyticCostModel()
     fitted = AnalyticCostModel().fit(data.X, data.y)
-    err = lambda m: np.mean((np.log(m.predict_features(data.X)) - np.log(data.y)) ** 2)  # noqa: E731
+    err = lambda m: np.mean((np.log(m.predict(data.X)) - np.log(data.y)) ** 2)  # noqa: E731
     assert err(fitted) < err(base)
     assert fitted.params_ != base.parameters
 

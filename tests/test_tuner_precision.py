@@ -10,7 +10,7 @@ from tests.fakes import tiny_model, two_node_cluster
 from strategy_space.builders import get_builder
 from tuner.precision import MeasurePolicy, median_interval, order_statistic_ranks, relative_halfwidth
 from tuner.trial import Trial
-from tuner.tuning import TuneOutcome
+from tuner.outcome import TuneOutcome
 
 
 def coverage(n: int, j: int, k: int) -> float:
@@ -122,7 +122,7 @@ MODEL, CLUSTER = tiny_model(), two_node_cluster()
 
 def trial(strategy, steps, role="search"):
     return Trial(strategy, MODEL.fingerprint, CLUSTER.fingerprint, "ok", step_times=tuple(steps),
-                 origin=strategy.origin, meta={"role": role})
+                 origin=strategy.origin, role=role)
 
 
 def test_imprecise_measurements_are_not_a_significant_gain_even_when_repeats_agree():

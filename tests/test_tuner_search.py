@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from strategy_space import ConfigError, validate
-from strategy_space.space import KIND_AR, KIND_PS, EncodedStrategies, Mutation, StrategySpace
+from strategy_space.encoding import KIND_AR, KIND_PS, EncodedStrategies, Mutation
+from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.constraints import Constraints, Rule, load_constraints
 from tuner.sampler import KnowledgeSampler
@@ -83,7 +84,7 @@ def test_select_diverse_skips_near_duplicates_and_measured():
     base = space.sample_encoded(rng, 1)
     near = space.mutate_encoded(base, rng)
     far = space.sample_encoded(rng, 1)
-    from strategy_space.space import EncodedStrategies
+    from strategy_space.encoding import EncodedStrategies
 
     pool = Pool(EncodedStrategies.concat([base, near, far]), np.array([1.0, 1.01, 2.0]))
     assert select_diverse(pool, 2, rng, min_distance=2) == [0, 2]

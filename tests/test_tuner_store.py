@@ -176,3 +176,28 @@ def test_a_store_killed_before_its_checkpoint_still_opens(tmp_path):
 
     with open_existing_store(tmp_path / "k.db") as st:
         assert len(st) == len(_trials())
+
+
+def test_typed_fields_round_trip_and_old_meta_keys_load_onto_them(tmp_path):
+    """Trial.role/run_id/predicted_s/aliases/compute are stored in the meta column, as trials
+    stored before they were fields hold them; such trials (the shipped dataset) load onto the fields."""
+    import dataclasses
+
+    from tuner.trial import META_FIELDS
+    from tuner.warmstart import load_warm_start
+
+    model, cluster = MODEL, CLUSTER
+    t = _trials()[0]
+    t = dataclasses.replace(t, role="baseline", run_id="r1", predicted_s=0.25, aliases=("ps_lb",), compute="real")
+    with TrialStore(tmp_path / "s.db") as store:
+        store.add(t, model, cluster)
+        [back] = store.trials()
+    assert (back.role, back.run_id, back.predicted_s, back.aliases, back.compute) == ("baseline", "r1", 0.25,
+                                                                                     ("ps_lb",), "real")
+    assert not set(back.meta) & set(META_FIELDS) and back.meta == t.meta
+    old = dataclasses.replace(t, role="", meta={**t.meta, "role": "search", "aliases": ["x"]})   # an old record
+    assert (old.role, old.aliases, "role" in old.meta) == ("search", ("x",), False)
+    trials = [x for _, _, ts in load_warm_start("builtin") for x in ts]
+    assert {x.role for x in trials} >= {"baseline", "search"} and all(x.run_id for x in trials)
+    assert {x.compute for x in trials} <= {"", "real", "emulated"}   # the shipped dataset predates the key
+    assert not any(set(x.meta) & set(META_FIELDS) for x in trials)

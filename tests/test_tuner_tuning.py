@@ -7,7 +7,8 @@ from tests.fakes import Noisy, three_node_cluster, tiny_model
 from tuner.constraints import Constraints, Rule
 from tuner.store import TrialStore
 from tuner.synthetic import SyntheticRunner
-from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, previous_run, tune_loop
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.tuning import Budget, previous_run, tune_loop
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 FAST = SearchSettings(batch=3, candidates=64, chains=16, anneal_steps=10, seed=0)
@@ -21,12 +22,12 @@ def run(tmp_path, budget, runner=None, resume=False, constraints=None, name="t.d
 
 def fingerprints(outcome):
     """Strategies of the run in order, re-measurements of the final contenders left out."""
-    return [t.strategy.fingerprint for t in outcome.trials if t.meta["role"] != "confirm"]
+    return [t.strategy.fingerprint for t in outcome.trials if t.role != "confirm"]
 
 
 def test_loop_measures_baselines_then_searches(tmp_path):
     out = run(tmp_path, Budget(trials=9, patience=10))
-    roles = [t.meta["role"] for t in out.trials]
+    roles = [t.role for t in out.trials]
     n_base = roles.count("baseline")
     assert n_base >= 5 and roles[:n_base] == ["baseline"] * n_base
     assert len(out.search_trials) == 9 and out.stop_reason == "trials"
@@ -34,7 +35,7 @@ def test_loop_measures_baselines_then_searches(tmp_path):
     assert out.best.median <= out.best_baseline.median
     for t in out.trials:
         validate(t.strategy, MODEL, CLUSTER)
-        assert t.meta["run_id"] == out.run_id
+        assert t.run_id == out.run_id
     with TrialStore(tmp_path / "t.db") as store:
         assert len(store.trials_for(MODEL.fingerprint, CLUSTER.fingerprint)) == len(out.trials)
     assert 1 <= out.trials_to_within(0.05) <= len(out.trials)
@@ -89,7 +90,7 @@ def test_resume_finishes_without_repeating(tmp_path):
     assert out.run_id == run_id
     assert len(out.search_trials) == 8
     assert len(set(fingerprints(out))) == len(out.trials) - len(out.confirm_trials) \
-        == len(before) - len([t for t in before if t.meta["role"] == "search"]) + 8
+        == len(before) - len([t for t in before if t.role == "search"]) + 8
     assert fingerprints(out)[:10] == [t.strategy.fingerprint for t in before]
 
 
@@ -121,7 +122,7 @@ def test_confirmation_remeasures_the_contenders_and_drops_a_lucky_outlier(tmp_pa
     out = run(tmp_path, Budget(trials=4, patience=10, confirm=2), runner=LuckyOnce(MODEL, CLUSTER, seed=4))
     best, base = out.best, out.best_baseline
     assert best.meta["measurements"] == 3 and base.meta["measurements"] == 3
-    assert all(t.meta["role"] == "confirm" for t in out.trials[-len(out.confirm_trials):]) and out.confirm_trials
+    assert all(t.role == "confirm" for t in out.trials[-len(out.confirm_trials):]) and out.confirm_trials
     lucky = [t for t in out.trials if t.strategy.fingerprint == LuckyOnce.lucky]
     assert lucky[0].median < best.median    # its first measurement beat everything...
     if len(lucky) > 1:                      # ...and once re-measured it no longer leads on luck
@@ -208,7 +209,8 @@ def test_pinning_without_staleness_gives_valid_sync_strategies_and_labels_change
 
 
 def test_a_pin_keeps_the_mode_of_the_strategys_other_parameter_servers():
-    from strategy_space.space import KIND_AR, StrategySpace
+    from strategy_space.encoding import KIND_AR
+    from strategy_space.space import StrategySpace
 
     space = StrategySpace(MODEL, CLUSTER, staleness=(0, 3))
     cons = Constraints((Rule(match="dense/kernel", sync="ps"),)).compile(space)
@@ -246,6 +248,6 @@ class FailsFirstRun(SyntheticRunner):
 def test_a_failed_baseline_is_measured_once_more(tmp_path):
     """Issue 17, item 6: a baseline whose first run failed stays in the comparison."""
     out = run(tmp_path, Budget(trials=3, patience=10, confirm=0), runner=FailsFirstRun("ps", MODEL, CLUSTER, seed=1))
-    ps = [t for t in out.trials if t.origin == "ps" and t.meta["role"] == "baseline"]
+    ps = [t for t in out.trials if t.origin == "ps" and t.role == "baseline"]
     assert [t.ok for t in ps] == [False, True] and ps[1].meta["attempt"] == 2
     assert out.baselines["ps"].ok

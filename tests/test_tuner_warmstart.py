@@ -9,10 +9,12 @@ from strategy_space import ConfigError
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.dataset import build_trial_set
+from tuner.model_based import ModelBasedTuner, SearchSettings
 from tuner.predictor import Predictor
 from tuner.store import TrialStore
 from tuner.synthetic import SyntheticRunner, candidate_strategies, make_dataset
-from tuner.tuning import Budget, ModelBasedTuner, SearchSettings, tune_loop
+from tuner.training_set import TrainingSet
+from tuner.tuning import Budget, tune_loop
 from tuner.warmstart import BUILTIN_PATH, load_warm_start, merge_groups, resolve_warm_start
 
 FAST = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8)
@@ -83,7 +85,7 @@ def test_builtin_dataset_is_shipped_and_learnable():
 
 def test_predictor_transfers_from_prior_groups_alone(groups):
     model, cluster = tiny_model(profile=True), three_node_cluster()
-    p = Predictor(model, cluster).refit(None, groups)
+    p = Predictor(model, cluster).fit(build_trial_set(groups))
     assert p.n_groups_ == len(groups) and p.n_target_ == 0
     assert p.source_ == "simulator" and p.scores_ == {}     # nothing of the target to judge by: transfer
     assert p.fuse_ranker_
@@ -94,12 +96,13 @@ def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
     model, cluster = tiny_model(profile=True), three_node_cluster()
     target = SyntheticRunner(model, cluster, seed=2)
     strategies = candidate_strategies(model, cluster, np.random.default_rng(0), 12)
-    with TrialStore(tmp_path / "t.db") as store:
-        store.add_many(target.run(strategies[:4]), model, cluster)
-        few = Predictor(model, cluster).refit(store, groups)
-        assert few.n_target_ == 4 and set(few.scores_) >= {"analytic", "simulator"}
-        store.add_many(target.run(strategies[4:]), model, cluster)
-        many = Predictor(model, cluster).refit(store, groups)
+    training = TrainingSet()
+    training.add_groups(groups)
+    training.add(model, cluster, target.run(strategies[:4]))
+    few = Predictor(model, cluster).fit(training.trial_set())
+    assert few.n_target_ == 4 and set(few.scores_) >= {"analytic", "simulator"}
+    training.add(model, cluster, target.run(strategies[4:]))
+    many = Predictor(model, cluster).fit(training.trial_set())
     assert many.n_target_ == 12
     assert many.source_ == max(("simulator", "analytic"), key=lambda k: many.scores_[k])
     assert many.fuse_ranker_ == (many.scores_["ranker"] >= many.scores_[many.source_])
@@ -108,7 +111,7 @@ def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
     e = StrategySpace(model, cluster).encode(strategies)
     seconds = many.predict(e)
     expected = (many.simulator_.predict(many.features(e)) if many.source_ == "simulator"
-                else many.analytic_.predict_features(many.features(e)))
+                else many.analytic_.predict(many.features(e)))
     np.testing.assert_allclose(seconds, expected)
 
 

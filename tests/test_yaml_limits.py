@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 
 from strategy_space import ConfigError, load, save
-from strategy_space._strict import get_typed
+from strategy_space.strict import get_typed
 from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.constraints import load_constraints

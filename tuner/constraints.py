@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strategy_space._strict import check_keys, get_typed
-from strategy_space._yaml_limits import short_repr
+from strategy_space.errors import short_repr
+from strategy_space.strict import check_keys, get_typed
 from strategy_space.errors import ConfigError, Problems
-from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies, StrategySpace
+from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
+from strategy_space.space import StrategySpace
 from strategy_space.compressor import Compressor
 from strategy_space.strategy import BACKENDS
 from strategy_space.yaml_io import parse_text, read_text

@@ -13,11 +13,11 @@ from typing import Sequence
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
-from strategy_space.space import EncodedStrategies
+from strategy_space.encoding import EncodedStrategies
 
 from .alpha_beta import AlphaBeta, step_time
-from .errors import NotFittedError, check_fitted  # noqa: F401 - re-exported for callers
-from .features import FeatureTables, featurize, terms_of
+from .feature_tables import FeatureTables
+from .features import featurize, terms_of
 
 
 class AnalyticCostModel:
@@ -44,22 +44,27 @@ class AnalyticCostModel:
         """Fitted parameters, else the prior (the model is usable unfitted: that is its job)."""
         return getattr(self, "params_", None) or self.prior or AlphaBeta()
 
-    def predict_features(self, X: np.ndarray) -> np.ndarray:
-        """Step time (s) of feature rows (``features.featurize`` output)."""
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Step time (s) of feature rows (``features.featurize`` output); ``StepTimeModel``."""
         return step_time(terms_of(X), self.parameters)
 
-    def predict(self, model: ModelSpec, cluster: ClusterSpec, encoded: EncodedStrategies,
-                tables: FeatureTables | None = None) -> np.ndarray:
+    def predict_features(self, X: np.ndarray) -> np.ndarray:
+        """``predict`` under the name ``tuner/evaluation.py`` still calls (to go when it calls predict)."""
+        return self.predict(X)
+
+    def predict_strategies(self, model: ModelSpec, cluster: ClusterSpec, encoded: EncodedStrategies,
+                           tables: FeatureTables | None = None) -> np.ndarray:
         """Step time (s) of each encoded strategy of ``model`` on ``cluster``."""
         tables = tables or FeatureTables.from_specs(model, cluster)
-        return self.predict_features(featurize(tables, encoded))
+        return self.predict(featurize(tables, encoded))
 
-    def fit(self, X: np.ndarray, y: Sequence[float]) -> "AnalyticCostModel":
-        """Fit the parameters to measured step times.
+    def fit(self, X: np.ndarray, y: Sequence[float], groups=None) -> "AnalyticCostModel":
+        """Fit the parameters to measured step times (``StepTimeModel``).
 
         Args:
             X: feature rows of the measured strategies (``featurize``).
             y: their measured step times in seconds (e.g. ``Trial.median``).
+            groups: ignored (the parameters are one cluster's: fit on one group's rows).
 
         Returns:
             self.

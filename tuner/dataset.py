@@ -16,7 +16,9 @@ from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.errors import ConfigError
 from strategy_space.space import StrategySpace
 
-from .features import COL, FeatureTables, featurize
+from .feature_tables import FeatureTables
+
+from .features import COL, featurize
 from .trial import Trial
 
 _TIMES = ("wire_s", "nic_in_s", "nic_out_s", "intra_s", "ar_ring_s", "comm_s", "analytic_s", "cpu_s")
@@ -97,7 +99,7 @@ def featurize_trials(model: ModelSpec, cluster: ClusterSpec, trials: Sequence[Tr
         keys.append(key)
         ys.append(t.median)
     if todo:
-        from strategy_space.space import EncodedStrategies
+        from strategy_space.encoding import EncodedStrategies
 
         X = featurize(FeatureTables.from_specs(model, cluster), EncodedStrategies.concat([e for _, e in todo]))
         for (key, _), row in zip(todo, X):

@@ -41,18 +41,17 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
     from ``j`` on. ``exposed_frac`` is the part of ``T_comm`` that sticks out past compute.
 """
 from __future__ import annotations
+from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from strategy_space import ClusterSpec, ModelSpec
-from strategy_space.calibration import CostCurve
-from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
-from strategy_space.space import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
+from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
+from .feature_tables import FeatureTables, curve_ns, powersgd_shard_bytes
 
 FEATURE_NAMES = (
     "compute_s", "num_workers", "num_nodes", "nodes_with_workers", "ps_share", "ps_vars_frac",
@@ -66,12 +65,7 @@ FEATURE_NAMES = (
     "ps_update_bytes_max", "local_agg_bytes", "cpu_contention", "hierarchical", "cpu_s", "ar_curve_s",
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
-INDEX_BYTES = 8            # int64 row indices of sparse gradients
-DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
-FORWARD_SHARE = 1.0 / 3.0  # forward pass share of compute; gradients appear after it
-ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
 _CHUNK = 1024              # rows per block: measured flat from 256 to 2048 on a 200-variable model
-_BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
 # a node hosts PS bytes when it holds more than this: an empty node holds rounding noise only (~1e-16
 # of the bytes its sums passed through, see tuner.incremental), a shard at least its slices' index
 # bytes (>= 8 rows x slices / dim0, i.e. >= 8 / (2 x shards) bytes)
@@ -79,122 +73,8 @@ _EMPTY_BYTES = 1e-3
 # passes over a parameter's bytes when a parameter server applies its update (gradient, parameter,
 # Adam's two moments: read and write); ModelSpec does not name the optimizer, so Adam's
 UPDATE_PASSES = 4.0
-_DEFAULT_PARAMS = AlphaBeta()   # frozen; building one validates it, which costs more than small batches
-_PSGD = COMPRESSOR_ID["powersgd"]
-_FP16 = (COMPRESSOR_ID["fp16"], COMPRESSOR_ID["fp16_ef"])
-
-
-def estimate_compute_s(model: ModelSpec) -> float:
-    """Compute time per step: the profile's, else ~6 flops per dense parameter per sample (forward
-    and backward) plus the touched embedding rows, at ``ESTIMATE_FLOPS``."""
-    if model.profile is not None and model.profile.step_time_s > 0:
-        return float(model.profile.step_time_s)
-    work = 0.0
-    for v in model.variables:
-        work += 6.0 * ((v.rows_per_step or 1) * v.size // max(1, v.shape[0]) if v.sparse else v.size)
-    return work * model.batch_size / ESTIMATE_FLOPS
-
-
-@dataclass(frozen=True)
-class FeatureTables:
-    """Per-(model, cluster) constants; build with ``from_specs``. Arrays are indexed by variable
-    (V,), node (N,) or (variable, axis)."""
-
-    V: int
-    N: int
-    W: float
-    Nw: float
-    workers: np.ndarray     # (N,) workers per node
-    has_w: np.ndarray       # (N,) 1.0 where the node has workers
-    bw: np.ndarray          # (N,) NIC bytes/s each direction
-    intra_bw: float
-    dims: np.ndarray        # (V, R) size along each axis (1 past the rank)
-    val_bytes: np.ndarray   # (V,) per-worker gradient value bytes per step (sparse: touched rows)
-    idx_bytes: np.ndarray   # (V,) index bytes (sparse only)
-    elem_bytes: np.ndarray  # (V,) bytes per value
-    size: np.ndarray        # (V,) parameters
-    sparse: np.ndarray      # (V,) bool
-    matrix: np.ndarray      # (V,) bool, rank >= 2 (PowerSGD applies)
-    order: np.ndarray       # (V,) variable indices in gradient-ready order
-    tau: np.ndarray         # (V,) ready time / compute time, in ready order
-    compute_s: float
-    model_bytes: float      # per-worker gradient bytes of one step, all variables (normalizer)
-    ring_bw: float          # slowest link of the all-reduce ring (bytes/s)
-    lanes: np.ndarray       # (N,) cores that work on a node's communication at once (its actors)
-    cpu_collectives: np.ndarray   # (N,) 1.0 where collectives run on the CPU (no GPU: no NCCL)
-    cpu_contention: float   # 1.0 when compute runs on the CPUs too (no GPU): CPU work cannot hide
-    ar_curve: CostCurve | None = None   # the cluster's measured all-reduce seconds per message size
-    # derived in __post_init__ (float32 so that the per-strategy work stays in float32):
-    # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_i,
-    # val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), half_val (val_dense x half_m1),
-    # sums (V, 4): [1, sparse bytes, value bytes, dense value bytes], ps_right ([sums | PS wire
-    # bytes at or after each breakpoint]), ones, after / tau_bp / sparse_after
-    # (overlap breakpoints)
-
-    def __post_init__(self):
-        dim0 = self.dims[:, 0].astype(np.float32)
-        dense = (~self.sparse).astype(np.float32)
-        sparse_step = (self.val_bytes + self.idx_bytes) * (1.0 - dense)
-        # breakpoints in ready order for the overlap bound: after[v, j] = 1 when variable v is
-        # ready at or after breakpoint j (at most _BREAKPOINTS of them)
-        pos = np.empty(self.V, dtype=np.int64)
-        pos[self.order] = np.arange(self.V)
-        bp = np.unique(np.linspace(0, self.V - 1, min(self.V, _BREAKPOINTS)).round().astype(np.int64))
-        after = (pos[:, None] >= bp[None, :]).astype(np.float32)
-        sums = np.stack([np.ones(self.V), sparse_step, self.val_bytes, self.val_bytes * dense], axis=1).astype(np.float32)
-        derived = dict(
-            dim0=dim0, sv0=self.val_bytes / dim0, si0=self.idx_bytes / dim0, cols0=self.size / dim0,
-            dense_i=(~self.sparse).astype(np.int32),
-            val_dense=self.val_bytes * dense, sparse_cols=np.nonzero(self.sparse)[0],
-            half_m1=(2.0 / self.elem_bytes - 1.0).astype(np.float32),
-            half_val=(self.val_bytes * dense * (2.0 / self.elem_bytes - 1.0)).astype(np.float32),
-            ones=np.ones(self.V, np.float32),
-            ps_right=np.concatenate([sums, (2 * self.val_bytes + self.idx_bytes)[:, None] * after], axis=1,
-                                    dtype=np.float32),
-            sums=sums,
-            after=after, tau_bp=self.tau[bp],
-            sparse_after=sparse_step @ after / max(float(sparse_step.sum()), 1e-30),
-        )
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
-
-    @classmethod
-    def from_specs(cls, model: ModelSpec, cluster: ClusterSpec) -> "FeatureTables":
-        vs = model.variables
-        workers = np.array([n.workers or 0 for n in cluster.nodes], dtype=np.float32)
-        R = max(1, max(len(v.shape) for v in vs))
-        dims = np.ones((len(vs), R), dtype=np.int32)
-        for i, v in enumerate(vs):
-            dims[i, :len(v.shape)] = v.shape
-        rows = np.array([min(v.rows_per_step or v.shape[0], v.shape[0]) if v.sparse else 0 for v in vs])
-        sparse = np.array([v.sparse for v in vs])
-        val = np.array([r * v.row_bytes if v.sparse else v.bytes for r, v in zip(rows, vs)], dtype=np.float64)
-        names = [v.name for v in vs]
-        ready = model.profile.ready_order if model.profile is not None and model.profile.ready_order else names[::-1]
-        order = np.array([model.index(n) for n in ready], dtype=np.int64)
-        # backward work per variable ~ its parameters (sparse: touched rows only)
-        work = np.array([r * v.size / v.shape[0] if v.sparse else v.size for r, v in zip(rows, vs)])[order]
-        tau = FORWARD_SHARE + (1 - FORWARD_SHARE) * np.cumsum(work) / max(work.sum(), 1.0)
-        intra = (cluster.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS) * 1e9 / 8
-        bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes], dtype=np.float32)
-        multi = (workers > 0).sum() > 1
-        cpus = np.array([n.cpus for n in cluster.nodes], dtype=np.float32)
-        gpu = np.array([n.gpus > 0 for n in cluster.nodes])
-        return cls(
-            V=len(vs), N=len(cluster.nodes), W=float(workers.sum()), Nw=float((workers > 0).sum()),
-            workers=workers, has_w=(workers > 0).astype(np.float32),
-            bw=bw, intra_bw=intra, dims=dims, val_bytes=val.astype(np.float32),
-            idx_bytes=(rows * INDEX_BYTES).astype(np.float32),
-            elem_bytes=np.array([v.bytes // v.size for v in vs], dtype=np.float32),
-            size=np.array([v.size for v in vs], dtype=np.float32), sparse=sparse,
-            matrix=np.array([len(v.shape) >= 2 for v in vs]), order=order,
-            tau=tau.astype(np.float32), compute_s=estimate_compute_s(model),
-            ring_bw=float(bw[workers > 0].min()) if multi else intra,
-            model_bytes=float(val.sum() + (rows * INDEX_BYTES).sum()),
-            lanes=np.maximum(1.0, np.minimum(cpus, workers + 1)), cpu_collectives=(~gpu).astype(np.float32),
-            cpu_contention=float(not gpu[workers > 0].any()),
-            ar_curve=_curve(cluster, float(workers.sum())),
-        )
+DEFAULT_PARAMS = AlphaBeta()   # frozen; building one validates it, which costs more than small batches
+POWERSGD_ID = COMPRESSOR_ID["powersgd"]
 
 
 def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None = None) -> np.ndarray:
@@ -213,21 +93,21 @@ def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None
     """
     if enc.kind.shape[1] != t.V:
         raise ValueError(f"strategies encode {enc.kind.shape[1]} variables but the model has {t.V}")
-    params = params or _DEFAULT_PARAMS
+    params = params or DEFAULT_PARAMS
     B = len(enc)
-    parts = _Parts.empty(B, t)
+    parts = FeatureSums.empty(B, t)
     # the bincount entries of a block, reused by every block (fresh multi-MB arrays cost page faults)
     n = 3 * min(B, _CHUNK) * t.V
     work = np.empty(n, dtype=np.intp), np.empty(n, dtype=np.float64)
     for s in range(0, B, _CHUNK):
         rows = slice(s, min(s + _CHUNK, B))
         _block_parts(t, enc.take(rows) if B > _CHUNK else enc, parts, rows, work)
-    return _assemble(t, params, parts)
+    return assemble(t, params, parts)
 
 
 @dataclass
-class _Parts:
-    """Per-strategy reductions of the (B, V) work, filled block by block; ``_assemble`` turns them
+class FeatureSums:
+    """Per-strategy reductions of the (B, V) work, filled block by block; ``assemble`` turns them
     into features for the whole batch at once (its per-node work pays numpy's per-call cost once).
     Laid out strategy-last, so that the assembly's inner loops run over the batch."""
 
@@ -235,16 +115,16 @@ class _Parts:
     psum: np.ndarray     # (4 + breakpoints, B): psf @ [sums | ps wire after each breakpoint]
     asum: np.ndarray     # (4, B): arf @ sums
     wsum: np.ndarray     # (breakpoints, B): AR wire bytes at or after each breakpoint (row 0: all)
-    scal: np.ndarray     # (8, B): see _S
+    scal: np.ndarray     # (8, B): see SCALAR_ROWS
 
     @classmethod
-    def empty(cls, B: int, t: FeatureTables) -> "_Parts":
+    def empty(cls, B: int, t: FeatureTables) -> "FeatureSums":
         nbp = t.after.shape[1]
         return cls(np.zeros((3, t.N, B)), np.zeros((4 + nbp, B), np.float32), np.zeros((4, B), np.float32),
-                   np.zeros((nbp, B), np.float32), np.zeros((len(_S), B), np.float32))
+                   np.zeros((nbp, B), np.float32), np.zeros((len(SCALAR_ROWS), B), np.float32))
 
 
-_S = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
+SCALAR_ROWS = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
                                   "max_group", "hier", "curve_ns"))}
 
 
@@ -257,20 +137,8 @@ def _axis_facts(t: FeatureTables, e: EncodedStrategies):
     return dim, t.val_bytes / dim, t.idx_bytes / dim, t.size / dim
 
 
-def powersgd_shard_bytes(t: FeatureTables, v: np.ndarray, axis: np.ndarray, slices: np.ndarray,
-                          cols: np.ndarray, r: np.ndarray, eb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Wire bytes of PowerSGD cells (variable ``v`` split along ``axis``): a base-size shard of
-    ``slices`` slices of ``cols`` values, and a shard of one slice more; the matrix is the
-    runtime's ``(first dimension, rest)`` of the shard. ``tuner.incremental`` calls it too, so the
-    two featurizers agree to the bit."""
-    first = axis == 0
-    dim0 = t.dims[v, 0].astype(np.float32)
-    fb = powersgd_wire_values(*shard_matrix_dims(slices, cols, dim0, first), r) * eb
-    fe = powersgd_wire_values(*shard_matrix_dims(slices + 1, cols, dim0, first), r) * eb
-    return fb, fe
 
-
-def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slice, work) -> None:
+def _block_parts(t: FeatureTables, e: EncodedStrategies, out: FeatureSums, rows: slice, work) -> None:
     # Budget: ~0.2 ns per element for a float32/int32 (B, V) pass, ~2.5 ns per bincount entry,
     # ~3.5 ns per gathered element. So: no gathers on the common path, no int32 x float32 mixes
     # (they promote to float64), sums over variables as matrix products, one bincount per block.
@@ -301,7 +169,7 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     shrink += 1.0
     X *= shrink
     Y *= shrink
-    fi = np.flatnonzero((comp >= _PSGD) & t.matrix)
+    fi = np.flatnonzero((comp >= POWERSGD_ID) & t.matrix)
     if len(fi):
         psgd_rows, pv = _row_col(B, V)
         psgd_rows, pv = psgd_rows[fi], pv[fi]     # gathers: cheaper than an int64 division
@@ -362,29 +230,29 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: _Parts, rows: slic
     total = groups[:, :G] + groups[:, G:2 * G]
     total += groups[:, 2 * G:]
     # buffers carry whole bytes; an empty one holds rounding noise only
-    s[:, _S["n_groups"]] = np.count_nonzero(total > 0.5, axis=1)
-    s[:, _S["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
-    s[:, _S["max_group"]] = total.max(1)
+    s[:, SCALAR_ROWS["n_groups"]] = np.count_nonzero(total > 0.5, axis=1)
+    s[:, SCALAR_ROWS["n_coll"]] = np.count_nonzero(groups > 0.5, axis=1) + np.count_nonzero(groups[:, 2 * G:] > 0.5, axis=1)
+    s[:, SCALAR_ROWS["max_group"]] = total.max(1)
     if t.ar_curve is not None:
-        s[:, _S["curve_ns"]] = curve_ns(t.ar_curve, total)
+        s[:, SCALAR_ROWS["curve_ns"]] = curve_ns(t.ar_curve, total)
     # sums over variables as matrix products, in float64: sums of float32 terms are then exact (bar
     # magnitudes ~2^30 apart), the same in any order (tuner.incremental adds them cell by cell)
     out.psum[:, rows] = (psf.astype(np.float64) @ t.ps_right).T
     out.asum[:, rows] = (arf.astype(np.float64) @ t.sums).T
     out.wsum[:, rows] = (wv.astype(np.float64) @ t.after).T
-    s[:, _S["fp16_raw"]] = is16.astype(np.float64) @ t.val_bytes
-    s[:, _S["psgd_raw"]] = np.bincount(psgd_rows, t.val_bytes[pv], minlength=B) if len(fi) else 0.0
-    s[:, _S["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
-    s[:, _S["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
+    s[:, SCALAR_ROWS["fp16_raw"]] = is16.astype(np.float64) @ t.val_bytes
+    s[:, SCALAR_ROWS["psgd_raw"]] = np.bincount(psgd_rows, t.val_bytes[pv], minlength=B) if len(fi) else 0.0
+    s[:, SCALAR_ROWS["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
+    s[:, SCALAR_ROWS["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
     # one backend per strategy; PS variables encode 0 and objectstore is the largest id
-    s[:, _S["objectstore"]] = e.backend.max(1) == BACKEND_ID["objectstore"]
-    s[:, _S["hier"]] = e.hierarchical.max(1)     # one hierarchy per strategy (PS variables encode 0)
+    s[:, SCALAR_ROWS["objectstore"]] = e.backend.max(1) == BACKEND_ID["objectstore"]
+    s[:, SCALAR_ROWS["hier"]] = e.hierarchical.max(1)     # one hierarchy per strategy (PS variables encode 0)
     if t.sparse_cols.size:
         c = t.sparse_cols                        # all-gathers: one per sparse AR shard
-        s[:, _S["n_coll"]] += (arf[:, c] * kf[:, c]).sum(1)
+        s[:, SCALAR_ROWS["n_coll"]] += (arf[:, c] * kf[:, c]).sum(1)
 
 
-def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
+def assemble(t: FeatureTables, p: AlphaBeta, a: FeatureSums) -> np.ndarray:
     """Per-node traffic, counts and the analytic estimate of a whole batch from its parts.
 
     The work is laid out (node, strategy) and (feature, strategy), so that numpy's inner loops run
@@ -406,7 +274,7 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
     cli_out, cli_in = wk * (Qtot - Q) + hw * (H1tot - H1), wk * (H0tot - H0) + hw * (H1tot - H1)
     intra = wk * (Q + H0) + 2 * hw * H1 + 2 * lr_extra * H1tot
 
-    sc = {n: a.scal[i] for n, i in _S.items()}
+    sc = {n: a.scal[i] for n, i in SCALAR_ROWS.items()}
     psum = a.psum[:4]                            # count, sparse bytes, value bytes, dense value bytes
     asum = a.asum
     gather = asum[1]                             # per-worker sparse bytes all-gathered
@@ -502,7 +370,7 @@ def _assemble(t: FeatureTables, p: AlphaBeta, a: _Parts) -> np.ndarray:
 
     # ---- overlap with the backward pass (pipe bound at ready-order breakpoints), then estimate --
     terms = {n: f[C[n]] for n in TERMS if n != "exposed_frac"}
-    T0 = comm_time(terms, _DEFAULT_PARAMS)
+    T0 = comm_time(terms, DEFAULT_PARAMS)
     # wire weight per variable, psf * ps_wire + ring * wv, past each breakpoint (sparse AR: below)
     suffix = a.psum[4:] + a.wsum * np.float32(ring)
     if len(t.sparse_cols):
@@ -535,21 +403,6 @@ def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, p
                        np.concatenate([np.add(X, Y, dtype=np.float64).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
     return flat.reshape(B, L) @ _fold(L, N)
 
-
-def _curve(cluster: ClusterSpec, W: float) -> CostCurve | None:
-    """The cluster's calibrated all-reduce curve, scaled to a ring over all ``W`` workers."""
-    cal = cluster.calibration
-    if cal is None:
-        return None
-    ring = lambda n: 2 * (n - 1) / n if n > 1 else 1.0   # noqa: E731 - bytes a ring moves per buffer byte
-    return CostCurve(cal.allreduce, scale=ring(W) / ring(cal.workers))
-
-
-def curve_ns(curve: CostCurve, buffers: np.ndarray) -> np.ndarray:
-    """Seconds of a strategy's fused buffers (rows: strategies, columns: groups' bytes) on the
-    calibrated curve, in whole nanoseconds per buffer: integer sums are the same in any order, so
-    the incremental featurizer's numbers are bit for bit these."""
-    return np.rint(curve.seconds(buffers) * 1e9).astype(np.int64).sum(axis=-1).astype(np.float64)
 
 
 def _round_up(x: int, n: int) -> int:

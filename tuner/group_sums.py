@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from strategy_space.encoding import GroupIndex, member_codec, runs
-from strategy_space.space import FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, Mutation
+from strategy_space.encoding import (FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, GroupIndex,
+                                     Mutation, member_codec, runs)
 
 CELL_FIELDS = VARIABLE_FIELDS
 

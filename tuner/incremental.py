@@ -4,20 +4,20 @@ the pass over every variable).
 A proposal (``StrategySpace.mutate_rows``: a ``Mutation`` of the chains' strategies, each proposal
 varying one chain, several per chain) differs from its chain's strategy in a few cells
 (variables): one variable's synchronizer, shards, placement or group, or the PS mode; projecting
-onto constraints may change a few more. Every feature is assembled (``features._assemble``) from
+onto constraints may change a few more. Every feature is assembled (``features.assemble``) from
 per-strategy sums over variables, so those sums are kept per chain, and a proposal's are its
 chain's updated by its changed cells: their old contributions taken out and their new ones put in
 (one ``np.add.at`` for all proposals). A fusion group's new compressor changes every member of the
 group; it is scored from per-group aggregates instead (``tuner.group_sums``).
 
 The sums of a strategy are one float64 column (rows: ``_Layout``): bytes hosted per node as in
-``features._Parts.hosted``, the PS and all-reduce sums behind ``_Parts.psum`` / ``asum``, the wire
+``features.FeatureSums.hosted``, the PS and all-reduce sums behind ``FeatureSums.psum`` / ``asum``, the wire
 bytes at or after each ready-order breakpoint as difference entries (a variable adds its weight at
 breakpoint 0 and takes it out past its ready position; running sums restore them), and the bytes
 of each fusion group per compressor class. Strategy-wide options (staleness, sync, backend, hierarchy) are
 reduced per chain and updated by the changed cells (a maximum that a change may lower is reduced
 again over that proposal's row). A cell's contribution is
-``features._block_parts``' float32 arithmetic, its shards laid on nodes and groups directly rather
+``features._block_parts``' float32 arithmetic (``tuner.cell_parts``), its shards laid on nodes and groups directly rather
 than through difference lines.
 
 Sums are float64 here and in ``featurize``; float64 sums of float32 terms are exact unless their
@@ -30,14 +30,14 @@ residue is far below the threshold that counts nodes (``features._EMPTY_BYTES``)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from strategy_space.space import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, Mutation
+from strategy_space.encoding import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VARIABLE_FIELDS, EncodedStrategies, Mutation
 
 from .alpha_beta import AlphaBeta
-from .features import _DEFAULT_PARAMS, _PSGD, _S, FeatureTables, _assemble, _Parts, curve_ns, powersgd_shard_bytes
+from .cell_parts import cell_parts
+from .feature_tables import FeatureTables, curve_ns
+from .features import DEFAULT_PARAMS, SCALAR_ROWS, FeatureSums, assemble
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
@@ -77,7 +77,7 @@ class IncrementalFeaturizer:
 
     def __init__(self, tables: FeatureTables, params: AlphaBeta | None = None):
         self.tables = tables
-        self.params = params or _DEFAULT_PARAMS
+        self.params = params or DEFAULT_PARAMS
         # breakpoints at or before each variable's ready position: its wire bytes count in those
         self._ready_bps = tables.after.sum(1).astype(np.int64)
         self._ps_wire = (2 * tables.val_bytes + tables.idx_bytes).astype(np.float32)
@@ -266,7 +266,7 @@ class IncrementalFeaturizer:
         1 to put it in, -1 to take it out (default: all in)."""
         t, lay = self.tables, self._lay
         B = sums.shape[1]
-        c = _cell_parts(t, v, cells)
+        c = cell_parts(t, v, cells)
         n = len(b)
         if paired:
             sign = np.ones(n)
@@ -354,79 +354,16 @@ class IncrementalFeaturizer:
         groups = sums[lay.groups:].reshape(3, lay.G, B)
         total = groups.sum(0)
         full = groups > 0.5   # buffers carry whole bytes; an empty one holds rounding noise only
-        scal = np.empty((len(_S), B), np.float32)
-        scal[_S["fp16_raw"]] = sums[lay.ar_scalars]
-        scal[_S["psgd_raw"]] = sums[lay.ar_scalars + 1]
-        scal[_S["stale"]] = wide[0]
-        scal[_S["sync"]] = wide[1]
-        scal[_S["objectstore"]] = wide[2] == BACKEND_ID["objectstore"]
-        scal[_S["hier"]] = wide[3]
-        scal[_S["n_groups"]] = (total > 0.5).sum(0)
-        scal[_S["n_coll"]] = full.reshape(3 * lay.G, B).sum(0) + full[2].sum(0) + sums[lay.ar_scalars + 2]
-        scal[_S["max_group"]] = total.max(0)
-        scal[_S["curve_ns"]] = curve_ns(t.ar_curve, total.T) if t.ar_curve is not None else 0.0
-        parts = _Parts(sums[:3 * t.N].reshape(3, t.N, B), psum, sums[lay.ar:lay.ar + 4].astype(np.float32), wsum, scal)
-        return _assemble(t, self.params, parts)
-
-
-@dataclass
-class _Cells:
-    """Per-cell quantities of ``features._block_parts`` (float32 unless said)."""
-
-    arf: np.ndarray      # 1 for all-reduce
-    X: np.ndarray        # base-shard bytes on the line (unstrided all-reduce: the whole buffer)
-    Y: np.ndarray        # one more slice, for the first e2 shards
-    e2: np.ndarray       # int: shards with one slice more on the line
-    e3: np.ndarray       # int: shards on the line (unstrided all-reduce: 1)
-    extra: np.ndarray    # int: shards with one slice more
-    wv: np.ndarray       # all-reduce wire bytes of the whole variable
-    is16: np.ndarray     # fp16 compressor
-    psgd: np.ndarray     # bool: PowerSGD on a matrix
-    gathers: np.ndarray  # all-gathers (sparse all-reduce shards)
-    line: np.ndarray     # int: PS lane (0 plain, 1 local replication of a dense variable)
-    cls: np.ndarray      # int: all-reduce class (0 none, 1 fp16*, 2 powersgd*)
-    sparse_ps: np.ndarray  # bool: sparse PS cells (index bytes lane)
-    Xs: np.ndarray       # their base-shard index bytes
-    Ys: np.ndarray       # one more slice
-
-
-def _cell_parts(t: FeatureTables, v: np.ndarray, f: dict) -> _Cells:
-    """Quantities of cells (variables ``v`` with field values ``f``): ``features._block_parts``'
-    arithmetic on a flat list of cells (gathers of the tables instead of broadcasts)."""
-    if f["axis"].any():
-        dim = t.dims[v, f["axis"]].astype(np.float32)
-        sv, si, cols = t.val_bytes[v] / dim, t.idx_bytes[v] / dim, t.size[v] / dim
-    else:
-        dim, sv, si, cols = t.dim0[v], t.sv0[v], t.si0[v], t.cols0[v]
-    kf = f["shards"].astype(np.float32)
-    arf = f["kind"].astype(np.float32)
-    psf = 1.0 - arf
-    base = np.floor(dim / kf)
-    extra = dim - base * kf
-    comp = f["compressor"]
-    is16 = ((comp - 1).view(np.uint32) < 2).astype(np.float32)
-    wv = arf * t.val_dense[v] + is16 * t.half_val[v]
-    lay = psf + f["group_stride"].astype(np.float32)
-    X = sv * base
-    Y = lay * sv
-    shrink = is16 * t.half_m1[v] + 1.0
-    X *= shrink
-    Y *= shrink
-    psgd = (comp >= _PSGD) & t.matrix[v]
-    if psgd.any():
-        r = f["rank"][psgd].astype(np.float32)
-        fb, fe = powersgd_shard_bytes(t, v[psgd], f["axis"][psgd], base[psgd], cols[psgd], r, t.elem_bytes[v[psgd]])
-        X[psgd] = fb
-        Y[psgd] = (fe - fb) * lay[psgd]
-        wv[psgd] = kf[psgd] * fb + extra[psgd] * (fe - fb)
-    X = X * lay + wv * (1.0 - lay)
-    sparse = t.sparse[v]
-    gathers = sparse * arf   # sparse all-reduce variables are all-gathered, never in a group
-    keep = 1.0 - gathers
-    X *= keep
-    Y *= keep
-    return _Cells(
-        arf=arf, X=X, Y=Y, e2=(extra * lay).astype(np.int64), e3=((kf - 1.0) * lay + 1.0).astype(np.int64),
-        extra=extra.astype(np.int64), wv=wv, is16=is16, psgd=psgd, gathers=gathers * kf,
-        line=f["local_replication"] * t.dense_i[v], cls=(comp + 1) >> 1,
-        sparse_ps=sparse & (f["kind"] == KIND_PS), Xs=si * base * psf, Ys=si * psf)
+        scal = np.empty((len(SCALAR_ROWS), B), np.float32)
+        scal[SCALAR_ROWS["fp16_raw"]] = sums[lay.ar_scalars]
+        scal[SCALAR_ROWS["psgd_raw"]] = sums[lay.ar_scalars + 1]
+        scal[SCALAR_ROWS["stale"]] = wide[0]
+        scal[SCALAR_ROWS["sync"]] = wide[1]
+        scal[SCALAR_ROWS["objectstore"]] = wide[2] == BACKEND_ID["objectstore"]
+        scal[SCALAR_ROWS["hier"]] = wide[3]
+        scal[SCALAR_ROWS["n_groups"]] = (total > 0.5).sum(0)
+        scal[SCALAR_ROWS["n_coll"]] = full.reshape(3 * lay.G, B).sum(0) + full[2].sum(0) + sums[lay.ar_scalars + 2]
+        scal[SCALAR_ROWS["max_group"]] = total.max(0)
+        scal[SCALAR_ROWS["curve_ns"]] = curve_ns(t.ar_curve, total.T) if t.ar_curve is not None else 0.0
+        parts = FeatureSums(sums[:3 * t.N].reshape(3, t.N, B), psum, sums[lay.ar:lay.ar + 4].astype(np.float32), wsum, scal)
+        return assemble(t, self.params, parts)

@@ -20,22 +20,20 @@ The seconds come from the winner between analytic and simulator; the ranker's or
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
-from strategy_space.space import EncodedStrategies
+from strategy_space.encoding import EncodedStrategies
 
 from .cost_model import AnalyticCostModel
-from .dataset import TrialSet, build_trial_set, store_groups
+from .dataset import TrialSet
 from .evaluation import pairwise_accuracy
-from .features import FeatureTables, featurize
+from .feature_tables import FeatureTables
+from .features import featurize
 from .incremental import IncrementalFeaturizer
-from .ranker import StrategyRanker
+from .ranker import RankedStepTime
 from .search import IncrementalScorer
 from .simulator import LearnedSimulator
-from .warmstart import Group, merge_groups
 
 
 class Predictor:
@@ -54,8 +52,8 @@ class Predictor:
         fuse_ranker_: whether ``order`` fuses the ranker's order in.
         scores_: the judged pairwise accuracy of ``analytic``, ``simulator``, ``ranker`` on the
             target group (empty when it had too few trials to judge by).
-        ranker_: the fitted StrategyRanker, or None.
-        n_trials_, n_groups_, n_target_: training data seen by the last ``refit``.
+        ranker_: the fitted ranker (a ``RankedStepTime``), or None.
+        n_trials_, n_groups_, n_target_: training data seen by the last ``fit``.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, min_target_trials: int = 6,
@@ -69,20 +67,17 @@ class Predictor:
         self.seed = seed
         self.analytic_ = AnalyticCostModel()
         self.simulator_: LearnedSimulator | None = None
-        self.ranker_: StrategyRanker | None = None
+        self.ranker_: RankedStepTime | None = None
         self.source_ = "analytic"
         self.fuse_ranker_ = False
         self.scores_: dict[str, float] = {}
         self.n_trials_ = self.n_groups_ = self.n_target_ = 0
-        self._rows: dict = {}   # feature row of every strategy featurized so far (refit runs every round)
 
-    def refit(self, store, prior: Sequence[Group] = ()) -> "Predictor":
-        """Refit on every ok trial in ``store`` (a TrialStore, or None), the target group included,
-        and in the warm-start groups ``prior`` (see ``tuner.warmstart``); then choose the scorer."""
-        groups = [g for g in merge_groups(prior, store_groups(store) if store is not None else []) if g[2]]
-        try:
-            data = build_trial_set(groups, self._rows)
-        except ValueError:  # no ok trial anywhere: stay analytic
+    def fit(self, data: TrialSet | None) -> "Predictor":
+        """Refit on the featurized trials of every group (the target group included; e.g.
+        ``TrainingSet.trial_set()``), then choose the scorer. With no rows (None) it stays as it is
+        (analytic before any fit)."""
+        if data is None or not len(data):
             return self
         self.n_trials_, self.n_groups_ = len(data), len(data.keys)
         target = (self.model.fingerprint, self.cluster.fingerprint)
@@ -93,7 +88,7 @@ class Predictor:
         self.simulator_ = LearnedSimulator(random_state=self.seed).fit(data.X, data.y)
         use_ranker = self.n_groups_ >= 2 or len(data) >= self.min_rank_trials
         if use_ranker:
-            self.ranker_ = (self.ranker_ or StrategyRanker(random_state=self.seed)).update(data.X, data.y, data.group)
+            self.ranker_ = (self.ranker_ or RankedStepTime(warm=True, random_state=self.seed)).fit(data.X, data.y, data.group)
         self.scores_ = self._judge(data, rows, use_ranker)
         if self.scores_:
             self.source_ = max(("simulator", "analytic"), key=lambda k: self.scores_[k])  # ties: simulator
@@ -123,12 +118,12 @@ class Predictor:
             own = np.intersect1d(train, target)
             analytic = (AnalyticCostModel().fit(data.X[own], data.y[own]) if len(own) >= self.min_cv_trials
                         else AnalyticCostModel())
-            scores["analytic"].append(pairwise_accuracy(analytic.predict_features(data.X[test]), y))
+            scores["analytic"].append(pairwise_accuracy(analytic.predict(data.X[test]), y))
             sim = LearnedSimulator(random_state=self.seed).fit(data.X[train], data.y[train])
             scores["simulator"].append(pairwise_accuracy(sim.predict(data.X[test]), y))
             if use_ranker and len(train) >= 2:
-                ranker = StrategyRanker(random_state=self.seed).fit(data.X[train], data.y[train], data.group[train])
-                scores["ranker"].append(pairwise_accuracy(-ranker.predict(data.X[test]), y))
+                ranker = RankedStepTime(random_state=self.seed).fit(data.X[train], data.y[train], data.group[train])
+                scores["ranker"].append(pairwise_accuracy(ranker.predict(data.X[test]), y))
         return {k: float(np.nanmean(v)) for k, v in scores.items() if v and not np.all(np.isnan(v))}
 
     def features(self, e: EncodedStrategies) -> np.ndarray:
@@ -146,7 +141,7 @@ class Predictor:
         X = self.features(e) if X is None else X
         if self.source_ == "simulator" and self.simulator_ is not None:
             return self.simulator_.predict(X)
-        return self.analytic_.predict_features(X)
+        return self.analytic_.predict(X)
 
     def order(self, e: EncodedStrategies) -> tuple[np.ndarray, np.ndarray]:
         """(indices best first, predicted seconds): simulator order, fused with the ranker's when
@@ -155,6 +150,5 @@ class Predictor:
         seconds = self.predict(e, X)
         position = np.argsort(np.argsort(seconds, kind="stable"), kind="stable").astype(float)
         if self.fuse_ranker_:
-            score = self.ranker_.predict(X)  # higher = faster
-            position += np.argsort(np.argsort(-score, kind="stable"), kind="stable")
+            position += np.argsort(np.argsort(self.ranker_.predict(X), kind="stable"), kind="stable")
         return np.argsort(position, kind="stable"), seconds

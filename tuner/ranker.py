@@ -112,3 +112,50 @@ class StrategyRanker:
         check_fitted(self, "booster_")
         group = np.zeros(len(X), dtype=np.int64) if group is None else np.asarray(group)
         return self.booster_.inplace_predict(self._matrix(X, group)) if len(X) else np.zeros(0)
+
+
+class RankedStepTime:
+    """``StrategyRanker`` as a ``StepTimeModel``: seconds whose order is the ranker's.
+
+    The ranker's score is "higher is faster" and has no unit; ``predict`` maps it to seconds with
+    ``exp(a - b * score)``, ``b > 0``, fitted by least squares of the training rows' log seconds on
+    their scores (their spread, at least ``min_slope``): strictly decreasing in the score, so the
+    order (and a pairwise accuracy) is exactly the ranker's; the seconds are a rough scale only.
+
+    Args:
+        ranker: the StrategyRanker to fit (a new one with ``random_state`` by default).
+        warm: ``fit`` continues boosting from the previous fit (``StrategyRanker.update``) instead
+            of starting over (the tuner refits every round).
+        min_slope: the smallest ``b``.
+
+    Attributes:
+        ranker_: the fitted ranker. intercept_, slope_: ``a`` and ``b``.
+    """
+
+    def __init__(self, ranker: StrategyRanker | None = None, *, warm: bool = False, min_slope: float = 1e-3,
+                 random_state: int = 0):
+        self.ranker = ranker
+        self.warm = warm
+        self.min_slope = min_slope
+        self.random_state = random_state
+
+    def fit(self, X: np.ndarray, y, groups) -> "RankedStepTime":
+        ranker = getattr(self, "ranker_", None) if self.warm else None
+        ranker = ranker or self.ranker or StrategyRanker(random_state=self.random_state)
+        self.ranker_ = ranker.update(X, y, groups) if self.warm else ranker.fit(X, y, groups)
+        score = self.ranker_.predict(X, groups).astype(np.float64)
+        logy = np.log(np.asarray(y, dtype=np.float64))
+        spread = float(np.var(score))
+        slope = -float(np.mean((score - score.mean()) * (logy - logy.mean()))) / spread if spread > 0 else 0.0
+        self.slope_ = max(slope, self.min_slope)
+        self.intercept_ = float(logy.mean() + self.slope_ * score.mean())
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Seconds per step of rows of one (model, cluster), in the ranker's order.
+
+        Raises:
+            NotFittedError: before ``fit``.
+        """
+        check_fitted(self, "ranker_")
+        return np.exp(self.intercept_ - self.slope_ * self.ranker_.predict(X).astype(np.float64))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from strategy_space.builders import get_builder
-from strategy_space.space import COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies, StrategySpace
+from strategy_space.encoding import COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
+from strategy_space.space import StrategySpace
 
 MIB = 2**20
 SLOW_LINK_GBPS = 10.0       # below this, compressing big dense gradients is worth trying

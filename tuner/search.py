@@ -20,8 +20,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from strategy_space.encoding import GroupIndex, member_codec
-from strategy_space.space import FIELD_INDEX, FIELDS, EncodedStrategies, Mutation, StrategySpace
+from strategy_space.encoding import FIELD_INDEX, FIELDS, EncodedStrategies, GroupIndex, Mutation, member_codec
+from strategy_space.space import StrategySpace
 
 from .incremental import IncrementalFeaturizer
 

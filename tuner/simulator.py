@@ -76,8 +76,9 @@ class LearnedSimulator:
         self.n_jobs = n_jobs
         self.random_state = random_state
 
-    def fit(self, X: np.ndarray, y) -> "LearnedSimulator":
-        """Fit on raw feature rows ``X`` (``features.featurize``) and measured seconds ``y``.
+    def fit(self, X: np.ndarray, y, groups=None) -> "LearnedSimulator":
+        """Fit on raw feature rows ``X`` (``features.featurize``) and measured seconds ``y``
+        (``StepTimeModel``; ``groups`` is ignored: the features are transferable between groups).
 
         Raises:
             ValueError: unknown target, mismatched shapes or non-positive times.
@@ -105,7 +106,7 @@ class LearnedSimulator:
         return "(" + ",".join("1" if n in MONOTONE else "0" for n in RELATIVE_NAMES) + ")"
 
     def _base(self, X: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(self.analytic_.predict_features(X), 1e-12)) if self.target == "ratio" else 0.0
+        return np.log(np.maximum(self.analytic_.predict(X), 1e-12)) if self.target == "ratio" else 0.0
 
     def _encode(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.log(y) - self._base(X)
@@ -118,7 +119,7 @@ class LearnedSimulator:
         """
         check_fitted(self, "analytic_")
         if self.regressor_ is None:
-            return self.analytic_.predict_features(X)
+            return self.analytic_.predict(X)
         if not len(X):
             return np.zeros(0)
         # inplace_predict skips the DMatrix copy of the scoring path (same trees, same numbers)

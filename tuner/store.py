@@ -234,7 +234,7 @@ class TrialStore:
         return (trial_uid(t), t.model_fingerprint, t.cluster_fingerprint, t.strategy.fingerprint, t.status,
                 t.median if t.ok else None, json.dumps(list(t.step_times)), t.error, t.batch_size,
                 json.dumps(t.breakdown, sort_keys=True), t.origin, t.started_at, t.finished_at,
-                json.dumps(t.meta, sort_keys=True, default=str), json.dumps(env, sort_keys=True))
+                json.dumps(t.stored_meta(), sort_keys=True, default=str), json.dumps(env, sort_keys=True))
 
     def _insert(self, t: Trial, env: dict, yaml_text: str | None = None) -> bool:
         self._db.execute("INSERT OR IGNORE INTO strategies VALUES (?, ?)",

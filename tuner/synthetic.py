@@ -15,13 +15,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, Strategy, VariableSpec
+from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, Strategy, VariableSpec, validate
 from strategy_space.builders import build_all
 from strategy_space.errors import ConfigError
 from strategy_space.space import StrategySpace
 from strategy_space.yaml_io import load
 
-from .features import estimate_compute_s
+from .feature_tables import estimate_compute_s
 from .netsim import Truth, simulate_step
 from .trial import Runner, Trial
 
@@ -42,14 +42,17 @@ class SyntheticRunner(Runner):
         self._rng = np.random.default_rng(seed)
 
     def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:
+        if origins is not None and len(origins) != len(strategies):
+            raise ValueError(f"origins has {len(origins)} entries for {len(strategies)} strategies")
         origins = list(origins) if origins is not None else [s.origin or "synthetic" for s in strategies]
         compute = estimate_compute_s(self.model)
         out = []
         for s, origin in zip(strategies, origins):
             started = time.time()
             try:
+                validate(s, self.model, self.cluster)   # what the runtime refuses fails here too
                 base, breakdown = simulate_step(self.model, self.cluster, s, compute, self._rng, self.truth)
-            except (KeyError, ValueError) as e:
+            except (ConfigError, KeyError, ValueError) as e:
                 out.append(Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed",
                                  error=f"{type(e).__name__}: {e}", origin=origin, started_at=started))
                 continue

@@ -12,6 +12,8 @@ import numpy as np
 from strategy_space import ClusterSpec, ModelSpec, Strategy
 
 STATUSES = ("ok", "failed", "timeout")
+# Trial fields that were keys of ``meta`` before they were fields (and still are in stored trials)
+META_FIELDS = ("role", "run_id", "predicted_s", "aliases", "compute")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,15 @@ class Trial:
         breakdown: mean seconds per step by phase, e.g. ``{"compute": .., "sync": ..}``.
         origin: who proposed it (a builder name, ``search``, ``random``).
         started_at, finished_at: UNIX times.
-        meta: extra facts (library versions, ray calls per step, start-up seconds, ...).
+        role: what the tuning loop measured it for: ``baseline``, ``search``, ``confirm`` (empty
+            outside a tuning run; ``benchmarks/make_warmstart.py`` adds ``repeat``).
+        run_id: the tuning run it belongs to (empty outside one).
+        predicted_s: the step time the tuner predicted for it, if it predicted one.
+        aliases: other builders whose strategy it also measured (baselines).
+        compute: ``real`` or ``emulated`` compute (empty when the runner does not say).
+        meta: extra facts (library versions, ray calls per step, start-up seconds, ...). A key of
+            ``META_FIELDS`` sets that field instead (how stores and runners wrote them before the
+            fields existed): ``TrialStore`` keeps them in its ``meta`` JSON column.
     """
 
     strategy: Strategy
@@ -42,16 +52,38 @@ class Trial:
     origin: str = ""
     started_at: float = field(default_factory=time.time)
     finished_at: float = field(default_factory=time.time)
+    role: str = ""
+    run_id: str = ""
+    predicted_s: float | None = None
+    aliases: tuple[str, ...] = ()
+    compute: str = ""
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "step_times", tuple(float(t) for t in self.step_times))
+        if any(k in self.meta for k in META_FIELDS):
+            meta = dict(self.meta)
+            for k in META_FIELDS:
+                if k in meta:
+                    value = meta.pop(k)
+                    object.__setattr__(self, k, tuple(value) if k == "aliases" else value)
+            object.__setattr__(self, "meta", meta)
+        object.__setattr__(self, "aliases", tuple(self.aliases))
         if self.status not in STATUSES:
             raise ValueError(f"Trial.status must be one of {STATUSES}, got {self.status!r}")
         if self.status == "ok" and not self.step_times:
             raise ValueError("an ok Trial needs at least one step time")
         if self.status != "ok" and not self.error:
             raise ValueError(f"a {self.status} Trial needs an error text")
+
+    def stored_meta(self) -> dict:
+        """``meta`` with the ``META_FIELDS`` that are set: what a store's ``meta`` column holds."""
+        out = dict(self.meta)
+        for k in META_FIELDS:
+            value = getattr(self, k)
+            if value not in ("", None, ()):
+                out[k] = list(value) if k == "aliases" else value
+        return out
 
     @property
     def ok(self) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from autosync.cli._format import human_bytes, human_count, table
+from autosync.formatting import human_bytes, human_count, table
 from strategy_space import ModelSpec
 from strategy_space.errors import ConfigError
 

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 
-from autosync.cli._format import human_bytes, table
+from autosync.formatting import describe_strategy, human_bytes, table
 from autosync.sources import CLUSTER_FORMS, MODEL_FORMS, load_cluster, load_model_spec
-from strategy_space import PS, ModelSpec, Strategy, validate
-from strategy_space.builders import BUILDERS, builder_options, get_builder, step_bytes
+from strategy_space import validate
+from strategy_space.builders import BUILDERS, builder_options, get_builder
 from strategy_space.errors import ConfigError
-from strategy_space.strategy import shard_bounds
 from strategy_space.yaml_io import dumps, load_strategy, save
 
 
@@ -23,7 +21,7 @@ def add_model_cluster(p: argparse.ArgumentParser, model_required: bool = True, c
 def _parse_options(items: list[str]) -> dict:
     """``key=value`` pairs; values are read as YAML scalars (ints, bools, strings), through the
     same bounded loader as every YAML file."""
-    from strategy_space._yaml_limits import short_repr
+    from strategy_space.errors import short_repr
     from strategy_space.yaml_io import parse_text
 
     opts = {}
@@ -67,57 +65,13 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def describe(strategy: Strategy, model: ModelSpec | None) -> tuple[list[tuple], dict[str, float], dict[int, float]]:
-    """Rows of the ``show`` table plus bytes per PS node and per AR group (per worker-step)."""
-    rows = []
-    ps_bytes: dict[str, float] = defaultdict(float)
-    group_bytes: dict[int, float] = defaultdict(float)
-    for cfg in strategy.variables:
-        var = model.var(cfg.name) if model is not None and cfg.name in model.names else None
-        if var is not None and cfg.partitioned and cfg.axis < len(var.shape):
-            bounds = shard_bounds(var.shape[cfg.axis], cfg.num_shards)
-            fractions = [(b - a) / var.shape[cfg.axis] for a, b in bounds]
-        else:
-            fractions = [1.0 / cfg.num_shards] * cfg.num_shards
-        moved = step_bytes(var) if var is not None else None
-        where, comps = [], set()
-        kinds = {type(s).__name__ for s in cfg.synchronizers}
-        for frac, sync in zip(fractions, cfg.synchronizers):
-            if isinstance(sync, PS):
-                where.append(sync.destination)
-                if moved is not None:
-                    ps_bytes[sync.destination] += moved * frac
-            else:
-                where.append(f"g{sync.group}")
-                comps.add(sync.compressor)
-                if moved is not None:
-                    group_bytes[sync.group] += moved * frac
-        first = cfg.synchronizers[0]
-        extra = ""
-        if isinstance(first, PS):
-            extra = ("local-repl " if first.local_replication else "") + (
-                f"stale={first.staleness}" if first.sync else "async")
-        sync_name = "/".join(sorted("PS" if k == "PS" else "AR" for k in kinds))
-        rows.append((
-            cfg.name,
-            human_bytes(var.bytes) if var is not None else "?",
-            ("sparse" if var.sparse else "dense") if var is not None else "?",
-            sync_name,
-            cfg.num_shards if cfg.partitioned else 1,
-            ",".join(where),
-            ",".join(sorted(comps)) or "-",
-            extra.strip() or "-",
-        ))
-    return rows, dict(ps_bytes), dict(group_bytes)
-
-
 def cmd_show(args) -> int:
     strategy = load_strategy(args.file)
     model = load_model_spec(args.model) if args.model else None
     cluster = load_cluster(args.cluster) if args.cluster else None
     if model is not None and cluster is not None:
         validate(strategy, model, cluster)
-    rows, ps_bytes, group_bytes = describe(strategy, model)
+    rows, ps_bytes, group_bytes = describe_strategy(strategy, model)
     print(f"strategy {args.file}" + (f" ({strategy.origin})" if strategy.origin else "")
           + (f" for model {model.name}" if model else ""))
     print(table(["variable", "size", "grad", "sync", "shards", "destination/group", "compressor", "ps options"],

@@ -5,7 +5,7 @@ import json
 import math
 import sys
 
-from autosync.cli._format import table
+from autosync.formatting import table
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space import validate
 from strategy_space.errors import ConfigError

@@ -57,12 +57,13 @@ def run(args) -> int:
     from strategy_space import load_strategy, validate
     from strategy_space.space import StrategySpace
     from tuner.cost_model import AnalyticCostModel
-    from tuner.features import COL, FeatureTables, featurize
+    from tuner.feature_tables import FeatureTables
+    from tuner.features import COL, featurize
 
     model, cluster = load_model_spec(args.model), load_cluster(args.cluster)
     strategy = validate(load_strategy(args.strategy), model, cluster)
     X = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
-    predictor, step = "analytic", float(AnalyticCostModel().predict_features(X)[0])
+    predictor, step = "analytic", float(AnalyticCostModel().predict(X)[0])
     if args.store:
         from tuner.dataset import build_trial_set, store_groups
         from tuner.simulator import LearnedSimulator

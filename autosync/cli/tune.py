@@ -5,7 +5,7 @@ import json
 import sys
 import time
 
-from autosync.cli._format import table
+from autosync.formatting import table
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
@@ -59,7 +59,7 @@ def result_table(result) -> str:
 
 def cmd_tune(args) -> int:
     from autosync.api import tune
-    from tuner.tuning import PINNED_SUFFIX
+    from tuner.baseline_tuner import PINNED_SUFFIX
 
     if args.trials < 0:
         raise ConfigError(f"--trials must be >= 0, got {args.trials}")

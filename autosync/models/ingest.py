@@ -11,7 +11,6 @@ that batch.
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -112,16 +111,10 @@ def model_spec_from_model(model, loss: Callable, inputs: Any, targets: Any, *, n
     return ModelSpec(name=name, variables=tuple(specs), batch_size=batch_size)
 
 
-def model_spec_from_def(model_def, profile: bool = False, *, warmup_steps: int = 3,
-                        timed_steps: int = 10) -> ModelSpec:
-    """The ModelSpec of a ModelDef: build its model, take one gradient on the first batch of
-    ``dataset_fn(0, 1)`` and, with ``profile``, measure its compute time.
-
-    Args:
-        model_def: the model.
-        profile: also measure forward+backward step time and gradient-ready order
-            (``autosync.models.profile``).
-        warmup_steps, timed_steps: profiling steps (ignored without ``profile``).
+def model_spec_from_def(model_def) -> ModelSpec:
+    """The ModelSpec of a ModelDef: build its model and take one gradient on the first batch of
+    ``dataset_fn(0, 1)`` (``autosync.models.profile.profiled_model_spec`` also measures its
+    compute time).
 
     Returns:
         ModelSpec named after ``model_def.name``.
@@ -129,17 +122,16 @@ def model_spec_from_def(model_def, profile: bool = False, *, warmup_steps: int =
     Raises:
         ConfigError: the dataset is empty or malformed, or the model has no trainable variables.
     """
+    return built_model_spec(model_def)[0]
+
+
+def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
+    """``model_spec_from_def`` and what it built: (spec, model, loss, inputs, targets)."""
     inputs, targets = first_batch(model_def)
     model = model_def.model_fn()
     loss = model_def.loss_fn()
     spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name, batch_size=model_def.batch_size)
-    if not profile:
-        return spec
-    from . import profile as profiling
-
-    measured = profiling.profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps,
-                                       timed_steps=timed_steps)
-    return replace(spec, profile=measured)
+    return spec, model, loss, inputs, targets
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -22,11 +22,12 @@ import os
 import re
 import statistics
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
-from strategy_space import ComputeProfile
+from strategy_space import ComputeProfile, ModelSpec
 
-from .ingest import variable_names
+from .ingest import built_model_spec, variable_names
 
 
 def device_description() -> str:
@@ -99,6 +100,19 @@ def ready_order_from_graph(graph, gradients: list, names: list[str]) -> list[str
         else:
             keys.append((max(produced_at(t) for t in tf.nest.flatten(grad, expand_composites=True)), -i))
     return [names[i] for i in sorted(range(len(names)), key=lambda i: keys[i])]
+
+
+def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10) -> ModelSpec:
+    """``ingest.model_spec_from_def`` with the measured compute profile (step time, device and
+    gradient-ready order; see ``profile_model``) of the model it built.
+
+    Raises:
+        ConfigError: as ``model_spec_from_def``.
+        ValueError: warmup_steps < 1 or timed_steps < 1.
+    """
+    spec, model, loss, inputs, targets = built_model_spec(model_def)
+    measured = profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps, timed_steps=timed_steps)
+    return replace(spec, profile=measured)
 
 
 def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_steps: int = 3,

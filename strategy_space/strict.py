@@ -1,13 +1,12 @@
-"""Strict reading of plain YAML/JSON mappings: unknown keys and wrong types are errors that say
-where they are and what is allowed."""
+"""Strict reading of plain YAML/JSON mappings: unknown keys, wrong types and another file kind or
+format version are errors that say where they are and what is allowed."""
 from __future__ import annotations
 
 import hashlib
 import json
 from typing import Any, Mapping
 
-from ._yaml_limits import short_repr
-from .errors import ConfigError
+from .errors import ConfigError, short_repr
 
 _MISSING = object()
 
@@ -67,3 +66,17 @@ def parse_items(items, parse, where: str) -> list:
     if problems:
         raise ConfigError(problems)
     return out
+
+
+FORMAT_VERSION = 1
+
+
+def check_header(data: Mapping, kind: str) -> None:
+    """The ``kind`` and ``version`` of a spec or strategy file, when given, are ``kind`` and
+    ``FORMAT_VERSION``."""
+    if "kind" in data and data["kind"] != kind:
+        raise ConfigError(f"expected a {kind} file (kind: {kind}), got kind: {short_repr(data['kind'])}")
+    version = data.get("version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise ConfigError(f"{kind} format version {short_repr(version)} is not supported; this AutoSync reads "
+                          f"version {FORMAT_VERSION}")

@@ -1,0 +1,209 @@
+"""ClusterSpec: the plain data the tuner needs about a cluster (its nodes, bandwidths, calibration
+and compute mode).
+
+A frozen dataclass that validates itself on construction, reads and writes plain mappings
+(``from_dict``/``to_dict``, strict about unknown keys) and has a stable ``fingerprint``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from .calibration import Calibration
+from .errors import ConfigError, short_repr
+from .strict import check_header, check_keys, fingerprint, get_typed, parse_items
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One machine of the cluster.
+
+    Attributes:
+        name: unique node name; strategies refer to it (``PS.destination``, replicas ``name:i``).
+        address: IP address of the Ray node (binding by address).
+        cpus, gpus: resources of the node.
+        workers: training replicas on this node (default: one per GPU, else one).
+        chief: the node the driver and default PS run on.
+        bandwidth_gbps: NIC bandwidth in Gbit/s, each direction.
+        resource: optional custom Ray resource label that pins actors to this node (used
+            instead of the address when set, e.g. ``host1`` on the emulated testbed).
+    """
+
+    name: str
+    address: str = "127.0.0.1"
+    cpus: int = 1
+    gpus: int = 0
+    workers: int | None = None
+    chief: bool = False
+    bandwidth_gbps: float = 10.0
+    resource: str | None = None
+
+    def __post_init__(self):
+        problems = []
+        if not (isinstance(self.name, str) and _NAME_RE.match(self.name)):
+            problems.append(f"node name {short_repr(self.name)} must be non-empty and use only letters, digits, "
+                            f"'_', '-', '.'")
+        if not (isinstance(self.cpus, int) and self.cpus >= 1):
+            problems.append(f"node {self.name}: cpus must be an integer >= 1, got {short_repr(self.cpus)}")
+        if not (isinstance(self.gpus, int) and self.gpus >= 0):
+            problems.append(f"node {self.name}: gpus must be an integer >= 0, got {short_repr(self.gpus)}")
+        if self.workers is None:
+            if isinstance(self.gpus, int):
+                object.__setattr__(self, "workers", self.gpus if self.gpus > 0 else 1)
+        elif not (isinstance(self.workers, int) and self.workers >= 0):
+            problems.append(f"node {self.name}: workers must be an integer >= 0, got {short_repr(self.workers)}")
+        if not (isinstance(self.bandwidth_gbps, (int, float)) and self.bandwidth_gbps > 0):
+            problems.append(f"node {self.name}: bandwidth_gbps must be > 0, got {short_repr(self.bandwidth_gbps)}")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Replica slots of this node: ``name:0``, ``name:1``, ..."""
+        return tuple(f"{self.name}:{i}" for i in range(self.workers or 0))
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {
+            "name": self.name, "address": self.address, "cpus": self.cpus, "gpus": self.gpus,
+            "workers": self.workers, "bandwidth_gbps": float(self.bandwidth_gbps),
+        }
+        if self.chief:
+            d["chief"] = True
+        if self.resource is not None:
+            d["resource"] = self.resource
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping, where: str = "node") -> "NodeSpec":
+        check_keys(data, where, {"name"}, {"address", "cpus", "gpus", "workers", "chief", "bandwidth_gbps", "resource"})
+        name = get_typed(data, "name", str, where)
+        where = f"node {name}"
+        return cls(
+            name=name,
+            address=get_typed(data, "address", str, where, "127.0.0.1"),
+            cpus=get_typed(data, "cpus", int, where, 1),
+            gpus=get_typed(data, "gpus", int, where, 0),
+            workers=get_typed(data, "workers", (int, type(None)), where, None),
+            chief=get_typed(data, "chief", bool, where, False),
+            bandwidth_gbps=float(get_typed(data, "bandwidth_gbps", (int, float), where, 10.0)),
+            resource=get_typed(data, "resource", (str, type(None)), where, None),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The machines training runs on.
+
+    Attributes:
+        name: cluster name.
+        nodes: the nodes; exactly one is the chief (the first one when none is marked).
+        intra_node_bandwidth_gbps: bandwidth between workers of one node (None: memory speed).
+        calibration: measured communication costs (``autosync calibrate``), or None. Not part of
+            the fingerprint: measuring a cluster does not make it another cluster.
+        compute: ``real`` (workers run the model) or ``emulated`` (workers wait the profiled
+            compute time and send synthetic gradients); trials of the two never share a group.
+        compute_dilation: emulated compute runs this many times slower than the profile (a testbed
+            whose links run K times slower than the cluster it stands for keeps its
+            communication-to-compute ratio with dilation K).
+    """
+
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    intra_node_bandwidth_gbps: float | None = None
+    calibration: Calibration | None = None
+    compute: str = "real"
+    compute_dilation: float = 1.0
+    _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self):
+        nodes = tuple(self.nodes)
+        problems = []
+        if not nodes:
+            problems.append(f"cluster {self.name}: needs at least one node")
+        names = [n.name for n in nodes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            problems.append(f"cluster {self.name}: node names must be unique, repeated: {', '.join(dup)}")
+        chiefs = [n.name for n in nodes if n.chief]
+        if len(chiefs) > 1:
+            problems.append(f"cluster {self.name}: exactly one node may be chief, got {', '.join(chiefs)}")
+        if nodes and sum(n.workers or 0 for n in nodes) < 1:
+            problems.append(f"cluster {self.name}: no node has workers; set workers >= 1 on at least one node")
+        if self.intra_node_bandwidth_gbps is not None and not self.intra_node_bandwidth_gbps > 0:
+            problems.append(f"cluster {self.name}: intra_node_bandwidth_gbps must be > 0, got {self.intra_node_bandwidth_gbps}")
+        if self.compute not in ("real", "emulated"):
+            problems.append(f"cluster {self.name}: compute must be 'real' or 'emulated', got {self.compute!r}")
+        if not (isinstance(self.compute_dilation, (int, float)) and 1 <= self.compute_dilation <= 10_000):
+            problems.append(f"cluster {self.name}: compute_dilation must be a number in [1, 10000], "
+                            f"got {self.compute_dilation!r}")
+        if problems:
+            raise ConfigError(problems)
+        if not chiefs:
+            nodes = (replace(nodes[0], chief=True),) + nodes[1:]
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "_index", {n.name: i for i, n in enumerate(nodes)})
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.nodes)
+
+    def node_index(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"cluster {self.name} has no node {short_repr(name)}; nodes: "
+                           f"{', '.join(self.node_names)}") from None
+
+    def node(self, name: str) -> NodeSpec:
+        return self.nodes[self.node_index(name)]
+
+    @property
+    def chief(self) -> NodeSpec:
+        return next(n for n in self.nodes if n.chief)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Every replica slot, ``node:i``, in node order."""
+        return tuple(d for n in self.nodes for d in n.devices)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.devices)
+
+    @property
+    def fingerprint(self) -> str:
+        d = self.to_dict()
+        d.pop("name")
+        d.pop("calibration", None)
+        return fingerprint(d)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"kind": "cluster", "version": 1, "name": self.name,
+                             "nodes": [n.to_dict() for n in self.nodes]}
+        if self.intra_node_bandwidth_gbps is not None:
+            d["intra_node_bandwidth_gbps"] = float(self.intra_node_bandwidth_gbps)
+        if self.calibration is not None:
+            d["calibration"] = self.calibration.to_dict()
+        # written only when set, so the fingerprints of real-compute clusters stay as they were
+        if self.compute != "real":
+            d["compute"] = self.compute
+        if self.compute_dilation != 1:
+            d["compute_dilation"] = float(self.compute_dilation)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ClusterSpec":
+        check_keys(data, "cluster", {"name", "nodes"},
+                   {"kind", "version", "intra_node_bandwidth_gbps", "calibration", "compute", "compute_dilation"})
+        check_header(data, "cluster")
+        nodes = parse_items(get_typed(data, "nodes", list, "cluster"), NodeSpec.from_dict, "nodes")
+        intra = get_typed(data, "intra_node_bandwidth_gbps", (int, float, type(None)), "cluster", None)
+        cal = get_typed(data, "calibration", (Mapping, type(None)), "cluster", None)
+        return cls(name=get_typed(data, "name", str, "cluster"), nodes=tuple(nodes),
+                   intra_node_bandwidth_gbps=float(intra) if intra is not None else None,
+                   calibration=Calibration.from_dict(cal) if cal is not None else None,
+                   compute=get_typed(data, "compute", str, "cluster", "real"),
+                   compute_dilation=float(get_typed(data, "compute_dilation", (int, float), "cluster", 1.0)))

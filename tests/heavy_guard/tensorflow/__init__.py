@@ -1,0 +1,4 @@
+"""Stands in for tensorflow on the PYTHONPATH of subprocesses started by tests that are not marked
+integration (see tests/conftest.py): importing it there is an error."""
+raise ImportError("a subprocess of a test not marked @pytest.mark.integration imported tensorflow: mark the test "
+                  "integration, or keep the fast suite free of Ray and TensorFlow")

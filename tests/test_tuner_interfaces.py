@@ -1,0 +1,78 @@
+"""The tuner's small interfaces: any Tuner drives the loop; the training set is the store's
+trials featurized once; every StepTimeModel fits rows, seconds and groups and predicts seconds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.baseline_tuner import BaselineTuner
+from tuner.cost_model import AnalyticCostModel
+from tuner.dataset import build_trial_set
+from tuner.random_tuner import RandomTuner
+from tuner.ranker import RankedStepTime, StrategyRanker
+from tuner.simulator import LearnedSimulator
+from tuner.step_time_model import StepTimeModel
+from tuner.store import TrialStore
+from tuner.synthetic import SyntheticRunner, make_dataset
+from tuner.training_set import TrainingSet
+from tuner.tuning import Budget, tune_loop
+from tuner.warmstart import merge_groups
+
+MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return make_dataset(n_models=3, n_clusters_each=1, per_group=14, seed=4, include_configs=False)
+
+
+def test_the_loop_drives_a_random_tuner(tmp_path):
+    with TrialStore(tmp_path / "r.db") as store:
+        tuner = RandomTuner(MODEL, CLUSTER, seed=3, batch_size=2)
+        out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=1), store, tuner, Budget(trials=5, patience=10))
+    searched = [t for t in out.trials if t.role == "search"]
+    assert len(searched) == 5 and {t.origin for t in searched} == {"random"}
+    fps = [t.strategy.canonical(CLUSTER).fingerprint for t in out.trials if t.role != "confirm"]
+    assert len(fps) == len(set(fps))     # nothing measured twice, not even as an equivalent strategy
+
+
+def test_the_baseline_tuner_proposes_each_builder_once_and_skips_measured_ones():
+    tuner = BaselineTuner(MODEL, CLUSTER)
+    first = tuner.next_batch(None)
+    assert first and not tuner.has_next()
+    assert all(p.encoded is not None and len(p.encoded) == 1 for p in first)
+    again = BaselineTuner(MODEL, CLUSTER)
+    again.update(SyntheticRunner(MODEL, CLUSTER).run([first[0].strategy], [first[0].origin]))
+    assert [p.origin for p in again.next_batch(None)] == [p.origin for p in first[1:]]
+
+
+def test_the_training_set_holds_the_rows_build_trial_set_makes(groups):
+    model, cluster, trials = groups[0]
+    training = TrainingSet()
+    training.add_groups(groups[:2])
+    training.add_groups(groups[:1])                            # seen trials count once
+    training.add(groups[2][0], groups[2][1], groups[2][2][:5])
+    training.add(groups[2][0], groups[2][1], groups[2][2][5:])  # arriving later, in order
+    data, expected = training.trial_set(), build_trial_set(merge_groups(groups))
+    np.testing.assert_array_equal(data.X, expected.X)
+    np.testing.assert_array_equal(data.y, expected.y)
+    np.testing.assert_array_equal(data.group, expected.group)
+    assert data.keys == expected.keys and len(training) == len(expected)
+
+
+def test_every_step_time_model_fits_rows_seconds_and_groups_and_predicts_seconds(groups):
+    data = build_trial_set(groups)
+    for m in (AnalyticCostModel(), LearnedSimulator(n_estimators=20), RankedStepTime(random_state=0)):
+        assert isinstance(m, StepTimeModel)
+        seconds = m.fit(data.X, data.y, data.group).predict(data.X[data.group == 0])
+        assert seconds.shape == ((data.group == 0).sum(),) and np.all(np.isfinite(seconds) & (seconds > 0))
+
+
+def test_ranked_step_time_orders_as_the_ranker_scores(groups):
+    data = build_trial_set(groups)
+    ranked = RankedStepTime(random_state=0).fit(data.X, data.y, data.group)
+    score = StrategyRanker(random_state=0).fit(data.X, data.y, data.group).predict(data.X)
+    seconds = ranked.predict(data.X)
+    np.testing.assert_array_equal(np.argsort(seconds, kind="stable"), np.argsort(-score, kind="stable"))
+    assert ranked.slope_ > 0

@@ -1,0 +1,75 @@
+"""Behaviour pinned across refactors: a short tuning run on the synthetic runner, seeded, gives the
+same trial sequence (origin, role, strategy fingerprint) and the same recommendation as the code
+it was recorded from (commit f24fa00), with and without warm-start groups. A change that alters
+what the tuner proposes for the same seed fails here; re-record only for an intended change of
+behaviour, and say so in the commit."""
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.store import TrialStore
+from tuner.synthetic import SyntheticRunner, make_dataset
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.tuning import Budget, tune_loop
+
+MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
+SETTINGS = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, seed=5)
+
+PINNED = {
+    'cold': {
+        'trials': [
+            ('ps', 'baseline', '590baa757f11d4bb'),
+            ('ps_lb', 'baseline', '9ea9de15dc045bb8'),
+            ('partitioned_ps', 'baseline', 'acfc8fd091f70d03'),
+            ('uneven_partitioned_ps', 'baseline', '90038de3473e9b21'),
+            ('all_reduce', 'baseline', 'c5a79b2294178a38'),
+            ('partitioned_all_reduce', 'baseline', 'b897bcc833ce33b8'),
+            ('parallax', 'baseline', '955d0446d041e32e'),
+            ('search', 'search', '9909a4a669b09827'),
+            ('search', 'search', '3e0cb27381a21aac'),
+            ('explore', 'search', '6d58d3df4a7880be'),
+            ('search', 'search', '62ffbb7dfd8f0191'),
+            ('search', 'search', '61ed8fd0849d6143'),
+            ('explore', 'search', 'febb80b2658fc3b2'),
+            ('all_reduce', 'confirm', 'c5a79b2294178a38'),
+            ('explore', 'confirm', '6d58d3df4a7880be'),
+        ],
+        'best': '6d58d3df4a7880be', 'stop': 'trials',
+    },
+    'warm': {
+        'trials': [
+            ('ps', 'baseline', '590baa757f11d4bb'),
+            ('ps_lb', 'baseline', '9ea9de15dc045bb8'),
+            ('partitioned_ps', 'baseline', 'acfc8fd091f70d03'),
+            ('uneven_partitioned_ps', 'baseline', '90038de3473e9b21'),
+            ('all_reduce', 'baseline', 'c5a79b2294178a38'),
+            ('partitioned_all_reduce', 'baseline', 'b897bcc833ce33b8'),
+            ('parallax', 'baseline', '955d0446d041e32e'),
+            ('search', 'search', 'dd8049e81ca14b0c'),
+            ('search', 'search', '3e2f39044bc4bbc4'),
+            ('explore', 'search', 'd4ef42db1324c295'),
+            ('search', 'search', '7d0e4ec6f261a49c'),
+            ('search', 'search', 'a36ec8dbe7ab085a'),
+            ('explore', 'search', '65b4742180dc4ccc'),
+            ('all_reduce', 'confirm', 'c5a79b2294178a38'),
+            ('explore', 'confirm', 'd4ef42db1324c295'),
+        ],
+        'best': 'd4ef42db1324c295', 'stop': 'trials',
+    },
+}
+
+
+def _warm(name):
+    return make_dataset(n_models=2, n_clusters_each=1, per_group=12, seed=3, include_configs=False) if name == "warm" else ()
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_seeded_run_gives_the_pinned_trials_and_recommendation(tmp_path, name):
+    with TrialStore(tmp_path / "p.db") as store:
+        tuner = ModelBasedTuner(MODEL, CLUSTER, settings=SETTINGS, warm_start=_warm(name))
+        out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=7), store, tuner, Budget(trials=6, patience=10, confirm=1))
+    got = [(t.origin, t.role, t.strategy.fingerprint[:16]) for t in out.trials]
+    assert got == PINNED[name]["trials"]
+    assert (out.best.strategy.fingerprint[:16], out.stop_reason) == (PINNED[name]["best"], PINNED[name]["stop"])
+

@@ -1,0 +1,155 @@
+"""The model-based tuner (AutoTVM's layout): a cost model (``tuner.predictor.Predictor``, refitted
+on an in-memory training set) and an optimizer (simulated annealing, ``tuner.search``) glued by
+``ModelBasedTuner``; its knobs are ``SearchSettings``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.encoding import EncodedStrategies
+
+from .base import Proposal, Tuner
+from .constraints import Constraints
+from .predictor import Predictor
+from .sampler import KnowledgeSampler
+from .search import Pool, select_diverse, simulated_annealing
+from .training_set import TrainingSet
+from .trial import Trial
+from .warmstart import Group
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Knobs of one round of proposals.
+
+    Attributes:
+        batch: strategies measured per round.
+        epsilon: share of each batch drawn at random from the annealing pool (exploration).
+        candidates: knowledge-guided candidates per round; the same number again uniformly random.
+        chains: annealing chains, started from the best-predicted candidates.
+        proposals: mutations each chain proposes per step (all chains' are scored in one call; a
+            chain steps towards its best). Scored per round: chains x proposals x anneal_steps.
+            Under constraints every proposal is built whole to be projected, which costs several
+            times more per proposal: a quarter of them are made.
+        anneal_steps: steps per chain.
+        seed: random seed.
+    """
+
+    batch: int = 4
+    epsilon: float = 0.25
+    candidates: int = 256
+    chains: int = 48
+    proposals: int = 64
+    anneal_steps: int = 30
+    seed: int = 0
+
+
+class ModelBasedTuner(Tuner):
+    """Proposes strategies for one (model, cluster) by simulated annealing over the predictor
+    (TVM's model-based tuner: a cost model, ``Predictor``, plus an optimizer, the annealing).
+
+    Args:
+        model, cluster: the target.
+        constraints: user pins (never violated).
+        settings: see SearchSettings.
+        warm_start: trials measured elsewhere, (model, cluster, trials) groups the predictor
+            learns from besides the store (``tuner.warmstart.load_warm_start``).
+
+    Attributes:
+        training: every featurized trial the predictor learns from (``tuner.training_set``).
+        last_pool: the annealing pool of the last ``next_batch``.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
+                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = ()):
+        super().__init__(model, cluster, constraints=constraints, batch_size=settings.batch)
+        self.settings = settings
+        self.sampler = KnowledgeSampler(self.space)
+        self.predictor = Predictor(model, cluster, seed=settings.seed)
+        self.rng = np.random.default_rng(settings.seed)
+        self.training = TrainingSet()
+        self.training.add_groups(warm_start)
+        self.last_pool: Pool | None = None
+        self._proposed: dict[str, EncodedStrategies] = {}   # fingerprint -> encoded row, until measured
+
+    def load_history(self, groups: Sequence[Group]) -> None:
+        """The store's groups, read once at the start of a run (after the warm-start groups)."""
+        self.training.add_groups(groups)
+
+    def update(self, trials: Sequence[Trial]) -> None:
+        """Record measured trials and append their feature rows to the training set (the refit
+        happens at the next ``next_batch``)."""
+        super().update(trials)
+        encoded = {t.strategy.fingerprint: self._proposed.pop(t.strategy.fingerprint)
+                   for t in trials if t.strategy.fingerprint in self._proposed}
+        self.training.add(self.model, self.cluster, trials, encoded)
+
+    def refit(self) -> None:
+        """Refit the predictor on the training set (every round: the ranker boosts on from its
+        last fit even when no row is new)."""
+        self.predictor.fit(self.training.trial_set())
+
+    def next_batch(self, k: int | None = None) -> list[Proposal]:
+        """The next strategies to measure (never one measured before), after refitting the
+        predictor on everything measured so far."""
+        self.refit()
+        s = self.settings
+        k = k or s.batch
+        rng = self.rng
+        parts = [self.sampler.sample(rng, s.candidates), self.space.sample_encoded(rng, s.candidates)]
+        best = sorted(((v, key) for key, v in self.measured.items() if np.isfinite(v)))[:8]
+        if best:  # start some chains from the best measured strategies
+            parts.append(self._decode_keys([key for _, key in best]))
+        cand = self.project(EncodedStrategies.concat(parts))
+        order, _ = self.predictor.order(cand)
+        init = cand.take(order[: s.chains])
+        constrained = self.constraints is not None
+        pool = simulated_annealing(self.space, self.predictor.chain_scorer(), init, rng, steps=s.anneal_steps,
+                                   proposals=max(1, s.proposals // 4) if constrained else s.proposals,
+                                   keep=max(256, 8 * k), project=self.project if constrained else None)
+        fused, seconds = self.predictor.order(pool.encoded)
+        pool = Pool(pool.encoded.take(fused), seconds[fused])
+        self.last_pool = pool
+        picks = self._select(pool, k, rng)
+        greedy = k - int(round(s.epsilon * k)) if k > 1 else k
+        out = []
+        for n, i in enumerate(picks):
+            origin = "search" if n < greedy else "explore"
+            row = pool.encoded.take([i])
+            strategy = self.space.decode(pool.encoded, i, origin=origin)
+            self._proposed[strategy.fingerprint] = row
+            out.append(Proposal(strategy, origin, float(pool.predicted[i]), encoded=row))
+        return out
+
+    def _select(self, pool: Pool, k: int, rng: np.random.Generator, rounds: int = 8) -> list[int]:
+        """``select_diverse``, never picking a strategy equivalent to a measured one or to another
+        pick (measuring it again would measure noise): equivalent picks are excluded and the
+        selection redone (at most ``rounds`` times; few picks ever are). Their features are equal
+        already (features depend on group membership and node facts, not on ids), so only the
+        measuring needs this."""
+        exclude = set(self.measured)
+        keys = pool.encoded.row_keys()
+        picks: list[int] = []
+        for _ in range(rounds):
+            picks = select_diverse(pool, k, rng, epsilon=self.settings.epsilon, exclude=exclude)
+            seen = set(self.measured_canonical)
+            dup = []
+            for i in picks:
+                fp = self.canonical_key(self.space.decode(pool.encoded, i))
+                if fp in seen:
+                    dup.append(i)
+                seen.add(fp)
+            if not dup:
+                return picks
+            exclude |= {keys[i] for i in dup}
+        return [i for i in picks if keys[i] not in exclude]
+
+    def _decode_keys(self, keys: list[bytes]) -> EncodedStrategies:
+        names = EncodedStrategies.field_names()
+        V = len(self.model.variables)
+        rows = [np.frombuffer(k, dtype=np.int32).reshape(V, len(names)) for k in keys]
+        return EncodedStrategies(**{n: np.stack([r[:, i] for r in rows]) for i, n in enumerate(names)})

@@ -1,0 +1,147 @@
+"""What a tuning run measured (``TuneOutcome``) and how its recommendation is judged: the fastest
+strategy, pooled over its repeated measurements, is recommended over the best baseline only when it
+is faster beyond the noise between measurements (``TuneOutcome.significant_gain``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .trial import Trial
+
+
+@dataclass
+class TuneOutcome:
+    """What a tuning run measured.
+
+    Attributes:
+        run_id: id stored in every trial (``Trial.run_id``).
+        trials: this run's trials in measurement order (resumed ones included).
+        stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
+    """
+
+    run_id: str
+    trials: list[Trial] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def ok(self) -> list[Trial]:
+        return [t for t in self.trials if t.ok]
+
+    def measured(self) -> dict[str, Trial]:
+        """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; ``meta``
+        ``measurements`` says how many); a strategy measured once is its own trial."""
+        groups: dict[str, list[Trial]] = {}
+        for t in self.ok:
+            groups.setdefault(t.strategy.fingerprint, []).append(t)
+        return {fp: merge_measurements(ts) for fp, ts in groups.items()}
+
+    def leader(self) -> Trial | None:
+        """The fastest strategy so far by the median of all its measured steps, however often measured."""
+        return min(self.measured().values(), key=lambda t: t.median, default=None)
+
+    @property
+    def fastest(self) -> Trial | None:
+        """The fastest strategy by its pooled steps, except that once confirmation has run only
+        strategies measured as often as the most-measured ones compete (an unconfirmed lucky
+        measurement never wins over confirmed ones)."""
+        merged = self.measured()
+        if self.confirm_trials and merged:
+            top = max(t.meta.get("measurements", 1) for t in merged.values())
+            merged = {k: t for k, t in merged.items() if t.meta.get("measurements", 1) == top}
+        return min(merged.values(), key=lambda t: t.median, default=None)
+
+    @property
+    def best(self) -> Trial | None:
+        """The recommendation: ``fastest``, unless it is not a baseline and, on the repeated
+        measurements, beats the best baseline by less than the noise between measurements
+        (``significant_gain``): then the best baseline, since switching strategy should be
+        worth it."""
+        fastest, base = self.fastest, self.best_baseline
+        if fastest is None or base is None or fastest.strategy.fingerprint == base.strategy.fingerprint:
+            return fastest
+        gain = self.significant_gain(fastest, base)
+        return fastest if gain is None or gain else base
+
+    def significant_gain(self, a: Trial, b: Trial, z: float = 1.0) -> bool | None:
+        """Whether strategy ``a`` is faster than ``b`` by more than ``z`` standard errors, on the
+        log medians of their separate measurements (the noise that matters is between
+        measurements: each run of a strategy lands on its own placement and contention).
+
+        Only the re-measurements count for the means: a strategy's first measurement is how it
+        was picked (the leader of many noisy single measurements is flattered by its noise). The
+        noise is pooled over every strategy of the run measured more than once; it is never taken
+        below the imprecision of the measurements themselves (the variance of a log median implied
+        by each measurement's 95 % interval, averaged over those that count), so a few repeats
+        that happen to agree cannot make imprecise measurements look decisive. None when either
+        was measured once (nothing to judge by)."""
+        per: dict[str, list[float]] = {}
+        within: dict[str, list[float]] = {}
+        for t in self.ok:
+            per.setdefault(t.strategy.fingerprint, []).append(float(np.log(t.median)))
+            within.setdefault(t.strategy.fingerprint, []).append(log_median_variance(t))
+        fa, fb = a.strategy.fingerprint, b.strategy.fingerprint
+        la, lb = per.get(fa, [])[1:], per.get(fb, [])[1:]
+        if not la or not lb:
+            return None
+        repeated = [v for v in per.values() if len(v) > 1]
+        dof = sum(len(v) - 1 for v in repeated)
+        var = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in repeated) / dof
+        floor = [w for w in within[fa][1:] + within[fb][1:] if np.isfinite(w)]
+        if floor:
+            var = max(var, float(np.mean(floor)))
+        se = np.sqrt(var * (1 / len(la) + 1 / len(lb)))
+        return bool(np.mean(lb) - np.mean(la) > z * se)
+
+    @property
+    def baselines(self) -> dict[str, Trial]:
+        """Builder name -> its measurements (builders with the same strategy share them)."""
+        merged = self.measured()
+        out = {}
+        for t in self.trials:
+            if t.role == "baseline":
+                for name in (t.origin, *t.aliases):
+                    out[name] = merged.get(t.strategy.fingerprint, t)
+        return out
+
+    @property
+    def best_baseline(self) -> Trial | None:
+        return min((t for t in self.baselines.values() if t.ok), key=lambda t: t.median, default=None)
+
+    @property
+    def search_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.role not in ("baseline", "confirm")]
+
+    @property
+    def confirm_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.role == "confirm"]
+
+    def trials_to_within(self, fraction: float = 0.05) -> int | None:
+        """Trials (in order, baselines included) until the final best strategy itself or one
+        measured within ``fraction`` of its (pooled) time was first measured."""
+        best = self.best
+        if best is None:
+            return None
+        for i, t in enumerate(self.trials, 1):
+            if t.ok and (t.strategy.fingerprint == best.strategy.fingerprint or t.median <= best.median * (1 + fraction)):
+                return i
+        return None
+
+
+def log_median_variance(t: Trial) -> float:
+    """Variance of log(median step time) implied by the trial's 95 % interval (its width in logs
+    over 2 x 1.96); inf when it has no interval (fewer than 6 steps)."""
+    ci = t.median_ci
+    if ci is None or not ci[0] > 0:
+        return float("inf")
+    return float((np.log(ci[1]) - np.log(ci[0])) / (2 * 1.96)) ** 2
+
+
+def merge_measurements(trials: list[Trial]) -> Trial:
+    """Several ok measurements of one strategy as one Trial: the first, with every step pooled."""
+    if len(trials) == 1:
+        return trials[0]
+    steps = tuple(x for t in trials for x in t.step_times)
+    return dataclasses.replace(trials[0], step_times=steps, meta={**trials[0].meta, "measurements": len(trials)})
