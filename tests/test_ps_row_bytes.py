@@ -72,6 +72,7 @@ def _step(seed: int, touched_share: float = 1.0):
 @pytest.mark.parametrize("optimizer", [{"class": "SGD", "learning_rate": 0.1},
                                        {"class": "Adam", "learning_rate": 0.05},
                                        {"class": "Adagrad", "learning_rate": 0.2}])
+@pytest.mark.integration
 def test_pushes_by_reference_update_as_explicit_rows_and_send_each_row_id_once(local_ray, optimizer):
     values = _values()
     by_ref, explicit = _shard(optimizer, values), _shard(optimizer, values)
@@ -114,6 +115,7 @@ def test_index_dtype_is_the_narrowest_that_numbers_the_rows():
         np.uint8, np.uint8, np.uint16, np.uint16, np.uint32, np.uint32, np.int64]
 
 
+@pytest.mark.integration
 def test_a_push_without_rows_needs_the_pull_of_its_step(local_ray):
     shard = _shard({"class": "SGD", "learning_rate": 0.1}, _values())
     with pytest.raises(RuntimeError, match="pulled no rows of it for that step"):
