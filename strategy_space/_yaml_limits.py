@@ -84,8 +84,3 @@ def _bounded(base: type) -> type:
 # libyaml's loader when PyYAML has it (~10x faster); the pure-Python one words syntax errors better
 FastLoader = _bounded(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 PlainLoader = _bounded(yaml.SafeLoader)
-
-
-# the runtime helper's autosync/runtime/optimizers.py still imports short_repr from here; the
-# integrator points it at strategy_space.errors on merge, and this line goes
-from .errors import short_repr  # noqa: E402,F401

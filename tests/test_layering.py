@@ -147,16 +147,11 @@ def test_no_import_cycles():
         " <-> ".join(c) for c in cycles)
 
 
-# imports in files that another branch edits (the runtime helper's), changed when it is merged:
-# autosync.runtime.optimizers should import short_repr from strategy_space.errors, and
-# autosync.models._data should become a public module (or zipf_ids move to autosync.runtime.emulated)
-PENDING_ON_MERGE = {"autosync.runtime.optimizers imports strategy_space._yaml_limits (private to strategy_space)",
-                    "autosync.runtime.emulated imports autosync.models._data (private to autosync.models)"}
+
 
 
 def test_no_private_name_crosses_a_module():
     _, private = import_facts()
-    private = set(private) - PENDING_ON_MERGE
     assert not private, "private names imported from another module:\n" + "\n".join(sorted(set(private)))
 
 

@@ -48,10 +48,6 @@ class AnalyticCostModel:
         """Step time (s) of feature rows (``features.featurize`` output); ``StepTimeModel``."""
         return step_time(terms_of(X), self.parameters)
 
-    def predict_features(self, X: np.ndarray) -> np.ndarray:
-        """``predict`` under the name ``tuner/evaluation.py`` still calls (to go when it calls predict)."""
-        return self.predict(X)
-
     def predict_strategies(self, model: ModelSpec, cluster: ClusterSpec, encoded: EncodedStrategies,
                            tables: FeatureTables | None = None) -> np.ndarray:
         """Step time (s) of each encoded strategy of ``model`` on ``cluster``."""

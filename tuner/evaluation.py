@@ -77,10 +77,10 @@ Predictor = Callable[[TrialSet, TrialSet], np.ndarray]   # (train, test) -> pred
 def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
     """The compared methods, each as ``(train, test) -> predictions for test rows``."""
     def analytic_default(train, test):
-        return AnalyticCostModel(AlphaBeta()).predict_features(test.X)
+        return AnalyticCostModel(AlphaBeta()).predict(test.X)
 
     def analytic_fitted(train, test):
-        return AnalyticCostModel().fit(train.X, train.y).predict_features(test.X)
+        return AnalyticCostModel().fit(train.X, train.y).predict(test.X)
 
     def simulator(target):
         return lambda train, test: LearnedSimulator(target=target, n_jobs=n_jobs, random_state=seed) \

@@ -41,7 +41,6 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
     from ``j`` on. ``exposed_frac`` is the part of ``T_comm`` that sticks out past compute.
 """
 from __future__ import annotations
-from __future__ import annotations
 
 import functools
 from dataclasses import dataclass

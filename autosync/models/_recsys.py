@@ -7,7 +7,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from ._data import CRITEO_DENSE_FEATURES
+from .batches import CRITEO_DENSE_FEATURES
 
 
 def click_loss():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from strategy_space.errors import ConfigError
 
-from . import _data
+from . import batches
 
 SIZES = ("small", "full")
 QUERY_KEYS = ("size", "batch_size")
@@ -28,7 +28,7 @@ class Variant:
     Attributes:
         model, loss, optimizer: ``module:function`` under ``autosync.models`` building each part.
         model_kwargs: keyword arguments of the model function.
-        data: name of the batch generator in ``autosync.models._data``.
+        data: name of the batch generator in ``autosync.models.batches``.
         data_kwargs: its keyword arguments (``batch_size`` and ``seed`` are added).
         batch_size: default per-worker batch size.
     """
@@ -54,7 +54,7 @@ class ZooModel:
 
 
 _VISION = {"loss": "_vision:classification_loss", "optimizer": "_vision:momentum_sgd", "data": "image_batches"}
-_SMALL_TABLES = tuple(min(n, 20_000) for n in _data.CRITEO_KAGGLE_TABLES)
+_SMALL_TABLES = tuple(min(n, 20_000) for n in batches.CRITEO_KAGGLE_TABLES)
 
 _ENTRIES: dict[str, tuple[str, str, dict[str, Variant]]] = {
     "resnet50": (
@@ -123,15 +123,15 @@ _ENTRIES: dict[str, tuple[str, str, dict[str, Variant]]] = {
         "DLRM click-through model: 26 embedding tables, bottom/top MLPs, dot interactions",
         "Criteo Kaggle tables (33.8M rows) x 16, bottom MLP 13-512-256-64-16, top 512-256-1, 540M parameters",
         {
-            "full": Variant(model="_recsys:dlrm", model_kwargs={"table_sizes": _data.CRITEO_KAGGLE_TABLES, "dim": 16,
+            "full": Variant(model="_recsys:dlrm", model_kwargs={"table_sizes": batches.CRITEO_KAGGLE_TABLES, "dim": 16,
                                                                "bottom": (512, 256, 64), "top": (512, 256)},
                             loss="_recsys:click_loss", optimizer="_recsys:adagrad", data="click_log_batches",
-                            data_kwargs={"dense_features": _data.CRITEO_DENSE_FEATURES,
-                                         "table_sizes": _data.CRITEO_KAGGLE_TABLES}, batch_size=128),
+                            data_kwargs={"dense_features": batches.CRITEO_DENSE_FEATURES,
+                                         "table_sizes": batches.CRITEO_KAGGLE_TABLES}, batch_size=128),
             "small": Variant(model="_recsys:dlrm", model_kwargs={"table_sizes": _SMALL_TABLES, "dim": 8,
                                                                 "bottom": (32,), "top": (32,)},
                              loss="_recsys:click_loss", optimizer="_recsys:adagrad", data="click_log_batches",
-                             data_kwargs={"dense_features": _data.CRITEO_DENSE_FEATURES,
+                             data_kwargs={"dense_features": batches.CRITEO_DENSE_FEATURES,
                                           "table_sizes": _SMALL_TABLES}, batch_size=128),
         },
     ),
@@ -203,7 +203,7 @@ def get_model_def(name_with_query: str):
         model_fn=functools.partial(build_part, v.model, **v.model_kwargs),
         loss_fn=functools.partial(build_part, v.loss),
         optimizer_fn=functools.partial(build_part, v.optimizer),
-        dataset_fn=functools.partial(getattr(_data, v.data), batch_size=batch_size, **v.data_kwargs),
+        dataset_fn=functools.partial(getattr(batches, v.data), batch_size=batch_size, **v.data_kwargs),
         batch_size=batch_size,
         metadata={"source": source, "zoo": name, "size": size, "description": description,
                   "full_size": note},

@@ -112,7 +112,7 @@ def emulated_model_def(spec: ModelSpec, cluster: ClusterSpec, step_time_s: float
 def distinct_zipf_rows(rng: np.random.Generator, vocab: int, rows: int) -> np.ndarray:
     """``rows`` distinct ids in ``[0, vocab)``, sorted, drawn Zipf-like (as the zoo data draws ids):
     frequent ids first, rare ones filling up when few distinct ids are drawn."""
-    from autosync.models._data import zipf_ids
+    from autosync.models.batches import zipf_ids
 
     if rows >= vocab:
         return np.arange(vocab, dtype=np.int64)

@@ -20,7 +20,7 @@ import abc
 
 import numpy as np
 
-from strategy_space._yaml_limits import short_repr
+from strategy_space.errors import short_repr
 from strategy_space.errors import ConfigError
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
