@@ -75,6 +75,10 @@ class ModelBasedTuner(Tuner):
         self.training.add_groups(warm_start)
         self.last_pool: Pool | None = None
         self._proposed: dict[str, EncodedStrategies] = {}   # fingerprint -> encoded row, until measured
+        # feature rows of everything measured: a strategy whose features equal a measured one's moves
+        # the same bytes through the same NICs and calls (e.g. an all-reduced bias split into shards of
+        # the same fused group); the predictor cannot tell them apart and a trial of it measures noise
+        self.measured_features: set[bytes] = set()
 
     def load_history(self, groups: Sequence[Group]) -> None:
         """The store's groups, read once at the start of a run (after the warm-start groups)."""
@@ -87,6 +91,16 @@ class ModelBasedTuner(Tuner):
         encoded = {t.strategy.fingerprint: self._proposed.pop(t.strategy.fingerprint)
                    for t in trials if t.strategy.fingerprint in self._proposed}
         self.training.add(self.model, self.cluster, trials, encoded)
+        rows = []
+        for t in trials:
+            row = encoded.get(t.strategy.fingerprint)
+            if row is None:
+                key = self.row_key(t.strategy)
+                row = None if key is None else self._decode_keys([key])
+            if row is not None:
+                rows.append(row)
+        if rows:
+            self.measured_features |= set(_feature_keys(self.predictor.features(EncodedStrategies.concat(rows))))
 
     def refit(self) -> None:
         """Refit the predictor on the training set (every round: the ranker boosts on from its
@@ -112,7 +126,13 @@ class ModelBasedTuner(Tuner):
                                    proposals=max(1, s.proposals // 4) if constrained else s.proposals,
                                    keep=max(256, 8 * k), project=self.project if constrained else None)
         fused, seconds = self.predictor.order(pool.encoded)
-        pool = Pool(pool.encoded.take(fused), seconds[fused])
+        pool = self._distinct(Pool(pool.encoded.take(fused), seconds[fused]))
+        if len(pool.predicted) < 2 * k:
+            # the chains converged on strategies already measured (or equal to them in every feature):
+            # the candidates they started from widen the choice
+            ranked, cand_s = self.predictor.order(cand)
+            both = EncodedStrategies.concat([pool.encoded, cand.take(ranked)])
+            pool = self._distinct(Pool(both, np.concatenate([pool.predicted, cand_s[ranked]])))
         self.last_pool = pool
         picks = self._select(pool, k, rng)
         greedy = k - int(round(s.epsilon * k)) if k > 1 else k
@@ -125,12 +145,22 @@ class ModelBasedTuner(Tuner):
             out.append(Proposal(strategy, origin, float(pool.predicted[i]), encoded=row))
         return out
 
+    def _distinct(self, pool: Pool) -> Pool:
+        """The pool (ordered by prediction) with one strategy per feature row, none with the
+        features of a measured strategy (``measured_features``)."""
+        seen, keep = set(self.measured_features), []
+        for i, key in enumerate(_feature_keys(self.predictor.features(pool.encoded))):
+            if key not in seen:
+                seen.add(key)
+                keep.append(i)
+        return Pool(pool.encoded.take(np.asarray(keep, dtype=np.int64)), pool.predicted[keep])
+
     def _select(self, pool: Pool, k: int, rng: np.random.Generator, rounds: int = 8) -> list[int]:
         """``select_diverse``, never picking a strategy equivalent to a measured one or to another
         pick (measuring it again would measure noise): equivalent picks are excluded and the
-        selection redone (at most ``rounds`` times; few picks ever are). Their features are equal
-        already (features depend on group membership and node facts, not on ids), so only the
-        measuring needs this."""
+        selection redone (at most ``rounds`` times; few picks ever are). Feature-equal strategies
+        are out of the pool already (``_distinct``); this catches canonical equals the features
+        cannot see (none known: it guards the measuring)."""
         exclude = set(self.measured)
         keys = pool.encoded.row_keys()
         picks: list[int] = []
@@ -153,3 +183,12 @@ class ModelBasedTuner(Tuner):
         V = len(self.model.variables)
         rows = [np.frombuffer(k, dtype=np.int32).reshape(V, len(names)) for k in keys]
         return EncodedStrategies(**{n: np.stack([r[:, i] for r in rows]) for i, n in enumerate(names)})
+
+
+def _feature_keys(X: np.ndarray) -> list[bytes]:
+    """One hashable key per feature row (float32, rounded to 6 significant digits: rows computed
+    in different batches may differ in the last bit)."""
+    rounded = np.asarray(X, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(rounded != 0, 10.0 ** (5 - np.floor(np.log10(np.abs(rounded)))), 1.0)
+    return [r.tobytes() for r in np.round(rounded * scale) / scale]
