@@ -65,6 +65,8 @@ def _args(argv=None):
     p.add_argument("--store", default=DEFAULT_STORE, help="trial store to grow")
     p.add_argument("--pack", action="store_true", help="write --store, compacted and gzipped, to --packed")
     p.add_argument("--packed", default=None, help="default: tuner/data/warmstart.db.gz")
+    p.add_argument("--measured-by", help="with --pack: the commit whose code measured --store (recorded in the "
+                   "noise summary; a store does not keep it)")
     p.add_argument("--noise-out", default=os.path.join(REPO, "benchmarks", "results", "warmstart_noise.json"),
                    help="with --pack: where the per-shape noise summary goes (default %(default)s)")
     return p.parse_args(argv)
@@ -148,7 +150,7 @@ def repeat(runner, result, count: int, store_path: str, show) -> None:
         print(f"  confirmation repeats: CV {', '.join(f'{c * 100:.1f} %' for c in spread)}", flush=True)
 
 
-def pack(store: str, packed: str, noise_out: str | None = None) -> int:
+def pack(store: str, packed: str, noise_out: str | None = None, measured_by: str | None = None) -> int:
     """Copy ``store`` (consistent snapshot), VACUUM it, gzip it atomically into ``packed``."""
     from tuner.store import TrialStore
 
@@ -193,7 +195,8 @@ def pack(store: str, packed: str, noise_out: str | None = None) -> int:
             "dataset": os.path.relpath(packed, REPO), "trials": n, "ok": ok,
             # the dataset's measurement began then; the packing run (this file) is recorded apart
             "run_started": stamp(first), "measured_until": stamp(max(r["last"] for m in shapes.values() for r in m.values())),
-            "commit": git_commit(REPO), "packed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": measured_by or "unknown (not given with --measured-by)", "packed_by_commit": git_commit(REPO),
+            "packed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "shapes": shapes})
         print(f"noise summary written to {noise_out}")
     return 0
@@ -246,7 +249,7 @@ def main(argv=None) -> int:
     if args.pack:
         from tuner.warmstart import BUILTIN_PATH
 
-        return pack(args.store, args.packed or str(BUILTIN_PATH), args.noise_out)
+        return pack(args.store, args.packed or str(BUILTIN_PATH), args.noise_out, args.measured_by)
     unknown = [m for m in args.models if m not in MODELS]
     bad = [t for t in args.testbeds if not TESTBED_RE.match(t)]
     cores = os.cpu_count() or 1
