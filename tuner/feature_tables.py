@@ -125,11 +125,14 @@ class FeatureTables:
             elem_bytes=np.array([v.bytes // v.size for v in vs], dtype=np.float32),
             size=np.array([v.size for v in vs], dtype=np.float32), sparse=sparse,
             matrix=np.array([len(v.shape) >= 2 for v in vs]), order=order,
-            tau=tau.astype(np.float32), compute_s=estimate_compute_s(model),
+            # emulated compute waits the profile times the cluster's dilation (``--like --dilation``)
+            tau=tau.astype(np.float32), compute_s=estimate_compute_s(model) * cluster.compute_dilation,
             ring_bw=float(bw[workers > 0].min()) if multi else intra,
             model_bytes=float(val.sum() + (rows * INDEX_BYTES).sum()),
             lanes=np.maximum(1.0, np.minimum(cpus, workers + 1)), cpu_collectives=(~gpu).astype(np.float32),
-            cpu_contention=float(not gpu[workers > 0].any()),
+            # compute on the CPUs competes with synchronization; on GPUs, and with emulated compute
+            # (workers sleep), it leaves the CPUs to it
+            cpu_contention=float(not gpu[workers > 0].any() and cluster.compute != "emulated"),
             ar_curve=_curve(cluster, float(workers.sum())),
         )
 
