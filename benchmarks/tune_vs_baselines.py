@@ -347,6 +347,7 @@ def inside(args) -> int:
         with open(path) as f:
             results["models"] = {m: r for m, r in json.load(f)["models"].items() if m not in args.models}
     t_all = time.monotonic()
+    commit = git_commit(REPO)   # of the code this run imports, not of whatever HEAD is when an entry is written
     for name in args.models:
         t0 = time.monotonic()
         print(f"{name}:", flush=True)
@@ -360,7 +361,7 @@ def inside(args) -> int:
             continue
         r["wall_s"] = round(time.monotonic() - t0, 1)
         # provenance per entry: a --merge file holds entries of several runs
-        r["commit"], r["run_started"] = git_commit(REPO), results["meta"]["started"]
+        r["commit"], r["run_started"] = commit, results["meta"]["started"]
         r["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
         results["models"][name] = r
         results["meta"]["wall_s"] = round(time.monotonic() - t_all, 1)
