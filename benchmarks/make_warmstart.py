@@ -130,7 +130,7 @@ def repeat(runner, result, count: int, store_path: str, show) -> None:
     times: dict[str, list] = {}
     for t in outcome.trials:
         if t.ok:
-            times.setdefault(t.strategy.canonical().fingerprint, []).append(t)
+            times.setdefault(t.strategy.canonical(result.cluster).fingerprint, []).append(t)
     once = sorted((ts for ts in times.values() if len(ts) == 1), key=lambda ts: ts[0].median)
     picks = []
     if once:
