@@ -3,7 +3,10 @@
 Inside a testbed (``autosync testbed exec``): an actor on host1; from the driver on host0 it
 times (median of ``--repeats``) a push (an actor call whose argument is ``--mb`` MB), a pull (a
 call that returns that much), both at once (the two directions of the link), and the same bytes
-split into ``--chunks`` concurrent calls. Prints MB/s against the link rate and writes
+split into ``--chunks`` concurrent calls. The actor runs calls concurrently (``max_concurrency``,
+as the PS shards, which are async actors, do); ``push_and_pull_serial_actor`` repeats the at-once
+case on an actor that runs one call at a time, where the pull cannot start before the push's
+argument has arrived: that, not the link, is what halves the rate of the two directions there. Prints MB/s against the link rate and writes
 ``ray_transfer.json`` with the commit and start time.
 
     sudo flock /tmp/autosync-testbed.lock sh -c 'autosync testbed up --nodes 2 --bandwidth 200mbit &&
@@ -56,8 +59,9 @@ def main(argv=None) -> int:
     started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(REPO)
     nbytes = int(args.mb * 1e6)
     remote = cluster.nodes[1].name
-    sink = ray.remote(Sink).options(resources={remote: 0.01}, num_cpus=0).remote(nbytes)
-    ray.get(sink.push.remote(np.zeros(4, np.float32)))
+    sink = ray.remote(Sink).options(resources={remote: 0.01}, num_cpus=0, max_concurrency=4).remote(nbytes)
+    serial = ray.remote(Sink).options(resources={remote: 0.01}, num_cpus=0, max_concurrency=1).remote(nbytes)
+    ray.get([sink.push.remote(np.zeros(4, np.float32)), serial.push.remote(np.zeros(4, np.float32))])
     data = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
     parts = [data[i::args.chunks].copy() for i in range(args.chunks)]
 
@@ -73,6 +77,7 @@ def main(argv=None) -> int:
         "push": lambda: ray.get(sink.push.remote(data)),
         "pull": lambda: ray.get(sink.pull.remote()),
         "push_and_pull_at_once": lambda: ray.get([sink.push.remote(data), sink.pull.remote()]),
+        "push_and_pull_serial_actor": lambda: ray.get([serial.push.remote(data), serial.pull.remote()]),
         f"push_in_{args.chunks}_calls": lambda: ray.get([sink.push.remote(x) for x in parts]),
         f"pull_in_{args.chunks}_calls": lambda: ray.get([sink.pull.remote(args.chunks) for _ in range(args.chunks)]),
     }
