@@ -163,6 +163,19 @@ def test_only_the_command_line_imports_the_command_line():
     assert not bad, bad
 
 
+def test_the_runtime_takes_resolved_objects():
+    """The runtime (``autosync.runtime.*``) is given a ModelDef and a ClusterSpec: resolving names
+    and files (``zoo:ncf``, ``local``, YAML paths) belongs to the layers above it, the API and the
+    command line, so the runtime imports none of them."""
+    graph, _ = import_facts()
+    above = ("autosync.sources", "autosync.api", "autosync.cli", "autosync.__main__")
+    is_above = lambda m: any(m == a or m.startswith(a + ".") for a in above)  # noqa: E731
+    runtime = [m for m in graph if m.startswith("autosync.runtime.") or m == "autosync.runtime"]
+    assert len(runtime) > 5
+    bad = sorted(f"{m} imports {t}" for m in runtime for t in graph[m] if is_above(t))
+    assert not bad, bad
+
+
 def test_the_checks_can_fail(tmp_path):
     """A made-up package with a cycle and both kinds of private import is caught."""
     pkg = tmp_path / "toy"

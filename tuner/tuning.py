@@ -10,7 +10,7 @@ The path of a strategy, top-down (no module is visited twice):
 1. CLI: ``autosync tune`` (``autosync/cli/tune.py``) parses flags and calls the API.
 2. API: ``autosync.tune`` (``autosync/api.py``) resolves the model and cluster names and files into
    a ModelSpec and a ClusterSpec, loads the warm-start groups, builds the ``RayRunner``
-   (``autosync/runtime/runner.py``) and a ``ModelBasedTuner`` (``tuner/model_based.py``), opens the
+   (``make_runner``: the runtime, ``autosync/runtime/runner.py``, takes the resolved objects) and a ``ModelBasedTuner`` (``tuner/model_based.py``), opens the
    ``TrialStore`` (``tuner/store.py``) and calls ``tune_loop`` here.
 3. Loop (this module): reads the store once (``load_history``, and the run to resume), then asks
    ``BaselineTuner`` (``tuner/baseline_tuner.py``) and the tuner for ``Proposal``s (``tuner/base.py``):
