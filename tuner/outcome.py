@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .measurements import Measurements, as_measurements
 from .trial import Trial
 
 
@@ -18,17 +19,21 @@ class TuneOutcome:
 
     Attributes:
         run_id: id stored in every trial (``Trial.run_id``).
-        trials: this run's trials in measurement order (resumed ones included).
+        trials: this run's trials in measurement order (resumed ones included): the run's one
+            record of what was measured, which its tuner reads too (a list given is wrapped).
         stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
     """
 
     run_id: str
-    trials: list[Trial] = field(default_factory=list)
+    trials: Measurements = field(default_factory=Measurements)
     stop_reason: str = ""
+
+    def __post_init__(self):
+        self.trials = as_measurements(self.trials)
 
     @property
     def ok(self) -> list[Trial]:
-        return [t for t in self.trials if t.ok]
+        return self.trials.ok
 
     def measured(self) -> dict[str, Trial]:
         """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; ``meta``
