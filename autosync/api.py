@@ -104,7 +104,7 @@ class TuneResult:
             "trials": len(self.outcome.search_trials),
             "baseline_trials": sum(1 for t in self.outcome.trials if t.role == "baseline"),
             "confirm_trials": len(self.outcome.confirm_trials),
-            "best_measurements": self.best_trial.meta.get("measurements", 1),
+            "best_measurements": self.best_trial.measurements,
             # the fastest strategy measured, when it was not recommended: its gain over the best
             # baseline was within the noise between repeated measurements
             "fastest_not_significant": (None if fastest is None

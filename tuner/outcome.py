@@ -36,7 +36,7 @@ class TuneOutcome:
         return self.trials.ok
 
     def measured(self) -> dict[str, Trial]:
-        """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; ``meta``
+        """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; its
         ``measurements`` says how many); a strategy measured once is its own trial."""
         groups: dict[str, list[Trial]] = {}
         for t in self.ok:
@@ -54,8 +54,8 @@ class TuneOutcome:
         measurement never wins over confirmed ones)."""
         merged = self.measured()
         if self.confirm_trials and merged:
-            top = max(t.meta.get("measurements", 1) for t in merged.values())
-            merged = {k: t for k, t in merged.items() if t.meta.get("measurements", 1) == top}
+            top = max(t.measurements for t in merged.values())
+            merged = {k: t for k, t in merged.items() if t.measurements == top}
         return min(merged.values(), key=lambda t: t.median, default=None)
 
     @property
@@ -149,4 +149,4 @@ def merge_measurements(trials: list[Trial]) -> Trial:
     if len(trials) == 1:
         return trials[0]
     steps = tuple(x for t in trials for x in t.step_times)
-    return dataclasses.replace(trials[0], step_times=steps, meta={**trials[0].meta, "measurements": len(trials)})
+    return dataclasses.replace(trials[0], step_times=steps, measurements=len(trials))

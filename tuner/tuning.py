@@ -154,7 +154,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
         if budget.time_s is not None and clock() - start > budget.time_s:
             break
         need = [t for t in (outcome.best_baseline, outcome.leader())
-                if t is not None and t.meta.get("measurements", 1) < 1 + budget.confirm]
+                if t is not None and t.measurements < 1 + budget.confirm]
         if not need:
             break
         t = need[0]
