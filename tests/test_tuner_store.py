@@ -180,6 +180,39 @@ def test_a_store_killed_before_its_checkpoint_still_opens(tmp_path):
         assert len(st) == len(_trials())
 
 
+def test_a_spec_is_written_once_per_store_and_only_once_committed(tmp_path, monkeypatch):
+    """Specs are immutable: a store dumps each one to YAML once, not with every trial; a spec whose
+    transaction rolled back is written again with the next trial."""
+    import tuner.store as store_module
+    from tuner.trial import Trial
+
+    dumped = []
+    real = store_module.dumps
+
+    def counting(obj):   # specs dumped (strategies are dumped too, once per trial)
+        if isinstance(obj, (ModelSpec, ClusterSpec)):
+            dumped.append(obj.name)
+        return real(obj)
+
+    monkeypatch.setattr(store_module, "dumps", counting)
+    trials = _trials()
+    with TrialStore(tmp_path / "s.db") as st:
+        st.add_model(MODEL)
+        st.add_many(trials[:4], MODEL, CLUSTER)
+        assert sorted(dumped) == sorted([MODEL.name, CLUSTER.name])
+    fresh = ClusterSpec("fresh", (NodeSpec("x", workers=2),))
+    moved = Trial(trials[4].strategy, MODEL.fingerprint, fresh.fingerprint, "ok", step_times=(0.1,))
+    with TrialStore(tmp_path / "s.db") as st:
+        monkeypatch.setattr(st, "_insert", lambda *a: (_ for _ in ()).throw(RuntimeError("disk full")))
+        with pytest.raises(RuntimeError, match="disk full"):
+            st.add(moved, MODEL, fresh)
+        monkeypatch.undo()
+        dumped.clear()
+        monkeypatch.setattr(store_module, "dumps", counting)
+        assert st.add(moved, MODEL, fresh)
+        assert sorted(dumped) == sorted([MODEL.name, "fresh"]) and st.cluster(fresh.fingerprint) == fresh
+
+
 def test_typed_fields_round_trip_and_old_meta_keys_load_onto_them(tmp_path):
     """Trial.role/run_id/predicted_s/aliases/compute/measurements are stored in the meta column, as trials
     stored before they were fields hold them; such trials (the shipped dataset) load onto the fields."""
