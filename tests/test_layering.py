@@ -11,6 +11,7 @@ module (``pkg/_mod.py``) is private to its package: only modules of ``pkg`` (and
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("autosync", "strategy_space", "tuner")
 
 
+@functools.lru_cache(maxsize=None)   # the tree does not change during a test session
 def module_files(root: Path = REPO, packages=PACKAGES) -> dict[str, Path]:
     """Dotted module name -> file, for every module of ``packages`` under ``root``."""
     out = {}
@@ -62,6 +64,7 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
+@functools.lru_cache(maxsize=None)
 def import_facts(root: Path = REPO, packages=PACKAGES):
     """(graph: module -> set of our modules it imports, private: list of offending imports)."""
     files = module_files(root, packages)
