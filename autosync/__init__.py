@@ -13,6 +13,8 @@ _LAZY = {
     "ModelDef": "autosync.model_def",
     "Trainer": "autosync.runtime.trainer",
     "tune": "autosync.api",
+    "make_runner": "autosync.api",
+    "make_trainer": "autosync.api",
     "TuneResult": "autosync.api",
     "load_cluster": "autosync.sources",
     "load_model_def": "autosync.sources",

@@ -1,9 +1,13 @@
-"""The Python API of the main job: ``autosync.tune``.
+"""The Python API: ``autosync.tune``, and the runtime's runner and trainer built from names.
 
     import autosync
     result = autosync.tune("zoo:ncf", cluster="local", trials=16)
     result.save("best.yaml")
-    autosync.Trainer("zoo:ncf", result.best_strategy, "local").fit(steps=100)
+    with autosync.make_trainer("zoo:ncf", "best.yaml", "local") as trainer:
+        trainer.fit(steps=100)
+
+The runtime (``RayRunner``, ``Trainer``) takes resolved objects (a ModelDef, a ClusterSpec, a
+Strategy); this layer resolves names and files (``autosync.sources``) before handing them down.
 """
 from __future__ import annotations
 
@@ -100,7 +104,7 @@ class TuneResult:
             "trials": len(self.outcome.search_trials),
             "baseline_trials": sum(1 for t in self.outcome.trials if t.role == "baseline"),
             "confirm_trials": len(self.outcome.confirm_trials),
-            "best_measurements": self.best_trial.meta.get("measurements", 1),
+            "best_measurements": self.best_trial.measurements,
             # the fastest strategy measured, when it was not recommended: its gain over the best
             # baseline was within the noise between repeated measurements
             "fastest_not_significant": (None if fastest is None
@@ -114,6 +118,68 @@ class TuneResult:
             "store": self.store_path,
             "warm_start_trials": self.warm_start_trials,
         }
+
+
+def make_runner(model, cluster="local", *, compute: str = "real", profile: bool = False,
+                step_time_s: float | None = None, optimizer: str = "sgd", model_spec: ModelSpec | None = None,
+                **settings):
+    """A ``RayRunner`` for a model and a cluster given by name, file or object.
+
+    Args:
+        model: a ModelDef, ``zoo:NAME`` or ``script.py:function``; with emulated compute also a
+            model-spec YAML, a ModelSpec or an EmulatedModelDef.
+        cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
+        compute, step_time_s, optimizer: as for ``tune``.
+        profile: real compute: record trials against the model's profiled ModelSpec (its
+            measured compute time, as ``tune`` does); otherwise the workers' own description.
+        model_spec: the ModelSpec trials are recorded against (``profile`` is then not read).
+        settings: the other ``RayRunner`` keywords (``warmup``, ``steps``, ``precision``,
+            ``max_steps``, ``max_measure_s``, ``trial_timeout_s``, ``pool``).
+
+    Raises:
+        ConfigError: bad model, cluster or settings, or (real compute) an optimizer the runtime
+            does not implement; checked before Ray starts.
+    """
+    from autosync.runtime.optimizers import check_model_optimizer
+    from autosync.runtime.runner import RayRunner, check_real_compute
+    from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
+
+    cluster_spec = load_cluster(cluster)
+    if compute == "emulated":
+        if model_spec is None:
+            model = load_emulated_model(model, step_time_s)
+    else:
+        check_real_compute(compute, cluster_spec, step_time_s)
+        model = load_model_def(model)
+        # fail now, not after every trial failed: the runtime applies updates with its own
+        # implementations of the Keras optimizers
+        check_model_optimizer(model)
+        if profile and model_spec is None:
+            model_spec = load_model_spec(model, profile=True)
+    return RayRunner(model, cluster_spec, compute=compute, step_time_s=step_time_s, optimizer=optimizer,
+                     model_spec=model_spec, **settings)
+
+
+def make_trainer(model, strategy, cluster="local", **settings):
+    """A ``Trainer`` for a model, a strategy and a cluster given by name, file or object.
+
+    Args:
+        model: a ModelDef, ``zoo:NAME`` or ``script.py:function``.
+        strategy: a Strategy or a strategy YAML path.
+        cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
+        settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``).
+
+    Raises:
+        ConfigError: bad model, strategy or cluster (see ``Trainer`` for the rest).
+    """
+    from autosync.runtime.trainer import Trainer
+    from autosync.sources import load_cluster, load_model_def
+    from strategy_space.yaml_io import load_strategy
+
+    model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
+    if not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    return Trainer(model_def, strategy, cluster_spec, **settings)
 
 
 def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | None = None,
@@ -154,7 +220,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     Raises:
         ConfigError: bad model, cluster, constraints or settings.
     """
-    from autosync.sources import load_cluster, load_model_def, load_model_spec
+    from autosync.sources import load_cluster
 
     if not isinstance(trials, int) or trials < 0:
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
@@ -168,26 +234,13 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     store_path = Path(store) if store is not None else default_store_path()
     check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
     own_runner = runner is None
-    if runner is None and compute == "emulated":
-        from autosync.runtime.runner import RayRunner
-
-        runner = RayRunner(model, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
-                           precision=precision, max_steps=max(max_steps, steps), compute="emulated",
-                           step_time_s=step_time_s, optimizer=optimizer)
+    if runner is None:
+        # trials are recorded against the profiled spec (real compute) or the emulated one, on
+        # the cluster as the runner runs it (emulated compute marks it)
+        runner = make_runner(model, cluster_spec, compute=compute, profile=True, step_time_s=step_time_s,
+                             optimizer=optimizer, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
+                             precision=precision, max_steps=max(max_steps, steps))
         cluster_spec, spec = runner.cluster, runner.given_spec
-    elif runner is None:
-        from autosync.runtime.runner import RayRunner, check_real_compute
-
-        from autosync.runtime.optimizers import check_model_optimizer
-
-        check_real_compute(compute, cluster_spec, step_time_s)
-        model_def = load_model_def(model)
-        # fail now, not after every trial failed: the runtime applies updates with its own
-        # implementations of the Keras optimizers
-        check_model_optimizer(model_def)
-        spec = load_model_spec(model_def, profile=True)
-        runner = RayRunner(model_def, cluster_spec, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
-                           model_spec=spec, precision=precision, max_steps=max(max_steps, steps))
     else:
         spec = runner.model
     store_path.parent.mkdir(parents=True, exist_ok=True)

@@ -114,5 +114,21 @@ def load_model_spec(text, *, profile: bool = False) -> ModelSpec:
     return profiling.profiled_model_spec(model_def) if profile else ingest.model_spec_from_def(model_def)
 
 
+def load_emulated_model(text, step_time_s: float | None = None):
+    """What emulated compute runs from any model source: a ModelSpec (an EmulatedModelDef or a
+    ModelSpec passes through). A trainable model's compute time is measured unless
+    ``step_time_s`` gives it; a YAML spec keeps the profile it has.
+
+    Raises:
+        ConfigError: as for ``load_model_spec``.
+    """
+    from autosync.runtime.emulated import EmulatedModelDef
+
+    if isinstance(text, (ModelSpec, EmulatedModelDef)):
+        return text
+    yaml_spec = isinstance(text, str) and text.endswith((".yaml", ".yml"))
+    return load_model_spec(text, profile=step_time_s is None and not yaml_spec)
+
+
 def builtin_cluster_names() -> list[str]:
     return sorted(BUILTIN_CLUSTERS)

@@ -107,15 +107,15 @@ def measure_model(name: str, cluster, warmup: int, steps: int, trial_timeout_s: 
     import _peer
 
     from autosync.runtime.binding import ClusterBinding
+    from autosync.api import make_runner
     from autosync.runtime.engine import WorkerPool
-    from autosync.runtime.runner import RayRunner
     from strategy_space.builders import BUILDERS, get_builder
 
     source, substituted = model_source(name)
     if substituted:
         say(f"  optimizer substituted for AutoSync and the peer alike: {substituted.splitlines()[0][:160]}")
     pool = WorkerPool(ClusterBinding.bind(cluster))
-    runner = RayRunner(source, cluster, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s, pool=pool)
+    runner = make_runner(source, cluster, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s, pool=pool)
     out: dict = {"source": source, "optimizer_substituted": substituted, "builders": {}}
     try:
         t0 = time.monotonic()

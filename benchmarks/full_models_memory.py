@@ -104,7 +104,7 @@ def scaled_dlrm(fraction: float):
 def measure(name: str, builder: str, steps: int, limit: int, model_def=None) -> dict:
     import ray
 
-    from autosync.runtime.runner import RayRunner
+    from autosync.api import make_runner
     from strategy_space.builders import get_builder
 
     sampler = Sampler(limit)
@@ -112,7 +112,7 @@ def measure(name: str, builder: str, steps: int, limit: int, model_def=None) -> 
     t0 = time.monotonic()
     rec = {"source": f"zoo:{name}?size=full" if model_def is None else model_def.name, "builder": builder}
     try:
-        runner = RayRunner(model_def or rec["source"], "local", warmup=1, steps=steps, trial_timeout_s=900)
+        runner = make_runner(model_def or rec["source"], "local", warmup=1, steps=steps, trial_timeout_s=900)
         model = runner.model
         rec["parameter_bytes"] = sum(v.bytes for v in model.variables)
         rec["sparse_bytes"] = sum(v.bytes for v in model.variables if v.sparse)

@@ -73,9 +73,7 @@ def _args(argv=None):
 
 
 def inside(args) -> int:
-    from autosync.api import tune
-    from autosync.runtime.runner import RayRunner
-    from autosync.sources import load_model_def, load_model_spec
+    from autosync.api import make_runner, tune
     from strategy_space.errors import ConfigError
     from tuner.model_based import SearchSettings
 
@@ -94,13 +92,10 @@ def inside(args) -> int:
 
         runner = None
         try:
-            spec = None
-            if args.compute == "real":
-                # the profiled spec (compute time, rows per step), as ``tune`` builds it for its own runner:
-                # the workers' own description carries no profile
-                spec = load_model_spec(load_model_def(f"zoo:{name}"), profile=True)
-            runner = RayRunner(f"zoo:{name}", "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=180.0,
-                               precision=0.03, max_steps=args.max_steps, compute=args.compute, model_spec=spec)
+            # real compute: the profiled spec (compute time, rows per step), as ``tune`` builds it for its
+            # own runner: the workers' own description carries no profile
+            runner = make_runner(f"zoo:{name}", "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=180.0,
+                                 precision=0.03, max_steps=args.max_steps, compute=args.compute, profile=True)
             # the runner's cluster: with emulated compute it records the compute mode
             result = tune(f"zoo:{name}", runner.cluster, trials=args.trials, time_budget_s=args.time_per_model,
                           store=args.store, patience=10**6, warm_start="none", on_trial=show, runner=runner,

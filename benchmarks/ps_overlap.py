@@ -61,13 +61,13 @@ def measure_model(name: str, cluster, args) -> dict:
     from baselines_vs_peer import model_source
 
     from autosync.runtime.binding import ClusterBinding
+    from autosync.api import make_runner
     from autosync.runtime.engine import WorkerPool
-    from autosync.runtime.runner import RayRunner
     from strategy_space.builders import get_builder
 
     source, _ = model_source(name)
     pool = WorkerPool(ClusterBinding.bind(cluster))
-    runner = RayRunner(source, cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=300, pool=pool)
+    runner = make_runner(source, cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=300, pool=pool)
     out = {"source": source, "ps_builder": PS_BUILDER[name], "trials": []}
     try:
         model = runner.model

@@ -88,7 +88,7 @@ def summarize(per: dict[str, list[dict]]) -> dict:
 
 
 def inside(args) -> int:
-    from autosync.runtime.runner import RayRunner
+    from autosync.api import make_runner
     from strategy_space import validate
     from strategy_space.builders import get_builder
 
@@ -96,9 +96,9 @@ def inside(args) -> int:
     commit = _commit()   # of the code this run measures, not of whatever HEAD is when it ends
     load_start = os.getloadavg()[0]
     t0 = time.monotonic()
-    runner = RayRunner(args.model, "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=240.0,
-                       precision=0.03, max_steps=args.max_steps, max_measure_s=args.max_measure_s,
-                       compute=args.compute, step_time_s=args.step_time)
+    runner = make_runner(args.model, "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=240.0,
+                         precision=0.03, max_steps=args.max_steps, max_measure_s=args.max_measure_s,
+                         compute=args.compute, step_time_s=args.step_time)
     per: dict[str, list[dict]] = {s: [] for s in args.strategies}
     stopped = None
     try:

@@ -166,13 +166,11 @@ def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
 def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
     import _peer
 
-    from autosync.runtime.runner import RayRunner
-    from autosync.sources import load_model_def, load_model_spec
+    from autosync.api import make_runner
 
     # real compute: the profiled spec, as ``tune`` builds it (the workers' own description has no profile)
-    given = load_model_spec(load_model_def(source_of(name)), profile=True) if args.compute == "real" else None
-    runner = RayRunner(source_of(name), cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=300.0,
-                       precision=0.03, max_steps=args.max_steps, compute=args.compute, model_spec=given)
+    runner = make_runner(source_of(name), cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=300.0,
+                         precision=0.03, max_steps=args.max_steps, compute=args.compute, profile=True)
     try:
         spec, cluster = runner.model, runner.cluster   # with emulated compute the cluster records it
         out: dict = {"model": spec.name, "source": source_of(name), "compute": args.compute,

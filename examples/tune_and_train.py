@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     result.save(args.out)
 
     # train for real with the tuned strategy (a Strategy object or the YAML path both work)
-    with autosync.Trainer(args.model, result.best_strategy, args.cluster) as trainer:
+    with autosync.make_trainer(args.model, result.best_strategy, args.cluster) as trainer:
         history = trainer.fit(steps=args.steps)
         weights = trainer.get_weights()
     print(f"trained {args.steps} steps: loss {np.mean(history.loss[:5]):.4f} -> {np.mean(history.loss[-5:]):.4f}, "

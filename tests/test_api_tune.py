@@ -13,10 +13,11 @@ from tuner.model_based import SearchSettings
 FAST = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8)
 
 
-@pytest.fixture
-def result(tmp_path):
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    """One tuning run (the builtin warm start, as by default), read by the tests that take it."""
     model, cluster = tiny_model(profile=True), three_node_cluster()
-    return autosync.tune("unused", cluster, trials=6, store=tmp_path / "s.db", settings=FAST,
+    return autosync.tune("unused", cluster, trials=6, store=tmp_path_factory.mktemp("tune") / "s.db", settings=FAST,
                          runner=SyntheticRunner(model, cluster, seed=3))
 
 
@@ -61,7 +62,7 @@ def test_report(result, tmp_path):
 
 def test_a_gain_within_the_noise_is_reported_not_recommended(tmp_path):
     model, cluster = tiny_model(profile=True), three_node_cluster()
-    result = autosync.tune("unused", cluster, trials=4, store=tmp_path / "n.db", settings=FAST,
+    result = autosync.tune("unused", cluster, trials=4, store=tmp_path / "n.db", settings=FAST, warm_start="none",
                            runner=Noisy(model, cluster, seed=4, gain=1.05, spread=0.2))
     s = result.summary()
     assert s["best_origin"] == s["best_baseline"] and s["speedup_over_best_baseline"] == 1.0
@@ -83,7 +84,8 @@ def test_every_trial_failing_is_a_clear_error(tmp_path):
 
     model, cluster = tiny_model(), three_node_cluster()
     with pytest.raises(ConfigError, match="every trial failed.*worker died: OOM"):
-        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", settings=FAST, runner=Broken(model, cluster))
+        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", settings=FAST, warm_start="none",
+                      runner=Broken(model, cluster))
 
 
 def test_bad_warm_start_fails_before_measuring(tmp_path):
@@ -102,13 +104,10 @@ def test_cli_bad_warm_start_exits_2(tmp_path, capsys):
     assert "no such file" in err and "Traceback" not in err
 
 
-def test_tune_reads_the_builtin_dataset_without_copying_it(tmp_path):
-    model, cluster = tiny_model(profile=True), three_node_cluster()
-    result = autosync.tune("unused", cluster, trials=3, store=tmp_path / "s.db", settings=FAST,
-                           runner=SyntheticRunner(model, cluster, seed=3))
+def test_tune_reads_the_builtin_dataset_without_copying_it(result):
     from tuner.store import TrialStore
 
-    with TrialStore(tmp_path / "s.db") as store:
+    with TrialStore(result.store_path) as store:
         assert len(store) == result.summary()["total_trials"]     # only this run's trials
         assert len(store.groups()) == 1
     assert result.summary()["warm_start_trials"] >= 200

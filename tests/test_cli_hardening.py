@@ -110,7 +110,7 @@ def test_the_trainer_refuses_an_unsupported_optimizer_before_ray_starts(rmsprop_
     """Issue 17, item 4, for the Python API: the same message as the commands, and no worker pool
     (so no Ray) is created."""
     import autosync.runtime.trainer as trainer_module
-    from autosync.runtime.trainer import Trainer
+    from autosync.api import make_trainer
     from strategy_space.errors import ConfigError
 
     def no_pool(*a, **k):
@@ -121,7 +121,7 @@ def test_the_trainer_refuses_an_unsupported_optimizer_before_ray_starts(rmsprop_
     strategy.write_text("kind: strategy\nversion: 1\nvariables:\n- var: out/kernel\n  all_reduce: {}\n"
                         "- var: out/bias\n  all_reduce: {}\n")
     with pytest.raises(ConfigError, match="'RMSprop' is not supported"):
-        Trainer(rmsprop_model, str(strategy), "local")
+        make_trainer(rmsprop_model, str(strategy), "local")
 
 
 def test_an_unknown_compressor_is_said_once_per_value_naming_the_variables(tmp_path, capsys):

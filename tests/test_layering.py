@@ -11,6 +11,7 @@ module (``pkg/_mod.py``) is private to its package: only modules of ``pkg`` (and
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("autosync", "strategy_space", "tuner")
 
 
+@functools.lru_cache(maxsize=None)   # the tree does not change during a test session
 def module_files(root: Path = REPO, packages=PACKAGES) -> dict[str, Path]:
     """Dotted module name -> file, for every module of ``packages`` under ``root``."""
     out = {}
@@ -62,6 +64,7 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
+@functools.lru_cache(maxsize=None)
 def import_facts(root: Path = REPO, packages=PACKAGES):
     """(graph: module -> set of our modules it imports, private: list of offending imports)."""
     files = module_files(root, packages)
@@ -160,6 +163,19 @@ def test_only_the_command_line_imports_the_command_line():
     graph, _ = import_facts()
     inside = lambda m: m == "autosync.cli" or m.startswith("autosync.cli.") or m == "autosync.__main__"  # noqa: E731
     bad = sorted(f"{m} imports {t}" for m, ts in graph.items() if not inside(m) for t in ts if inside(t))
+    assert not bad, bad
+
+
+def test_the_runtime_takes_resolved_objects():
+    """The runtime (``autosync.runtime.*``) is given a ModelDef and a ClusterSpec: resolving names
+    and files (``zoo:ncf``, ``local``, YAML paths) belongs to the layers above it, the API and the
+    command line, so the runtime imports none of them."""
+    graph, _ = import_facts()
+    above = ("autosync.sources", "autosync.api", "autosync.cli", "autosync.__main__")
+    is_above = lambda m: any(m == a or m.startswith(a + ".") for a in above)  # noqa: E731
+    runtime = [m for m in graph if m.startswith("autosync.runtime.") or m == "autosync.runtime"]
+    assert len(runtime) > 5
+    bad = sorted(f"{m} imports {t}" for m in runtime for t in graph[m] if is_above(t))
     assert not bad, bad
 
 

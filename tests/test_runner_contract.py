@@ -26,9 +26,9 @@ def _noisy():
 
 
 def _ray():
-    from autosync.runtime.runner import RayRunner
+    from autosync.api import make_runner
 
-    return RayRunner("zoo:ncf", "local", warmup=1, steps=2, trial_timeout_s=240)
+    return make_runner("zoo:ncf", "local", warmup=1, steps=2, trial_timeout_s=240)
 
 
 RUNNERS = [pytest.param(_synthetic, id="synthetic"), pytest.param(_noisy, id="noisy"),

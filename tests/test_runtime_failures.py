@@ -35,12 +35,13 @@ def _all_dead(pids, timeout=30.0) -> bool:
 @pytest.fixture()
 def runner(ray_session, tmp_path):
     from autosync.runtime.runner import RayRunner
+    from autosync.sources import local_cluster
 
     ray_session.cloudpickle.register_pickle_by_value(rm)
     flag = tmp_path / "misbehave"
     md = rm.model_def("sgd", learning_rate=0.1,
                       dataset=functools.partial(rm.faulty_batches, flag=str(flag), at=2))
-    r = RayRunner(md, "local", warmup=1, steps=3, trial_timeout_s=90)
+    r = RayRunner(md, local_cluster(), warmup=1, steps=3, trial_timeout_s=90)
     r.flag = flag
     yield r
     r.close()

@@ -37,6 +37,32 @@ def test_the_loop_drives_a_random_tuner(tmp_path):
     assert len(fps) == len(set(fps))     # nothing measured twice, not even as an equivalent strategy
 
 
+def test_what_was_measured_is_kept_once(tmp_path):
+    """The run's trials are one record, the outcome's; the tuners read it (their ``measured`` is a
+    view of it), and a tuner used alone records what it is given, each trial once."""
+    import math
+
+    from tuner.measurements import Measurements
+
+    with TrialStore(tmp_path / "r.db") as store:
+        tuner = RandomTuner(MODEL, CLUSTER, seed=3, batch_size=2)
+        out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=1), store, tuner, Budget(trials=4, patience=10))
+    assert tuner.measurements is out.trials and isinstance(out.trials, Measurements)
+    assert len({id(t) for t in out.trials}) == len(out.trials) > 4
+    latest = {}
+    for t in out.trials:
+        key = tuner.row_key(t.strategy)
+        if key is not None:
+            latest[key] = t.median if t.ok else math.inf
+    assert latest and tuner.measured == latest
+    alone = RandomTuner(MODEL, CLUSTER, seed=3)
+    alone.update(out.trials[:3])
+    alone.update(out.trials[1:4])          # what it holds already is not recorded twice
+    assert list(alone.measurements) == list(out.trials[:4])
+    with pytest.raises(ValueError, match="recorded already"):
+        alone.measurements.append(out.trials[0])
+
+
 def test_the_baseline_tuner_proposes_each_builder_once_and_skips_measured_ones():
     tuner = BaselineTuner(MODEL, CLUSTER)
     first = tuner.next_batch(None)

@@ -9,6 +9,8 @@ import sys
 import textwrap
 import threading
 
+import pytest
+
 from strategy_space import ClusterSpec, ModelSpec, NodeSpec, VariableSpec
 from strategy_space.builders import build_all
 from tuner.store import TrialStore
@@ -178,8 +180,41 @@ def test_a_store_killed_before_its_checkpoint_still_opens(tmp_path):
         assert len(st) == len(_trials())
 
 
+def test_a_spec_is_written_once_per_store_and_only_once_committed(tmp_path, monkeypatch):
+    """Specs are immutable: a store dumps each one to YAML once, not with every trial; a spec whose
+    transaction rolled back is written again with the next trial."""
+    import tuner.store as store_module
+    from tuner.trial import Trial
+
+    dumped = []
+    real = store_module.dumps
+
+    def counting(obj):   # specs dumped (strategies are dumped too, once per trial)
+        if isinstance(obj, (ModelSpec, ClusterSpec)):
+            dumped.append(obj.name)
+        return real(obj)
+
+    monkeypatch.setattr(store_module, "dumps", counting)
+    trials = _trials()
+    with TrialStore(tmp_path / "s.db") as st:
+        st.add_model(MODEL)
+        st.add_many(trials[:4], MODEL, CLUSTER)
+        assert sorted(dumped) == sorted([MODEL.name, CLUSTER.name])
+    fresh = ClusterSpec("fresh", (NodeSpec("x", workers=2),))
+    moved = Trial(trials[4].strategy, MODEL.fingerprint, fresh.fingerprint, "ok", step_times=(0.1,))
+    with TrialStore(tmp_path / "s.db") as st:
+        monkeypatch.setattr(st, "_insert", lambda *a: (_ for _ in ()).throw(RuntimeError("disk full")))
+        with pytest.raises(RuntimeError, match="disk full"):
+            st.add(moved, MODEL, fresh)
+        monkeypatch.undo()
+        dumped.clear()
+        monkeypatch.setattr(store_module, "dumps", counting)
+        assert st.add(moved, MODEL, fresh)
+        assert sorted(dumped) == sorted([MODEL.name, "fresh"]) and st.cluster(fresh.fingerprint) == fresh
+
+
 def test_typed_fields_round_trip_and_old_meta_keys_load_onto_them(tmp_path):
-    """Trial.role/run_id/predicted_s/aliases/compute are stored in the meta column, as trials
+    """Trial.role/run_id/predicted_s/aliases/compute/measurements are stored in the meta column, as trials
     stored before they were fields hold them; such trials (the shipped dataset) load onto the fields."""
     import dataclasses
 
@@ -188,15 +223,21 @@ def test_typed_fields_round_trip_and_old_meta_keys_load_onto_them(tmp_path):
 
     model, cluster = MODEL, CLUSTER
     t = _trials()[0]
-    t = dataclasses.replace(t, role="baseline", run_id="r1", predicted_s=0.25, aliases=("ps_lb",), compute="real")
+    t = dataclasses.replace(t, role="baseline", run_id="r1", predicted_s=0.25, aliases=("ps_lb",), compute="real",
+                            measurements=3)
     with TrialStore(tmp_path / "s.db") as store:
         store.add(t, model, cluster)
         [back] = store.trials()
-    assert (back.role, back.run_id, back.predicted_s, back.aliases, back.compute) == ("baseline", "r1", 0.25,
-                                                                                     ("ps_lb",), "real")
+    assert (back.role, back.run_id, back.predicted_s, back.aliases, back.compute, back.measurements) == (
+        "baseline", "r1", 0.25, ("ps_lb",), "real", 3)
     assert not set(back.meta) & set(META_FIELDS) and back.meta == t.meta
-    old = dataclasses.replace(t, role="", meta={**t.meta, "role": "search", "aliases": ["x"]})   # an old record
-    assert (old.role, old.aliases, "role" in old.meta) == ("search", ("x",), False)
+    assert "measurements" not in dataclasses.replace(t, measurements=1).stored_meta()   # the default is not stored
+    old = dataclasses.replace(t, role="", measurements=1,   # an old record
+                              meta={**t.meta, "role": "search", "aliases": ["x"], "measurements": 2})
+    assert (old.role, old.aliases, old.measurements, "role" in old.meta, "measurements" in old.meta) == (
+        "search", ("x",), 2, False, False)
+    with pytest.raises(ValueError, match="measurements must be an integer >= 1, got 0"):
+        dataclasses.replace(t, measurements=0)
     trials = [x for _, _, ts in load_warm_start("builtin") for x in ts]
     assert {x.role for x in trials} >= {"baseline", "search"} and all(x.run_id for x in trials)
     assert {x.compute for x in trials} <= {"", "real", "emulated"}   # the shipped dataset predates the key

@@ -47,8 +47,9 @@ def test_search_improves_on_the_synthetic_truth(tmp_path):
     gains = []
     for seed in range(3):
         with TrialStore(tmp_path / f"s{seed}.db") as store:
-            tuner = ModelBasedTuner(MODEL, CLUSTER, settings=SearchSettings(batch=4, candidates=128, chains=24,
-                                                                             anneal_steps=20, seed=seed))
+            # a smaller annealing than the default finds the same gains here (2.8-2.9x) at half the cost
+            tuner = ModelBasedTuner(MODEL, CLUSTER, settings=SearchSettings(batch=4, candidates=64, chains=12,
+                                                                             anneal_steps=10, seed=seed))
             out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=seed), store, tuner, Budget(trials=16, patience=10))
         gains.append(out.best_baseline.median / out.best.median)
     assert min(gains) >= 1.0 and np.mean(gains) > 1.0
@@ -121,7 +122,7 @@ class LuckyOnce(SyntheticRunner):
 def test_confirmation_remeasures_the_contenders_and_drops_a_lucky_outlier(tmp_path):
     out = run(tmp_path, Budget(trials=4, patience=10, confirm=2), runner=LuckyOnce(MODEL, CLUSTER, seed=4))
     best, base = out.best, out.best_baseline
-    assert best.meta["measurements"] == 3 and base.meta["measurements"] == 3
+    assert best.measurements == 3 and base.measurements == 3
     assert all(t.role == "confirm" for t in out.trials[-len(out.confirm_trials):]) and out.confirm_trials
     lucky = [t for t in out.trials if t.strategy.fingerprint == LuckyOnce.lucky]
     assert lucky[0].median < best.median    # its first measurement beat everything...
@@ -134,7 +135,7 @@ def test_confirmation_remeasures_the_contenders_and_drops_a_lucky_outlier(tmp_pa
 
 def test_confirmation_off(tmp_path):
     out = run(tmp_path, Budget(trials=3, patience=10, confirm=0))
-    assert not out.confirm_trials and "measurements" not in out.best.meta
+    assert not out.confirm_trials and out.best.measurements == 1
 
 
 class AlwaysLucky(SyntheticRunner):
@@ -160,10 +161,10 @@ def test_an_unconfirmed_leader_is_never_recommended(tmp_path):
     the strategies measured 1 + confirm times (the best baseline at least), never a lucky one-off."""
     out = run(tmp_path, Budget(trials=8, patience=10, confirm=2), runner=AlwaysLucky(MODEL, CLUSTER, seed=4))
     assert len(out.confirm_trials) <= 1 + 5 * 2
-    counts = {fp: t.meta.get("measurements", 1) for fp, t in out.measured().items()}
-    assert out.best.meta["measurements"] == 3 == max(counts.values())
-    assert out.best_baseline.meta["measurements"] == 3
-    assert out.leader().meta.get("measurements", 1) <= 3
+    counts = {fp: t.measurements for fp, t in out.measured().items()}
+    assert out.best.measurements == 3 == max(counts.values())
+    assert out.best_baseline.measurements == 3
+    assert out.leader().measurements <= 3
     first = next(i for i, t in enumerate(out.trials, 1) if t.strategy.fingerprint == out.best.strategy.fingerprint)
     assert out.trials_to_within(0.05) <= first     # counted from its first measurement, not its confirmation
 
@@ -176,14 +177,14 @@ def test_a_gain_within_the_noise_keeps_the_best_baseline(tmp_path, gain, spread,
     out = run(tmp_path, Budget(trials=4, patience=10, confirm=2),
               runner=Noisy(MODEL, CLUSTER, seed=4, gain=gain, spread=spread))
     fastest, best, base = out.fastest, out.best, out.best_baseline
-    assert fastest.meta["measurements"] == 3 and base.meta["measurements"] == 3
+    assert fastest.measurements == 3 and base.measurements == 3
     assert fastest.origin in ("search", "explore")       # the search's strategy was the fastest measured...
     assert out.significant_gain(fastest, base) is switch  # ...but only a gain beyond the noise counts
     if switch:
         assert best.strategy.fingerprint == fastest.strategy.fingerprint != base.strategy.fingerprint
     else:
         assert best.strategy.fingerprint == base.strategy.fingerprint
-    once = next(t for t in out.measured().values() if "measurements" not in t.meta)
+    once = next(t for t in out.measured().values() if t.measurements == 1)
     assert out.significant_gain(once, base) is None      # measured once: nothing to judge by
 
 

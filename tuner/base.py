@@ -18,6 +18,7 @@ from strategy_space.encoding import EncodedStrategies
 from strategy_space.space import StrategySpace
 
 from .constraints import CompiledConstraints, Constraints
+from .measurements import Measurements
 from .trial import Trial
 
 
@@ -44,12 +45,19 @@ class Tuner(abc.ABC):
     """Proposes strategies of one (model, cluster) and learns from their measurements.
 
     Every tuner knows what was measured (so it never proposes a strategy again, nor one that runs
-    identically: ``Strategy.canonical``) and projects what it proposes onto the user's pins.
+    identically: ``Strategy.canonical``) and projects what it proposes onto the user's pins. What
+    was measured is kept once, in ``measurements`` (``tune_loop`` hands the tuner its run's record,
+    ``TuneOutcome.trials``); the tuner keeps only indexes into it.
 
     Args:
         model, cluster: the target.
         constraints: user pins (never violated).
         batch_size: proposals ``tune_loop`` asks for per round.
+
+    Attributes:
+        measurements: the trials measured so far, in order (its own record until ``tune_loop``
+            gives it the run's).
+        measured_canonical: canonical fingerprints of everything measured.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
@@ -59,7 +67,8 @@ class Tuner(abc.ABC):
         self.batch_size = batch_size
         self.space = StrategySpace(model, cluster)
         self.constraints: CompiledConstraints | None = constraints.compile(self.space) if constraints else None
-        self.measured: dict[bytes, float] = {}   # encoded key -> measured seconds (inf: failed)
+        self.measurements = Measurements()
+        self._row_keys: dict[str, bytes | None] = {}   # strategy fingerprint -> its encoded key
         # canonical fingerprints of everything measured: strategies that differ only in fusion-group
         # numbering or in a rotation over identical nodes are one strategy (``Strategy.canonical``)
         self.measured_canonical: set[str] = set()
@@ -73,12 +82,19 @@ class Tuner(abc.ABC):
         return True
 
     def update(self, trials: Sequence[Trial]) -> None:
-        """Record measured trials (this run's, in measurement order)."""
+        """Take measured trials (this run's, in measurement order): recorded in ``measurements``
+        unless that record holds them already, and indexed."""
+        self.measurements.add(trials)
         for t in trials:
             self.measured_canonical.add(self.canonical_key(t.strategy))
-            key = self.row_key(t.strategy)
-            if key is not None:
-                self.measured[key] = t.median if t.ok else float("inf")
+            if t.strategy.fingerprint not in self._row_keys:
+                self._row_keys[t.strategy.fingerprint] = self.row_key(t.strategy)
+
+    @property
+    def measured(self) -> dict[bytes, float]:
+        """Encoded key -> seconds of its latest measurement (inf: failed), read from
+        ``measurements`` (trials outside the encoded space have no key)."""
+        return self.measurements.latest_seconds(lambda t: self._row_keys.get(t.strategy.fingerprint))
 
     def load_history(self, groups) -> None:
         """Trials measured before this run, as (model, cluster, trials) groups (read once from the

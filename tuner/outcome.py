@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .measurements import Measurements, as_measurements
 from .trial import Trial
 
 
@@ -18,20 +19,24 @@ class TuneOutcome:
 
     Attributes:
         run_id: id stored in every trial (``Trial.run_id``).
-        trials: this run's trials in measurement order (resumed ones included).
+        trials: this run's trials in measurement order (resumed ones included): the run's one
+            record of what was measured, which its tuner reads too (a list given is wrapped).
         stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
     """
 
     run_id: str
-    trials: list[Trial] = field(default_factory=list)
+    trials: Measurements = field(default_factory=Measurements)
     stop_reason: str = ""
+
+    def __post_init__(self):
+        self.trials = as_measurements(self.trials)
 
     @property
     def ok(self) -> list[Trial]:
-        return [t for t in self.trials if t.ok]
+        return self.trials.ok
 
     def measured(self) -> dict[str, Trial]:
-        """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; ``meta``
+        """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; its
         ``measurements`` says how many); a strategy measured once is its own trial."""
         groups: dict[str, list[Trial]] = {}
         for t in self.ok:
@@ -49,8 +54,8 @@ class TuneOutcome:
         measurement never wins over confirmed ones)."""
         merged = self.measured()
         if self.confirm_trials and merged:
-            top = max(t.meta.get("measurements", 1) for t in merged.values())
-            merged = {k: t for k, t in merged.items() if t.meta.get("measurements", 1) == top}
+            top = max(t.measurements for t in merged.values())
+            merged = {k: t for k, t in merged.items() if t.measurements == top}
         return min(merged.values(), key=lambda t: t.median, default=None)
 
     @property
@@ -144,4 +149,4 @@ def merge_measurements(trials: list[Trial]) -> Trial:
     if len(trials) == 1:
         return trials[0]
     steps = tuple(x for t in trials for x in t.step_times)
-    return dataclasses.replace(trials[0], step_times=steps, meta={**trials[0].meta, "measurements": len(trials)})
+    return dataclasses.replace(trials[0], step_times=steps, measurements=len(trials))

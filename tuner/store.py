@@ -166,6 +166,9 @@ class TrialStore:
     def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0):
         self.path = os.fspath(path)
         self._parsed: dict[str, Strategy] = {}
+        # (table, fingerprint) of the specs this store has committed: a spec is immutable, so it is
+        # written (and dumped to YAML) once, not with every trial
+        self._specs_stored: set[tuple[str, str]] = set()
         check_store_file(self.path)
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         try:
@@ -216,18 +219,31 @@ class TrialStore:
         self.close()
 
     # ---- writing ----------------------------------------------------------------------------
-    def _put_spec(self, table: str, spec) -> None:
-        self._db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?, ?, ?, ?)",
-                         (spec.fingerprint, spec.name, dumps(spec), time.time()))
+    def _new_specs(self, *pairs) -> list[tuple[str, object]]:
+        """The (table, spec) pairs this store has not committed yet (specs None are left out)."""
+        return [(table, spec) for table, spec in pairs
+                if spec is not None and (table, spec.fingerprint) not in self._specs_stored]
+
+    def _put_specs(self, specs: list[tuple[str, object]]) -> None:
+        for table, spec in specs:
+            self._db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?, ?, ?, ?)",
+                             (spec.fingerprint, spec.name, dumps(spec), time.time()))
+
+    def _committed(self, specs: list[tuple[str, object]]) -> None:
+        self._specs_stored.update((table, spec.fingerprint) for table, spec in specs)
 
     def add_model(self, model: ModelSpec) -> str:
+        new = self._new_specs(("models", model))
         with self._tx():
-            self._put_spec("models", model)
+            self._put_specs(new)
+        self._committed(new)
         return model.fingerprint
 
     def add_cluster(self, cluster: ClusterSpec) -> str:
+        new = self._new_specs(("clusters", cluster))
         with self._tx():
-            self._put_spec("clusters", cluster)
+            self._put_specs(new)
+        self._committed(new)
         return cluster.fingerprint
 
     def _row(self, t: Trial, env: dict) -> tuple:
@@ -256,12 +272,12 @@ class TrialStore:
             if spec is not None and spec.fingerprint != fp:
                 raise ValueError(f"{what} {spec.name} has fingerprint {spec.fingerprint} but the trial was "
                                  f"measured on {fp}")
+        new = self._new_specs(("models", model), ("clusters", cluster))
         with self._tx():
-            if model is not None:
-                self._put_spec("models", model)
-            if cluster is not None:
-                self._put_spec("clusters", cluster)
-            return self._insert(trial, runtime_versions())
+            self._put_specs(new)
+            added = self._insert(trial, runtime_versions())
+        self._committed(new)
+        return added
 
     def add_many(self, trials: Iterable[Trial], model: ModelSpec | None = None,
                  cluster: ClusterSpec | None = None) -> int:

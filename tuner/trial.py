@@ -4,7 +4,7 @@ from __future__ import annotations
 import abc
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import numpy as np
@@ -13,7 +13,7 @@ from strategy_space import ClusterSpec, ModelSpec, Strategy
 
 STATUSES = ("ok", "failed", "timeout")
 # Trial fields that were keys of ``meta`` before they were fields (and still are in stored trials)
-META_FIELDS = ("role", "run_id", "predicted_s", "aliases", "compute")
+META_FIELDS = ("role", "run_id", "predicted_s", "aliases", "compute", "measurements")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class Trial:
         predicted_s: the step time the tuner predicted for it, if it predicted one.
         aliases: other builders whose strategy it also measured (baselines).
         compute: ``real`` or ``emulated`` compute (empty when the runner does not say).
+        measurements: how many measurements of the strategy its step times pool (more than 1
+            only for ``tuner.outcome.merge_measurements``'s pooled trials).
         meta: extra facts (library versions, ray calls per step, start-up seconds, ...). A key of
             ``META_FIELDS`` sets that field instead (how stores and runners wrote them before the
             fields existed): ``TrialStore`` keeps them in its ``meta`` JSON column.
@@ -57,6 +59,7 @@ class Trial:
     predicted_s: float | None = None
     aliases: tuple[str, ...] = ()
     compute: str = ""
+    measurements: int = 1
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -66,9 +69,12 @@ class Trial:
             for k in META_FIELDS:
                 if k in meta:
                     value = meta.pop(k)
-                    object.__setattr__(self, k, tuple(value) if k == "aliases" else value)
+                    object.__setattr__(self, k, tuple(value) if k == "aliases" else
+                                       int(value) if k == "measurements" else value)
             object.__setattr__(self, "meta", meta)
         object.__setattr__(self, "aliases", tuple(self.aliases))
+        if not (isinstance(self.measurements, int) and self.measurements >= 1):
+            raise ValueError(f"Trial.measurements must be an integer >= 1, got {self.measurements!r}")
         if self.status not in STATUSES:
             raise ValueError(f"Trial.status must be one of {STATUSES}, got {self.status!r}")
         if self.status == "ok" and not self.step_times:
@@ -77,11 +83,12 @@ class Trial:
             raise ValueError(f"a {self.status} Trial needs an error text")
 
     def stored_meta(self) -> dict:
-        """``meta`` with the ``META_FIELDS`` that are set: what a store's ``meta`` column holds."""
+        """``meta`` with the ``META_FIELDS`` that differ from their defaults: what a store's
+        ``meta`` column holds."""
         out = dict(self.meta)
         for k in META_FIELDS:
             value = getattr(self, k)
-            if value not in ("", None, ()):
+            if value != _META_DEFAULTS[k]:
                 out[k] = list(value) if k == "aliases" else value
         return out
 
@@ -128,6 +135,9 @@ class Trial:
             "breakdown": dict(self.breakdown),
             "strategy_fingerprint": self.strategy.fingerprint,
         }
+
+
+_META_DEFAULTS = {f.name: f.default for f in fields(Trial) if f.name in META_FIELDS}
 
 
 class Runner(abc.ABC):

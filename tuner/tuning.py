@@ -10,8 +10,9 @@ The path of a strategy, top-down (no module is visited twice):
 1. CLI: ``autosync tune`` (``autosync/cli/tune.py``) parses flags and calls the API.
 2. API: ``autosync.tune`` (``autosync/api.py``) resolves the model and cluster names and files into
    a ModelSpec and a ClusterSpec, loads the warm-start groups, builds the ``RayRunner``
-   (``autosync/runtime/runner.py``) and a ``ModelBasedTuner`` (``tuner/model_based.py``), opens the
-   ``TrialStore`` (``tuner/store.py``) and calls ``tune_loop`` here.
+   (``make_runner``; the runtime, ``autosync/runtime/runner.py``, takes the resolved objects) and a
+   ``ModelBasedTuner`` (``tuner/model_based.py``), opens the ``TrialStore`` (``tuner/store.py``) and
+   calls ``tune_loop`` here.
 3. Loop (this module): reads the store once (``load_history``, and the run to resume), then asks
    ``BaselineTuner`` (``tuner/baseline_tuner.py``) and the tuner for ``Proposal``s (``tuner/base.py``):
    a strategy with its encoded row and predicted seconds.
@@ -20,9 +21,10 @@ The path of a strategy, top-down (no module is visited twice):
    in-memory ``TrainingSet`` (``tuner/training_set.py``) and anneals over it (``tuner/search.py``).
 5. Runner: ``Runner.run`` (``tuner/trial.py``'s interface) measures the strategy and returns a
    ``Trial``.
-6. Trial: appended to the store (an append-only log) and to the ``TuneOutcome``
-   (``tuner/outcome.py``), then handed back with ``Tuner.update``, which featurizes it once (from the
-   proposal's encoded row) into the training set — step 4 again.
+6. Trial: appended to the store (an append-only log) and to the run's one record of what was
+   measured, ``TuneOutcome.trials`` (a ``Measurements``, ``tuner/measurements.py``, which the tuner
+   reads as its ``measurements``), then handed back with ``Tuner.update``, which indexes it and
+   featurizes it once (from the proposal's encoded row) into the training set — step 4 again.
 
 At the end ``TuneOutcome.best`` recommends the fastest strategy only when it beats the best baseline
 beyond the noise (``tuner/outcome.py``).
@@ -88,10 +90,13 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
     store.add_cluster(cluster)
     tuner.load_history(store_groups(store))
     outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12])
+    # one record of what was measured: the outcome's, which the tuners read
+    tuner.measurements = baselines.measurements = outcome.trials
     if resume:
         run_id, previous = previous_run(store, model, cluster)
         if run_id is not None:
-            outcome.run_id, outcome.trials = run_id, list(previous)
+            outcome.run_id = run_id
+            outcome.trials.add(previous)
             tuner.update(previous)
             baselines.update([t for t in previous if t.role == "baseline"])
     start = clock()
@@ -149,7 +154,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
         if budget.time_s is not None and clock() - start > budget.time_s:
             break
         need = [t for t in (outcome.best_baseline, outcome.leader())
-                if t is not None and t.meta.get("measurements", 1) < 1 + budget.confirm]
+                if t is not None and t.measurements < 1 + budget.confirm]
         if not need:
             break
         t = need[0]

@@ -68,7 +68,7 @@ def _prepare(args):
     the cluster. Returns (ModelDef, ModelSpec, ClusterSpec) as the runner will use them."""
     from autosync.runtime.optimizers import check_model_optimizer
     from autosync.runtime.runner import check_real_compute, emulated_setup
-    from autosync.sources import load_cluster, load_model_def, load_model_spec
+    from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
 
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0, got --steps {args.steps} --warmup {args.warmup}")
@@ -77,7 +77,8 @@ def _prepare(args):
     precision_settings(args)
     cluster = load_cluster(args.cluster)
     if args.compute == "emulated":
-        return emulated_setup(args.model, cluster, None, args.step_time, args.optimizer)
+        return emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None, args.step_time,
+                              args.optimizer)
     check_real_compute(args.compute, cluster, args.step_time)
     model_def = load_model_def(args.model)
     check_model_optimizer(model_def)

@@ -14,11 +14,12 @@ from typing import Sequence
 
 import numpy as np
 
+from autosync.model_def import ModelDef
 from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
 from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
-from strategy_space import Strategy, validate
-from strategy_space.errors import ConfigError
+from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
+from strategy_space.errors import ConfigError, short_repr
 from tuner.precision import MeasurePolicy
 from tuner.trial import Runner, Trial
 
@@ -72,17 +73,20 @@ def combine_summaries(parts: list[dict]) -> dict:
 class RayRunner(Runner):
     """Runs strategies of one model on one cluster with the Ray runtime.
 
+    The runner takes resolved objects; ``autosync.runner`` builds one from names and files
+    (``zoo:ncf``, ``local``, YAML paths).
+
     Args:
-        model_def: a ModelDef or a trainable source (``zoo:NAME``, ``script.py:fn``).
-        cluster: a ClusterSpec or a cluster name/YAML path (``local``).
+        model_def: a ModelDef (real compute); with emulated compute a ModelSpec or an
+            EmulatedModelDef.
+        cluster: a ClusterSpec.
         warmup: untimed steps per trial (includes tracing and first transfers).
         steps: timed steps per trial (the first batch when a precision target is set).
         precision: run more steps until the 95 % interval of the median step time is within
             this fraction of it (0.03: +-3 %); None: exactly ``steps`` timed steps.
         max_steps, max_measure_s: caps on the timed steps and their seconds (precision mode).
         compute: ``real`` (TensorFlow workers) or ``emulated`` (``autosync.runtime.emulated``:
-            workers wait the profiled compute time and send synthetic gradients; ``model_def``
-            may then also be a model-spec YAML or a ModelSpec). Emulated trials are recorded
+            workers wait the profiled compute time and send synthetic gradients). Emulated trials are recorded
             against the cluster with ``compute: emulated``, so they never pool with real ones.
         step_time_s: emulated compute per step (default: the spec's ``profile.step_time_s``,
             measured for a trainable model); times the cluster's ``compute_dilation``.
@@ -94,27 +98,28 @@ class RayRunner(Runner):
             it must describe the variables the workers build (checked on first use).
 
     Raises:
-        ConfigError: bad model or cluster, or the cluster does not fit the Ray cluster.
+        TypeError: a model or cluster that is not one of the objects above (a name or a path).
+        ConfigError: bad settings, or the cluster does not fit the Ray cluster.
     """
 
-    def __init__(self, model_def, cluster="local", *, warmup: int = 2, steps: int = 10,
+    def __init__(self, model_def, cluster: ClusterSpec, *, warmup: int = 2, steps: int = 10,
                  trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None,
                  precision: float | None = None, max_steps: int = 200, max_measure_s: float = 60.0,
                  compute: str = "real", step_time_s: float | None = None, optimizer: str = "sgd"):
-        from autosync.sources import load_cluster, load_model_def
-
         if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
             raise ConfigError(f"steps must be an integer >= 1 and warmup >= 0, got steps={steps!r}, warmup={warmup!r}")
         if not trial_timeout_s > 0:
             raise ConfigError(f"trial_timeout_s must be > 0, got {trial_timeout_s!r}")
-        self.cluster = load_cluster(cluster)
+        self.cluster = require_resolved(cluster, (ClusterSpec,), "the cluster")
         self.compute = compute
         if compute == "emulated":
             self.model_def, self.cluster, model_spec = emulated_setup(model_def, self.cluster, model_spec,
                                                                       step_time_s, optimizer)
         else:
             check_real_compute(compute, self.cluster, step_time_s)
-            self.model_def = load_model_def(model_def)
+            self.model_def = require_resolved(model_def, (ModelDef,), "the model")
+            if model_spec is not None:
+                require_resolved(model_spec, (ModelSpec,), "model_spec")
         self.warmup, self.steps, self.trial_timeout_s = warmup, steps, float(trial_timeout_s)
         try:
             self.policy = MeasurePolicy(precision=precision, min_steps=steps, max_steps=max(max_steps, steps),
@@ -261,27 +266,43 @@ def check_real_compute(compute: str, cluster, step_time_s) -> None:
         raise ConfigError(problems)
 
 
-def emulated_setup(model, cluster, model_spec, step_time_s, optimizer):
+def require_resolved(value, types: tuple, what: str):
+    """``value`` when it is one of ``types``; the runtime takes resolved objects only.
+
+    Raises:
+        TypeError: anything else (typically a name or a path, which the API resolves).
+    """
+    if not isinstance(value, types):
+        kinds = " or ".join(t.__name__ for t in types)
+        raise TypeError(f"{what} must be a {kinds}, got {short_repr(value)}; the runtime takes resolved objects: "
+                        f"resolve names and files (zoo:NAME, script.py:function, local, YAML paths) with "
+                        f"autosync.make_runner(model, cluster, ...), autosync.make_trainer(model, strategy, cluster, ...) or "
+                        f"autosync.load_model_def / load_model_spec / load_cluster")
+    return value
+
+
+def emulated_setup(model, cluster: ClusterSpec, model_spec, step_time_s, optimizer):
     """(EmulatedModelDef, the cluster marked ``compute: emulated``, the ModelSpec trials are
-    recorded against) for a model source, ModelSpec or EmulatedModelDef.
+    recorded against) for a ModelSpec or an EmulatedModelDef (``model_spec``, when given, is the
+    spec and ``model`` is not read).
 
     The recorded spec carries the undilated step time as its profile (the cluster carries the
     dilation), so the simulator sees what the workers do.
+
+    Raises:
+        TypeError: neither a ModelSpec nor an EmulatedModelDef (a trainable model's spec, with
+            its measured compute time, comes from ``autosync.load_model_spec(model, profile=True)``).
     """
     import dataclasses
 
-    from autosync.sources import load_model_spec
-    from strategy_space import ComputeProfile, ModelSpec
+    from strategy_space import ComputeProfile
 
-    cluster = dataclasses.replace(cluster, compute="emulated")
+    cluster = dataclasses.replace(require_resolved(cluster, (ClusterSpec,), "the cluster"), compute="emulated")
     if isinstance(model, EmulatedModelDef):
         return model, cluster, model.spec
     if model_spec is None:
-        if isinstance(model, ModelSpec):
-            model_spec = model
-        else:
-            # a trainable model's compute is measured unless the step time is given
-            model_spec = load_model_spec(model, profile=step_time_s is None and not str(model).endswith((".yaml", ".yml")))
+        model_spec = require_resolved(model, (ModelSpec, EmulatedModelDef), "an emulated-compute model")
+    require_resolved(model_spec, (ModelSpec,), "model_spec")
     md = emulated_model_def(model_spec, cluster, step_time_s, optimizer)
     base = model_spec.profile
     profile = ComputeProfile(step_time_s=md.step_time_s / cluster.compute_dilation, device="emulated",

@@ -1,6 +1,6 @@
 """Trainer: real training of a model with a strategy on a Ray cluster.
 
-    trainer = Trainer("zoo:ncf?size=small", "strategy.yaml", "local")
+    trainer = Trainer(model_def, strategy, cluster_spec)   # or autosync.trainer("zoo:ncf", "best.yaml", "local")
     history = trainer.fit(steps=100)
     weights = trainer.get_weights()
     trainer.close()
@@ -14,10 +14,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from autosync.model_def import ModelDef
 from autosync.runtime.engine import Session, WorkerPool
+from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
-from autosync.runtime.runner import summarize_steps
-from strategy_space import Strategy, validate
+from autosync.runtime.runner import require_resolved, summarize_steps
+from strategy_space import ClusterSpec, Strategy, validate
 from strategy_space.errors import ConfigError
 
 
@@ -42,31 +44,28 @@ class History:
 class Trainer:
     """Train with a synchronization strategy.
 
+    The trainer takes resolved objects; ``autosync.trainer`` builds one from names and files
+    (``zoo:ncf``, a strategy YAML, ``local``).
+
     Args:
-        model: a ModelDef or trainable source (``zoo:NAME``, ``script.py:function``).
-        strategy: a Strategy or the path of a strategy YAML file.
-        cluster: a ClusterSpec or a cluster name / YAML path (default ``local``).
+        model: a ModelDef.
+        strategy: a Strategy.
+        cluster: a ClusterSpec.
         timeout_s: limit for each round trip to the workers (start-up included in the first).
         pool: warm workers to use (see ``RayRunner``); by default the trainer starts its own.
 
     Raises:
-        ConfigError: bad model, strategy or cluster, a strategy that does not fit the model, or
-            an optimizer the runtime does not implement (checked before Ray starts).
+        TypeError: a model, strategy or cluster that is not one of the objects above.
+        ConfigError: a strategy that does not fit the model, or an optimizer the runtime does not
+            implement (checked before Ray starts).
     """
 
-    def __init__(self, model, strategy, cluster="local", *, timeout_s: float = 600.0,
+    def __init__(self, model: ModelDef, strategy: Strategy, cluster: ClusterSpec, *, timeout_s: float = 600.0,
                  pool: WorkerPool | None = None):
-        from autosync.sources import load_cluster, load_model_def
-        from strategy_space.yaml_io import load_strategy
-
-        from autosync.runtime.optimizers import check_model_optimizer
-
-        self.model_def = load_model_def(model)
-        self.cluster = load_cluster(cluster)
-        if not isinstance(strategy, Strategy):
-            strategy = load_strategy(strategy)
+        self.model_def = require_resolved(model, (ModelDef,), "the model")
+        self.strategy = require_resolved(strategy, (Strategy,), "the strategy")
+        self.cluster = require_resolved(cluster, (ClusterSpec,), "the cluster")
         check_model_optimizer(self.model_def)   # before Ray starts, as the commands do
-        self.strategy = strategy
         self.timeout_s = float(timeout_s)
         self._own_pool = pool is None
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)

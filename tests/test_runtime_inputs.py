@@ -1,0 +1,85 @@
+"""The runtime takes resolved objects (a ModelDef, or a ModelSpec for emulated compute; a Strategy;
+a ClusterSpec); resolving names and files is the API's (``make_runner``, ``make_trainer``), which
+hands the runtime what it resolved. Nothing here starts Ray or TensorFlow."""
+from __future__ import annotations
+
+import pytest
+
+from autosync.model_def import ModelDef
+from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+
+CLUSTER = ClusterSpec("pair", (NodeSpec("a", workers=2, chief=True),))
+SPEC = ModelSpec("tiny", (VariableSpec("w", (4, 4)),), batch_size=8)
+STRATEGY = Strategy((VarConfig("w", (AllReduce(),)),))
+STRATEGY_YAML = "kind: strategy\nversion: 1\nvariables:\n- var: w\n  all_reduce: {}\n"
+
+
+def _model_def() -> ModelDef:
+    never = lambda *a: None  # noqa: E731 - the factories are not called before Ray starts
+    return ModelDef(name="tiny", model_fn=never, loss_fn=never, optimizer_fn=never, dataset_fn=never, batch_size=8)
+
+
+def test_the_runtime_refuses_names_and_says_where_to_resolve_them():
+    from autosync.runtime.runner import RayRunner, emulated_setup
+    from autosync.runtime.trainer import Trainer
+
+    md = _model_def()
+    hint = r"resolve names and files .* autosync\.make_runner"
+    with pytest.raises(TypeError, match=r"the cluster must be a ClusterSpec, got 'local'; the runtime takes resolved objects: " + hint):
+        RayRunner(md, "local")
+    with pytest.raises(TypeError, match=r"the model must be a ModelDef, got 'zoo:ncf'; .*" + hint):
+        RayRunner("zoo:ncf", CLUSTER)
+    with pytest.raises(TypeError, match=r"an emulated-compute model must be a ModelSpec or EmulatedModelDef, "
+                                        r"got 'ncf\.yaml'"):
+        RayRunner("ncf.yaml", CLUSTER, compute="emulated")
+    with pytest.raises(TypeError, match=r"the model must be a ModelDef, got 'zoo:ncf'"):
+        Trainer("zoo:ncf", STRATEGY, CLUSTER)
+    with pytest.raises(TypeError, match=r"the strategy must be a Strategy, got 'best\.yaml'"):
+        Trainer(md, "best.yaml", CLUSTER)
+    with pytest.raises(TypeError, match=r"the cluster must be a ClusterSpec, got 'local'"):
+        Trainer(md, STRATEGY, "local")
+    # resolved objects pass: emulated compute builds its model from the spec on the marked cluster
+    emulated, cluster, spec = emulated_setup(SPEC, CLUSTER, None, 0.01, "sgd")
+    assert cluster.compute == "emulated" and spec.variables == SPEC.variables and emulated.spec == spec
+
+
+class _Recorder:
+    """Stands in for a runtime class: records what it was given instead of starting Ray."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def test_the_api_resolves_names_and_files_before_the_runtime(monkeypatch, tmp_path):
+    import autosync
+    import autosync.runtime.runner as runner_module
+    import autosync.runtime.trainer as trainer_module
+    from strategy_space.yaml_io import save
+
+    monkeypatch.setattr(runner_module, "RayRunner", _Recorder)
+    monkeypatch.setattr(trainer_module, "Trainer", _Recorder)
+    spec_path, strategy_path = tmp_path / "tiny.yaml", tmp_path / "best.yaml"
+    save(SPEC, spec_path)
+    strategy_path.write_text(STRATEGY_YAML)
+
+    runner = autosync.make_runner(str(spec_path), "local", compute="emulated", step_time_s=0.01, steps=3)
+    model, cluster = runner.args
+    assert isinstance(model, ModelSpec) and model.variables == SPEC.variables
+    assert isinstance(cluster, ClusterSpec) and cluster.name == "local"
+    assert runner.kwargs["compute"] == "emulated" and runner.kwargs["steps"] == 3
+
+    trainer = autosync.make_trainer("zoo:ncf?size=small", str(strategy_path), "local", timeout_s=5.0)
+    model_def, strategy, cluster = trainer.args
+    assert isinstance(model_def, ModelDef) and model_def.name == "ncf-small"
+    assert strategy == STRATEGY and cluster.name == "local" and trainer.kwargs == {"timeout_s": 5.0}
+
+
+def test_bad_names_are_config_errors_from_the_api():
+    import autosync
+
+    with pytest.raises(ConfigError, match="unknown cluster 'nowhere'"):
+        autosync.make_runner(SPEC, "nowhere", compute="emulated")
+    with pytest.raises(ConfigError, match="unknown model 'ncf'"):
+        autosync.make_trainer("ncf", STRATEGY, CLUSTER)
+    with pytest.raises(ConfigError, match="is a model spec"):
+        autosync.make_runner("spec.yaml", CLUSTER)
