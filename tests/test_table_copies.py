@@ -35,7 +35,7 @@ def test_a_parameter_server_holds_the_received_values_and_never_writes_them(opti
 
     asyncio.run(steps())
     for k in received:
-        np.testing.assert_array_equal(received[k], before[k])  # updates store new arrays
+        np.testing.assert_array_equal(received[k], before[k])  # the first update writes a copy
         assert ps.params[k] is not received[k] and not np.array_equal(ps.params[k], before[k])
 
 

@@ -71,8 +71,8 @@ class ParameterServerShard:
             values = {k: _initial_slice(description["initial"][v], start, stop, axis)
                       for k, (v, start, stop, axis) in values.items()}
         # received arrays may be read-only views of the object store; they are kept as they are
-        # (no second copy of the tables): no update writes a value in place, each stores a new
-        # array (``NumpyOptimizer``), which frees the received one once all its values are replaced
+        # (no second copy of the tables) until their first update, which writes a copy
+        # (``NumpyOptimizer``: it updates in place only arrays it allocated and no live pull reads)
         self.params = dict(values)
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
@@ -156,8 +156,10 @@ class ParameterServerShard:
         """Calls received and time spent: ``pushes``, ``pulls``, ``apply_s`` (optimizer updates)
         ``wait_s`` (per step, from its first push to its last: how long the step waited for
         its slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
-        chunk's first push to its last, how long that chunk's update waited)."""
-        return dict(self.stats_)
+        chunk's first push to its last, how long that chunk's update waited), ``copies`` (variables
+        copied before an update: each received value once, then only while a whole-value pull of
+        it was still being sent)."""
+        return {**self.stats_, "copies": self.optimizer.copies}
 
     async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None,
                    asker: tuple | None = None):
@@ -196,7 +198,10 @@ class ParameterServerShard:
         rows = rows or {}
         keys = self.params if chunk is None else self.chunks[chunk]
         params = {k: self.params[k] for k in keys}
-        take = lambda k, v: v[rows[k]] if k in rows else v  # noqa: E731
+        # rows are gathered (a copy); a whole value is a snapshot no later update writes into
+        # (Ray serializes the reply after this coroutine returns, on another thread, while later
+        # pushes may already run on this event loop)
+        take = lambda k, v: v[rows[k]] if k in rows else self.optimizer.snapshot(self.params, k)  # noqa: E731
         if which == "shared":
             return version, {k: take(k, v) for k, v in params.items() if k in self.shared_keys}, None
         direct = {k: take(k, v) for k, v in params.items() if k in rows or k not in self.shared_keys}
@@ -209,8 +214,8 @@ class ParameterServerShard:
         return self.version if chunk is None else self.chunk_version[chunk]
 
     async def values(self) -> dict:
-        """All shards now (for tests and final weights)."""
-        return dict(self.params)
+        """All shards now (for tests and final weights): snapshots no later update changes."""
+        return {k: self.optimizer.snapshot(self.params, k) for k in self.params}
 
     def _shared_snapshot(self, keys: frozenset):
         if not keys:
@@ -221,6 +226,7 @@ class ParameterServerShard:
             import ray
 
             # one object per version: workers of a node read the same copy from their store
+            # (``ray.put`` copies the values into the store before it returns)
             cached = self._shared[keys] = (version, ray.put({k: self.params[k] for k in keys}))
         return cached[1]
 
@@ -303,7 +309,8 @@ class ParameterServerShard:
         n = self.num_workers
         grads: dict = {}
         for key, total in entry["dense"].items():
-            grads[key] = total / total.dtype.type(n)
+            total /= total.dtype.type(n)  # the step's own sum (``_accumulate`` copied it)
+            grads[key] = total
         for key, parts in entry["sparse"].items():
             idx = np.concatenate([p[0] for p in parts])
             vals = np.concatenate([p[1] for p in parts])
