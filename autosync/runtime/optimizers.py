@@ -93,6 +93,11 @@ class NumpyOptimizer(abc.ABC):
         """Create zero slots (momentum, velocity, ...) for the variable stored under ``key``."""
         self.slots[key] = {name: np.zeros_like(value) for name in self.slot_names}
 
+    def adopt(self, params: dict, key) -> None:
+        """``params[key]`` was allocated for this optimizer's variable alone (nobody else holds
+        it): updates may write it in place from the first one."""
+        self._owned[key] = weakref.ref(params[key])
+
     def snapshot(self, params: dict, key) -> np.ndarray:
         """The whole value of ``params[key]`` for a reader that may still read it while later
         updates run: a read-only view that no update changes (while it is alive, an update writes

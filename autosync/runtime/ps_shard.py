@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from autosync.runtime.initial import initial_slice
+
 
 class ParameterServerShard:
     """State and update logic of one PS actor (wrapped with ``ray.remote`` by the runtime).
@@ -59,7 +61,8 @@ class ParameterServerShard:
         description: a worker's ``load`` description with its ``initial`` values (the runtime passes
             the pool's copy in the object store); given, ``values`` maps each key to
             ``(var_index, start, stop, axis)`` and the shard starts from that slice of the initial
-            values: a view of the object store, not a copy (a slice along axis 0 is contiguous).
+            values: a view of the object store, not a copy (a slice along axis 0 is contiguous), or
+            for a ``ZeroInitial`` zeros allocated here, which updates write in place from the start.
     """
 
     def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
@@ -67,9 +70,12 @@ class ParameterServerShard:
         from autosync.runtime.optimizers import make_optimizer
 
         self.name = name
+        made_here: set = set()
         if description is not None:
-            values = {k: _initial_slice(description["initial"][v], start, stop, axis)
+            sliced = {k: initial_slice(description["initial"][v], start, stop, axis)
                       for k, (v, start, stop, axis) in values.items()}
+            values = {k: value for k, (value, _) in sliced.items()}
+            made_here = {k for k, (_, made) in sliced.items() if made}
         # received arrays may be read-only views of the object store; they are kept as they are
         # (no second copy of the tables) until their first update, which writes a copy
         # (``NumpyOptimizer``: it updates in place only arrays it allocated and no live pull reads)
@@ -79,6 +85,8 @@ class ParameterServerShard:
         self.optimizer = make_optimizer(optimizer_config)
         for key, value in self.params.items():
             self.optimizer.add_variable(key, value)
+            if key in made_here:
+                self.optimizer.adopt(self.params, key)
         self.num_workers = num_workers
         self.sync = sync
         self.version = 0
@@ -321,13 +329,6 @@ class ParameterServerShard:
             grads[key] = (idx, vals / vals.dtype.type(n), squares)
         self.optimizer.apply(step, self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0
-
-
-def _initial_slice(value: np.ndarray, start: int, stop: int, axis: int) -> np.ndarray:
-    """``value[start:stop]`` along ``axis``, contiguous (copied only where the slice is not)."""
-    if value.ndim == 0 or (start == 0 and stop == value.shape[axis]):
-        return value
-    return np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
 
 
 def _sparse_grad(g) -> tuple:
