@@ -23,7 +23,8 @@ emulated compute instead (workers wait ``--step-time`` and send synthetic gradie
 servers, their optimizer (``--optimizer``) and the transfers are the real ones), whole
 (``full_models_memory_full.json``) or, with ``--rows-fraction``, with every sparse variable cut to
 those fractions of its rows, fitted and extrapolated per spec as above
-(``full_models_memory_scaled_emulated.json``).
+(``full_models_memory_scaled_emulated.json``). Both files keep the entries of earlier runs of
+other specs and optimizers (each entry records its own commit and start time).
 
     python benchmarks/full_models_memory.py --spec configs/models/dlrm.yaml --rows-fraction 0.05 0.1 0.2
     python benchmarks/full_models_memory.py --spec configs/models/dlrm.yaml --optimizer sgd adam
@@ -288,6 +289,12 @@ def specs(args, started: str, commit: str, write_json) -> int:
                         "steps": args.steps, "limit_gib": args.limit_gib,
                         "min_available_gib": args.min_available_gib},
                "entries": {}, "fits": {}}
+    if os.path.isfile(path):
+        # runs of other specs or optimizers stay, each entry and fit with its own commit and start
+        with open(path) as f:
+            old = json.load(f)
+        results["entries"].update(old.get("entries", {}))
+        results["fits"].update(old.get("fits", {}))
     for spec_path in args.spec:
         spec = load(spec_path, "model")
         full_tables = sum(v.bytes for v in spec.variables if v.sparse)
@@ -307,7 +314,8 @@ def specs(args, started: str, commit: str, write_json) -> int:
             ok = [e for e in entries if e["status"] == "ok"]
             if args.rows_fraction and len(ok) >= 2:
                 x = np.array([e["table_bytes"] for e in ok], float)
-                fit = {"full_table_bytes": full_tables, "parameter_bytes": sum(v.bytes for v in spec.variables)}
+                fit = {"run_started": started, "commit": commit, "full_table_bytes": full_tables,
+                       "parameter_bytes": sum(v.bytes for v in spec.variables)}
                 for kind in ("pss", "rss"):
                     y = np.array([e[f"peak_{kind}_gib"] * GIB for e in ok], float)
                     slope, intercept = np.polyfit(x, y, 1)
