@@ -306,7 +306,8 @@ def specs(args, started: str, commit: str, write_json) -> int:
                               optimizer=optimizer, step_time_s=args.step_time)
                 rec["table_bytes"] = sum(v.bytes for v in run.variables if v.sparse)
                 key = f"{spec.name}/{args.builder}/{optimizer}" + ("" if fraction is None else f"/rows={fraction:g}")
-                rec = {"run_started": started, "commit": commit, "spec": spec_path, "rows_fraction": fraction, **rec}
+                rec = {"run_started": started, "commit": commit, "spec": spec_path, "rows_fraction": fraction,
+                       "steps": args.steps, **rec}
                 results["entries"][key] = rec
                 entries.append(rec)
                 print(json.dumps({key: rec}), flush=True)
