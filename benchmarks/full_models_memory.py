@@ -145,6 +145,12 @@ def scaled_spec(spec, fraction: float):
     return dataclasses.replace(spec, name=f"{spec.name}-rows{fraction:g}", variables=tuple(cut(v) for v in spec.variables))
 
 
+def _copies(ps_stats) -> int | None:
+    """Variables the PS actors copied before an update (None: their stats do not count them)."""
+    counted = [s["copies"] for s in (ps_stats or {}).values() if "copies" in s]
+    return sum(counted) if counted else None
+
+
 def measure(name: str, builder: str, steps: int, limit: int, model_def=None, floor: int = 0, **runner_kw) -> dict:
     import ray
 
@@ -165,7 +171,7 @@ def measure(name: str, builder: str, steps: int, limit: int, model_def=None, flo
         trial = runner.run_one(get_builder(builder).build(model, runner.cluster), builder)
         rec.update(status=trial.status, error=trial.error or None, median_s=trial.median if trial.ok else None,
                    full_pull=trial.meta.get("full_pull"),
-                   ps_copies_on_write=sum(s.get("copies", 0) for s in (trial.meta.get("ps_stats") or {}).values()),
+                   ps_copies_on_write=_copies(trial.meta.get("ps_stats")),
                    bytes_per_step_per_worker=trial.meta.get("bytes_per_step_per_worker"))
     except Exception as e:  # noqa: BLE001 - recorded: an out-of-memory stop is a result
         rec.update(status="error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
