@@ -280,6 +280,15 @@ def scaled(args, started: str, commit: str, write_json) -> int:
     return 0
 
 
+def _say_mixed_runs(results: dict) -> None:
+    """``meta.mixed_runs`` where the file's entries come from several runs (kept from earlier ones)."""
+    runs = sorted({e["run_started"] for e in results["entries"].values()})
+    if len(runs) > 1:
+        results["meta"]["mixed_runs"] = (f"this file holds entries of {len(runs)} runs of full_models_memory.py "
+                                         f"(started {', '.join(runs)}); each entry and fit records its own "
+                                         f"run_started and commit")
+
+
 def specs(args, started: str, commit: str, write_json) -> int:
     """``--spec``: each model-spec YAML with emulated compute, per optimizer; whole, or at each
     ``--rows-fraction`` with the fit and its extrapolation per (spec, optimizer)."""
@@ -317,6 +326,7 @@ def specs(args, started: str, commit: str, write_json) -> int:
                 results["entries"][key] = rec
                 entries.append(rec)
                 print(json.dumps({key: rec}), flush=True)
+                _say_mixed_runs(results)
                 write_json(path, results)
             ok = [e for e in entries if e["status"] == "ok"]
             if args.rows_fraction and len(ok) >= 2:
@@ -333,6 +343,7 @@ def specs(args, started: str, commit: str, write_json) -> int:
                 print(f"{spec.name} {optimizer}: peak PSS = {fit['pss_per_table_byte']} x table bytes + "
                       f"{fit['pss_intercept_gib']} GiB; full size ({full_tables / GIB:.2f} GiB of tables): "
                       f"{fit['pss_full_size_gib']} GiB PSS, {fit['rss_full_size_gib']} GiB RSS", flush=True)
+                _say_mixed_runs(results)
                 write_json(path, results)
     print(f"wrote {path}")
     return 0
