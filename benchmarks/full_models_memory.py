@@ -17,6 +17,20 @@ both to the full size (written to ``full_models_memory_scaled.json``). That meas
 full-size model's memory on a machine that cannot hold it.
 
     python benchmarks/full_models_memory.py --rows-fraction 0.02 0.04 0.08
+
+With ``--spec YAML [YAML ...]`` it trains model-spec YAMLs (``configs/models/dlrm.yaml``, ...) with
+emulated compute instead (workers wait ``--step-time`` and send synthetic gradients; the parameter
+servers, their optimizer (``--optimizer``) and the transfers are the real ones), whole
+(``full_models_memory_full.json``) or, with ``--rows-fraction``, with every sparse variable cut to
+those fractions of its rows, fitted and extrapolated per spec as above
+(``full_models_memory_scaled_emulated.json``). Both files keep the entries of earlier runs of
+other specs and optimizers (each entry records its own commit and start time).
+
+    python benchmarks/full_models_memory.py --spec configs/models/dlrm.yaml --rows-fraction 0.05 0.1 0.2
+    python benchmarks/full_models_memory.py --spec configs/models/dlrm.yaml --optimizer sgd adam
+
+Besides ``--limit-gib`` (PSS), the sampler stops the run when the machine's available memory
+(``MemAvailable``) falls under ``--min-available-gib`` (default 2): the machine is shared.
 """
 from __future__ import annotations
 
@@ -51,12 +65,24 @@ def _memory(pids: list[int]) -> tuple[int, int]:
     return rss, pss
 
 
-class Sampler(threading.Thread):
-    """Peak RSS/PSS of this process tree; kills the tree's other processes past ``limit`` bytes."""
+def _available() -> int:
+    """The machine's available memory (``MemAvailable``), bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
-    def __init__(self, limit: int):
+
+class Sampler(threading.Thread):
+    """Peak RSS/PSS of this process tree; kills the tree's other processes past ``limit`` bytes of
+    PSS or once the machine's available memory falls under ``floor`` bytes."""
+
+    def __init__(self, limit: int, floor: int = 0):
         super().__init__(daemon=True)
-        self.limit, self.peak_rss, self.peak_pss, self.over = limit, 0, 0, False
+        self.limit, self.floor, self.peak_rss, self.peak_pss, self.over = limit, floor, 0, 0, False
+        self.low_available = False
+        self.min_available = _available()
         self.processes = 0
         self._halt = threading.Event()
 
@@ -69,8 +95,11 @@ class Sampler(threading.Thread):
             rss, pss = _memory(pids)
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self.processes = max(self.processes, len(pids))
-            if pss > self.limit and not self.over:
+            available = _available()
+            self.min_available = min(self.min_available, available)
+            if (pss > self.limit or available < self.floor) and not self.over:
                 self.over = True
+                self.low_available = available < self.floor
                 for pid in pids:
                     if pid != me:
                         try:
@@ -101,24 +130,48 @@ def scaled_dlrm(fraction: float):
                     batch_size=128)
 
 
-def measure(name: str, builder: str, steps: int, limit: int, model_def=None) -> dict:
+def scaled_spec(spec, fraction: float):
+    """``spec`` with every sparse variable cut to ``fraction`` of its rows (at least 1; rows per
+    step at most the rows left)."""
+    import dataclasses
+
+    def cut(v):
+        if not v.sparse:
+            return v
+        rows = max(1, int(v.shape[0] * fraction))
+        return dataclasses.replace(v, shape=(rows,) + tuple(v.shape[1:]),
+                                   rows_per_step=min(v.rows_per_step, rows) if v.rows_per_step else None)
+
+    return dataclasses.replace(spec, name=f"{spec.name}-rows{fraction:g}", variables=tuple(cut(v) for v in spec.variables))
+
+
+def _copies(ps_stats) -> int | None:
+    """Variables the PS actors copied before an update (None: their stats do not count them)."""
+    counted = [s["copies"] for s in (ps_stats or {}).values() if "copies" in s]
+    return sum(counted) if counted else None
+
+
+def measure(name: str, builder: str, steps: int, limit: int, model_def=None, floor: int = 0, **runner_kw) -> dict:
     import ray
 
     from autosync.api import make_runner
     from strategy_space.builders import get_builder
 
-    sampler = Sampler(limit)
+    sampler = Sampler(limit, floor)
     sampler.start()
     t0 = time.monotonic()
-    rec = {"source": f"zoo:{name}?size=full" if model_def is None else model_def.name, "builder": builder}
+    rec = {"source": f"zoo:{name}?size=full" if model_def is None else model_def.name, "builder": builder,
+           **{k: v for k, v in runner_kw.items() if k in ("compute", "optimizer", "step_time_s")}}
     try:
-        runner = make_runner(model_def or rec["source"], "local", warmup=1, steps=steps, trial_timeout_s=900)
+        runner = make_runner(model_def or rec["source"], "local", warmup=1, steps=steps, trial_timeout_s=900,
+                             **runner_kw)
         model = runner.model
         rec["parameter_bytes"] = sum(v.bytes for v in model.variables)
         rec["sparse_bytes"] = sum(v.bytes for v in model.variables if v.sparse)
         trial = runner.run_one(get_builder(builder).build(model, runner.cluster), builder)
         rec.update(status=trial.status, error=trial.error or None, median_s=trial.median if trial.ok else None,
                    full_pull=trial.meta.get("full_pull"),
+                   ps_copies_on_write=_copies(trial.meta.get("ps_stats")),
                    bytes_per_step_per_worker=trial.meta.get("bytes_per_step_per_worker"))
     except Exception as e:  # noqa: BLE001 - recorded: an out-of-memory stop is a result
         rec.update(status="error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
@@ -130,7 +183,9 @@ def measure(name: str, builder: str, steps: int, limit: int, model_def=None) -> 
         ray.shutdown()
         sampler.stop()
     rec.update(peak_rss_gib=round(sampler.peak_rss / GIB, 2), peak_pss_gib=round(sampler.peak_pss / GIB, 2),
-               processes=sampler.processes, stopped_over_limit=sampler.over, wall_s=round(time.monotonic() - t0, 1))
+               processes=sampler.processes, stopped_over_limit=sampler.over,
+               stopped_low_available=sampler.low_available, min_available_gib=round(sampler.min_available / GIB, 2),
+               wall_s=round(time.monotonic() - t0, 1))
     return rec
 
 
@@ -142,8 +197,16 @@ def main(argv=None) -> int:
     p.add_argument("--limit-gib", type=float, default=16.0, help="stop a run whose PSS passes this (default 16)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
     p.add_argument("--rows-fraction", type=float, nargs="+", metavar="F",
-                   help="measure dlrm's full architecture with its tables cut to these fractions of their rows "
-                        "(e.g. 0.02 0.04 0.08) and extrapolate to the full size, instead of --models")
+                   help="measure dlrm's full architecture (or each --spec) with its tables cut to these fractions "
+                        "of their rows (e.g. 0.02 0.04 0.08) and extrapolate to the full size, instead of --models")
+    p.add_argument("--spec", nargs="+", metavar="YAML",
+                   help="model-spec YAMLs to run with emulated compute instead of the zoo models")
+    p.add_argument("--optimizer", nargs="+", default=["sgd"],
+                   help="with --spec: emulated compute's optimizers, one run each (sgd, momentum, adam, adagrad)")
+    p.add_argument("--step-time", type=float, default=0.05,
+                   help="with --spec: seconds of emulated compute per step (default 0.05)")
+    p.add_argument("--min-available-gib", type=float, default=2.0,
+                   help="stop a run when the machine's available memory falls under this (default 2)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.limit_gib <= 0:
         print("full_models_memory: --steps must be >= 1 and --limit-gib > 0", file=sys.stderr)
@@ -155,6 +218,15 @@ def main(argv=None) -> int:
     from _testbed import git_commit, write_json
 
     started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(REPO)
+    if args.spec:
+        from autosync.runtime.emulated import OPTIMIZERS
+
+        bad = [o for o in args.optimizer if o not in OPTIMIZERS] + [s for s in args.spec if not os.path.isfile(s)]
+        if bad or args.step_time < 0:
+            print(f"full_models_memory: --optimizer takes {', '.join(OPTIMIZERS)}, --spec existing model-spec YAML "
+                  f"files and --step-time a number >= 0; got {bad or args.step_time}", file=sys.stderr)
+            return 2
+        return specs(args, started, commit, write_json)
     if args.rows_fraction:
         return scaled(args, started, commit, write_json)
     results = {"meta": {"commit": commit, "started": started, "cluster": "local (1 node, 2 workers)",
@@ -204,6 +276,75 @@ def scaled(args, started: str, commit: str, write_json) -> int:
               f"{results['meta']['pss_full_size_gib']} GiB PSS, {results['meta']['rss_full_size_gib']} GiB RSS "
               f"(against 24 GiB)")
         write_json(path, results)
+    print(f"wrote {path}")
+    return 0
+
+
+def _say_mixed_runs(results: dict) -> None:
+    """``meta.mixed_runs`` where the file's entries come from several runs (kept from earlier ones)."""
+    runs = sorted({e["run_started"] for e in results["entries"].values()})
+    if len(runs) > 1:
+        results["meta"]["mixed_runs"] = (f"this file holds entries of {len(runs)} runs of full_models_memory.py "
+                                         f"(started {', '.join(runs)}); each entry and fit records its own "
+                                         f"run_started and commit")
+
+
+def specs(args, started: str, commit: str, write_json) -> int:
+    """``--spec``: each model-spec YAML with emulated compute, per optimizer; whole, or at each
+    ``--rows-fraction`` with the fit and its extrapolation per (spec, optimizer)."""
+    import numpy as np
+
+    from strategy_space.yaml_io import load
+
+    limit, floor = int(args.limit_gib * GIB), int(args.min_available_gib * GIB)
+    name = "full_models_memory_scaled_emulated.json" if args.rows_fraction else "full_models_memory_full.json"
+    path = os.path.join(args.out, name)
+    results = {"meta": {"commit": commit, "started": started, "cluster": "local (1 node, 2 workers)",
+                        "compute": "emulated", "step_time_s": args.step_time, "builder": args.builder,
+                        "steps": args.steps, "limit_gib": args.limit_gib,
+                        "min_available_gib": args.min_available_gib},
+               "entries": {}, "fits": {}}
+    if os.path.isfile(path):
+        # runs of other specs or optimizers stay, each entry and fit with its own commit and start
+        with open(path) as f:
+            old = json.load(f)
+        results["entries"].update(old.get("entries", {}))
+        results["fits"].update(old.get("fits", {}))
+    for spec_path in args.spec:
+        spec = load(spec_path, "model")
+        full_tables = sum(v.bytes for v in spec.variables if v.sparse)
+        for optimizer in args.optimizer:
+            entries = []
+            for fraction in args.rows_fraction or [None]:
+                run = spec if fraction is None else scaled_spec(spec, fraction)
+                rec = measure(run.name, args.builder, args.steps, limit, run, floor, compute="emulated",
+                              optimizer=optimizer, step_time_s=args.step_time)
+                rec["table_bytes"] = sum(v.bytes for v in run.variables if v.sparse)
+                key = f"{spec.name}/{args.builder}/{optimizer}" + ("" if fraction is None else f"/rows={fraction:g}")
+                rec = {"run_started": started, "commit": commit, "spec": spec_path, "rows_fraction": fraction,
+                       "steps": args.steps, **rec}
+                results["entries"][key] = rec
+                entries.append(rec)
+                print(json.dumps({key: rec}), flush=True)
+                _say_mixed_runs(results)
+                write_json(path, results)
+            ok = [e for e in entries if e["status"] == "ok"]
+            if args.rows_fraction and len(ok) >= 2:
+                x = np.array([e["table_bytes"] for e in ok], float)
+                fit = {"run_started": started, "commit": commit, "full_table_bytes": full_tables,
+                       "parameter_bytes": sum(v.bytes for v in spec.variables)}
+                for kind in ("pss", "rss"):
+                    y = np.array([e[f"peak_{kind}_gib"] * GIB for e in ok], float)
+                    slope, intercept = np.polyfit(x, y, 1)
+                    fit[f"{kind}_per_table_byte"] = round(float(slope), 2)
+                    fit[f"{kind}_intercept_gib"] = round(float(intercept / GIB), 2)
+                    fit[f"{kind}_full_size_gib"] = round(float((slope * full_tables + intercept) / GIB), 1)
+                results["fits"][f"{spec.name}/{args.builder}/{optimizer}"] = fit
+                print(f"{spec.name} {optimizer}: peak PSS = {fit['pss_per_table_byte']} x table bytes + "
+                      f"{fit['pss_intercept_gib']} GiB; full size ({full_tables / GIB:.2f} GiB of tables): "
+                      f"{fit['pss_full_size_gib']} GiB PSS, {fit['rss_full_size_gib']} GiB RSS", flush=True)
+                _say_mixed_runs(results)
+                write_json(path, results)
     print(f"wrote {path}")
     return 0
 

@@ -8,8 +8,10 @@ import time
 import numpy as np
 import pytest
 
+from autosync.runtime.digest import weights_digest
 from autosync.runtime.emulated import (EmulatedModelDef, EmulatedWorker, distinct_zipf_rows,
                                        emulated_model_def, step_rows, synthetic_gradients)
+from autosync.runtime.initial import ZeroInitial
 from strategy_space import ClusterSpec, ComputeProfile, ConfigError, ModelSpec, NodeSpec, VariableSpec
 from strategy_space.yaml_io import load
 
@@ -91,7 +93,8 @@ def test_worker_waits_the_compute_time_and_hands_over_the_synthetic_gradients():
     w = EmulatedWorker(1)
     desc = w.load(md, 1, 2)
     assert [v["name"] for v in desc["variables"]] == list(SPEC.names)
-    assert desc["optimizer"]["class"] == "SGD" and all(not a.any() for a in desc["initial"])
+    assert desc["optimizer"]["class"] == "SGD"
+    assert desc["initial"] == [ZeroInitial(tuple(v.shape), v.dtype) for v in SPEC.variables]  # described, not allocated
     ch = RecordingChannel(w)
     w.reset(1, 2, [ch], [(1, 0)] * len(SPEC.variables))
     out = w.run(4)
@@ -224,3 +227,57 @@ def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path
     with TrialStore(tmp_path / "t.db") as store:
         [(_, cfp, _)] = store.groups()
         assert store.cluster(cfp).compute == "emulated"
+
+
+class RowServer:
+    """Made-up parameter-server replies: the rows asked of each sparse variable, the dense ones
+    whole (allocated up front, as received buffers are)."""
+
+    calls = bytes_sent = bytes_received = 0
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.dense = {(v, 0): np.ones(var.shape, var.dtype) for v, var in enumerate(spec.variables) if not var.sparse}
+
+    def pull(self, step, fresh=False, rows=None):
+        out = dict(self.dense)
+        for v, r in (rows or {}).items():
+            out[(v, 0)] = (r, np.ones((len(r),) + self.spec.variables[v].shape[1:], np.float32))
+        return out
+
+    def push(self, step, grads):
+        pass
+
+    def finish(self):
+        pass
+
+
+def test_a_worker_allocates_what_it_sends_not_its_tables():
+    import tracemalloc
+
+    spec = ModelSpec("tables", (
+        VariableSpec("emb_a", (300_000, 16), sparse=True, rows_per_step=100),
+        VariableSpec("emb_b", (200_000, 16), sparse=True, rows_per_step=60),
+        VariableSpec("dense/kernel", (16, 32)),
+        VariableSpec("dense/bias", (32,)),
+    ), batch_size=100)
+    server = RowServer(spec)
+    warm = EmulatedWorker(1)  # lazy imports and caches of a first load and step: not what is measured
+    warm.load(EmulatedModelDef(SPEC, 0.0), 0, 2)
+    warm.reset(0, 2, [RowServer(SPEC)], [(1, 0)] * len(SPEC.variables))
+    warm.run(1)
+    tracemalloc.start()
+    try:
+        w = EmulatedWorker(1)
+        desc = w.load(EmulatedModelDef(spec, 0.0), 0, 2, send_initial=True)
+        w.reset(0, 2, [server], [(1, 0)] * len(spec.variables))
+        w.run(3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert desc["initial_digest"] == weights_digest([np.zeros(v.shape, v.dtype) for v in spec.variables])
+    tables = sum(v.bytes for v in spec.variables if v.sparse)  # 32 MB
+    dense = sum(v.bytes for v in spec.variables if not v.sparse)
+    sent = dense + sum(v.rows_per_step * v.shape[1] * 4 for v in spec.variables if v.sparse)
+    # gradients, the rows drawn and pulled, Python's own bookkeeping: a few times what it sends
+    assert peak < 8 * sent + (256 << 10) < tables / 20, (peak, sent, tables)

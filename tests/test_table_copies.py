@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from autosync.runtime.initial import ZeroInitial
 from autosync.runtime.ps_shard import ParameterServerShard
 
 TABLE, DENSE = (0, 0), (1, 0)
@@ -35,7 +36,7 @@ def test_a_parameter_server_holds_the_received_values_and_never_writes_them(opti
 
     asyncio.run(steps())
     for k in received:
-        np.testing.assert_array_equal(received[k], before[k])  # updates store new arrays
+        np.testing.assert_array_equal(received[k], before[k])  # the first update writes a copy
         assert ps.params[k] is not received[k] and not np.array_equal(ps.params[k], before[k])
 
 
@@ -52,6 +53,23 @@ def test_a_parameter_server_starts_from_views_of_the_pools_initial_values():
     assert ps.params[(1, 0)] is dense  # the whole variable
     np.testing.assert_array_equal(ps.params[(1, 1)], dense[:, 1:])  # columns: a contiguous copy
     assert ps.params[(1, 1)].flags.c_contiguous
+
+
+def test_a_parameter_server_makes_described_zeros_itself_and_updates_them_in_place():
+    """Emulated compute describes its zero initial values (no arrays in the object store); the
+    shards are allocated by the actor, so no update needs to copy them."""
+    desc = {"initial": [ZeroInitial((10, 4), "float32"), ZeroInitial((2, 3), "float32")]}
+    shards = {(0, 0): (0, 0, 5, 0), (0, 1): (0, 5, 10, 0), (1, 0): (1, 1, 3, 1)}
+    ps = ParameterServerShard("ps@x", shards, [(0, 0), (0, 1)], [], OPTIMIZERS[2], num_workers=1, sync=True,
+                              description=desc)
+    assert {k: v.shape for k, v in ps.params.items()} == {(0, 0): (5, 4), (0, 1): (5, 4), (1, 0): (2, 2)}
+    assert not any(v.any() for v in ps.params.values())
+    held = dict(ps.params)
+    grads = {(0, 0): (np.array([1, 4]), np.ones((2, 4), np.float32)), (0, 1): (np.array([0]), np.ones((1, 4), np.float32)),
+             (1, 0): np.ones((2, 2), np.float32)}
+    asyncio.run(ps.push(0, 0, grads))
+    assert all(ps.params[k] is held[k] and ps.params[k].any() for k in held)
+    assert asyncio.run(ps.stats())["copies"] == 0
 
 
 @pytest.mark.integration

@@ -22,7 +22,9 @@ Gradient values are synthetic and cheap: each worker draws a fixed dense gradien
 and a fixed block of row values per sparse variable at ``load`` (from (seed, worker, variable));
 only the sparse row indices change per step. ``synthetic_gradients`` gives the exact gradients of
 any (worker, step), so tests can replay training in numpy. Variables that are not floats get no
-gradient (as in TensorFlow). Initial values are zeros.
+gradient (as in TensorFlow). Initial values are zeros, described (``ZeroInitial``), never allocated:
+a worker holds only what it sends (each dense variable's gradient, each sparse one's block of
+rows) and the whole values it pulls.
 
 Parameter servers, collectives, compression and optimizer updates are the real ones. The
 optimizer is chosen by name (``OPTIMIZERS``; default ``sgd``), since a ModelSpec names none.
@@ -35,7 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autosync.runtime.digest import weights_digest
+from autosync.runtime.digest import zeros_digest
+from autosync.runtime.initial import ZeroInitial
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.builders import ready_order
 from strategy_space.errors import ConfigError
@@ -184,19 +187,18 @@ class EmulatedWorker:
     def load(self, model_def: EmulatedModelDef, worker_index: int, num_workers: int,
              send_initial: bool = True) -> dict:
         """Prepare the synthetic gradients; returns the description ``TrainingWorker.load`` does
-        (the zero initial values themselves only with ``send_initial``)."""
+        (with ``send_initial``, its zero initial values as ``ZeroInitial``: no arrays)."""
         spec = model_def.spec
         self.model_def, self.worker_index = model_def, worker_index
         self.base = base_gradients(spec, model_def.seed, worker_index)
         names = ready_order(spec)
         self.order = [spec.index(n) for n in names]
-        self.initial = [np.zeros(v.shape, dtype=v.dtype) for v in spec.variables]
         return {
             "variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype, "sparse": v.sparse}
                           for v in spec.variables],
             "optimizer": dict(OPTIMIZERS[model_def.optimizer]),
-            "initial": self.initial if send_initial else None,
-            "initial_digest": weights_digest(self.initial),
+            "initial": [ZeroInitial(tuple(v.shape), v.dtype) for v in spec.variables] if send_initial else None,
+            "initial_digest": zeros_digest([(v.shape, v.dtype) for v in spec.variables]),
         }
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
@@ -254,17 +256,17 @@ class EmulatedWorker:
 
     def get_weights(self) -> list:
         """The trainable variables' last pulled values, model order (row-pulled tables are
-        pulled whole first)."""
+        pulled whole first; a variable no channel holds is at its initial zeros)."""
         if self._partial:
             self._pull(self.step, fresh=True)
         out = []
         for v, (shards, axis) in enumerate(self.layout):
-            if shards == 1:
-                out.append(np.asarray(self._parts.get((v, 0), self.initial[v])))
-            elif all((v, i) in self._parts for i in range(shards)):
-                out.append(np.concatenate([self._parts[(v, i)] for i in range(shards)], axis=axis))
+            var = self.model_def.spec.variables[v]
+            if all((v, i) in self._parts for i in range(shards)):
+                parts = [np.asarray(self._parts[(v, i)]) for i in range(shards)]
+                out.append(parts[0] if shards == 1 else np.concatenate(parts, axis=axis))
             else:
-                out.append(self.initial[v])
+                out.append(np.zeros(var.shape, dtype=var.dtype))
         return out
 
     def _gradients(self) -> list:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.initial import initial_slice
 from autosync.runtime.plan import SyncPlan
 from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
@@ -337,9 +338,8 @@ class Session:
             setups["hierarchical"] = hierarchy
         # members reduced in the graph are updated there; the numpy channel holds only the others
         in_graph, ar_groups = split_groups(list(plan.ar_groups), list(plan.layout))
-        ar_values = {m.key: initial[m.key[0]] if m.num_shards == 1 else np.ascontiguousarray(
-            initial[m.key[0]][(slice(None),) * m.axis + (slice(m.start, m.stop),)])
-            for g in ar_groups for m in g.members}
+        ar_values = {m.key: initial_slice(initial[m.key[0]], m.start, m.stop, m.axis)[0]
+                     for g in ar_groups for m in g.members}
 
         squares = squares_slices(desc["optimizer"])
         aggregators = self._start_aggregators(squares)

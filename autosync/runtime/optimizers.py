@@ -17,6 +17,7 @@ slices. Keras treats them as follows, and so do we: repeated indices add up; for
 from __future__ import annotations
 
 import abc
+import weakref
 
 import numpy as np
 
@@ -32,31 +33,45 @@ _UNSUPPORTED = {
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency"}
 
 
-def _scatter_sum(shape, dtype, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Dense array of ``shape`` holding the sum of ``values`` rows at ``indices``."""
-    out = np.zeros(shape, dtype=dtype)
-    np.add.at(out, indices, values)
+def _row_sums(grad, dtype, squares_needed: bool):
+    """A sparse gradient ``(indices, values[, squares])`` as its distinct rows (ascending), the sum
+    of the slices of each row and, if ``squares_needed``, the sum of their squared slices (Keras
+    squares each slice before repeated rows add up; ``squares`` given: the sender's sums).
+
+    Sums are taken in the order the slices come, from zero, as a dense scatter-add would: the
+    touched rows get bit for bit the values a dense update would give them."""
+    indices, values = grad[0], grad[1]
+    rows, inverse = np.unique(indices, return_inverse=True)
+    shape = (len(rows),) + values.shape[1:]
+    g = np.zeros(shape, dtype)
+    np.add.at(g, inverse, values)
+    if not squares_needed:
+        return rows, g, None
+    squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
+    g2 = np.zeros(shape, dtype)
+    np.add.at(g2, inverse, squares)
+    return rows, g, g2
+
+
+def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
+    """``g - slot`` into ``out`` for a dense ``g``, or for row sums ``g`` on ``rows`` (zero elsewhere:
+    ``-slot`` there, which moves the slot exactly as ``0 - slot`` does)."""
+    if rows is None:
+        return np.subtract(g, slot, out=out)
+    np.negative(slot, out=out)
+    out[rows] = g - slot[rows]
     return out
-
-
-def _grad_and_square(var: np.ndarray, grad):
-    """The dense gradient and the gradient squared as Keras squares it: for a sparse gradient
-    each slice is squared before repeated rows are added up. A sparse gradient may carry those
-    squares already, ``(indices, values, squares)``, when its slices were summed before sending
-    (``squares`` None: each slice is its own square's source)."""
-    if isinstance(grad, tuple):
-        indices, values = grad[0], grad[1]
-        squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
-        return (_scatter_sum(var.shape, var.dtype, indices, values),
-                _scatter_sum(var.shape, var.dtype, indices, squares))
-    return grad, np.square(grad)
 
 
 class NumpyOptimizer(abc.ABC):
     """Base class: holds hyper-parameters and per-variable slots; ``apply`` updates one step.
 
-    Variables are never changed in place: each update stores a new array, so a snapshot handed
-    out earlier (a pull being serialized) is never modified under the reader.
+    Updates write in place, a row-sparse one only the rows it touches, except where that could
+    reach a reader: an array the optimizer did not allocate (a value received from elsewhere, e.g.
+    a read-only view of Ray's object store, or the caller's own array) and a variable with a whole
+    value handed out by ``snapshot`` that is still alive (a parameter server's pull that Ray is
+    still serializing: it does so on another thread after the coroutine returned, while later
+    updates run). Such a variable is copied once, and that copy is updated (copy on write).
     """
 
     slot_names: tuple[str, ...] = ()
@@ -70,31 +85,72 @@ class NumpyOptimizer(abc.ABC):
         self.weight_decay = float(wd) if wd else None
         self.options = {k: config.get(k, v) for k, v in self._options.items()}
         self.slots: dict = {}
+        self._owned: dict = {}  # key -> weak reference to the array it allocated for that variable
+        self._readers: dict = {}  # key -> weak references to the snapshots handed out since
+        self.copies = 0  # copies made on write (a received value's first update, or a live snapshot)
 
     def add_variable(self, key, value: np.ndarray) -> None:
         """Create zero slots (momentum, velocity, ...) for the variable stored under ``key``."""
         self.slots[key] = {name: np.zeros_like(value) for name in self.slot_names}
+
+    def adopt(self, params: dict, key) -> None:
+        """``params[key]`` was allocated for this optimizer's variable alone (nobody else holds
+        it): updates may write it in place from the first one."""
+        self._owned[key] = weakref.ref(params[key])
+
+    def snapshot(self, params: dict, key) -> np.ndarray:
+        """The whole value of ``params[key]`` for a reader that may still read it while later
+        updates run: a read-only view that no update changes (while it is alive, an update writes
+        a copy of the variable instead)."""
+        view = params[key].view()
+        view.flags.writeable = False
+        self._readers.setdefault(key, []).append(weakref.ref(view))
+        return view
+
+    def _writable(self, params: dict, key) -> np.ndarray:
+        """``params[key]``, made safe to update in place (see the class doc)."""
+        var = params[key]
+        readers = self._readers.pop(key, ())
+        owned = self._owned.get(key)
+        if owned is None or owned() is not var or any(r() is not None for r in readers):
+            var = params[key] = np.array(var, copy=True, order="C")
+            self._owned[key] = weakref.ref(var)
+            self.copies += 1
+        return var
 
     def apply(self, iteration: int, params: dict, grads: dict) -> None:
         """Apply one optimizer step to every variable in ``grads``.
 
         Args:
             iteration: the optimizer's step counter before this update (Keras ``iterations``).
-            params: key -> current value; replaced by the new value.
-            grads: key -> dense ndarray or ``(indices, values)``; keys absent are not updated
-                (Keras skips variables whose gradient is None).
+            params: key -> current value; updated in place, or replaced by an updated copy where
+                the value may have readers (see the class doc).
+            grads: key -> dense ndarray, or ``(indices, values)`` / ``(indices, values, squares)``;
+                keys absent are not updated (Keras skips variables whose gradient is None).
         """
-        wd = self.weight_decay
         for key, grad in grads.items():
-            var = params[key]
-            if wd is not None:
-                # Keras decays every variable that has a gradient, before the update step
-                var = var - var * var.dtype.type(wd) * var.dtype.type(self.learning_rate)
-            params[key] = self._update(iteration, key, var, grad)
+            var = self._writable(params, key)
+            self._decay(var)
+            if isinstance(grad, tuple):
+                rows, g, g2 = _row_sums(grad, var.dtype, self.squares_slices)
+            else:
+                rows, g = None, np.asarray(grad)
+                g2 = np.square(g) if self.squares_slices else None
+            self._update(iteration, key, var, rows, g, g2)
+
+    def _decay(self, var: np.ndarray) -> None:
+        """Weight decay, in place: Keras decays every variable that has a gradient, before the
+        update step (``var - var * wd * lr``)."""
+        if self.weight_decay is not None:
+            decay = var * var.dtype.type(self.weight_decay)
+            decay *= var.dtype.type(self.learning_rate)
+            var -= decay
 
     @abc.abstractmethod
-    def _update(self, iteration, key, var, grad):
-        """The new value of one variable after one step (never modifies ``var`` in place)."""
+    def _update(self, iteration, key, var: np.ndarray, rows, g: np.ndarray, g2) -> None:
+        """Update ``var`` in place. ``rows`` None: ``g`` is the dense gradient; otherwise ``g``
+        holds the summed gradient of each of ``rows`` (ascending, distinct) and the gradient is
+        zero elsewhere. ``g2``: the gradient squared as Keras squares it (optimizers that read it)."""
 
 
 class SGD(NumpyOptimizer):
@@ -107,26 +163,46 @@ class SGD(NumpyOptimizer):
         super().__init__(config)
         self.slot_names = ("momentum",) if self.options["momentum"] != 0 else ()
 
-    def _update(self, iteration, key, var, grad):
-        lr = var.dtype.type(self.learning_rate)
-        if not self.slot_names:
+    def apply(self, iteration, params, grads):
+        if self.slot_names:
+            return super().apply(iteration, params, grads)
+        for key, grad in grads.items():
+            var = self._writable(params, key)
+            self._decay(var)
+            lr = var.dtype.type(self.learning_rate)
             if isinstance(grad, tuple):
-                new = var.copy()
-                np.subtract.at(new, grad[0], grad[1] * lr)
-                return new
-            return var - grad * lr
-        g = _scatter_sum(var.shape, var.dtype, grad[0], grad[1]) if isinstance(grad, tuple) else grad
+                # each slice subtracted in turn, as Keras' scatter_sub does with repeated rows
+                np.subtract.at(var, grad[0], grad[1] * lr)
+            else:
+                var -= np.asarray(grad) * lr
+
+    def _update(self, iteration, key, var, rows, g, g2):
+        # momentum only (plain SGD is ``apply``): m = m * momentum - g * lr, then var += m (or,
+        # nesterov, var += m * momentum - g * lr); where g is zero that subtracts exactly 0
+        lr = var.dtype.type(self.learning_rate)
         mom = var.dtype.type(self.options["momentum"])
-        slots = self.slots[key]
-        m = slots["momentum"] * mom - g * lr
-        slots["momentum"] = m
+        m = self.slots[key]["momentum"]  # never handed out: updated in place
+        m *= mom
+        step = g * lr
+        if rows is None:
+            m -= step
+        else:
+            m[rows] -= step
         if self.options["nesterov"]:
-            return var + (m * mom - g * lr)
-        return var + m
+            ahead = m * mom
+            if rows is None:
+                ahead -= step
+            else:
+                ahead[rows] -= step
+            var += ahead
+        else:
+            var += m
 
 
 class Adam(NumpyOptimizer):
-    """``keras.optimizers.Adam`` with bias correction and optional AMSGrad."""
+    """``keras.optimizers.Adam`` with bias correction and optional AMSGrad. Its moments decay on
+    every row, so even a row-sparse gradient updates the whole variable (in place, with one
+    scratch array of its size)."""
 
     keras_name = "adam"
     squares_slices = True
@@ -136,7 +212,7 @@ class Adam(NumpyOptimizer):
         super().__init__(config)
         self.slot_names = ("m", "v", "v_hat") if self.options["amsgrad"] else ("m", "v")
 
-    def _update(self, iteration, key, var, grad):
+    def _update(self, iteration, key, var, rows, g, g2):
         f = var.dtype.type
         o = self.options
         lr = f(self.learning_rate)
@@ -144,15 +220,26 @@ class Adam(NumpyOptimizer):
         beta_1_power = np.power(f(o["beta_1"]), step)
         beta_2_power = np.power(f(o["beta_2"]), step)
         alpha = lr * np.sqrt(f(1) - beta_2_power) / (f(1) - beta_1_power)
-        g, g2 = _grad_and_square(var, grad)
-        s = self.slots[key]
-        s["m"] = s["m"] + (g - s["m"]) * f(1 - o["beta_1"])
-        s["v"] = s["v"] + (g2 - s["v"]) * f(1 - o["beta_2"])
+        s = self.slots[key]  # never handed out: updated in place
+        scratch = np.empty_like(var)
+        s["m"] += _scaled(_toward(s["m"], g, rows, scratch), f(1 - o["beta_1"]))
+        s["v"] += _scaled(_toward(s["v"], g2, rows, scratch), f(1 - o["beta_2"]))
         v = s["v"]
         if o["amsgrad"]:
-            s["v_hat"] = np.maximum(s["v_hat"], v)
+            np.maximum(s["v_hat"], v, out=s["v_hat"])
             v = s["v_hat"]
-        return var - (s["m"] * alpha) / (np.sqrt(v) + f(o["epsilon"]))
+        # var - (m * alpha) / (sqrt(v) + epsilon)
+        np.multiply(s["m"], alpha, out=scratch)
+        denom = np.sqrt(v)
+        denom += f(o["epsilon"])
+        scratch /= denom
+        del denom
+        var -= scratch
+
+
+def _scaled(x: np.ndarray, factor) -> np.ndarray:
+    x *= factor
+    return x
 
 
 class AdamW(Adam):
@@ -163,7 +250,9 @@ class AdamW(Adam):
 
 class Adagrad(NumpyOptimizer):
     """``keras.optimizers.Adagrad``. For a sparse gradient Keras squares each slice before the
-    slices are added up, so the accumulator gets the sum of squared slices."""
+    slices are added up, so the accumulator gets the sum of squared slices. A row-sparse gradient
+    updates its rows only: elsewhere Keras adds 0 to the accumulator and subtracts exactly 0 from
+    the variable, so skipping those rows changes no bit."""
 
     keras_name = "adagrad"
     squares_slices = True
@@ -173,31 +262,22 @@ class Adagrad(NumpyOptimizer):
     def add_variable(self, key, value: np.ndarray) -> None:
         self.slots[key] = {"accumulator": np.full_like(value, self.options["initial_accumulator_value"])}
 
-    def _update(self, iteration, key, var, grad):
+    def _update(self, iteration, key, var, rows, g, g2):
         f = var.dtype.type
         lr = f(self.learning_rate)
-        s = self.slots[key]
-        if isinstance(grad, tuple) and self.weight_decay is None:
-            return self._update_rows(key, var, grad, lr, f(self.options["epsilon"]))
-        g, g2 = _grad_and_square(var, grad)
-        s["accumulator"] = s["accumulator"] + g2
-        return var - (lr * g) / np.sqrt(s["accumulator"] + f(self.options["epsilon"]))
-
-    def _update_rows(self, key, var, grad, lr, eps):
-        """The same update on the touched rows only: elsewhere Keras adds 0 to the accumulator and
-        subtracts exactly 0 from the variable, so skipping those rows changes no bit (repeated rows
-        are added up in the same order as the dense scatter does)."""
-        indices, values = grad[0], grad[1]
-        squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
-        rows, inverse = np.unique(indices, return_inverse=True)
-        g = _scatter_sum((len(rows),) + var.shape[1:], var.dtype, inverse, values)
-        g2 = _scatter_sum((len(rows),) + var.shape[1:], var.dtype, inverse, squares)
+        eps = f(self.options["epsilon"])
         acc = self.slots[key]["accumulator"]  # never handed out: updated in place
+        if rows is None:
+            acc += g2
+            step = lr * g
+            denom = acc + eps
+            np.sqrt(denom, out=denom)
+            step /= denom
+            var -= step
+            return
         acc_rows = acc[rows] + g2
         acc[rows] = acc_rows
-        new = var.copy()  # a pulled snapshot of var must not change under its reader
-        new[rows] = var[rows] - (lr * g) / np.sqrt(acc_rows + eps)
-        return new
+        var[rows] = var[rows] - (lr * g) / np.sqrt(acc_rows + eps)
 
 
 OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}

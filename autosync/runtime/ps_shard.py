@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from autosync.runtime.initial import initial_slice
+
 
 class ParameterServerShard:
     """State and update logic of one PS actor (wrapped with ``ray.remote`` by the runtime).
@@ -59,7 +61,8 @@ class ParameterServerShard:
         description: a worker's ``load`` description with its ``initial`` values (the runtime passes
             the pool's copy in the object store); given, ``values`` maps each key to
             ``(var_index, start, stop, axis)`` and the shard starts from that slice of the initial
-            values: a view of the object store, not a copy (a slice along axis 0 is contiguous).
+            values: a view of the object store, not a copy (a slice along axis 0 is contiguous), or
+            for a ``ZeroInitial`` zeros allocated here, which updates write in place from the start.
     """
 
     def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
@@ -67,18 +70,23 @@ class ParameterServerShard:
         from autosync.runtime.optimizers import make_optimizer
 
         self.name = name
+        made_here: set = set()
         if description is not None:
-            values = {k: _initial_slice(description["initial"][v], start, stop, axis)
+            sliced = {k: initial_slice(description["initial"][v], start, stop, axis)
                       for k, (v, start, stop, axis) in values.items()}
+            values = {k: value for k, (value, _) in sliced.items()}
+            made_here = {k for k, (_, made) in sliced.items() if made}
         # received arrays may be read-only views of the object store; they are kept as they are
-        # (no second copy of the tables): no update writes a value in place, each stores a new
-        # array (``NumpyOptimizer``), which frees the received one once all its values are replaced
+        # (no second copy of the tables) until their first update, which writes a copy
+        # (``NumpyOptimizer``: it updates in place only arrays it allocated and no live pull reads)
         self.params = dict(values)
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
         for key, value in self.params.items():
             self.optimizer.add_variable(key, value)
+            if key in made_here:
+                self.optimizer.adopt(self.params, key)
         self.num_workers = num_workers
         self.sync = sync
         self.version = 0
@@ -156,8 +164,10 @@ class ParameterServerShard:
         """Calls received and time spent: ``pushes``, ``pulls``, ``apply_s`` (optimizer updates)
         ``wait_s`` (per step, from its first push to its last: how long the step waited for
         its slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
-        chunk's first push to its last, how long that chunk's update waited)."""
-        return dict(self.stats_)
+        chunk's first push to its last, how long that chunk's update waited), ``copies`` (variables
+        copied before an update: each received value once, then only while a whole-value pull of
+        it was still being sent)."""
+        return {**self.stats_, "copies": self.optimizer.copies}
 
     async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None,
                    asker: tuple | None = None):
@@ -196,7 +206,10 @@ class ParameterServerShard:
         rows = rows or {}
         keys = self.params if chunk is None else self.chunks[chunk]
         params = {k: self.params[k] for k in keys}
-        take = lambda k, v: v[rows[k]] if k in rows else v  # noqa: E731
+        # rows are gathered (a copy); a whole value is a snapshot no later update writes into
+        # (Ray serializes the reply after this coroutine returns, on another thread, while later
+        # pushes may already run on this event loop)
+        take = lambda k, v: v[rows[k]] if k in rows else self.optimizer.snapshot(self.params, k)  # noqa: E731
         if which == "shared":
             return version, {k: take(k, v) for k, v in params.items() if k in self.shared_keys}, None
         direct = {k: take(k, v) for k, v in params.items() if k in rows or k not in self.shared_keys}
@@ -209,8 +222,8 @@ class ParameterServerShard:
         return self.version if chunk is None else self.chunk_version[chunk]
 
     async def values(self) -> dict:
-        """All shards now (for tests and final weights)."""
-        return dict(self.params)
+        """All shards now (for tests and final weights): snapshots no later update changes."""
+        return {k: self.optimizer.snapshot(self.params, k) for k in self.params}
 
     def _shared_snapshot(self, keys: frozenset):
         if not keys:
@@ -221,6 +234,7 @@ class ParameterServerShard:
             import ray
 
             # one object per version: workers of a node read the same copy from their store
+            # (``ray.put`` copies the values into the store before it returns)
             cached = self._shared[keys] = (version, ray.put({k: self.params[k] for k in keys}))
         return cached[1]
 
@@ -303,7 +317,8 @@ class ParameterServerShard:
         n = self.num_workers
         grads: dict = {}
         for key, total in entry["dense"].items():
-            grads[key] = total / total.dtype.type(n)
+            total /= total.dtype.type(n)  # the step's own sum (``_accumulate`` copied it)
+            grads[key] = total
         for key, parts in entry["sparse"].items():
             idx = np.concatenate([p[0] for p in parts])
             vals = np.concatenate([p[1] for p in parts])
@@ -314,13 +329,6 @@ class ParameterServerShard:
             grads[key] = (idx, vals / vals.dtype.type(n), squares)
         self.optimizer.apply(step, self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0
-
-
-def _initial_slice(value: np.ndarray, start: int, stop: int, axis: int) -> np.ndarray:
-    """``value[start:stop]`` along ``axis``, contiguous (copied only where the slice is not)."""
-    if value.ndim == 0 or (start == 0 and stop == value.shape[axis]):
-        return value
-    return np.ascontiguousarray(value[(slice(None),) * axis + (slice(start, stop),)])
 
 
 def _sparse_grad(g) -> tuple:
