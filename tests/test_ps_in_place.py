@@ -127,13 +127,14 @@ def test_a_whole_value_pulled_before_an_update_keeps_its_values(optimizer, sync)
 
 
 class _Probe:
-    """Pickled (by Ray, as a task's return value) only once ``poked`` is set, or after 30 s."""
+    """Pickled (by Ray, as a task's return value) only once ``poked`` is set, or after 120 s (generous:
+    a loaded machine may start the later call late)."""
 
     def __init__(self, poked: threading.Event):
         self.poked = poked
 
     def __reduce__(self):
-        return str, ("after a later call ran" if self.poked.wait(30) else "before any later call",)
+        return str, ("after a later call ran" if self.poked.wait(120) else "before any later call",)
 
 
 @pytest.mark.integration
@@ -155,7 +156,7 @@ def test_ray_serializes_an_async_actors_reply_while_later_calls_run(ray_session)
             return _Probe(self.poked)
 
         async def poke(self):
-            for _ in range(3000):  # runs once reply's coroutine has returned (at most 30 s)
+            for _ in range(12000):  # runs once reply's coroutine has returned (at most 120 s)
                 if self.replied:
                     break
                 await asyncio.sleep(0.01)
@@ -164,6 +165,6 @@ def test_ray_serializes_an_async_actors_reply_while_later_calls_run(ray_session)
 
     actor = Actor.remote()
     reply = actor.reply.remote()
-    assert ray.get(actor.poke.remote(), timeout=60) is True
-    assert ray.get(reply, timeout=60) == "after a later call ran"
+    assert ray.get(actor.poke.remote(), timeout=240) is True
+    assert ray.get(reply, timeout=240) == "after a later call ran"
     ray.kill(actor)
