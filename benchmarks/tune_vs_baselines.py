@@ -62,6 +62,9 @@ def _args(argv=None):
                    help="zoo model names or model-spec YAML files (default: the six small zoo models)")
     p.add_argument("--compute", choices=("real", "emulated"), default="real",
                    help="real TensorFlow workers (default) or emulated compute (no peer then)")
+    p.add_argument("--step-time", type=float, default=None, metavar="S",
+                   help="emulated compute of a model-spec YAML that has no profile: seconds per step (default: "
+                        "the simulator's estimate from its parameters, tuner.feature_tables.estimate_compute_s)")
     p.add_argument("--cold", action="store_true", help="also tune from a cold start, to compare trials to 5 %%")
     p.add_argument("--peer-repeats", type=int, default=2, help="measurements of the peer (default 2)")
     p.add_argument("--name", default="tune_vs_baselines", help="result file name, without .json (default %(default)s)")
@@ -163,19 +166,41 @@ def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
     return result, out, curve
 
 
+def spec_step_time(name: str, args) -> dict | None:
+    """The emulated compute time of a model-spec YAML without a profile: ``--step-time`` or the
+    simulator's estimate from its parameters (said in the result); None where the spec has a
+    profile or the model is trainable (its compute is measured)."""
+    if args.compute != "emulated" or not name.endswith((".yaml", ".yml")):
+        return None
+    from autosync.sources import load_model_spec
+    from tuner.feature_tables import ESTIMATE_FLOPS, estimate_compute_s
+
+    spec = load_model_spec(name)
+    if spec.profile is not None:
+        return None
+    if args.step_time is not None:
+        return {"s": args.step_time, "source": "--step-time"}
+    return {"s": estimate_compute_s(spec), "source": f"estimate, not measured: 6 flops per dense parameter per "
+            f"sample plus the touched rows, at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s (tuner.feature_tables.estimate_compute_s)"}
+
+
 def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
     import _peer
 
     from autosync.api import make_runner
 
+    step_time = spec_step_time(name, args)
     # real compute: the profiled spec, as ``tune`` builds it (the workers' own description has no profile)
     runner = make_runner(source_of(name), cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=300.0,
-                         precision=0.03, max_steps=args.max_steps, compute=args.compute, profile=True)
+                         precision=0.03, max_steps=args.max_steps, compute=args.compute, profile=True,
+                         step_time_s=step_time["s"] if step_time else None)
     try:
         spec, cluster = runner.model, runner.cluster   # with emulated compute the cluster records it
         out: dict = {"model": spec.name, "source": source_of(name), "compute": args.compute,
                      "parameter_bytes": spec.total_bytes, "sparse_share": spec.sparse_share,
-                     "embedding_heavy": spec.sparse_share >= EMBEDDING_HEAVY_SHARE}
+                     "embedding_heavy": spec.sparse_share >= EMBEDDING_HEAVY_SHARE, "step_time": step_time}
+        if step_time:
+            say(f"  emulated compute {step_time['s'] * 1e3:.1f} ms per step ({step_time['source']})")
         warm = _warm_groups(args.warm_start, spec.name)
         out["warm_start"] = {"source": args.warm_start, "groups": len(warm),
                              "trials": sum(len(t) for _, _, t in warm), "models": sorted({m.name for m, _, _ in warm})}
@@ -379,9 +404,11 @@ def main(argv=None) -> int:
     args = _args(argv)
     unknown = [m for m in args.models if m not in MODELS and not (m.endswith((".yaml", ".yml")) and os.path.isfile(m))]
     yaml_real = [m for m in args.models if m.endswith((".yaml", ".yml")) and args.compute == "real"]
-    if unknown or yaml_real or args.trials < 0 or args.steps < 1 or args.confirm < 1 or args.peer_repeats < 1:
+    bad_step = args.step_time is not None and not (math.isfinite(args.step_time) and 0 <= args.step_time < 3600)
+    if unknown or yaml_real or bad_step or args.trials < 0 or args.steps < 1 or args.confirm < 1 or args.peer_repeats < 1:
         print(f"bad arguments: models {unknown} (valid: {', '.join(MODELS)} or an existing model-spec YAML), "
               f"model-spec YAMLs with real compute {yaml_real} (a spec has no weights to train: use --compute emulated), "
+              f"--step-time between 0 and 3600 seconds, "
               f"--trials >= 0, --steps >= 1, --confirm >= 1, --peer-repeats >= 1", file=sys.stderr)
         return 2
     if args.compute == "real" and args.nodes > (os.cpu_count() or 1):
