@@ -4,9 +4,11 @@ Inside a testbed (``autosync testbed exec``): an actor on host1; from the driver
 times (median of ``--repeats``) a push (an actor call whose argument is ``--mb`` MB), a pull (a
 call that returns that much), both at once (the two directions of the link), and the same bytes
 split into ``--chunks`` concurrent calls. The actor runs calls concurrently (``max_concurrency``,
-as the PS shards, which are async actors, do); ``push_and_pull_serial_actor`` repeats the at-once
-case on an actor that runs one call at a time, where the pull cannot start before the push's
-argument has arrived: that, not the link, is what halves the rate of the two directions there. Prints MB/s against the link rate and writes
+as the PS shards, which are async actors, do); ``push_and_pull_serial_actor``,
+``_async_actor`` and ``_two_actors`` repeat the at-once case on an actor that runs one call at a
+time, on an async actor and on two actors (push to one, pull from the other): whether the two
+directions of the link run at once through Ray's object transfer (the testbed's links are full
+duplex: two TCP streams in opposite directions each get the link rate). Prints MB/s against the link rate and writes
 ``ray_transfer.json`` with the commit and start time.
 
     sudo flock /tmp/autosync-testbed.lock sh -c 'autosync testbed up --nodes 2 --bandwidth 200mbit &&
@@ -38,6 +40,17 @@ class Sink:
         return self.data[:n].copy()
 
 
+class AsyncSink(Sink):
+    """The same calls on an async actor, as the PS shards are."""
+
+    async def push(self, array):
+        return float(array[0])
+
+    async def pull(self, parts: int = 1):
+        n = len(self.data) // parts
+        return self.data[:n].copy()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=6.9, help="MB per transfer (default 6.9: one vgg16 PS actor's share)")
@@ -61,7 +74,8 @@ def main(argv=None) -> int:
     remote = cluster.nodes[1].name
     sink = ray.remote(Sink).options(resources={remote: 0.01}, num_cpus=0, max_concurrency=4).remote(nbytes)
     serial = ray.remote(Sink).options(resources={remote: 0.01}, num_cpus=0, max_concurrency=1).remote(nbytes)
-    ray.get([sink.push.remote(np.zeros(4, np.float32)), serial.push.remote(np.zeros(4, np.float32))])
+    asink = ray.remote(AsyncSink).options(resources={remote: 0.01}, num_cpus=0).remote(nbytes)
+    ray.get([a.push.remote(np.zeros(4, np.float32)) for a in (sink, serial, asink)])
     data = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
     parts = [data[i::args.chunks].copy() for i in range(args.chunks)]
 
@@ -78,6 +92,8 @@ def main(argv=None) -> int:
         "pull": lambda: ray.get(sink.pull.remote()),
         "push_and_pull_at_once": lambda: ray.get([sink.push.remote(data), sink.pull.remote()]),
         "push_and_pull_serial_actor": lambda: ray.get([serial.push.remote(data), serial.pull.remote()]),
+        "push_and_pull_async_actor": lambda: ray.get([asink.push.remote(data), asink.pull.remote()]),
+        "push_and_pull_two_actors": lambda: ray.get([serial.push.remote(data), sink.pull.remote()]),
         f"push_in_{args.chunks}_calls": lambda: ray.get([sink.push.remote(x) for x in parts]),
         f"pull_in_{args.chunks}_calls": lambda: ray.get([sink.pull.remote(args.chunks) for _ in range(args.chunks)]),
     }
