@@ -131,12 +131,16 @@ class NumpyOptimizer(abc.ABC):
         for key, grad in grads.items():
             var = self._writable(params, key)
             self._decay(var)
-            if isinstance(grad, tuple):
-                rows, g, g2 = _row_sums(grad, var.dtype, self.squares_slices)
-            else:
-                rows, g = None, np.asarray(grad)
-                g2 = np.square(g) if self.squares_slices else None
-            self._update(iteration, key, var, rows, g, g2)
+            self._apply_one(iteration, key, var, grad)
+
+    def _apply_one(self, iteration, key, var: np.ndarray, grad) -> None:
+        """One variable's step after weight decay: the gradient as ``_update`` takes it."""
+        if isinstance(grad, tuple):
+            rows, g, g2 = _row_sums(grad, var.dtype, self.squares_slices)
+        else:
+            rows, g = None, np.asarray(grad)
+            g2 = np.square(g) if self.squares_slices else None
+        self._update(iteration, key, var, rows, g, g2)
 
     def _decay(self, var: np.ndarray) -> None:
         """Weight decay, in place: Keras decays every variable that has a gradient, before the
@@ -163,21 +167,18 @@ class SGD(NumpyOptimizer):
         super().__init__(config)
         self.slot_names = ("momentum",) if self.options["momentum"] != 0 else ()
 
-    def apply(self, iteration, params, grads):
+    def _apply_one(self, iteration, key, var, grad):
         if self.slot_names:
-            return super().apply(iteration, params, grads)
-        for key, grad in grads.items():
-            var = self._writable(params, key)
-            self._decay(var)
-            lr = var.dtype.type(self.learning_rate)
-            if isinstance(grad, tuple):
-                # each slice subtracted in turn, as Keras' scatter_sub does with repeated rows
-                np.subtract.at(var, grad[0], grad[1] * lr)
-            else:
-                var -= np.asarray(grad) * lr
+            return super()._apply_one(iteration, key, var, grad)
+        lr = var.dtype.type(self.learning_rate)
+        if isinstance(grad, tuple):
+            # each slice subtracted in turn, as Keras' scatter_sub does with repeated rows
+            np.subtract.at(var, grad[0], grad[1] * lr)
+        else:
+            var -= np.asarray(grad) * lr
 
     def _update(self, iteration, key, var, rows, g, g2):
-        # momentum only (plain SGD is ``apply``): m = m * momentum - g * lr, then var += m (or,
+        # momentum only (plain SGD is ``_apply_one``): m = m * momentum - g * lr, then var += m (or,
         # nesterov, var += m * momentum - g * lr); where g is zero that subtracts exactly 0
         lr = var.dtype.type(self.learning_rate)
         mom = var.dtype.type(self.options["momentum"])

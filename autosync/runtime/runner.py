@@ -73,7 +73,7 @@ def combine_summaries(parts: list[dict]) -> dict:
 class RayRunner(Runner):
     """Runs strategies of one model on one cluster with the Ray runtime.
 
-    The runner takes resolved objects; ``autosync.runner`` builds one from names and files
+    The runner takes resolved objects; ``autosync.make_runner`` builds one from names and files
     (``zoo:ncf``, ``local``, YAML paths).
 
     Args:

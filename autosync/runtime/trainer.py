@@ -1,6 +1,6 @@
 """Trainer: real training of a model with a strategy on a Ray cluster.
 
-    trainer = Trainer(model_def, strategy, cluster_spec)   # or autosync.trainer("zoo:ncf", "best.yaml", "local")
+    trainer = Trainer(model_def, strategy, cluster_spec)   # or autosync.make_trainer("zoo:ncf", "best.yaml", "local")
     history = trainer.fit(steps=100)
     weights = trainer.get_weights()
     trainer.close()
@@ -44,7 +44,7 @@ class History:
 class Trainer:
     """Train with a synchronization strategy.
 
-    The trainer takes resolved objects; ``autosync.trainer`` builds one from names and files
+    The trainer takes resolved objects; ``autosync.make_trainer`` builds one from names and files
     (``zoo:ncf``, a strategy YAML, ``local``).
 
     Args:
