@@ -22,6 +22,7 @@ setup(
         "ray[default]>=2.40",
         "matplotlib>=3.7",
         "pyarrow>=14",
+        "pyzmq>=25",   # the parameter servers' data plane (autosync/runtime/psnet.py)
     ],
     extras_require={
         # torch is pinned: an unpinned torch pulls several GB of CUDA packages.

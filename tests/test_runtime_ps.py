@@ -152,3 +152,35 @@ def test_workers_that_build_different_initial_weights_are_refused(pool):
     # the pool still serves a deterministic model afterwards, with one copy of the values
     pool.ensure(rm.model_def(), PAIR.devices)
     assert pool.description["initial"] is not None and pool.description["initial_digest"]
+
+
+@pytest.mark.parametrize("transport", ["zmq", "ray"])
+def test_each_ps_transport_carries_every_call_and_trains_as_one_process(pool, monkeypatch, transport):
+    """The PS data plane (``psnet``, ZeroMQ by default) carries every push and pull of the actors
+    it serves; ``AUTOSYNC_PS_TRANSPORT=ray`` puts them all back on Ray calls; an actor holding a
+    locally replicated shard stays on Ray either way. Both train exactly like one process."""
+    from autosync.runtime.trainer import Trainer
+
+    monkeypatch.setenv("AUTOSYNC_PS_TRANSPORT", transport)
+    md = rm.model_def("adam", learning_rate=0.05)
+    strategy = Strategy((
+        VarConfig("emb/embeddings", (PS("node1"), PS("node0"))),
+        VarConfig("hidden/kernel", (PS("node0"),)),
+        VarConfig("hidden/bias", (PS("node1"),)),
+        VarConfig("out/kernel", (PS("node0"),)),
+        VarConfig("out/bias", (PS("node1", local_replication=True),)),
+    ))
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=STEPS, steps_per_call=2)
+        weights = trainer.get_weights()
+        plans = trainer.session.plan.ps_actors
+        stats = trainer.session.ps_stats()
+    expected = rm.reference_weights(md, num_workers=2, steps=STEPS)
+    for got, want in zip(weights, expected):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+    replicated = {p.name for p in plans if any(r.local_replication for r in p.shards)}
+    assert replicated and len(replicated) < len(plans), [p.name for p in plans]
+    for name, s in stats.items():
+        assert s["pushes"] > 0 and s["pulls"] > 0, (name, s)
+        on_wire = transport == "zmq" and name not in replicated
+        assert s["data_plane_calls"] == (s["pushes"] + s["pulls"] if on_wire else 0), (transport, name, s)

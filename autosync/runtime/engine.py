@@ -327,6 +327,7 @@ class Session:
         names = [p.name for p in self.plan.ps_actors]
         ps_info = wait_all([a.ready.remote() for a in self.ps_actors], deadline, "parameter server", names)
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
+        links = self._start_links(deadline)
         n = self.plan.num_workers
         if "objectstore" in plan.backends:
             mailbox = ObjectStoreBackend.prepare(n, "", binding.actor_options(binding.cluster.chief.name))
@@ -347,7 +348,7 @@ class Session:
 
         def channels(i: int) -> list:
             out = [PSChannel(i, pairs, shapes, plan.staleness, squares, aggregators.get(node_of.get(i)),
-                             self.chunks, rows_by_reference=plan.sync)] if pairs else []
+                             self.chunks, rows_by_reference=plan.sync, links=links)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
@@ -360,6 +361,22 @@ class Session:
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
         return {"ps": ps_info, "workers": infos}
+
+    def _start_links(self, deadline: float | None) -> list:
+        """Per PS actor, the data-plane link its workers push and pull through (``psnet``), or
+        None where its calls stay on Ray: the ``ray`` transport, or an actor holding locally
+        replicated shards (their pull hands out an object shared through a node's store)."""
+        from autosync.runtime import psnet
+
+        names = [p.name for p in self.plan.ps_actors]
+        served = [i for i, p in enumerate(self.plan.ps_actors)
+                  if psnet.transport() == "zmq" and not any(r.local_replication for r in p.shards)]
+        endpoints = wait_all([self.ps_actors[i].listen.remote() for i in served], deadline, "parameter server",
+                             [names[i] for i in served])
+        links: list = [None] * len(self.ps_actors)
+        for i, endpoint in zip(served, endpoints):
+            links[i] = psnet.Link(endpoint, self.ps_actors[i])
+        return links
 
     def _start_aggregators(self, squares: bool) -> dict:
         """One NodeAggregator per node whose workers aggregate (see ``SyncPlan.node_aggregation``)."""

@@ -93,6 +93,7 @@ class ParameterServerShard:
         self._pending: dict[int, dict] = {}
         self._error: str | None = None
         self._cond: asyncio.Condition | None = None
+        self._server = None   # psnet.Server once ``listen`` is called
         self._shared: dict = {}  # keys -> (chunk versions, ObjectRef of their values)
         # the kinds of keys held; a step is complete once each kind has all workers' gradients
         self.chunks = [tuple(tuple(k) for k in c) for c in chunks] if chunks else [tuple(self.params)]
@@ -108,7 +109,7 @@ class ParameterServerShard:
         self._asked: dict[tuple, dict] = {}  # (worker, step) -> {key: rows that worker pulled for it}
         self._first_push: dict[int, float] = {}  # step -> time of its first push (any chunk)
         self._last_push: dict[int, float] = {}
-        self.stats_ = {"pushes": 0, "pulls": 0, "apply_s": 0.0, "wait_s": 0.0, "chunks": len(self.chunks),
+        self.stats_ = {"pushes": 0, "pulls": 0, "data_plane_calls": 0, "apply_s": 0.0, "wait_s": 0.0, "chunks": len(self.chunks),
                        "chunk_wait_s": [0.0] * len(self.chunks)}
 
     def _kinds_of(self, keys) -> tuple:
@@ -126,6 +127,23 @@ class ParameterServerShard:
         import ray
 
         return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    async def listen(self) -> str:
+        """Serve ``push`` and ``pull`` on the PS data plane (``psnet``); returns the endpoint the
+        workers connect to."""
+        from autosync.runtime.psnet import Server, node_address
+
+        if self._server is None:
+            self._server = Server(self._serve, node_address())
+        return self._server.endpoint
+
+    async def _serve(self, method: str, args: tuple):
+        self.stats_["data_plane_calls"] += 1
+        if method == "push":
+            return await self.push(*args)
+        if method == "pull":
+            return await self.pull(*args)
+        raise ValueError(f"{self.name}: the PS data plane serves push and pull, not {method!r}")
 
     async def push(self, source, step: int, grads: dict, weight: int = 1, kinds=None, chunk=None) -> None:
         """Receive gradient shards for ``step`` (all keys of this actor a source sends, at once).
@@ -161,7 +179,8 @@ class ParameterServerShard:
                     self._condition().notify_all()
 
     async def stats(self) -> dict:
-        """Calls received and time spent: ``pushes``, ``pulls``, ``apply_s`` (optimizer updates)
+        """Calls received and time spent: ``pushes``, ``pulls`` (``data_plane_calls`` of all calls
+        came over the PS data plane, ``psnet``; the others through Ray), ``apply_s`` (optimizer updates)
         ``wait_s`` (per step, from its first push to its last: how long the step waited for
         its slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
         chunk's first push to its last, how long that chunk's update waited), ``copies`` (variables

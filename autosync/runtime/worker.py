@@ -179,6 +179,8 @@ class TrainingWorker:
         for weight, value in self._fixed:
             weight.assign(value)
         self.batches = self.model_def.batches(worker_index, num_workers)
+        for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
+            old.close()
         self.channels = channels
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
         self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn())

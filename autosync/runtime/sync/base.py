@@ -63,6 +63,10 @@ class SyncChannel(abc.ABC):
     def finish(self) -> None:
         """Wait for outstanding work and surface its errors."""
 
+    def close(self) -> None:
+        """Release what the channel holds open (sockets); the worker calls it when the channel is
+        replaced by the next trial's."""
+
 
 def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):
     """The part of a full-variable gradient that belongs to shard ``[start, stop)`` along ``axis``:

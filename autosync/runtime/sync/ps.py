@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autosync.runtime.psnet import finished, gather
 from autosync.runtime.rows import align_rows, dedup_rows, index_dtype, payload_bytes
 from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
@@ -67,15 +68,20 @@ class PSChannel(SyncChannel):
         rows_by_reference: (synchronous PS) a push of a row-pulled sparse shard does not name its
             rows: they are the rows this worker pulled for the same step, which the actor keeps
             from that pull (``rows.align_rows``), so each step's row ids cross the network once.
+        links: per actor, its ZeroMQ ``psnet.Link`` (the PS data plane), or None where the actor's
+            calls go through Ray (``psnet``: locally replicated shards); None: Ray for all.
 
     Row ids travel in the narrowest integer dtype that numbers the shard's rows (``index_dtype``).
     """
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
                  squares: bool = True, aggregator=None, chunks: list | None = None,
-                 rows_by_reference: bool = False):
+                 rows_by_reference: bool = False, links: list | None = None):
         self.worker_index = worker_index
         self.actors = actors
+        self.links = list(links) if links is not None else [None] * len(actors)
+        if len(self.links) != len(actors):
+            raise ValueError(f"{len(self.links)} links for {len(actors)} PS actors")
         self.shapes = [tuple(s) for s in shapes]
         self.staleness = staleness
         self.squares = squares
@@ -131,14 +137,14 @@ class PSChannel(SyncChannel):
             if self.chunks[a] is not None:  # no aggregator: one pull per chunk, each served when ready
                 for c, keys in enumerate(self.chunks[a]):
                     sub = {k: shard_rows[k] for k in keys if k in shard_rows}
-                    refs.append(actor.pull.remote(min_version, sub or None, "all", c, asker))
+                    refs.append(self._call(a, "pull", min_version, sub or None, "all", c, asker))
                     wanted.append(local)
                 continue
             wanted.append(local)
             if not node:
-                refs.append(actor.pull.remote(min_version, shard_rows or None, "all", None, asker))
+                refs.append(self._call(a, "pull", min_version, shard_rows or None, "all", None, asker))
             elif any(not r.local_replication for r in plan.shards):
-                refs.append(actor.pull.remote(min_version, shard_rows or None, "direct", None, asker))
+                refs.append(self._call(a, "pull", min_version, shard_rows or None, "direct", None, asker))
             else:
                 refs.append(None)
         node_ref = None
@@ -154,7 +160,7 @@ class PSChannel(SyncChannel):
         import ray
 
         refs, wanted, node_ref = pending
-        replies = ray.get([r for r in refs if r is not None])
+        replies = gather([r for r in refs if r is not None])
         # earlier pushes are complete once their step's values are out; surface their errors
         self._check_pushes()
         shards: dict = {}
@@ -203,32 +209,41 @@ class PSChannel(SyncChannel):
                 self.bytes_sent += payload_bytes(payload)
                 for c, keys in enumerate(self.chunks[a]):
                     part = {k: payload[k] for k in keys if k in payload}
-                    self._pushes.append(actor.push.remote(self.worker_index, step, part, 1, None, c))
+                    self._pushes.append(self._call(a, "push", self.worker_index, step, part, 1, None, c))
                     self.calls += 1
             elif kinds != ():
                 self.bytes_sent += payload_bytes(payload)
-                self._pushes.append(actor.push.remote(self.worker_index, step, payload, 1, kinds))
+                self._pushes.append(self._call(a, "push", self.worker_index, step, payload, 1, kinds))
                 self.calls += 1
         if node_payloads:
             self.bytes_sent += payload_bytes(node_payloads)
             self._pushes.append(self.aggregator.push.remote(self.worker_index, step, node_payloads))
             self.calls += 1
 
-    def finish(self) -> None:
-        import ray
+    def _call(self, a: int, method: str, *args):
+        """One call to actor ``a``: over its data-plane link (a ``psnet.Pending``), else through
+        Ray (an ObjectRef); ``psnet.gather`` collects either."""
+        link = self.links[a]
+        if link is not None:
+            return link.call(method, *args)
+        return getattr(self.actors[a][0], method).remote(*args)
 
-        ray.get(self._pushes)
-        self._pushes = []
+    def finish(self) -> None:
+        pushes, self._pushes = self._pushes, []
+        gather(pushes)
+
+    def close(self) -> None:
+        for link in self.links:
+            if link is not None:
+                link.close()
 
     def _check_pushes(self) -> None:
-        import ray
-
         if self._pushes:
-            done, _ = ray.wait(self._pushes, num_returns=len(self._pushes), timeout=0)
+            done = finished(self._pushes)
             if done:
-                ray.get(done)  # raises the PS's error, if any
-                keep = set(done)
-                self._pushes = [r for r in self._pushes if r not in keep]
+                gather(done)  # raises the PS's error, if any
+                keep = {id(r) for r in done}
+                self._pushes = [r for r in self._pushes if id(r) not in keep]
 
     @staticmethod
     def _shard_grad(ref, g):

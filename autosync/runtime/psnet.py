@@ -1,0 +1,253 @@
+"""The parameter servers' data plane: pushes and pulls over ZeroMQ, Ray as the control plane.
+
+Ray places, starts, supervises and kills the PS actors; the bytes of a PS step ride one ZeroMQ
+connection per (worker, PS actor) pair instead: the actor serves a ROUTER socket from its own event
+loop, each worker talks to it through a DEALER socket. Measured on the testbed
+(``benchmarks/results/ps_transport.json``, 2 nodes at 200mbit): a push and a pull at once run at
+0.95 of the link each way over ZeroMQ against 0.47 through Ray's object store (and 0.48 over gloo
+point to point), and a request's round trip costs ~0.2 ms against ~1.4 ms for an actor call. This
+is the engine ps-lite (BytePS, MXNet's parameter server) moves its keys and values with.
+
+A message is ``[tag, pickle, *buffers]``: the call (method name and arguments) or its reply
+pickled with protocol 5, its arrays' bytes as frames of their own (sent without a copy; received
+arrays are read-only views of the frames). The tag matches a reply to its request, so a worker may
+have many calls to one actor in flight (pushes while it pulls) and collect each when it needs it.
+A reply is ``(True, result)`` or ``(False, error text)``; the worker raises the error where it
+collects the reply, as a Ray call raises in ``ray.get``.
+
+A worker waiting for a reply checks every ``LIVENESS_S`` seconds, through Ray, that the actor is
+alive: a killed PS surfaces as Ray's ``RayActorError`` naming it (the runtime reports that actor's
+death), not as a hang until the trial's deadline.
+
+``AUTOSYNC_PS_TRANSPORT=ray`` sends PS calls through Ray instead (today's measurements' baseline).
+Actors holding locally replicated shards keep Ray calls: their pull returns an object reference
+that the workers of a node share through its object store.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import threading
+import time
+
+TRANSPORT = "zmq"
+TRANSPORTS = ("zmq", "ray")
+LIVENESS_S = 2.0
+
+
+def transport() -> str:
+    """The PS transport in use: ``AUTOSYNC_PS_TRANSPORT`` if set, else ``TRANSPORT``."""
+    name = os.environ.get("AUTOSYNC_PS_TRANSPORT", TRANSPORT)
+    if name not in TRANSPORTS:
+        from strategy_space.errors import ConfigError
+
+        raise ConfigError(f"AUTOSYNC_PS_TRANSPORT={name!r} is not one of {', '.join(TRANSPORTS)}; unset it to use "
+                          f"{TRANSPORT}")
+    return name
+
+
+def encode(tag: int, obj) -> list:
+    """Frames of one message: the tag, the pickle, the out-of-band buffers."""
+    buffers: list = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return [tag.to_bytes(8, "little"), data, *(b.raw() for b in buffers)]
+
+
+def decode(frames: list) -> tuple[int, object]:
+    """``(tag, obj)`` of a message's frames (``zmq.Frame`` or bytes)."""
+    views = [f.buffer if hasattr(f, "buffer") else memoryview(f) for f in frames]
+    return int.from_bytes(views[0], "little"), pickle.loads(views[1], buffers=views[2:])
+
+
+def node_address() -> str:
+    """The IP address of this process's Ray node (where a PS actor binds its socket)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+class Server:
+    """A PS actor's end: a ROUTER socket served on the actor's event loop.
+
+    ``handler(method, args)`` is awaited for each request (concurrently: a pull that waits for a
+    version does not hold up the pushes that will produce it).
+    """
+
+    def __init__(self, handler, address: str):
+        import asyncio
+
+        import zmq
+        import zmq.asyncio
+
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        for opt in (zmq.SNDHWM, zmq.RCVHWM):
+            self._sock.setsockopt(opt, 0)   # never drop or stall a reply: the PS step bounds what is in flight
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port(f"tcp://{address}")
+        self.endpoint = f"tcp://{address}:{port}"
+        self._handler = handler
+        self._tasks: set = set()
+        self._loop_task = asyncio.ensure_future(self._serve())
+
+    async def _serve(self) -> None:
+        import asyncio
+
+        while True:
+            frames = await self._sock.recv_multipart(copy=False)
+            task = asyncio.ensure_future(self._answer(frames[0].bytes, frames[1:]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        """Stop serving and close the socket (the actor's death does the same)."""
+        self._loop_task.cancel()
+        self._sock.close(0)
+        self._ctx.term()
+
+    async def _answer(self, ident: bytes, frames: list) -> None:
+        tag = 0
+        try:
+            tag, (method, args) = decode(frames)
+            reply = (True, await self._handler(method, args))
+        except Exception as e:  # noqa: BLE001 - the worker raises it where it collects the reply
+            reply = (False, str(e) if type(e) is RuntimeError else f"{type(e).__name__}: {e}")
+        await self._sock.send_multipart([ident, *encode(tag, reply)], copy=False)
+
+
+class Link:
+    """A worker's end of one PS actor's connection (pickled to the worker by endpoint; the socket
+    opens there on first use).
+
+    Args:
+        endpoint: the actor's ``Server.endpoint``.
+        actor: the actor's Ray handle (to check it is alive while waiting).
+    """
+
+    def __init__(self, endpoint: str, actor):
+        self.endpoint = endpoint
+        self.actor = actor
+        self._sock = None
+        self._lock = threading.Lock()
+        self._tags = itertools.count(1)
+        self._replies: dict[int, tuple] = {}
+        self._probe = None
+
+    def __getstate__(self):
+        return {"endpoint": self.endpoint, "actor": self.actor}
+
+    def __setstate__(self, state):
+        self.__init__(state["endpoint"], state["actor"])
+
+    def _socket(self):
+        if self._sock is None:
+            import zmq
+
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            for opt in (zmq.SNDHWM, zmq.RCVHWM):
+                sock.setsockopt(opt, 0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def call(self, method: str, *args) -> "Pending":
+        """Send a request without waiting; collect its reply with ``wait`` (or ``gather``)."""
+        with self._lock:
+            tag = next(self._tags)
+            self._socket().send_multipart(encode(tag, (method, args)), copy=False)
+        return Pending(self, tag)
+
+    def done(self, tag: int) -> bool:
+        """Whether the reply of ``tag`` is in (reads what has arrived, never waits)."""
+        import zmq
+
+        with self._lock:
+            self._drain(zmq.NOBLOCK)
+            return tag in self._replies
+
+    def wait(self, tag: int):
+        """The result of request ``tag`` (raises its error, or the actor's death)."""
+        import zmq
+
+        quiet_since = time.monotonic()
+        while True:
+            with self._lock:
+                if tag in self._replies:
+                    ok, value = self._replies.pop(tag)
+                    if not ok:
+                        raise RuntimeError(value)
+                    return value
+                if self._socket().poll(100, zmq.POLLIN):
+                    self._drain(zmq.NOBLOCK)
+                    quiet_since = time.monotonic()
+                    continue
+            if time.monotonic() - quiet_since > LIVENESS_S:
+                self._check_alive()
+                quiet_since = time.monotonic()
+
+    def _drain(self, flags) -> None:
+        import zmq
+
+        while True:
+            try:
+                frames = self._socket().recv_multipart(flags, copy=False)
+            except zmq.Again:
+                return
+            tag, reply = decode(frames)
+            self._replies[tag] = reply
+
+    def _check_alive(self) -> None:
+        """Raise Ray's actor error if the actor died (one ``ready`` probe in flight at a time)."""
+        import ray
+
+        if self._probe is None:
+            self._probe = self.actor.ready.remote()
+            return
+        done, _ = ray.wait([self._probe], timeout=0)
+        if done:
+            probe, self._probe = self._probe, None
+            ray.get(probe)   # raises RayActorError when the actor is dead
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
+            self._replies.clear()
+
+
+class Pending:
+    """One request in flight on a ``Link``."""
+
+    __slots__ = ("link", "tag")
+
+    def __init__(self, link: Link, tag: int):
+        self.link, self.tag = link, tag
+
+    def done(self) -> bool:
+        return self.link.done(self.tag)
+
+    def result(self):
+        return self.link.wait(self.tag)
+
+
+def gather(items: list) -> list:
+    """Results of a list of ``Pending`` requests and Ray object refs, in order."""
+    refs = [x for x in items if not isinstance(x, Pending)]
+    got = iter(_ray().get(refs) if refs else [])
+    return [x.result() if isinstance(x, Pending) else next(got) for x in items]
+
+
+def finished(items: list) -> list:
+    """Those of ``items`` (``Pending`` or Ray refs) already complete, never waiting."""
+    refs = [x for x in items if not isinstance(x, Pending)]
+    done = set(_ray().wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+    return [x for x in items if (x.done() if isinstance(x, Pending) else x in done)]
+
+
+def _ray():
+    import ray
+
+    return ray
