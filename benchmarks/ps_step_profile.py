@@ -1,0 +1,182 @@
+"""Where a parameter-server step's time goes, on Ray calls and on the ZeroMQ data plane, against
+the step's analytic lower bound, on the emulated testbed (2 nodes at 200mbit by default).
+
+For each model, in one run on one warm worker pool, alternating for ``--rounds`` rounds so drift
+hits every contender alike: ``all_reduce`` and each PS builder (``--builders``, default parallax,
+ps_lb and partitioned_ps), the PS ones once with ``AUTOSYNC_PS_TRANSPORT=ray`` (every push and pull
+an actor call through Ray's object store) and once on the default data plane (``psnet``). Per
+trial it records the median step time and its phases as the workers see them (``compute``: the
+forward and backward pass; ``sync``: everything else of the step, i.e. serializing, sending,
+waiting for the other workers' pushes, the PS's apply, the reply and deserializing), what the PS
+actors spent (``apply_s`` per step: the optimizer update; ``wait_s`` per step: between a step's
+first and last push, i.e. waiting for the slowest sender), calls and bytes per step and worker, and
+the analytic lower bound (compute plus the least time the busiest NIC needs for the step's bytes).
+
+    sudo flock /tmp/autosync-testbed.lock python benchmarks/ps_step_profile.py --models ncf dlrm
+    sudo flock /tmp/autosync-testbed.lock python benchmarks/ps_step_profile.py --models configs/models/lm1b_full.yaml \\
+        --compute emulated --step-time 0.1
+
+Writes ``--name``.json (default ``ps_step_profile``) with the commit and start time of the run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+BUILDERS = ("parallax", "ps_lb", "partitioned_ps")
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--inside", action="store_true", help="measure only (inside host0 of an existing testbed)")
+    p.add_argument("--models", nargs="+", default=["ncf", "dlrm"], metavar="NAME",
+                   help="zoo models, or model-spec YAML files with --compute emulated (default ncf dlrm)")
+    p.add_argument("--builders", nargs="+", default=list(BUILDERS), metavar="NAME", help="PS builders to profile")
+    p.add_argument("--compute", choices=("real", "emulated"), default="real")
+    p.add_argument("--step-time", type=float, default=None, metavar="S", help="emulated compute seconds per step")
+    p.add_argument("--rounds", type=int, default=2, help="alternations of every contender (default 2)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
+    p.add_argument("--nodes", type=int, default=2, help="testbed nodes (default 2)")
+    p.add_argument("--bandwidth", default="200mbit", help="testbed link rate (default 200mbit)")
+    p.add_argument("--name", default="ps_step_profile", help="result file name without .json")
+    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
+    return p.parse_args(argv)
+
+
+def _trial(runner, strategy, label: str, transport: str | None, warmup: int) -> dict:
+    if transport is None:
+        os.environ.pop("AUTOSYNC_PS_TRANSPORT", None)
+    else:
+        os.environ["AUTOSYNC_PS_TRANSPORT"] = transport
+    try:
+        trial = runner.run_one(strategy, label)
+    finally:
+        os.environ.pop("AUTOSYNC_PS_TRANSPORT", None)
+    # the PS's counters run over the whole trial: warm-up and timed steps
+    steps = max(1, warmup + len(trial.step_times))
+    stats = trial.meta.get("ps_stats") or {}
+    per_step = {name: {"apply_s": s.get("apply_s", 0.0) / steps, "wait_s": s.get("wait_s", 0.0) / steps, "data_plane_calls": s.get("data_plane_calls", 0),
+                       "pushes": s.get("pushes", 0), "pulls": s.get("pulls", 0)} for name, s in stats.items()}
+    return {"status": trial.status, "error": trial.error or None, "median_s": trial.median if trial.ok else None,
+            "median_ci95_s": list(trial.median_ci) if trial.ok and trial.median_ci else None,
+            "step_times_s": [round(t, 5) for t in trial.step_times], "breakdown_s": trial.breakdown or None,
+            "calls_per_step_per_worker": trial.meta.get("ray_calls_per_step_per_worker"),
+            "bytes_per_step_per_worker": trial.meta.get("bytes_per_step_per_worker"), "ps": per_step}
+
+
+def measure_model(name: str, cluster, args) -> dict:
+    from tune_vs_baselines import lower_bound, source_of
+
+    from autosync.api import make_runner
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from strategy_space.builders import get_builder
+
+    pool = WorkerPool(ClusterBinding.bind(cluster))
+    runner = make_runner(source_of(name), cluster, compute=args.compute, step_time_s=args.step_time,
+                         profile=args.compute == "real", warmup=args.warmup, steps=args.steps,
+                         trial_timeout_s=600, pool=pool)
+    out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
+    try:
+        model = runner.model
+        strategies = {"all_reduce": get_builder("all_reduce").build(model, cluster)}
+        strategies.update({b: get_builder(b).build(model, cluster) for b in args.builders})
+        for key, s in strategies.items():
+            out["lower_bound"][key] = lower_bound(model, cluster, s)
+        plan = []
+        for _ in range(args.rounds):
+            plan.append(("all_reduce", None))
+            plan += [(b, t) for b in args.builders for t in ("ray", None)]
+        for builder, transport in plan:
+            label = builder if builder == "all_reduce" else f"{builder}@{transport or 'default'}"
+            rec = {"label": label, "builder": builder, **_trial(runner, strategies[builder], label, transport, args.warmup)}
+            out["trials"].append(rec)
+            med = f"{rec['median_s'] * 1e3:.0f} ms" if rec["median_s"] else rec["error"]
+            bd = {k: round(v * 1e3, 1) for k, v in (rec["breakdown_s"] or {}).items()}
+            ps = {k: (round(v["apply_s"] * 1e3, 1), round(v["wait_s"] * 1e3, 1)) for k, v in rec["ps"].items()}
+            print(f"  {label}: {med}, phases ms {bd}, calls/step {rec['calls_per_step_per_worker']}, "
+                  f"PS (apply, wait) ms/step {ps}", flush=True)
+    finally:
+        pool.kill_all()
+    summary = {}
+    for label in sorted({t["label"] for t in out["trials"]}):
+        meds = [t["median_s"] for t in out["trials"] if t["label"] == label and t["median_s"]]
+        if not meds:
+            summary[label] = {"median_s": None}
+            continue
+        builder = label.split("@")[0]
+        lb = out["lower_bound"][builder]["serial_s"]
+        summary[label] = {"median_s": statistics.median(meds), "repeat_medians_s": meds,
+                          "vs_lower_bound": statistics.median(meds) / lb if lb else None}
+    for b in args.builders:
+        ray_s = summary.get(f"{b}@ray", {}).get("median_s")
+        new_s = summary.get(f"{b}@default", {}).get("median_s")
+        if ray_s and new_s:
+            summary[f"{b}@default"]["speedup_vs_ray"] = ray_s / new_s
+        ar = summary.get("all_reduce", {}).get("median_s")
+        if ar and new_s:
+            summary[f"{b}@default"]["over_all_reduce"] = new_s / ar
+    out["summary"] = summary
+    for label, s in summary.items():
+        if s.get("median_s"):
+            extra = ", ".join(f"{k} {v:.2f}" for k, v in s.items() if k in ("vs_lower_bound", "speedup_vs_ray",
+                                                                            "over_all_reduce") and v)
+            print(f"  {label}: {s['median_s'] * 1e3:.0f} ms ({extra})", flush=True)
+    return out
+
+
+def inside(args) -> int:
+    import ray
+
+    from _testbed import git_commit, write_json
+    from autosync.runtime.psnet import TRANSPORT
+    from autosync.sources import load_cluster
+    from autosync.testbed import format_rate
+
+    if not os.environ.get("RAY_ADDRESS"):
+        print("ps_step_profile --inside runs inside the testbed's host0 (`autosync testbed exec`)", file=sys.stderr)
+        return 2
+    cluster = load_cluster("testbed")
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+    started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(REPO)
+    results = {"meta": {"nodes": len(cluster.nodes), "commit": commit, "run_started": started,
+                        "bandwidth": format_rate(round(cluster.nodes[0].bandwidth_gbps * 1e9)),
+                        "compute": args.compute, "step_time_s": args.step_time, "default_transport": TRANSPORT,
+                        "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+                        "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", "")}, "models": {}}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, args.name + ".json")
+    for name in args.models:
+        print(f"{name}:", flush=True)
+        results["models"][name] = {"run_started": started, "commit": commit, **measure_model(name, cluster, args)}
+        write_json(path, results)
+    ray.shutdown()
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _args(argv)
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
+        print("ps_step_profile: --rounds and --steps must be >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    if args.inside:
+        return inside(args)
+    from _testbed import run_in_testbed
+
+    return run_in_testbed(__file__, argv, nodes=args.nodes, bandwidth=args.bandwidth, name="ps_step_profile",
+                          outer_flags={"--nodes", "--bandwidth", "--out"}, extra=["--out", os.path.abspath(args.out)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
