@@ -16,12 +16,12 @@ FILES = sorted(f for f in os.listdir(RESULTS) if f.endswith(".json"))
 
 def _entries(data) -> tuple[dict, bool]:
     """The per-entry records of a result file and whether each entry is a run of its own:
-    ``models`` or ``entries`` (one entry per model or measured configuration, normally of one
+    ``models``, ``entries`` or ``transports`` (one entry per model or measured configuration, normally of one
     run), ``runs`` (one entry per run, e.g. per testbed shape), a list of rows (each recording its
     run); a file of none of these kinds is one run as a whole."""
     if isinstance(data, list):
         return {f"row {i}": row for i, row in enumerate(data)}, True
-    for key in ("models", "entries"):
+    for key in ("models", "entries", "transports"):
         if isinstance(data.get(key), dict):
             return data[key], False
     if isinstance(data.get("runs"), dict):

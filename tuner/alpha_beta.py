@@ -7,7 +7,7 @@ trials without recomputing any per-variable array (see ``tuner.cost_model``).
 Step model::
 
     T_net   = wire_s / efficiency                       # busiest NIC (in or out) or intra-node bus
-            + alpha_call * ps_latency_rounds            # a worker's push and pull round trips
+            + alpha_ps * ps_latency_rounds              # a worker's push and pull round trips
             + alpha_step * ring_steps                   # steps of the collectives (ring or hierarchical)
             + alpha_call * ring_steps_objectstore       # ... a Ray call per step on the object-store backend
             + ar_curve_s                                # calibrated clusters: the collectives on the
@@ -46,7 +46,10 @@ class AlphaBeta:
     """Parameters of the step formula (module doc): physical constants, not fitted to any benchmark.
 
     Attributes:
-        alpha_call_s: one Ray actor call round trip (~0.7 ms measured on this project's machines).
+        alpha_call_s: one Ray actor call round trip (~0.7-1.0 ms measured on this project's
+            machines; the object-store collective backend makes one per ring step).
+        alpha_ps_s: one request's round trip on the parameter servers' data plane (ZeroMQ, 0.2 ms
+            between two testbed nodes: ``benchmarks/results/ps_transport.json``).
         alpha_step_s: one step of a ring collective on a real collective backend (~0.1 ms: a TCP
             round trip plus a kernel launch).
         efficiency: fraction of the nominal NIC bandwidth achieved (961/1000 Mbit/s measured, lower
@@ -64,6 +67,7 @@ class AlphaBeta:
     cpu_rate_bps: float = 2.5e9
     alpha_server_s: float = 0.2e-3
     compute_scale: float = 1.0
+    alpha_ps_s: float = 0.2e-3
 
     def __post_init__(self):
         bad = {k: v for k, v in asdict(self).items() if not (np.isfinite(v) and v > 0)}
@@ -81,7 +85,7 @@ class AlphaBeta:
 def net_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:
     """``T_net`` of the module doc, per strategy (seconds)."""
     return (terms["wire_s"] / p.efficiency
-            + p.alpha_call_s * (terms["ps_latency_rounds"] + terms["ring_steps_objectstore"])
+            + p.alpha_ps_s * terms["ps_latency_rounds"] + p.alpha_call_s * terms["ring_steps_objectstore"]
             + p.alpha_step_s * terms["ring_steps"]
             + terms["ar_curve_s"])
 
