@@ -1,6 +1,7 @@
 """Measure a cluster's communication costs (``autosync calibrate``): the collective backend's
 all-reduce time per message size over every worker slot, and a parameter server's push + pull
-round trip per size, stored as the ClusterSpec's ``calibration`` section.
+round trip per size (over the PS data plane, ``psnet``), stored as the ClusterSpec's
+``calibration`` section.
 
 One Ray actor per worker slot, pinned to its node as training workers are; all-reduces of
 float32 buffers from ``SIZES`` (4 KiB to 64 MiB), each timed on rank 0 after a barrier (a tiny
@@ -53,17 +54,27 @@ class _CollectiveProbe:
             times.append(time.perf_counter() - t)
         return times
 
-    def round_trips(self, server, nbytes: int, reps: int) -> list[float]:
+    def round_trips(self, server, endpoint: str | None, nbytes: int, reps: int) -> list[float]:
+        """Push and pull of ``nbytes`` as the PS path moves them: over the data plane's link to
+        ``endpoint`` (``psnet``), or as a Ray call when there is none (``AUTOSYNC_PS_TRANSPORT=ray``)."""
         import ray
 
+        from autosync.runtime.psnet import Link
+
         buf = np.ones(nbytes // 4, dtype=np.float32)
-        ray.get(server.echo.remote(buf))   # warm-up
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            ray.get(server.echo.remote(buf))
-            times.append(time.perf_counter() - t)
-        return times
+        link = Link(endpoint, server) if endpoint else None
+        echo = (lambda: link.call("echo", buf).result()) if link else (lambda: ray.get(server.echo.remote(buf)))
+        try:
+            echo()   # warm-up
+            times = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                echo()
+                times.append(time.perf_counter() - t)
+            return times
+        finally:
+            if link is not None:
+                link.close()
 
     def close(self) -> None:
         if self.backend is not None:
@@ -71,10 +82,26 @@ class _CollectiveProbe:
 
 
 class _EchoServer:
-    """A parameter server's answer reduced to its bytes: the pushed buffer comes back."""
+    """A parameter server's answer reduced to its bytes: the pushed buffer comes back, through
+    the PS data plane (``listen``) or a Ray call (``echo``), as the PS path runs."""
 
-    def echo(self, buf: np.ndarray) -> np.ndarray:
+    def __init__(self):
+        self._server = None
+
+    async def echo(self, buf: np.ndarray) -> np.ndarray:
         return buf
+
+    async def ready(self) -> bool:
+        return True
+
+    async def listen(self) -> str:
+        from autosync.runtime.psnet import Server, node_address
+
+        async def answer(method, args):
+            return args[0]
+
+        self._server = Server(answer, node_address())
+        return self._server.endpoint
 
 
 def calibrate(cluster: ClusterSpec, *, sizes=SIZES, reps: int = 5, backend: str = "auto",
@@ -103,6 +130,7 @@ def calibrate(cluster: ClusterSpec, *, sizes=SIZES, reps: int = 5, backend: str 
                           f"two: give a node workers: 2 or more, or add a node")
     import ray
 
+    from autosync.runtime import psnet
     from autosync.runtime.sync.backends import resolve_backend
     from autosync.runtime.binding import ClusterBinding
 
@@ -125,8 +153,9 @@ def calibrate(cluster: ClusterSpec, *, sizes=SIZES, reps: int = 5, backend: str 
             allreduce.append((n, statistics.median(per_rank[0])))
         server_node = cluster.nodes[-1].name
         server = ray.remote(_EchoServer).options(**binding.actor_options(server_node)).remote()
+        endpoint = ray.get(server.listen.remote(), timeout=timeout_s) if psnet.transport() == "zmq" else None
         client = probes[0]
-        ps = [(n, statistics.median(ray.get(client.round_trips.remote(server, n, reps), timeout=timeout_s)))
+        ps = [(n, statistics.median(ray.get(client.round_trips.remote(server, endpoint, n, reps), timeout=timeout_s)))
               for n in sizes]
         ray.kill(server)
         ray.get([p.close.remote() for p in probes], timeout=timeout_s)

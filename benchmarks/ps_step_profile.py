@@ -81,10 +81,12 @@ def measure_model(name: str, cluster, args) -> dict:
     from autosync.runtime.engine import WorkerPool
     from strategy_space.builders import get_builder
 
-    pool = WorkerPool(ClusterBinding.bind(cluster))
+    # emulated compute runs on the cluster as the runner marks it: its pool is the runner's own
+    pool = WorkerPool(ClusterBinding.bind(cluster)) if args.compute == "real" else None
     runner = make_runner(source_of(name), cluster, compute=args.compute, step_time_s=args.step_time,
                          profile=args.compute == "real", warmup=args.warmup, steps=args.steps,
-                         trial_timeout_s=600, pool=pool)
+                         trial_timeout_s=900, pool=pool)
+    pool = runner.pool
     out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
     try:
         model = runner.model
