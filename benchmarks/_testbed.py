@@ -61,3 +61,35 @@ def run_in_testbed(script: str, argv: Sequence[str], *, nodes: int, bandwidth: s
     except ConfigError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
+
+
+def measure_models(name: str, repo: str, out_dir: str, json_name: str, models, measure, meta: dict) -> int:
+    """The ``--inside`` half of a per-model benchmark: join the testbed's Ray, run
+    ``measure(model, cluster)`` for each model and write ``{"meta": ..., "models": ...}`` to
+    ``out_dir/json_name`` after each one (every entry and the meta with the run's commit and start
+    time); the exit code."""
+    import time
+
+    import ray
+
+    from autosync.sources import load_cluster
+    from autosync.testbed import format_rate
+
+    if not os.environ.get("RAY_ADDRESS"):
+        print(f"{name} --inside runs inside the testbed's host0 (`autosync testbed exec`)", file=sys.stderr)
+        return 2
+    cluster = load_cluster("testbed")
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+    started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(repo)
+    results = {"meta": {"nodes": len(cluster.nodes), "commit": commit, "run_started": started,
+                        "bandwidth": format_rate(round(cluster.nodes[0].bandwidth_gbps * 1e9)),
+                        "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""), **meta}, "models": {}}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, json_name)
+    for model in models:
+        print(f"{model}:", flush=True)
+        results["models"][model] = {"run_started": started, "commit": commit, **measure(model, cluster)}
+        write_json(path, results)
+    ray.shutdown()
+    print(f"wrote {path}")
+    return 0

@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -101,30 +100,11 @@ def measure_model(name: str, cluster, args) -> dict:
 
 
 def inside(args) -> int:
-    import ray
+    from _testbed import measure_models
 
-    from _testbed import git_commit, write_json
-    from autosync.sources import load_cluster
-    from autosync.testbed import format_rate
-
-    if not os.environ.get("RAY_ADDRESS"):
-        print("ps_overlap --inside runs inside the testbed's host0 (`autosync testbed exec`)", file=sys.stderr)
-        return 2
-    cluster = load_cluster("testbed")
-    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
-    started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(REPO)
-    results = {"meta": {"nodes": len(cluster.nodes), "commit": commit, "started": started,
-                        "bandwidth": format_rate(round(cluster.nodes[0].bandwidth_gbps * 1e9)),
-                        "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}, "models": {}}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, JSON_NAME)
-    for name in args.models:
-        print(f"{name}:", flush=True)
-        results["models"][name] = {"run_started": started, "commit": commit, **measure_model(name, cluster, args)}
-        write_json(path, results)
-    ray.shutdown()
-    print(f"wrote {path}")
-    return 0
+    meta = {"warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}
+    return measure_models("ps_overlap", REPO, args.out, JSON_NAME, args.models,
+                          lambda name, cluster: measure_model(name, cluster, args), meta)
 
 
 def main(argv=None) -> int:
