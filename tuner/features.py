@@ -319,7 +319,10 @@ def assemble(t: FeatureTables, p: AlphaBeta, a: FeatureSums) -> np.ndarray:
     f[C["ps_nodes_used"]] = used
     f[C["ps_messages"]] = 2 * W * used
     f[C["server_bytes_max"]] = push_max
-    f[C["ps_latency_rounds"]] = 2 * any_ps      # a worker's push and pull round trips, every PS node at once
+    # a worker's push and pull round trips, every PS node at once; on a calibrated cluster each
+    # counts as its measured round trip, in units of the default one (``AlphaBeta.alpha_ps_s``)
+    rtt = 1.0 if t.ps_round_trip_s is None else t.ps_round_trip_s / DEFAULT_PARAMS.alpha_ps_s
+    f[C["ps_latency_rounds"]] = 2 * any_ps * rtt
     f[C["lr_saved_bytes"]] = 2 * H1tot * (W - Nw)
     # ---- CPU work on each node (Ray serialization, sums, optimizer updates, casts, CPU collectives) --
     hosts = P > _EMPTY_BYTES
