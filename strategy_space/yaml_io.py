@@ -84,7 +84,7 @@ def read_text(path: str | os.PathLike) -> str:
     try:
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise ConfigError(f"{p} is {size / 2**20:.0f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB a "
+            raise ConfigError(f"{p} is {size / 2**20:.1f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB a "
                               f"strategy, spec or constraints file may have; is it the right file?")
         return p.read_text()
     except (OSError, UnicodeDecodeError) as e:
