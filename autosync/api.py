@@ -235,6 +235,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
     own_runner = runner is None
     if runner is None:
+        from autosync.runtime.runner import check_node_capacity
+
+        check_node_capacity(cluster_spec)
         # trials are recorded against the profiled spec (real compute) or the emulated one, on
         # the cluster as the runner runs it (emulated compute marks it)
         runner = make_runner(model, cluster_spec, compute=compute, profile=True, step_time_s=step_time_s,

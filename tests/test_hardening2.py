@@ -41,6 +41,21 @@ def specs(tmp_path):
     return tmp_path
 
 
+# -- item 1: run/baselines --compute emulated hand the runner (ModelDef, ModelSpec, ClusterSpec) --
+
+def test_item1_emulated_prepare_returns_model_def_spec_and_cluster_in_order(specs):
+    from autosync.cli.runtime import _prepare
+    from strategy_space import ClusterSpec, ModelSpec
+
+    args = argparse.Namespace(model=str(specs / "model.yaml"), cluster=str(specs / "cluster.yaml"), steps=3,
+                              warmup=1, timeout=60.0, precision=0.03, max_steps=10, compute="emulated",
+                              step_time=0.01, optimizer="sgd")
+    model_def, spec, cluster = _prepare(args)
+    assert isinstance(spec, ModelSpec) and spec.name == "tiny"
+    assert isinstance(cluster, ClusterSpec) and cluster.compute == "emulated"
+    assert model_def.spec == spec
+
+
 # -- item 3: memory of a YAML file bounded by a stated multiple of its size --
 
 _MEASURE = """
@@ -95,3 +110,78 @@ def test_item3_a_list_of_a_million_bad_items_stops_after_its_first_problems():
         loads("kind: strategy\nvariables: [" + "1, " * 300_000 + "1]\n")
     assert len(info.value.problems) == MAX_PROBLEMS_KEPT + 1
     assert "stopped reading at item 200 of 300001" in info.value.problems[-1]
+
+
+# -- item 4: integers past int32 --
+
+@pytest.mark.parametrize("group", ["1e12", "1000000000000", "2147483648"])
+@pytest.mark.parametrize("command", ["validate", "simulate"])
+def test_item4_a_huge_group_is_refused_by_validate_and_simulate(specs, capsys, command, group):
+    """Before: ``group: 1e12`` passed validate and crashed simulate (int32 features)."""
+    from strategy_space import dumps
+
+    text = dumps(get_builder("all_reduce").build(tiny_model(), three_node_cluster()))
+    path = specs / "big.yaml"
+    path.write_text(text.replace("group: 0}", f"group: {group}}}", 1))
+    argv = ([command, str(path)] if command == "validate" else [command, "--strategy", str(path)]) + [
+        "--model", str(specs / "model.yaml"), "--cluster", str(specs / "cluster.yaml")]
+    assert main(argv) == 2
+    assert "all_reduce.group" in _one_error(capsys, command)
+
+
+@pytest.mark.parametrize("rule, match", [("{match: '.*', group: 2147483648}", r"group must be from 0 to 1048575"),
+                                         ("{match: '.*', compressor: 'powersgd(2147483648)'}", r"rank from 1 to 1024"),
+                                         ("{match: '.*', shards: 4294967296}", r"shards must be from 1 to 65536")])
+def test_item4_a_huge_integer_in_a_constraints_file_is_refused_on_load(tmp_path, rule, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"kind: constraints\nvariables:\n- {rule}\n")
+    with pytest.raises(ConfigError, match=match):
+        load_constraints(str(path))
+
+
+def test_item4_powersgd_rank_99999_is_refused():
+    from strategy_space.compressor import Compressor
+
+    with pytest.raises(ConfigError, match=r"needs a rank from 1 to 1024"):
+        Compressor.parse("powersgd(99999)")
+    with pytest.raises(ConfigError, match=r"needs a rank from 1 to 1024"):
+        Compressor.parse("powersgd_ef(" + "9" * 5000 + ")")
+    assert Compressor.parse("powersgd(1024)").rank == 1024
+
+
+# -- item 10: cluster numbers: YAML 1.2 exponents, inf, more workers than a node can run --
+
+def _cluster(tmp_path, node: str) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"kind: cluster\nversion: 1\nname: c\nnodes:\n- {{name: n0, address: 127.0.0.1, {node}}}\n")
+    return str(path)
+
+
+def test_item10_an_exponent_without_a_dot_is_a_number(tmp_path):
+    cluster = load(_cluster(tmp_path, "cpus: 2, bandwidth_gbps: 1e1"), "cluster")
+    assert cluster.nodes[0].bandwidth_gbps == 10.0
+    cluster = load(_cluster(tmp_path, "cpus: 2, bandwidth_gbps: 25E-1"), "cluster")
+    assert cluster.nodes[0].bandwidth_gbps == 2.5
+
+
+@pytest.mark.parametrize("node, match", [("cpus: 2, bandwidth_gbps: .inf", "bandwidth_gbps must be a number > 0"),
+                                         ("cpus: 2, bandwidth_gbps: .nan", "bandwidth_gbps must be a number > 0"),
+                                         ("cpus: 2, workers: 100000", "workers must be an integer from 0 to 1024"),
+                                         ("cpus: 4294967296", "cpus must be an integer from 1 to 65536")])
+def test_item10_inf_bandwidth_and_absurd_counts_are_refused(tmp_path, node, match):
+    with pytest.raises(ConfigError, match=match):
+        load(_cluster(tmp_path, node), "cluster")
+
+
+@pytest.mark.parametrize("command", ["run", "baselines", "tune"])
+def test_item10_more_workers_than_a_node_can_run_is_refused_before_ray(specs, capsys, command):
+    cluster = _cluster(specs, "cpus: 2, workers: 1000")
+    argv = [command, "--model", str(specs / "model.yaml"), "--cluster", cluster, "--compute", "emulated",
+            "--step-time", "0.01"]
+    argv += {"run": ["--strategy", str(specs / "strategy.yaml")], "baselines": [],
+             "tune": ["--store", str(specs / "t.db"), "--out", str(specs / "best.yaml"), "--warm-start", "none"]}[command]
+    before = _files(specs)
+    assert main(argv) == 2
+    err = _one_error(capsys, command)
+    assert "more workers than they can run" in err and "n0 (1000 workers, 2 CPUs" in err
+    assert _files(specs) == before

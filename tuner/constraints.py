@@ -30,7 +30,7 @@ from strategy_space.errors import ConfigError, Problems
 from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
 from strategy_space.space import StrategySpace
 from strategy_space.compressor import Compressor
-from strategy_space.strategy import BACKENDS
+from strategy_space.strategy import BACKENDS, MAX_GROUP, MAX_SHARDS, MAX_STALENESS
 from strategy_space.yaml_io import parse_text, read_text
 
 _SYNC = {"ps": KIND_PS, "all_reduce": KIND_AR}
@@ -64,8 +64,8 @@ class Rule:
                   f"together; a variable is one or the other")
         if self.sync == "ps" and ar_opts or self.sync == "all_reduce" and ps_opts:
             p.add(f"{where}: sync {self.sync} conflicts with {', '.join(ar_opts or ps_opts)}")
-        if self.shards is not None and self.shards < 1:
-            p.add(f"{where}: shards must be >= 1, got {self.shards}")
+        if self.shards is not None and not 1 <= self.shards <= MAX_SHARDS:
+            p.add(f"{where}: shards must be from 1 to {MAX_SHARDS}, got {short_repr(self.shards)}")
         if self.compressor is not None:
             try:
                 Compressor.parse(self.compressor)
@@ -73,8 +73,8 @@ class Rule:
                 p.items.extend(f"{where}: {x}" for x in e.problems)
         if self.backend is not None and self.backend not in BACKENDS:
             p.add(f"{where}: backend {short_repr(self.backend)} is not one of {', '.join(BACKENDS)}")
-        if self.group is not None and self.group < 0:
-            p.add(f"{where}: group must be >= 0, got {self.group}")
+        if self.group is not None and not 0 <= self.group <= MAX_GROUP:
+            p.add(f"{where}: group must be from 0 to {MAX_GROUP}, got {short_repr(self.group)}")
         p.raise_if_any()
 
     @property
@@ -122,8 +122,8 @@ class Constraints:
         if problems:
             raise ConfigError(problems)
         staleness = get_typed(data, "staleness", (int, type(None)), "constraints", None)
-        if staleness is not None and staleness < 0:
-            raise ConfigError(f"constraints.staleness must be >= 0, got {staleness}")
+        if staleness is not None and not 0 <= staleness <= MAX_STALENESS:
+            raise ConfigError(f"constraints.staleness must be from 0 to {MAX_STALENESS}, got {short_repr(staleness)}")
         return cls(tuple(rules), staleness)
 
     def to_dict(self) -> dict:

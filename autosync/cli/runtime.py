@@ -67,7 +67,7 @@ def _prepare(args):
     optimizer checked, its ModelSpec built here; with emulated compute the synthetic model) and
     the cluster. Returns (ModelDef, ModelSpec, ClusterSpec) as the runner will use them."""
     from autosync.runtime.optimizers import check_model_optimizer
-    from autosync.runtime.runner import check_real_compute, emulated_setup
+    from autosync.runtime.runner import check_node_capacity, check_real_compute, emulated_setup
     from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
 
     if args.steps < 1 or args.warmup < 0:
@@ -76,9 +76,11 @@ def _prepare(args):
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     precision_settings(args)
     cluster = load_cluster(args.cluster)
+    check_node_capacity(cluster)
     if args.compute == "emulated":
-        return emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None, args.step_time,
-                              args.optimizer)
+        model_def, cluster, spec = emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None,
+                                                  args.step_time, args.optimizer)
+        return model_def, spec, cluster
     check_real_compute(args.compute, cluster, args.step_time)
     model_def = load_model_def(args.model)
     check_model_optimizer(model_def)
