@@ -185,3 +185,55 @@ def test_item10_more_workers_than_a_node_can_run_is_refused_before_ray(specs, ca
     err = _one_error(capsys, command)
     assert "more workers than they can run" in err and "n0 (1000 workers, 2 CPUs" in err
     assert _files(specs) == before
+
+
+# -- item 2: output paths checked before the work --
+
+def _bad_outputs(root):
+    """(path, why) pairs no file or folder can be written at, as root too (access bits do not
+    stop root): an existing folder where a file goes, a path under a regular file."""
+    (root / "a_file").write_text("x")
+    (root / "a_dir").mkdir()
+    return {"file": [(root / "a_dir", "is a folder"), (root / "a_file" / "x.yaml", "is a file, not a folder")],
+            "dir": [(root / "a_file", "is a file, not a folder"), (root / "a_file" / "sub", "is a file, not a folder")]}
+
+
+@pytest.mark.parametrize("which", range(2))
+@pytest.mark.parametrize("argv, flag, kind", [
+    (["tune", "--model", "{W}/model.yaml", "--compute", "emulated", "--step-time", "0.01", "--warm-start", "none",
+      "--store", "{W}/t.db", "--out", "{P}"], "--out", "file"),
+    (["tune", "--model", "{W}/model.yaml", "--compute", "emulated", "--step-time", "0.01", "--warm-start", "none",
+      "--store", "{W}/t.db", "--report", "{P}"], "--report", "dir"),
+    (["tune", "--model", "{W}/model.yaml", "--compute", "emulated", "--step-time", "0.01", "--warm-start", "none",
+      "--store", "{P}"], "--store", "file"),
+    (["build", "--builder", "ps", "--model", "{W}/model.yaml", "--cluster", "{W}/cluster.yaml", "--out", "{P}"],
+     "--out", "file"),
+    (["inspect", "--model", "{W}/model.yaml", "--out", "{P}"], "--out", "file"),
+    (["report", "--store", "{W}/t.db", "--out", "{P}"], "--out", "dir"),
+    (["calibrate", "--cluster", "{W}/cluster.yaml", "--out", "{P}"], "--out", "file"),
+], ids=["tune-out", "tune-report", "tune-store", "build-out", "inspect-out", "report-out", "calibrate-out"])
+def test_item2_an_output_path_that_cannot_be_written_is_refused_before_the_work(specs, capsys, monkeypatch,
+                                                                               argv, flag, kind, which):
+    """Before: each of these ended in a traceback (exit 1), ``tune`` after the whole tuning run."""
+    import autosync.api
+
+    def no_tuning(*a, **k):
+        raise AssertionError("the tuning run started before the output paths were checked")
+
+    monkeypatch.setattr(autosync.api, "tune", no_tuning)
+    path, why = _bad_outputs(specs)[kind][which]
+    before = _files(specs)
+    assert main([a.format(W=specs, P=path) for a in argv]) == 2
+    err = _one_error(capsys, argv[0])
+    assert f"{flag} {path}" in err and why in err, err
+    assert _files(specs) == before
+
+
+def test_item2_a_writable_output_path_passes_and_nothing_is_created_by_the_check(tmp_path):
+    from autosync.cli.paths import check_output_dir, check_output_file
+
+    check_output_file(tmp_path / "new" / "deeper" / "best.yaml", "--out")
+    check_output_dir(tmp_path / "report" / "sub", "--report")
+    (tmp_path / "old.yaml").write_text("x")
+    check_output_file(tmp_path / "old.yaml", "--out")
+    assert sorted(os.listdir(tmp_path)) == ["old.yaml"]

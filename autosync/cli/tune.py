@@ -6,6 +6,7 @@ import sys
 import time
 
 from autosync.formatting import table
+from autosync.cli.paths import check_output_dir, check_output_file
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
@@ -68,6 +69,10 @@ def cmd_tune(args) -> int:
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
     measure = precision_settings(args)
+    # where the results go is checked before the work, not after a tuning run
+    check_output_file(args.out, "--out")
+    check_output_dir(args.report, "--report")
+    check_output_file(args.store, "--store")
     progress = Progress(args.trials)
     try:
         result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
@@ -114,6 +119,7 @@ def not_recommended_line(summary: dict) -> str:
 def cmd_report(args) -> int:
     from autosync.report import write_report
 
+    check_output_dir(args.out, "--out")
     out = write_report(args.store, args.out, run_id=args.run)
     print(f"report written to {out / 'index.html'}")
     return 0

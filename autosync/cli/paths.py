@@ -1,0 +1,73 @@
+"""Output paths checked before the work: a command that will write a file or a folder says at once,
+with exit code 2, that it cannot, instead of failing after a tuning run. Nothing is created here."""
+from __future__ import annotations
+
+import os
+
+from strategy_space.errors import ConfigError
+
+
+def _nearest_existing(path: str) -> str:
+    """The path itself, or the closest ancestor of it that exists."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def _check_creatable(path: str, flag: str, what: str) -> None:
+    """``path`` does not exist: its nearest existing ancestor must be a folder we may write in."""
+    base = _nearest_existing(path)
+    if not os.path.isdir(base):
+        raise ConfigError(f"{flag} {path}: cannot create this {what}: {base} is a file, not a folder; "
+                          f"give a path inside a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot create this {what}: the folder {base} is not writable; "
+                          f"give a path in a folder you may write to")
+
+
+def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
+    """Check, writing nothing, that a file can be written at ``path`` (None: nothing to check).
+
+    Raises:
+        ConfigError: the path is a folder, a file that is not writable, or lies where no file can
+            be created (under a file, in a folder that is not writable).
+    """
+    if path is None:
+        return
+    path = os.fspath(path)
+    if not path or path.endswith(os.sep):
+        raise ConfigError(f"{flag} {path!r}: give a file path (a name, not a folder)")
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path}: is a folder; give the path of a file to write")
+    if os.path.lexists(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{flag} {path}: exists and is not a regular file; give the path of a file to write")
+        if not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: the file is not writable; give another path")
+        return
+    _check_creatable(path, flag, "file")
+
+
+def check_output_dir(path: str | os.PathLike | None, flag: str) -> None:
+    """Check, writing nothing, that files can be written in the folder ``path`` (made if missing).
+
+    Raises:
+        ConfigError: the path is a file, a folder that is not writable, or lies where no folder
+            can be created.
+    """
+    if path is None:
+        return
+    path = os.fspath(path)
+    if not path:
+        raise ConfigError(f"{flag} '': give a folder path")
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"{flag} {path}: is a file, not a folder; give a folder path (it is made if missing)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: the folder is not writable; give another folder")
+        return
+    _check_creatable(path, flag, "folder")
