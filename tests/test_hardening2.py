@@ -237,3 +237,39 @@ def test_item2_a_writable_output_path_passes_and_nothing_is_created_by_the_check
     (tmp_path / "old.yaml").write_text("x")
     check_output_file(tmp_path / "old.yaml", "--out")
     assert sorted(os.listdir(tmp_path)) == ["old.yaml"]
+
+
+# -- item 7: one damaged row in a trial store --
+
+@pytest.fixture
+def tuned_store(tmp_path):
+    """A trial store holding one short tuning run (synthetic runner, no Ray)."""
+    import autosync
+    from tuner.model_based import SearchSettings
+    from tuner.synthetic import SyntheticRunner
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    store = tmp_path / "s.db"
+    autosync.tune("unused", cluster, trials=1, store=store, warm_start="none", runner=SyntheticRunner(model, cluster),
+                  settings=SearchSettings(batch=2, candidates=16, chains=4, anneal_steps=2))
+    return store
+
+
+@pytest.mark.parametrize("column, value", [("step_times", "[0.1, 0.2"), ("breakdown", "[1, 2]"),
+                                           ("meta", "not json"), ("step_times", '["x"]')])
+@pytest.mark.parametrize("command", ["report", "simulate-eval"])
+def test_item7_a_damaged_trial_row_is_one_message_naming_the_row(tuned_store, capsys, column, value, command):
+    """Before: one bad JSON value in a row crashed ``report`` with a traceback."""
+    import sqlite3
+
+    with sqlite3.connect(tuned_store) as db:
+        row_id = db.execute("SELECT MIN(id) FROM trials").fetchone()[0]
+        db.execute(f"UPDATE trials SET {column} = ? WHERE id = ?", (value, row_id))
+    db.close()
+    before = _files(tuned_store.parent)
+    argv = (["report", "--store", str(tuned_store), "--out", str(tuned_store.parent / "r")] if command == "report"
+            else ["simulate", "--eval", str(tuned_store)])
+    assert main(argv) == 2
+    err = _one_error(capsys, argv[0])
+    assert f"trial row id={row_id} is damaged" in err and "DELETE FROM trials" in err
+    assert _files(tuned_store.parent) == before

@@ -22,7 +22,7 @@ import urllib.parse
 from typing import Iterable
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy, dumps, loads
-from strategy_space.errors import ConfigError
+from strategy_space.errors import ConfigError, short_repr
 
 from .trial import Trial
 
@@ -290,10 +290,16 @@ class TrialStore:
         s = self._parsed.get(sfp)
         if s is None:  # strategies are immutable: parse each one once per open store
             s = self._parsed[sfp] = loads(yaml_text, "strategy", source=f"strategy {sfp}")
+        step_times, breakdown, meta = json.loads(steps), json.loads(breakdown), json.loads(meta)
+        if not (isinstance(step_times, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                     for x in step_times)):
+            raise TypeError(f"step_times is not a list of numbers: {short_repr(step_times)}")
+        for name, value in (("breakdown", breakdown), ("meta", meta)):
+            if not isinstance(value, dict):
+                raise TypeError(f"{name} is not a JSON object: {short_repr(value)}")
         return Trial(Strategy(s.variables, s.replicas, origin=origin), mfp, cfp, status,
-                     step_times=tuple(json.loads(steps)), error=error, batch_size=bs,
-                     breakdown=json.loads(breakdown), origin=origin, started_at=t0, finished_at=t1,
-                     meta=json.loads(meta))
+                     step_times=tuple(step_times), error=error, batch_size=bs, breakdown=breakdown, origin=origin,
+                     started_at=t0, finished_at=t1, meta=meta)
 
     def trials(self, model_fp: str | None = None, cluster_fp: str | None = None,
                status: str | None = None) -> list[Trial]:
@@ -303,10 +309,18 @@ class TrialStore:
             if val is not None:
                 where.append(f"t.{col} = ?")
                 args.append(val)
-        sql = (f"SELECT {', '.join('t.' + c for c in _TRIAL_COLS)}, s.yaml FROM trials t "
+        sql = (f"SELECT t.id, {', '.join('t.' + c for c in _TRIAL_COLS)}, s.yaml FROM trials t "
                f"JOIN strategies s ON s.fingerprint = t.strategy_fp "
                f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.id")
-        return [self._trial(r) for r in self._db.execute(sql, args)]
+        out = []
+        for row in self._db.execute(sql, args):
+            try:
+                out.append(self._trial(row[1:]))
+            except (ValueError, TypeError, KeyError) as e:   # bad JSON, a wrong type, an invalid strategy
+                why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                raise _store_error(self.path, f"trial row id={row[0]} is damaged ({why}); delete it with "
+                                              f"`sqlite3 {self.path} 'DELETE FROM trials WHERE id={row[0]}'`") from None
+        return out
 
     def trials_for(self, model_fp: str, cluster_fp: str) -> list[Trial]:
         """All trials of one (model, cluster) group (for resuming a tuning run)."""
