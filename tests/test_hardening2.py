@@ -273,3 +273,82 @@ def test_item7_a_damaged_trial_row_is_one_message_naming_the_row(tuned_store, ca
     err = _one_error(capsys, argv[0])
     assert f"trial row id={row_id} is damaged" in err and "DELETE FROM trials" in err
     assert _files(tuned_store.parent) == before
+
+
+# -- item 5: a constraint the cluster cannot run; the "every trial failed" reasons --
+
+def test_item5_pinning_nccl_on_a_cluster_without_gpus_is_refused_before_any_trial(specs, capsys, monkeypatch):
+    """Before: accepted; every trial failed and the message read ``reasons: 4 problems:; 5 problems:.``"""
+    import autosync.api
+
+    def no_runner(*a, **k):
+        raise AssertionError("a runner was made for constraints the cluster cannot run")
+
+    monkeypatch.setattr(autosync.api, "make_runner", no_runner)
+    (specs / "c.yaml").write_text("kind: constraints\nvariables:\n- {match: 'dense*', backend: nccl}\n")
+    before = _files(specs)
+    argv = ["tune", "--model", str(specs / "model.yaml"), "--cluster", str(specs / "cluster.yaml"), "--compute",
+            "emulated", "--step-time", "0.01", "--constraints", str(specs / "c.yaml"), "--warm-start", "none",
+            "--store", str(specs / "t.db"), "--out", str(specs / "best.yaml")]
+    assert main(argv) == 2
+    err = _one_error(capsys, "tune")
+    assert "backend nccl needs GPUs but node(s) h0, h1, h2 of cluster three have none" in err
+    assert _files(specs) == before
+
+
+def test_item5_every_trial_failing_names_the_first_problem_of_each_reason(tmp_path):
+    import autosync
+    from tuner.synthetic import SyntheticRunner
+    from tuner.trial import Trial
+
+    class Refusing(SyntheticRunner):
+        def run(self, strategies, origins=None):
+            error = str(ConfigError(["variable a: first thing wrong", "variable b: second thing wrong"]))
+            return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error=error)
+                    for s in strategies]
+
+    model, cluster = tiny_model(), three_node_cluster()
+    with pytest.raises(ConfigError) as info:
+        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", warm_start="none",
+                      runner=Refusing(model, cluster))
+    msg = str(info.value)
+    assert "reasons: 2 problems: variable a: first thing wrong." in msg, msg
+    assert "problems:;" not in msg and "problems:." not in msg
+
+
+# -- item 11: --resume with nothing to resume --
+
+@pytest.mark.parametrize("store", ["missing", "empty", "no-run"])
+def test_item11_resume_without_an_earlier_run_is_refused(specs, capsys, monkeypatch, store):
+    """Before: ``tune --resume`` with no earlier run silently started a new one."""
+    import autosync.api
+    from tuner.store import TrialStore
+
+    def no_runner(*a, **k):
+        raise AssertionError("a runner was made although there is nothing to resume")
+
+    monkeypatch.setattr(autosync.api, "make_runner", no_runner)
+    db = specs / "t.db"
+    if store == "empty":
+        db.write_bytes(b"")
+    elif store == "no-run":
+        TrialStore(db).close()
+    before = _files(specs)
+    argv = ["tune", "--model", str(specs / "model.yaml"), "--compute", "emulated", "--step-time", "0.01",
+            "--resume", "--warm-start", "none", "--store", str(db), "--out", str(specs / "best.yaml")]
+    assert main(argv) == 2
+    err = _one_error(capsys, "tune")
+    assert "--resume: there is no earlier run to continue" in err
+    assert {"missing": "does not exist", "empty": "is empty", "no-run": "holds no tuning run"}[store] in err
+    assert _files(specs) == before
+
+
+def test_item11_resume_of_another_models_run_is_refused(tuned_store):
+    import autosync
+    from strategy_space import ModelSpec, VariableSpec
+    from tuner.synthetic import SyntheticRunner
+
+    other = ModelSpec("other", (VariableSpec("w", (8, 8)),), batch_size=8)
+    with pytest.raises(ConfigError, match=r"holds no earlier run of model other on cluster three"):
+        autosync.tune("unused", three_node_cluster(), trials=1, store=tuned_store, warm_start="none", resume=True,
+                      runner=SyntheticRunner(other, three_node_cluster()))

@@ -29,6 +29,7 @@ from strategy_space.strict import check_keys, get_typed
 from strategy_space.errors import ConfigError, Problems
 from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
 from strategy_space.space import StrategySpace
+from strategy_space.cluster_spec import ClusterSpec
 from strategy_space.compressor import Compressor
 from strategy_space.strategy import BACKENDS, MAX_GROUP, MAX_SHARDS, MAX_STALENESS
 from strategy_space.yaml_io import parse_text, read_text
@@ -76,6 +77,12 @@ class Rule:
         if self.group is not None and not 0 <= self.group <= MAX_GROUP:
             p.add(f"{where}: group must be from 0 to {MAX_GROUP}, got {short_repr(self.group)}")
         p.raise_if_any()
+
+    @property
+    def label(self) -> str:
+        """How messages name this rule."""
+        return (f"constraint rule match={short_repr(self.match)}"
+                + (f" sparse={self.sparse}" if self.sparse is not None else ""))
 
     @property
     def kind(self) -> int | None:
@@ -149,8 +156,7 @@ class Constraints:
         p = Problems()
         for rule in self.rules:
             sel = np.array([rule.selects(v.name, v.sparse) for v in model.variables])
-            where = (f"constraint rule match={short_repr(rule.match)}"
-                     + (f" sparse={rule.sparse}" if rule.sparse is not None else ""))
+            where = rule.label
             if not sel.any():
                 p.add(f"{where}: selects no variable of model {model.name}; check the pattern (e.g. "
                       f"{short_repr(model.names[0])})")
@@ -163,13 +169,8 @@ class Constraints:
                     p.add(f"{where}: shards {rule.shards} exceeds what {', '.join(too_many[:3])} allow "
                           f"(at most {int(space.shard_max[sel].min())} here)")
                 c.set("shards", sel, rule.shards)
-            if rule.destination is not None:
-                if rule.destination not in cluster.node_names:
-                    p.add(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster "
-                          f"{cluster.name}; "
-                          f"allowed: {', '.join(cluster.node_names)}")
-                else:
-                    c.set("dest", sel, cluster.node_index(rule.destination))
+            if rule.destination is not None and rule.destination in cluster.node_names:
+                c.set("dest", sel, cluster.node_index(rule.destination))
             if rule.local_replication is not None:
                 c.set("local_replication", sel, int(rule.local_replication))
             if rule.compressor is not None:
@@ -185,8 +186,25 @@ class Constraints:
                 c.set("group", sel, rule.group)
             if rule.backend is not None:
                 c.set("backend", sel, BACKEND_ID[rule.backend])
+        p.items.extend(self.cluster_problems(cluster))
         p.raise_if_any()
         return c
+
+    def cluster_problems(self, cluster: ClusterSpec) -> list[str]:
+        """What the rules pin that ``cluster`` cannot run: a destination that is not one of its
+        nodes, the nccl backend on nodes without GPUs. Needs no model, so ``tune`` checks it
+        before any worker starts."""
+        out = []
+        no_gpu = [n.name for n in cluster.nodes if n.gpus == 0]
+        for rule in self.rules:
+            where = rule.label
+            if rule.destination is not None and rule.destination not in cluster.node_names:
+                out.append(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster "
+                           f"{cluster.name}; allowed: {', '.join(cluster.node_names)}")
+            if rule.backend == "nccl" and no_gpu:
+                out.append(f"{where}: backend nccl needs GPUs but node(s) {', '.join(no_gpu[:5])} of cluster "
+                           f"{cluster.name} have none; pin backend gloo, objectstore or auto, or leave it free")
+        return out
 
 
 @dataclass
