@@ -352,3 +352,89 @@ def test_item11_resume_of_another_models_run_is_refused(tuned_store):
     with pytest.raises(ConfigError, match=r"holds no earlier run of model other on cluster three"):
         autosync.tune("unused", three_node_cluster(), trials=1, store=tuned_store, warm_start="none", resume=True,
                       runner=SyntheticRunner(other, three_node_cluster()))
+
+
+# -- item 6: exceptions (and sys.exit) in the user's own code --
+
+@pytest.mark.parametrize("body, match", [
+    ("import sys\nsys.exit(3)\n", r"importing model script .*failed.*SystemExit: 3"),
+    ("import sys\ndef build():\n    sys.exit(3)\n", r"build\(\) raised SystemExit"),
+    ("def build():\n    raise KeyError('oops')\n", r"build\(\) raised KeyError"),
+], ids=["exit-at-import", "exit-in-function", "raise-in-function"])
+@pytest.mark.parametrize("command", ["inspect", "run", "tune"])
+def test_item6_a_script_that_exits_or_raises_is_exit_2_with_a_message(specs, capsys, body, match, command):
+    """Before: a script calling ``sys.exit(3)`` at import made autosync exit 3 with no message."""
+    import re
+
+    script = specs / "user_model.py"
+    script.write_text(body)
+    argv = [command, "--model", f"{script}:build"]
+    argv += {"inspect": [], "run": ["--strategy", str(specs / "strategy.yaml")],
+             "tune": ["--warm-start", "none", "--store", str(specs / "t.db"), "--out", str(specs / "best.yaml")]}[command]
+    before = _files(specs)
+    assert main(argv) == 2
+    err = _one_error(capsys, command)
+    assert re.search(match, err), err
+    assert _files(specs) == before
+
+
+BAD_FACTORIES = '''
+import keras
+import numpy as np
+from autosync.model_def import ModelDef
+
+
+def _model():
+    x = keras.Input((4,))
+    return keras.Model(x, keras.layers.Dense(1)(x))
+
+
+def _batches(width):
+    def batches(worker_index, num_workers):
+        while True:
+            yield np.zeros((8, width), "float32"), np.zeros((8, 1), "float32")
+    return batches
+
+
+def string_model():
+    return ModelDef(name="s", model_fn=lambda: "not a model", loss_fn=lambda: keras.losses.MeanSquaredError(),
+                    optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=_batches(4), batch_size=8)
+
+
+def wrong_shapes():
+    return ModelDef(name="w", model_fn=_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
+                    optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=_batches(7), batch_size=8)
+
+
+def raising_optimizer():
+    return ModelDef(name="o", model_fn=_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
+                    optimizer_fn=lambda: 1 / 0, dataset_fn=_batches(4), batch_size=8)
+'''
+
+
+_STRING = r"model_fn returned str, not a keras.Model"
+_SHAPES = r"ModelDef w: building the model and one gradient on its first batch failed: \w+"
+_OPTIMIZER = r"optimizer_fn\(\) failed: ZeroDivisionError: division by zero; make optimizer_fn build and return"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command, fn, match", [
+    ("inspect", "string_model", _STRING), ("inspect", "wrong_shapes", _SHAPES),   # inspect only warns of an optimizer
+    ("run", "string_model", _STRING), ("run", "wrong_shapes", _SHAPES), ("run", "raising_optimizer", _OPTIMIZER)])
+def test_item6_a_factory_that_fails_is_exit_2_with_one_message(specs, capsys, monkeypatch, command, fn, match):
+    """Before: a raw Keras traceback and exit 1."""
+    import re
+
+    import autosync.runtime.runner as runner_module
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray was started for a model whose factories fail")
+
+    monkeypatch.setattr(runner_module, "RayRunner", no_ray)
+    script = specs / "factories.py"
+    script.write_text(BAD_FACTORIES)
+    argv = [command, "--model", f"{script}:{fn}"] + (["--strategy", str(specs / "strategy.yaml")]
+                                                      if command == "run" else [])
+    assert main(argv) == 2
+    err = _one_error(capsys, command)
+    assert re.search(match, err), err

@@ -336,8 +336,12 @@ def check_model_optimizer(model_def) -> None:
     Raises:
         ConfigError: see ``check_optimizer_config``, attributed to the model.
     """
+    from autosync.models.ingest import user_code
+
     try:
-        check_optimizer_config(keras_optimizer_config(model_def.optimizer_fn()))
+        with user_code(model_def, "optimizer_fn()", "make optimizer_fn build and return a keras optimizer"):
+            optimizer = model_def.optimizer_fn()
+        check_optimizer_config(keras_optimizer_config(optimizer))
     except ConfigError as e:
         raise e.with_source(f"model {model_def.name}") from None
 
