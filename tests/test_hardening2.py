@@ -438,3 +438,42 @@ def test_item6_a_factory_that_fails_is_exit_2_with_one_message(specs, capsys, mo
     assert main(argv) == 2
     err = _one_error(capsys, command)
     assert re.search(match, err), err
+
+
+# -- item 9: no training-mode forward pass before step 0 --
+
+def _solo():
+    from strategy_space import ClusterSpec, NodeSpec
+
+    return ClusterSpec(name="solo", nodes=(NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1),))
+
+
+@pytest.fixture(scope="module")
+def solo_pool(ray_session):
+    from tests.runtime_helpers import warm_pool
+
+    yield from warm_pool(ray_session, _solo())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("steps", [0, 2])
+def test_item9_batchnorm_statistics_start_from_their_initial_values(solo_pool, steps):
+    """Before: the worker's probe (one training-mode forward and backward pass, to trace the step
+    and find sparse gradients) had already moved BatchNormalization's moving mean and variance,
+    so the weights after N steps differed from single-process training's."""
+    import numpy as np
+
+    from autosync.runtime.plan import model_spec_from_vars
+    from autosync.runtime.trainer import Trainer
+    from tests import runtime_models as rm
+
+    md, solo = rm.batchnorm_model_def(), _solo()
+    solo_pool.ensure(md, solo.devices)
+    spec = model_spec_from_vars(md.name, solo_pool.description["variables"], md.batch_size)
+    with Trainer(md, get_builder("ps").build(spec, solo), solo, pool=solo_pool, timeout_s=120) as trainer:
+        trainer.fit(steps=steps)
+        weights = trainer.get_weights()
+    expected = rm.reference_weights(md, num_workers=1, steps=steps)
+    assert len(weights) == len(expected) == 9   # emb; hidden 2; bn gamma, beta, moving mean, variance; out 2
+    for i, (got, want) in enumerate(zip(weights, expected)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (i, np.abs(got - want).max())
