@@ -477,3 +477,52 @@ def test_item9_batchnorm_statistics_start_from_their_initial_values(solo_pool, s
     assert len(weights) == len(expected) == 9   # emb; hidden 2; bn gamma, beta, moving mean, variance; out 2
     for i, (got, want) in enumerate(zip(weights, expected)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (i, np.abs(got - want).max())
+
+
+# -- item 12: why a table is pulled whole --
+
+NESTED_TABLES = '''
+import keras
+import numpy as np
+from autosync.model_def import ModelDef
+
+
+class TokenAndPosition(keras.layers.Layer):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.tok = keras.layers.Embedding(40, 4, name="tok")
+        self.pos = keras.layers.Embedding(5, 4, name="pos")
+
+    def call(self, ids):
+        return self.tok(ids) + self.pos(keras.ops.arange(keras.ops.shape(ids)[-1]))
+
+
+def _model():
+    ids = keras.Input((5,), dtype="int32")
+    x = keras.layers.Flatten()(TokenAndPosition(name="tp")(ids))
+    return keras.Model(ids, keras.layers.Dense(1)(x))
+
+
+def _batches(worker_index, num_workers):
+    rng = np.random.default_rng(worker_index)
+    while True:
+        yield rng.integers(0, 40, (8, 5)).astype("int32"), np.zeros((8, 1), "float32")
+
+
+def build():
+    return ModelDef(name="nested", model_fn=_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
+                    optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=_batches, batch_size=8)
+'''
+
+
+@pytest.mark.integration
+def test_item12_a_position_table_pulled_whole_is_explained(tmp_path, capsys):
+    """Before: ``whole table, because its lookup ids are not computed from the model inputs alone
+    (ValueError)``."""
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED_TABLES)
+    assert main(["inspect", "--model", f"{script}:build"]) == 0
+    out = capsys.readouterr().out
+    assert ("tp/pos/embeddings: whole table, because it is looked up by pos inside layer tp's own call, where the "
+            "functional graph does not record its lookup ids") in out, out
+    assert "(ValueError)" not in out
