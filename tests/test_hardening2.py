@@ -526,3 +526,135 @@ def test_item12_a_position_table_pulled_whole_is_explained(tmp_path, capsys):
     assert ("tp/pos/embeddings: whole table, because it is looked up by pos inside layer tp's own call, where the "
             "functional graph does not record its lookup ids") in out, out
     assert "(ValueError)" not in out
+
+
+# -- item 8: Ray's output never reaches the command's stdout --
+
+RAY_NOISE = '''
+import json, os, sys
+from autosync.cli.raylog import ray_output_to_log
+
+with ray_output_to_log("run") as log:
+    from ray._private import worker
+    worker.print_to_stdstream({"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False},
+                              ignore_prefix=False)
+    worker._unhandled_error_handler(RuntimeError("the actor died unexpectedly"))
+    os.write(1, b"raw stdout from C++\\n")
+    os.write(2, b"raw stderr from C++\\n")
+    print("progress", file=log.terminal)
+print(json.dumps({"ray_log": log.path}))
+'''
+
+
+@pytest.mark.integration
+def test_item8_what_ray_prints_goes_to_a_named_log_not_to_stdout(tmp_path):
+    """Ray's driver prints a raylet's error line to stdout and an unfetched error as a traceback
+    to stderr (as when a parameter server dies); both land in the log the command names."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", RAY_NOISE], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = json.loads(proc.stdout)["ray_log"]
+    assert log and os.path.dirname(log) == str(tmp_path)
+    text = open(log).read()
+    for line in ("A worker died or was killed", "Unhandled error", "raw stdout from C++", "raw stderr from C++"):
+        assert line in text and line not in proc.stderr, (line, proc.stderr)
+    assert proc.stderr.splitlines() == ["progress", f"autosync run: Ray's own messages are in {log}"]
+
+
+def test_item8_a_quiet_block_leaves_no_log_and_a_config_error_passes(tmp_path, monkeypatch):
+    import tempfile
+
+    from autosync.cli.raylog import ray_output_to_log
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with ray_output_to_log("run") as log:
+        pass
+    assert log.path is None and os.listdir(tmp_path) == []
+    with pytest.raises(ConfigError, match="^bad flag$"):
+        with ray_output_to_log("run"):
+            raise ConfigError("bad flag")
+    assert os.listdir(tmp_path) == []
+
+
+HANGING_SCRIPT = '''
+import os
+import time
+
+import numpy as np
+from autosync.model_def import ModelDef
+
+FLAG = {flag!r}
+
+
+def build():
+    import keras
+    ids = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(30, 4, name="emb")(ids))
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def data(worker, num_workers):
+    rng = np.random.RandomState(worker)
+    for i in range(1000):
+        if worker == 1 and i == 2 and os.path.exists(FLAG):
+            time.sleep(3600)   # the trial stays running until the parameter server is killed
+        x = rng.randint(0, 30, size=(8, 2)).astype("int32")
+        yield x, (x.sum(axis=1, keepdims=True) / 60.0).astype("float32")
+
+
+def tiny():
+    import keras
+    return ModelDef(name="tiny", model_fn=build, loss_fn=keras.losses.MeanSquaredError,
+                    optimizer_fn=lambda: keras.optimizers.SGD(0.05), dataset_fn=data, batch_size=8)
+'''
+
+
+@pytest.mark.integration
+def test_item8_run_json_stays_valid_json_when_a_parameter_server_dies(tmp_path):
+    """Before: Ray's raylet line reached stdout and its "Unhandled error" traceback stderr."""
+    import signal
+
+    from autosync.runtime.reaper import descendants
+
+    flag = tmp_path / "hang"
+    flag.write_text("1")
+    (tmp_path / "tiny.py").write_text(HANGING_SCRIPT.format(flag=str(flag)))
+    (tmp_path / "s.yaml").write_text("kind: strategy\nversion: 1\nvariables:\n"
+                                     "  - {var: emb/embeddings, ps: {destination: node0}}\n"
+                                     "  - {var: out/kernel, ps: {destination: node0}}\n"
+                                     "  - {var: out/bias, ps: {destination: node0}}\n")
+    # (not TMPDIR=tmp_path: Ray's socket paths under it would pass the length limit)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "autosync", "run", "--model", f"{tmp_path / 'tiny.py'}:tiny",
+                             "--strategy", str(tmp_path / "s.yaml"), "--steps", "3", "--warmup", "1", "--timeout",
+                             "120", "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        end = time.monotonic() + 180
+        ps = []
+        while not ps and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.5)
+            for pid in descendants(proc.pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        if f.read().startswith("ray::ParameterServerShard"):
+                            ps.append(pid)
+                except OSError:
+                    continue
+        assert ps, "no parameter-server actor appeared"
+        time.sleep(3.0)
+        for pid in ps:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    record = json.loads(out)   # stdout is the JSON record and nothing else
+    assert record["status"] == "failed" and record["error"].startswith("parameter server ps@node0 died"), record
+    assert "Traceback" not in err and "Unhandled error" not in err and "(raylet)" not in err, err[-3000:]
+    if record["ray_log"]:   # the raylet's "A worker died ..." line, and any unfetched error, are there
+        assert err.strip().splitlines()[-1] == f"autosync run: Ray's own messages are in {record['ray_log']}"
+        os.remove(record["ray_log"])

@@ -5,6 +5,7 @@ import json
 import math
 import sys
 
+from autosync.cli.raylog import ray_output_to_log
 from autosync.formatting import table
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space import validate
@@ -115,10 +116,10 @@ def cmd_run(args) -> int:
         validate(strategy, spec, cluster)
     except ConfigError as e:
         raise e.with_source(args.strategy) from None
-    with _runner(args, model_def, spec, cluster) as runner:
+    with ray_output_to_log("run") as log, _runner(args, model_def, spec, cluster) as runner:
         trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
     if args.json:
-        print(json.dumps(_record(trial), indent=2))
+        print(json.dumps(_record(trial) | {"ray_log": log.path}, indent=2))
     elif trial.ok:
         ci = trial.median_ci
         rows = [("median step", _fmt(trial.median)),
@@ -143,7 +144,7 @@ def cmd_baselines(args) -> int:
     def runnable(strategy) -> None:
         SyncPlan.build(validate(strategy, spec, cluster), spec, cluster)
 
-    with _runner(args, model_def, spec, cluster) as runner:
+    with ray_output_to_log("baselines"), _runner(args, model_def, spec, cluster) as runner:
         runs = measure_baselines(runner, check=runnable, retries=1)
     records = []
     for r in runs:

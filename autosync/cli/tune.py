@@ -7,6 +7,7 @@ import time
 
 from autosync.formatting import table
 from autosync.cli.paths import check_output_dir, check_output_file
+from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
@@ -73,14 +74,15 @@ def cmd_tune(args) -> int:
     check_output_file(args.out, "--out")
     check_output_dir(args.report, "--report")
     check_output_file(args.store, "--store")
-    progress = Progress(args.trials)
-    try:
-        result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
-                      store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
-                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress, **measure,
-                      **compute_settings(args))
-    finally:
-        progress.close()
+    with ray_output_to_log("tune") as log:
+        progress = Progress(args.trials, stream=log.terminal)
+        try:
+            result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
+                          store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
+                          warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress,
+                          **measure, **compute_settings(args))
+        finally:
+            progress.close()
     result.save(args.out)
     report_dir = None
     if args.report:

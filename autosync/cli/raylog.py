@@ -1,0 +1,87 @@
+"""Ray's own output goes to a log file while a command runs Ray, never to the command's stdout.
+
+Ray's driver prints what its cluster reports (a raylet's "A worker died ..." line) to **stdout**,
+and an error nobody fetched (an actor call to a parameter server that died) as an "Unhandled error"
+traceback to stderr; the C++ core worker writes to file descriptor 2 directly. Any of these on
+stdout makes ``--json`` output invalid, and a traceback on stderr reads as a crash. So while a
+command runs Ray, file descriptors 1 and 2 point to a log file; the command's own messages go to
+``RayLog.terminal`` (the real stderr), its results are printed after the block, and the log is
+named when something was written to it (and removed when nothing was).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import IO
+
+from strategy_space.errors import ConfigError
+
+
+@dataclass
+class RayLog:
+    """Where Ray's output went (``path``; None once removed because empty) and the stream the
+    command's own progress messages are written to while the block runs (``terminal``)."""
+
+    path: str | None
+    terminal: IO[str]
+
+    def note(self) -> str:
+        return f"Ray's own messages are in {self.path}" if self.path else ""
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _disconnect_ray() -> None:
+    """Leave a Ray cluster the block connected to (RAY_ADDRESS) before stdout is restored: its
+    driver threads would print what the cluster reports until the process exits."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_output_to_log(command: str):
+    """Send everything written to stdout and stderr (file descriptors 1 and 2) during the block to
+    a new log file. Yields a RayLog.
+
+    A ConfigError raised in the block names the log when Ray wrote to it; after a block that
+    ends normally, a non-empty log is named on stderr.
+    """
+    fd, path = tempfile.mkstemp(prefix=f"autosync-{command}-", suffix=".log")
+    _flush()
+    saved = (os.dup(1), os.dup(2))
+    terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    log = RayLog(path, terminal)
+    failed = None
+    try:
+        yield log
+    except ConfigError as e:
+        failed = e
+    finally:
+        _disconnect_ray()
+        _flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+        terminal.close()
+        if os.path.getsize(path) == 0:
+            os.remove(path)
+            log.path = None
+    if failed is not None:
+        if log.path:
+            raise ConfigError(failed.problems[:-1] + [f"{failed.problems[-1]} ({log.note()})"],
+                              source=failed.source) from None
+        raise failed
+    if log.path:
+        print(f"autosync {command}: {log.note()}", file=sys.stderr)
