@@ -658,3 +658,42 @@ def test_item8_run_json_stays_valid_json_when_a_parameter_server_dies(tmp_path):
     if record["ray_log"]:   # the raylet's "A worker died ..." line, and any unfetched error, are there
         assert err.strip().splitlines()[-1] == f"autosync run: Ray's own messages are in {record['ray_log']}"
         os.remove(record["ray_log"])
+
+
+# -- found by the fuzz suite (tests/test_fuzz_commands.py), each once more by name --
+
+@pytest.mark.parametrize("argv", [["show", "{W}/" + "n" * 300 + ".yaml"],
+                                  ["build", "--builder", "ps", "--model", "{W}/model.yaml", "--cluster",
+                                   "{W}/cluster.yaml", "--out", "{W}/" + "n" * 250 + ".yaml"],
+                                  ["build", "--builder", "partitioned_ps", "--model", "{W}/model.yaml", "--cluster",
+                                   "{W}/cluster.yaml", "--option", "min_partition_bytes=x"]],
+                         ids=["name-too-long-to-read", "name-too-long-to-write", "builder-option-type"])
+def test_fuzz_findings_are_one_message(specs, capsys, argv):
+    before = _files(specs)
+    assert main([a.format(W=specs) for a in argv]) == 2
+    err = _one_error(capsys, argv[0])
+    assert "Traceback" not in err
+    assert _files(specs) == before
+
+
+def test_fuzz_finding_an_optimizer_fn_returning_none_is_refused():
+    from autosync.model_def import ModelDef
+    from autosync.runtime.optimizers import check_model_optimizer
+
+    md = ModelDef(name="m", model_fn=lambda: None, loss_fn=lambda: None, optimizer_fn=lambda: None,
+                  dataset_fn=lambda w, n: iter(()), batch_size=8)
+    with pytest.raises(ConfigError, match=r"optimizer_fn returned NoneType, not a keras optimizer"):
+        check_model_optimizer(md)
+
+
+def test_fuzz_finding_a_store_row_whose_text_is_not_utf8(tuned_store):
+    import sqlite3
+
+    from tuner.store import StoreError, open_existing_store
+
+    with sqlite3.connect(tuned_store) as db:
+        db.execute("UPDATE trials SET step_times = CAST(? AS TEXT)", (b"[0.1, \xf8]",))
+    db.close()
+    with pytest.raises(StoreError, match="is damaged"):
+        with open_existing_store(tuned_store) as store:
+            store.trials()

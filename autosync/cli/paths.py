@@ -7,6 +7,28 @@ import os
 from strategy_space.errors import ConfigError
 
 
+# a file is written through a temp file beside it named ".NAME.XXXXXXXX" (atomic_write_text)
+_TEMP_EXTRA = 16
+
+
+def _check_length(path: str, flag: str, is_file: bool) -> None:
+    """Each part of ``path`` within the file system's limit on a name (the file's own name with
+    room for its temp file), the whole within the limit on a path."""
+    full = os.path.abspath(path)
+    try:
+        name_max = os.pathconf(_nearest_existing(full), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    parts = [p for p in full.split(os.sep) if p]
+    for i, part in enumerate(parts):
+        limit = name_max - (_TEMP_EXTRA if is_file and i == len(parts) - 1 else 0)
+        if len(os.fsencode(part)) > limit:
+            raise ConfigError(f"{flag} {path[:80]}...: the name {part[:40]}... is {len(os.fsencode(part))} bytes long, "
+                              f"more than the {limit} this file system allows here; give a shorter name")
+    if len(os.fsencode(full)) > 4000:
+        raise ConfigError(f"{flag} {path[:80]}...: the path is longer than 4000 bytes; give a shorter one")
+
+
 def _nearest_existing(path: str) -> str:
     """The path itself, or the closest ancestor of it that exists."""
     p = os.path.abspath(path)
@@ -41,6 +63,7 @@ def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
     path = os.fspath(path)
     if not path or path.endswith(os.sep):
         raise ConfigError(f"{flag} {path!r}: give a file path (a name, not a folder)")
+    _check_length(path, flag, is_file=True)
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path}: is a folder; give the path of a file to write")
     if os.path.lexists(path):
@@ -64,6 +87,7 @@ def check_output_dir(path: str | os.PathLike | None, flag: str) -> None:
     path = os.fspath(path)
     if not path:
         raise ConfigError(f"{flag} '': give a folder path")
+    _check_length(path, flag, is_file=False)
     if os.path.lexists(path):
         if not os.path.isdir(path):
             raise ConfigError(f"{flag} {path}: is a file, not a folder; give a folder path (it is made if missing)")

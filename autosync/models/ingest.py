@@ -141,7 +141,9 @@ def user_code(model_def, what: str, fix: str = "check that model_fn returns a ke
         yield
     except ConfigError:
         raise
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code: any failure is bad input
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's code (sys.exit included): any failure is bad input
         text = " ".join(str(e).split())
         detail = f"{type(e).__name__}: {text[:400]}{' ...' if len(text) > 400 else ''}" if text else type(e).__name__
         raise ConfigError(f"ModelDef {getattr(model_def, 'name', '?')}: {what} failed: {detail}; {fix}") from None
