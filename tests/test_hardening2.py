@@ -697,3 +697,34 @@ def test_fuzz_finding_a_store_row_whose_text_is_not_utf8(tuned_store):
     with pytest.raises(StoreError, match="is damaged"):
         with open_existing_store(tuned_store) as store:
             store.trials()
+
+
+# -- item 1 end to end: the README's run and baselines with emulated compute, --json --
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["run", "baselines"])
+def test_item1_run_and_baselines_with_emulated_compute_print_json(tmp_path, command):
+    """Before: ``--compute emulated`` crashed every model (AttributeError: 'ModelSpec' object has
+    no attribute 'node_names')."""
+    from strategy_space import ComputeProfile, ModelSpec, VariableSpec
+
+    model = ModelSpec("small", (VariableSpec("emb", (1000, 8), sparse=True, rows_per_step=20),
+                                VariableSpec("w", (8, 16)), VariableSpec("b", (16,))), batch_size=8,
+                      profile=ComputeProfile(0.01, "test", ("b", "w", "emb")))
+    save(model, tmp_path / "small.yaml")
+    from autosync.sources import local_cluster
+
+    save(get_builder("ps").build(model, local_cluster()), tmp_path / "s.yaml")
+    argv = [command, "--model", str(tmp_path / "small.yaml"), "--compute", "emulated", "--step-time", "0.01",
+            "--steps", "3", "--warmup", "1", "--max-steps", "3", "--json"]
+    argv += ["--strategy", str(tmp_path / "s.yaml")] if command == "run" else []
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "autosync", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=480)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    records = [out] if command == "run" else out
+    assert records and all(r["status"] in ("ok", "not supported") for r in records), records
+    ok = [r for r in records if r["status"] == "ok"]
+    assert ok and all(r["step_time_s"]["median"] >= 0.01 for r in ok)   # each step waits the emulated compute
