@@ -97,10 +97,12 @@ def _snapshot(root) -> dict:
     stack = [str(root)]
     while stack:
         for entry in os.scandir(stack.pop()):
-            st = entry.stat(follow_symlinks=False)
-            out[entry.path] = (st.st_size, st.st_mtime_ns, entry.is_dir(follow_symlinks=False))
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False):   # (a folder's own time moves with a probe file made and removed)
+                out[entry.path] = "dir"
                 stack.append(entry.path)
+            else:
+                st = entry.stat(follow_symlinks=False)
+                out[entry.path] = (st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -296,7 +298,8 @@ class Argv:
         return r.choice([
             str(w / "missing.yaml"), str(w / "a_dir"), str(w / "a_file" / "x.yaml"), str(w / "a_file"),
             str(w / ("n" * 300 + ".yaml")), str(w / "new\nline.yaml"), str(w / " lead.yaml"), str(w / "ü.yaml"),
-            "/dev/null", "/proc/self/status", "/", "", "-", str(w / "sub" / "deeper" / "x.yaml"),
+            "/dev/null", "/proc/self/status", "/proc/new.yaml", "/sys/kernel/notes", "/", "", "-",
+            str(w / "sub" / "deeper" / "x.yaml"),
             str(w / "out.yaml"), str(w / "report"), str(w / "x.db"), "relative/x.yaml", "x.yaml",
         ])
 

@@ -229,6 +229,15 @@ def test_item2_an_output_path_that_cannot_be_written_is_refused_before_the_work(
     assert _files(specs) == before
 
 
+@pytest.mark.parametrize("path", ["/proc/self/status", "/proc/new.yaml", "/sys/kernel/notes"])
+def test_item2_a_pseudo_file_system_is_refused_even_as_root(specs, capsys, path):
+    """Access bits say "writable" to root; creating a file there fails (it failed after the work)."""
+    argv = ["build", "--builder", "ps", "--model", str(specs / "model.yaml"), "--cluster", str(specs / "cluster.yaml"),
+            "--out", path]
+    assert main(argv) == 2
+    assert "does not take new files" in _one_error(capsys, "build")
+
+
 def test_item2_a_writable_output_path_passes_and_nothing_is_created_by_the_check(tmp_path):
     from autosync.cli.paths import check_output_dir, check_output_file
 

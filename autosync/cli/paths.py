@@ -1,8 +1,14 @@
 """Output paths checked before the work: a command that will write a file or a folder says at once,
-with exit code 2, that it cannot, instead of failing after a tuning run. Nothing is created here."""
+with exit code 2, that it cannot, instead of failing after a tuning run.
+
+Whether a folder takes new files is found by creating one there (a hidden probe, removed at once):
+access bits do not say it for root, nor for /proc, /sys or a read-only mount. Nothing else is
+created, and no folder is made.
+"""
 from __future__ import annotations
 
 import os
+import tempfile
 
 from strategy_space.errors import ConfigError
 
@@ -46,9 +52,18 @@ def _check_creatable(path: str, flag: str, what: str) -> None:
     if not os.path.isdir(base):
         raise ConfigError(f"{flag} {path}: cannot create this {what}: {base} is a file, not a folder; "
                           f"give a path inside a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: cannot create this {what}: the folder {base} is not writable; "
-                          f"give a path in a folder you may write to")
+    _probe(base, flag, path, what)
+
+
+def _probe(folder: str, flag: str, path: str, what: str) -> None:
+    """Create and remove a file in ``folder``, as writing there will."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".autosync-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot create this {what}: the folder {folder} does not take new files "
+                          f"({e.strerror or e}); give a path in a folder you may write to") from None
 
 
 def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
@@ -69,8 +84,8 @@ def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
     if os.path.lexists(path):
         if not os.path.isfile(path):
             raise ConfigError(f"{flag} {path}: exists and is not a regular file; give the path of a file to write")
-        if not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK):
-            raise ConfigError(f"{flag} {path}: the file is not writable; give another path")
+        # the file is replaced by a new one written beside it (atomic_write_text): its folder must take files
+        _probe(os.path.dirname(os.path.abspath(path)), flag, path, "file")
         return
     _check_creatable(path, flag, "file")
 
@@ -91,7 +106,6 @@ def check_output_dir(path: str | os.PathLike | None, flag: str) -> None:
     if os.path.lexists(path):
         if not os.path.isdir(path):
             raise ConfigError(f"{flag} {path}: is a file, not a folder; give a folder path (it is made if missing)")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ConfigError(f"{flag} {path}: the folder is not writable; give another folder")
+        _probe(path, flag, path, "folder's files")
         return
     _check_creatable(path, flag, "folder")
