@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -742,3 +742,88 @@ def test_item1_run_and_baselines_with_emulated_compute_print_json(tmp_path, comm
     assert records and all(r["status"] in ("ok", "not supported") for r in records), records
     ok = [r for r in records if r["status"] == "ok"]
     assert ok and all(r["step_time_s"]["median"] >= 0.01 for r in ok)   # each step waits the emulated compute
+
+
+# -- the issue's cases at the real command line: exit code, one message, time and memory --
+
+_PEAK = ("import atexit, resource, runpy, sys\n"
+         "out = sys.argv[1]\n"
+         "atexit.register(lambda: open(out, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))\n"
+         "sys.argv = ['autosync'] + sys.argv[2:]\n"
+         "runpy.run_module('autosync', run_name='__main__')\n")
+
+
+def _spawn(argv, cwd, tmp) -> tuple[int, str, str, float, float]:
+    """(exit code, stdout, stderr, seconds, peak RSS in MiB) of ``python -m autosync argv``."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    peak = tmp / "peak_kib"
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _PEAK, str(peak), *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t, int(peak.read_text()) / 1024
+
+
+ISSUE_CASES = {
+    "2-tune-out-is-a-folder": (["tune", "--model", "model.yaml", "--compute", "emulated", "--step-time", "0.01",
+                                "--warm-start", "none", "--store", "t.db", "--out", "a_dir"], 2),
+    "3-a-30MB-strategy": (["validate", "big30.yaml", "--model", "model.yaml", "--cluster", "cluster.yaml"], 2),
+    "3-just-under-the-cap": (["validate", "dense.yaml", "--model", "model.yaml", "--cluster", "cluster.yaml"], 2),
+    "4-group-1e12": (["simulate", "--strategy", "group.yaml", "--model", "model.yaml", "--cluster", "cluster.yaml"], 2),
+    "4-powersgd-99999": (["build", "--builder", "all_reduce", "--model", "model.yaml", "--cluster", "cluster.yaml",
+                          "--option", "compressor=powersgd(99999)"], 2),
+    "5-nccl-without-gpus": (["tune", "--model", "model.yaml", "--cluster", "cluster.yaml", "--compute", "emulated",
+                             "--step-time", "0.01", "--constraints", "nccl.yaml", "--warm-start", "none",
+                             "--store", "t.db"], 2),
+    "6-script-exits-3": (["inspect", "--model", "exits.py:build"], 2),
+    "7-damaged-row": (["report", "--store", "damaged.db", "--out", "report"], 2),
+    "10-bandwidth-1e1": (["validate", "strategy.yaml", "--model", "model.yaml", "--cluster", "c1e1.yaml"], 0),
+    "10-bandwidth-inf": (["validate", "strategy.yaml", "--model", "model.yaml", "--cluster", "cinf.yaml"], 2),
+    "11-resume-without-a-run": (["tune", "--model", "model.yaml", "--compute", "emulated", "--step-time", "0.01",
+                                 "--resume", "--warm-start", "none", "--store", "none.db"], 2),
+}
+
+
+@pytest.fixture
+def issue_files(specs, tuned_store):
+    from strategy_space import dumps
+
+    w = specs
+    (w / "a_dir").mkdir()
+    with open(w / "big30.yaml", "w") as f:
+        f.truncate(30 * 2**20)
+    line = "- {a: 1}\n"
+    (w / "dense.yaml").write_text("kind: strategy\nvariables:\n" + line * ((4 * 2**20 - 100) // len(line)))
+    (w / "group.yaml").write_text(dumps(get_builder("all_reduce").build(tiny_model(), three_node_cluster()))
+                                  .replace("group: 0}", "group: 1000000000000}", 1))
+    (w / "nccl.yaml").write_text("kind: constraints\nvariables:\n- {match: 'dense*', backend: nccl}\n")
+    (w / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    shutil.copy(tuned_store, w / "damaged.db")
+    import sqlite3
+
+    with sqlite3.connect(w / "damaged.db") as db:
+        db.execute("UPDATE trials SET breakdown = '{bad' WHERE id = (SELECT MIN(id) FROM trials)")
+    db.close()
+    for name, bw in (("c1e1", "1e1"), ("cinf", ".inf")):
+        (w / f"{name}.yaml").write_text((w / "cluster.yaml").read_text().replace("bandwidth_gbps: 1.0",
+                                                                                  f"bandwidth_gbps: {bw}"))
+    return w
+
+
+@pytest.mark.parametrize("case", sorted(ISSUE_CASES))
+def test_the_issue_cases_at_the_command_line_in_bounded_time_and_memory(issue_files, tmp_path_factory, case):
+    """Done-when of issue 28: exit 0 where the input is legal, else exit 2 with one message and no
+    traceback, each in under 10 s and 500 MB (items 1, 8, 9, 12 need Ray or TensorFlow: see their
+    integration tests above)."""
+    argv, expected = ISSUE_CASES[case]
+    before = _files(issue_files)
+    code, out, err, seconds, rss = _spawn(argv, issue_files, tmp_path_factory.mktemp("peak"))
+    assert code == expected, (code, err[-2000:])
+    assert "Traceback" not in err
+    if expected == 2:   # one message: one line, or one line and the problems it lists, indented
+        lines = err.strip().splitlines()
+        assert lines[0].startswith(f"autosync {argv[0]}: error: ") and all(ln.startswith("  ") for ln in lines[1:]), err
+        assert _files(issue_files) == before
+    print(f"\n{case}: exit {code}, {seconds:.2f} s, peak {rss:.0f} MiB")
+    assert seconds < 10, f"{seconds:.1f} s"
+    assert rss < 500, f"{rss:.0f} MiB"
