@@ -32,11 +32,13 @@ from yaml.nodes import ScalarNode
 MAX_ALIAS_NODES = 100_000
 # Nesting depth: AutoSync's formats nest about 6 deep.
 MAX_DEPTH = 64
-# Largest file read. A full-size model spec or strategy with thousands of variables is well under
-# 1 MiB; at this size the worst case measured (a file of nothing but tiny flow mappings) loads and
-# is refused in about 6 s on a loaded 2-core machine, within MAX_BYTES_PER_INPUT_BYTE times the
-# size in memory (validation stops after its first problems: see strict.MAX_PROBLEMS_KEPT).
-MAX_FILE_BYTES = 4 * 1024 * 1024
+# Largest file read. The largest real file is well under 1 MiB (a strategy or model spec for
+# thousands of variables; configs/ holds at most 40 KiB); at this size the worst case measured (a
+# file of nothing but tiny flow mappings, about a million YAML events whose creation by the
+# parser is most of the cost) loads and is refused in about 3 s on a loaded 2-core machine,
+# within MAX_BYTES_PER_INPUT_BYTE times the size in memory (validation stops after its first
+# problems: see strict.MAX_PROBLEMS_KEPT).
+MAX_FILE_BYTES = 2 * 1024 * 1024
 # The stated bound on the memory of loading, per byte of the file (values plus the text); the
 # fuzz and limit tests measure it on the densest documents (see tests/test_yaml_limits.py).
 MAX_BYTES_PER_INPUT_BYTE = 40
@@ -105,7 +107,8 @@ def construct_from_events(loader):
     Raises:
         YAMLLimitError: past a limit above. yaml.YAMLError: bad YAML.
     """
-    loader.get_event()   # stream start
+    get_event = loader.get_event
+    get_event()   # stream start
     if loader.check_event(StreamEndEvent):
         loader.get_event()
         return None
@@ -117,8 +120,9 @@ def construct_from_events(loader):
     added = 0
     root = None
     while True:
-        event = loader.get_event()
-        if isinstance(event, ScalarEvent):
+        event = get_event()
+        kind = type(event)
+        if kind is ScalarEvent:
             # a spec repeats its keys and small values (var, ps, h0, true, 1): each distinct short
             # scalar is resolved once (resolving is most of the time a document costs)
             key = (event.tag, event.value, event.implicit) if len(event.value) <= 64 else None
@@ -130,7 +134,7 @@ def construct_from_events(loader):
             nodes = 1
             if event.anchor is not None:
                 anchors[event.anchor] = (value, 1)
-        elif isinstance(event, AliasEvent):
+        elif kind is AliasEvent:
             if event.anchor in open_anchors:
                 raise YAMLLimitError("a recursive alias (a node that contains itself); write the value out instead")
             if event.anchor not in anchors:
@@ -143,8 +147,8 @@ def construct_from_events(loader):
                     f"YAML aliases (*name) expand this document by more than the {MAX_ALIAS_NODES} nodes that "
                     f"aliases may add (at line {event.start_mark.line + 1}); write the values out instead of "
                     f"nesting anchors (&name)")
-        elif isinstance(event, (SequenceStartEvent, MappingStartEvent)):
-            is_map = isinstance(event, MappingStartEvent)
+        elif kind is SequenceStartEvent or kind is MappingStartEvent:
+            is_map = kind is MappingStartEvent
             if event.tag not in (_MAP_TAGS if is_map else _SEQ_TAGS):
                 raise _error(f"the YAML tag {event.tag[:80]!r} is not supported in AutoSync files; write a plain "
                              f"{'mapping' if is_map else 'list'}", event.start_mark)
@@ -154,7 +158,7 @@ def construct_from_events(loader):
                 open_anchors.add(event.anchor)
             stack.append(_Container(is_map, event.anchor, event.start_mark))
             continue
-        elif isinstance(event, (SequenceEndEvent, MappingEndEvent)):
+        elif kind is SequenceEndEvent or kind is MappingEndEvent:
             done = stack.pop()
             if done.has_key:
                 raise _error("a mapping key without a value", done.mark)
@@ -162,7 +166,7 @@ def construct_from_events(loader):
             if done.anchor is not None:
                 open_anchors.discard(done.anchor)
                 anchors[done.anchor] = (value, nodes)
-        elif isinstance(event, DocumentEndEvent):
+        elif kind is DocumentEndEvent:
             break
         else:
             raise _error(f"unexpected YAML event {type(event).__name__}", event.start_mark)

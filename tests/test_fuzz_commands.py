@@ -175,7 +175,7 @@ class Files:
             return r.choice(["", "\n", "---\n", "--- \n...\n---\n", "# only a comment\n", "null\n", "[]\n", "42\n"])
         if how == "other-kind":
             return self.valid[r.choice(["model", "cluster", "strategy", "constraints"])]
-        # wide: many entries (a few hundred KB at most; the 4 MiB cap is tested by the limit tests)
+        # wide: many entries (a few hundred KB at most; the 2 MiB cap is tested by the limit tests)
         line = r.choice(["- {a: 1}\n", "- 1\n", "- {var: x, ps: {destination: h0}}\n", "- [1, 2, 3]\n"])
         return f"kind: {kind}\nversion: 1\nname: w\nvariables:\n" + line * r.randint(100, 3000)
 

@@ -102,7 +102,7 @@ def test_item3_a_file_over_the_cap_is_refused_before_it_is_read(tmp_path):
     with open(path, "w") as f:
         f.truncate(MAX_FILE_BYTES + 1)
     t = time.monotonic()
-    with pytest.raises(ConfigError, match=r"MiB, more than the 4 MiB"):
+    with pytest.raises(ConfigError, match=r"MiB, more than the 2 MiB"):
         load(path, "strategy")
     assert time.monotonic() - t < 1
 
@@ -793,7 +793,7 @@ def issue_files(specs, tuned_store):
     with open(w / "big30.yaml", "w") as f:
         f.truncate(30 * 2**20)
     line = "- {a: 1}\n"
-    (w / "dense.yaml").write_text("kind: strategy\nvariables:\n" + line * ((4 * 2**20 - 100) // len(line)))
+    (w / "dense.yaml").write_text("kind: strategy\nvariables:\n" + line * ((2 * 2**20 - 100) // len(line)))
     (w / "group.yaml").write_text(dumps(get_builder("all_reduce").build(tiny_model(), three_node_cluster()))
                                   .replace("group: 0}", "group: 1000000000000}", 1))
     (w / "nccl.yaml").write_text("kind: constraints\nvariables:\n- {match: 'dense*', backend: nccl}\n")
