@@ -585,6 +585,10 @@ def test_item8_a_quiet_block_leaves_no_log_and_a_config_error_passes(tmp_path, m
     with ray_output_to_log("run") as log:
         pass
     assert log.path is None and os.listdir(tmp_path) == []
+    with ray_output_to_log("tune") as log:   # TensorFlow's start-up notices alone are not worth a log
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+                    b"I0000 00:00:1795550172.009096   15544 cudart_stub.cc:31] Could not find cuda drivers\n")
+    assert log.path is None and os.listdir(tmp_path) == []
     with pytest.raises(ConfigError, match="^bad flag$"):
         with ray_output_to_log("run"):
             raise ConfigError("bad flag")

@@ -6,12 +6,14 @@ traceback to stderr; the C++ core worker writes to file descriptor 2 directly. A
 stdout makes ``--json`` output invalid, and a traceback on stderr reads as a crash. So while a
 command runs Ray, file descriptors 1 and 2 point to a log file; the command's own messages go to
 ``RayLog.terminal`` (the real stderr), its results are printed after the block, and the log is
-named when something was written to it (and removed when nothing was).
+named when something was written to it (and removed when nothing was, or only TensorFlow's
+start-up notices).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +32,19 @@ class RayLog:
 
     def note(self) -> str:
         return f"Ray's own messages are in {self.path}" if self.path else ""
+
+
+# what TensorFlow's C++ runtime prints as it loads in this process (absl's start-up notice and
+# glog-style lines such as "I0000 00:00:17955 123 cudart_stub.cc:31] Could not find cuda drivers"):
+# start-up noise, not Ray's output; a log holding nothing else is removed, not named
+_TF_CHATTER = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+                         r"STDERR|[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] .*|To enable the following instructions:.*"
+                         r"|\s*)$")
+
+
+def _worth_naming(path: str) -> bool:
+    with open(path, errors="replace") as f:
+        return any(not _TF_CHATTER.match(line.rstrip("\n")) for line in f)
 
 
 def _flush() -> None:
@@ -75,7 +90,7 @@ def ray_output_to_log(command: str):
         for f in (*saved, fd):
             os.close(f)
         terminal.close()
-        if os.path.getsize(path) == 0:
+        if not _worth_naming(path):
             os.remove(path)
             log.path = None
     if failed is not None:
