@@ -10,9 +10,9 @@ types, damaged trial-store rows, model scripts that raise, exit or return the wr
 
 Every case must end with exit code 0 or 2; exit 2 with one error message and no traceback,
 within ``ALARM_S`` seconds, leaving every file as it was. Commands that run Ray or TensorFlow
-are fuzzed up to the point where they would start them: in this (unmarked) test, importing
-either raises an ImportError (see conftest), which is counted as "reached the runtime" — valid
-input, so the command went on. ``testbed`` changes this machine's network namespaces: its
+are fuzzed up to the point where they would start them: the functions that start Ray or build a
+model are replaced by a stop (and in this unmarked test importing either raises, see conftest),
+counted as "reached the runtime" — valid input so far, so the command went on. ``testbed`` changes this machine's network namespaces: its
 command lines always carry an unknown flag, so only its argument parsing is fuzzed.
 
 The numbers (cases, outcomes, time per case, peak memory per loader) are printed with ``-s``
@@ -411,12 +411,14 @@ def _bounded(seconds: float):
 
 
 def _run(argv: list[str]) -> str | int:
-    """Exit code of ``main(argv)``, or "runtime" when it went on to import Ray or TensorFlow."""
+    """Exit code of ``main(argv)``, or "runtime" when it went on to start Ray or TensorFlow."""
     try:
         return main(argv)
     except SystemExit as e:   # argparse: 2 for a bad command line, 0 for --help
         return e.code if isinstance(e.code, int) else 2
-    except ImportError as e:
+    except ReachedRuntime:
+        return "runtime"
+    except ImportError as e:   # (the conftest guard, where a module is not loaded yet)
         if "is not marked @pytest.mark.integration" in str(e):
             return "runtime"
         raise
@@ -446,6 +448,21 @@ def fuzz_env(pristine, tmp_path, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
+    # where the commands would start Ray or build a model with TensorFlow: stop there (the import
+    # guard alone does not, when an integration test loaded Ray or TensorFlow in this process)
+    import autosync.calibrate
+    import autosync.cli.runtime
+    import autosync.models.ingest
+    import autosync.models.profile
+    import autosync.runtime.rows
+
+    def stop(*a, **k):
+        raise ReachedRuntime()
+
+    for module, name in ((autosync.api, "make_runner"), (autosync.cli.runtime, "_runner"),
+                         (autosync.calibrate, "calibrate"), (autosync.models.ingest, "built_model_spec"),
+                         (autosync.models.profile, "profiled_model_spec"), (autosync.runtime.rows, "row_reads_of")):
+        monkeypatch.setattr(module, name, stop)
     # one parser for every case (building it takes ~10 ms) and the builtin warm start read once
     monkeypatch.setattr(autosync.cli, "build_parser", functools.lru_cache(maxsize=1)(build_parser))
     from tuner.warmstart import load_warm_start

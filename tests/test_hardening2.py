@@ -750,9 +750,12 @@ def test_item1_run_and_baselines_with_emulated_compute_print_json(tmp_path, comm
 
 # -- the issue's cases at the real command line: exit code, one message, time and memory --
 
-_PEAK = ("import atexit, resource, runpy, sys\n"
+# the peak resident memory of this process since its exec (VmHWM; ru_maxrss would count the
+# parent's size at the fork)
+_PEAK = ("import atexit, re, runpy, sys\n"
          "out = sys.argv[1]\n"
-         "atexit.register(lambda: open(out, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))\n"
+         "peak = lambda: re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+         "atexit.register(lambda: open(out, 'w').write(peak()))\n"
          "sys.argv = ['autosync'] + sys.argv[2:]\n"
          "runpy.run_module('autosync', run_name='__main__')\n")
 

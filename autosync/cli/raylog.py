@@ -53,13 +53,16 @@ def _flush() -> None:
             stream.flush()
 
 
+def _ray_is_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def _disconnect_ray() -> None:
     """Leave a Ray cluster the block connected to (RAY_ADDRESS) before stdout is restored: its
     driver threads would print what the cluster reports until the process exits."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        with contextlib.suppress(Exception):
-            ray.shutdown()
+    with contextlib.suppress(Exception):
+        sys.modules["ray"].shutdown()
 
 
 @contextlib.contextmanager
@@ -70,6 +73,7 @@ def ray_output_to_log(command: str):
     A ConfigError raised in the block names the log when Ray wrote to it; after a block that
     ends normally, a non-empty log is named on stderr.
     """
+    ray_was_up = _ray_is_up()   # a Ray session this process had before is left to its owner
     fd, path = tempfile.mkstemp(prefix=f"autosync-{command}-", suffix=".log")
     _flush()
     saved = (os.dup(1), os.dup(2))
@@ -83,7 +87,8 @@ def ray_output_to_log(command: str):
     except ConfigError as e:
         failed = e
     finally:
-        _disconnect_ray()
+        if not ray_was_up and _ray_is_up():
+            _disconnect_ray()
         _flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
