@@ -71,7 +71,7 @@ def ray_output_to_log(command: str):
     a new log file. Yields a RayLog.
 
     A ConfigError raised in the block names the log when Ray wrote to it; after a block that
-    ends normally, a non-empty log is named on stderr.
+    ends otherwise, such a log is named on stderr.
     """
     ray_was_up = _ray_is_up()   # a Ray session this process had before is left to its owner
     fd, path = tempfile.mkstemp(prefix=f"autosync-{command}-", suffix=".log")
@@ -81,11 +81,13 @@ def ray_output_to_log(command: str):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     log = RayLog(path, terminal)
-    failed = None
+    failed = other = None
     try:
         yield log
     except ConfigError as e:
         failed = e
+    except BaseException as e:   # noqa: BLE001 - re-raised below, once the log is named
+        other = e
     finally:
         if not ray_was_up and _ray_is_up():
             _disconnect_ray()
@@ -98,6 +100,10 @@ def ray_output_to_log(command: str):
         if not _worth_naming(path):
             os.remove(path)
             log.path = None
+    if other is not None:   # an interrupt or a bug: its traceback follows; what Ray said may explain it
+        if log.path:
+            print(f"autosync {command}: {log.note()}", file=sys.stderr)
+        raise other
     if failed is not None:
         if log.path:
             raise ConfigError(failed.problems[:-1] + [f"{failed.problems[-1]} ({log.note()})"],
