@@ -38,7 +38,7 @@ import pytest
 import autosync.api
 import autosync.cli
 from autosync.cli import build_parser, main
-from strategy_space import ConfigError, dumps, load, save
+from strategy_space import ConfigError, load, save
 from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
 

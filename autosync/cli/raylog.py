@@ -74,7 +74,8 @@ def ray_output_to_log(command: str):
     ends otherwise, such a log is named on stderr.
     """
     ray_was_up = _ray_is_up()   # a Ray session this process had before is left to its owner
-    fd, path = tempfile.mkstemp(prefix=f"autosync-{command}-", suffix=".log")
+    # (the process id in the name tells a killed command's log, which nobody removes, by its pid)
+    fd, path = tempfile.mkstemp(prefix=f"autosync-{command}-{os.getpid()}-", suffix=".log")
     _flush()
     saved = (os.dup(1), os.dup(2))
     terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1)
