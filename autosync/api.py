@@ -19,12 +19,12 @@ from typing import Callable
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.constraints import Constraints, load_constraints
-from tuner.store import TrialStore, check_store_file
+from tuner.store import TrialStore, check_store_file, open_existing_store
 from tuner.trial import Runner, Trial
 from tuner.warmstart import load_warm_start
 from tuner.model_based import ModelBasedTuner, SearchSettings
 from tuner.outcome import TuneOutcome
-from tuner.tuning import Budget, tune_loop
+from tuner.tuning import Budget, previous_run, tune_loop
 
 
 def default_store_path() -> Path:
@@ -182,6 +182,28 @@ def make_trainer(model, strategy, cluster="local", **settings):
     return Trainer(model_def, strategy, cluster_spec, **settings)
 
 
+def _first_reason(error: str | None) -> str:
+    """The first line of a trial's error that says something: a ConfigError of several problems
+    starts with "N problems:", and its first problem is on the next line."""
+    lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")]
+    if len(lines) > 1 and lines[0].endswith(" problems:"):
+        return f"{lines[0]} {lines[1]}"[:200]
+    return (lines[0] if lines else "no error recorded")[:200]
+
+
+def _check_resumable(store_path: Path) -> None:
+    """Raise ConfigError unless the trial store at ``store_path`` holds a tuning run (of any model
+    and cluster: which one is known only once the model is loaded)."""
+    why = ("does not exist" if not store_path.exists() else "is empty" if store_path.stat().st_size == 0 else None)
+    if why is None:
+        with open_existing_store(store_path) as existing:
+            if not any(t.run_id for t in existing.trials()):
+                why = "holds no tuning run"
+    if why is not None:
+        raise ConfigError(f"--resume: there is no earlier run to continue: the trial store {store_path} {why}; give "
+                          f"the --store of the run to continue, or leave out --resume to start a new run")
+
+
 def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | None = None,
          store: str | os.PathLike | None = None, constraints: Constraints | str | None = None,
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
@@ -231,10 +253,19 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
     if isinstance(constraints, (str, os.PathLike)):
         constraints = load_constraints(str(constraints))
+    if constraints is not None:   # what the cluster cannot run (nccl without GPUs) fails before any worker starts
+        problems = constraints.cluster_problems(cluster_spec)
+        if problems:
+            raise ConfigError(problems)
     store_path = Path(store) if store is not None else default_store_path()
     check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
+    if resume:   # a resume with nothing to resume fails before any worker starts
+        _check_resumable(store_path)
     own_runner = runner is None
     if runner is None:
+        from autosync.runtime.runner import check_node_capacity
+
+        check_node_capacity(cluster_spec)
         # trials are recorded against the profiled spec (real compute) or the emulated one, on
         # the cluster as the runner runs it (emulated compute marks it)
         runner = make_runner(model, cluster_spec, compute=compute, profile=True, step_time_s=step_time_s,
@@ -243,6 +274,15 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         cluster_spec, spec = runner.cluster, runner.given_spec
     else:
         spec = runner.model
+    if resume:
+        with open_existing_store(store_path) as existing:
+            found, _ = previous_run(existing, spec, cluster_spec)
+        if found is None:
+            if own_runner:
+                runner.close()
+            raise ConfigError(f"--resume: the trial store {store_path} holds no earlier run of model {spec.name} on "
+                              f"cluster {cluster_spec.name} (with these settings) to continue; leave out --resume to "
+                              f"start a new run")
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with TrialStore(store_path) as trial_store:
@@ -256,7 +296,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             runner.close()
     best = outcome.best
     if best is None:
-        reasons = sorted({t.error.splitlines()[0][:200] for t in outcome.trials if not t.ok})
+        reasons = sorted({_first_reason(t.error) for t in outcome.trials if not t.ok})
         raise ConfigError(f"every trial failed, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
                           f"Check that the model trains on this cluster (autosync run --strategy ...)")
     validate(best.strategy, spec, cluster_spec)

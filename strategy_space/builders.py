@@ -257,17 +257,38 @@ for _cls in (PSBuilder, PSLoadBalancingBuilder, PartitionedPSBuilder, UnevenPart
     register_builder(_cls)
 
 
-def builder_options(name: str) -> list[str]:
-    """Keyword options a builder accepts."""
-    cls = BUILDERS[name]
-    params: list[str] = []
-    for klass in cls.__mro__:
+def _option_defaults(name: str) -> dict:
+    """Keyword options a builder accepts, with their defaults."""
+    out: dict = {}
+    for klass in BUILDERS[name].__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
-        params += [p.name for p in inspect.signature(init).parameters.values()
-                   if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
-    return sorted(set(params))
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self":
+                out.setdefault(p.name, p.default)
+    return out
+
+
+def builder_options(name: str) -> list[str]:
+    """Keyword options a builder accepts."""
+    return sorted(_option_defaults(name))
+
+
+def _option_problem(key: str, value, default) -> str | None:
+    """Why ``value`` cannot be option ``key`` (whose default gives its type), or None."""
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0"
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        want = "a finite number"
+    elif isinstance(default, str):
+        ok, want = isinstance(value, str), "a string"
+    else:
+        return None
+    return None if ok else f"option {key} must be {want}, got {short_repr(value)}"
 
 
 def get_builder(name: str, **options) -> StrategyBuilder:
@@ -278,10 +299,15 @@ def get_builder(name: str, **options) -> StrategyBuilder:
     """
     if name not in BUILDERS:
         raise ConfigError(f"unknown builder {short_repr(name)}; valid builders: {', '.join(BUILDERS)}")
-    unknown = sorted(set(options) - set(builder_options(name)))
+    defaults = _option_defaults(name)
+    unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise ConfigError(f"builder {name}: unknown option(s) {', '.join(unknown)}; accepted: "
-                          f"{', '.join(builder_options(name)) or 'none'}")
+                          f"{', '.join(sorted(defaults)) or 'none'}")
+    problems = [f"builder {name}: {why}" for key, value in options.items()
+                if (why := _option_problem(key, value, defaults[key]))]
+    if problems:
+        raise ConfigError(problems)
     return BUILDERS[name](**options)
 
 

@@ -14,6 +14,18 @@ from .calibration import Calibration
 from .errors import ConfigError, short_repr
 from .strict import check_header, check_keys, fingerprint, get_typed, parse_items
 
+# plausibility caps: far above real machines, low enough that nothing downstream overflows or
+# tries to start that many processes (whether a node can run its workers is checked before Ray)
+MAX_CPUS = 2**16
+MAX_GPUS = 2**10
+MAX_WORKERS = 2**10
+MAX_BANDWIDTH_GBPS = 1e5
+
+
+def _bandwidth_ok(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 < value <= MAX_BANDWIDTH_GBPS)   # NaN and inf fail the comparisons
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -46,17 +58,19 @@ class NodeSpec:
         if not (isinstance(self.name, str) and _NAME_RE.match(self.name)):
             problems.append(f"node name {short_repr(self.name)} must be non-empty and use only letters, digits, "
                             f"'_', '-', '.'")
-        if not (isinstance(self.cpus, int) and self.cpus >= 1):
-            problems.append(f"node {self.name}: cpus must be an integer >= 1, got {short_repr(self.cpus)}")
-        if not (isinstance(self.gpus, int) and self.gpus >= 0):
-            problems.append(f"node {self.name}: gpus must be an integer >= 0, got {short_repr(self.gpus)}")
+        if not (isinstance(self.cpus, int) and 1 <= self.cpus <= MAX_CPUS):
+            problems.append(f"node {self.name}: cpus must be an integer from 1 to {MAX_CPUS}, got {short_repr(self.cpus)}")
+        if not (isinstance(self.gpus, int) and 0 <= self.gpus <= MAX_GPUS):
+            problems.append(f"node {self.name}: gpus must be an integer from 0 to {MAX_GPUS}, got {short_repr(self.gpus)}")
         if self.workers is None:
             if isinstance(self.gpus, int):
                 object.__setattr__(self, "workers", self.gpus if self.gpus > 0 else 1)
-        elif not (isinstance(self.workers, int) and self.workers >= 0):
-            problems.append(f"node {self.name}: workers must be an integer >= 0, got {short_repr(self.workers)}")
-        if not (isinstance(self.bandwidth_gbps, (int, float)) and self.bandwidth_gbps > 0):
-            problems.append(f"node {self.name}: bandwidth_gbps must be > 0, got {short_repr(self.bandwidth_gbps)}")
+        elif not (isinstance(self.workers, int) and 0 <= self.workers <= MAX_WORKERS):
+            problems.append(f"node {self.name}: workers must be an integer from 0 to {MAX_WORKERS}, got "
+                            f"{short_repr(self.workers)}")
+        if not _bandwidth_ok(self.bandwidth_gbps):
+            problems.append(f"node {self.name}: bandwidth_gbps must be a number > 0 and at most {MAX_BANDWIDTH_GBPS:g} "
+                            f"(Gbit/s, e.g. 10 or 1e1), got {short_repr(self.bandwidth_gbps)}")
         if problems:
             raise ConfigError(problems)
 
@@ -132,8 +146,9 @@ class ClusterSpec:
             problems.append(f"cluster {self.name}: exactly one node may be chief, got {', '.join(chiefs)}")
         if nodes and sum(n.workers or 0 for n in nodes) < 1:
             problems.append(f"cluster {self.name}: no node has workers; set workers >= 1 on at least one node")
-        if self.intra_node_bandwidth_gbps is not None and not self.intra_node_bandwidth_gbps > 0:
-            problems.append(f"cluster {self.name}: intra_node_bandwidth_gbps must be > 0, got {self.intra_node_bandwidth_gbps}")
+        if self.intra_node_bandwidth_gbps is not None and not _bandwidth_ok(self.intra_node_bandwidth_gbps):
+            problems.append(f"cluster {self.name}: intra_node_bandwidth_gbps must be a number > 0 and at most "
+                            f"{MAX_BANDWIDTH_GBPS:g}, got {short_repr(self.intra_node_bandwidth_gbps)}")
         if self.compute not in ("real", "emulated"):
             problems.append(f"cluster {self.name}: compute must be 'real' or 'emulated', got {self.compute!r}")
         if not (isinstance(self.compute_dilation, (int, float)) and 1 <= self.compute_dilation <= 10_000):

@@ -24,7 +24,10 @@ from .errors import ConfigError, short_repr
 COMPRESSOR_KINDS = ("none", "fp16", "fp16_ef", "powersgd", "powersgd_ef")
 _RANKED = ("powersgd", "powersgd_ef")
 _SPEC_RE = re.compile(r"^(none|fp16|fp16_ef|powersgd|powersgd_ef)(?:\((\d+)\))?$")
-_ALLOWED = "none, fp16, fp16_ef, powersgd(RANK), powersgd_ef(RANK)"
+# PowerSGD's rank: real uses are 1 to 32 (a rank near a matrix's smaller side sends more than the
+# raw gradient); the cap keeps generated or mistyped ranks from allocating rank-wide factors
+MAX_RANK = 1024
+_ALLOWED = f"none, fp16, fp16_ef, powersgd(RANK), powersgd_ef(RANK) with RANK from 1 to {MAX_RANK}"
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Compressor:
     def __post_init__(self):
         if self.kind not in ("none", "fp16", "powersgd"):
             raise ConfigError(f"compressor kind {short_repr(self.kind)} is not one of none, fp16, powersgd")
-        if (self.kind == "powersgd") != (isinstance(self.rank, int) and self.rank >= 1):
+        if (self.kind == "powersgd") != (isinstance(self.rank, int) and 1 <= self.rank <= MAX_RANK):
             raise ConfigError(f"compressor {self.kind} takes {'a rank >= 1' if self.kind == 'powersgd' else 'no rank'}, "
                               f"got rank {short_repr(self.rank)}")
         if self.kind == "none" and self.error_feedback:
@@ -84,8 +87,8 @@ def _parse(text: str) -> Compressor:
         raise ConfigError(f"compressor {short_repr(text)} is not one of {_ALLOWED}")
     name, rank = m.group(1), m.group(2)
     if name in _RANKED:
-        if rank is None or int(rank) < 1:
-            raise ConfigError(f"compressor {short_repr(text)} needs a rank >= 1, e.g. {name}(4)")
+        if rank is None or len(rank) > 6 or not 1 <= int(rank) <= MAX_RANK:
+            raise ConfigError(f"compressor {short_repr(text)} needs a rank from 1 to {MAX_RANK}, e.g. {name}(4)")
         return Compressor.of(name, int(rank))
     if rank is not None:
         raise ConfigError(f"compressor {name} takes no rank, got {short_repr(text)}; allowed: {_ALLOWED}")

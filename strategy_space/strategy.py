@@ -18,6 +18,11 @@ from .errors import ConfigError, short_repr
 from .strict import FORMAT_VERSION, check_header, check_keys, fingerprint, get_typed, parse_items
 
 BACKENDS = ("auto", "gloo", "nccl", "objectstore", "graph")
+# integer fields are encoded as int32 arrays by the tuner and simulator: far above any real value
+# (a group per variable shard; a worker ahead by a million steps), far below int32's limit
+MAX_GROUP = 2**20 - 1
+MAX_STALENESS = 10**6
+MAX_SHARDS = 2**16   # per variable (a shard list of this length is still small to hold)
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,10 @@ class PS:
         problems = []
         if not isinstance(self.destination, str) or not self.destination:
             problems.append(f"ps.destination must be a node name, got {short_repr(self.destination)}")
-        if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
-            problems.append(f"ps.staleness must be an integer >= 0, got {short_repr(self.staleness)}")
+        if (not isinstance(self.staleness, int) or isinstance(self.staleness, bool)
+                or not 0 <= self.staleness <= MAX_STALENESS):
+            problems.append(f"ps.staleness must be an integer from 0 to {MAX_STALENESS}, got "
+                            f"{short_repr(self.staleness)}")
         if problems:
             raise ConfigError(problems)
 
@@ -89,8 +96,8 @@ class AllReduce:
             Compressor.parse(self.compressor)
         except ConfigError as e:
             problems.extend(e.problems)
-        if not isinstance(self.group, int) or isinstance(self.group, bool) or self.group < 0:
-            problems.append(f"all_reduce.group must be an integer >= 0, got {short_repr(self.group)}")
+        if not isinstance(self.group, int) or isinstance(self.group, bool) or not 0 <= self.group <= MAX_GROUP:
+            problems.append(f"all_reduce.group must be an integer from 0 to {MAX_GROUP}, got {short_repr(self.group)}")
         if not isinstance(self.hierarchical, bool):
             problems.append(f"all_reduce.hierarchical must be true or false, got {short_repr(self.hierarchical)}")
         if problems:
@@ -236,8 +243,8 @@ class VarConfig:
             part = check_keys(data["partition"], f"{where}.partition", {"shards"}, {"axis"})
             axis = get_typed(part, "axis", int, f"{where}.partition", 0)
             shards = get_typed(part, "shards", int, f"{where}.partition")
-            if shards < 1:
-                raise ConfigError(f"{where}.partition.shards must be >= 1, got {shards}")
+            if not 1 <= shards <= MAX_SHARDS:
+                raise ConfigError(f"{where}.partition.shards must be from 1 to {MAX_SHARDS}, got {short_repr(shards)}")
         if "shards" in data:
             if "ps" in data or "all_reduce" in data:
                 raise ConfigError(f"{where}: give either one synchronizer ('ps'/'all_reduce') for all shards or a 'shards' list, not both")

@@ -53,12 +53,21 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# a list with more bad items than this stops being read: a file of a million bad entries costs
+# the time and memory of its first ones, not a million messages
+MAX_PROBLEMS_KEPT = 200
+
+
 def parse_items(items, parse, where: str) -> list:
-    """``parse(item, where=f"{where}[i]")`` for every item; the problems of all items are raised
-    together as one ConfigError."""
+    """``parse(item, where=f"{where}[i]")`` for every item; the problems of all items (of the
+    first ones, past ``MAX_PROBLEMS_KEPT``) are raised together as one ConfigError."""
     problems: list[str] = []
     out = []
     for i, item in enumerate(items):
+        if len(problems) >= MAX_PROBLEMS_KEPT:
+            problems.append(f"{where}: stopped reading at item {i} of {len(items)} after {len(problems)} problems; "
+                            f"fix these first")
+            break
         try:
             out.append(parse(item, where=f"{where}[{i}]"))
         except ConfigError as e:

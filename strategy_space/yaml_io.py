@@ -77,17 +77,19 @@ def parse_text(text: str, source: str = "<string>") -> Any:
 
 def read_text(path: str | os.PathLike) -> str:
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{p} is a directory; give the path of a YAML file")
-    if not p.is_file():
-        raise ConfigError(f"file not found: {p} (give the path of an existing YAML file)")
-    try:
+    try:   # (is_dir raises, not answers False, for a name too long or a loop of links)
+        if p.is_dir():
+            raise ConfigError(f"{p} is a directory; give the path of a YAML file")
+        if not p.is_file():
+            raise ConfigError(f"file not found: {p} (give the path of an existing YAML file)")
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise ConfigError(f"{p} is {size / 2**20:.0f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB a "
+            raise ConfigError(f"{p} is {size / 2**20:.1f} MiB, more than the {MAX_FILE_BYTES // 2**20} MiB a "
                               f"strategy, spec or constraints file may have; is it the right file?")
         return p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise ConfigError(f"cannot read {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
         raise ConfigError(f"cannot read {p}: {e}") from None
 
 

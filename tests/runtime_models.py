@@ -184,3 +184,21 @@ def deep_model_def() -> ModelDef:
     return ModelDef(name="conv_overlap", model_fn=build_conv_model, loss_fn=mse,
                     optimizer_fn=functools.partial(make_optimizer, "sgd", learning_rate=0.01),
                     dataset_fn=conv_batches, batch_size=16, seed=3)
+
+
+def build_batchnorm_model():
+    """``build_model`` with a BatchNormalization layer: non-trainable state (moving mean and
+    variance) that every training-mode forward pass moves."""
+    import keras
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    x = keras.layers.Dense(6, activation="tanh", name="hidden")(x)
+    x = keras.layers.BatchNormalization(momentum=0.5, name="bn")(x)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def batchnorm_model_def() -> ModelDef:
+    return ModelDef(name="tiny_bn", model_fn=build_batchnorm_model, loss_fn=mse,
+                    optimizer_fn=functools.partial(make_optimizer, "sgd", learning_rate=0.1),
+                    dataset_fn=make_batches, batch_size=8, seed=7)

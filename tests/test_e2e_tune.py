@@ -2,12 +2,14 @@
 `local`, then a run killed mid-way and finished with --resume."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -72,6 +74,8 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     assert p.poll() is None, "the run ended before it could be killed"
     os.killpg(p.pid, signal.SIGKILL)  # the driver and everything it started, mid-run
     p.wait(30)
+    for log in glob.glob(os.path.join(tempfile.gettempdir(), f"autosync-tune-{p.pid}-*.log")):
+        os.remove(log)   # the killed driver's log of Ray's output (a killed process cannot remove it)
     killed_at = _count(db)
     assert killed_at >= 4
     r = _tune(tmp_path, "--trials", "6", "--store", str(db), "--out", "b.yaml", "--resume", "--json")

@@ -29,8 +29,9 @@ from strategy_space.strict import check_keys, get_typed
 from strategy_space.errors import ConfigError, Problems
 from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
 from strategy_space.space import StrategySpace
+from strategy_space.cluster_spec import ClusterSpec
 from strategy_space.compressor import Compressor
-from strategy_space.strategy import BACKENDS
+from strategy_space.strategy import BACKENDS, MAX_GROUP, MAX_SHARDS, MAX_STALENESS
 from strategy_space.yaml_io import parse_text, read_text
 
 _SYNC = {"ps": KIND_PS, "all_reduce": KIND_AR}
@@ -64,8 +65,8 @@ class Rule:
                   f"together; a variable is one or the other")
         if self.sync == "ps" and ar_opts or self.sync == "all_reduce" and ps_opts:
             p.add(f"{where}: sync {self.sync} conflicts with {', '.join(ar_opts or ps_opts)}")
-        if self.shards is not None and self.shards < 1:
-            p.add(f"{where}: shards must be >= 1, got {self.shards}")
+        if self.shards is not None and not 1 <= self.shards <= MAX_SHARDS:
+            p.add(f"{where}: shards must be from 1 to {MAX_SHARDS}, got {short_repr(self.shards)}")
         if self.compressor is not None:
             try:
                 Compressor.parse(self.compressor)
@@ -73,9 +74,15 @@ class Rule:
                 p.items.extend(f"{where}: {x}" for x in e.problems)
         if self.backend is not None and self.backend not in BACKENDS:
             p.add(f"{where}: backend {short_repr(self.backend)} is not one of {', '.join(BACKENDS)}")
-        if self.group is not None and self.group < 0:
-            p.add(f"{where}: group must be >= 0, got {self.group}")
+        if self.group is not None and not 0 <= self.group <= MAX_GROUP:
+            p.add(f"{where}: group must be from 0 to {MAX_GROUP}, got {short_repr(self.group)}")
         p.raise_if_any()
+
+    @property
+    def label(self) -> str:
+        """How messages name this rule."""
+        return (f"constraint rule match={short_repr(self.match)}"
+                + (f" sparse={self.sparse}" if self.sparse is not None else ""))
 
     @property
     def kind(self) -> int | None:
@@ -122,8 +129,8 @@ class Constraints:
         if problems:
             raise ConfigError(problems)
         staleness = get_typed(data, "staleness", (int, type(None)), "constraints", None)
-        if staleness is not None and staleness < 0:
-            raise ConfigError(f"constraints.staleness must be >= 0, got {staleness}")
+        if staleness is not None and not 0 <= staleness <= MAX_STALENESS:
+            raise ConfigError(f"constraints.staleness must be from 0 to {MAX_STALENESS}, got {short_repr(staleness)}")
         return cls(tuple(rules), staleness)
 
     def to_dict(self) -> dict:
@@ -149,8 +156,7 @@ class Constraints:
         p = Problems()
         for rule in self.rules:
             sel = np.array([rule.selects(v.name, v.sparse) for v in model.variables])
-            where = (f"constraint rule match={short_repr(rule.match)}"
-                     + (f" sparse={rule.sparse}" if rule.sparse is not None else ""))
+            where = rule.label
             if not sel.any():
                 p.add(f"{where}: selects no variable of model {model.name}; check the pattern (e.g. "
                       f"{short_repr(model.names[0])})")
@@ -163,13 +169,8 @@ class Constraints:
                     p.add(f"{where}: shards {rule.shards} exceeds what {', '.join(too_many[:3])} allow "
                           f"(at most {int(space.shard_max[sel].min())} here)")
                 c.set("shards", sel, rule.shards)
-            if rule.destination is not None:
-                if rule.destination not in cluster.node_names:
-                    p.add(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster "
-                          f"{cluster.name}; "
-                          f"allowed: {', '.join(cluster.node_names)}")
-                else:
-                    c.set("dest", sel, cluster.node_index(rule.destination))
+            if rule.destination is not None and rule.destination in cluster.node_names:
+                c.set("dest", sel, cluster.node_index(rule.destination))
             if rule.local_replication is not None:
                 c.set("local_replication", sel, int(rule.local_replication))
             if rule.compressor is not None:
@@ -185,8 +186,25 @@ class Constraints:
                 c.set("group", sel, rule.group)
             if rule.backend is not None:
                 c.set("backend", sel, BACKEND_ID[rule.backend])
+        p.items.extend(self.cluster_problems(cluster))
         p.raise_if_any()
         return c
+
+    def cluster_problems(self, cluster: ClusterSpec) -> list[str]:
+        """What the rules pin that ``cluster`` cannot run: a destination that is not one of its
+        nodes, the nccl backend on nodes without GPUs. Needs no model, so ``tune`` checks it
+        before any worker starts."""
+        out = []
+        no_gpu = [n.name for n in cluster.nodes if n.gpus == 0]
+        for rule in self.rules:
+            where = rule.label
+            if rule.destination is not None and rule.destination not in cluster.node_names:
+                out.append(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster "
+                           f"{cluster.name}; allowed: {', '.join(cluster.node_names)}")
+            if rule.backend == "nccl" and no_gpu:
+                out.append(f"{where}: backend nccl needs GPUs but node(s) {', '.join(no_gpu[:5])} of cluster "
+                           f"{cluster.name} have none; pin backend gloo, objectstore or auto, or leave it free")
+        return out
 
 
 @dataclass

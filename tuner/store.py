@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import sqlite3
@@ -22,7 +23,7 @@ import urllib.parse
 from typing import Iterable
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy, dumps, loads
-from strategy_space.errors import ConfigError
+from strategy_space.errors import ConfigError, short_repr
 
 from .trial import Trial
 
@@ -101,8 +102,8 @@ def check_store_file(path: str | os.PathLike) -> None:
                        if "info" in tables else None)
         finally:
             db.close()
-    except sqlite3.DatabaseError as e:
-        raise _store_error(path, f"SQLite cannot read it ({e}); it is damaged or truncated") from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:   # (a damaged table name is not UTF-8)
+        raise _store_error(path, f"SQLite cannot read it ({str(e)[:200]}); it is damaged or truncated") from None
     if not check or check[0] != "ok":
         raise _store_error(path, f"the database is damaged ({str(check[0] if check else '')[:120]})")
     if tables and not _NEEDED_TABLES <= tables:
@@ -173,7 +174,7 @@ class TrialStore:
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         try:
             self._open()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             self._db.close()
             if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
                 raise StoreError(f"{self.path}: the trial store is locked by another process ({e}); wait for "
@@ -285,15 +286,31 @@ class TrialStore:
         return sum(self.add(t, model, cluster) for t in trials)
 
     # ---- reading ----------------------------------------------------------------------------
+    def _query(self, sql: str, args=()) -> list:
+        """All rows of a query; a file damaged past what opening it checks (a page, a value that is
+        not UTF-8) is a StoreError, not an sqlite3 exception."""
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except (sqlite3.Error, UnicodeDecodeError) as e:
+            why = " ".join(str(e).split())
+            raise _store_error(self.path, f"reading it failed ({why[:160]}{'...' if len(why) > 160 else ''}); it "
+                                          f"is damaged") from None
+
     def _trial(self, row: sqlite3.Row) -> Trial:
         (uid, mfp, cfp, sfp, status, _, steps, error, bs, breakdown, origin, t0, t1, meta, _env, yaml_text) = row
         s = self._parsed.get(sfp)
         if s is None:  # strategies are immutable: parse each one once per open store
             s = self._parsed[sfp] = loads(yaml_text, "strategy", source=f"strategy {sfp}")
+        step_times, breakdown, meta = json.loads(steps), json.loads(breakdown), json.loads(meta)
+        if not (isinstance(step_times, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                     and math.isfinite(x) and x > 0 for x in step_times)):
+            raise TypeError(f"step_times is not a list of finite times > 0: {short_repr(step_times)}")
+        for name, value in (("breakdown", breakdown), ("meta", meta)):
+            if not isinstance(value, dict):
+                raise TypeError(f"{name} is not a JSON object: {short_repr(value)}")
         return Trial(Strategy(s.variables, s.replicas, origin=origin), mfp, cfp, status,
-                     step_times=tuple(json.loads(steps)), error=error, batch_size=bs,
-                     breakdown=json.loads(breakdown), origin=origin, started_at=t0, finished_at=t1,
-                     meta=json.loads(meta))
+                     step_times=tuple(step_times), error=error, batch_size=bs, breakdown=breakdown, origin=origin,
+                     started_at=t0, finished_at=t1, meta=meta)
 
     def trials(self, model_fp: str | None = None, cluster_fp: str | None = None,
                status: str | None = None) -> list[Trial]:
@@ -303,10 +320,18 @@ class TrialStore:
             if val is not None:
                 where.append(f"t.{col} = ?")
                 args.append(val)
-        sql = (f"SELECT {', '.join('t.' + c for c in _TRIAL_COLS)}, s.yaml FROM trials t "
+        sql = (f"SELECT t.id, {', '.join('t.' + c for c in _TRIAL_COLS)}, s.yaml FROM trials t "
                f"JOIN strategies s ON s.fingerprint = t.strategy_fp "
                f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY t.id")
-        return [self._trial(r) for r in self._db.execute(sql, args)]
+        out = []
+        for row in self._query(sql, args):
+            try:
+                out.append(self._trial(row[1:]))
+            except (ValueError, TypeError, KeyError, AttributeError) as e:   # bad JSON, a wrong type, a bad strategy
+                why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                raise _store_error(self.path, f"trial row id={row[0]} is damaged ({why}); delete it with "
+                                              f"`sqlite3 {self.path} 'DELETE FROM trials WHERE id={row[0]}'`") from None
+        return out
 
     def trials_for(self, model_fp: str, cluster_fp: str) -> list[Trial]:
         """All trials of one (model, cluster) group (for resuming a tuning run)."""
@@ -315,24 +340,33 @@ class TrialStore:
     def has_trial(self, model_fp: str, cluster_fp: str, strategy_fp: str, ok_only: bool = False) -> bool:
         """Whether this strategy was already tried on this (model, cluster)."""
         sql = "SELECT 1 FROM trials WHERE model_fp=? AND cluster_fp=? AND strategy_fp=?"
-        return self._db.execute(sql + (" AND status='ok'" if ok_only else "") + " LIMIT 1",
-                                (model_fp, cluster_fp, strategy_fp)).fetchone() is not None
+        return bool(self._query(sql + (" AND status='ok'" if ok_only else "") + " LIMIT 1",
+                                (model_fp, cluster_fp, strategy_fp)))
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+        return self._query("SELECT COUNT(*) FROM trials")[0][0]
 
     def groups(self) -> list[tuple[str, str, int]]:
         """(model fingerprint, cluster fingerprint, trial count) of every group."""
-        return [tuple(r) for r in self._db.execute(
+        return [tuple(r) for r in self._query(
             "SELECT model_fp, cluster_fp, COUNT(*) FROM trials GROUP BY model_fp, cluster_fp ORDER BY MIN(id)")]
 
     def model(self, fingerprint: str) -> ModelSpec | None:
-        row = self._db.execute("SELECT spec_yaml FROM models WHERE fingerprint=?", (fingerprint,)).fetchone()
-        return loads(row[0], "model") if row else None  # type: ignore[return-value]
+        rows = self._query("SELECT spec_yaml FROM models WHERE fingerprint=?", (fingerprint,))
+        return self._spec(rows, "model", fingerprint)  # type: ignore[return-value]
 
     def cluster(self, fingerprint: str) -> ClusterSpec | None:
-        row = self._db.execute("SELECT spec_yaml FROM clusters WHERE fingerprint=?", (fingerprint,)).fetchone()
-        return loads(row[0], "cluster") if row else None  # type: ignore[return-value]
+        rows = self._query("SELECT spec_yaml FROM clusters WHERE fingerprint=?", (fingerprint,))
+        return self._spec(rows, "cluster", fingerprint)  # type: ignore[return-value]
+
+    def _spec(self, rows: list, kind: str, fingerprint: str):
+        if not rows:
+            return None
+        try:
+            return loads(rows[0][0], kind, source=f"{kind} {fingerprint}")
+        except (ConfigError, TypeError, AttributeError) as e:   # damaged YAML, or not text at all
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise _store_error(self.path, f"its {kind} spec {fingerprint} is damaged ({why})") from None
 
     # ---- export and merge -------------------------------------------------------------------
     def to_dataframe(self):

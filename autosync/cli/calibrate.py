@@ -25,12 +25,17 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from autosync.calibrate import bus_bandwidth_gbps, calibrate
+    from autosync.cli.paths import check_output_file
+    from autosync.cli.raylog import ray_output_to_log
     from autosync.sources import load_cluster
     from strategy_space import dumps, save
 
     if args.backend not in ("auto", "gloo", "objectstore", "nccl"):
         raise ConfigError(f"--backend {args.backend!r} is not one of auto, gloo, objectstore, nccl")
-    cluster = calibrate(load_cluster(args.cluster), reps=args.reps, backend=args.backend)
+    check_output_file(args.out, "--out")
+    cluster = load_cluster(args.cluster)
+    with ray_output_to_log("calibrate"):
+        cluster = calibrate(cluster, reps=args.reps, backend=args.backend)
     cal = cluster.calibration
     print(f"calibrated {cluster.name}: {cal.backend} all-reduce over {cal.workers} workers, "
           f"{bus_bandwidth_gbps(cal):.2f} Gbit/s bus bandwidth at {cal.allreduce[-1][0] >> 20} MiB, "

@@ -47,8 +47,10 @@ def cmd_inspect(args) -> int:
     import sys
 
     from autosync.sources import is_trainable_source, load_model_def, load_model_spec
+    from autosync.cli.paths import check_output_file
     from strategy_space.yaml_io import save
 
+    check_output_file(args.out, "--out")
     model = args.model
     if is_trainable_source(model):
         from autosync.runtime.optimizers import check_model_optimizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from autosync.cli.paths import check_output_file
 from autosync.formatting import describe_strategy, human_bytes, table
 from autosync.sources import CLUSTER_FORMS, MODEL_FORMS, load_cluster, load_model_spec
 from strategy_space import validate
@@ -40,6 +41,7 @@ def cmd_builders(args) -> int:
 
 
 def cmd_build(args) -> int:
+    check_output_file(args.out, "--out")
     model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
     strategy = get_builder(args.builder, **_parse_options(args.option)).build(model, cluster)

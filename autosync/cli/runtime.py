@@ -5,6 +5,7 @@ import json
 import math
 import sys
 
+from autosync.cli.raylog import ray_output_to_log
 from autosync.formatting import table
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space import validate
@@ -67,7 +68,7 @@ def _prepare(args):
     optimizer checked, its ModelSpec built here; with emulated compute the synthetic model) and
     the cluster. Returns (ModelDef, ModelSpec, ClusterSpec) as the runner will use them."""
     from autosync.runtime.optimizers import check_model_optimizer
-    from autosync.runtime.runner import check_real_compute, emulated_setup
+    from autosync.runtime.runner import check_node_capacity, check_real_compute, emulated_setup
     from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
 
     if args.steps < 1 or args.warmup < 0:
@@ -76,9 +77,11 @@ def _prepare(args):
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     precision_settings(args)
     cluster = load_cluster(args.cluster)
+    check_node_capacity(cluster)
     if args.compute == "emulated":
-        return emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None, args.step_time,
-                              args.optimizer)
+        model_def, cluster, spec = emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None,
+                                                  args.step_time, args.optimizer)
+        return model_def, spec, cluster
     check_real_compute(args.compute, cluster, args.step_time)
     model_def = load_model_def(args.model)
     check_model_optimizer(model_def)
@@ -113,10 +116,10 @@ def cmd_run(args) -> int:
         validate(strategy, spec, cluster)
     except ConfigError as e:
         raise e.with_source(args.strategy) from None
-    with _runner(args, model_def, spec, cluster) as runner:
+    with ray_output_to_log("run") as log, _runner(args, model_def, spec, cluster) as runner:
         trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
     if args.json:
-        print(json.dumps(_record(trial), indent=2))
+        print(json.dumps(_record(trial) | {"ray_log": log.path}, indent=2))
     elif trial.ok:
         ci = trial.median_ci
         rows = [("median step", _fmt(trial.median)),
@@ -141,7 +144,7 @@ def cmd_baselines(args) -> int:
     def runnable(strategy) -> None:
         SyncPlan.build(validate(strategy, spec, cluster), spec, cluster)
 
-    with _runner(args, model_def, spec, cluster) as runner:
+    with ray_output_to_log("baselines"), _runner(args, model_def, spec, cluster) as runner:
         runs = measure_baselines(runner, check=runnable, retries=1)
     records = []
     for r in runs:

@@ -6,6 +6,8 @@ import sys
 import time
 
 from autosync.formatting import table
+from autosync.cli.paths import check_output_dir, check_output_file
+from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
@@ -68,14 +70,19 @@ def cmd_tune(args) -> int:
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
     measure = precision_settings(args)
-    progress = Progress(args.trials)
-    try:
-        result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
-                      store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
-                      warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress, **measure,
-                      **compute_settings(args))
-    finally:
-        progress.close()
+    # where the results go is checked before the work, not after a tuning run
+    check_output_file(args.out, "--out")
+    check_output_dir(args.report, "--report")
+    check_output_file(args.store, "--store")
+    with ray_output_to_log("tune") as log:
+        progress = Progress(args.trials, stream=log.terminal)
+        try:
+            result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
+                          store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
+                          warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress,
+                          **measure, **compute_settings(args))
+        finally:
+            progress.close()
     result.save(args.out)
     report_dir = None
     if args.report:
@@ -114,6 +121,7 @@ def not_recommended_line(summary: dict) -> str:
 def cmd_report(args) -> int:
     from autosync.report import write_report
 
+    check_output_dir(args.out, "--out")
     out = write_report(args.store, args.out, run_id=args.run)
     print(f"report written to {out / 'index.html'}")
     return 0

@@ -10,6 +10,8 @@ that batch.
 """
 from __future__ import annotations
 
+import contextlib
+
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -125,12 +127,39 @@ def model_spec_from_def(model_def) -> ModelSpec:
     return built_model_spec(model_def)[0]
 
 
+@contextlib.contextmanager
+def user_code(model_def, what: str, fix: str = "check that model_fn returns a keras.Model and that dataset_fn's "
+                                                "(inputs, targets) batches fit its inputs and loss_fn"):
+    """Report an exception raised by the user's factories (or ``sys.exit`` called in them) as bad
+    input: one ConfigError naming the ModelDef, what was being done, the error's first lines and
+    ``fix``.
+
+    Raises:
+        ConfigError: whatever the body raised (a ConfigError passes through as it is).
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's code (sys.exit included): any failure is bad input
+        text = " ".join(str(e).split())
+        detail = f"{type(e).__name__}: {text[:400]}{' ...' if len(text) > 400 else ''}" if text else type(e).__name__
+        raise ConfigError(f"ModelDef {getattr(model_def, 'name', '?')}: {what} failed: {detail}; {fix}") from None
+
+
 def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
     """``model_spec_from_def`` and what it built: (spec, model, loss, inputs, targets)."""
-    inputs, targets = first_batch(model_def)
-    model = model_def.model_fn()
-    loss = model_def.loss_fn()
-    spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name, batch_size=model_def.batch_size)
+    with user_code(model_def, "building the model and one gradient on its first batch"):
+        inputs, targets = first_batch(model_def)
+        model = model_def.model_fn()
+        if not hasattr(model, "trainable_variables") or not callable(model):
+            raise ConfigError(f"ModelDef {model_def.name}: model_fn returned {type(model).__name__}, not a "
+                              f"keras.Model; make model_fn build and return the model")
+        loss = model_def.loss_fn()
+        spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name,
+                                     batch_size=model_def.batch_size)
     return spec, model, loss, inputs, targets
 
 

@@ -51,7 +51,9 @@ def import_script(path: str | Path):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # the user's code: report any failure as bad input
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the user's code (sys.exit included): report any failure as bad input
         del sys.modules[module_name]
         raise ConfigError(f"importing model script {path} failed{_where_in_script(e, p)}: "
                           f"{type(e).__name__}: {e}; fix the script so that it imports cleanly") from e
@@ -100,7 +102,9 @@ def load_model_def(path: str | Path, function_name: str):
         raise ConfigError(f"{source}: {function_name} is not callable (it is a {type(fn).__name__} value); {CONTRACT}")
     try:
         result = fn()
-    except Exception as e:  # the user's code
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the user's code (sys.exit included)
         raise ConfigError(f"{source}() raised {type(e).__name__}{_where_in_script(e, Path(path).resolve())}: {e}; "
                           f"fix the function ({CONTRACT})") from e
     if not isinstance(result, ModelDef):

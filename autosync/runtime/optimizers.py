@@ -336,8 +336,16 @@ def check_model_optimizer(model_def) -> None:
     Raises:
         ConfigError: see ``check_optimizer_config``, attributed to the model.
     """
+    from autosync.models.ingest import user_code
+
     try:
-        check_optimizer_config(keras_optimizer_config(model_def.optimizer_fn()))
+        fix = "make optimizer_fn build and return a keras optimizer"
+        with user_code(model_def, "optimizer_fn()", fix):
+            optimizer = model_def.optimizer_fn()
+            if not callable(getattr(optimizer, "get_config", None)):
+                raise ConfigError(f"optimizer_fn returned {type(optimizer).__name__}, not a keras optimizer; {fix}")
+            config = keras_optimizer_config(optimizer)   # the optimizer's own get_config may raise too
+        check_optimizer_config(config)
     except ConfigError as e:
         raise e.with_source(f"model {model_def.name}") from None
 

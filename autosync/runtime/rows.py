@@ -95,10 +95,16 @@ def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
                 picked = given if isinstance(layer, keras.layers.Embedding) else [given[i] for i in layer.row_read_inputs]
                 uses.append((layer, list(range(len(tensors) + len(feeds), len(tensors) + len(feeds) + len(picked)))))
                 feeds.extend(picked)
+        if not feeds:
+            out.full_pull[path] = _nested_reason(model, layers)
+            continue
         try:
             keras.Model(inputs, feeds)  # only succeeds when every feed is computed from the inputs
         except Exception as e:  # noqa: BLE001 - any failure means: not predictable from the inputs
-            out.full_pull[path] = f"its lookup ids are not computed from the model inputs alone ({type(e).__name__})"
+            why = " ".join(str(e).split())
+            why = f"{type(e).__name__}: {why[:160]}{'...' if len(why) > 160 else ''}" if why else type(e).__name__
+            out.full_pull[path] = (f"its lookup ids are not computed from the model inputs alone (building a model "
+                                   f"from the inputs to them failed with {why})")
             continue
         plan[index] = [(layer, pos, path) for layer, pos in uses]
         out.outputs[index] = [layer.name for layer, _ in uses]
@@ -106,6 +112,20 @@ def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
     if tensors:
         out.ids = _ids_function(keras.Model(inputs, tensors), plan)
     return out
+
+
+def _nested_reason(model, layers: list) -> str:
+    """Why the tables read by ``layers`` are pulled whole when the functional graph has no call of
+    them: they are called inside another layer's ``call`` (a position table looked up on
+    ``arange(sequence length)``, typically), whose inner lookups the graph does not record."""
+    names = ", ".join(sorted({layer.name for layer in layers}))
+    outer = [top.name for top in model._flatten_layers(include_self=False, recursive=False)
+             if any(layer is not top and any(inner is layer for inner in top._flatten_layers(include_self=False))
+                    for layer in layers)]
+    where = f"inside layer {', '.join(outer[:3])}'s own call" if outer else "outside the model's functional graph"
+    return (f"it is looked up by {names} {where}, where the functional graph does not record its lookup ids; "
+            f"a table every step reads whole (positions 0..n-1) loses nothing by this; otherwise call the Embedding "
+            f"in the functional model, or declare row_reads and row_read_inputs on the outer layer")
 
 
 def _ids_function(feeds_model, plan: dict):

@@ -113,13 +113,20 @@ class TrainingWorker:
         self._gradients = gradients
         self._assign = assign
         x, y = next(model_def.batches(worker_index, num_workers))
-        _, grads = gradients(x, y)  # builds a model created without shapes, traces once
+        # build the model in inference mode first and keep its non-trainable state: the probe
+        # below runs in training mode, which moves BatchNormalization's moving statistics (and
+        # other state, such as dropout seeds); step 0 must start from the initial values
+        model(x, training=False)
+        before = {id(w): np.array(w.numpy()) for w in model.weights if not w.trainable}
+        _, grads = gradients(x, y)  # traces once; finds which gradients are sparse
         self.variables = list(model.trainable_variables)
         trainable = {id(v) for v in self.variables}
         # the worker keeps the initial values of the non-trainable weights only (counters, moving
         # statistics: small); the trainable ones come with every reset from the pool's copy in
         # the object store, one per node, instead of one private copy of the tables per worker
-        self._fixed = [(w, np.array(w.numpy())) for w in model.weights if id(w) not in trainable]
+        self._fixed = [(w, before.get(id(w), np.array(w.numpy()))) for w in model.weights if id(w) not in trainable]
+        for weight, value in self._fixed:
+            weight.assign(value)
         self._trained = False
         initial = [v.numpy() for v in self.variables]
         sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
