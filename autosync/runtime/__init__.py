@@ -1,8 +1,9 @@
 """The Ray runtime: execute a Strategy with TensorFlow workers and numpy parameter servers.
 
 Modules: ``binding`` (ClusterSpec -> Ray nodes), ``plan`` (Strategy -> what runs where),
-``worker`` (TF worker actor), ``ps_shard`` (PS actor), ``optimizers`` (Keras update rules in
-numpy), ``channels`` (worker-side synchronization), ``engine`` (pool and session on the driver),
+``worker`` (TF worker actor), ``ps_shard`` (PS actor), ``psnet`` (the PS data plane: ZeroMQ
+between workers and PS actors), ``optimizers`` (Keras update rules in numpy), ``sync`` (worker-side
+synchronization channels and collective backends), ``engine`` (pool and session on the driver),
 ``runner`` (measured trials, ``RayRunner``), ``trainer`` (``Trainer`` for real training).
 Nothing heavy is imported until used.
 """
