@@ -335,6 +335,22 @@ def test_status_reports_links_nodes_and_memory(testbed, monkeypatch, capsys):
 
 
 @pytest.mark.multinode
+def test_ps_transport_benchmark_runs_across_the_nodes(testbed, tmp_path):
+    """The PS data plane (ZeroMQ) and Ray calls between two namespaces, through the benchmark
+    that chose the transport: each moves a message both ways, and the record names the default."""
+    script = os.path.join(REPO, "benchmarks", "ps_transport.py")
+    res = testbed[0].exec([sys.executable, script, "--inside", "--transports", "zmq", "ray_call", "--sizes-kib", "64",
+                           "--repeats", "1", "--pings", "3", "--out", str(tmp_path)], capture=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(tmp_path / "ps_transport.json") as f:
+        record = json.load(f)
+    assert record["default"] == "zmq" and set(record["transports"]) == {"zmq", "ray_call"}
+    for name, entry in record["transports"].items():
+        assert entry["64KiB"]["at_once_link_fraction"] > 0 and entry["call_overhead_ms"] > 0, (name, entry)
+        assert entry["commit"] and entry["run_started"]
+
+
+@pytest.mark.multinode
 def test_down_restores_netns_and_is_idempotent(testbed, monkeypatch, capsys):
     tb, before = testbed
     temp_root = Path(tb.state.ray_temp_root)
@@ -352,18 +368,3 @@ def test_down_restores_netns_and_is_idempotent(testbed, monkeypatch, capsys):
     with pytest.raises(ConfigError, match="no testbed is up"):
         state.load_cluster_spec(tb.state_dir)
 
-
-@pytest.mark.multinode
-def test_ps_transport_benchmark_runs_across_the_nodes(testbed, tmp_path):
-    """The PS data plane (ZeroMQ) and Ray calls between two namespaces, through the benchmark
-    that chose the transport: each moves a message both ways, and the record names the default."""
-    script = os.path.join(REPO, "benchmarks", "ps_transport.py")
-    res = testbed[0].exec([sys.executable, script, "--inside", "--transports", "zmq", "ray_call", "--sizes-kib", "64",
-                           "--repeats", "1", "--pings", "3", "--out", str(tmp_path)], capture=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    with open(tmp_path / "ps_transport.json") as f:
-        record = json.load(f)
-    assert record["default"] == "zmq" and set(record["transports"]) == {"zmq", "ray_call"}
-    for name, entry in record["transports"].items():
-        assert entry["64KiB"]["at_once_link_fraction"] > 0 and entry["call_overhead_ms"] > 0, (name, entry)
-        assert entry["commit"] and entry["run_started"]
