@@ -19,6 +19,7 @@ from typing import Callable
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.constraints import Constraints, load_constraints
+from tuner.goodput import DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, Efficiency, Prober, lossy_parts
 from tuner.store import TrialStore, check_store_file, open_existing_store
 from tuner.trial import Runner, Trial
 from tuner.warmstart import load_warm_start
@@ -45,6 +46,8 @@ class TuneResult:
         outcome: every trial of the run and why it stopped.
         store_path: the TrialStore the trials were added to.
         warm_start_trials: trials of the warm-start dataset the predictor learned from besides.
+        quality: what the run ranked by (``tuner.goodput.QUALITIES``).
+        lossy_note: why lossy parts were not proposed, or what their efficiencies rest on.
     """
 
     best_strategy: Strategy
@@ -55,6 +58,14 @@ class TuneResult:
     outcome: TuneOutcome
     store_path: str
     warm_start_trials: int = 0
+    quality: str = "step"
+    lossy_note: str = ""
+
+    @property
+    def efficiency(self) -> Efficiency | None:
+        """The statistical efficiency of the recommendation (1, not probed, when lossless; None
+        under ``step`` for a lossy one, which was never probed)."""
+        return self.outcome.efficiency_of(self.best_strategy)
 
     @property
     def trials(self):
@@ -75,13 +86,17 @@ class TuneResult:
 
     @property
     def speedup_over_baselines(self) -> dict[str, float | None]:
-        """Builder name -> its median step time / the best's (None where the baseline failed)."""
-        return {name: (t.median / self.best_trial.median if t.ok else None) for name, t in self.baselines.items()}
+        """Builder name -> its figure / the best's (None where the baseline failed): seconds per
+        step of lossless progress, or step time under the ``step`` quality."""
+        f = self.outcome.figure
+        return {name: (f(t) / f(self.best_trial) if t.ok else None) for name, t in self.baselines.items()}
 
     @property
     def speedup_over_best_baseline(self) -> float | None:
+        """The best baseline's figure over the recommendation's (goodput, or step time under the
+        ``step`` quality)."""
         b = self.best_baseline
-        return b.median / self.best_trial.median if b is not None else None
+        return self.outcome.figure(b) / self.outcome.figure(self.best_trial) if b is not None else None
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the best strategy as YAML (atomically)."""
@@ -90,9 +105,23 @@ class TuneResult:
     def summary(self) -> dict:
         """The JSON summary ``autosync tune --json`` prints."""
         b, fastest = self.best_baseline, self.outcome.fastest
+        e = self.efficiency
         return {
             "model": self.model.name,
             "cluster": self.cluster.name,
+            "quality": self.quality,
+            "ranked_by": ("step time only: what lossy parts cost in convergence was not measured"
+                          if self.quality == "step" else "goodput: step time / statistical efficiency"),
+            "statistical_efficiency": e.value if e else None,
+            "statistical_efficiency_interval": [e.low, e.high] if e else None,
+            "efficiency_probed": e.probed if e else False,
+            "efficiency_source": e.source if e else "not measured (quality step)",
+            "lossy_parts": lossy_parts(self.best_strategy).describe(),
+            "lossy_note": self.lossy_note,
+            "best_goodput_s": self.outcome.figure(self.best_trial) if self.quality != "step" else None,
+            "step_speedup_over_best_baseline": (b.median / self.best_trial.median) if b is not None else None,
+            "probes": sum(1 for x in self.outcome.efficiency.values() if x.source == "probe"),
+            "probe_seconds": self.outcome.probe_seconds,
             "best_step_time_s": self.best_trial.median,
             "best_p90_s": self.best_trial.p90,
             "best_origin": self.best_trial.origin,
@@ -211,7 +240,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          precision: float | None = 0.03, max_steps: int = 200, compute: str = "real",
          step_time_s: float | None = None, optimizer: str = "sgd",
          runner: Runner | None = None,
-         on_trial: Callable[[Trial, TuneOutcome], None] | None = None) -> TuneResult:
+         on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
+         quality: str = DEFAULT_QUALITY, probe_steps: int = DEFAULT_PROBE_STEPS, probe_seed: int | None = None,
+         prober: Prober | None = None, on_probe: Callable | None = None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
 
     Args:
@@ -238,6 +269,14 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             ``autosync.runtime.emulated``.
         runner: measure with this Runner instead of the Ray runtime (tests, simulation).
         on_trial: progress callback.
+        quality: ``goodput`` (default): rank by step time / statistical efficiency, proposing
+            lossy parts (compressors) and keeping a lossy strategy only with a measured
+            efficiency; ``exact``: never propose a lossy part; ``step``: rank by step time alone
+            (lossy parts unmeasured). See ``tuner.goodput``.
+        probe_steps, probe_seed: steps and seed of each efficiency probe (``autosync.probe``).
+        prober: measures efficiencies (default: trains the model on the runner's workers; with
+            ``runner`` given and no prober, lossy parts are not proposed under ``goodput``).
+        on_probe: called with (trial, Efficiency) after each probe.
 
     Raises:
         ConfigError: bad model, cluster, constraints or settings.
@@ -248,6 +287,11 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
     if not isinstance(confirm, int) or confirm < 0:
         raise ConfigError(f"confirm must be an integer >= 0, got {confirm!r}")
+    if quality not in QUALITIES:
+        raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
+    if not isinstance(probe_steps, int) or probe_steps < 10:
+        raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
+                          f"got {probe_steps!r}")
     cluster_spec = load_cluster(cluster)
     # a bad path fails before any worker starts
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
@@ -257,6 +301,10 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         problems = constraints.cluster_problems(cluster_spec)
         if problems:
             raise ConfigError(problems)
+        if quality == "exact" and constraints.lossy_pins():
+            raise ConfigError(f"the constraints pin lossy parts ({'; '.join(constraints.lossy_pins())}) but quality "
+                              f"exact never proposes one; use --quality goodput (measures what they cost in "
+                              f"convergence) or drop those pins")
     store_path = Path(store) if store is not None else default_store_path()
     check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
     if resume:   # a resume with nothing to resume fails before any worker starts
@@ -286,11 +334,21 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with TrialStore(store_path) as trial_store:
+            lossy_note = ""
+            if quality == "goodput" and prober is None:
+                prober, lossy_note = _default_prober(model, runner if own_runner else None, spec, trial_store,
+                                                     probe_steps, probe_seed)
+            lossless = quality == "exact" or (quality == "goodput" and prober is None)
+            if quality == "exact":
+                lossy_note = "quality exact: no lossy part was proposed"
+            elif prober is not None and not lossy_note:
+                lossy_note = prober.note
             tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings(),
-                                    warm_start=warm_groups)
+                                    warm_start=warm_groups, lossless=lossless)
             outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
                                                                    patience=patience, confirm=confirm),
-                                resume=resume, on_trial=on_trial)
+                                resume=resume, on_trial=on_trial, quality=quality,
+                                prober=prober if quality == "goodput" else None, on_probe=on_probe)
     finally:
         if own_runner:
             runner.close()
@@ -302,4 +360,28 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     validate(best.strategy, spec, cluster_spec)
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
                       cluster=cluster_spec, outcome=outcome, store_path=str(store_path),
-                      warm_start_trials=sum(len(trials) for _, _, trials in warm_groups))
+                      warm_start_trials=sum(len(trials) for _, _, trials in warm_groups), quality=quality,
+                      lossy_note=lossy_note)
+
+
+def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int | None) -> tuple[Prober | None, str]:
+    """The prober of a tuning run under ``goodput`` and what it rests on: the model trained on the
+    runner's own workers (with emulated compute, the trainable model with real compute on the
+    same cluster); (None, why) when there is nothing to train."""
+    from autosync.model_def import ModelDef
+    from autosync.probe import TrainingProber
+    from autosync.sources import is_trainable_source, load_model_def
+
+    if runner is None:
+        return None, ("lossy parts were not proposed: the given runner has no trainable model to probe their "
+                      "statistical efficiency with")
+    if runner.compute == "real":
+        return TrainingProber(runner.model_def, spec, runner.cluster, steps=steps, seed=seed, store=store,
+                              pool=runner.pool), ""
+    if isinstance(model, ModelDef) or (isinstance(model, str) and is_trainable_source(model)):
+        note = (f"efficiencies probed with real compute of the trainable model on the same {len(runner.cluster.devices)} "
+                f"workers (step times are emulated)")
+        return TrainingProber(load_model_def(model), spec, runner.cluster, steps=steps, seed=seed, store=store,
+                              pool=runner.pool, note=note), note
+    return None, ("lossy parts were not proposed: a model-spec YAML has no code to train, so their statistical "
+                  "efficiency cannot be probed; give a trainable model (zoo:NAME or script.py:function) to have them")

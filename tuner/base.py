@@ -53,6 +53,8 @@ class Tuner(abc.ABC):
         model, cluster: the target.
         constraints: user pins (never violated).
         batch_size: proposals ``tune_loop`` asks for per round.
+        lossless: propose no lossy part (no compressor; parameter servers synchronous with
+            staleness 0): the ``exact`` quality (``tuner.goodput``).
 
     Attributes:
         measurements: the trials measured so far, in order (its own record until ``tune_loop``
@@ -61,11 +63,12 @@ class Tuner(abc.ABC):
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
-                 batch_size: int = 4):
+                 batch_size: int = 4, lossless: bool = False):
         self.model, self.cluster = model, cluster
         self.pins = constraints
         self.batch_size = batch_size
-        self.space = StrategySpace(model, cluster)
+        self.lossless = lossless
+        self.space = StrategySpace(model, cluster, compressors=("none",)) if lossless else StrategySpace(model, cluster)
         self.constraints: CompiledConstraints | None = constraints.compile(self.space) if constraints else None
         self.measurements = Measurements()
         self._row_keys: dict[str, bytes | None] = {}   # strategy fingerprint -> its encoded key

@@ -141,6 +141,14 @@ class Constraints:
                             for r in self.rules]
         return out
 
+    def lossy_pins(self) -> list[str]:
+        """The pins that fix a lossy part (a compressor, staleness > 0), said as in the file."""
+        out = [f"{r.label}: compressor {r.compressor}" for r in self.rules
+               if r.compressor is not None and Compressor.parse(r.compressor).kind != "none"]
+        if self.staleness:
+            out.append(f"staleness {self.staleness}")
+        return out
+
     def compile(self, space: StrategySpace) -> "CompiledConstraints":
         """Masks and values per variable for ``space``.
 

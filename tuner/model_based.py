@@ -58,6 +58,7 @@ class ModelBasedTuner(Tuner):
         settings: see SearchSettings.
         warm_start: trials measured elsewhere, (model, cluster, trials) groups the predictor
             learns from besides the store (``tuner.warmstart.load_warm_start``).
+        lossless: propose no lossy part (see ``Tuner``).
 
     Attributes:
         training: every featurized trial the predictor learns from (``tuner.training_set``).
@@ -65,8 +66,8 @@ class ModelBasedTuner(Tuner):
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
-                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = ()):
-        super().__init__(model, cluster, constraints=constraints, batch_size=settings.batch)
+                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = (), lossless: bool = False):
+        super().__init__(model, cluster, constraints=constraints, batch_size=settings.batch, lossless=lossless)
         self.settings = settings
         self.sampler = KnowledgeSampler(self.space)
         self.predictor = Predictor(model, cluster, seed=settings.seed)

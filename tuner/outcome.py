@@ -1,6 +1,11 @@
 """What a tuning run measured (``TuneOutcome``) and how its recommendation is judged: the fastest
 strategy, pooled over its repeated measurements, is recommended over the best baseline only when it
 is faster beyond the noise between measurements (``TuneOutcome.significant_gain``).
+
+"Fastest" is by the run's figure (``TuneOutcome.figure``): under the ``goodput`` and ``exact``
+qualities, seconds per step of lossless progress (step time / statistical efficiency,
+``tuner.goodput``), where a lossy strategy without a measured efficiency does not compete; under
+``step``, the step time alone.
 """
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .goodput import EXACT, Efficiency, goodput_seconds, is_lossless
 from .measurements import Measurements, as_measurements
 from .trial import Trial
 
@@ -22,14 +28,38 @@ class TuneOutcome:
         trials: this run's trials in measurement order (resumed ones included): the run's one
             record of what was measured, which its tuner reads too (a list given is wrapped).
         stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
+        quality: ``goodput``, ``exact`` or ``step`` (``tuner.goodput.QUALITIES``): what ``figure``
+            ranks by.
+        efficiency: strategy fingerprint -> its measured statistical efficiency (lossy strategies
+            that were probed; lossless ones are 1 without an entry).
+        probe_seconds: wall seconds the run spent probing efficiencies.
     """
 
     run_id: str
     trials: Measurements = field(default_factory=Measurements)
     stop_reason: str = ""
+    quality: str = "step"
+    efficiency: dict = field(default_factory=dict)
+    probe_seconds: float = 0.0
 
     def __post_init__(self):
         self.trials = as_measurements(self.trials)
+
+    def efficiency_of(self, strategy) -> Efficiency | None:
+        """The strategy's statistical efficiency: 1 when lossless, the probe's when measured, None
+        when lossy and not (yet) measured."""
+        found = self.efficiency.get(strategy.fingerprint)
+        if found is not None:
+            return found
+        return EXACT if is_lossless(strategy) else None
+
+    def figure(self, t: Trial) -> float:
+        """What the run minimizes for a (pooled) trial: its median step time under ``step``;
+        otherwise seconds per step of lossless progress, median / E (inf for a lossy strategy
+        whose efficiency is not measured: it is never recommended)."""
+        if self.quality == "step":
+            return t.median
+        return goodput_seconds(t.median, self.efficiency_of(t.strategy))
 
     @property
     def ok(self) -> list[Trial]:
@@ -44,8 +74,10 @@ class TuneOutcome:
         return {fp: merge_measurements(ts) for fp, ts in groups.items()}
 
     def leader(self) -> Trial | None:
-        """The fastest strategy so far by the median of all its measured steps, however often measured."""
-        return min(self.measured().values(), key=lambda t: t.median, default=None)
+        """The best strategy so far by ``figure`` over all its measured steps, however often
+        measured (None when nothing measured competes)."""
+        best = min(self.measured().values(), key=self.figure, default=None)
+        return best if best is not None and np.isfinite(self.figure(best)) else None
 
     @property
     def fastest(self) -> Trial | None:
@@ -56,7 +88,8 @@ class TuneOutcome:
         if self.confirm_trials and merged:
             top = max(t.measurements for t in merged.values())
             merged = {k: t for k, t in merged.items() if t.measurements == top}
-        return min(merged.values(), key=lambda t: t.median, default=None)
+        best = min(merged.values(), key=self.figure, default=None)
+        return best if best is not None and np.isfinite(self.figure(best)) else None
 
     @property
     def best(self) -> Trial | None:
@@ -72,7 +105,8 @@ class TuneOutcome:
 
     def significant_gain(self, a: Trial, b: Trial, z: float = 1.0) -> bool | None:
         """Whether strategy ``a`` is faster than ``b`` by more than ``z`` standard errors, on the
-        log medians of their separate measurements (the noise that matters is between
+        log medians of their separate measurements (each shifted by its log efficiency, unless
+        the quality is ``step``) (the noise that matters is between
         measurements: each run of a strategy lands on its own placement and contention).
 
         Only the re-measurements count for the means: a strategy's first measurement is how it
@@ -91,6 +125,8 @@ class TuneOutcome:
         la, lb = per.get(fa, [])[1:], per.get(fb, [])[1:]
         if not la or not lb:
             return None
+        shift = {fp: 0.0 if self.quality == "step" else float(np.log(self.figure(t) / t.median))
+                 for fp, t in ((fa, a), (fb, b))}
         repeated = [v for v in per.values() if len(v) > 1]
         dof = sum(len(v) - 1 for v in repeated)
         var = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in repeated) / dof
@@ -98,7 +134,7 @@ class TuneOutcome:
         if floor:
             var = max(var, float(np.mean(floor)))
         se = np.sqrt(var * (1 / len(la) + 1 / len(lb)))
-        return bool(np.mean(lb) - np.mean(la) > z * se)
+        return bool(np.mean(lb) + shift[fb] - np.mean(la) - shift[fa] > z * se)
 
     @property
     def baselines(self) -> dict[str, Trial]:
@@ -113,7 +149,8 @@ class TuneOutcome:
 
     @property
     def best_baseline(self) -> Trial | None:
-        return min((t for t in self.baselines.values() if t.ok), key=lambda t: t.median, default=None)
+        return min((t for t in self.baselines.values() if t.ok and np.isfinite(self.figure(t))),
+                   key=self.figure, default=None)
 
     @property
     def search_trials(self) -> list[Trial]:
@@ -125,12 +162,13 @@ class TuneOutcome:
 
     def trials_to_within(self, fraction: float = 0.05) -> int | None:
         """Trials (in order, baselines included) until the final best strategy itself or one
-        measured within ``fraction`` of its (pooled) time was first measured."""
+        measured within ``fraction`` of its (pooled) figure was first measured."""
         best = self.best
         if best is None:
             return None
+        target = self.figure(best) * (1 + fraction)
         for i, t in enumerate(self.trials, 1):
-            if t.ok and (t.strategy.fingerprint == best.strategy.fingerprint or t.median <= best.median * (1 + fraction)):
+            if t.ok and (t.strategy.fingerprint == best.strategy.fingerprint or self.figure(t) <= target):
                 return i
         return None
 

@@ -65,10 +65,12 @@ class KnowledgeSampler:
 
     def compress_big_dense(self, e: EncodedStrategies, rng) -> EncodedStrategies:
         """On slow links, give big dense all-reduced variables a lossy compressor (half of the rows)."""
-        if not self.slow:
+        offered = {tuple(int(x) for x in c) for c in self.space.compressor_choices}
+        choices = [c for c in [(COMPRESSOR_ID["fp16_ef"], 0)] + [(COMPRESSOR_ID["powersgd_ef"], r) for r in self.space.ranks]
+                   if c in offered]
+        if not self.slow or not choices:
             return e
         rows = rng.random(len(e)) < 0.5
-        choices = [(COMPRESSOR_ID["fp16_ef"], 0)] + [(COMPRESSOR_ID["powersgd_ef"], r) for r in self.space.ranks]
         pick = np.array(choices)[rng.integers(0, len(choices), size=len(e))]
         target = (e.kind == KIND_AR) & self.space.compressible & (self.bytes >= BIG_DENSE_BYTES) & rows[:, None]
         e.compressor[:] = np.where(target, pick[:, :1], e.compressor)

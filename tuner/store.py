@@ -7,7 +7,8 @@ nothing of the one in flight. Trials are append-only; each has a content hash (`
 stores (``import_store``) never duplicates a measurement.
 
 Tables: ``models`` and ``clusters`` (fingerprint -> name and spec YAML), ``strategies``
-(fingerprint -> canonical YAML), ``trials`` (one row per measurement), ``info`` (schema version).
+(fingerprint -> canonical YAML), ``trials`` (one row per measurement), ``probes`` (statistical-efficiency
+probes, ``tuner.goodput``, by cache key), ``info`` (schema version).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Iterable
 from strategy_space import ClusterSpec, ModelSpec, Strategy, dumps, loads
 from strategy_space.errors import ConfigError, short_repr
 
+from .goodput import ProbeResult
 from .trial import Trial
 
 SCHEMA_VERSION = 1
@@ -45,6 +47,8 @@ CREATE TABLE IF NOT EXISTS trials (
     started_at REAL NOT NULL, finished_at REAL NOT NULL, meta TEXT NOT NULL, env TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS trials_group ON trials (model_fp, cluster_fp);
 CREATE INDEX IF NOT EXISTS trials_strategy ON trials (model_fp, cluster_fp, strategy_fp);
+CREATE TABLE IF NOT EXISTS probes (key TEXT PRIMARY KEY, model_key TEXT NOT NULL, lossy_key TEXT NOT NULL,
+                                   result TEXT NOT NULL, added_at REAL NOT NULL);
 """
 _TRIAL_COLS = ("uid", "model_fp", "cluster_fp", "strategy_fp", "status", "median_s", "step_times", "error",
                "batch_size", "breakdown", "origin", "started_at", "finished_at", "meta", "env")
@@ -284,6 +288,26 @@ class TrialStore:
                  cluster: ClusterSpec | None = None) -> int:
         """``add`` each trial (one transaction each); returns how many were new."""
         return sum(self.add(t, model, cluster) for t in trials)
+
+    def add_probe(self, key: str, result) -> bool:
+        """Store a statistical-efficiency probe (``tuner.goodput.ProbeResult``) under its cache key
+        (``tuner.goodput.probe_cache_key``); False when that key is stored already."""
+        with self._tx():
+            cur = self._db.execute("INSERT OR IGNORE INTO probes VALUES (?, ?, ?, ?, ?)",
+                                   (key, result.model_key, result.lossy_key, result.to_json(), time.time()))
+        return cur.rowcount == 1
+
+    def probe(self, key: str):
+        """The stored probe of a cache key, or None."""
+        rows = self._query("SELECT result FROM probes WHERE key = ?", (key,))
+        return ProbeResult.from_json(rows[0][0]) if rows else None
+
+    def probes(self, model_key: str | None = None) -> list:
+        """Every stored probe (of one model, ``tuner.goodput.probe_model_key``), oldest first."""
+        sql, args = "SELECT result FROM probes", ()
+        if model_key is not None:
+            sql, args = sql + " WHERE model_key = ?", (model_key,)
+        return [ProbeResult.from_json(r[0]) for r in self._query(sql + " ORDER BY added_at", args)]
 
     # ---- reading ----------------------------------------------------------------------------
     def _query(self, sql: str, args=()) -> list:

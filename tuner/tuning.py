@@ -28,6 +28,11 @@ The path of a strategy, top-down (no module is visited twice):
 
 At the end ``TuneOutcome.best`` recommends the fastest strategy only when it beats the best baseline
 beyond the noise (``tuner/outcome.py``).
+
+Under the ``goodput`` quality (``tuner/goodput.py``), "fastest" is in seconds per step of lossless
+progress: after each round, a lossy strategy whose step time could lead is probed for its
+statistical efficiency (``Prober``; cached per model and lossy parts), and without a measured
+efficiency a lossy strategy does not compete.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from strategy_space import ClusterSpec, ModelSpec
 from .base import Proposal, Tuner
 from .baseline_tuner import BaselineTuner
 from .dataset import store_groups
+from .goodput import QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
 from .outcome import TuneOutcome
 from .trial import Runner, Trial
 
@@ -69,6 +75,8 @@ def previous_run(store, model: ModelSpec, cluster: ClusterSpec) -> tuple[str | N
 
 def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines: Tuner | None = None,
               resume: bool = False, on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
+              quality: str = "step", prober: Prober | None = None,
+              on_probe: Callable[[Trial, Efficiency], None] | None = None,
               clock=time.monotonic) -> TuneOutcome:
     """Measure the baselines, then search with ``tuner`` until the budget is spent.
 
@@ -83,13 +91,21 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
             under the tuner's pins, ``BaselineTuner``).
         resume: continue the latest run of this (model, cluster) in the store.
         on_trial: called after each stored trial (progress display).
+        quality: what the run ranks by (``tuner.goodput.QUALITIES``). ``goodput`` and ``exact``
+            rank by step time / statistical efficiency; the tuner's space decides whether lossy
+            parts are proposed at all (``exact``: never).
+        prober: measures the efficiency of lossy strategies under ``goodput``; without one a
+            lossy strategy never competes.
+        on_probe: called after each probe (progress display).
     """
+    if quality not in QUALITIES:
+        raise ValueError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     model, cluster = tuner.model, tuner.cluster
     baselines = baselines or BaselineTuner(model, cluster, constraints=tuner.pins)
     store.add_model(model)
     store.add_cluster(cluster)
     tuner.load_history(store_groups(store))
-    outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12])
+    outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality)
     # one record of what was measured: the outcome's, which the tuners read
     tuner.measurements = baselines.measurements = outcome.trials
     if resume:
@@ -101,6 +117,30 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
             baselines.update([t for t in previous if t.role == "baseline"])
     start = clock()
     pending = baselines.next_batch(None)
+
+    def probe(trials: list[Trial]) -> None:
+        """Measure the efficiency of the lossy strategies among ``trials`` that could lead: whose
+        step time beats the leader's figure (at E = 1 a strategy that does not is no contender)."""
+        if quality != "goodput" or prober is None:
+            return
+        for t in trials:
+            fp = t.strategy.fingerprint
+            if not t.ok or fp in outcome.efficiency or is_lossless(t.strategy):
+                continue
+            leader = outcome.leader()
+            if leader is not None and outcome.measured()[fp].median >= outcome.figure(leader):
+                continue
+            if budget.time_s is not None and clock() - start > budget.time_s:
+                return
+            t0 = clock()
+            try:
+                e = prober.efficiency(t.strategy)
+            except Exception as exc:   # a failed probe is recorded; the strategy cannot be kept
+                e = failed_efficiency(f"{type(exc).__name__}: {exc}")
+            outcome.probe_seconds += clock() - t0
+            outcome.efficiency[fp] = e
+            if on_probe:
+                on_probe(t, e)
 
     def measure(proposals: list[Proposal], role: str) -> list[Trial]:
         got = []
@@ -121,10 +161,13 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
                 if t.ok:
                     break
         tuner.update(got)
+        probe(got)
         return got
 
+    if resume:
+        probe(list(outcome.trials))
     measure(pending, "baseline")
-    best = outcome.leader().median if outcome.leader() else float("inf")
+    best = outcome.figure(outcome.leader()) if outcome.leader() else float("inf")
     stale_rounds = 0
     while True:
         remaining = budget.trials - len(outcome.search_trials)
@@ -143,7 +186,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
             break
         measure(proposals, "search")
         leader = outcome.leader()
-        new_best = leader.median if leader else float("inf")
+        new_best = outcome.figure(leader) if leader else float("inf")
         stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
         best = min(best, new_best)
     # Confirmation (racing): the best of many noisy single measurements is flattered by its noise.

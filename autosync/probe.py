@@ -1,0 +1,175 @@
+"""Statistical-efficiency probes: train a lossy strategy and its lossless twin from the same
+initial weights on the same data, and estimate how many lossless steps one of its steps is worth
+(``tuner.goodput``).
+
+A probe trains with the runtime's ``Trainer``, so it runs the user's own model, loss, optimizer
+and data on real workers. The twin of every lossy strategy trains as one process on the global
+batch (the runtime holds every lossless strategy to that), so one twin curve per (model, workers,
+steps, seed) serves every candidate: it is stored once and reused. Probes are stored in the trial
+store under ``tuner.goodput.probe_cache_key`` — per model and lossy parts; for staleness and
+asynchrony, whose effect depends on timing, per cluster too — and a probe found there is not run
+again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import time
+
+from strategy_space import ClusterSpec, Strategy
+from strategy_space.errors import ConfigError
+from tuner.goodput import (DEFAULT_PROBE_STEPS, EXACT, Efficiency, LossyParts, Prober, ProbeResult, estimate_efficiency,
+                           lossless_twin, lossy_parts, probe_cache_key, probe_model_key)
+
+# the lossy-parts key under which a twin curve is stored (a lossless "candidate")
+_TWIN = LossyParts()
+
+
+def seeded(model_def, seed: int | None):
+    """``model_def`` with initial weights from ``seed`` and, where its data generator takes a
+    ``seed`` keyword (the zoo's do), its data too; unchanged for None."""
+    if seed is None or seed == model_def.seed and not _takes_seed(model_def.dataset_fn):
+        return model_def
+    data = model_def.dataset_fn
+    if _takes_seed(data):
+        data = functools.partial(data.func, *data.args, **{**data.keywords, "seed": int(seed)})
+    return dataclasses.replace(model_def, seed=int(seed), dataset_fn=data)
+
+
+def _takes_seed(fn) -> bool:
+    if not isinstance(fn, functools.partial):
+        return False
+    try:
+        return "seed" in inspect.signature(fn.func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def train_losses(model_def, strategy: Strategy, cluster: ClusterSpec, steps: int, *, pool=None,
+                 timeout_s: float = 600.0) -> tuple[list[float], float]:
+    """Per-step losses of ``steps`` steps of ``strategy`` from the model's initial weights, and
+    the seconds the steps took (start-up excluded)."""
+    from autosync.runtime.trainer import Trainer
+
+    with Trainer(model_def, strategy, cluster, pool=pool, timeout_s=timeout_s) as trainer:
+        t0 = time.perf_counter()
+        history = trainer.fit(steps, steps_per_call=min(50, max(1, steps)))
+        return list(history.loss), time.perf_counter() - t0
+
+
+class TrainingProber(Prober):
+    """Probes by training on a cluster, cached in a trial store.
+
+    Args:
+        model_def: the trainable model (a ModelDef).
+        model_spec: its ModelSpec (names the model in the cache, ``probe_model_key``).
+        cluster: where the probes train (real compute).
+        steps: steps each of the candidate and the twin trains.
+        seed: seed of initial weights and data (None: the model's own).
+        store: a TrialStore to read and write probes (None: no cache beyond this object).
+        pool: warm workers to train on (a ``RayRunner``'s), else each probe starts its own.
+        note: what the probes rest on, said in the outputs.
+        on_result: called with each ProbeResult measured here (not those found in the cache).
+    """
+
+    def __init__(self, model_def, model_spec, cluster: ClusterSpec, *, steps: int = DEFAULT_PROBE_STEPS,
+                 seed: int | None = None, store=None, pool=None, note: str = "", timeout_s: float = 600.0,
+                 on_result=None):
+        if not (isinstance(steps, int) and steps >= 10):
+            raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
+                              f"got {steps!r}")
+        self.model_def = seeded(model_def, seed)
+        self.seed = self.model_def.seed
+        self.model_key = probe_model_key(model_spec)
+        self.cluster = cluster
+        self.steps = steps
+        self.store, self.pool, self.note, self.timeout_s = store, pool, note, timeout_s
+        self.on_result = on_result
+        self.workers = len(cluster.devices)
+        self._memo: dict[str, ProbeResult] = {}
+
+    def _key(self, parts: LossyParts) -> str:
+        return probe_cache_key(self.model_key, parts, self.workers, self.steps, self.seed, self.cluster.fingerprint)
+
+    def _cached(self, key: str) -> ProbeResult | None:
+        if key in self._memo:
+            return self._memo[key]
+        found = self.store.probe(key) if self.store is not None else None
+        if found is not None:
+            self._memo[key] = found
+        return found
+
+    def _keep(self, key: str, result: ProbeResult) -> None:
+        self._memo[key] = result
+        if self.store is not None:
+            self.store.add_probe(key, result)
+
+    def _train(self, strategy: Strategy) -> tuple[list[float], float]:
+        return train_losses(self.model_def, strategy, self.cluster, self.steps, pool=self.pool, timeout_s=self.timeout_s)
+
+    def twin(self, strategy: Strategy) -> ProbeResult:
+        """The lossless curve (trained with ``strategy``'s lossless twin the first time)."""
+        key = self._key(_TWIN)
+        found = self._cached(key)
+        if found is not None:
+            return found
+        started = time.time()
+        losses, wall = self._train(lossless_twin(strategy))
+        result = ProbeResult(self.model_def.name, self.model_key, _TWIN.key, "lossless", self.workers, self.cluster.name,
+                             self.steps, self.seed, EXACT, tuple(losses), tuple(losses), wall, wall, started)
+        self._keep(key, result)
+        return result
+
+    def probe(self, strategy: Strategy) -> ProbeResult:
+        """The ProbeResult of ``strategy`` (from the cache when its lossy parts were probed)."""
+        parts = lossy_parts(strategy)
+        if parts.lossless:
+            return dataclasses.replace(self.twin(strategy), efficiency=EXACT)
+        key = self._key(parts)
+        found = self._cached(key)
+        if found is not None:
+            return dataclasses.replace(found, efficiency=dataclasses.replace(found.efficiency, source="cache"))
+        twin = self.twin(strategy)
+        started = time.time()
+        losses, wall = self._train(strategy)
+        e = dataclasses.replace(estimate_efficiency(losses, twin.twin_loss), note=self.note)
+        result = ProbeResult(self.model_def.name, self.model_key, parts.key, parts.describe(), self.workers,
+                             self.cluster.name, self.steps, self.seed, e, tuple(losses), twin.twin_loss, wall,
+                             twin.twin_wall_s, started)
+        self._keep(key, result)
+        if self.on_result:
+            self.on_result(result)
+        return result
+
+    def efficiency(self, strategy: Strategy) -> Efficiency:
+        return self.probe(strategy).efficiency
+
+
+def probe_strategy(model, strategy, cluster="local", *, steps: int = DEFAULT_PROBE_STEPS, seed: int | None = None,
+                   store=None, timeout_s: float = 600.0) -> tuple[ProbeResult | None, Efficiency]:
+    """Probe one strategy given by names or files (``autosync probe``).
+
+    Returns:
+        (the probe, its efficiency); (None, E = 1 not probed) for a lossless strategy, which
+        trains as one process.
+
+    Raises:
+        ConfigError: bad model, strategy, cluster or settings (before any worker starts).
+    """
+    from autosync.sources import load_cluster, load_model_def, load_model_spec
+    from strategy_space import validate
+    from strategy_space.yaml_io import load_strategy
+
+    model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
+    if not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    if not (isinstance(steps, int) and steps >= 10):
+        raise ConfigError(f"--steps must be an integer >= 10 (the loss is smoothed over a tenth of them), got {steps!r}")
+    spec = load_model_spec(model_def)
+    validate(strategy, spec, cluster_spec)
+    if lossy_parts(strategy).lossless:
+        return None, EXACT
+    prober = TrainingProber(model_def, spec, cluster_spec, steps=steps, seed=seed, store=store, timeout_s=timeout_s)
+    result = prober.probe(strategy)
+    return result, result.efficiency

@@ -1,0 +1,226 @@
+"""Goodput (tuner.goodput): lossy parts and their lossless twin, the efficiency estimate from two
+loss curves, and the tuning loop ranking by step time / efficiency with a fake prober."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from strategy_space import PS, AllReduce, Strategy, VarConfig
+from strategy_space.builders import get_builder
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.base import Proposal
+from tuner.goodput import (EXACT, Efficiency, ProbeResult, Prober, estimate_efficiency, goodput_seconds, is_lossless,
+                           lossless_twin, lossy_parts, probe_cache_key)
+from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.outcome import TuneOutcome
+from tuner.store import TrialStore
+from tuner.synthetic import SyntheticRunner
+from tuner.trial import Trial
+from tuner.tuning import Budget, tune_loop
+
+MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
+
+
+def build(name, model, cluster):
+    return get_builder(name).build(model, cluster)
+FAST = SearchSettings(batch=3, candidates=64, chains=16, anneal_steps=10, seed=0)
+
+
+def with_lossy(strategy: Strategy, compressor="powersgd(1)", staleness=0, asynchronous=False) -> Strategy:
+    """``strategy`` with ``compressor`` on every all-reduced matrix and the PS mode given."""
+    out = []
+    for c in strategy.variables:
+        syncs = []
+        for s in c.synchronizers:
+            if isinstance(s, AllReduce) and c.name.endswith("kernel"):
+                s = dataclasses.replace(s, compressor=compressor)
+            elif isinstance(s, PS) and (staleness or asynchronous):
+                s = dataclasses.replace(s, staleness=staleness, sync=not asynchronous)
+            syncs.append(s)
+        out.append(VarConfig(c.name, tuple(syncs), c.axis))
+    return Strategy(tuple(out), strategy.replicas, origin="lossy")
+
+
+def test_lossy_parts_name_every_lossy_shard_and_the_twin_removes_only_them():
+    ar = build("all_reduce", MODEL, CLUSTER)
+    assert is_lossless(ar) and lossy_parts(ar).describe() == "lossless"
+    lossy = with_lossy(ar, "powersgd_ef(4)")
+    parts = lossy_parts(lossy)
+    assert parts.compressed == (("dense/kernel", 0, "powersgd_ef(4)"), ("dense_1/kernel", 0, "powersgd_ef(4)"))
+    assert not parts.timing_dependent and "powersgd_ef(4) on 2 variables" in parts.describe()
+    twin = lossless_twin(lossy)
+    assert is_lossless(twin) and twin.fingerprint == ar.fingerprint
+    stale = with_lossy(build("ps", MODEL, CLUSTER), staleness=2)
+    sp = lossy_parts(stale)
+    assert sp.timing_dependent and {s for _, _, s in sp.stale} == {2} and not sp.compressed
+    assert lossless_twin(stale).fingerprint == build("ps", MODEL, CLUSTER).fingerprint
+    asy = lossy_parts(with_lossy(build("ps", MODEL, CLUSTER), asynchronous=True))
+    assert asy.asynchronous and "asynchronous" in asy.describe()
+    # the key depends on the lossy parts alone: the embedding on a PS instead shares it
+    moved = Strategy(tuple(VarConfig(c.name, (PS(CLUSTER.node_names[1]),)) if c.name.startswith("embedding") else c
+                           for c in lossy.variables))
+    assert moved.fingerprint != lossy.fingerprint and lossy_parts(moved).key == parts.key
+    assert lossy_parts(with_lossy(ar, "fp16")).key != parts.key
+
+
+def curve(k, rng, noise=0.02, speed=1.0):
+    """A falling loss after ``speed`` x t lossless steps, with batch noise."""
+    t = np.arange(1, k + 1) * speed
+    return 0.5 + 2.0 / (1.0 + 0.03 * t) + rng.normal(0, noise, k)
+
+
+def test_efficiency_recovers_a_known_slowdown_within_its_interval():
+    hits = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        twin, cand = curve(300, rng), curve(300, rng, speed=0.6)
+        e = estimate_efficiency(cand, twin)
+        assert e.low <= e.value <= e.high and e.probed and e.steps == 300
+        assert abs(e.value - 0.6) < 0.1
+        hits += e.low <= 0.6 <= e.high
+    assert hits >= 16   # a 95 % interval covers the true value in most seeds
+
+
+def test_efficiency_of_an_equal_curve_is_one_and_noise_widens_the_interval():
+    rng = np.random.default_rng(0)
+    twin = curve(200, rng)
+    assert estimate_efficiency(twin, twin).value == 1.0
+    quiet = estimate_efficiency(curve(200, np.random.default_rng(1), 0.005, 0.7), curve(200, np.random.default_rng(2), 0.005))
+    loud = estimate_efficiency(curve(200, np.random.default_rng(1), 0.08, 0.7), curve(200, np.random.default_rng(2), 0.08))
+    assert loud.high - loud.low > quiet.high - quiet.low > 0
+
+
+def test_a_diverged_candidate_has_efficiency_zero_and_never_competes():
+    rng = np.random.default_rng(0)
+    twin = curve(100, rng)
+    cand = curve(100, rng)
+    cand[60] = np.nan
+    e = estimate_efficiency(cand, twin)
+    assert e.value == 0.0 and goodput_seconds(0.01, e) == float("inf")
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        estimate_efficiency([1.0], [1.0])
+
+
+def test_the_estimate_is_deterministic_for_the_same_curves():
+    rng = np.random.default_rng(3)
+    twin, cand = curve(150, rng), curve(150, rng, speed=0.8)
+    assert estimate_efficiency(cand, twin) == estimate_efficiency(list(cand), list(twin))
+
+
+def ok_trial(strategy, seconds, role="search"):
+    return Trial(strategy, MODEL.fingerprint, CLUSTER.fingerprint, "ok", step_times=(seconds,) * 6, role=role,
+                 origin=strategy.origin or "search")
+
+
+def test_goodput_keeps_a_lossy_strategy_only_with_a_measured_efficiency_that_pays():
+    base = build("all_reduce", MODEL, CLUSTER)
+    lossy = with_lossy(base)
+    trials = [ok_trial(base, 0.10, "baseline"), ok_trial(lossy, 0.06)]
+    step = TuneOutcome("r", trials, quality="step")
+    assert step.best.strategy == lossy   # step time alone: the lossy one wins
+    good = TuneOutcome("r", trials, quality="goodput")
+    assert good.best.strategy == base    # not probed: it does not compete
+    good.efficiency[lossy.fingerprint] = Efficiency(0.5, 0.45, 0.55, probed=True, steps=100, source="probe")
+    assert good.best.strategy == base    # 0.06 / 0.5 = 0.12 s per lossless step > 0.10
+    assert good.figure(good.measured()[lossy.fingerprint]) == pytest.approx(0.12)
+    good.efficiency[lossy.fingerprint] = Efficiency(0.97, 0.95, 1.0, probed=True, steps=100, source="probe")
+    assert good.best.strategy == lossy   # 0.062 < 0.10
+    assert good.efficiency_of(base) == EXACT
+
+
+class FakeProber(Prober):
+    """E from a table by compressor; counts what it was asked."""
+
+    def __init__(self, e_by_codec, fail=False):
+        self.e_by_codec, self.fail, self.asked = e_by_codec, fail, []
+
+    def efficiency(self, strategy):
+        self.asked.append(strategy)
+        if self.fail:
+            raise RuntimeError("the probe's worker died")
+        codecs = {c for _, _, c in lossy_parts(strategy).compressed}
+        e = min(self.e_by_codec.get(c, 1.0) for c in codecs) if codecs else 1.0
+        return Efficiency(e, e - 0.02, min(1.0, e + 0.02), probed=True, steps=100, source="probe")
+
+
+class LossyIsFast(SyntheticRunner):
+    """Lossy strategies measure half the step time of the others."""
+
+    def run(self, strategies, origins=None):
+        out = []
+        for t in super().run(strategies, origins):
+            if t.ok and not is_lossless(t.strategy):
+                t = dataclasses.replace(t, step_times=tuple(x / 2 for x in t.step_times))
+            out.append(t)
+        return out
+
+
+def tune(tmp_path, quality, prober, runner=None, trials=9):
+    with TrialStore(tmp_path / f"{quality}.db") as store:
+        tuner = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, lossless=quality == "exact")
+        return tune_loop(runner or LossyIsFast(MODEL, CLUSTER, seed=1), store, tuner, Budget(trials=trials, patience=10),
+                         quality=quality, prober=prober)
+
+
+def test_the_loop_probes_only_lossy_contenders_and_never_recommends_a_costly_one(tmp_path):
+    # compressed steps are up to ~6x faster here; at E = 0.05 they cost 3x more per lossless step
+    prober = FakeProber({"powersgd(4)": 0.05, "fp16": 0.05, "powersgd_ef(4)": 0.05, "fp16_ef": 0.05})
+    out = tune(tmp_path, "goodput", prober)
+    assert prober.asked and all(not is_lossless(s) for s in prober.asked)
+    assert len({s.fingerprint for s in prober.asked}) == len(prober.asked)   # each probed once
+    assert is_lossless(out.best.strategy)
+    lossy = [t for t in out.ok if not is_lossless(t.strategy)]
+    assert lossy, "the search proposed no lossy strategy to judge"
+    # a lossy strategy slower than the leader even at E = 1 is not worth a probe
+    probed = {s.fingerprint for s in prober.asked}
+    assert all(t.strategy.fingerprint in probed or out.figure(t) == float("inf") for t in lossy)
+
+
+def test_the_loop_keeps_a_lossy_strategy_whose_efficiency_pays(tmp_path):
+    out = tune(tmp_path, "goodput", FakeProber({}))   # E = 1 for every compressor
+    assert not is_lossless(out.best.strategy)
+    assert out.efficiency[out.best.strategy.fingerprint].probed
+
+
+def test_a_failed_probe_is_recorded_and_tuning_goes_on(tmp_path):
+    prober = FakeProber({}, fail=True)
+    out = tune(tmp_path, "goodput", prober)
+    assert prober.asked and out.stop_reason == "trials"
+    failed = [e for e in out.efficiency.values() if e.source == "failed"]
+    assert failed and all("worker died" in e.note for e in failed)
+    assert is_lossless(out.best.strategy)
+
+
+def test_exact_never_proposes_a_lossy_part(tmp_path):
+    out = tune(tmp_path, "exact", None, trials=12)
+    assert len(out.search_trials) == 12
+    assert all(is_lossless(t.strategy) for t in out.trials)
+
+
+def test_step_quality_ranks_by_step_time_and_never_probes(tmp_path):
+    prober = FakeProber({})
+    out = tune(tmp_path, "step", prober)
+    assert not prober.asked and not out.efficiency
+    assert out.best.median == min(t.median for t in out.measured().values())
+
+
+def test_probes_round_trip_through_the_store(tmp_path):
+    lossy = with_lossy(build("all_reduce", MODEL, CLUSTER))
+    parts = lossy_parts(lossy)
+    e = estimate_efficiency(curve(50, np.random.default_rng(0), speed=0.5), curve(50, np.random.default_rng(1)))
+    r = ProbeResult("tiny", "tiny:fp", parts.key, parts.describe(), 3, "three", 50, 0, e, (1.0, 0.9), (1.0, 0.8), 1.5, 1.4, 7.0)
+    key = probe_cache_key("tiny:fp", parts, 3, 50, 0)
+    assert key != probe_cache_key("tiny:fp", parts, 3, 50, 1) != probe_cache_key("tiny:fp", parts, 2, 50, 0)
+    with TrialStore(tmp_path / "p.db") as store:
+        assert store.probe(key) is None
+        assert store.add_probe(key, r) and not store.add_probe(key, r)
+    with TrialStore(tmp_path / "p.db") as store:
+        assert store.probe(key) == r and store.probes("tiny:fp") == [r] and store.probes("other") == []
+
+
+def test_a_proposal_of_a_lossless_tuner_round_trips_as_lossless():
+    tuner = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, lossless=True)
+    for _ in range(3):
+        batch = tuner.next_batch(3)
+        assert batch and all(isinstance(p, Proposal) and is_lossless(p.strategy) for p in batch)
+        tuner.update([ok_trial(p.strategy, 0.1) for p in batch])

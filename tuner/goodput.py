@@ -1,0 +1,325 @@
+"""Goodput: time per step of lossless progress, the figure a tuning run minimizes by default.
+
+A synchronous strategy with staleness 0 and no compressor trains exactly as one process on the
+global batch (the runtime's tests hold every such strategy to that), so its statistical
+efficiency is 1 without measuring. A strategy with a lossy part — a compressor, a bounded-stale or
+asynchronous parameter server — may need more steps to reach the same loss. Its efficiency ``E``
+is measured by a probe: the strategy and its lossless twin (the same strategy with those parts
+made exact) train from the same initial weights on the same data for K steps, and
+
+    E = (steps the twin needs to reach the candidate's smoothed loss at step K) / K,
+
+at most 1; its interval comes from the noise of the batch losses (``estimate_efficiency``).
+Goodput then compares strategies by ``step_time / E`` (Pollux's goodput, OSDI'21, turned into
+seconds per unit of lossless progress), so a lossy strategy wins only where its faster steps pay
+for the extra steps it needs.
+
+Quality policies (``QUALITIES``): ``exact`` never proposes a lossy part; ``goodput`` proposes
+them and keeps a lossy strategy only with a measured E; ``step`` ranks by step time alone (the
+behaviour before goodput), and every output says so.
+
+Everything here is pure (numpy only); the probe that trains lives in ``autosync.probe``.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from strategy_space import Strategy
+from strategy_space.strategy import PS, AllReduce, VarConfig
+from strategy_space.strict import fingerprint
+
+QUALITIES = ("exact", "goodput", "step")
+DEFAULT_QUALITY = "goodput"
+# steps a probe trains by default (each of the candidate and its twin)
+DEFAULT_PROBE_STEPS = 200
+
+
+@dataclass(frozen=True)
+class LossyParts:
+    """What makes a strategy's training differ from one process's.
+
+    Attributes:
+        compressed: ``(variable, shard, compressor spec)`` of every all-reduced shard with a
+            compressor.
+        stale: ``(variable, shard, staleness)`` of every synchronous PS shard with staleness > 0.
+        asynchronous: ``(variable, shard)`` of every asynchronous PS shard.
+    """
+
+    compressed: tuple[tuple[str, int, str], ...] = ()
+    stale: tuple[tuple[str, int, int], ...] = ()
+    asynchronous: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def lossless(self) -> bool:
+        return not (self.compressed or self.stale or self.asynchronous)
+
+    @property
+    def timing_dependent(self) -> bool:
+        """Staleness and asynchrony depend on how fast each worker runs, so their probe must run
+        on the target cluster; a compressor's effect does not depend on the network."""
+        return bool(self.stale or self.asynchronous)
+
+    @property
+    def key(self) -> str:
+        """Equal for strategies whose lossy parts are the same (whatever else differs)."""
+        return fingerprint({"compressed": [list(c) for c in self.compressed], "stale": [list(s) for s in self.stale],
+                            "asynchronous": [list(a) for a in self.asynchronous]})
+
+    def describe(self) -> str:
+        """A short human summary, e.g. ``powersgd(4) on 11 variables; staleness 2 on 3 shards``."""
+        if self.lossless:
+            return "lossless"
+        parts = []
+        by_codec: dict[str, set] = {}
+        for var, _, codec in self.compressed:
+            by_codec.setdefault(codec, set()).add(var)
+        parts += [f"{codec} on {_count(len(v), 'variable')}" for codec, v in sorted(by_codec.items())]
+        by_stale: dict[int, int] = {}
+        for _, _, s in self.stale:
+            by_stale[s] = by_stale.get(s, 0) + 1
+        parts += [f"staleness {s} on {_count(n, 'PS shard')}" for s, n in sorted(by_stale.items())]
+        if self.asynchronous:
+            parts.append(f"asynchronous PS on {_count(len(self.asynchronous), 'shard')}")
+        return "; ".join(parts)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def lossy_parts(strategy: Strategy) -> LossyParts:
+    """The lossy parts of ``strategy`` (sorted by variable name, then shard)."""
+    compressed, stale, asynchronous = [], [], []
+    for c in sorted(strategy.variables, key=lambda c: c.name):
+        for i, s in enumerate(c.synchronizers):
+            if isinstance(s, AllReduce) and s.codec.kind != "none":
+                compressed.append((c.name, i, str(s.codec)))
+            elif isinstance(s, PS) and not s.sync:
+                asynchronous.append((c.name, i))
+            elif isinstance(s, PS) and s.staleness > 0:
+                stale.append((c.name, i, s.staleness))
+    return LossyParts(tuple(compressed), tuple(stale), tuple(asynchronous))
+
+
+def is_lossless(strategy: Strategy) -> bool:
+    return lossy_parts(strategy).lossless
+
+
+def lossless_twin(strategy: Strategy) -> Strategy:
+    """``strategy`` with every lossy part made exact: compressors off, parameter servers
+    synchronous with staleness 0; placement, partitioning, backends and groups unchanged."""
+    def exact(s):
+        if isinstance(s, AllReduce) and s.codec.kind != "none":
+            return dataclasses.replace(s, compressor="none")
+        if isinstance(s, PS) and (not s.sync or s.staleness):
+            return dataclasses.replace(s, sync=True, staleness=0)
+        return s
+
+    configs = tuple(VarConfig(c.name, tuple(exact(s) for s in c.synchronizers), c.axis) for c in strategy.variables)
+    origin = f"{strategy.origin} (lossless twin)" if strategy.origin else "lossless twin"
+    return Strategy(configs, strategy.replicas, origin=origin)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """A strategy's statistical efficiency.
+
+    Attributes:
+        value: E in [0, 1]: lossless steps per step of this strategy (1: trains as one process).
+        low, high: its interval (95 % from the batch losses' noise; equal to ``value`` when not
+            probed).
+        probed: whether it was measured (False: lossless, 1 by construction).
+        steps: steps the probe trained (0 when not probed).
+        source: ``lossless`` (not measured), ``probe`` (measured in this run) or ``cache`` (a
+            probe of the same model and lossy parts measured earlier), ``failed``.
+        note: what the figure rests on, said in the outputs (e.g. that the probe ran on another
+            cluster than the measurements); the error of a failed probe.
+    """
+
+    value: float
+    low: float
+    high: float
+    probed: bool = False
+    steps: int = 0
+    source: str = "lossless"
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Efficiency":
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+EXACT = Efficiency(1.0, 1.0, 1.0)
+
+
+def failed_efficiency(error: str) -> Efficiency:
+    """The efficiency of a strategy whose probe failed: unknown, so it counts as 0 (never kept)."""
+    return Efficiency(0.0, 0.0, 0.0, probed=True, source="failed", note=error[:500])
+
+
+def smooth(losses: np.ndarray, window: int) -> np.ndarray:
+    """Trailing means: entry i is the mean of ``losses[i - window + 1 : i + 1]`` (i >= window - 1;
+    the array starts at that index)."""
+    c = np.cumsum(np.concatenate([[0.0], losses]))
+    return (c[window:] - c[:-window]) / window
+
+
+def batch_noise(losses: np.ndarray) -> float:
+    """Standard deviation of one batch's loss around the trend: from the differences of
+    neighbouring steps (a slow trend cancels in them), robustly (median absolute deviation)."""
+    d = np.diff(losses)
+    if len(d) < 2:
+        return 0.0
+    mad = float(np.median(np.abs(d - np.median(d))))
+    return 1.4826 * mad / math.sqrt(2.0)
+
+
+def steps_to_reach(curve: np.ndarray, level: float, window: int) -> float:
+    """The step (fractional, 1-based) at which the trailing-mean ``curve`` (``smooth``'s output)
+    first falls to ``level``, on its running minimum, interpolated between steps; ``inf`` if it
+    never does. A window mean stands for the step at its centre: entry i of ``curve`` for step
+    ``i + (window + 1) / 2``."""
+    best = np.minimum.accumulate(curve)
+    hit = np.nonzero(best <= level)[0]
+    if not len(hit):
+        return float("inf")
+    i = int(hit[0])
+    centre = (window + 1) / 2
+    if i == 0:
+        return centre
+    hi, lo = best[i - 1], best[i]
+    frac = (hi - level) / (hi - lo) if hi > lo else 1.0
+    return float(i - 1 + frac + centre)
+
+
+def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, window: int | None = None,
+                        z: float = 1.96) -> Efficiency:
+    """E of a candidate from its loss curve and its lossless twin's (same start, same data).
+
+    The candidate's level is the mean of its last ``window`` losses (default a tenth of the steps,
+    at least 5), which stands for the step at the window's centre; E is the step at which the
+    twin's trailing mean reaches that level over that step, at most 1 (a lossy part cannot make training better than exact; a
+    candidate at or below the twin's level is at 1). The interval moves the level by ``z``
+    standard errors of the difference of two window means (each curve's batch noise over the
+    window), so it widens where the twin's curve is flat.
+
+    A candidate whose loss is not finite (diverged) has E = 0.
+    """
+    c = np.asarray(candidate, dtype=np.float64)
+    t = np.asarray(twin, dtype=np.float64)
+    k = min(len(c), len(t))
+    if k < 2:
+        raise ValueError(f"a probe needs at least 2 steps of each curve, got {len(c)} and {len(t)}")
+    c, t = c[:k], t[:k]
+    if not np.all(np.isfinite(c)):
+        return Efficiency(0.0, 0.0, 0.0, probed=True, steps=k, source="probe", note="the candidate's loss diverged")
+    if not np.all(np.isfinite(t)):
+        raise ValueError("the lossless twin's loss is not finite: the model does not train at this setting")
+    w = int(window or max(5, k // 10))
+    w = max(1, min(w, k))
+    sc, st = smooth(c, w), smooth(t, w)
+    level = float(sc[-1])
+    se = math.sqrt(batch_noise(c) ** 2 + batch_noise(t) ** 2) / math.sqrt(w)
+
+    # both levels stand for the step at the centre of the last window
+    at = k - (w - 1) / 2
+
+    def e_at(lv: float) -> float:
+        if lv <= float(np.minimum.accumulate(st)[-1]):
+            return 1.0
+        return min(1.0, steps_to_reach(st, lv, w) / at)
+
+    value = e_at(level)
+    low, high = e_at(level + z * se), e_at(level - z * se)
+    return Efficiency(value, min(low, value), max(high, value), probed=True, steps=k, source="probe")
+
+
+class Prober(abc.ABC):
+    """Measures statistical efficiencies for a tuning run (``autosync.probe.TrainingProber``
+    trains the model; tests use fakes).
+
+    Attributes:
+        note: what the probes rest on, said in the outputs (e.g. that they train on another
+            cluster than the one measured).
+    """
+
+    note: str = ""
+
+    @abc.abstractmethod
+    def efficiency(self, strategy: Strategy) -> Efficiency:
+        """E of a lossy ``strategy`` (from a cache when it holds the same lossy parts); raises
+        when the probe fails."""
+
+
+def goodput_seconds(step_time_s: float, efficiency: Efficiency | None) -> float:
+    """Seconds per step of lossless progress: ``step_time / E`` (inf when E is unknown or 0)."""
+    if efficiency is None or not efficiency.value > 0:
+        return float("inf")
+    return step_time_s / efficiency.value
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe measured.
+
+    Attributes:
+        model: the model's name; ``model_key``: name and variables (``probe_model_key``).
+        lossy_key, lossy: the candidate's ``LossyParts.key`` and its ``describe()``.
+        workers: number of workers it trained on; ``cluster``: the cluster's name.
+        steps, seed: steps trained and the seed of initial weights and data.
+        efficiency: the estimate.
+        candidate_loss, twin_loss: per step, the mean over workers of the batch loss.
+        candidate_wall_s, twin_wall_s: seconds each training took (start-up excluded).
+        started_at: UNIX time.
+    """
+
+    model: str
+    model_key: str
+    lossy_key: str
+    lossy: str
+    workers: int
+    cluster: str
+    steps: int
+    seed: int
+    efficiency: Efficiency
+    candidate_loss: tuple[float, ...] = ()
+    twin_loss: tuple[float, ...] = ()
+    candidate_wall_s: float = 0.0
+    twin_wall_s: float = 0.0
+    started_at: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["efficiency"] = self.efficiency.to_dict()
+        return json.dumps(d, allow_nan=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ProbeResult":
+        d = json.loads(text)
+        d["efficiency"] = Efficiency.from_dict(d["efficiency"])
+        d["candidate_loss"], d["twin_loss"] = tuple(d.get("candidate_loss", ())), tuple(d.get("twin_loss", ()))
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def probe_model_key(model) -> str:
+    """What a probe's cache is keyed on for the model: its name and variables (a ModelSpec)."""
+    return f"{model.name}:{model.fingerprint}"
+
+
+def probe_cache_key(model_key: str, parts: LossyParts, workers: int, steps: int, seed: int,
+                    cluster_fingerprint: str | None = None) -> str:
+    """The cache key of a probe: per (model, lossy parts, workers, steps, seed); for staleness and
+    asynchrony also the cluster (their effect depends on its timing)."""
+    return fingerprint({"model": model_key, "lossy": parts.key, "workers": int(workers), "steps": int(steps),
+                        "seed": int(seed), "cluster": cluster_fingerprint if parts.timing_dependent else None})
