@@ -143,6 +143,9 @@ class TrainingProber(Prober):
         return result
 
     def efficiency(self, strategy: Strategy) -> Efficiency:
+        """E of ``strategy``: 1 without training when it is lossless, else its probe's."""
+        if lossy_parts(strategy).lossless:
+            return EXACT
         return self.probe(strategy).efficiency
 
 

@@ -202,3 +202,29 @@ def batchnorm_model_def() -> ModelDef:
     return ModelDef(name="tiny_bn", model_fn=build_batchnorm_model, loss_fn=mse,
                     optimizer_fn=functools.partial(make_optimizer, "sgd", learning_rate=0.1),
                     dataset_fn=make_batches, batch_size=8, seed=7)
+
+
+# ---- a linear teacher: every direction of the gradient matters (PowerSGD rank 1 loses most) ----
+TEACHER_DIM = 16
+
+
+def build_linear_student():
+    import keras
+
+    x = keras.Input((TEACHER_DIM,), name="x")
+    return keras.Model(x, keras.layers.Dense(TEACHER_DIM, use_bias=False, name="w")(x))
+
+
+def teacher_batches(worker: int, num_workers: int, batch: int = 16, seed: int = 0):
+    """Endless batches: x standard normal, y = x @ W + noise for a fixed full-rank teacher W."""
+    w = np.random.default_rng(seed).normal(size=(TEACHER_DIM, TEACHER_DIM)).astype("float32")
+    rng = np.random.default_rng([seed, worker, num_workers])
+    while True:
+        x = rng.normal(size=(batch, TEACHER_DIM)).astype("float32")
+        yield x, (x @ w + 0.1 * rng.normal(size=(batch, TEACHER_DIM))).astype("float32")
+
+
+def teacher_model_def(batch: int = 16) -> ModelDef:
+    return ModelDef(name="linear_teacher", model_fn=build_linear_student, loss_fn=mse,
+                    optimizer_fn=functools.partial(make_optimizer, "sgd", learning_rate=0.25),
+                    dataset_fn=functools.partial(teacher_batches, batch=batch), batch_size=batch, seed=3)

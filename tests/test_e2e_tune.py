@@ -17,7 +17,9 @@ import pytest
 from strategy_space import load_strategy, validate
 
 pytestmark = pytest.mark.integration
-ARGS = ["--model", "zoo:ncf", "--cluster", "local", "--steps", "4", "--warmup", "1", "--precision", "0"]   # fixed step counts keep it short
+# fixed step counts and short efficiency probes keep it short
+ARGS = ["--model", "zoo:ncf", "--cluster", "local", "--steps", "4", "--warmup", "1", "--precision", "0",
+        "--probe-steps", "30"]
 
 
 def _env():
@@ -49,7 +51,11 @@ def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_pat
     assert set(s["speedup_over_baselines"]) == set(BUILDERS)  # yet every builder is reported
     # the speed-up is the best baseline's pooled median over the recommendation's; the recommendation
     # is the best baseline itself unless a searched strategy beat it beyond the noise
-    assert s["speedup_over_best_baseline"] == pytest.approx(s["best_baseline_step_time_s"] / s["best_step_time_s"])
+    # (by default in goodput: step time / statistical efficiency; a baseline is lossless)
+    assert s["quality"] == "goodput" and s["ranked_by"].startswith("goodput")
+    assert s["speedup_over_best_baseline"] == pytest.approx(s["best_baseline_step_time_s"] / s["best_goodput_s"])
+    assert s["best_goodput_s"] == pytest.approx(s["best_step_time_s"] / s["statistical_efficiency"])
+    assert s["efficiency_probed"] == (s["lossy_parts"] != "lossless")
     assert s["best_measurements"] == 3 and s["confirm_trials"] >= 2
     if s["best_origin"] != s["best_baseline"]:
         assert s["best_origin"] in ("search", "explore") and s["speedup_over_best_baseline"] > 1.0

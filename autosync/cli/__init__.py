@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "runtime",   # run, baselines (Ray)
     "simulate",  # predicted step time of a strategy; evaluation of the predictors
     "calibrate",  # measured collective and PS costs of a cluster, into its spec
+    "probe",     # statistical efficiency of a strategy's lossy parts
     "tune",      # tune (the main job), report
 )
 

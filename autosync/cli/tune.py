@@ -11,6 +11,7 @@ from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
+from tuner.goodput import DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES
 
 DEFAULT_MODEL = "zoo:ncf"
 DEFAULT_TRIALS = 12
@@ -42,21 +43,45 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def probed(self, trial, efficiency) -> None:
+        """One line per statistical-efficiency probe."""
+        text = (f"probe: {trial.origin} efficiency {efficiency.value:.2f} [{efficiency.low:.2f}, {efficiency.high:.2f}]"
+                if efficiency.source != "failed" else f"probe: {trial.origin} failed: {efficiency.note[:80]}")
+        self.stream.write(("\r" + text.ljust(150) + "\n") if self.tty else text + "\n")
+        self.stream.flush()
+
     def close(self) -> None:
         if self.tty:
             self.stream.write("\n")
 
 
+def _efficiency_cell(result, t) -> str:
+    e = result.outcome.efficiency_of(t.strategy)
+    if e is None:
+        return "not measured"
+    return "1 (lossless)" if not e.probed else f"{e.value:.2f} [{e.low:.2f}, {e.high:.2f}]"
+
+
 def result_table(result) -> str:
-    best = result.best_trial
-    rows = [("best: " + best.origin, "ok", f"{best.median * 1e3:.1f} ms", f"{best.p90 * 1e3:.1f} ms", "1.00x")]
-    for name, t in sorted(result.baselines.items(), key=lambda kv: kv[1].median if kv[1].ok else float("inf")):
-        if t.ok:
-            rows.append((name, "ok", f"{t.median * 1e3:.1f} ms", f"{t.p90 * 1e3:.1f} ms",
-                         f"{t.median / best.median:.2f}x"))
-        else:
-            rows.append((name, t.status, "-", "-", t.error.splitlines()[0][:60]))
-    return table(["strategy", "status", "median step", "p90 step", "best is faster by"], rows, right=(2, 3, 4))
+    """The recommendation and every baseline: step times, statistical efficiency and, unless the
+    quality is ``step``, seconds per step of lossless progress (what the ratio compares)."""
+    best, figure = result.best_trial, result.outcome.figure
+    goodput = result.quality != "step"
+    head = ["strategy", "status", "median step", "p90 step", "efficiency"] + (["per lossless step"] if goodput else [])
+    head.append("best is faster by" + (" (goodput)" if goodput else " (step time only)"))
+
+    def row(name, t):
+        if not t.ok:
+            return (name, t.status, "-", "-", "-") + (("-",) if goodput else ()) + (t.error.splitlines()[0][:60],)
+        cells = (name, "ok", f"{t.median * 1e3:.1f} ms", f"{t.p90 * 1e3:.1f} ms", _efficiency_cell(result, t))
+        if goodput:
+            cells += (f"{figure(t) * 1e3:.1f} ms",)
+        return cells + (f"{figure(t) / figure(best):.2f}x",)
+
+    rows = [row("best: " + best.origin, best)]
+    rows += [row(name, t) for name, t in sorted(result.baselines.items(),
+                                                   key=lambda kv: figure(kv[1]) if kv[1].ok else float("inf"))]
+    return table(head, rows, right=tuple(range(2, len(head))))
 
 
 def cmd_tune(args) -> int:
@@ -80,6 +105,7 @@ def cmd_tune(args) -> int:
             result = tune(args.model, args.cluster, trials=args.trials, time_budget_s=args.time_budget,
                           store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
                           warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress,
+                          quality=args.quality, probe_steps=args.probe_steps, on_probe=progress.probed,
                           **measure, **compute_settings(args))
         finally:
             progress.close()
@@ -98,17 +124,32 @@ def cmd_tune(args) -> int:
           f"re-measurements, {summary['failed_trials']} failed), "
           f"stopped: {summary['stop_reason']}")
     print(result_table(result))
+    print(quality_line(summary))
     if any(name.endswith(PINNED_SUFFIX) for name in result.baselines):
         print(f"(NAME{PINNED_SUFFIX}: that builder's strategy changed to keep --constraints; the change was measured)")
     speed = summary["speedup_over_best_baseline"]
     if speed is not None:
+        measure_word = "in step time only" if summary["quality"] == "step" else "in goodput"
         print(f"\nbest strategy ({result.best_trial.origin}) is {speed:.2f}x the best baseline "
-              f"({summary['best_baseline']}); within 5 % of it after {summary['trials_to_within_5pct']} trials")
+              f"({summary['best_baseline']}) {measure_word}; within 5 % of it after {summary['trials_to_within_5pct']} trials")
     if summary["fastest_not_significant"]:
         print(not_recommended_line(summary))
     print(f"best strategy written to {args.out}" + (f"; report in {report_dir}" if report_dir else ""))
     print(f"trials stored in {result.store_path} (run {result.outcome.run_id}; --resume continues it)")
     return 0
+
+
+def quality_line(summary: dict) -> str:
+    """What the ranking rests on: goodput and the recommendation's efficiency, or step time only."""
+    if summary["quality"] == "step":
+        return ("ranked by step time only (--quality step): what the lossy parts of a strategy "
+                f"({summary['lossy_parts']}) cost in convergence was not measured")
+    e, (low, high) = summary["statistical_efficiency"], summary["statistical_efficiency_interval"]
+    how = (f"probed, {low:.2f} to {high:.2f}" if summary["efficiency_probed"] else "lossless, not probed")
+    line = (f"ranked by goodput (step time / statistical efficiency, --quality {summary['quality']}); the "
+            f"recommendation's efficiency is {e:.2f} ({how}); {summary['probes']} probes took "
+            f"{summary['probe_seconds']:.0f} s")
+    return line + (f"\n{summary['lossy_note']}" if summary["lossy_note"] else "")
 
 
 def not_recommended_line(summary: dict) -> str:
@@ -146,6 +187,13 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the latest run of this model and cluster")
     p.add_argument("--confirm", type=int, default=2, metavar="N",
                    help="re-measure the best strategy and the best baseline until each has 1+N measurements (default 2)")
+    p.add_argument("--quality", choices=QUALITIES, default=DEFAULT_QUALITY,
+                   help="what the tuning ranks by: goodput (default): step time / statistical efficiency, where a "
+                        "strategy with a lossy part (a compressor) is kept only with a measured efficiency (a probe "
+                        "trains it and its lossless twin); exact: no lossy part is proposed; step: step time alone "
+                        "(lossy parts unmeasured)")
+    p.add_argument("--probe-steps", type=int, default=DEFAULT_PROBE_STEPS, metavar="K",
+                   help=f"steps each efficiency probe trains (default {DEFAULT_PROBE_STEPS})")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
     add_precision_flags(p)
