@@ -149,30 +149,37 @@ class TrainingProber(Prober):
         return self.probe(strategy).efficiency
 
 
-def probe_strategy(model, strategy, cluster="local", *, steps: int = DEFAULT_PROBE_STEPS, seed: int | None = None,
-                   store=None, timeout_s: float = 600.0) -> tuple[ProbeResult | None, Efficiency]:
-    """Probe one strategy given by names or files (``autosync probe``).
-
-    Returns:
-        (the probe, its efficiency); (None, E = 1 not probed) for a lossless strategy, which
-        trains as one process.
+def prepare_probe(model, strategy, cluster="local", *, steps: int = DEFAULT_PROBE_STEPS):
+    """Resolve and check what ``autosync probe`` is given, before anything trains or is written:
+    returns (ModelDef, ModelSpec, Strategy, ClusterSpec).
 
     Raises:
-        ConfigError: bad model, strategy, cluster or settings (before any worker starts).
+        ConfigError: bad model, strategy, cluster or steps, or a strategy that does not fit them.
     """
     from autosync.sources import load_cluster, load_model_def, load_model_spec
     from strategy_space import validate
     from strategy_space.yaml_io import load_strategy
 
-    model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
-    if not isinstance(strategy, Strategy):
-        strategy = load_strategy(strategy)
     if not (isinstance(steps, int) and steps >= 10):
         raise ConfigError(f"--steps must be an integer >= 10 (the loss is smoothed over a tenth of them), got {steps!r}")
+    if not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
     spec = load_model_spec(model_def)
     validate(strategy, spec, cluster_spec)
+    return model_def, spec, strategy, cluster_spec
+
+
+def probe_strategy(model_def, spec, strategy: Strategy, cluster: ClusterSpec, *, steps: int = DEFAULT_PROBE_STEPS,
+                   seed: int | None = None, store=None, timeout_s: float = 600.0) -> tuple[ProbeResult | None, Efficiency]:
+    """Probe one strategy (``autosync probe``; arguments as ``prepare_probe`` returns them).
+
+    Returns:
+        (the probe, its efficiency); (None, E = 1 not probed) for a lossless strategy, which
+        trains as one process.
+    """
     if lossy_parts(strategy).lossless:
         return None, EXACT
-    prober = TrainingProber(model_def, spec, cluster_spec, steps=steps, seed=seed, store=store, timeout_s=timeout_s)
+    prober = TrainingProber(model_def, spec, cluster, steps=steps, seed=seed, store=store, timeout_s=timeout_s)
     result = prober.probe(strategy)
     return result, result.efficiency

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from pathlib import Path
 
 from autosync.cli.paths import check_output_file
@@ -18,30 +17,31 @@ SHOWN_POINTS = 8
 
 def cmd_probe(args) -> int:
     from autosync.api import default_store_path
-    from autosync.probe import probe_strategy
+    from autosync.probe import prepare_probe, probe_strategy
     from autosync.runtime.runner import check_node_capacity
     from autosync.sources import load_cluster
-    from strategy_space.yaml_io import load_strategy
-    from tuner.store import TrialStore
+    from tuner.store import TrialStore, check_store_file
 
     if args.steps < 10:
         raise ConfigError(f"--steps must be >= 10 (the loss is smoothed over a tenth of them), got {args.steps}")
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    strategy = load_strategy(args.strategy)
+    check_output_file(args.store, "--store")
+    store_path = Path(args.store) if args.store else default_store_path()
+    check_store_file(store_path)   # a damaged store fails now, untouched
     cluster = load_cluster(args.cluster)
     check_node_capacity(cluster)
-    check_output_file(args.store, "--store")
-    parts = lossy_parts(strategy)
-    # a lossless strategy trains as one process: the model and strategy are checked, nothing trains
-    store_path = Path(args.store) if args.store else default_store_path()
-    if not parts.lossless:
-        store_path.parent.mkdir(parents=True, exist_ok=True)
-    with ray_output_to_log("probe"), (nullcontext() if parts.lossless else TrialStore(store_path)) as store:
-        result, e = probe_strategy(args.model, strategy, cluster, steps=args.steps, seed=args.seed, store=store,
-                                   timeout_s=args.timeout)
-    if result is None:
-        e = None
+    with ray_output_to_log("probe"):
+        # everything is checked (the model built to validate the strategy) before a file is written
+        model_def, spec, strategy, cluster = prepare_probe(args.model, args.strategy, cluster, steps=args.steps)
+        parts = lossy_parts(strategy)
+        if parts.lossless:   # trains as one process: nothing to measure, nothing stored
+            result, e = None, None
+        else:
+            store_path.parent.mkdir(parents=True, exist_ok=True)
+            with TrialStore(store_path) as store:
+                result, e = probe_strategy(model_def, spec, strategy, cluster, steps=args.steps, seed=args.seed,
+                                           store=store, timeout_s=args.timeout)
     out = {
         "strategy": args.strategy,
         "lossy_parts": parts.describe(),
