@@ -1,5 +1,6 @@
 """The tuning report: an HTML page with the tuning curve, predicted vs measured step times, the best
-strategy against every baseline, and the best strategy's table; the plots are also PNG files.
+strategy against every baseline, loss against wall-clock time (from the run's statistical-efficiency
+probes), and the best strategy's table; the plots are also PNG files.
 
 It reads everything from a TrialStore, so it can be made for any run, at any time.
 """
@@ -10,6 +11,7 @@ import os
 from pathlib import Path
 
 from strategy_space.errors import ConfigError
+from tuner.goodput import is_lossless, lossy_parts, probe_model_key
 from tuner.store import TrialStore, open_existing_store
 from tuner.outcome import TuneOutcome
 
@@ -28,7 +30,53 @@ def _run_trials(store: TrialStore, run_id: str | None):
     return run_id, chosen
 
 
-def _plots(outcome: TuneOutcome, out: Path) -> dict[str, str]:
+def _efficiencies(outcome: TuneOutcome, probes: list) -> dict:
+    """Lossy-parts key -> the latest probe of it (of this model); fills ``outcome.efficiency`` for
+    the run's lossy strategies that have one."""
+    latest = {}
+    for p in probes:   # oldest first: the latest wins
+        latest[p.lossy_key] = p
+    for t in outcome.ok:
+        if not is_lossless(t.strategy):
+            found = latest.get(lossy_parts(t.strategy).key)
+            if found is not None:
+                outcome.efficiency[t.strategy.fingerprint] = found.efficiency
+    return latest
+
+
+def _loss_plot(outcome: TuneOutcome, probes: dict, out: Path, plt) -> str | None:
+    """Loss against wall-clock time: the recommendation and the best baseline (the probes' curves
+    at each strategy's measured step time; a lossless strategy trains as the lossless curve), and
+    the run's other probed strategies. None when no probe measured a curve."""
+    best, base = outcome.best, outcome.best_baseline
+    if best is None or not probes:
+        return None
+    lossless = next(iter(probes.values())).twin_loss   # every probe's twin trains as one process
+    fig, ax = plt.subplots(figsize=(7, 4))
+
+    def draw(trial, label, **style):
+        p = probes.get(lossy_parts(trial.strategy).key)
+        loss = lossless if is_lossless(trial.strategy) else (p.candidate_loss if p else None)
+        if loss:
+            ax.plot([(i + 1) * trial.median for i in range(len(loss))], loss, label=label, **style)
+
+    for t in outcome.measured().values():
+        if t is not best and not is_lossless(t.strategy) and lossy_parts(t.strategy).key in probes:
+            draw(t, None, color="tab:gray", alpha=0.35, linewidth=0.8)
+    if base is not None:
+        draw(base, f"best baseline ({base.origin})", color="tab:gray", linewidth=1.6)
+    draw(best, f"recommendation ({best.origin})", color="tab:green", linewidth=1.6)
+    ax.set_xlabel("wall-clock time (s): steps x measured step time")
+    ax.set_ylabel("training loss (probe)")
+    ax.set_title("Loss against wall-clock time (grey: other probed strategies)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss_vs_time.png", dpi=110)
+    plt.close(fig)
+    return "loss_vs_time.png"
+
+
+def _plots(outcome: TuneOutcome, out: Path, probes: dict | None = None) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,6 +135,9 @@ def _plots(outcome: TuneOutcome, out: Path) -> dict[str, str]:
         fig.savefig(out / "best_vs_baselines.png", dpi=110)
         plt.close(fig)
         files["best vs baselines"] = "best_vs_baselines.png"
+    loss = _loss_plot(outcome, probes or {}, out, plt)
+    if loss:
+        files["loss against wall-clock time"] = loss
     return files
 
 
@@ -108,10 +159,14 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
         run_id, trials = _run_trials(store, run_id)
         model = store.model(trials[0].model_fingerprint)
         cluster = store.cluster(trials[0].cluster_fingerprint)
+        stored_probes = store.probes(probe_model_key(model)) if model is not None else []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    outcome = TuneOutcome(run_id, list(trials))   # re-measurements pooled per strategy
-    files = _plots(outcome, out)
+    # re-measurements pooled per strategy, ranked as the run ranked them (runs before goodput: step)
+    quality = trials[0].meta.get("quality", "step")
+    outcome = TuneOutcome(run_id, list(trials), quality=quality)
+    probes = _efficiencies(outcome, stored_probes)
+    files = _plots(outcome, out, probes)
     best = outcome.best
     rows = [(i, t.role, t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
              f"{t.predicted_s * 1e3:.1f}" if t.predicted_s else "-",
@@ -121,9 +176,12 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
              f"{len(trials)} trials.</p>"]
     if best is not None:
         bb = outcome.best_baseline
+        f = outcome.figure
+        by = "in step time only" if quality == "step" else "in goodput (step time / statistical efficiency)"
         parts.append(f"<p>Best: <b>{html.escape(best.origin)}</b>, median {best.median * 1e3:.1f} ms per step"
-                     + (f", {bb.median / best.median:.2f}x the best baseline ({html.escape(bb.origin)}, "
-                        f"{bb.median * 1e3:.1f} ms)" if bb else "") + ".</p>")
+                     + (f", {f(bb) / f(best):.2f}x the best baseline ({html.escape(bb.origin)}, "
+                        f"{bb.median * 1e3:.1f} ms) {by}" if bb else "") + ".</p>")
+        parts.append(f"<p>{_efficiency_note(outcome, best)}</p>")
         fastest = outcome.fastest
         if fastest.strategy.fingerprint != best.strategy.fingerprint:
             parts.append(f"<p>The fastest strategy measured ({html.escape(fastest.origin)}, "
@@ -142,6 +200,22 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     (out / "index.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>AutoSync report"
                                     f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
     return out
+
+
+def _efficiency_note(outcome: TuneOutcome, best) -> str:
+    """The recommendation's statistical efficiency and what it rests on, as a sentence."""
+    parts = lossy_parts(best.strategy)
+    if outcome.quality == "step":
+        return (f"Ranked by step time only (quality step): what the recommendation's lossy parts "
+                f"({html.escape(parts.describe())}) cost in convergence was not measured.")
+    e = outcome.efficiency_of(best.strategy)
+    if parts.lossless:
+        return "The recommendation is lossless: statistical efficiency 1 (it trains as one process; not probed)."
+    if e is None:
+        return f"The recommendation has lossy parts ({html.escape(parts.describe())}) whose probe is not in the store."
+    return (f"The recommendation has lossy parts ({html.escape(parts.describe())}): statistical efficiency "
+            f"{e.value:.2f} (95 % interval {e.low:.2f} to {e.high:.2f}), probed over {e.steps} steps."
+            + (f" {html.escape(e.note)}" if e.note else ""))
 
 
 def _compute_note(cluster) -> str:

@@ -111,3 +111,60 @@ def test_tune_reads_the_builtin_dataset_without_copying_it(result):
         assert len(store) == result.summary()["total_trials"]     # only this run's trials
         assert len(store.groups()) == 1
     assert result.summary()["warm_start_trials"] >= 200
+
+
+class StoringProber:
+    """A fake prober that writes its probes to the run's store, as the real one does: every lossy
+    strategy is worth ``e`` lossless steps (falling made-up loss curves)."""
+
+    def __init__(self, store_path, model, e):
+        self.store_path, self.model, self.e, self.note = store_path, model, e, "fake probes"
+
+    def efficiency(self, strategy):
+        import numpy as np
+
+        from tuner.goodput import ProbeResult, estimate_efficiency, lossy_parts, probe_cache_key, probe_model_key
+        from tuner.store import TrialStore
+
+        steps = np.arange(1, 101)
+        twin = 1 / (1 + 0.05 * steps)
+        cand = 1 / (1 + 0.05 * self.e * steps)
+        eff = estimate_efficiency(cand, twin)
+        parts = lossy_parts(strategy)
+        key = probe_cache_key(probe_model_key(self.model), parts, 3, 100, 0)
+        with TrialStore(self.store_path) as store:
+            store.add_probe(key, ProbeResult(self.model.name, probe_model_key(self.model), parts.key, parts.describe(),
+                                             3, "three", 100, 0, eff, tuple(cand), tuple(twin), 1.0, 1.0, 0.0))
+        return eff
+
+
+@pytest.mark.parametrize("quality,e", [("goodput", 1.0), ("goodput", 0.1), ("step", 0.1)])
+def test_goodput_in_the_summary_and_the_report(tmp_path, quality, e):
+    """Lossy strategies are 2x faster per step here: at E = 1 goodput keeps one, at E = 0.1 it keeps
+    a lossless one; step ranks by step time whatever they cost. The report says which and plots
+    loss against time from the probes."""
+    from tests.test_tuner_goodput import LossyIsFast
+    from tuner.goodput import is_lossless
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    db = tmp_path / "g.db"
+    result = autosync.tune("unused", cluster, trials=6, store=db, settings=FAST, warm_start="none",
+                           runner=LossyIsFast(model, cluster, seed=3), quality=quality,
+                           prober=StoringProber(db, model, e))
+    s = result.summary()
+    assert s["quality"] == quality
+    lossy_best = not is_lossless(result.best_strategy)
+    if quality == "step":
+        assert s["ranked_by"].startswith("step time only") and lossy_best and s["statistical_efficiency"] is None
+        assert s["probes"] == 0
+    elif e == 1.0:
+        assert lossy_best and s["efficiency_probed"] and s["statistical_efficiency"] == 1.0 and s["probes"] >= 1
+    else:
+        assert not lossy_best and s["statistical_efficiency"] == 1.0 and not s["efficiency_probed"]
+        assert s["probes"] >= 1
+    out = write_report(db, tmp_path / "r")
+    page = (out / "index.html").read_text()
+    if quality == "step":
+        assert "step time only" in page and not (out / "loss_vs_time.png").exists()
+    else:
+        assert "goodput" in page and "statistical efficiency" in page and (out / "loss_vs_time.png").exists()

@@ -152,7 +152,8 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = runner.run([p.strategy], [p.origin])
                 t = dataclasses.replace(t, run_id=outcome.run_id, role=role, predicted_s=p.predicted_s,
-                                        aliases=p.aliases, meta={**t.meta, **({"attempt": attempt + 1} if attempt else {})})
+                                        aliases=p.aliases, meta={**t.meta, "quality": quality,
+                                                                 **({"attempt": attempt + 1} if attempt else {})})
                 store.add(t, model, cluster)
                 outcome.trials.append(t)
                 got.append(t)
