@@ -372,7 +372,7 @@ def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int
     from autosync.probe import TrainingProber
     from autosync.sources import is_trainable_source, load_model_def
 
-    if runner is None:
+    if runner is None or not hasattr(runner, "pool"):
         return None, ("lossy parts were not proposed: the given runner has no trainable model to probe their "
                       "statistical efficiency with")
     if runner.compute == "real":

@@ -168,3 +168,36 @@ def test_goodput_in_the_summary_and_the_report(tmp_path, quality, e):
         assert "step time only" in page and not (out / "loss_vs_time.png").exists()
     else:
         assert "goodput" in page and "statistical efficiency" in page and (out / "loss_vs_time.png").exists()
+
+
+@pytest.mark.parametrize("quality", ["goodput", "exact", "step"])
+def test_tune_command_takes_each_quality_and_says_it(tmp_path, monkeypatch, capsys, quality):
+    """`autosync tune --quality Q` end to end through the command line (the synthetic runner in
+    place of Ray): the table and the JSON say what the run ranked by."""
+    import autosync.api
+    from autosync.cli import main
+    from strategy_space import dumps
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+
+    class Fake(SyntheticRunner):   # what tune reads of a RayRunner besides measuring
+        given_spec = model
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(autosync.api, "make_runner", lambda *a, **k: Fake(model, cluster, seed=2))
+    (tmp_path / "c.yaml").write_text(dumps(cluster))
+    argv = ["tune", "--model", "zoo:ncf", "--cluster", str(tmp_path / "c.yaml"), "--trials", "3", "--warm-start", "none",
+            "--store", str(tmp_path / "s.db"), "--out", str(tmp_path / "b.yaml"), "--quality", quality]
+    assert main(argv + ["--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["quality"] == quality
+    if quality == "exact":
+        assert s["lossy_parts"] == "lossless" and "no lossy part" in s["lossy_note"]
+    if quality == "goodput":   # a runner without a trainable model: nothing to probe, so nothing lossy
+        assert s["lossy_parts"] == "lossless" and "not proposed" in s["lossy_note"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert ("ranked by step time only" if quality == "step" else "ranked by goodput") in text
+    assert ("in step time only" if quality == "step" else "in goodput") in text
