@@ -28,6 +28,10 @@ from tuner.outcome import TuneOutcome
 from tuner.tuning import Budget, previous_run, tune_loop
 
 
+# bounded staleness offered under goodput (besides 0; asynchronous PS too) where probes run on the target
+STALENESS_OFFERED = (0, 2)
+
+
 def default_store_path() -> Path:
     """Where trials accumulate between runs (they warm-start later tunings): the user's cache."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -343,8 +347,12 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                 lossy_note = "quality exact: no lossy part was proposed"
             elif prober is not None and not lossy_note:
                 lossy_note = prober.note
+            # staleness and asynchrony depend on timing: offered only where probes train on the
+            # target itself (real compute on the measured workers)
+            timed = quality == "goodput" and prober is not None and getattr(prober, "on_target", False)
             tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings(),
-                                    warm_start=warm_groups, lossless=lossless)
+                                    warm_start=warm_groups, lossless=lossless,
+                                    staleness=STALENESS_OFFERED if timed else (0,), allow_async=timed)
             outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
                                                                    patience=patience, confirm=confirm),
                                 resume=resume, on_trial=on_trial, quality=quality,
@@ -377,10 +385,10 @@ def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int
                       "statistical efficiency with")
     if runner.compute == "real":
         return TrainingProber(runner.model_def, spec, runner.cluster, steps=steps, seed=seed, store=store,
-                              pool=runner.pool), ""
+                              pool=runner.pool, on_target=True), ""
     if isinstance(model, ModelDef) or (isinstance(model, str) and is_trainable_source(model)):
         note = (f"efficiencies probed with real compute of the trainable model on the same {len(runner.cluster.devices)} "
-                f"workers (step times are emulated)")
+                f"workers (step times are emulated; staleness, whose effect depends on timing, is not proposed)")
         return TrainingProber(load_model_def(model), spec, runner.cluster, steps=steps, seed=seed, store=store,
                               pool=runner.pool, note=note), note
     return None, ("lossy parts were not proposed: a model-spec YAML has no code to train, so their statistical "

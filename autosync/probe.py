@@ -5,7 +5,9 @@ initial weights on the same data, and estimate how many lossless steps one of it
 A probe trains with the runtime's ``Trainer``, so it runs the user's own model, loss, optimizer
 and data on real workers. The twin of every lossy strategy trains as one process on the global
 batch (the runtime holds every lossless strategy to that), so one twin curve per (model, workers,
-steps, seed) serves every candidate: it is stored once and reused. Probes are stored in the trial
+steps, seed) serves every candidate: it is stored once and reused, and in a tuning run it is
+trained with the fastest lossless strategy measured (on a slow network the candidate's own twin,
+uncompressed, can be several times slower). Probes are stored in the trial
 store under ``tuner.goodput.probe_cache_key`` — per model and lossy parts; for staleness and
 asynchrony, whose effect depends on timing, per cluster too — and a probe found there is not run
 again.
@@ -71,11 +73,13 @@ class TrainingProber(Prober):
         pool: warm workers to train on (a ``RayRunner``'s), else each probe starts its own.
         note: what the probes rest on, said in the outputs.
         on_result: called with each ProbeResult measured here (not those found in the cache).
+        on_target: the probes train on the workers whose step times are measured (real compute),
+            so staleness and asynchrony, whose effect depends on timing, can be probed.
     """
 
     def __init__(self, model_def, model_spec, cluster: ClusterSpec, *, steps: int = DEFAULT_PROBE_STEPS,
                  seed: int | None = None, store=None, pool=None, note: str = "", timeout_s: float = 600.0,
-                 on_result=None):
+                 on_result=None, on_target: bool = False):
         if not (isinstance(steps, int) and steps >= 10):
             raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
                               f"got {steps!r}")
@@ -86,8 +90,10 @@ class TrainingProber(Prober):
         self.steps = steps
         self.store, self.pool, self.note, self.timeout_s = store, pool, note, timeout_s
         self.on_result = on_result
+        self.on_target = on_target
         self.workers = len(cluster.devices)
         self._memo: dict[str, ProbeResult] = {}
+        self._lossless: Strategy | None = None
 
     def _key(self, parts: LossyParts) -> str:
         return probe_cache_key(self.model_key, parts, self.workers, self.steps, self.seed, self.cluster.fingerprint)
@@ -108,14 +114,20 @@ class TrainingProber(Prober):
     def _train(self, strategy: Strategy) -> tuple[list[float], float]:
         return train_losses(self.model_def, strategy, self.cluster, self.steps, pool=self.pool, timeout_s=self.timeout_s)
 
+    def use_lossless(self, strategy: Strategy) -> None:
+        if lossy_parts(strategy).lossless and strategy.replicas == ():
+            self._lossless = strategy
+
     def twin(self, strategy: Strategy) -> ProbeResult:
-        """The lossless curve (trained with ``strategy``'s lossless twin the first time)."""
+        """The lossless curve, trained the first time with the fastest lossless strategy the run
+        measured (``use_lossless``) or else ``strategy``'s lossless twin: every lossless
+        strategy trains as one process, so the curve is the same."""
         key = self._key(_TWIN)
         found = self._cached(key)
         if found is not None:
             return found
         started = time.time()
-        losses, wall = self._train(lossless_twin(strategy))
+        losses, wall = self._train(self._lossless or lossless_twin(strategy))
         result = ProbeResult(self.model_def.name, self.model_key, _TWIN.key, "lossless", self.workers, self.cluster.name,
                              self.steps, self.seed, EXACT, tuple(losses), tuple(losses), wall, wall, started)
         self._keep(key, result)

@@ -113,7 +113,10 @@ def test_tune_reads_the_builtin_dataset_without_copying_it(result):
     assert result.summary()["warm_start_trials"] >= 200
 
 
-class StoringProber:
+from tuner.goodput import Prober  # noqa: E402
+
+
+class StoringProber(Prober):
     """A fake prober that writes its probes to the run's store, as the real one does: every lossy
     strategy is worth ``e`` lossless steps (falling made-up loss curves)."""
 

@@ -138,7 +138,9 @@ class FakeProber(Prober):
         self.asked.append(strategy)
         if self.fail:
             raise RuntimeError("the probe's worker died")
-        codecs = {c for _, _, c in lossy_parts(strategy).compressed}
+        parts = lossy_parts(strategy)
+        codecs = {c for _, _, c in parts.compressed} | ({"stale"} if parts.stale else set()) | (
+            {"async"} if parts.asynchronous else set())
         e = min(self.e_by_codec.get(c, 1.0) for c in codecs) if codecs else 1.0
         return Efficiency(e, e - 0.02, min(1.0, e + 0.02), probed=True, steps=100, source="probe")
 
@@ -155,9 +157,9 @@ class LossyIsFast(SyntheticRunner):
         return out
 
 
-def tune(tmp_path, quality, prober, runner=None, trials=9):
+def tune(tmp_path, quality, prober, runner=None, trials=9, **space):
     with TrialStore(tmp_path / f"{quality}.db") as store:
-        tuner = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, lossless=quality == "exact")
+        tuner = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, lossless=quality == "exact", **space)
         return tune_loop(runner or LossyIsFast(MODEL, CLUSTER, seed=1), store, tuner, Budget(trials=trials, patience=10),
                          quality=quality, prober=prober)
 
@@ -224,3 +226,31 @@ def test_a_proposal_of_a_lossless_tuner_round_trips_as_lossless():
         batch = tuner.next_batch(3)
         assert batch and all(isinstance(p, Proposal) and is_lossless(p.strategy) for p in batch)
         tuner.update([ok_trial(p.strategy, 0.1) for p in batch])
+
+
+def test_offered_staleness_and_asynchrony_are_proposed_probed_and_judged_by_goodput(tmp_path):
+    prober = FakeProber({"stale": 0.9, "async": 0.05, "powersgd(4)": 0.05, "fp16": 0.05, "powersgd_ef(4)": 0.05,
+                         "fp16_ef": 0.05})
+    out = tune(tmp_path, "goodput", prober, trials=15, staleness=(0, 2), allow_async=True)
+    parts = [lossy_parts(s) for s in prober.asked]
+    assert any(p.stale for p in parts) and any(p.asynchronous for p in parts)
+    for t in out.measured().values():   # every figure is step time / the prober's E (or inf: not probed)
+        e = out.efficiency_of(t.strategy)
+        assert out.figure(t) == (t.median / e.value if e and e.value else float("inf"))
+    assert not lossy_parts(out.best.strategy).asynchronous
+
+
+def test_the_search_learns_what_a_lossy_feature_costs_and_stops_proposing_it():
+    """After probes say asynchronous PS is worth 0.05 lossless steps, the search ranks candidates
+    holding it by step time / 0.05 and proposes lossless (or cheap lossy) ones instead."""
+    from tuner.goodput import estimate_encoded_efficiency, feature_efficiency, lossy_features
+
+    ps = build("ps", MODEL, CLUSTER)
+    asy = with_lossy(ps, asynchronous=True)
+    both = with_lossy(build("all_reduce", MODEL, CLUSTER), "fp16")
+    known = feature_efficiency([(lossy_parts(asy), Efficiency(0.05, 0.04, 0.06, True)),
+                                (lossy_parts(both), Efficiency(0.9, 0.85, 0.95, True))])
+    assert known == {"async": 0.05, "fp16": 0.9} and lossy_features(lossy_parts(asy)) == {"async"}
+    space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, staleness=(0, 2), allow_async=True).space
+    est = estimate_encoded_efficiency(space.encode([ps, asy, both, with_lossy(ps, staleness=2)]), known)
+    assert est.tolist() == [1.0, 0.05, 0.9, 1.0]   # staleness 2 not probed yet: still worth proposing

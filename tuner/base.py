@@ -55,22 +55,30 @@ class Tuner(abc.ABC):
         batch_size: proposals ``tune_loop`` asks for per round.
         lossless: propose no lossy part (no compressor; parameter servers synchronous with
             staleness 0): the ``exact`` quality (``tuner.goodput``).
+        staleness, allow_async: the parameter-server modes offered besides synchronous with
+            staleness 0 (``StrategySpace``); ignored when ``lossless``.
 
     Attributes:
         measurements: the trials measured so far, in order (its own record until ``tune_loop``
             gives it the run's).
         measured_canonical: canonical fingerprints of everything measured.
+        efficiency: strategy fingerprint -> measured statistical efficiency of the lossy
+            strategies probed so far (``tune_loop`` hands the tuner its run's,
+            ``TuneOutcome.efficiency``); a tuner may rank by it.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
-                 batch_size: int = 4, lossless: bool = False):
+                 batch_size: int = 4, lossless: bool = False, staleness: tuple[int, ...] = (0,),
+                 allow_async: bool = False):
         self.model, self.cluster = model, cluster
         self.pins = constraints
         self.batch_size = batch_size
         self.lossless = lossless
-        self.space = StrategySpace(model, cluster, compressors=("none",)) if lossless else StrategySpace(model, cluster)
+        self.space = (StrategySpace(model, cluster, compressors=("none",)) if lossless else
+                      StrategySpace(model, cluster, staleness=tuple(staleness), allow_async=allow_async))
         self.constraints: CompiledConstraints | None = constraints.compile(self.space) if constraints else None
         self.measurements = Measurements()
+        self.efficiency: dict = {}
         self._row_keys: dict[str, bytes | None] = {}   # strategy fingerprint -> its encoded key
         # canonical fingerprints of everything measured: strategies that differ only in fusion-group
         # numbering or in a rotation over identical nodes are one strategy (``Strategy.canonical``)

@@ -32,6 +32,8 @@ from typing import Sequence
 import numpy as np
 
 from strategy_space import Strategy
+from strategy_space.compressor import Compressor
+from strategy_space.encoding import COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
 from strategy_space.strategy import PS, AllReduce, VarConfig
 from strategy_space.strict import fingerprint
 
@@ -259,6 +261,49 @@ class Prober(abc.ABC):
     def efficiency(self, strategy: Strategy) -> Efficiency:
         """E of a lossy ``strategy`` (from a cache when it holds the same lossy parts); raises
         when the probe fails."""
+
+    def use_lossless(self, strategy: Strategy) -> None:
+        """A lossless strategy measured fastest so far: every lossless strategy trains as one
+        process, so a prober may train the lossless curve with it instead of the candidate's
+        own twin (the same losses, in less time). The default ignores it."""
+
+
+def lossy_features(parts: LossyParts) -> frozenset[str]:
+    """The kinds of lossy part a strategy holds: each compressor spec (``powersgd(4)``),
+    ``staleness S`` and ``async``; what the search's efficiency estimate is per."""
+    return frozenset({c for _, _, c in parts.compressed} | {f"staleness {s}" for _, _, s in parts.stale}
+                     | ({"async"} if parts.asynchronous else set()))
+
+
+def feature_efficiency(probed: Sequence[tuple[LossyParts, Efficiency]]) -> dict[str, float]:
+    """Per lossy feature, the best efficiency of a probed strategy that holds it: an optimistic
+    bound on what the feature alone costs (a combination is at most as efficient as its parts)."""
+    out: dict[str, float] = {}
+    for parts, e in probed:
+        for f in lossy_features(parts):
+            out[f] = max(out.get(f, 0.0), e.value)
+    return out
+
+
+def estimate_encoded_efficiency(e: EncodedStrategies, known: dict[str, float]) -> np.ndarray:
+    """Per encoded strategy, the search's estimate of its efficiency: the smallest known
+    efficiency of its lossy features (``feature_efficiency``); 1 where none is known, so unprobed
+    lossy parts stay worth proposing (and probing)."""
+    out = np.ones(len(e))
+    if not known or not len(e):
+        return out
+    ar = e.kind == KIND_AR
+    ps = e.kind == KIND_PS
+    for f, value in known.items():
+        if f == "async":
+            has = (ps & (e.sync == 0)).any(axis=1)
+        elif f.startswith("staleness "):
+            has = (ps & (e.sync == 1) & (e.staleness == int(f.split()[1]))).any(axis=1)
+        else:
+            c = Compressor.parse(f)
+            has = (ar & (e.compressor == COMPRESSOR_ID[c.name]) & (e.rank == c.rank)).any(axis=1)
+        out = np.where(has, np.minimum(out, value), out)
+    return out
 
 
 def goodput_seconds(step_time_s: float, efficiency: Efficiency | None) -> float:

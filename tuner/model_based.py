@@ -14,6 +14,7 @@ from strategy_space.encoding import EncodedStrategies
 
 from .base import Proposal, Tuner
 from .constraints import Constraints
+from .goodput import estimate_encoded_efficiency, feature_efficiency, lossy_parts
 from .predictor import Predictor
 from .sampler import KnowledgeSampler
 from .search import Pool, select_diverse, simulated_annealing
@@ -58,7 +59,7 @@ class ModelBasedTuner(Tuner):
         settings: see SearchSettings.
         warm_start: trials measured elsewhere, (model, cluster, trials) groups the predictor
             learns from besides the store (``tuner.warmstart.load_warm_start``).
-        lossless: propose no lossy part (see ``Tuner``).
+        lossless, staleness, allow_async: what lossy parts are proposed (see ``Tuner``).
 
     Attributes:
         training: every featurized trial the predictor learns from (``tuner.training_set``).
@@ -66,8 +67,10 @@ class ModelBasedTuner(Tuner):
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
-                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = (), lossless: bool = False):
-        super().__init__(model, cluster, constraints=constraints, batch_size=settings.batch, lossless=lossless)
+                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = (), lossless: bool = False,
+                 staleness: tuple[int, ...] = (0,), allow_async: bool = False):
+        super().__init__(model, cluster, constraints=constraints, batch_size=settings.batch, lossless=lossless,
+                         staleness=staleness, allow_async=allow_async)
         self.settings = settings
         self.sampler = KnowledgeSampler(self.space)
         self.predictor = Predictor(model, cluster, seed=settings.seed)
@@ -134,6 +137,16 @@ class ModelBasedTuner(Tuner):
             ranked, cand_s = self.predictor.order(cand)
             both = EncodedStrategies.concat([pool.encoded, cand.take(ranked)])
             pool = self._distinct(Pool(both, np.concatenate([pool.predicted, cand_s[ranked]])))
+        # rank by goodput where efficiencies were measured: predicted step time / the estimated
+        # efficiency of each candidate's lossy parts (step times are still what is predicted)
+        step_s = pool.predicted
+        known = self._feature_efficiency()
+        if known:
+            # (a failed probe counts as 0: its parts are ranked last, not dropped)
+            est = np.maximum(estimate_encoded_efficiency(pool.encoded, known), 1e-9)
+            ranked = np.argsort(pool.predicted / est, kind="stable")
+            step_s = pool.predicted[ranked]
+            pool = Pool(pool.encoded.take(ranked), step_s / est[ranked])
         self.last_pool = pool
         picks = self._select(pool, k, rng)
         greedy = k - int(round(s.epsilon * k)) if k > 1 else k
@@ -143,8 +156,16 @@ class ModelBasedTuner(Tuner):
             row = pool.encoded.take([i])
             strategy = self.space.decode(pool.encoded, i, origin=origin)
             self._proposed[strategy.fingerprint] = row
-            out.append(Proposal(strategy, origin, float(pool.predicted[i]), encoded=row))
+            out.append(Proposal(strategy, origin, float(step_s[i]), encoded=row))
         return out
+
+    def _feature_efficiency(self) -> dict[str, float]:
+        """Per lossy feature, what the probes so far say it costs (``feature_efficiency``)."""
+        if not self.efficiency:
+            return {}
+        strategies = {t.strategy.fingerprint: t.strategy for t in self.measurements}
+        return feature_efficiency([(lossy_parts(strategies[fp]), e) for fp, e in self.efficiency.items()
+                                   if fp in strategies])
 
     def _distinct(self, pool: Pool) -> Pool:
         """The pool (ordered by prediction) with one strategy per feature row, none with the

@@ -108,6 +108,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
     outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality)
     # one record of what was measured: the outcome's, which the tuners read
     tuner.measurements = baselines.measurements = outcome.trials
+    tuner.efficiency = baselines.efficiency = outcome.efficiency
     if resume:
         run_id, previous = previous_run(store, model, cluster)
         if run_id is not None:
@@ -132,6 +133,10 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
                 continue
             if budget.time_s is not None and clock() - start > budget.time_s:
                 return
+            lossless = min((m for m in outcome.measured().values() if is_lossless(m.strategy)),
+                           key=lambda m: m.median, default=None)
+            if lossless is not None:
+                prober.use_lossless(lossless.strategy)
             t0 = clock()
             try:
                 e = prober.efficiency(t.strategy)
