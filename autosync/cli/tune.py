@@ -147,7 +147,7 @@ def quality_line(summary: dict) -> str:
     e, (low, high) = summary["statistical_efficiency"], summary["statistical_efficiency_interval"]
     how = (f"probed, {low:.2f} to {high:.2f}" if summary["efficiency_probed"] else "lossless, not probed")
     line = (f"ranked by goodput (step time / statistical efficiency, --quality {summary['quality']}); the "
-            f"recommendation's efficiency is {e:.2f} ({how}); {summary['probes']} probes took "
+            f"recommendation's efficiency is {e:.2f} ({how}); {summary['probes']} probe{'' if summary['probes'] == 1 else 's'} took "
             f"{summary['probe_seconds']:.0f} s")
     return line + (f"\n{summary['lossy_note']}" if summary["lossy_note"] else "")
 
