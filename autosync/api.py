@@ -340,8 +340,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         with TrialStore(store_path) as trial_store:
             lossy_note = ""
             if quality == "goodput" and prober is None:
-                prober, lossy_note = _default_prober(model, runner if own_runner else None, spec, trial_store,
-                                                     probe_steps, probe_seed)
+                prober, lossy_note = _default_prober(model, runner, spec, trial_store, probe_steps, probe_seed)
             lossless = quality == "exact" or (quality == "goodput" and prober is None)
             if quality == "exact":
                 lossy_note = "quality exact: no lossy part was proposed"
@@ -375,7 +374,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
 def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int | None) -> tuple[Prober | None, str]:
     """The prober of a tuning run under ``goodput`` and what it rests on: the model trained on the
     runner's own workers (with emulated compute, the trainable model with real compute on the
-    same cluster); (None, why) when there is nothing to train."""
+    same cluster); (None, why) when there is nothing to train (a runner that is not the Ray
+    runtime's, or a model-spec YAML)."""
     from autosync.model_def import ModelDef
     from autosync.probe import TrainingProber
     from autosync.sources import is_trainable_source, load_model_def

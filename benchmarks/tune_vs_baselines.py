@@ -81,6 +81,9 @@ def _args(argv=None):
     p.add_argument("--nodes", type=int, default=2, help="testbed nodes (default 2)")
     p.add_argument("--bandwidth", default="200mbit", help="testbed link rate (default 200mbit)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quality", choices=("goodput", "exact", "step"), default="goodput",
+                   help="what the tuning ranks by (autosync tune --quality; default goodput)")
+    p.add_argument("--probe-steps", type=int, default=200, help="steps of each efficiency probe (default 200)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
     p.add_argument("--store", default=None, help="trial store (default: OUT/NAME.db)")
     p.add_argument("--merge", action="store_true", help="keep the other models of an existing JSON in --out")
@@ -156,12 +159,19 @@ def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
             + (f"   best {best.median * 1e3:.1f} ms" if best else ""))
 
     t0 = time.monotonic()
+    def on_probe(trial, e):
+        say(f"  probe {trial.origin}: efficiency {e.value:.3f} [{e.low:.3f}, {e.high:.3f}] ({e.source}) {e.note[:100]}")
+
     result = tune(source_of(name), runner.cluster, trials=args.trials, store=store_path, patience=args.patience,
-                  warm_start=warm, on_trial=on_trial, runner=runner, settings=SearchSettings(seed=args.seed))
+                  warm_start=warm, on_trial=on_trial, runner=runner, settings=SearchSettings(seed=args.seed),
+                  quality=args.quality, probe_steps=args.probe_steps, on_probe=on_probe)
     summary = result.summary()
     out = {k: summary[k] for k in ("best_step_time_s", "best_origin", "best_baseline", "best_baseline_step_time_s",
-                                   "speedup_over_best_baseline", "trials", "baseline_trials", "total_trials",
-                                   "failed_trials", "trials_to_within_5pct", "stop_reason", "run_id")}
+                                   "speedup_over_best_baseline", "step_speedup_over_best_baseline", "trials",
+                                   "baseline_trials", "total_trials", "failed_trials", "trials_to_within_5pct",
+                                   "stop_reason", "run_id", "quality", "statistical_efficiency",
+                                   "statistical_efficiency_interval", "efficiency_probed", "lossy_parts", "lossy_note",
+                                   "probes", "probe_seconds")}
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return result, out, curve
 
@@ -227,6 +237,11 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
         runner.close()
     tuned_s, base_s = conf["tuned"]["median_s"], conf["best_baseline"]["median_s"]
     out["speedup_vs_best_baseline"] = base_s / tuned_s if tuned_s and base_s else None
+    # goodput: the tuned strategy's step over its statistical efficiency (the baselines are lossless)
+    e = out["tune"]["statistical_efficiency"]
+    out["statistical_efficiency"] = e
+    out["goodput_speedup_vs_best_baseline"] = (base_s * e / tuned_s) if tuned_s and base_s and e else None
+    out["probe_share_of_tune"] = out["tune"]["probe_seconds"] / out["tune_wall_s"] if out["tune_wall_s"] else None
     ti, bi = conf["tuned"]["repeats_ci95_s"], conf["best_baseline"]["repeats_ci95_s"]
     out["intervals_overlap"] = None if not (ti and bi) or conf["tuned"] is conf["best_baseline"] \
         else not (ti[1] < bi[0] or bi[1] < ti[0])
@@ -275,11 +290,14 @@ def render_table(results: dict) -> str:
                      f"{_ms(c['tuned']['median_s'])} [{ci(c['tuned'])}]", f"{t['best_baseline']}",
                      f"{_ms(c['best_baseline']['median_s'])} [{ci(c['best_baseline'])}]",
                      _ms((r["peer"] or {}).get("median_s")), _ms(r["lower_bound"]["serial_s"]),
-                     _x(r["speedup_vs_best_baseline"]), _x(r["speedup_vs_peer"]), _x(r.get("vs_lower_bound")),
+                     _x(r["speedup_vs_best_baseline"]), _x(r.get("goodput_speedup_vs_best_baseline")),
+                     "-" if r.get("statistical_efficiency") is None else f"{r['statistical_efficiency']:.2f}",
+                     _x(r["speedup_vs_peer"]), _x(r.get("vs_lower_bound")),
                      f"{t['trials_to_within_5pct']}/{t['total_trials']}",
                      f"{cold.get('trials_to_within_5pct', '-')}/{cold.get('total_trials', '-')}"])
     headers = ["model", "tuned origin", "tuned ms [95 %]", "best baseline", "baseline ms [95 %]", "peer ms",
-               "bound ms", "vs baseline", "vs peer", "vs bound", "to 5% warm", "to 5% cold"]
+               "bound ms", "vs baseline (step)", "vs baseline (goodput)", "E", "vs peer", "vs bound", "to 5% warm",
+               "to 5% cold"]
     return table(headers, rows, right=tuple(range(2, len(headers))))
 
 
