@@ -48,23 +48,6 @@ def test_model_defs_pickle():
         assert back.name == d.name and back.batch_size == d.batch_size
 
 
-def _flat(batch):
-    import tensorflow as tf
-
-    return [np.asarray(a) for a in tf.nest.flatten(batch)]
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("name", NAMES)
-def test_data_is_deterministic_and_differs_between_workers(name):
-    d = zoo.get_model_def(name)
-    first = _flat(next(iter(d.dataset_fn(0, 2))))
-    again = _flat(next(iter(d.dataset_fn(0, 2))))
-    other = _flat(next(iter(d.dataset_fn(1, 2))))
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
-    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
-    assert all(a.shape[0] == d.batch_size for a in first)
-
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", NAMES)

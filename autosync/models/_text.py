@@ -100,7 +100,14 @@ class SampledSoftmaxLoss(keras.layers.Layer):
         dim = input_shape[0][-1]
         self.kernel = self.add_weight(shape=(self.vocab, dim), name="softmax_weights",
                                       initializer=keras.initializers.RandomNormal(stddev=dim ** -0.5))
-        self.bias = self.add_weight(shape=(self.vocab,), name="softmax_bias", initializer="zeros")
+        # the bias starts at the log-frequencies of the sampler's log-uniform law (the usual
+        # unigram initialization of an output bias): the model starts at the unigram model and
+        # learns the context from there
+        self.bias = self.add_weight(shape=(self.vocab,), name="softmax_bias", initializer=self._log_prior)
+
+    def _log_prior(self, shape, dtype=None):
+        ids = ops.arange(shape[0], dtype="float32")
+        return ops.cast(ops.log(ops.log((ids + 2.0) / (ids + 1.0)) / ops.log(float(self.vocab) + 1.0)), dtype or "float32")
 
     # the rows a step reads depend only on the labels (input 1): a parameter-server worker can
     # compute them before the step (see autosync.runtime.rows) and pull only those rows

@@ -1,7 +1,26 @@
-"""Synthetic, deterministic data shards for the zoo models (no downloads).
+"""Synthetic, deterministic data streams for the zoo models (no downloads), with structure a
+model can learn.
 
-Every generator is a module-level function so that ``functools.partial`` of it pickles; each
-worker draws from its own seeded generator, so shards differ between workers and repeat exactly.
+Each stream is endless: worker ``i`` of ``n`` draws its examples from a generator seeded by
+``(seed, i, n)``, so shards differ between workers and repeat exactly. What is to be learned (a
+teacher) depends on ``seed`` alone, so every worker samples the same task:
+
+* images: each class has a fixed random low-resolution colour pattern; an image is its class's
+  pattern, upsampled, under pixel noise (labels balanced over the classes);
+* text: a Markov chain over a Zipf-like vocabulary: after token ``t`` comes, with probability
+  ``MARKOV_FOLLOW``, one of ``MARKOV_SUCCESSORS`` fixed successors of ``t`` (drawn Zipf-like
+  once), otherwise a fresh Zipf-like token. BERT reconstructs every token of a sequence in which
+  15 % of the positions are masked; the LSTM predicts the next token;
+* interactions (NCF): a latent-factor teacher: a click where an item's popularity plus a user's
+  activity plus the dot product of fixed random user and item factors passes a threshold;
+* click logs (DLRM): a teacher that sums one fixed random weight per categorical id (per table)
+  and a fixed linear function of the dense features, thresholded.
+
+Ids stay Zipf-like (items, words, categorical values) and users uniform, as before, so the rows a
+step touches (``rows_per_step``) keep their realistic counts. The teachers' parameters are hashes
+of (seed, table, id), never tables, so even the full-size vocabularies cost nothing to set up.
+
+Every generator is a module-level function so that ``functools.partial`` of it pickles.
 """
 from __future__ import annotations
 
@@ -14,8 +33,21 @@ CRITEO_KAGGLE_TABLES = (
 )
 CRITEO_DENSE_FEATURES = 13
 
-# number of distinct batches in one pass of a zoo dataset; ModelDef.batches cycles it
-BATCHES_PER_EPOCH = 8
+# the text source: how often a token is followed by one of its fixed successors, and how many
+MARKOV_FOLLOW = 0.85
+MARKOV_SUCCESSORS = 1
+# BERT: share of positions masked (replaced by the mask token, the vocabulary's last id)
+MASK_SHARE = 0.15
+# images: side of the low-resolution class pattern, pattern strength and pixel noise
+PATTERN_CELLS = 4
+PATTERN_SCALE = 0.08
+PIXEL_NOISE = 0.5
+# share of positive labels the recommenders' teachers aim at
+CLICK_RATE = 0.25
+
+# salts that keep the hashed teacher parameters of different roles apart
+_PATTERN, _SUCCESSOR, _USER, _ITEM, _USER_BIAS, _ITEM_BIAS, _TABLE, _DENSE = range(1, 9)
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def worker_rng(seed: int, worker_index: int, num_workers: int) -> np.random.Generator:
@@ -28,61 +60,148 @@ def worker_rng(seed: int, worker_index: int, num_workers: int) -> np.random.Gene
 def zipf_ids(rng: np.random.Generator, vocab: int, size) -> np.ndarray:
     """Ids in [0, vocab) from a log-uniform (Zipf-like) law, as in word and item frequencies:
     P(id) is proportional to log((id + 2) / (id + 1))."""
-    u = rng.random(size)
+    return zipf_from_uniform(rng.random(size), vocab)
+
+
+def zipf_from_uniform(u: np.ndarray, vocab: int) -> np.ndarray:
+    """``zipf_ids``'s law applied to uniforms ``u`` in [0, 1) (a deterministic inverse CDF)."""
     ids = np.floor(np.exp(u * np.log(vocab + 1.0))).astype(np.int64) - 1
     return np.clip(ids, 0, vocab - 1).astype(np.int32)
 
 
+def hash_uniform(seed: int, salt: int, *keys) -> np.ndarray:
+    """Uniforms in [0, 1), a fixed function of (seed, salt, keys...) (element-wise over the
+    broadcast integer arrays ``keys``): the teachers' parameters, looked up without tables."""
+    with np.errstate(over="ignore"):
+        h = np.uint64((seed * 0x9E3779B97F4A7C15 + salt * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF)
+        for k in keys:
+            h = _mix(h ^ (np.asarray(k).astype(np.uint64) + np.uint64(0x632BE59BD9B4E019)))
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def hash_normal(seed: int, salt: int, *keys) -> np.ndarray:
+    """Standard normals, a fixed function of (seed, salt, keys...) (Box-Muller on two hashes)."""
+    u1 = hash_uniform(seed, salt, *keys, 0)
+    u2 = hash_uniform(seed, salt, *keys, 1)
+    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * np.pi * u2)
+
+
+def _mix(x):
+    # splitmix64's finalizer: every input bit affects every output bit
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (x ^ (x >> np.uint64(31))) & _MASK64
+
+
 def image_batches(worker_index: int, num_workers: int, *, image_size: int, classes: int,
                   batch_size: int, seed: int = 0):
-    """Random images in [0, 1) and integer class labels."""
+    """Images in [0, 1): the label's fixed random colour pattern (``PATTERN_CELLS`` squared
+    cells), upsampled, plus Gaussian pixel noise; integer labels, uniform over the classes."""
     rng = worker_rng(seed, worker_index, num_workers)
-    for _ in range(BATCHES_PER_EPOCH):
-        x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
+    g = PATTERN_CELLS
+    cells = np.arange(g * g * 3).reshape(g, g, 3)
+    up = -(-image_size // g)
+    while True:
         y = rng.integers(0, classes, size=(batch_size,), dtype=np.int32)
+        pattern = hash_normal(seed, _PATTERN, y[:, None, None, None], cells[None]).astype(np.float32)
+        pattern = np.repeat(np.repeat(pattern, up, axis=1), up, axis=2)[:, :image_size, :image_size]
+        noise = rng.standard_normal((batch_size, image_size, image_size, 3), dtype=np.float32)
+        x = np.clip(0.5 + PATTERN_SCALE * pattern + PIXEL_NOISE * noise, 0.0, 1.0)
         yield x, y
+
+
+def markov_text(rng: np.random.Generator, vocab: int, shape: tuple[int, int], seed: int) -> np.ndarray:
+    """``shape[0]`` token sequences of length ``shape[1]`` from the zoo's Markov text source."""
+    rows, length = shape
+    out = np.empty((rows, length), dtype=np.int32)
+    out[:, 0] = zipf_ids(rng, vocab, rows)
+    follow = rng.random((rows, length)) < MARKOV_FOLLOW
+    pick = rng.integers(0, MARKOV_SUCCESSORS, size=(rows, length))
+    fresh = zipf_ids(rng, vocab, (rows, length))
+    for j in range(1, length):
+        successor = zipf_from_uniform(hash_uniform(seed, _SUCCESSOR, out[:, j - 1], pick[:, j]), vocab)
+        out[:, j] = np.where(follow[:, j], successor, fresh[:, j])
+    return out
 
 
 def masked_lm_batches(worker_index: int, num_workers: int, *, vocab: int, seq_len: int,
                       batch_size: int, seed: int = 0):
-    """BERT-style inputs ``(token_ids, segment_ids)`` and a target token at every position."""
+    """BERT-style inputs ``(token_ids, segment_ids)`` — Markov text with ``MASK_SHARE`` of the
+    positions replaced by the mask token (id ``vocab - 1``) — and the original token at every
+    position as the target."""
     rng = worker_rng(seed, worker_index, num_workers)
-    for _ in range(BATCHES_PER_EPOCH):
-        tokens = zipf_ids(rng, vocab, (batch_size, seq_len))
+    while True:
+        targets = markov_text(rng, vocab, (batch_size, seq_len), seed)
+        masked = rng.random((batch_size, seq_len)) < MASK_SHARE
+        tokens = np.where(masked, vocab - 1, targets).astype(np.int32)
         split = rng.integers(1, seq_len, size=(batch_size, 1))
         segments = (np.arange(seq_len)[None, :] >= split).astype(np.int32)
-        targets = zipf_ids(rng, vocab, (batch_size, seq_len))
         yield (tokens, segments), targets
 
 
 def language_model_batches(worker_index: int, num_workers: int, *, vocab: int, seq_len: int,
                            batch_size: int, seed: int = 0):
-    """Token windows: inputs ``(tokens, next_tokens)``, targets unused zeros (the model returns
-    its per-token sampled-softmax loss)."""
+    """Windows of Markov text: inputs ``(tokens, next_tokens)``, targets unused zeros (the model
+    returns its per-token sampled-softmax loss)."""
     rng = worker_rng(seed, worker_index, num_workers)
-    for _ in range(BATCHES_PER_EPOCH):
-        window = zipf_ids(rng, vocab, (batch_size, seq_len + 1))
+    while True:
+        window = markov_text(rng, vocab, (batch_size, seq_len + 1), seed)
         yield (window[:, :-1], window[:, 1:]), np.zeros((batch_size, seq_len), np.float32)
+
+
+def interaction_score(users: np.ndarray, items: np.ndarray, seed: int, factors: int = 8) -> np.ndarray:
+    """The NCF teacher's score of (user, item) pairs: item popularity + user activity + the dot
+    product of fixed random ``factors``-dimensional user and item factors (all of unit scale)."""
+    k = np.arange(factors)
+    dot = np.sum(hash_normal(seed, _USER, users[:, None], k) * hash_normal(seed, _ITEM, items[:, None], k), axis=1)
+    return (2.0 * hash_normal(seed, _ITEM_BIAS, items) + 0.5 * hash_normal(seed, _USER_BIAS, users)
+            + dot / np.sqrt(factors))
 
 
 def interaction_batches(worker_index: int, num_workers: int, *, users: int, items: int,
                         batch_size: int, seed: int = 0):
-    """NCF inputs ``(user_ids, item_ids)`` (users uniform, items Zipf-like) and 0/1 clicks."""
+    """NCF inputs ``(user_ids, item_ids)`` (users uniform, items Zipf-like) and 0/1 clicks: 1
+    where the teacher's score (``interaction_score``) is in its top ``CLICK_RATE``."""
+    threshold = _quantile_threshold(lambda r, n: interaction_score(
+        r.integers(0, users, size=n), zipf_ids(r, items, n), seed), seed)
     rng = worker_rng(seed, worker_index, num_workers)
-    for _ in range(BATCHES_PER_EPOCH):
+    while True:
         u = rng.integers(0, users, size=(batch_size,), dtype=np.int32)
         i = zipf_ids(rng, items, (batch_size,))
-        y = (rng.random(batch_size) < 0.2).astype(np.float32)
+        y = (interaction_score(u, i, seed) > threshold).astype(np.float32)
         yield (u, i), y
+
+
+def click_score(dense: np.ndarray, cats: np.ndarray, seed: int) -> np.ndarray:
+    """The DLRM teacher's score: a fixed random weight per (table, id), summed over the tables
+    and scaled to unit variance, plus a fixed random linear function of the dense features (of
+    unit variance too)."""
+    tables = np.arange(cats.shape[1])
+    categorical = hash_normal(seed, _TABLE, tables[None, :], cats).sum(axis=1) / np.sqrt(cats.shape[1])
+    w = hash_normal(seed, _DENSE, np.arange(dense.shape[1]))
+    # the dense features (log1p of log-normal counts) have mean ~1.3 and deviation ~0.6
+    return categorical + (dense - 1.3) @ w / (0.6 * np.sqrt(dense.shape[1]))
 
 
 def click_log_batches(worker_index: int, num_workers: int, *, dense_features: int,
                       table_sizes: tuple[int, ...], batch_size: int, seed: int = 0):
     """Criteo-style inputs ``(dense, categorical)``: log-normal counts and one Zipf-like id per
-    table; 0/1 click labels."""
+    table; 0/1 clicks: 1 where the teacher's score (``click_score``) is in its top ``CLICK_RATE``."""
+
+    def draw(r, n):
+        dense = np.log1p(r.lognormal(1.0, 1.0, size=(n, dense_features))).astype(np.float32)
+        cats = np.stack([zipf_ids(r, t, (n,)) for t in table_sizes], axis=1)
+        return dense, cats
+
+    threshold = _quantile_threshold(lambda r, n: click_score(*draw(r, n), seed), seed)
     rng = worker_rng(seed, worker_index, num_workers)
-    for _ in range(BATCHES_PER_EPOCH):
-        dense = np.log1p(rng.lognormal(1.0, 1.0, size=(batch_size, dense_features))).astype(np.float32)
-        cats = np.stack([zipf_ids(rng, n, (batch_size,)) for n in table_sizes], axis=1)
-        y = (rng.random(batch_size) < 0.25).astype(np.float32)
+    while True:
+        dense, cats = draw(rng, batch_size)
+        y = (click_score(dense, cats, seed) > threshold).astype(np.float32)
         yield (dense, cats), y
+
+
+def _quantile_threshold(score, seed: int, n: int = 20_000) -> float:
+    """The score above which ``CLICK_RATE`` of the examples lie, from a fixed sample of the
+    stream (its own generator, so every worker gets the same threshold)."""
+    return float(np.quantile(score(np.random.default_rng([seed, 0xC11C]), n), 1.0 - CLICK_RATE))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strategy_space.errors import ConfigError
 
@@ -31,6 +31,8 @@ class Variant:
         data: name of the batch generator in ``autosync.models.batches``.
         data_kwargs: its keyword arguments (``batch_size`` and ``seed`` are added).
         batch_size: default per-worker batch size.
+        optimizer_kwargs: keyword arguments of the optimizer function (e.g. a learning rate that
+            suits this size).
     """
 
     model: str
@@ -40,6 +42,7 @@ class Variant:
     data: str
     data_kwargs: dict
     batch_size: int
+    optimizer_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class ZooModel:
 
 
 _VISION = {"loss": "_vision:classification_loss", "optimizer": "_vision:momentum_sgd", "data": "image_batches"}
+# VGG (no normalization layers) diverges at the ResNets' 0.1; 0.01 is VGG's published rate
+_VGG_SGD = {"learning_rate": 0.01}
 _SMALL_TABLES = tuple(min(n, 20_000) for n in batches.CRITEO_KAGGLE_TABLES)
 
 _ENTRIES: dict[str, tuple[str, str, dict[str, Variant]]] = {
@@ -72,9 +77,11 @@ _ENTRIES: dict[str, tuple[str, str, dict[str, Variant]]] = {
         "keras.applications.VGG16, 224x224, 1000 classes, 138M parameters",
         {
             "full": Variant(model="_vision:vgg16_full", model_kwargs={"classes": 1000},
-                            data_kwargs={"image_size": 224, "classes": 1000}, batch_size=32, **_VISION),
+                            data_kwargs={"image_size": 224, "classes": 1000}, batch_size=32,
+                            optimizer_kwargs=_VGG_SGD, **_VISION),
             "small": Variant(model="_vision:vgg_small", model_kwargs={"classes": 10, "dense_units": 1024},
-                             data_kwargs={"image_size": 32, "classes": 10}, batch_size=32, **_VISION),
+                             data_kwargs={"image_size": 32, "classes": 10}, batch_size=32,
+                             optimizer_kwargs=_VGG_SGD, **_VISION),
         },
     ),
     "bert": (
@@ -88,7 +95,8 @@ _ENTRIES: dict[str, tuple[str, str, dict[str, Variant]]] = {
             "small": Variant(model="_text:bert", model_kwargs={"vocab": 8192, "hidden": 128, "layers": 2, "heads": 2,
                                                               "intermediate": 512, "seq_len": 32},
                              loss="_text:masked_lm_loss", optimizer="_text:adamw", data="masked_lm_batches",
-                             data_kwargs={"vocab": 8192, "seq_len": 32}, batch_size=16),
+                             data_kwargs={"vocab": 8192, "seq_len": 32}, batch_size=16,
+                             optimizer_kwargs={"learning_rate": 1e-3}),   # a small BERT takes a larger rate
         },
     ),
     "lm1b": (
@@ -102,7 +110,8 @@ _ENTRIES: dict[str, tuple[str, str, dict[str, Variant]]] = {
             "small": Variant(model="_text:lstm_lm", model_kwargs={"vocab": 50000, "embedding_dim": 64, "hidden": 128,
                                                                  "seq_len": 20, "num_sampled": 512},
                              loss="_text:mean_of_outputs", optimizer="_recsys:adagrad", data="language_model_batches",
-                             data_kwargs={"vocab": 50000, "seq_len": 20}, batch_size=32),
+                             data_kwargs={"vocab": 50000, "seq_len": 20}, batch_size=32,
+                             optimizer_kwargs={"learning_rate": 0.5}),
         },
     ),
     "ncf": (
@@ -202,7 +211,7 @@ def get_model_def(name_with_query: str):
         name=f"{name}-{size}",
         model_fn=functools.partial(build_part, v.model, **v.model_kwargs),
         loss_fn=functools.partial(build_part, v.loss),
-        optimizer_fn=functools.partial(build_part, v.optimizer),
+        optimizer_fn=functools.partial(build_part, v.optimizer, **v.optimizer_kwargs),
         dataset_fn=functools.partial(getattr(batches, v.data), batch_size=batch_size, **v.data_kwargs),
         batch_size=batch_size,
         metadata={"source": source, "zoo": name, "size": size, "description": description,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autosync.model_def import ModelDef
 from autosync.runtime.engine import Session, WorkerPool
 from autosync.runtime.optimizers import check_model_optimizer
@@ -30,15 +32,19 @@ class History:
     Attributes:
         loss: per step, the mean over workers of each worker's batch loss.
         step_times: per step, seconds (the slowest worker).
+        wall_times: per step, wall-clock seconds from the start of the ``fit`` call to the end of
+            the step (the last worker's), driver round trips included: what loss against time
+            is plotted over.
     """
 
     loss: list = field(default_factory=list)
     step_times: list = field(default_factory=list)
+    wall_times: list = field(default_factory=list)
 
     @property
     def history(self) -> dict:
-        """Keras-style ``{"loss": [...], "step_time_s": [...]}``."""
-        return {"loss": list(self.loss), "step_time_s": list(self.step_times)}
+        """Keras-style ``{"loss": [...], "step_time_s": [...], "wall_time_s": [...]}``."""
+        return {"loss": list(self.loss), "step_time_s": list(self.step_times), "wall_time_s": list(self.wall_times)}
 
 
 class Trainer:
@@ -95,7 +101,7 @@ class Trainer:
         Args:
             steps: how many steps (each: every worker one batch, then synchronization).
             callbacks: callables ``fn(step, logs)`` or objects with ``on_step_end(step, logs)``;
-                ``logs`` has ``loss`` and ``step_time_s``. Setting ``trainer.stop_training = True``
+                ``logs`` has ``loss``, ``step_time_s`` and ``wall_time_s``. Setting ``trainer.stop_training = True``
                 stops after the current round trip.
             steps_per_call: steps per round trip to the workers.
 
@@ -115,6 +121,7 @@ class Trainer:
         history = History()
         self.stop_training = False
         done = 0
+        began = time.time()   # UNIX time, as the workers' step stamps
         while done < steps and not self.stop_training:
             n = min(steps_per_call, steps - done)
             try:
@@ -124,10 +131,13 @@ class Trainer:
                 self.session = None
                 raise
             summary = summarize_steps(results, 0)
-            for loss, seconds in zip(summary["loss"], summary["step_times"]):
+            # a step ends when its last worker starts the next one (or finishes the final pull)
+            ends = np.max([r["start"][1:] for r in results], axis=0) - began
+            for loss, seconds, wall in zip(summary["loss"], summary["step_times"], ends):
                 history.loss.append(loss)
                 history.step_times.append(seconds)
-                logs = {"loss": loss, "step_time_s": seconds}
+                history.wall_times.append(float(wall))
+                logs = {"loss": loss, "step_time_s": seconds, "wall_time_s": float(wall)}
                 for cb in callbacks:
                     (cb.on_step_end if hasattr(cb, "on_step_end") else cb)(self.step, logs)
                 self.step += 1
