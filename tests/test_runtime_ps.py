@@ -55,6 +55,10 @@ def test_sync_ps_equals_single_process(pool, builder, optimizer, options):
     trainer, history, weights = _train(pool, md, strategy)
     expected = rm.reference_weights(md, num_workers=2, steps=STEPS)
     assert len(history.loss) == STEPS and all(t > 0 for t in history.step_times)
+    # wall-clock time per step from the start of fit: increasing, at least the steps' own time
+    wall = history.history["wall_time_s"]
+    assert len(wall) == STEPS and all(b > a for a, b in zip(wall, wall[1:]))
+    assert wall[-1] >= 0.9 * sum(history.step_times)
     for got, want, var in zip(weights, expected, spec.variables):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (builder, var.name, np.abs(got - want).max())
     # training moved the weights, so the comparison is not vacuous
