@@ -19,7 +19,8 @@ from typing import Callable
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.constraints import Constraints, load_constraints
-from tuner.goodput import DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, Efficiency, Prober, lossy_parts
+from tuner.goodput import (DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, Efficiency, Prober,
+                           lossy_parts)
 from tuner.store import TrialStore, check_store_file, open_existing_store
 from tuner.trial import Runner, Trial
 from tuner.warmstart import load_warm_start
@@ -246,7 +247,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
          quality: str = DEFAULT_QUALITY, probe_steps: int = DEFAULT_PROBE_STEPS, probe_seed: int | None = None,
-         prober: Prober | None = None, on_probe: Callable | None = None) -> TuneResult:
+         prober: Prober | None = None, on_probe: Callable | None = None,
+         min_efficiency: float = DEFAULT_MIN_EFFICIENCY) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
 
     Args:
@@ -281,6 +283,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         prober: measures efficiencies (default: trains the model on the runner's workers; with
             ``runner`` given and no prober, lossy parts are not proposed under ``goodput``).
         on_probe: called with (trial, Efficiency) after each probe.
+        min_efficiency: under ``goodput``, the least measured efficiency a lossy strategy needs to
+            be recommended (default 0.95: a probe sees only the first steps of training).
 
     Raises:
         ConfigError: bad model, cluster, constraints or settings.
@@ -293,6 +297,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"confirm must be an integer >= 0, got {confirm!r}")
     if quality not in QUALITIES:
         raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
+    if not (isinstance(min_efficiency, (int, float)) and 0 <= min_efficiency <= 1):
+        raise ConfigError(f"min_efficiency must be a number from 0 to 1, got {min_efficiency!r}")
     if not isinstance(probe_steps, int) or probe_steps < 10:
         raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
                           f"got {probe_steps!r}")
@@ -355,7 +361,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
                                                                    patience=patience, confirm=confirm),
                                 resume=resume, on_trial=on_trial, quality=quality,
-                                prober=prober if quality == "goodput" else None, on_probe=on_probe)
+                                prober=prober if quality == "goodput" else None, on_probe=on_probe,
+                                min_efficiency=min_efficiency)
     finally:
         if own_runner:
             runner.close()

@@ -164,7 +164,8 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
     out.mkdir(parents=True, exist_ok=True)
     # re-measurements pooled per strategy, ranked as the run ranked them (runs before goodput: step)
     quality = trials[0].meta.get("quality", "step")
-    outcome = TuneOutcome(run_id, list(trials), quality=quality)
+    outcome = TuneOutcome(run_id, list(trials), quality=quality,
+                          **({"min_efficiency": trials[0].meta["min_efficiency"]} if "min_efficiency" in trials[0].meta else {}))
     probes = _efficiencies(outcome, stored_probes)
     files = _plots(outcome, out, probes)
     best = outcome.best

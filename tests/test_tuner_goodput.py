@@ -122,10 +122,17 @@ def test_goodput_keeps_a_lossy_strategy_only_with_a_measured_efficiency_that_pay
     assert good.best.strategy == base    # not probed: it does not compete
     good.efficiency[lossy.fingerprint] = Efficiency(0.5, 0.45, 0.55, probed=True, steps=100, source="probe")
     assert good.best.strategy == base    # 0.06 / 0.5 = 0.12 s per lossless step > 0.10
-    assert good.figure(good.measured()[lossy.fingerprint]) == pytest.approx(0.12)
+    assert good.figure(good.measured()[lossy.fingerprint]) == float("inf")   # below the 0.95 margin too
+    assert TuneOutcome("r", trials, quality="goodput", min_efficiency=0.0, efficiency=dict(good.efficiency)).figure(
+        good.measured()[lossy.fingerprint]) == pytest.approx(0.12)
     good.efficiency[lossy.fingerprint] = Efficiency(0.97, 0.95, 1.0, probed=True, steps=100, source="probe")
     assert good.best.strategy == lossy   # 0.062 < 0.10
     assert good.efficiency_of(base) == EXACT
+    # below the margin (default 0.95) a lossy strategy does not compete, however fast its steps
+    good.efficiency[lossy.fingerprint] = Efficiency(0.9, 0.88, 0.92, probed=True, steps=100, source="probe")
+    assert good.best.strategy == base
+    looser = TuneOutcome("r", trials, quality="goodput", min_efficiency=0.8, efficiency=dict(good.efficiency))
+    assert looser.best.strategy == lossy   # 0.06 / 0.9 < 0.10
 
 
 class FakeProber(Prober):
@@ -234,9 +241,9 @@ def test_offered_staleness_and_asynchrony_are_proposed_probed_and_judged_by_good
     out = tune(tmp_path, "goodput", prober, trials=15, staleness=(0, 2), allow_async=True)
     parts = [lossy_parts(s) for s in prober.asked]
     assert any(p.stale for p in parts) and any(p.asynchronous for p in parts)
-    for t in out.measured().values():   # every figure is step time / the prober's E (or inf: not probed)
+    for t in out.measured().values():   # step time / the prober's E (inf: not probed, or E below 0.95)
         e = out.efficiency_of(t.strategy)
-        assert out.figure(t) == (t.median / e.value if e and e.value else float("inf"))
+        assert out.figure(t) == (t.median / e.value if e and e.value >= 0.95 else float("inf"))
     assert not lossy_parts(out.best.strategy).asynchronous
 
 

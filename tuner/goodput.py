@@ -41,6 +41,10 @@ QUALITIES = ("exact", "goodput", "step")
 DEFAULT_QUALITY = "goodput"
 # steps a probe trains by default (each of the candidate and its twin)
 DEFAULT_PROBE_STEPS = 200
+# under goodput a lossy strategy is recommended only at this efficiency or above: a probe sees the
+# first K steps, and what a lossy part costs late in training (a higher final loss) can only be
+# larger than what it cost early, so the policy keeps a margin
+DEFAULT_MIN_EFFICIENCY = 0.95
 
 
 @dataclass(frozen=True)

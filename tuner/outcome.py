@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .goodput import EXACT, Efficiency, goodput_seconds, is_lossless
+from .goodput import DEFAULT_MIN_EFFICIENCY, EXACT, Efficiency, goodput_seconds, is_lossless
 from .measurements import Measurements, as_measurements
 from .trial import Trial
 
@@ -33,6 +33,8 @@ class TuneOutcome:
         efficiency: strategy fingerprint -> its measured statistical efficiency (lossy strategies
             that were probed; lossless ones are 1 without an entry).
         probe_seconds: wall seconds the run spent probing efficiencies.
+        min_efficiency: under ``goodput``, a lossy strategy whose measured efficiency is below this
+            does not compete (a margin for what the probe's K steps cannot see).
     """
 
     run_id: str
@@ -41,6 +43,7 @@ class TuneOutcome:
     quality: str = "step"
     efficiency: dict = field(default_factory=dict)
     probe_seconds: float = 0.0
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY
 
     def __post_init__(self):
         self.trials = as_measurements(self.trials)
@@ -56,10 +59,13 @@ class TuneOutcome:
     def figure(self, t: Trial) -> float:
         """What the run minimizes for a (pooled) trial: its median step time under ``step``;
         otherwise seconds per step of lossless progress, median / E (inf for a lossy strategy
-        whose efficiency is not measured: it is never recommended)."""
+        whose efficiency is not measured, or below ``min_efficiency``: it is never recommended)."""
         if self.quality == "step":
             return t.median
-        return goodput_seconds(t.median, self.efficiency_of(t.strategy))
+        e = self.efficiency_of(t.strategy)
+        if e is not None and e.probed and e.value < self.min_efficiency:
+            return float("inf")
+        return goodput_seconds(t.median, e)
 
     @property
     def ok(self) -> list[Trial]:

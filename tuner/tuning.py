@@ -47,7 +47,7 @@ from strategy_space import ClusterSpec, ModelSpec
 from .base import Proposal, Tuner
 from .baseline_tuner import BaselineTuner
 from .dataset import store_groups
-from .goodput import QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
+from .goodput import DEFAULT_MIN_EFFICIENCY, QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
 from .outcome import TuneOutcome
 from .trial import Runner, Trial
 
@@ -75,7 +75,7 @@ def previous_run(store, model: ModelSpec, cluster: ClusterSpec) -> tuple[str | N
 
 def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines: Tuner | None = None,
               resume: bool = False, on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
-              quality: str = "step", prober: Prober | None = None,
+              quality: str = "step", prober: Prober | None = None, min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
               on_probe: Callable[[Trial, Efficiency], None] | None = None,
               clock=time.monotonic) -> TuneOutcome:
     """Measure the baselines, then search with ``tuner`` until the budget is spent.
@@ -97,6 +97,8 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
         prober: measures the efficiency of lossy strategies under ``goodput``; without one a
             lossy strategy never competes.
         on_probe: called after each probe (progress display).
+        min_efficiency: under ``goodput``, the least measured efficiency a lossy strategy needs
+            to compete.
     """
     if quality not in QUALITIES:
         raise ValueError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
@@ -105,7 +107,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
     store.add_model(model)
     store.add_cluster(cluster)
     tuner.load_history(store_groups(store))
-    outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality)
+    outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality, min_efficiency=min_efficiency)
     # one record of what was measured: the outcome's, which the tuners read
     tuner.measurements = baselines.measurements = outcome.trials
     tuner.efficiency = baselines.efficiency = outcome.efficiency
@@ -158,6 +160,7 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
                 [t] = runner.run([p.strategy], [p.origin])
                 t = dataclasses.replace(t, run_id=outcome.run_id, role=role, predicted_s=p.predicted_s,
                                         aliases=p.aliases, meta={**t.meta, "quality": quality,
+                                                                 "min_efficiency": min_efficiency,
                                                                  **({"attempt": attempt + 1} if attempt else {})})
                 store.add(t, model, cluster)
                 outcome.trials.append(t)

@@ -11,7 +11,7 @@ from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
-from tuner.goodput import DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES
+from tuner.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES
 
 DEFAULT_MODEL = "zoo:ncf"
 DEFAULT_TRIALS = 12
@@ -106,6 +106,7 @@ def cmd_tune(args) -> int:
                           store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
                           warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress,
                           quality=args.quality, probe_steps=args.probe_steps, on_probe=progress.probed,
+                          min_efficiency=args.min_efficiency,
                           **measure, **compute_settings(args))
         finally:
             progress.close()
@@ -192,6 +193,9 @@ def register(sub) -> None:
                         "strategy with a lossy part (a compressor) is kept only with a measured efficiency (a probe "
                         "trains it and its lossless twin); exact: no lossy part is proposed; step: step time alone "
                         "(lossy parts unmeasured)")
+    p.add_argument("--min-efficiency", type=float, default=DEFAULT_MIN_EFFICIENCY, metavar="E",
+                   help=f"under goodput, the least measured statistical efficiency a lossy strategy needs to be "
+                        f"recommended (default {DEFAULT_MIN_EFFICIENCY}; a probe sees only the first steps)")
     p.add_argument("--probe-steps", type=int, default=DEFAULT_PROBE_STEPS, metavar="K",
                    help=f"steps each efficiency probe trains (default {DEFAULT_PROBE_STEPS})")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
