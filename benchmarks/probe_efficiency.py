@@ -92,7 +92,10 @@ def main(argv=None) -> int:
                            "probe_wall_s": round(time.perf_counter() - t0 + twin_s, 1),
                            "candidate_final_loss": sum(r.candidate_loss[-20:]) / 20,
                            "twin_final_loss": sum(twin.twin_loss[-20:]) / 20,
-                           "twin_first_loss": sum(twin.twin_loss[:5]) / 5}
+                           "twin_first_loss": sum(twin.twin_loss[:5]) / 5,
+                           # the curves, so the estimate can be recomputed from the measurement
+                           "candidate_loss": [round(x, 5) for x in r.candidate_loss],
+                           "twin_loss": [round(x, 5) for x in twin.twin_loss]}
                     per[comp][str(seed)] = row
                     print(f"{name:9s} {comp:12s} seed {seed}: E {e.value:.3f} [{e.low:.3f}, {e.high:.3f}]  loss "
                           f"{row['twin_first_loss']:.3f} -> twin {row['twin_final_loss']:.3f}, strategy "

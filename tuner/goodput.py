@@ -190,34 +190,52 @@ def batch_noise(losses: np.ndarray) -> float:
     return 1.4826 * mad / math.sqrt(2.0)
 
 
-def steps_to_reach(curve: np.ndarray, level: float, window: int) -> float:
-    """The step (fractional, 1-based) at which the trailing-mean ``curve`` (``smooth``'s output)
-    first falls to ``level``, on its running minimum, interpolated between steps; ``inf`` if it
-    never does. A window mean stands for the step at its centre: entry i of ``curve`` for step
-    ``i + (window + 1) / 2``."""
-    best = np.minimum.accumulate(curve)
-    hit = np.nonzero(best <= level)[0]
+def decreasing_fit(y: np.ndarray) -> np.ndarray:
+    """The least-squares non-increasing fit of ``y`` (isotonic regression by pooling adjacent
+    violators): a loss curve's trend without the downward bias a running minimum of its noise has."""
+    values: list[float] = []
+    weights: list[float] = []
+    lengths: list[int] = []
+    for v in np.asarray(y, dtype=np.float64):
+        values.append(float(v))
+        weights.append(1.0)
+        lengths.append(1)
+        while len(values) > 1 and values[-2] < values[-1]:
+            v2, w2, n2 = values.pop(), weights.pop(), lengths.pop()
+            values[-1] = (values[-1] * weights[-1] + v2 * w2) / (weights[-1] + w2)
+            weights[-1] += w2
+            lengths[-1] += n2
+    return np.repeat(values, lengths)
+
+
+def steps_to_reach(fit: np.ndarray, level: float, window: int) -> float:
+    """The step (fractional, 1-based) at which the non-increasing window-mean curve ``fit`` first
+    falls to ``level``, interpolated between steps; ``inf`` if it never does. A window mean stands
+    for the step at its centre: entry i for step ``i + (window + 1) / 2``."""
+    hit = np.nonzero(fit <= level)[0]
     if not len(hit):
         return float("inf")
     i = int(hit[0])
     centre = (window + 1) / 2
     if i == 0:
         return centre
-    hi, lo = best[i - 1], best[i]
+    hi, lo = fit[i - 1], fit[i]
     frac = (hi - level) / (hi - lo) if hi > lo else 1.0
     return float(i - 1 + frac + centre)
 
 
 def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, window: int | None = None,
-                        z: float = 1.96) -> Efficiency:
+                        z: float = 1.96, first: float = 0.25) -> Efficiency:
     """E of a candidate from its loss curve and its lossless twin's (same start, same data).
 
-    The candidate's level is the mean of its last ``window`` losses (default a tenth of the steps,
-    at least 5), which stands for the step at the window's centre; E is the step at which the
-    twin's trailing mean reaches that level over that step, at most 1 (a lossy part cannot make training better than exact; a
-    candidate at or below the twin's level is at 1). The interval moves the level by ``z``
-    standard errors of the difference of two window means (each curve's batch noise over the
-    window), so it widens where the twin's curve is flat.
+    Both curves are smoothed by trailing means of ``window`` steps (default a tenth of the steps,
+    at least 5; a mean stands for the step at its window's centre) and the twin's by a
+    non-increasing fit. At every step s from ``first`` x K on, the candidate's level is matched to
+    the step n(s) at which the twin reached it (at most K), and E is the mean of n(s) / s, at most 1
+    (a lossy part cannot make training better than exact). Averaging over the last three quarters
+    of the run, not reading one final level, keeps E steady where the curves flatten (there a small
+    loss difference is many steps). The interval shifts the candidate's curve by ``z`` standard
+    errors of the two curves' batch noise, averaged over the independent windows the mean spans.
 
     A candidate whose loss is not finite (diverged) has E = 0.
     """
@@ -233,20 +251,20 @@ def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, wi
         raise ValueError("the lossless twin's loss is not finite: the model does not train at this setting")
     w = int(window or max(5, k // 10))
     w = max(1, min(w, k))
-    sc, st = smooth(c, w), smooth(t, w)
-    level = float(sc[-1])
-    se = math.sqrt(batch_noise(c) ** 2 + batch_noise(t) ** 2) / math.sqrt(w)
+    sc, fit = smooth(c, w), decreasing_fit(smooth(t, w))
+    steps = np.arange(len(sc)) + (w + 1) / 2
+    chosen = np.nonzero(steps >= first * k)[0]
+    if not len(chosen):
+        chosen = np.arange(len(sc))
+    span = max(1.0, (steps[chosen[-1]] - steps[chosen[0]] + w) / w)
+    se = math.sqrt(batch_noise(c) ** 2 + batch_noise(t) ** 2) / math.sqrt(w * span)
 
-    # both levels stand for the step at the centre of the last window
-    at = k - (w - 1) / 2
+    def e_at(shift: float) -> float:
+        ratios = [min(steps_to_reach(fit, sc[i] + shift, w), float(k)) / steps[i] for i in chosen]
+        return min(1.0, float(np.mean(ratios)))
 
-    def e_at(lv: float) -> float:
-        if lv <= float(np.minimum.accumulate(st)[-1]):
-            return 1.0
-        return min(1.0, steps_to_reach(st, lv, w) / at)
-
-    value = e_at(level)
-    low, high = e_at(level + z * se), e_at(level - z * se)
+    value = e_at(0.0)
+    low, high = e_at(z * se), e_at(-z * se)
     return Efficiency(value, min(low, value), max(high, value), probed=True, steps=k, source="probe")
 
 
