@@ -51,7 +51,7 @@ def _half_step_sgd():
         """A user's own update rule: SGD at half the learning rate."""
 
         def update_step(self, gradient, variable, learning_rate):
-            super().update_step(gradient * 0.5, variable, learning_rate)
+            super().update_step(gradient, variable, learning_rate * 0.5)
 
     HalfStepSGD.__module__, HalfStepSGD.__qualname__ = __name__, "HalfStepSGD"
     return HalfStepSGD

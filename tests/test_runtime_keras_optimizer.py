@@ -97,7 +97,9 @@ def test_shard_wise_limits_are_refused_per_strategy():
         check_keras_apply(keras_optimizer_config(keras.optimizers.SGD(clipnorm=1.0)), [split], names)
     with pytest.raises(ConfigError, match=r"'Lamb' reads whole variables"):
         check_keras_apply(keras_optimizer_config(keras.optimizers.Lamb()), [split], names)
-    with pytest.raises(ConfigError, match=r"'RMSprop' on sparse variable emb .*graph backend"):
+    with pytest.raises(ConfigError, match=r"'RMSprop' transforms \(e.g. squares\) each slice of sparse variable emb"):
         check_keras_apply(keras_optimizer_config(keras.optimizers.RMSprop()), [rows], names)
+    with pytest.raises(ConfigError, match=r"option clipvalue clips each slice of sparse variable emb"):
+        check_keras_apply(keras_optimizer_config(keras.optimizers.Lion(clipvalue=1.0)), [rows], names)
     check_keras_apply(keras_optimizer_config(keras.optimizers.Lion()), [split, rows], names)
     check_keras_apply(keras_optimizer_config(keras.optimizers.Adam()), [rows], names)  # numpy rules

@@ -18,8 +18,9 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   ``optimizers.check_optimizer_config``).
 - Sparse rows arrive summed per worker (``rows.dedup_rows``) and are applied as one
   ``IndexedSlices``: exact for an optimizer linear in the slices until they are densified (SGD,
-  Lion); one that transforms each slice first (Adam's square, Adamax's abs) would see the square
-  of a row's sum, so those are refused on sparse parameter-server shards.
+  Lion); one that transforms each slice first (Adam's square, Adamax's abs, clipping by value or
+  by the slices' norm) would see a row's sum instead, so those are refused on sparse shards
+  outside the graph (the graph backend all-gathers the slices: exact there).
 """
 from __future__ import annotations
 
@@ -166,11 +167,13 @@ def check_keras_apply(config: dict, shards, names) -> None:
             problems.append(f"optimizer {config.get('class')!r} reads whole variables (norms or factors), "
                             f"but {names[var]} is split into {s.num_shards} shards updated separately; "
                             f"do not partition it")
-        if s.sparse and not linear_in_slices(config):
-            problems.append(f"optimizer {config.get('class')!r} on sparse variable {names[var]} outside the training "
-                            f"graph: its rows arrive summed per worker and this optimizer transforms each slice "
-                            f"(e.g. squares it) before summing, so the update would differ from Keras'; "
+        clip = [k for k in ("clipnorm", "clipvalue") if config.get(k) is not None]
+        if s.sparse and (clip or not linear_in_slices(config)):
+            what = (f"option {clip[0]} clips" if clip
+                    else f"optimizer {config.get('class')!r} transforms (e.g. squares)")
+            problems.append(f"{what} each slice of sparse variable {names[var]}, but outside the training graph "
+                            f"its rows arrive summed per worker, so the update would differ from Keras'; "
                             f"all-reduce it with the graph backend, or use SGD, Adam, AdamW or Adagrad "
-                            f"with a constant learning rate")
+                            f"with a constant learning rate and no clipping")
     if problems:
         raise ConfigError(sorted(set(problems)))
