@@ -86,6 +86,7 @@ class KerasOptimizer:
         self.optimizer = cls.from_config({k: v for k, v in config.items() if k != "class"})
         self.variables: dict = {}
         self._order: list = []
+        self._functions: dict = {}
         self.copies = 0
 
     def add_variable(self, key, value: np.ndarray) -> None:
@@ -96,6 +97,17 @@ class KerasOptimizer:
 
     def snapshot(self, params: dict, key) -> np.ndarray:
         return params[key]
+
+    def _compiled(self, keys: tuple):
+        """One traced update per set of keys (a chunk): eager Keras pays Python per operation."""
+        import tensorflow as tf
+
+        fn = self._functions.get(keys)
+        if fn is None:
+            variables = [self.variables[k] for k in keys]
+            fn = self._functions[keys] = tf.function(lambda grads: self.optimizer.apply(grads, variables),
+                                                     reduce_retracing=True)
+        return fn
 
     def _build(self, params: dict) -> None:
         import keras
@@ -133,7 +145,7 @@ class KerasOptimizer:
                 v.assign(value)
         else:
             self._step_state = (iteration, [v.numpy() for v in self._global])
-        self.optimizer.apply(tensors, [self.variables[k] for k in keys])
+        self._compiled(tuple(keys))(tensors)
         for key in keys:
             params[key] = self.variables[key].numpy()
 
