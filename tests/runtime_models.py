@@ -177,8 +177,10 @@ def multi_batches(worker: int, num_workers: int, batch: int = 8, count: int = 6)
 def make_any_optimizer(kind: str, **kw):
     import keras
 
-    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
-            "adagrad": keras.optimizers.Adagrad}[kind](**kw)
+    if kind in ("sgd", "adam", "adamw", "adagrad"):
+        return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+                "adagrad": keras.optimizers.Adagrad}[kind](**kw)
+    return make_optimizer(kind, **kw)   # any keras.optimizers name, "subclass", a {"cosine": ...} schedule
 
 
 def multi_model_def(optimizer: str = "sgd", batch: int = 8, **opt_kw) -> ModelDef:
