@@ -19,7 +19,13 @@ For small models on this machine it measures, in one run:
     sum, a second row of values that the sum alone cannot replace; so the exact minimum sent is
     (rows touched + rows repeated within the worker's batch) x width.
 
-Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--models M ...] [--out FILE]
+  - with --apply: a parameter server's optimizer apply time per step, in one process, on the
+    shapes of ncf, dlrm and lm1b (all variables on one PS; sparse ones get the rows of one global
+    batch), for SGD, Adam and Adagrad: the numpy rules against the Keras optimizer object
+    (``keras_optimizer.KerasOptimizer``, what every other configuration runs), and the start-up
+    cost of each in a fresh process (import and first build).
+
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -119,6 +125,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--apply", action="store_true", help="only the PS apply time and start-up, numpy vs Keras")
     ap.add_argument("--bytes-only", action="store_true", help="only the sparse bytes-per-step table")
     ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=list(SPARSE_ZOO),
                     help="sparse zoo models of the bytes-per-step table (default: all)")
@@ -133,6 +140,15 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.bytes_only:
         sparse_bytes(args.steps, args.warmup, args.out, args.models)
+        return
+    if args.apply:
+        from _testbed import git_commit, write_json
+
+        result = apply_cost(args.steps, args.warmup)
+        if args.out:
+            write_json(args.out, {"meta": {"commit": git_commit(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__)))), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                "steps": args.steps, "warmup": args.warmup}, **result})
         return
 
     tf_import = fresh_import_s("tensorflow")
@@ -212,6 +228,73 @@ def rows_touched(md, workers: int, first: int, steps: int) -> tuple[dict, dict]:
                     repeated.setdefault(name, []).append(int(np.sum(seen > 1)))
     return ({name: float(np.mean(c)) for name, c in counts.items()},
             {name: float(np.mean(c)) for name, c in repeated.items()})
+
+
+APPLY_ZOO = ("ncf", "dlrm", "lm1b")
+APPLY_OPTIMIZERS = {"sgd": "SGD(0.1)", "adam": "Adam(1e-3)", "adagrad": "Adagrad(0.1)"}
+def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
+    """Median wall time, in a fresh process, from the first import to the first applied update."""
+    from autosync.runtime.optimizers import keras_optimizer_config
+    import keras
+
+    config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
+    code = ("import time, numpy as np\nt0 = time.perf_counter()\n"
+            + ("from autosync.runtime.keras_optimizer import KerasOptimizer as M\n" if keras_path
+               else "from autosync.runtime.optimizers import make_optimizer as M\n")
+            + f"o = M({config!r})\n"
+            + "o.add_variable('k', np.zeros((1000, 16), np.float32))\n"
+            + "o.apply(0, {'k': np.zeros((1000, 16), np.float32)}, {'k': np.ones((1000, 16), np.float32)})\n"
+            + "print(time.perf_counter() - t0)\n")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    runs = [float(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                                 text=True).stdout.split()[-1]) for _ in range(repeat)]
+    return statistics.median(runs)
+
+
+def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
+    """Apply time per step, numpy rules vs the Keras optimizer, on the zoo models' shapes."""
+    import keras
+
+    from autosync.models import zoo
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+    from autosync.runtime.optimizers import keras_optimizer_config, make_optimizer
+
+    rng = np.random.default_rng(0)
+    out = {"startup_s": {}, "apply_ms": {}}
+    print("\nstart-up in a fresh process, first import to first applied update (s)")
+    for name, opt in APPLY_OPTIMIZERS.items():
+        numpy_s, keras_s = _startup_s(opt, False), _startup_s(opt, True)
+        out["startup_s"][name] = {"numpy": numpy_s, "keras": keras_s}
+        print(f"{name} | numpy {numpy_s:.2f} | keras {keras_s:.2f} | +{keras_s - numpy_s:.2f}")
+    print("\nPS apply time per step, all variables on one PS (ms, median)")
+    print("model | optimizer | numpy | keras | keras / numpy")
+    for model_name in models:
+        md = zoo.get_model_def(model_name)
+        model = md.model_fn()
+        sparse = {id(layer.embeddings) for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
+        shapes = [(tuple(v.shape), id(v) in sparse) for v in model.trainable_variables]
+        rows = md.batch_size * WORKERS
+        for name, opt in APPLY_OPTIMIZERS.items():
+            config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
+            times = {}
+            for kind, make in (("numpy", make_optimizer), ("keras", KerasOptimizer)):
+                o = make(config)
+                params = {i: rng.standard_normal(s).astype(np.float32) for i, (s, _) in enumerate(shapes)}
+                for k, v in params.items():
+                    o.add_variable(k, v)
+                samples = []
+                for step in range(warmup + steps):
+                    grads = {i: ((np.sort(rng.integers(0, s[0], rows)), rng.standard_normal((rows,) + s[1:])
+                                  .astype(np.float32), None) if is_sparse else
+                                 rng.standard_normal(s).astype(np.float32)) for i, (s, is_sparse) in enumerate(shapes)}
+                    t0 = time.perf_counter()
+                    o.apply(step, params, grads)
+                    samples.append(time.perf_counter() - t0)
+                times[kind] = statistics.median(samples[warmup:]) * 1e3
+            out["apply_ms"][f"{model_name}/{name}"] = times
+            print(f"{model_name} | {name} | {times['numpy']:.2f} | {times['keras']:.2f} | "
+                  f"{times['keras'] / times['numpy']:.2f}x")
+    return out
 
 
 def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_ZOO) -> None:

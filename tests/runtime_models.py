@@ -36,7 +36,33 @@ def mse():
 def make_optimizer(kind: str, **kw):
     import keras
 
-    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[kind](**kw)
+    if kind == "subclass":
+        return __getattr__("HalfStepSGD")(**kw)
+    if isinstance(kw.get("learning_rate"), dict):  # a schedule, as {"cosine": kwargs}
+        (name, args), = kw.pop("learning_rate").items()
+        kw["learning_rate"] = {"cosine": keras.optimizers.schedules.CosineDecay}[name](**args)
+    return getattr(keras.optimizers, {"sgd": "SGD", "adam": "Adam"}.get(kind, kind))(**kw)
+
+
+def _half_step_sgd():
+    import keras
+
+    class HalfStepSGD(keras.optimizers.SGD):
+        """A user's own update rule: SGD at half the learning rate."""
+
+        def update_step(self, gradient, variable, learning_rate):
+            super().update_step(gradient, variable, learning_rate * 0.5)
+
+    HalfStepSGD.__module__, HalfStepSGD.__qualname__ = __name__, "HalfStepSGD"
+    return HalfStepSGD
+
+
+def __getattr__(name):
+    # the subclass is made on first use (keras imported then), and found by name where updates run
+    if name == "HalfStepSGD":
+        globals()[name] = _half_step_sgd()
+        return globals()[name]
+    raise AttributeError(name)
 
 
 def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4):
@@ -151,8 +177,10 @@ def multi_batches(worker: int, num_workers: int, batch: int = 8, count: int = 6)
 def make_any_optimizer(kind: str, **kw):
     import keras
 
-    return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
-            "adagrad": keras.optimizers.Adagrad}[kind](**kw)
+    if kind in ("sgd", "adam", "adamw", "adagrad"):
+        return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+                "adagrad": keras.optimizers.Adagrad}[kind](**kw)
+    return make_optimizer(kind, **kw)   # any keras.optimizers name, "subclass", a {"cosine": ...} schedule
 
 
 def multi_model_def(optimizer: str = "sgd", batch: int = 8, **opt_kw) -> ModelDef:

@@ -32,7 +32,7 @@ ray.cloudpickle.register_pickle_by_value(rm)
 spec = ClusterSpec(name="two-by-two", nodes=(
     NodeSpec(name="n0", cpus=2, workers=2, resource="host0", chief=True),
     NodeSpec(name="n1", cpus=2, workers=2, resource="host1")))
-md = rm.multi_model_def("adam", learning_rate=0.05)
+md = rm.multi_model_def(*OPTIMIZER)
 lr = dict(local_replication=True)
 strategy = Strategy((
     VarConfig("shared/embeddings", (PS("n0", **lr), PS("n1", **lr))),
@@ -59,8 +59,15 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path):
-    out = run_cluster_script(tmp_path, SCRIPT)
+@pytest.mark.parametrize("optimizer", [
+    ("adam", {"learning_rate": 0.05}),   # the numpy rules
+    # the Keras optimizer on the parameter servers: a schedule at the global step (Lion: summed rows are exact)
+    ("Lion", {"learning_rate": {"cosine": {"initial_learning_rate": 0.01, "decay_steps": 4}}}),
+])
+def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path, optimizer):
+    name, kw = optimizer
+    out = run_cluster_script(tmp_path, SCRIPT.replace("md = rm.multi_model_def(*OPTIMIZER)",
+                                                      f"md = rm.multi_model_def({name!r}, **{kw!r})"))
     steps = out["steps"]
     # ps@n0 holds only replicated shards: one push per node per step; ps@n1 also holds the
     # hidden kernel, which each of the 4 workers pushes itself

@@ -53,11 +53,15 @@ def test_matches_keras(name, kw, sparse):
 
 
 @pytest.mark.integration
-def test_unsupported_options_and_optimizers_are_rejected():
+def test_numpy_rules_run_the_common_configs_and_keras_the_rest():
     import keras
 
-    with pytest.raises(ConfigError, match=r"optimizer 'RMSprop' is not supported by AutoSync's runtime .*; "
-                                          r"supported: SGD, Adam, AdamW, Adagrad"):
-        check_optimizer_config(keras_optimizer_config(keras.optimizers.RMSprop()))
-    with pytest.raises(ConfigError, match=r"optimizer option clipnorm=1.0 is not supported"):
-        check_optimizer_config(keras_optimizer_config(keras.optimizers.SGD(clipnorm=1.0)))
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+    from autosync.runtime.optimizers import numpy_rules
+
+    assert numpy_rules(keras_optimizer_config(keras.optimizers.Adam(0.1)))
+    for opt in (keras.optimizers.RMSprop(), keras.optimizers.SGD(clipnorm=1.0),
+                keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5))):
+        config = keras_optimizer_config(opt)
+        check_optimizer_config(config)
+        assert not numpy_rules(config) and isinstance(make_optimizer(config), KerasOptimizer)

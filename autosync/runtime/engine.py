@@ -298,6 +298,7 @@ class Session:
 
         from autosync.runtime.ps_shard import ParameterServerShard
 
+        from autosync.runtime.keras_optimizer import check_keras_apply
         from autosync.runtime.optimizers import check_optimizer_config, squares_slices
 
         plan = self.plan
@@ -309,6 +310,10 @@ class Session:
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
+        # before any PS starts: what a Keras optimizer applied shard by shard cannot honour
+        numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))[1]
+        check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
+                          + [m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]])
         initial = desc["initial"]
         binding = self.pool.binding
         ps_cls = ray.remote(ParameterServerShard)

@@ -5,7 +5,10 @@ Parameter-server actors are fresh processes every trial; importing TensorFlow th
 seconds per trial (see ``benchmarks/runtime_overhead.py``), so they apply updates with these
 numpy versions of the Keras 3 formulas instead. The arithmetic follows Keras step by step in the
 variable's dtype (float32 scalars, same operation order), so results match a single-process Keras
-optimizer to float rounding.
+optimizer to float rounding. They run the common configurations (SGD, Adam, AdamW, Adagrad with a
+constant learning rate and no clipping); every other one (another Keras optimizer, a subclass, a
+schedule, clipping) runs the Keras optimizer object itself (``keras_optimizer``), and
+``check_optimizer_config`` refuses, before Ray starts, the options no synchronizer can honour.
 
 Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
 embedding lookup, exactly what ``tf.IndexedSlices`` holds), or as ``(indices, values, squares)``
@@ -293,38 +296,52 @@ def keras_optimizer_config(optimizer) -> dict:
     return {**optimizer.get_config(), "class": name}
 
 
-# where the rules above run, for messages: every strategy's updates go through them, the
-# parameter servers' and the all-reduced variables' alike (``autosync.runtime.sync.allreduce``)
-_WHERE = ("by AutoSync's runtime (it applies every update, parameter server or all-reduce, with its own copy "
-          "of the Keras rules)")
+# options that cannot be honoured where updates run, and why
+_REFUSED = {
+    "global_clipnorm": ("the norm over all of a step's gradients needs every parameter server and channel to "
+                        "exchange their parts' norms before applying, which the runtime does not do; "
+                        "use clipnorm (per variable) or clipvalue"),
+    "use_ema": ("the moving average would live on each shard and never reach the model AutoSync returns; "
+                "keep the average in your own code after training"),
+    "loss_scale_factor": "loss scaling is for mixed precision on one device; the runtime trains in float32",
+    "gradient_accumulation_steps": ("a synchronous step already sums every worker's gradient; "
+                                    "raise the global batch (batch_size x workers) instead"),
+}
+_REFUSED_DEFAULTS = {"global_clipnorm": None, "use_ema": False, "loss_scale_factor": None,
+                     "gradient_accumulation_steps": None}
+
+
+def numpy_rules(config: dict) -> bool:
+    """Whether the numpy rules above run ``config`` exactly (one of their optimizers, a constant
+    learning rate, no clipping, no option they do not implement); otherwise updates run the Keras
+    optimizer itself (``keras_optimizer.KerasOptimizer``)."""
+    name = _kind(config)
+    if name not in OPTIMIZERS or not isinstance(config.get("learning_rate"), (int, float)):
+        return False
+    if any(config.get(k, v) != v for k, v in _UNSUPPORTED.items()):
+        return False
+    return not (set(config) - set(OPTIMIZERS[name]._options) - set(_UNSUPPORTED) - _IGNORED)
 
 
 def check_optimizer_config(config: dict) -> None:
-    """Raise if a Keras optimizer config (``optimizer.get_config()``) cannot be run by the runtime.
+    """Raise if a Keras optimizer config (``keras_optimizer_config``) cannot be run by the runtime.
 
     Raises:
-        ConfigError: unknown optimizer, a learning-rate schedule, or an option that changes the
-            update rule and is not implemented (weight decay, clipping, EMA, ...).
+        ConfigError: an optimizer class that is not a Keras optimizer or cannot be imported, or an
+            option that cannot be honoured by shards applied separately (``_REFUSED``).
     """
-    name = _kind(config)
+    from autosync.runtime.keras_optimizer import optimizer_class
+
     problems = []
-    if name not in OPTIMIZERS:
-        problems.append(f"optimizer {short_repr(config.get('class', config.get('name')))} is not supported {_WHERE}; "
-                        f"supported: {', '.join(c.__name__ for c in OPTIMIZERS.values())} "
-                        f"(keras.optimizers); change the ModelDef's optimizer_fn")
-    lr = config.get("learning_rate")
-    if not isinstance(lr, (int, float)):
-        problems.append(f"optimizer learning_rate must be a constant number, got {type(lr).__name__} (a schedule?), "
-                        f"which is not supported {_WHERE}; use a float learning rate")
-    for key, default in _UNSUPPORTED.items():
-        if config.get(key, default) != default:
-            problems.append(f"optimizer option {key}={short_repr(config[key])} is not supported {_WHERE}; "
-                            f"remove it (allowed: {default!r})")
-    if name in OPTIMIZERS:
-        known = set(OPTIMIZERS[name]._options) | set(_UNSUPPORTED) | _IGNORED
-        extra = sorted(set(config) - known)
-        if extra:
-            problems.append(f"optimizer {name}: options {extra} are not implemented {_WHERE}")
+    for key, why in _REFUSED.items():
+        if config.get(key, _REFUSED_DEFAULTS[key]) != _REFUSED_DEFAULTS[key]:
+            problems.append(f"optimizer option {key}={short_repr(config[key])} is not supported by AutoSync's "
+                            f"runtime: {why}")
+    if not numpy_rules(config):
+        try:
+            optimizer_class(config)
+        except ConfigError as e:
+            problems.extend(e.problems if hasattr(e, "problems") else [str(e)])
     if problems:
         raise ConfigError(problems)
 
@@ -353,18 +370,22 @@ def check_model_optimizer(model_def) -> None:
 def squares_slices(config: dict) -> bool:
     """Whether the optimizer of ``config`` needs the sum of squared slices of repeated sparse rows
     (a sender that sums repeated rows must then send those squares as well)."""
-    cls = OPTIMIZERS.get(_kind(config))
-    return cls is None or cls.squares_slices
+    return numpy_rules(config) and OPTIMIZERS[_kind(config)].squares_slices
 
 
-def make_optimizer(config: dict) -> NumpyOptimizer:
-    """The numpy optimizer for a Keras optimizer config.
+def make_optimizer(config: dict):
+    """The optimizer for a Keras optimizer config: the numpy rules where they apply exactly, the
+    Keras optimizer itself otherwise (``keras_optimizer.KerasOptimizer``).
 
     Raises:
         ConfigError: see ``check_optimizer_config``.
     """
     check_optimizer_config(config)
-    return OPTIMIZERS[_kind(config)](config)
+    if numpy_rules(config):
+        return OPTIMIZERS[_kind(config)](config)
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+
+    return KerasOptimizer(config)
 
 
 def _kind(config: dict) -> str:

@@ -1,0 +1,56 @@
+"""`autosync tune` end to end on `local` on a user's script whose optimizer is RMSprop with a
+cosine-decay schedule (run by the Keras optimizer itself wherever updates happen)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = '''
+import keras
+import numpy as np
+from autosync.model_def import ModelDef
+
+def make_model():
+    x = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+
+def make_optimizer():
+    schedule = keras.optimizers.schedules.CosineDecay(0.01, decay_steps=100, warmup_target=0.02, warmup_steps=5)
+    return keras.optimizers.RMSprop(learning_rate=schedule)
+
+def batches(worker_index, num_workers):
+    rng = np.random.default_rng(worker_index)
+    while True:
+        x = rng.normal(size=(16, 8)).astype("float32")
+        yield x, x.sum(axis=1, keepdims=True)
+
+def build():
+    return ModelDef(name="rms_cosine", model_fn=make_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
+                    optimizer_fn=make_optimizer, dataset_fn=batches, batch_size=16)
+'''
+
+
+def test_tune_on_a_script_with_rmsprop_and_a_cosine_schedule(tmp_path):
+    (tmp_path / "rms_model.py").write_text(SCRIPT)
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-m", "autosync", "tune", "--model", "rms_model.py:build", "--cluster", "local",
+                        "--steps", "3", "--warmup", "1", "--precision", "0", "--trials", "2", "--store", "t.db",
+                        "--out", "best.yaml", "--json"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["trials"] == 2 and (tmp_path / "best.yaml").exists(), summary
+    from tuner.store import TrialStore
+
+    with TrialStore(tmp_path / "t.db") as store:
+        trials = store.trials()
+    # every trial ran, the baselines' parameter servers and all-reduce alike
+    assert trials and all(t.status == "ok" for t in trials), [t.error for t in trials if t.status != "ok"]

@@ -1,0 +1,105 @@
+"""The Keras optimizer applied to numpy shards (``KerasOptimizer``) updates like the optimizer on
+the whole variables, chunk by chunk at the global step; what it cannot honour is refused."""
+import numpy as np
+import pytest
+
+from autosync.runtime.optimizers import check_optimizer_config, keras_optimizer_config, make_optimizer, numpy_rules
+from strategy_space.errors import ConfigError
+from tests import runtime_models as rm
+
+pytestmark = pytest.mark.integration
+SHAPES = {"a": (5, 3), "b": (4,)}
+
+
+def _optimizers():
+    import keras
+
+    sched = keras.optimizers.schedules.CosineDecay(0.1, decay_steps=3, warmup_target=0.2, warmup_steps=2)
+    return {
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
+        "adadelta": lambda: keras.optimizers.Adadelta(1.0),
+        "adamax": lambda: keras.optimizers.Adamax(0.05),
+        "nadam": lambda: keras.optimizers.Nadam(0.05),
+        "ftrl": lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+        "lion": lambda: keras.optimizers.Lion(0.01),
+        "lamb": lambda: keras.optimizers.Lamb(0.05),
+        "adafactor": lambda: keras.optimizers.Adafactor(0.05),
+        "sgd_schedule": lambda: keras.optimizers.SGD(sched, momentum=0.9),
+        "adam_clipnorm": lambda: keras.optimizers.Adam(0.05, clipnorm=0.5),
+        "adagrad_clipvalue": lambda: keras.optimizers.Adagrad(0.2, clipvalue=0.1),
+        "subclass": lambda: rm.HalfStepSGD(0.1),
+    }
+
+
+@pytest.mark.parametrize("name", list(_optimizers()))
+def test_shards_applied_in_chunks_match_keras(name):
+    import keras
+
+    rng = np.random.default_rng(3)
+    init = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+    ref = _optimizers()[name]()
+    config = keras_optimizer_config(ref)
+    assert not numpy_rules(config)
+    check_optimizer_config(config)
+    ours = make_optimizer(config)
+    params = {k: v.copy() for k, v in init.items()}
+    for k, v in init.items():
+        ours.add_variable(k, v)
+    variables = [keras.Variable(init[k].copy()) for k in SHAPES]
+    for step in range(4):
+        g = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+        ref.apply([g[k] for k in SHAPES], variables)
+        for k in SHAPES:  # each key its own chunk, applied separately, at the same global step
+            ours.apply(step, params, {k: g[k]})
+    for k, var in zip(SHAPES, variables):
+        np.testing.assert_allclose(params[k], var.numpy(), rtol=2e-6, atol=2e-6, err_msg=name)
+        assert not np.allclose(params[k], init[k])
+
+
+def test_sparse_rows_of_a_linear_optimizer_match_keras():
+    import keras
+    import tensorflow as tf
+
+    init = np.random.default_rng(1).standard_normal((6, 2)).astype(np.float32)
+    ref, var = keras.optimizers.Lion(0.01), keras.Variable(init.copy())
+    ours = make_optimizer(keras_optimizer_config(ref))
+    params = {"e": init.copy()}
+    ours.add_variable("e", init)
+    for step in range(3):
+        idx = np.array([1, 4, 1, 5])
+        vals = np.random.default_rng(step).standard_normal((4, 2)).astype(np.float32)
+        ref.apply([tf.IndexedSlices(vals, idx, (6, 2))], [var])
+        ours.apply(step, params, {"e": (np.array([1, 4, 5]), np.stack([vals[0] + vals[2], vals[1], vals[3]]), None)})
+    np.testing.assert_allclose(params["e"], var.numpy(), rtol=2e-6, atol=2e-6)
+
+
+def test_options_that_cannot_be_honoured_are_refused_with_the_reason():
+    import keras
+
+    for opt, match in [(keras.optimizers.SGD(global_clipnorm=1.0), r"global_clipnorm=1.0 .*exchange"),
+                       (keras.optimizers.Adam(use_ema=True), r"use_ema=True .*moving average"),
+                       (keras.optimizers.SGD(gradient_accumulation_steps=2), r"gradient_accumulation_steps=2"),
+                       (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), r"wraps other optimizers")]:
+        with pytest.raises(ConfigError, match=match):
+            check_optimizer_config(keras_optimizer_config(opt))
+
+
+def test_shard_wise_limits_are_refused_per_strategy():
+    import keras
+    from types import SimpleNamespace as S
+
+    from autosync.runtime.keras_optimizer import check_keras_apply
+
+    names = ["emb", "dense"]
+    split = S(var_index=1, num_shards=2, sparse=False)
+    rows = S(var_index=0, num_shards=1, sparse=True)
+    with pytest.raises(ConfigError, match=r"clipnorm=1.0 .* dense is split into 2 shards"):
+        check_keras_apply(keras_optimizer_config(keras.optimizers.SGD(clipnorm=1.0)), [split], names)
+    with pytest.raises(ConfigError, match=r"'Lamb' reads whole variables"):
+        check_keras_apply(keras_optimizer_config(keras.optimizers.Lamb()), [split], names)
+    with pytest.raises(ConfigError, match=r"'RMSprop' transforms \(e.g. squares\) each slice of sparse variable emb"):
+        check_keras_apply(keras_optimizer_config(keras.optimizers.RMSprop()), [rows], names)
+    with pytest.raises(ConfigError, match=r"option clipvalue clips each slice of sparse variable emb"):
+        check_keras_apply(keras_optimizer_config(keras.optimizers.Lion(clipvalue=1.0)), [rows], names)
+    check_keras_apply(keras_optimizer_config(keras.optimizers.Lion()), [split, rows], names)
+    check_keras_apply(keras_optimizer_config(keras.optimizers.Adam()), [rows], names)  # numpy rules

@@ -1,0 +1,76 @@
+"""The model's own Keras optimizer (other optimizers, a subclass, a schedule, clipping) on every
+synchronizer trains like one process on the global batch (real Ray + TF); what a strategy cannot
+honour is refused before any parameter server starts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strategy_space import PS, AllReduce, Strategy, VarConfig
+from strategy_space.errors import ConfigError
+from tests import runtime_models as rm
+from tests.test_runtime_ps import PAIR, _model_spec, _train, pool  # noqa: F401 - pytest fixture
+
+pytestmark = pytest.mark.integration
+STEPS = 3
+COSINE = {"cosine": {"initial_learning_rate": 0.05, "decay_steps": 3, "warmup_target": 0.1, "warmup_steps": 1}}
+OPTIMIZERS = {
+    "sgd_cosine": ("sgd", {"learning_rate": COSINE, "momentum": 0.9}),
+    "adam_clipvalue": ("adam", {"learning_rate": 0.05, "clipvalue": 0.05}),
+    "lion_clipnorm": ("Lion", {"learning_rate": 0.01, "clipnorm": 0.1}),
+    "rmsprop_cosine": ("RMSprop", {"learning_rate": COSINE}),
+    "subclass": ("subclass", {"learning_rate": 0.1}),
+}
+
+
+def _strategy(name, spec):
+    from strategy_space.builders import get_builder
+
+    if name == "mix":   # one variable's shards on a PS and all-reduced, another's in the graph and on a PS
+        return Strategy((
+            VarConfig("emb/embeddings", (PS("node0"), PS("node1"))),
+            VarConfig("hidden/kernel", (AllReduce(backend="graph", group=0), PS("node1")), axis=1),
+            VarConfig("hidden/bias", (AllReduce(backend="gloo", group=1),)),
+            VarConfig("out/kernel", (PS("node0"),)),
+            VarConfig("out/bias", (AllReduce(backend="graph", group=0),)),
+        ))
+    if name.startswith("emb_in_graph"):   # the sparse embedding in the graph, the dense rest on a PS or gloo
+        rest = (PS("node1"),) if name.endswith("ps") else (AllReduce(backend="gloo", group=1),)
+        return Strategy((VarConfig("emb/embeddings", (AllReduce(backend="graph", group=0),)),)
+                        + tuple(VarConfig(v.name, rest) for v in spec.variables[1:]))
+    builder, options = {"ps": ("ps", {}), "partitioned_ps": ("partitioned_ps", {"min_partition_bytes": 1}),
+                        "parallax": ("parallax", {"backend": "gloo"}),
+                        "graph": ("all_reduce", {"backend": "graph"}),
+                        "gloo": ("all_reduce", {"backend": "gloo", "chunk_bytes": 64})}[name]
+    return get_builder(builder, **options).build(spec, PAIR)
+
+
+@pytest.mark.parametrize("optimizer,strategy", [
+    ("sgd_cosine", s) for s in ("ps", "partitioned_ps", "parallax", "graph", "gloo", "mix")] + [
+    (o, "graph") for o in ("lion_clipnorm", "adam_clipvalue", "rmsprop_cosine", "subclass")] + [
+    # each PS trial on the Keras path imports TensorFlow in its PS actors (seconds): one PS and one
+    # numpy all-reduce case per option, not every pair
+    ("lion_clipnorm", "emb_in_graph_ps"), ("adam_clipvalue", "emb_in_graph_gloo"),
+    ("rmsprop_cosine", "emb_in_graph_ps"), ("subclass", "emb_in_graph_gloo")])
+def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
+    kind, kw = OPTIMIZERS[optimizer]
+    md = rm.model_def(kind, **kw)
+    spec = _model_spec(pool, md)
+    _, _, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
+    expected = rm.reference_weights(md, num_workers=2, steps=STEPS)
+    for got, want, var in zip(weights, expected, spec.variables):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
+    initial = rm.reference_weights(md, num_workers=2, steps=0)
+    assert all(not np.allclose(a, b) for a, b in zip(weights, initial))
+
+
+@pytest.mark.parametrize("optimizer,strategy,match", [
+    ("lion_clipnorm", "partitioned_ps", r"clipnorm=0.1 clips each variable by its own norm, but \S+ is split"),
+    ("rmsprop_cosine", "ps", r"'RMSprop' transforms \(e.g. squares\) each slice of sparse variable emb/embeddings"),
+    ("adam_clipvalue", "parallax", r"option clipvalue clips each slice of sparse variable emb/embeddings"),
+])
+def test_what_a_strategy_cannot_honour_is_refused(pool, optimizer, strategy, match):
+    kind, kw = OPTIMIZERS[optimizer]
+    md = rm.model_def(kind, **kw)
+    with pytest.raises(ConfigError, match=match):
+        _train(pool, md, _strategy(strategy, _model_spec(pool, md)), steps=1)
