@@ -8,6 +8,8 @@ short: the smoothed loss below 85 % of chance within a per-model step budget.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 
@@ -45,6 +47,37 @@ def test_streams_repeat_per_seed_and_worker_and_differ_between_workers(name):
     assert not any(np.array_equal(_flat(x), _flat(y)) for x, y in zip(a, other))
     x, y = a[0]
     assert len(y) == md.batch_size
+
+
+def _class_means(md, worker, workers, batches=10):
+    """Per class, the mean image averaged over each pattern cell: the class pattern, noise averaged out."""
+    xs, ys = zip(*_take(md, worker, workers, batches))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    g, side = B.PATTERN_CELLS, x.shape[1] // B.PATTERN_CELLS
+    cells = x.reshape(len(x), g, side, g, side, 3).mean(axis=(2, 4)).reshape(len(x), -1)
+    return np.stack([cells[y == c].mean(axis=0) for c in range(md.dataset_fn.keywords["classes"])])
+
+
+def _successors(md, worker, workers, tokens=range(5), batches=20):
+    """The most frequent next token after each of ``tokens`` in a worker's text."""
+    text = np.concatenate([x[0] for x, _ in _take(md, worker, workers, batches)])
+    prev, nxt = text[:, :-1].ravel(), text[:, 1:].ravel()
+    return [int(np.bincount(nxt[prev == t]).argmax()) for t in tokens]
+
+
+def test_every_worker_samples_the_same_task_and_the_seed_picks_it():
+    """The teacher depends on the seed alone: the class patterns and the text's successors one
+    worker sees are those another worker sees; another seed has other ones."""
+    images = zoo.get_model_def("vgg16")
+    a, b = _class_means(images, 0, 2), _class_means(images, 1, 2)
+    corr = np.corrcoef(a, b)[:len(a), len(a):]
+    assert np.diag(corr).min() > 0.8, np.diag(corr)
+    assert np.abs(corr[~np.eye(len(a), dtype=bool)]).mean() < 0.3
+    text = zoo.get_model_def("lm1b")
+    first = _successors(text, 0, 2)
+    assert _successors(text, 1, 2) == first
+    other_seed = dataclasses.replace(text, dataset_fn=functools.partial(text.dataset_fn, seed=1))
+    assert sum(x != y for x, y in zip(_successors(other_seed, 0, 2), first)) >= 3
 
 
 def test_chance_levels():
