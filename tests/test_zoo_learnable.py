@@ -91,6 +91,23 @@ def test_chance_levels():
     assert 1.0 < chance_loss(bert, 50) < math.log(bert.dataset_fn.keywords["vocab"])
 
 
+def test_the_text_token_law_is_the_streams():
+    """``markov_marginals`` (what the text models' chance levels rest on) matches the token
+    frequencies of the stream at each position, to within sampling error."""
+    md = zoo.get_model_def("bert")
+    vocab, seq_len = md.dataset_fn.keywords["vocab"], md.dataset_fn.keywords["seq_len"]
+    text = np.concatenate([y for _, y in _take(md, 0, 1, 200)])   # 3,200 sequences
+    law = B.markov_marginals(vocab, seq_len, seed=0)
+    assert np.allclose(law.sum(axis=1), 1.0)
+    for j in (0, 1, 5, seq_len - 1):
+        top = np.argsort(law[j])[::-1][:20]
+        seen = np.bincount(text[:, j], minlength=vocab)[top] / len(text)
+        sigma = np.sqrt(law[j, top] * (1 - law[j, top]) / len(text))
+        assert np.all(np.abs(seen - law[j, top]) < 5 * sigma + 1e-3), (j, seen, law[j, top])
+    # the positions differ (position 0 is plain Zipf-like, later ones carry the successors)
+    assert np.abs(law[0] - law[5]).sum() > 0.1
+
+
 def test_the_full_size_streams_build_no_tables():
     """A full-size vocabulary (lm1b's 800k, Criteo's tables) costs nothing to set up: the teachers'
     parameters are hashes, so the first batch comes at once."""

@@ -124,6 +124,27 @@ def markov_text(rng: np.random.Generator, vocab: int, shape: tuple[int, int], se
     return out
 
 
+def zipf_pmf(vocab: int) -> np.ndarray:
+    """``zipf_ids``'s probabilities: P(id) = log((id + 2) / (id + 1)) / log(vocab + 1)."""
+    ids = np.arange(vocab, dtype=np.float64)
+    return (np.log(ids + 2.0) - np.log(ids + 1.0)) / np.log(vocab + 1.0)
+
+
+def markov_marginals(vocab: int, length: int, seed: int) -> np.ndarray:
+    """The exact law of the token at each position of ``markov_text``'s sequences: row ``j`` is
+    P(token j = t) over ``t`` in [0, vocab) (position 0 is Zipf-like; each next one mixes fresh
+    Zipf-like tokens with the previous position's law carried through the fixed successors).
+    Costs a hash per (token, successor) and one pass per position, so even 800k tokens take ~2 s."""
+    z = zipf_pmf(vocab)
+    successors = [zipf_from_uniform(hash_uniform(seed, _SUCCESSOR, np.arange(vocab), k), vocab)
+                  for k in range(MARKOV_SUCCESSORS)]
+    rows = [z]
+    for _ in range(1, length):
+        carried = sum(np.bincount(s, weights=rows[-1], minlength=vocab) for s in successors) / len(successors)
+        rows.append((1.0 - MARKOV_FOLLOW) * z + MARKOV_FOLLOW * carried)
+    return np.stack(rows)
+
+
 def masked_lm_batches(worker_index: int, num_workers: int, *, vocab: int, seq_len: int,
                       batch_size: int, seed: int = 0):
     """BERT-style inputs ``(token_ids, segment_ids)`` — Markov text with ``MASK_SHARE`` of the
