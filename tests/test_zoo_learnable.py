@@ -21,9 +21,9 @@ from autosync.models import zoo
 from autosync.models.chance import chance_loss
 
 NAMES = ("resnet50", "vgg16", "bert", "lm1b", "ncf", "dlrm")
-# steps within which each small model's smoothed loss falls below BAR x chance (measured in-process:
-# about half of each budget is used)
-BUDGET = {"ncf": 150, "dlrm": 160, "lm1b": 200, "bert": 60, "resnet50": 80, "vgg16": 200}
+# steps within which each small model's smoothed loss falls below BAR x chance (measured in-process
+# under load: resnet50 32, vgg16 82, bert 44, lm1b 156, ncf 71, dlrm 58 steps)
+BUDGET = {"ncf": 150, "dlrm": 160, "lm1b": 250, "bert": 60, "resnet50": 80, "vgg16": 200}
 BAR = 0.85
 SMOOTH = 20
 

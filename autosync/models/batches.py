@@ -6,7 +6,8 @@ Each stream is endless: worker ``i`` of ``n`` draws its examples from a generato
 teacher) depends on ``seed`` alone, so every worker samples the same task:
 
 * images: each class has a fixed random low-resolution colour pattern; an image is its class's
-  pattern, upsampled, under pixel noise (labels balanced over the classes);
+  pattern, upsampled, under pixel noise (labels balanced over the classes; VGG, which has no
+  normalization layers, gets a stronger pattern: see ``autosync.models.zoo``);
 * text: a Markov chain over a Zipf-like vocabulary: after token ``t`` comes, with probability
   ``MARKOV_FOLLOW``, one of ``MARKOV_SUCCESSORS`` fixed successors of ``t`` (drawn Zipf-like
   once), otherwise a fresh Zipf-like token. BERT reconstructs every token of a sequence in which
@@ -94,9 +95,10 @@ def _mix(x):
 
 
 def image_batches(worker_index: int, num_workers: int, *, image_size: int, classes: int,
-                  batch_size: int, seed: int = 0):
+                  batch_size: int, seed: int = 0, pattern_scale: float = PATTERN_SCALE):
     """Images in [0, 1): the label's fixed random colour pattern (``PATTERN_CELLS`` squared
-    cells), upsampled, plus Gaussian pixel noise; integer labels, uniform over the classes."""
+    cells) times ``pattern_scale``, upsampled, plus Gaussian pixel noise (``PIXEL_NOISE``);
+    integer labels, uniform over the classes."""
     rng = worker_rng(seed, worker_index, num_workers)
     g = PATTERN_CELLS
     cells = np.arange(g * g * 3).reshape(g, g, 3)
@@ -106,7 +108,7 @@ def image_batches(worker_index: int, num_workers: int, *, image_size: int, class
         pattern = hash_normal(seed, _PATTERN, y[:, None, None, None], cells[None]).astype(np.float32)
         pattern = np.repeat(np.repeat(pattern, up, axis=1), up, axis=2)[:, :image_size, :image_size]
         noise = rng.standard_normal((batch_size, image_size, image_size, 3), dtype=np.float32)
-        x = np.clip(0.5 + PATTERN_SCALE * pattern + PIXEL_NOISE * noise, 0.0, 1.0)
+        x = np.clip(0.5 + pattern_scale * pattern + PIXEL_NOISE * noise, 0.0, 1.0)
         yield x, y
 
 
