@@ -6,7 +6,8 @@ Each stream is endless: worker ``i`` of ``n`` draws its examples from a generato
 teacher) depends on ``seed`` alone, so every worker samples the same task:
 
 * images: each class has a fixed random low-resolution colour pattern; an image is its class's
-  pattern, upsampled, under pixel noise (labels balanced over the classes);
+  pattern, upsampled, under pixel noise (labels balanced over the classes; VGG, which has no
+  normalization layers, gets a stronger pattern: see ``autosync.models.zoo``);
 * text: a Markov chain over a Zipf-like vocabulary: after token ``t`` comes, with probability
   ``MARKOV_FOLLOW``, one of ``MARKOV_SUCCESSORS`` fixed successors of ``t`` (drawn Zipf-like
   once), otherwise a fresh Zipf-like token. BERT reconstructs every token of a sequence in which
@@ -94,9 +95,10 @@ def _mix(x):
 
 
 def image_batches(worker_index: int, num_workers: int, *, image_size: int, classes: int,
-                  batch_size: int, seed: int = 0):
+                  batch_size: int, seed: int = 0, pattern_scale: float = PATTERN_SCALE):
     """Images in [0, 1): the label's fixed random colour pattern (``PATTERN_CELLS`` squared
-    cells), upsampled, plus Gaussian pixel noise; integer labels, uniform over the classes."""
+    cells) times ``pattern_scale``, upsampled, plus Gaussian pixel noise (``PIXEL_NOISE``);
+    integer labels, uniform over the classes."""
     rng = worker_rng(seed, worker_index, num_workers)
     g = PATTERN_CELLS
     cells = np.arange(g * g * 3).reshape(g, g, 3)
@@ -106,7 +108,7 @@ def image_batches(worker_index: int, num_workers: int, *, image_size: int, class
         pattern = hash_normal(seed, _PATTERN, y[:, None, None, None], cells[None]).astype(np.float32)
         pattern = np.repeat(np.repeat(pattern, up, axis=1), up, axis=2)[:, :image_size, :image_size]
         noise = rng.standard_normal((batch_size, image_size, image_size, 3), dtype=np.float32)
-        x = np.clip(0.5 + PATTERN_SCALE * pattern + PIXEL_NOISE * noise, 0.0, 1.0)
+        x = np.clip(0.5 + pattern_scale * pattern + PIXEL_NOISE * noise, 0.0, 1.0)
         yield x, y
 
 
@@ -122,6 +124,27 @@ def markov_text(rng: np.random.Generator, vocab: int, shape: tuple[int, int], se
         successor = zipf_from_uniform(hash_uniform(seed, _SUCCESSOR, out[:, j - 1], pick[:, j]), vocab)
         out[:, j] = np.where(follow[:, j], successor, fresh[:, j])
     return out
+
+
+def zipf_pmf(vocab: int) -> np.ndarray:
+    """``zipf_ids``'s probabilities: P(id) = log((id + 2) / (id + 1)) / log(vocab + 1)."""
+    ids = np.arange(vocab, dtype=np.float64)
+    return (np.log(ids + 2.0) - np.log(ids + 1.0)) / np.log(vocab + 1.0)
+
+
+def markov_marginals(vocab: int, length: int, seed: int) -> np.ndarray:
+    """The exact law of the token at each position of ``markov_text``'s sequences: row ``j`` is
+    P(token j = t) over ``t`` in [0, vocab) (position 0 is Zipf-like; each next one mixes fresh
+    Zipf-like tokens with the previous position's law carried through the fixed successors).
+    Costs a hash per (token, successor) and one pass per position, so even 800k tokens take ~2 s."""
+    z = zipf_pmf(vocab)
+    successors = [zipf_from_uniform(hash_uniform(seed, _SUCCESSOR, np.arange(vocab), k), vocab)
+                  for k in range(MARKOV_SUCCESSORS)]
+    rows = [z]
+    for _ in range(1, length):
+        carried = sum(np.bincount(s, weights=rows[-1], minlength=vocab) for s in successors) / len(successors)
+        rows.append((1.0 - MARKOV_FOLLOW) * z + MARKOV_FOLLOW * carried)
+    return np.stack(rows)
 
 
 def masked_lm_batches(worker_index: int, num_workers: int, *, vocab: int, seq_len: int,
