@@ -1,6 +1,8 @@
 """The parameter-server shard actor: holds variable shards and their optimizer state.
 
-It runs numpy only (no TensorFlow), so a fresh one starts in a fraction of a second. It is an
+With the numpy optimizer rules (``optimizers``) it runs no TensorFlow, so a fresh one starts in a
+fraction of a second; any other optimizer configuration runs the Keras optimizer itself
+(``keras_optimizer``), which imports TensorFlow on the first update (seconds). It is an
 asyncio Ray actor: ``pull`` may wait for a version without blocking ``push`` calls.
 
 Protocol, per worker and step ``t`` (one call each, whatever the number of shards held):
