@@ -43,7 +43,9 @@ def test_tune_on_a_script_with_rmsprop_and_a_cosine_schedule(tmp_path):
     env.pop("RAY_ADDRESS", None)
     r = subprocess.run([sys.executable, "-m", "autosync", "tune", "--model", "rms_model.py:build", "--cluster", "local",
                         "--steps", "3", "--warmup", "1", "--precision", "0", "--trials", "2", "--store", "t.db",
-                        "--out", "best.yaml", "--json"],
+                        "--out", "best.yaml", "--json",
+                        # about the optimizer, not compression: no lossy candidate, no probe, no re-measurement
+                        "--quality", "exact", "--confirm", "0"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)

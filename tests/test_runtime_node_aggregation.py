@@ -59,11 +59,9 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("optimizer", [
-    ("adam", {"learning_rate": 0.05}),   # the numpy rules
-    # the Keras optimizer on the parameter servers: a schedule at the global step (Lion: summed rows are exact)
-    ("Lion", {"learning_rate": {"cosine": {"initial_learning_rate": 0.01, "decay_steps": 4}}}),
-])
+# the numpy rules; the Keras optimizer on the parameter servers is checked against one process in
+# test_runtime_user_optimizer (a second 4-worker cluster here cost ~90 s of CI)
+@pytest.mark.parametrize("optimizer", [("adam", {"learning_rate": 0.05})])
 def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path, optimizer):
     name, kw = optimizer
     out = run_cluster_script(tmp_path, SCRIPT.replace("md = rm.multi_model_def(*OPTIMIZER)",
