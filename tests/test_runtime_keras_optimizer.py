@@ -88,7 +88,7 @@ def test_shard_wise_limits_are_refused_per_strategy():
     import keras
     from types import SimpleNamespace as S
 
-    from autosync.runtime.keras_optimizer import check_keras_apply
+    from autosync.runtime.optimizers import check_keras_apply
 
     names = ["emb", "dense"]
     split = S(var_index=1, num_shards=2, sparse=False)

@@ -298,7 +298,7 @@ class Session:
 
         from autosync.runtime.ps_shard import ParameterServerShard
 
-        from autosync.runtime.keras_optimizer import check_keras_apply
+        from autosync.runtime.optimizers import check_keras_apply
         from autosync.runtime.optimizers import check_optimizer_config, squares_slices
 
         plan = self.plan
