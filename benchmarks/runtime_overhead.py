@@ -144,11 +144,14 @@ def main() -> None:
     if args.apply:
         from _testbed import git_commit, write_json
 
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         result = apply_cost(args.steps, args.warmup)
         if args.out:
-            write_json(args.out, {"meta": {"commit": git_commit(os.path.dirname(os.path.dirname(
-                os.path.abspath(__file__)))), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                "steps": args.steps, "warmup": args.warmup}, **result})
+            # one run: its commit and start at the top (tests/test_results_provenance.py)
+            write_json(args.out, {"commit": commit, "run_started": started,
+                                  "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""),
+                                  "meta": {"steps": args.steps, "warmup": args.warmup}, **result})
         return
 
     tf_import = fresh_import_s("tensorflow")

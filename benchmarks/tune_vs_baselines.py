@@ -381,7 +381,8 @@ def inside(args) -> int:
                         "cpus_per_node": cluster.nodes[0].cpus, "compute": args.compute, "warm_start": args.warm_start, "trials": args.trials,
                         "patience": args.patience, "confirm": args.confirm, "warmup": args.warmup, "steps": args.steps,
                         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                        "ray": ray.__version__, "store": store_path},
+                        "ray": ray.__version__, "store": store_path,
+                        "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", "")},
                "models": {}}
     path = os.path.join(args.out, f"{args.name}.json")
     if args.merge and os.path.exists(path):
