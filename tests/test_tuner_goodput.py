@@ -247,17 +247,65 @@ def test_offered_staleness_and_asynchrony_are_proposed_probed_and_judged_by_good
     assert not lossy_parts(out.best.strategy).asynchronous
 
 
-def test_the_search_learns_what_a_lossy_feature_costs_and_stops_proposing_it():
-    """After probes say asynchronous PS is worth 0.05 lossless steps, the search ranks candidates
-    holding it by step time / 0.05 and proposes lossless (or cheap lossy) ones instead."""
-    from tuner.goodput import estimate_encoded_efficiency, feature_efficiency, lossy_features
+def _param_shares():
+    sizes = np.array([v.size for v in MODEL.variables], dtype=float)
+    return sizes / sizes.sum()
 
+
+def test_the_search_learns_what_a_lossy_feature_costs_per_share_of_the_model():
+    """Probes fit a cost per lossy feature per share of the parameters it covers: after asynchronous
+    PS on the whole model measured E = 0.05, a candidate holding it is ranked by step time / 0.05,
+    while the same feature on a small share of the model stays cheap (one probe of a feature does not
+    condemn every use of it), and a feature no probe held (staleness 2) stays worth proposing."""
+    from tuner.goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
+
+    space, w = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, staleness=(0, 2), allow_async=True).space, _param_shares()
     ps = build("ps", MODEL, CLUSTER)
     asy = with_lossy(ps, asynchronous=True)
-    both = with_lossy(build("all_reduce", MODEL, CLUSTER), "fp16")
-    known = feature_efficiency([(lossy_parts(asy), Efficiency(0.05, 0.04, 0.06, True)),
-                                (lossy_parts(both), Efficiency(0.9, 0.85, 0.95, True))])
-    assert known == {"async": 0.05, "fp16": 0.9} and lossy_features(lossy_parts(asy)) == {"async"}
-    space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, staleness=(0, 2), allow_async=True).space
-    est = estimate_encoded_efficiency(space.encode([ps, asy, both, with_lossy(ps, staleness=2)]), known)
-    assert est.tolist() == [1.0, 0.05, 0.9, 1.0]   # staleness 2 not probed yet: still worth proposing
+    fp16 = with_lossy(build("all_reduce", MODEL, CLUSTER), "fp16")
+    # asynchronous PS on the biases only, the rest all-reduced
+    small = Strategy(tuple(VarConfig(c.name, (PS(CLUSTER.node_names[0], sync=False),)) if c.name.endswith("bias")
+                           else c for c in build("all_reduce", MODEL, CLUSTER).variables))
+    ext = lossy_extents(space.encode([asy, fp16, small]), w)
+    kernels = sum(v.size for v in MODEL.variables if v.name.endswith("kernel")) / MODEL.total_params
+    biases = sum(v.size for v in MODEL.variables if v.name.endswith("bias")) / MODEL.total_params
+    assert set(ext) == {"async", "fp16"}
+    assert ext["async"] == pytest.approx([1.0, 0.0, biases]) and ext["fp16"] == pytest.approx([0.0, kernels, 0.0])
+    costs = fit_feature_costs({f: x[:2] for f, x in ext.items()}, np.array([0.05, 0.9]))
+    est = estimate_encoded_efficiency(space.encode([ps, asy, fp16, small, with_lossy(ps, staleness=2)]), w, costs)
+    assert est == pytest.approx([1.0, 0.05, 0.9, 0.05 ** biases, 1.0], rel=0.02)
+    assert est[3] > 0.99   # the biases are a thousandth of the model
+    # features that compound: probes of each alone and of both give each its own cost
+    ext = {"async": np.array([1.0, 0.0, 1.0]), "fp16": np.array([0.0, 0.5, 0.5])}
+    costs = fit_feature_costs(ext, np.exp(-np.array([2.0, 0.5, 2.5])))
+    assert costs == pytest.approx({"async": 2.0, "fp16": 1.0}, rel=0.01)
+    # a failed probe (E = 0) makes its feature the costliest, not an error
+    assert fit_feature_costs({"async": np.array([1.0])}, np.array([0.0]))["async"] > 6
+
+
+def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_path):
+    """In the tuning loop (lossy strategies twice as fast by step time): once a probe finds
+    asynchronous PS costs E = 0.05, the search's next rounds keep it off most of the model."""
+    from tuner.goodput import lossy_extents
+
+    space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, allow_async=True).space
+
+    def async_share(strategy):
+        return float(lossy_extents(space.encode([strategy]), _param_shares()).get("async", np.zeros(1))[0])
+
+    class AsyncCosts(FakeProber):   # E = 0.05 with the whole model asynchronous, less lost on less of it
+        def efficiency(self, strategy):
+            self.asked.append(strategy)
+            e = 0.05 ** async_share(strategy)
+            return Efficiency(e, e - 0.01, min(1.0, e + 0.01), probed=True, steps=100, source="probe")
+
+    prober = AsyncCosts({})
+    out = tune(tmp_path, "goodput", prober, trials=18, allow_async=True)
+    asked = {s.fingerprint for s in prober.asked}
+    first = next((i for i, t in enumerate(out.trials) if t.strategy.fingerprint in asked
+                  and async_share(t.strategy) > 0.5), None)
+    assert first is not None, "no strategy asynchronous on most of the model was probed: nothing to learn from"
+    later = [t for t in out.trials[first + FAST.batch:] if t.role == "search"]
+    assert later, "no search round after the first probe of asynchronous PS"
+    shares = [async_share(t.strategy) for t in later]
+    assert max(shares) < 0.5, shares

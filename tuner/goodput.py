@@ -7,9 +7,11 @@ asynchronous parameter server — may need more steps to reach the same loss. It
 is measured by a probe: the strategy and its lossless twin (the same strategy with those parts
 made exact) train from the same initial weights on the same data for K steps, and
 
-    E = (steps the twin needs to reach the candidate's smoothed loss at step K) / K,
+    E = mean over s in the last three quarters of (n(s) / s),
 
-at most 1; its interval comes from the noise of the batch losses (``estimate_efficiency``).
+where n(s) is the step at which the twin (a monotone fit of its loss) reaches the candidate's
+smoothed loss at step s; at most 1, with an interval from the noise of the batch losses
+(``estimate_efficiency``).
 Goodput then compares strategies by ``step_time / E`` (Pollux's goodput, OSDI'21, turned into
 seconds per unit of lossless progress), so a lossy strategy wins only where its faster steps pay
 for the extra steps it needs.
@@ -18,7 +20,11 @@ Quality policies (``QUALITIES``): ``exact`` never proposes a lossy part; ``goodp
 them and keeps a lossy strategy only with a measured E; ``step`` ranks by step time alone (the
 behaviour before goodput), and every output says so.
 
-Everything here is pure (numpy only); the probe that trains lives in ``autosync.probe``.
+Between probes, the search estimates the efficiency of candidates it has not probed from a cost
+per lossy feature and per share of the model it covers, fitted to the probes so far
+(``fit_feature_costs``): a feature no probe has held is still worth proposing.
+
+Everything here is pure (numpy, scipy); the probe that trains lives in ``autosync.probe``.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from strategy_space import Strategy
-from strategy_space.compressor import Compressor
+from strategy_space.compressor import COMPRESSOR_KINDS, Compressor
 from strategy_space.encoding import COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
 from strategy_space.strategy import PS, AllReduce, VarConfig
 from strategy_space.strict import fingerprint
@@ -290,42 +296,67 @@ class Prober(abc.ABC):
         own twin (the same losses, in less time). The default ignores it."""
 
 
-def lossy_features(parts: LossyParts) -> frozenset[str]:
-    """The kinds of lossy part a strategy holds: each compressor spec (``powersgd(4)``),
-    ``staleness S`` and ``async``; what the search's efficiency estimate is per."""
-    return frozenset({c for _, _, c in parts.compressed} | {f"staleness {s}" for _, _, s in parts.stale}
-                     | ({"async"} if parts.asynchronous else set()))
+def lossy_extents(e: EncodedStrategies, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Per lossy feature in the batch, the share of the model's parameters each strategy holds
+    under it: (B,) in [0, 1]. Features: ``async`` (asynchronous PS), ``staleness S`` and each
+    compressor spec (``powersgd(4)``, ``fp16_ef``).
 
-
-def feature_efficiency(probed: Sequence[tuple[LossyParts, Efficiency]]) -> dict[str, float]:
-    """Per lossy feature, the best efficiency of a probed strategy that holds it: an optimistic
-    bound on what the feature alone costs (a combination is at most as efficient as its parts)."""
-    out: dict[str, float] = {}
-    for parts, e in probed:
-        for f in lossy_features(parts):
-            out[f] = max(out.get(f, 0.0), e.value)
+    Args:
+        weights: (V,) each variable's share of the model's parameters (summing to 1).
+    """
+    out: dict[str, np.ndarray] = {}
+    ar, ps = e.kind == KIND_AR, e.kind == KIND_PS
+    if ps.any():
+        asynchronous = ps & (e.sync == 0)
+        if asynchronous.any():
+            out["async"] = asynchronous @ weights
+        stale = ps & (e.sync == 1) & (e.staleness > 0)
+        for s in np.unique(e.staleness[stale]):
+            out[f"staleness {int(s)}"] = (stale & (e.staleness == s)) @ weights
+    lossy_ar = ar & (e.compressor != COMPRESSOR_ID["none"])
+    for cid, rank in {(int(c), int(r)) for c, r in zip(e.compressor[lossy_ar], e.rank[lossy_ar])}:
+        name = COMPRESSOR_KINDS[cid]
+        spec = str(Compressor.parse(f"{name}({rank})" if name.startswith("powersgd") else name))
+        out[spec] = (lossy_ar & (e.compressor == cid) & (e.rank == rank)) @ weights
     return out
 
 
-def estimate_encoded_efficiency(e: EncodedStrategies, known: dict[str, float]) -> np.ndarray:
-    """Per encoded strategy, the search's estimate of its efficiency: the smallest known
-    efficiency of its lossy features (``feature_efficiency``); 1 where none is known, so unprobed
-    lossy parts stay worth proposing (and probing)."""
-    out = np.ones(len(e))
-    if not known or not len(e):
-        return out
-    ar = e.kind == KIND_AR
-    ps = e.kind == KIND_PS
-    for f, value in known.items():
-        if f == "async":
-            has = (ps & (e.sync == 0)).any(axis=1)
-        elif f.startswith("staleness "):
-            has = (ps & (e.sync == 1) & (e.staleness == int(f.split()[1]))).any(axis=1)
-        else:
-            c = Compressor.parse(f)
-            has = (ar & (e.compressor == COMPRESSOR_ID[c.name]) & (e.rank == c.rank)).any(axis=1)
-        out = np.where(has, np.minimum(out, value), out)
-    return out
+def fit_feature_costs(extents: dict[str, np.ndarray], efficiency: np.ndarray, *,
+                      ridge: float = 1e-3) -> dict[str, float]:
+    """What each lossy feature costs per share of the parameters it covers, from probes.
+
+    Model: ``E = exp(-sum_f x_f c_f)`` with ``x_f`` a strategy's share of parameters under
+    feature f (``lossy_extents``) and a cost ``c_f >= 0``: features compound, and a feature on
+    more of the model costs more (asynchronous PS on six small shards is not asynchronous PS on
+    the whole model). Fitted by non-negative least squares on ``-log E``, with a small ridge that
+    shares a cost among the features of a probe that cannot tell them apart (each later probe
+    separates them further).
+
+    Args:
+        extents: feature -> (P,) shares of the P probed strategies.
+        efficiency: (P,) their measured efficiencies (a failed probe: 0, counted as 0.001).
+    """
+    names = sorted(extents)
+    if not names or not len(efficiency):
+        return {}
+    from scipy.optimize import nnls
+
+    x = np.stack([extents[n] for n in names], axis=1).astype(float)
+    y = -np.log(np.clip(np.asarray(efficiency, dtype=float), 1e-3, 1.0))
+    a = np.vstack([x, math.sqrt(ridge) * np.eye(len(names))])
+    b = np.concatenate([y, np.zeros(len(names))])
+    costs, _ = nnls(a, b)
+    return {n: float(c) for n, c in zip(names, costs)}
+
+
+def estimate_encoded_efficiency(e: EncodedStrategies, weights: np.ndarray, costs: dict[str, float]) -> np.ndarray:
+    """Per encoded strategy, the search's estimate of its efficiency under ``fit_feature_costs``:
+    ``exp(-sum_f x_f c_f)``; a feature no probe has held costs nothing yet (1: still worth
+    proposing, and probing)."""
+    out = np.zeros(len(e))
+    for f, x in lossy_extents(e, weights).items():
+        out += x * costs.get(f, 0.0)
+    return np.exp(-out)
 
 
 def goodput_seconds(step_time_s: float, efficiency: Efficiency | None) -> float:

@@ -11,13 +11,14 @@ import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.encoding import EncodedStrategies
+from strategy_space.errors import ConfigError
 
 from .base import Proposal, Tuner
 from .constraints import Constraints
-from .goodput import estimate_encoded_efficiency, feature_efficiency, lossy_parts
+from .goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
 from .predictor import Predictor
 from .sampler import KnowledgeSampler
-from .search import Pool, select_diverse, simulated_annealing
+from .search import PerLosslessStep, Pool, select_diverse, simulated_annealing
 from .training_set import TrainingSet
 from .trial import Trial
 from .warmstart import Group
@@ -123,10 +124,16 @@ class ModelBasedTuner(Tuner):
         if best:  # start some chains from the best measured strategies
             parts.append(self._decode_keys([key for _, key in best]))
         cand = self.project(EncodedStrategies.concat(parts))
-        order, _ = self.predictor.order(cand)
+        order, cand_step_s = self.predictor.order(cand)
+        costs = self._feature_costs()
+        shares = self._param_shares()
+        scorer = self.predictor.chain_scorer()
+        if costs:   # once probes have priced lossy features, the chains start from and climb goodput
+            scorer = PerLosslessStep(scorer, lambda e: estimate_encoded_efficiency(e, shares, costs))
+            order = np.argsort(cand_step_s / estimate_encoded_efficiency(cand, shares, costs), kind="stable")
         init = cand.take(order[: s.chains])
         constrained = self.constraints is not None
-        pool = simulated_annealing(self.space, self.predictor.chain_scorer(), init, rng, steps=s.anneal_steps,
+        pool = simulated_annealing(self.space, scorer, init, rng, steps=s.anneal_steps,
                                    proposals=max(1, s.proposals // 4) if constrained else s.proposals,
                                    keep=max(256, 8 * k), project=self.project if constrained else None)
         fused, seconds = self.predictor.order(pool.encoded)
@@ -140,10 +147,9 @@ class ModelBasedTuner(Tuner):
         # rank by goodput where efficiencies were measured: predicted step time / the estimated
         # efficiency of each candidate's lossy parts (step times are still what is predicted)
         step_s = pool.predicted
-        known = self._feature_efficiency()
-        if known:
-            # (a failed probe counts as 0: its parts are ranked last, not dropped)
-            est = np.maximum(estimate_encoded_efficiency(pool.encoded, known), 1e-9)
+        if costs:
+            # (a failed probe counts as E = 0.001: its parts are ranked last, not dropped)
+            est = estimate_encoded_efficiency(pool.encoded, shares, costs)
             ranked = np.argsort(pool.predicted / est, kind="stable")
             step_s = pool.predicted[ranked]
             pool = Pool(pool.encoded.take(ranked), step_s / est[ranked])
@@ -159,13 +165,27 @@ class ModelBasedTuner(Tuner):
             out.append(Proposal(strategy, origin, float(step_s[i]), encoded=row))
         return out
 
-    def _feature_efficiency(self) -> dict[str, float]:
-        """Per lossy feature, what the probes so far say it costs (``feature_efficiency``)."""
-        if not self.efficiency:
-            return {}
+    def _param_shares(self) -> np.ndarray:
+        sizes = np.array([max(v.size, 1) for v in self.model.variables], dtype=float)
+        return sizes / sizes.sum()
+
+    def _feature_costs(self) -> dict[str, float]:
+        """What each lossy feature costs per share of the model, from the probes so far
+        (``fit_feature_costs``)."""
         strategies = {t.strategy.fingerprint: t.strategy for t in self.measurements}
-        return feature_efficiency([(lossy_parts(strategies[fp]), e) for fp, e in self.efficiency.items()
-                                   if fp in strategies])
+        rows, values = [], []
+        for fp, e in self.efficiency.items():
+            if fp not in strategies:
+                continue
+            try:   # a probed strategy outside this space (a pinned or resumed one) tells it nothing
+                rows.append(self.space.encode([strategies[fp]]))
+            except ConfigError:
+                continue
+            values.append(e.value)
+        if not rows:
+            return {}
+        return fit_feature_costs(lossy_extents(EncodedStrategies.concat(rows), self._param_shares()),
+                                 np.array(values))
 
     def _distinct(self, pool: Pool) -> Pool:
         """The pool (ordered by prediction) with one strategy per feature row, none with the

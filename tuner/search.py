@@ -83,6 +83,30 @@ class IncrementalScorer:
         self.featurizer.accept(chosen)
 
 
+class PerLosslessStep:
+    """A ChainScorer in seconds per step of lossless progress: another scorer's seconds per step
+    divided by an estimated statistical efficiency of each strategy (``tuner.goodput``), so the
+    chains climb goodput, not step time alone. The efficiency is computed on whole proposals
+    (O(proposals x V) per step, like a constrained search's projection).
+
+    Args:
+        inner: the step-time scorer (e.g. an IncrementalScorer).
+        efficiency: a batch of strategies -> (B,) efficiencies in (0, 1].
+    """
+
+    def __init__(self, inner: ChainScorer, efficiency: Callable[[EncodedStrategies], np.ndarray]):
+        self.inner, self.efficiency = inner, efficiency
+
+    def reset(self, e: EncodedStrategies) -> np.ndarray:
+        return self.inner.reset(e) / self.efficiency(e)
+
+    def propose(self, m: Mutation) -> np.ndarray:
+        return self.inner.propose(m) / self.efficiency(m.encoded)
+
+    def accept(self, chosen: np.ndarray) -> None:
+        self.inner.accept(chosen)
+
+
 class _Recompute:
     """A ``Score`` as a ChainScorer: every proposal built and scored from scratch."""
 
