@@ -121,6 +121,7 @@ class TuneResult:
             "statistical_efficiency_interval": [e.low, e.high] if e else None,
             "efficiency_probed": e.probed if e else False,
             "efficiency_source": e.source if e else "not measured (quality step)",
+            "efficiency_note": e.note if e else "",
             "lossy_parts": lossy_parts(self.best_strategy).describe(),
             "lossy_note": self.lossy_note,
             "best_goodput_s": self.outcome.figure(self.best_trial) if self.quality != "step" else None,

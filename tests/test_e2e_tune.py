@@ -56,6 +56,7 @@ def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_pat
     assert s["speedup_over_best_baseline"] == pytest.approx(s["best_baseline_step_time_s"] / s["best_goodput_s"])
     assert s["best_goodput_s"] == pytest.approx(s["best_step_time_s"] / s["statistical_efficiency"])
     assert s["efficiency_probed"] == (s["lossy_parts"] != "lossless")
+    assert isinstance(s["efficiency_note"], str) and s["efficiency_source"] in ("lossless", "probe", "cache")
     assert s["best_measurements"] == 3 and s["confirm_trials"] >= 2
     if s["best_origin"] != s["best_baseline"]:
         assert s["best_origin"] in ("search", "explore") and s["speedup_over_best_baseline"] > 1.0

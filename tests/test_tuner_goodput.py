@@ -309,3 +309,15 @@ def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_pa
     assert later, "no search round after the first probe of asynchronous PS"
     shares = [async_share(t.strategy) for t in later]
     assert max(shares) < 0.5, shares
+
+
+def test_a_twin_that_rises_back_is_flagged_and_a_steady_one_is_not():
+    """A lossless twin whose loss climbs back towards its start (VGG at the edge of stability) makes
+    E a comparison with one unstable run: the efficiency says so; a steadily falling twin does not."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(200)
+    falling = 2.3 * np.exp(-steps / 60) + 0.1 + 0.02 * rng.standard_normal(200)
+    rising = np.where(steps < 100, falling, falling[99] + (steps - 99) * 0.015)
+    candidate = 2.3 * np.exp(-steps / 50) + 0.1 + 0.02 * rng.standard_normal(200)
+    assert "rose back" in estimate_efficiency(candidate, rising).note
+    assert estimate_efficiency(candidate, falling).note == ""

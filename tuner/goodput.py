@@ -271,7 +271,20 @@ def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, wi
 
     value = e_at(0.0)
     low, high = e_at(z * se), e_at(-z * se)
-    return Efficiency(value, min(low, value), max(high, value), probed=True, steps=k, source="probe")
+    return Efficiency(value, min(low, value), max(high, value), probed=True, steps=k, source="probe",
+                      note=_unstable_twin(smooth(t, w), z * se))
+
+
+def _unstable_twin(smoothed: np.ndarray, noise: float) -> str:
+    """A warning when the twin's smoothed loss ends well above its own minimum (it rose back by more
+    than a quarter of its fall, beyond the noise): E then compares against one unstable run."""
+    low = float(smoothed.min())
+    fall, rise = float(smoothed[0]) - low, float(smoothed[-1]) - low
+    if fall <= 0 or rise <= max(0.25 * fall, noise):
+        return ""
+    return (f"the lossless twin's loss rose back by {rise:.3g} of its {fall:.3g} fall before the probe ended "
+            f"(unstable training at this learning rate): E compares against one unstable run; another "
+            f"--probe-seed or a lower learning rate tells more")
 
 
 class Prober(abc.ABC):

@@ -150,7 +150,8 @@ def quality_line(summary: dict) -> str:
     line = (f"ranked by goodput (step time / statistical efficiency, --quality {summary['quality']}); the "
             f"recommendation's efficiency is {e:.2f} ({how}); {summary['probes']} probe{'' if summary['probes'] == 1 else 's'} took "
             f"{summary['probe_seconds']:.0f} s")
-    return line + (f"\n{summary['lossy_note']}" if summary["lossy_note"] else "")
+    notes = [n for n in (summary["lossy_note"], summary.get("efficiency_note")) if n]
+    return line + "".join(f"\n{n}" for n in notes)
 
 
 def not_recommended_line(summary: dict) -> str:
