@@ -82,19 +82,14 @@ def model_def(name: str, batch: int = BATCH):
 def single_process(steps: int, warmup: int) -> None:
     """Child mode: print 'name median_s' for each model, one process with every core."""
     import keras
-    import tensorflow as tf
+
+    from autosync.models.profile import train_step
 
     for name in MODELS:
         md = model_def(name, batch=BATCH * WORKERS)   # the global batch in one process
         keras.utils.set_random_seed(md.seed)
-        model, loss_fn, opt = md.model_fn(), md.loss_fn(), md.optimizer_fn()
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
+        model = md.model_fn()
+        step = train_step(model, md.loss_fn(), md.optimizer_fn())
 
         data = md.batches(0, 1)
         times = []

@@ -123,18 +123,12 @@ def test_the_full_size_streams_build_no_tables():
 @pytest.mark.parametrize("name", NAMES)
 def test_each_small_model_learns_its_data(name):
     import keras
-    import tensorflow as tf
+
+    from autosync.models.profile import train_step
 
     md = zoo.get_model_def(name)
     keras.utils.set_random_seed(md.seed)
-    model, loss_fn, opt = md.model_fn(), md.loss_fn(), md.optimizer_fn()
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    step = train_step(md.model_fn(), md.loss_fn(), md.optimizer_fn())
 
     level, losses = chance_loss(md, 100), []
     data = md.batches(0, 1)

@@ -69,6 +69,24 @@ def _gradient_step(model, loss: Callable, variables: list):
     return step
 
 
+def train_step(model, loss: Callable, optimizer) -> Callable:
+    """A compiled training step of one process, ``step(x, y) -> loss``: the gradient of ``loss``
+    over the model's trainable variables, applied by ``optimizer`` (what the runtime's results are
+    checked against, and what a single-process baseline runs)."""
+    import tensorflow as tf
+
+    variables = list(model.trainable_variables)
+
+    @tf.function
+    def step(inputs, targets):
+        with tf.GradientTape() as tape:
+            value = loss(targets, model(inputs, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(value, variables), variables))
+        return value
+
+    return step
+
+
 def ready_order_from_graph(graph, gradients: list, names: list[str]) -> list[str]:
     """Variable names in the order the tape created the ops producing their gradients.
 
