@@ -52,7 +52,7 @@ def test_model_defs_pickle():
 @pytest.mark.integration
 @pytest.mark.parametrize("name", NAMES)
 def test_small_variant_trains_a_step_and_has_the_right_character(name):
-    import tensorflow as tf
+    from autosync.models.profile import train_step
 
     d = zoo.get_model_def(name)
     inputs, targets = ingest.first_batch(d, 0, 2)
@@ -61,12 +61,7 @@ def test_small_variant_trains_a_step_and_has_the_right_character(name):
     variables = list(model.trainable_variables)
     before = [v.numpy().copy() for v in variables]
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(value, variables), variables))
-        return value
+    step = train_step(model, loss, optimizer)
 
     first = float(step(inputs, targets))
     assert np.isfinite(first)
