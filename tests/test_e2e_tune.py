@@ -96,3 +96,22 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     fps = [t.strategy.fingerprint for t in trials if t.role != "confirm"]
     assert len(fps) == len(set(fps)), "a strategy was measured twice (outside confirmation)"
     assert sum(t.role == "search" for t in trials) == 6
+
+
+def test_tune_with_emulated_compute_ranks_by_goodput_with_real_compute_probes(tmp_path):
+    """The README's emulated mode on a zoo model: step times come from its compute profile, and the
+    goodput summary says efficiencies would be probed with real compute of the trainable model."""
+    r = _tune(tmp_path, "--compute", "emulated", "--trials", "2", "--confirm", "0", "--warm-start", "none",
+              "--store", "e.db", "--out", "e.yaml", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert s["quality"] == "goodput" and "probed with real compute of the trainable model" in s["lossy_note"]
+    assert s["best_goodput_s"] == pytest.approx(s["best_step_time_s"] / s["statistical_efficiency"])
+    assert s["efficiency_probed"] == (s["lossy_parts"] != "lossless")
+    from autosync.sources import load_cluster
+    from tuner.store import TrialStore
+
+    with TrialStore(tmp_path / "e.db") as store:
+        (mfp, _, n), = store.groups()
+        assert n == s["total_trials"]
+        validate(load_strategy(tmp_path / "e.yaml"), store.model(mfp), load_cluster("local"))
