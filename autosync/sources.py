@@ -7,6 +7,7 @@ Models:
 Clusters:
     ``local``      the embedded default: one Ray node on this machine;
     ``testbed``    the emulated multi-node cluster started by ``autosync testbed up``;
+    ``ray``        the Ray cluster at ``$RAY_ADDRESS``, described by Ray (``autosync.ray_cluster``);
     ``file.yaml``  a ClusterSpec.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from strategy_space.yaml_io import load
 
 MODEL_FORMS = "zoo:NAME[?size=small], path/to/script.py:function, or a model-spec YAML file"
 TRAINABLE_FORMS = "zoo:NAME[?size=small] or path/to/script.py:function"
-CLUSTER_FORMS = "local, testbed, or a cluster-spec YAML file"
+CLUSTER_FORMS = "local, testbed, ray[?workers=N] (the Ray cluster at RAY_ADDRESS), or a cluster-spec YAML file"
 
 LOCAL_WORKERS = 2
 
@@ -45,7 +46,7 @@ BUILTIN_CLUSTERS = {"local": local_cluster, "testbed": _testbed_cluster}
 
 
 def load_cluster(text: str | ClusterSpec) -> ClusterSpec:
-    """A ClusterSpec from a built-in name or a YAML path.
+    """A ClusterSpec from a built-in name, ``ray[?options]`` or a YAML path.
 
     Raises:
         ConfigError: unknown name, missing file or invalid spec.
@@ -54,6 +55,10 @@ def load_cluster(text: str | ClusterSpec) -> ClusterSpec:
         return text
     if text in BUILTIN_CLUSTERS:
         return BUILTIN_CLUSTERS[text]()
+    from autosync.ray_cluster import is_ray_cluster, ray_cluster
+
+    if is_ray_cluster(text):
+        return ray_cluster(text)
     if text.endswith((".yaml", ".yml")) or os.path.sep in text:
         return load(text, "cluster")  # type: ignore[return-value]
     raise ConfigError(f"unknown cluster {text!r}; give {CLUSTER_FORMS}")

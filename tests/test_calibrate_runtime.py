@@ -1,5 +1,5 @@
 """``autosync calibrate`` on real Ray: the local cluster (integration) and a 2-node emulated
-testbed with shaped links (multinode: needs root; wrap in `flock /tmp/autosync-testbed.lock`)."""
+testbed with shaped links, described by Ray itself (``--cluster ray``) (multinode: needs root; wrap in `flock /tmp/autosync-testbed.lock`)."""
 from __future__ import annotations
 
 import json
@@ -50,9 +50,12 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from autosync.calibrate import bus_bandwidth_gbps, calibrate
 from autosync.sources import load_cluster
-cluster = calibrate(load_cluster("testbed"), sizes=(4096, 1 << 20, 16 << 20, 32 << 20), reps=3, backend="gloo")
+# --cluster ray: the running Ray cluster (RAY_ADDRESS) described by Ray itself, no YAML
+described = load_cluster("ray")
+cluster = calibrate(described, sizes=(4096, 1 << 20, 16 << 20, 32 << 20), reps=3, backend="gloo")
 print("RESULT " + json.dumps({"busbw_gbps": bus_bandwidth_gbps(cluster.calibration),
-                              "calibration": cluster.calibration.to_dict()}), flush=True)
+                              "calibration": cluster.calibration.to_dict(),
+                              "described": described.to_dict(), "testbed": load_cluster("testbed").to_dict()}), flush=True)
 '''
 
 
@@ -78,6 +81,11 @@ def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
     finally:
         tb.down()
     result = json.loads(line[len("RESULT "):])
+    # the Ray cluster's own description has the testbed's nodes: addresses, CPUs, a worker each, host0 as chief
+    described, testbed = result["described"]["nodes"], result["testbed"]["nodes"]
+    assert [(n["address"], n["cpus"], n["workers"]) for n in described] == \
+        [(n["address"], n["cpus"], n["workers"]) for n in testbed]
+    assert [n.get("chief", False) for n in described] == [True, False]
     busbw = result["busbw_gbps"] * 1e3
     print(f"\n2 nodes at {RATE_MBIT}mbit: all-reduce bus bandwidth {busbw:.1f} Mbit/s at 32 MiB")
     assert abs(busbw - RATE_MBIT) <= 0.1 * RATE_MBIT, f"bus bandwidth {busbw:.1f} Mbit/s vs shaped {RATE_MBIT}"

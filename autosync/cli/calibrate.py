@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import sys
 
+from autosync.sources import CLUSTER_FORMS
 from strategy_space.errors import ConfigError
 
 
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="measure a cluster's collective and PS costs; write them into its spec",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--cluster", required=True, help="local, testbed or a cluster-spec YAML")
+    p.add_argument("--cluster", required=True, help=f"cluster: {CLUSTER_FORMS}")
     p.add_argument("--out", help="write the calibrated cluster spec here (default: print it)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per message size (default %(default)s)")
     p.add_argument("--backend", default="auto", help="collective backend: auto, gloo, objectstore, nccl "

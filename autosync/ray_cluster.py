@@ -1,0 +1,156 @@
+"""``--cluster ray``: the Ray cluster this process connects to, described by Ray itself.
+
+A user on an existing Ray cluster writes no cluster YAML:
+
+    RAY_ADDRESS=head:6379 autosync tune --model zoo:ncf --cluster ray
+    RAY_ADDRESS=head:6379 autosync calibrate --cluster ray --out my_cluster.yaml
+
+Every alive Ray node becomes a node of the spec: its address, CPUs and GPUs as Ray reports them,
+one worker per GPU (one per node without GPUs; ``ray?workers=N`` sets N per node), the head node
+as chief. A node with no CPUs (a head started with ``--num-cpus=0``) hosts no workers but may
+host parameter servers. Ray does not know a NIC's speed: links are assumed at 10 Gbit/s unless
+``ray?gbps=X`` says otherwise; ``autosync calibrate --cluster ray`` measures what they really do.
+"""
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import parse_qsl
+
+from strategy_space import ClusterSpec, NodeSpec
+from strategy_space.cluster_spec import MAX_BANDWIDTH_GBPS, MAX_WORKERS
+from strategy_space.errors import ConfigError
+
+RAY_FORMS = "ray, ray?workers=N, ray?gbps=X (both: ray?workers=N&gbps=X)"
+DEFAULT_GBPS = 10.0
+HEAD_RESOURCE = "node:__internal_head__"
+# resources every Ray node may have; anything else is a user's label
+_STANDARD = ("node:", "CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
+
+
+def is_ray_cluster(text: str) -> bool:
+    """``ray`` or ``ray?...``."""
+    return text == "ray" or text.startswith("ray?")
+
+
+def parse_options(text: str) -> dict:
+    """``ray?workers=2&gbps=25`` -> ``{"workers": 2, "gbps": 25.0}``.
+
+    Raises:
+        ConfigError: an unknown option or a value out of range.
+    """
+    _, _, query = text.partition("?")
+    options: dict = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key == "workers":
+            if not (value.isdigit() and 1 <= int(value) <= MAX_WORKERS):
+                raise ConfigError(f"--cluster {text}: workers must be a whole number from 1 to {MAX_WORKERS} "
+                                  f"(workers per node), got {value!r}")
+            options["workers"] = int(value)
+        elif key == "gbps":
+            try:
+                gbps = float(value)
+            except ValueError:
+                gbps = float("nan")
+            if not 0 < gbps <= MAX_BANDWIDTH_GBPS:
+                raise ConfigError(f"--cluster {text}: gbps must be a number > 0 and at most {MAX_BANDWIDTH_GBPS:g} "
+                                  f"(each node's link in Gbit/s), got {value!r}")
+            options["gbps"] = gbps
+        else:
+            raise ConfigError(f"--cluster {text}: unknown option {key!r}; give {RAY_FORMS}")
+    if "?" in text and not options:
+        raise ConfigError(f"--cluster {text}: no option after '?'; give {RAY_FORMS}")
+    return options
+
+
+def describe_nodes(ray_nodes: list[dict], *, workers: int | None = None, gbps: float = DEFAULT_GBPS,
+                   name: str = "ray") -> ClusterSpec:
+    """A ClusterSpec of ``ray.nodes()`` entries (only the alive ones count).
+
+    Nodes are ``node0`` (the head), then ``node1``, ... by address. A node is found again by its
+    address; where several Ray nodes share an address (several on one machine), by a custom
+    resource label only it has.
+
+    Raises:
+        ConfigError: no alive node, no node with a CPU, or nodes that cannot be told apart.
+    """
+    alive = [n for n in ray_nodes if n.get("Alive")]
+    if not alive:
+        raise ConfigError("the Ray cluster has no alive node; start one (ray start --head) and try again")
+    alive.sort(key=lambda n: (HEAD_RESOURCE not in n.get("Resources", {}), n.get("NodeManagerAddress", ""),
+                              n.get("NodeID", "")))
+    by_address: dict[str, int] = {}
+    for n in alive:
+        by_address[n["NodeManagerAddress"]] = by_address.get(n["NodeManagerAddress"], 0) + 1
+    label_count: dict[str, int] = {}
+    for n in alive:
+        for k in _labels(n):
+            label_count[k] = label_count.get(k, 0) + 1
+    nodes, problems = [], []
+    for i, n in enumerate(alive):
+        res = n.get("Resources", {})
+        address = n["NodeManagerAddress"]
+        cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
+        resource = None
+        if by_address[address] > 1:
+            own = sorted(k for k in _labels(n) if label_count[k] == 1)
+            if not own:
+                problems.append(f"Ray node {n.get('NodeID', '?')[:12]} shares address {address} with another node and "
+                                f"has no custom resource of its own to pin work to it; start each such node with "
+                                f"--resources='{{\"hostN\": 1}}' (a distinct label each), or write a cluster YAML")
+                continue
+            resource = own[0]
+        if cpus < 1:
+            n_workers = 0   # e.g. a head started with --num-cpus=0: parameter servers only
+        elif workers is not None:
+            n_workers = workers   # more workers than CPUs share them (the binding gives each cpus / workers)
+        else:
+            n_workers = gpus or 1
+        nodes.append(NodeSpec(name=f"node{i}", address=address, cpus=max(1, cpus), gpus=gpus, workers=n_workers,
+                              chief=(i == 0), bandwidth_gbps=float(gbps), resource=resource))
+    if problems:
+        raise ConfigError(problems)
+    if not any(n.workers for n in nodes):
+        raise ConfigError("no node of the Ray cluster has a CPU for a worker; add a node with CPUs "
+                          "(ray start --address=<head> --num-cpus=N)")
+    return ClusterSpec(name=name, nodes=tuple(nodes))
+
+
+def _labels(node: dict) -> list[str]:
+    return [k for k in node.get("Resources", {}) if not k.startswith(_STANDARD)]
+
+
+def connect() -> None:
+    """Connect this process to the Ray cluster at ``$RAY_ADDRESS`` (once).
+
+    Raises:
+        ConfigError: RAY_ADDRESS unset, or nothing answers there.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if not address:
+        raise ConfigError("--cluster ray describes the Ray cluster this process connects to, but RAY_ADDRESS is "
+                          "not set; fix by setting RAY_ADDRESS=<head address>:6379 (what `ray start --head` "
+                          "printed), or use --cluster local")
+    if not re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+|auto", address):
+        raise ConfigError(f"RAY_ADDRESS={address!r} is not an address; give host:port, e.g. 10.0.0.1:6379")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; fix by "
+                          f"checking that `ray status --address={address}` answers") from None
+
+
+def ray_cluster(text: str = "ray") -> ClusterSpec:
+    """The ClusterSpec of the Ray cluster at ``$RAY_ADDRESS`` (or the one this process is
+    connected to); ``text`` may carry options (``ray?workers=2``)."""
+    import ray
+
+    options = parse_options(text)
+    connect()
+    return describe_nodes(ray.nodes(), workers=options.get("workers"), gbps=options.get("gbps", DEFAULT_GBPS))

@@ -1,0 +1,93 @@
+"""``--cluster ray``: a running Ray cluster described by Ray itself (fakes of ``ray.nodes()``; the
+local Ray instance; the 2-node testbed is in test_calibrate_runtime.py)."""
+from __future__ import annotations
+
+import pytest
+
+from autosync.ray_cluster import describe_nodes, parse_options
+from strategy_space.errors import ConfigError
+
+
+def _node(address, cpus=4, gpus=0, head=False, alive=True, node_id=None, **labels):
+    res = {"CPU": float(cpus), f"node:{address}": 1.0, "memory": 1e9, **labels}
+    if gpus:
+        res["GPU"] = float(gpus)
+    if head:
+        res["node:__internal_head__"] = 1.0
+    return {"Alive": alive, "NodeManagerAddress": address, "NodeID": node_id or address.replace(".", "") * 4,
+            "Resources": res}
+
+
+def test_gpu_nodes_get_a_worker_per_gpu_and_a_cpu_only_head_hosts_none():
+    nodes = [_node("10.0.0.9", cpus=16, gpus=4), _node("10.0.0.1", cpus=0, head=True),
+             _node("10.0.0.5", cpus=16, gpus=8), _node("10.0.0.7", alive=False)]
+    spec = describe_nodes(nodes)
+    assert [(n.name, n.address, n.workers, n.gpus, n.chief) for n in spec.nodes] == [
+        ("node0", "10.0.0.1", 0, 0, True),        # the head first, parameter servers only
+        ("node1", "10.0.0.5", 8, 8, False),       # then by address; dead nodes left out
+        ("node2", "10.0.0.9", 4, 4, False)]
+    assert sum(n.workers for n in spec.nodes) == 12
+
+
+def test_cpu_nodes_get_one_worker_unless_asked_and_the_link_rate_is_an_option():
+    nodes = [_node("10.0.0.1", cpus=8, head=True), _node("10.0.0.2", cpus=8)]
+    assert [n.workers for n in describe_nodes(nodes).nodes] == [1, 1]
+    spec = describe_nodes(nodes, **{"workers": 3, "gbps": 25.0})
+    assert [(n.workers, n.bandwidth_gbps) for n in spec.nodes] == [(3, 25.0), (3, 25.0)]
+
+
+def test_nodes_sharing_an_address_are_told_apart_by_their_own_labels():
+    nodes = [_node("10.0.0.1", head=True, node_id="a" * 32, host0=1.0),
+             _node("10.0.0.1", node_id="b" * 32, host1=1.0)]
+    spec = describe_nodes(nodes)
+    assert [n.resource for n in spec.nodes] == ["host0", "host1"]
+    unlabelled = [_node("10.0.0.1", head=True, node_id="a" * 32), _node("10.0.0.1", node_id="b" * 32)]
+    with pytest.raises(ConfigError, match="shares address 10.0.0.1 .* --resources"):
+        describe_nodes(unlabelled)
+
+
+def test_a_cluster_without_workers_or_nodes_is_refused():
+    with pytest.raises(ConfigError, match="no alive node"):
+        describe_nodes([_node("10.0.0.1", alive=False)])
+    with pytest.raises(ConfigError, match="no node of the Ray cluster has a CPU"):
+        describe_nodes([_node("10.0.0.1", cpus=0, head=True)])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("ray?workers=0", "workers must be a whole number from 1"),
+    ("ray?workers=two", "workers must be a whole number from 1"),
+    ("ray?gbps=-1", "gbps must be a number > 0"),
+    ("ray?gbps=nan", "gbps must be a number > 0"),
+    ("ray?nodes=3", "unknown option 'nodes'"),
+    ("ray?", "no option after"),
+])
+def test_bad_options_say_what_is_allowed(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_options(text)
+    assert parse_options("ray?workers=2&gbps=25") == {"workers": 2, "gbps": 25.0}
+
+
+@pytest.mark.integration
+def test_without_ray_address_the_command_says_how_to_connect(monkeypatch, capsys):
+    import ray
+
+    from autosync.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert main(["calibrate", "--cluster", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS is not set" in err and "Traceback" not in err
+
+
+@pytest.mark.integration
+def test_the_connected_ray_instance_is_described_and_bound(ray_session):
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.sources import load_cluster
+
+    spec = load_cluster("ray?workers=2")
+    (node,) = spec.nodes
+    cpus = int(ray_session.cluster_resources()["CPU"])
+    assert (node.cpus, node.workers, node.chief) == (cpus, 2, True)
+    binding = ClusterBinding.bind(spec)   # the description binds back onto the same Ray node
+    assert binding.node_ids == {"node0": ray_session.nodes()[0]["NodeID"]} and not binding.started_ray
