@@ -3,7 +3,7 @@
 An XGBoost regressor over ``dataset.relative_view`` features. Its target is chosen by measurement
 on the synthetic set (``benchmarks/simulator_accuracy.py``, 8 models x 3 clusters x 30 trials,
 seed 0): either the log step time or the log ratio of the step time to the fitted analytic
-estimate. See ``TARGET_CHOICE`` for the numbers and the decision. With fewer than ``min_trials``
+estimate. The numbers and the decision: ``docs/decisions/simulator_target.md``. With fewer than ``min_trials``
 training trials it predicts with the (fitted) analytic model alone.
 """
 from __future__ import annotations
@@ -17,32 +17,8 @@ from .errors import check_fitted
 TARGETS = ("ratio", "log")
 # relative features that are costs (seconds of work per second of compute): more of any of them
 # never makes a step faster, so the trees may only raise the prediction with them (a prior that
-# keeps the trees from fitting label noise; see TARGET_CHOICE)
+# keeps the trees from fitting label noise; see docs/decisions/simulator_target.md)
 MONOTONE = tuple(n for n in RELATIVE_NAMES if n.endswith("/compute") or n in ("log_analytic_s", "log_comm_s"))
-TARGET_CHOICE = """
-benchmarks/simulator_accuracy.py defaults (8 models x 3 clusters x 30 strategies, 720 ok trials), mean
-per-group pairwise accuracy on held-out measured trials (all pairs / pairs > 5 % apart), and against
-the noiseless truth (all pairs / > 5 % apart) where noted; 100 trees, depth 6, lr 0.05.
-Target (seed 0, before the monotone constraints):
-  within-group held-out:   ratio 0.854 / 0.903 / tau 0.712 / regret 4.8 %    log 0.821 / 0.873 / 0.651 / 4.9 %
-  leave-one-model-out:     ratio 0.836 / 0.876 / 0.676 / 12.0 %   log 0.771 / 0.801 / 0.553 / 18.9 %
-Trees: 100 trees at lr 0.05 is within split noise of 150-300 trees, lr 0.03-0.1, depth 4-8, min_child_weight 3,
-gamma, subsample 0.7, colsample 0.5 and the absolute / pseudo-Huber losses (means of seeds 0-2, within
-0.836-0.845 / 0.880-0.886); the smallest forest wins, since the search scores every candidate with it.
-Monotone constraints on the cost features (MONOTONE), means of seeds 0-2, within-group:
-  measured 0.838 / 0.882 -> 0.846 / 0.887;  noiseless truth 0.868 / 0.928 -> 0.880 / 0.945
-  leave-one-model-out (measured, all pairs): 0.822 -> 0.816
-  real testbed trials (simulator_accuracy --store builtin): within 0.603 -> 0.609, leave-one-model-out
-  0.591 -> 0.638, leave-one-group-out 0.558 -> 0.581
-Chosen: ratio (better ordering in both protocols, and it transfers: the analytic estimate carries the
-scale of an unseen model, the trees only correct it), with the monotone constraints (better on the
-truth and on real trials; the synthetic transfer loss is within split noise).
-The figures above were measured before the mutations were redrawn as changes (strategy_space.mutation),
-which changed the synthetic set's candidate strategies. On the current set, seeds 0-2: within 0.823-0.841 /
-0.854-0.884 measured, 0.842-0.874 / 0.926-0.941 against the truth; leave-one-model-out 0.809-0.838.
-The ceiling against measurements is low: one trial's noise is 0.054-0.078 (std of log measured / true),
-and the noiseless truth itself orders the held-out measurements 0.862-0.895 / 0.895-0.938.
-"""
 
 
 class LearnedSimulator:
