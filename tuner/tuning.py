@@ -102,30 +102,57 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
     """
     if quality not in QUALITIES:
         raise ValueError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
-    model, cluster = tuner.model, tuner.cluster
-    baselines = baselines or BaselineTuner(model, cluster, constraints=tuner.pins)
-    store.add_model(model)
-    store.add_cluster(cluster)
-    tuner.load_history(store_groups(store))
-    outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality, min_efficiency=min_efficiency)
-    # one record of what was measured: the outcome's, which the tuners read
-    tuner.measurements = baselines.measurements = outcome.trials
-    tuner.efficiency = baselines.efficiency = outcome.efficiency
-    if resume:
-        run_id, previous = previous_run(store, model, cluster)
+    run = _TuningRun(runner, store, tuner, budget, baselines or BaselineTuner(tuner.model, tuner.cluster,
+                                                                              constraints=tuner.pins),
+                     quality, prober, min_efficiency, on_trial, on_probe, clock)
+    run.open(resume)
+    run.measure(run.baselines.next_batch(None), "baseline")
+    run.search()
+    run.confirm()
+    return run.outcome
+
+
+class _TuningRun:
+    """One call of ``tune_loop``: its outcome (the one record of what was measured, which the
+    tuners read), the clock it started on, and the steps of the loop."""
+
+    def __init__(self, runner: Runner, store, tuner: Tuner, budget: Budget, baselines: Tuner, quality: str,
+                 prober: Prober | None, min_efficiency: float, on_trial, on_probe, clock):
+        self.runner, self.store, self.tuner, self.budget, self.baselines = runner, store, tuner, budget, baselines
+        self.quality, self.prober, self.min_efficiency = quality, prober, min_efficiency
+        self.on_trial, self.on_probe, self.clock = on_trial, on_probe, clock
+        self.model, self.cluster = tuner.model, tuner.cluster
+        self.outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality, min_efficiency=min_efficiency)
+        self.start = clock()
+
+    def out_of_time(self) -> bool:
+        return self.budget.time_s is not None and self.clock() - self.start > self.budget.time_s
+
+    def open(self, resume: bool) -> None:
+        """Record the model and cluster, hand the tuner the store's groups, share the outcome's
+        records with both tuners, and take over the run to resume (its lossy trials probed)."""
+        store, tuner, baselines, outcome = self.store, self.tuner, self.baselines, self.outcome
+        store.add_model(self.model)
+        store.add_cluster(self.cluster)
+        tuner.load_history(store_groups(store))
+        tuner.measurements = baselines.measurements = outcome.trials
+        tuner.efficiency = baselines.efficiency = outcome.efficiency
+        if not resume:
+            return
+        run_id, previous = previous_run(store, self.model, self.cluster)
         if run_id is not None:
             outcome.run_id = run_id
             outcome.trials.add(previous)
             tuner.update(previous)
             baselines.update([t for t in previous if t.role == "baseline"])
-    start = clock()
-    pending = baselines.next_batch(None)
+        self.probe(list(outcome.trials))
 
-    def probe(trials: list[Trial]) -> None:
+    def probe(self, trials: list[Trial]) -> None:
         """Measure the efficiency of the lossy strategies among ``trials`` that could lead: whose
         step time beats the leader's figure (at E = 1 a strategy that does not is no contender)."""
-        if quality != "goodput" or prober is None:
+        if self.quality != "goodput" or self.prober is None:
             return
+        outcome = self.outcome
         for t in trials:
             fp = t.strategy.fingerprint
             if not t.ok or fp in outcome.efficiency or is_lossless(t.strategy):
@@ -133,82 +160,88 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
             leader = outcome.leader()
             if leader is not None and outcome.measured()[fp].median >= outcome.figure(leader):
                 continue
-            if budget.time_s is not None and clock() - start > budget.time_s:
+            if self.out_of_time():
                 return
             lossless = min((m for m in outcome.measured().values() if is_lossless(m.strategy)),
                            key=lambda m: m.median, default=None)
             if lossless is not None:
-                prober.use_lossless(lossless.strategy)
-            t0 = clock()
+                self.prober.use_lossless(lossless.strategy)
+            t0 = self.clock()
             try:
-                e = prober.efficiency(t.strategy)
+                e = self.prober.efficiency(t.strategy)
             except Exception as exc:   # a failed probe is recorded; the strategy cannot be kept
                 e = failed_efficiency(f"{type(exc).__name__}: {exc}")
-            outcome.probe_seconds += clock() - t0
+            outcome.probe_seconds += self.clock() - t0
             outcome.efficiency[fp] = e
-            if on_probe:
-                on_probe(t, e)
+            if self.on_probe:
+                self.on_probe(t, e)
 
-    def measure(proposals: list[Proposal], role: str) -> list[Trial]:
+    def measure(self, proposals: list[Proposal], role: str) -> list[Trial]:
+        """Run, store and record each proposal; hand the trials to the tuner and probe them."""
         got = []
         for p in proposals:
-            if budget.time_s is not None and clock() - start > budget.time_s and role != "baseline":
+            if role != "baseline" and self.out_of_time():
                 break
             # a failed baseline is run once more before it drops out of the comparison (a fault can
             # be passing: a killed actor, a busy node); both attempts are stored
             for attempt in range(2 if role == "baseline" else 1):
-                [t] = runner.run([p.strategy], [p.origin])
-                t = dataclasses.replace(t, run_id=outcome.run_id, role=role, predicted_s=p.predicted_s,
-                                        aliases=p.aliases, meta={**t.meta, "quality": quality,
-                                                                 "min_efficiency": min_efficiency,
+                [t] = self.runner.run([p.strategy], [p.origin])
+                t = dataclasses.replace(t, run_id=self.outcome.run_id, role=role, predicted_s=p.predicted_s,
+                                        aliases=p.aliases, meta={**t.meta, "quality": self.quality,
+                                                                 "min_efficiency": self.min_efficiency,
                                                                  **({"attempt": attempt + 1} if attempt else {})})
-                store.add(t, model, cluster)
-                outcome.trials.append(t)
+                self.store.add(t, self.model, self.cluster)
+                self.outcome.trials.append(t)
                 got.append(t)
-                if on_trial:
-                    on_trial(t, outcome)
+                if self.on_trial:
+                    self.on_trial(t, self.outcome)
                 if t.ok:
                     break
-        tuner.update(got)
-        probe(got)
+        self.tuner.update(got)
+        self.probe(got)
         return got
 
-    if resume:
-        probe(list(outcome.trials))
-    measure(pending, "baseline")
-    best = outcome.figure(outcome.leader()) if outcome.leader() else float("inf")
-    stale_rounds = 0
-    while True:
-        remaining = budget.trials - len(outcome.search_trials)
-        if remaining <= 0:
-            outcome.stop_reason = "trials"
-            break
-        if budget.time_s is not None and clock() - start > budget.time_s:
-            outcome.stop_reason = "time"
-            break
-        if stale_rounds >= budget.patience:
-            outcome.stop_reason = "patience"
-            break
-        proposals = tuner.next_batch(min(tuner.batch_size, remaining)) if tuner.has_next() else []
-        if not proposals:
-            outcome.stop_reason = "exhausted"
-            break
-        measure(proposals, "search")
-        leader = outcome.leader()
-        new_best = outcome.figure(leader) if leader else float("inf")
-        stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
-        best = min(best, new_best)
-    # Confirmation (racing): the best of many noisy single measurements is flattered by its noise.
-    # Re-measure the best baseline, then the leader, until each has 1 + confirm measurements; a
-    # re-measured leader that falls back hands the lead to the next one. What is left unconfirmed
-    # when the cap is reached cannot be recommended (``TuneOutcome.best``).
-    for _ in range(1 + 5 * budget.confirm if budget.confirm else 0):
-        if budget.time_s is not None and clock() - start > budget.time_s:
-            break
-        need = [t for t in (outcome.best_baseline, outcome.leader())
-                if t is not None and t.measurements < 1 + budget.confirm]
-        if not need:
-            break
-        t = need[0]
-        measure([Proposal(t.strategy, t.origin, aliases=t.aliases)], "confirm")
-    return outcome
+    def _figure_of_leader(self) -> float:
+        leader = self.outcome.leader()
+        return self.outcome.figure(leader) if leader else float("inf")
+
+    def search(self) -> None:
+        """Rounds of the tuner's proposals until the trials, the time or the patience run out (or
+        the tuner has nothing left); the reason is the outcome's ``stop_reason``."""
+        outcome, budget = self.outcome, self.budget
+        best, stale_rounds = self._figure_of_leader(), 0
+        while True:
+            remaining = budget.trials - len(outcome.search_trials)
+            if remaining <= 0:
+                outcome.stop_reason = "trials"
+                return
+            if self.out_of_time():
+                outcome.stop_reason = "time"
+                return
+            if stale_rounds >= budget.patience:
+                outcome.stop_reason = "patience"
+                return
+            proposals = self.tuner.next_batch(min(self.tuner.batch_size, remaining)) if self.tuner.has_next() else []
+            if not proposals:
+                outcome.stop_reason = "exhausted"
+                return
+            self.measure(proposals, "search")
+            new_best = self._figure_of_leader()
+            stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
+            best = min(best, new_best)
+
+    def confirm(self) -> None:
+        """Confirmation (racing): the best of many noisy single measurements is flattered by its
+        noise. Re-measure the best baseline, then the leader, until each has 1 + confirm
+        measurements; a re-measured leader that falls back hands the lead to the next one. What is
+        left unconfirmed when the cap is reached cannot be recommended (``TuneOutcome.best``)."""
+        confirm = self.budget.confirm
+        for _ in range(1 + 5 * confirm if confirm else 0):
+            if self.out_of_time():
+                return
+            need = [t for t in (self.outcome.best_baseline, self.outcome.leader())
+                    if t is not None and t.measurements < 1 + confirm]
+            if not need:
+                return
+            t = need[0]
+            self.measure([Proposal(t.strategy, t.origin, aliases=t.aliases)], "confirm")
