@@ -31,7 +31,7 @@ def fake_tune(tmp_path, monkeypatch):
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     monkeypatch.chdir(checkout)
-    return ["tune", "--cluster", str(tmp_path / "c.yaml"), "--trials", "2", "--confirm", "0", "--warm-start", "none"]
+    return ["tune", "--cluster", str(tmp_path / "c.yaml"), "--trials", "1", "--confirm", "0", "--warm-start", "none"]
 
 
 def test_tune_writes_strategy_and_report_beside_the_store_and_report_finds_them(fake_tune, tmp_path, capsys):
