@@ -12,6 +12,7 @@ Strategy); this layer resolves names and files (``autosync.sources``) before han
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -37,6 +38,14 @@ def default_store_path() -> Path:
     """Where trials accumulate between runs (they warm-start later tunings): the user's cache."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "autosync" / "trials.db"
+
+
+def run_dir(store_path: str | os.PathLike, model_name: str, cluster_name: str, run_id: str) -> Path:
+    """Where a tuning run's outputs go unless told otherwise (``autosync tune`` and ``autosync
+    report``): beside its trial store, ``runs/MODEL-CLUSTER-RUNID/`` (by default under the user's
+    cache, never the current folder, which may be a source checkout)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{model_name}-{cluster_name}-{run_id}").strip("._") or run_id
+    return Path(os.path.abspath(store_path)).parent / "runs" / name[:120]
 
 
 @dataclass

@@ -147,8 +147,15 @@ def _html_table(headers, rows) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_id: str | None = None) -> Path:
+def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+                 run_id: str | None = None) -> Path:
     """Write ``index.html`` and PNG plots of a tuning run into ``out_dir``; return the folder.
+
+    Args:
+        store_path: the trial store the run wrote.
+        out_dir: the folder; None: ``report/`` in the run's folder beside the store
+            (``autosync.api.run_dir``), where ``autosync tune`` writes it.
+        run_id: the run; None: the latest run in the store.
 
     Raises:
         ConfigError: missing store, or no such run in it.
@@ -160,6 +167,11 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike, run_
         model = store.model(trials[0].model_fingerprint)
         cluster = store.cluster(trials[0].cluster_fingerprint)
         stored_probes = store.probes(probe_model_key(model)) if model is not None else []
+    if out_dir is None:
+        from autosync.api import run_dir
+
+        out_dir = run_dir(store_path, model.name if model else "model", cluster.name if cluster else "cluster",
+                          run_id) / "report"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # re-measurements pooled per strategy, ranked as the run ranked them (runs before goodput: step)

@@ -1,7 +1,7 @@
 """Resolve the ``--model`` and ``--cluster`` arguments every command accepts.
 
 Models:
-    ``zoo:NAME`` or ``zoo:NAME?size=small``  a built-in model (trainable);
+    ``zoo:NAME[?size=small|full][&batch_size=N]``  a built-in model (trainable);
     ``path/to/script.py:function``           the user's code returning a ModelDef (trainable);
     ``model.yaml``                           a ModelSpec only (simulation; cannot train).
 Clusters:
@@ -18,8 +18,10 @@ from strategy_space import ClusterSpec, ModelSpec, NodeSpec
 from strategy_space.errors import ConfigError
 from strategy_space.yaml_io import load
 
-MODEL_FORMS = "zoo:NAME[?size=small], path/to/script.py:function, or a model-spec YAML file"
-TRAINABLE_FORMS = "zoo:NAME[?size=small] or path/to/script.py:function"
+# the README's model forms, word for word (tests/test_cli_hardening.py holds the two together)
+ZOO_FORM = "zoo:NAME[?size=small|full][&batch_size=N]"
+MODEL_FORMS = f"{ZOO_FORM}, path/to/script.py:function, or a model-spec YAML file"
+TRAINABLE_FORMS = f"{ZOO_FORM} or path/to/script.py:function"
 CLUSTER_FORMS = "local, testbed, ray[?workers=N] (the Ray cluster at RAY_ADDRESS), or a cluster-spec YAML file"
 
 LOCAL_WORKERS = 2

@@ -24,6 +24,43 @@ HEAVY = ("tensorflow", "keras", "ray")
 GUARD_DIR = os.path.join(REPO, "tests", "heavy_guard")
 
 
+# set by .ci/run: there the multinode tests must run, so a machine that cannot host the testbed fails them
+REQUIRE_MULTINODE_ENV = "AUTOSYNC_REQUIRE_MULTINODE"
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+
+
+def testbed_unavailable() -> str | None:
+    """Why this machine cannot host the emulated testbed (network namespaces and tc qdiscs), or
+    None when it can: not root, root without CAP_NET_ADMIN/CAP_SYS_ADMIN (a container), or no iproute2."""
+    from autosync.testbed import netns
+
+    if os.geteuid() != 0:
+        return "the testbed needs root (it makes network namespaces and tc qdiscs); run pytest as root, as CI does"
+    try:
+        with open("/proc/self/status") as f:
+            caps = int(next(ln.split()[1] for ln in f if ln.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        caps = None   # cannot tell: let the testbed try
+    if caps is not None and not (caps >> _CAP_NET_ADMIN & 1 and caps >> _CAP_SYS_ADMIN & 1):
+        return ("root here lacks CAP_NET_ADMIN or CAP_SYS_ADMIN (a container?), which `ip netns` and tc need; "
+                "run the container with --cap-add NET_ADMIN --cap-add SYS_ADMIN")
+    missing = [t for t in ("ip", "tc") if not netns.find_tool(t)]
+    if missing:
+        return f"the testbed needs iproute2 ({', '.join(missing)} missing): apt-get install iproute2"
+    return None
+
+
+def require_testbed_host() -> None:
+    """Skip a multinode test, saying why, where this machine cannot host the testbed; fail it
+    instead where ``AUTOSYNC_REQUIRE_MULTINODE=1`` (CI), so that CI never passes by skipping them."""
+    reason = testbed_unavailable()
+    if reason is None:
+        return
+    if os.environ.get(REQUIRE_MULTINODE_ENV) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_MULTINODE_ENV}=1: the multinode tests must run here)")
+    pytest.skip(f"multinode: {reason}")
+
+
 def _marked(item) -> bool:
     return item.get_closest_marker("integration") is not None
 

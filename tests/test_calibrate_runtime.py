@@ -11,6 +11,7 @@ import time
 import pytest
 
 from strategy_space import ClusterSpec, NodeSpec, load
+from tests.conftest import require_testbed_host
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (4096, 65536, 1 << 20, 8 << 20)
@@ -63,8 +64,7 @@ print("RESULT " + json.dumps({"busbw_gbps": bus_bandwidth_gbps(cluster.calibrati
 def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
     """2 hosts at 200mbit each way: the all-reduce bus bandwidth at 32 MiB is within 10 % of the
     shaped rate (a 2-worker ring sends each byte of the buffer once each way over each link)."""
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root (network namespaces, tc); run as root or deselect -m 'not multinode'")
+    require_testbed_host()
     from autosync.testbed import Testbed, ray_nodes
     from autosync.testbed.config import host_ns
 

@@ -155,6 +155,20 @@ def test_tune_help_says_a_model_spec_needs_emulated_compute(capsys, monkeypatch)
     assert "model-spec YAML holds no code to train, so it is tuned only with --compute emulated" in text
 
 
+def test_the_help_and_the_readme_give_the_same_model_syntax(capsys, monkeypatch):
+    """Issue 29, item 5: `autosync tune --help` and the README's model table agree on the zoo form."""
+    from autosync.sources import ZOO_FORM
+
+    monkeypatch.setenv("COLUMNS", "400")
+    for command in ("tune", "run", "inspect", "probe"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert ZOO_FORM in " ".join(capsys.readouterr().out.split()), command
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as f:
+        readme = f.read()
+    assert f"| `{ZOO_FORM.replace('|', chr(92) + '|')}` |" in readme   # (a | inside a table cell is escaped)
+
+
 @pytest.mark.integration
 def test_run_reports_a_strategy_for_another_model_before_ray_starts(rmsprop_model, tmp_path, capsys, monkeypatch):
     """Issue 17, item 7 (the optimizer check is bypassed so the strategy check is what fails)."""

@@ -28,6 +28,7 @@ from autosync.testbed import Testbed, netns, ray_nodes
 from autosync.testbed.config import SWITCH_NS, host_ns
 from tests import multinode_models as mm
 from tests import runtime_models as rm
+from tests.conftest import require_testbed_host
 
 pytestmark = pytest.mark.multinode
 
@@ -118,13 +119,9 @@ ray.shutdown()
 
 
 def _wait_for_free_namespaces() -> None:
-    """Fail (never skip) without root or iproute2; wait while another testbed holds the names."""
-    if os.geteuid() != 0:
-        pytest.fail("tests/test_multinode.py needs root: the testbed makes network namespaces and tc qdiscs "
-                    "(CAP_NET_ADMIN); run pytest as root, or deselect with -m 'not multinode'")
-    missing = [t for t in ("ip", "tc") if not netns.find_tool(t)]
-    if missing:
-        pytest.fail(f"tests/test_multinode.py needs iproute2 ({', '.join(missing)} missing): apt-get install iproute2")
+    """Skip, saying why, where the testbed cannot run (fail in CI: ``require_testbed_host``); wait
+    while another testbed holds the names."""
+    require_testbed_host()
     names = [host_ns(i) for i in range(NODES)] + [SWITCH_NS]
     deadline = time.monotonic() + WAIT_FOR_OTHER_TESTBED_S
     while True:

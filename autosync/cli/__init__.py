@@ -43,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter (CPU features, a CUDA probe) is noise on the command line;
     # set before anything imports TensorFlow, and inherited by the Ray workers started from here
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # (each of which filters its own import: autosync.tflog). AUTOSYNC_TF_LOGS=1 shows it all.
+    from autosync import tflog
+
+    if not tflog.wanted():
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tflog.quiet_startup()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from autosync.formatting import human_bytes, human_count, table
+from autosync.sources import MODEL_FORMS
 from strategy_space import ModelSpec
 from strategy_space.errors import ConfigError
 
@@ -103,7 +104,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("inspect", help="print a model's variables (sparse or dense, rows per step) and profile",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="MODEL is zoo:NAME[?size=small|full], path/to/script.py:function or a model-spec YAML.")
+                       description=f"MODEL is {MODEL_FORMS}.")
     p.add_argument("--model", required=True, metavar="MODEL", help="the model source")
     p.add_argument("--profile", action="store_true", help="also measure forward+backward time per step on this machine")
     p.add_argument("--out", metavar="PATH", help="write the ModelSpec as YAML (load it back with --model PATH)")

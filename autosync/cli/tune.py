@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from autosync.formatting import table
 from autosync.cli.paths import check_output_dir, check_output_file
@@ -85,7 +87,7 @@ def result_table(result) -> str:
 
 
 def cmd_tune(args) -> int:
-    from autosync.api import tune
+    from autosync.api import default_store_path, run_dir, tune
     from tuner.baseline_tuner import PINNED_SUFFIX
 
     if args.trials < 0:
@@ -95,10 +97,15 @@ def cmd_tune(args) -> int:
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
     measure = precision_settings(args)
+    if args.no_report and args.report:
+        raise ConfigError("--no-report and --report DIR contradict each other; give one")
     # where the results go is checked before the work, not after a tuning run
     check_output_file(args.out, "--out")
     check_output_dir(args.report, "--report")
     check_output_file(args.store, "--store")
+    store = args.store or default_store_path()
+    if args.out is None or (args.report is None and not args.no_report):
+        check_output_dir(Path(os.path.abspath(store)).parent / "runs", "the run's folder beside --store")
     with ray_output_to_log("tune") as log:
         progress = Progress(args.trials, stream=log.terminal)
         try:
@@ -110,13 +117,15 @@ def cmd_tune(args) -> int:
                           **measure, **compute_settings(args))
         finally:
             progress.close()
-    result.save(args.out)
+    folder = run_dir(result.store_path, result.model.name, result.cluster.name, result.outcome.run_id)
+    out = args.out or str(folder / "best_strategy.yaml")
+    result.save(out)
     report_dir = None
-    if args.report:
+    if not args.no_report:
         from autosync.report import write_report
 
-        report_dir = write_report(result.store_path, args.report, run_id=result.outcome.run_id)
-    summary = result.summary() | {"out": args.out, "report": str(report_dir) if report_dir else None}
+        report_dir = write_report(result.store_path, args.report or folder / "report", run_id=result.outcome.run_id)
+    summary = result.summary() | {"out": out, "report": str(report_dir) if report_dir else None}
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
@@ -135,7 +144,9 @@ def cmd_tune(args) -> int:
               f"({summary['best_baseline']}) {measure_word}; within 5 % of it after {summary['trials_to_within_5pct']} trials")
     if summary["fastest_not_significant"]:
         print(not_recommended_line(summary))
-    print(f"best strategy written to {args.out}" + (f"; report in {report_dir}" if report_dir else ""))
+    print(f"best strategy written to {out}")
+    if report_dir:
+        print(f"report written to {report_dir / 'index.html'}")
     print(f"trials stored in {result.store_path} (run {result.outcome.run_id}; --resume continues it)")
     return 0
 
@@ -162,10 +173,11 @@ def not_recommended_line(summary: dict) -> str:
 
 
 def cmd_report(args) -> int:
+    from autosync.api import default_store_path
     from autosync.report import write_report
 
     check_output_dir(args.out, "--out")
-    out = write_report(args.store, args.out, run_id=args.run)
+    out = write_report(args.store or default_store_path(), args.out, run_id=args.run)
     print(f"report written to {out / 'index.html'}")
     return 0
 
@@ -179,13 +191,17 @@ def register(sub) -> None:
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"search trials, on top of one per baseline builder (default {DEFAULT_TRIALS})")
     p.add_argument("--time-budget", type=float, metavar="S", help="stop proposing after S seconds")
-    p.add_argument("--out", default="best_strategy.yaml", help="where to write the best strategy (YAML)")
-    p.add_argument("--store", help="trial store (SQLite; default: ~/.cache/autosync/trials.db); reused and grown")
+    p.add_argument("--out", help="where to write the best strategy (YAML; default: best_strategy.yaml in the run's "
+                                 "folder beside the store, runs/MODEL-CLUSTER-RUN/; the path is printed)")
+    p.add_argument("--store", help="trial store (SQLite; default: ~/.cache/autosync/trials.db, or under "
+                                   "$XDG_CACHE_HOME); reused and grown")
     p.add_argument("--warm-start", default="builtin", metavar="W",
                    help="trials the predictor starts from besides --store: builtin (measured by AutoSync on its "
                         "testbed; default), none, or a trial store file")
     p.add_argument("--constraints", metavar="FILE", help="YAML of pinned decisions the search must keep")
-    p.add_argument("--report", metavar="DIR", help="also write an HTML report with plots here")
+    p.add_argument("--report", metavar="DIR", help="where to write the HTML report with plots (default: report/ in "
+                                                   "the run's folder)")
+    p.add_argument("--no-report", action="store_true", help="write no report (`autosync report` makes one later)")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this model and cluster")
     p.add_argument("--confirm", type=int, default=2, metavar="N",
                    help="re-measure the best strategy and the best baseline until each has 1+N measurements (default 2)")
@@ -207,7 +223,9 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("report", help="HTML report (tuning curve, predicted vs measured, baselines) of a store")
-    p.add_argument("--store", required=True, help="trial store (SQLite)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--store", help="trial store (SQLite; default: the one `autosync tune` uses, "
+                                   "~/.cache/autosync/trials.db)")
+    p.add_argument("--out", help="output folder (default: report/ in the run's folder beside the store, where "
+                                 "`autosync tune` writes it)")
     p.add_argument("--run", help="run id (default: the latest run in the store)")
     p.set_defaults(func=cmd_report)

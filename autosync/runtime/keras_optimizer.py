@@ -47,6 +47,9 @@ def optimizer_class(config: dict):
     Raises:
         ConfigError: the class cannot be imported or is not a Keras optimizer.
     """
+    from autosync.tflog import quiet_startup
+
+    quiet_startup()   # a parameter server's process may import TensorFlow here first
     import keras
 
     name = str(config.get("class", config.get("name", "")))

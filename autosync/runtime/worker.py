@@ -39,7 +39,9 @@ class TrainingWorker:
 
     def __init__(self, num_cpus: float):
         threads = max(1, int(num_cpus))
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from autosync.tflog import quiet_startup
+
+        quiet_startup()   # TensorFlow's start-up lines, unless AUTOSYNC_TF_LOGS=1 (inherited from the driver)
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)

@@ -1,0 +1,41 @@
+"""Issue 29: the README stays a front page (at most 250 lines) whose links resolve, and every
+result file the README or a docs page names exists (a figure always names the file it comes from)."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from tests.conftest import REPO
+
+PAGES = [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
+
+
+def _text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def test_the_readme_is_a_front_page():
+    assert len(_text(PAGES[0]).splitlines()) <= 250
+
+
+def test_every_relative_link_resolves():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", _text(page)):
+            assert os.path.exists(os.path.join(os.path.dirname(page), target)), f"{page}: link to {target}"
+
+
+def test_every_result_file_named_exists():
+    """Named with its folder, or bare (``ps_step_profile_emulated.json``) after a sibling of the same
+    family: either must be there. (Other bare names, such as the testbed's ``state.json``, are not
+    result files.)"""
+    results = os.path.join(REPO, "benchmarks", "results")
+    families = {f.split("_")[0] for f in os.listdir(results)}
+    named = 0
+    for page in PAGES:
+        for prefix, name in re.findall(r"(benchmarks/results/)?\b([a-z0-9_]+\.(?:json|png))\b", _text(page)):
+            if prefix or name.split("_")[0] in families:
+                named += 1
+                assert os.path.exists(os.path.join(results, name)), f"{page} names {name}, which is not in benchmarks/results"
+    assert named > 25
