@@ -32,6 +32,7 @@ from tuner.features import featurize, terms_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE_KEYS = {"source", "model", "batch_size", "compute", "cluster", "reference", "strategies"}
+OPTIONAL_KEYS = {"sparse_rows_per_step"}   # {variable: unique rows a worker touches per step at this batch}
 SOURCE_KEYS = {"citation", "where", "quote", "notes"}
 STRATEGY_KEYS = {"name", "builder", "options", "published"}
 MIN_GAP = 0.05           # pairs whose published figures are closer than this are excluded
@@ -48,14 +49,19 @@ def load_table(path: str) -> dict:
     """
     data = parse_text(read_text(path), path) or {}
     keys = set(data)
-    if keys != TABLE_KEYS:
-        raise ConfigError(f"{path}: keys must be {sorted(TABLE_KEYS)}; missing {sorted(TABLE_KEYS - keys)}, "
-                          f"unknown {sorted(keys - TABLE_KEYS)}")
+    if not TABLE_KEYS <= keys <= TABLE_KEYS | OPTIONAL_KEYS:
+        raise ConfigError(f"{path}: keys must be {sorted(TABLE_KEYS)} (optional {sorted(OPTIONAL_KEYS)}); missing "
+                          f"{sorted(TABLE_KEYS - keys)}, unknown {sorted(keys - TABLE_KEYS - OPTIONAL_KEYS)}")
     source = data["source"] or {}
     if set(source) != SOURCE_KEYS or not all(isinstance(source[k], str) and source[k].strip() for k in SOURCE_KEYS):
         raise ConfigError(f"{path}: source must have non-empty {sorted(SOURCE_KEYS)}, got {sorted(source)}")
     model = load_model_spec(os.path.join(os.path.dirname(path), data["model"]))
-    model = replace(model, batch_size=int(data["batch_size"]),
+    rows = data.get("sparse_rows_per_step") or {}
+    unknown = set(rows) - {v.name for v in model.variables if v.sparse}
+    if unknown:
+        raise ConfigError(f"{path}: sparse_rows_per_step names {sorted(unknown)}, not sparse variables of the model")
+    variables = tuple(replace(v, rows_per_step=int(rows[v.name])) if v.name in rows else v for v in model.variables)
+    model = replace(model, variables=variables, batch_size=int(data["batch_size"]),
                     profile=ComputeProfile(float(data["compute"]["step_time_s"]), device="published constants"))
     cluster = ClusterSpec.from_dict(data["cluster"])
     rows = data["strategies"]

@@ -146,3 +146,15 @@ def test_the_cli_writes_leave_one_out_results_with_their_run(tmp_path):
     assert cli.main(["--dir", str(tmp_path), "--json", str(default)]) == 0
     assert json.loads(default.read_text())["started"]
     shutil.rmtree(tmp_path)
+
+
+def test_sparse_rows_per_step_overrides_the_model_and_names_only_sparse_variables(loaded, tmp_path):
+    t = loaded["nvidia_dle_ncf_dgx1_8v100.yaml"]
+    rows = {v.name: v.rows_per_step for v in t["model"].variables if v.sparse}
+    assert rows["mlp_user_embedding/embeddings"] == 84740 and rows["gmf_item_embedding/embeddings"] == 26545
+    text = open(os.path.join(BENCH, "published", "nvidia_dle_ncf_dgx1_8v100.yaml")).read()
+    text = text.replace("../../configs/", os.path.join(REPO, "configs") + "/")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("  gmf_item_embedding/embeddings: 26545", "  mlp_dense1/kernel: 3"))
+    with pytest.raises(ConfigError, match="not sparse variables"):
+        P.load_table(str(bad))
