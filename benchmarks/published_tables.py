@@ -1,18 +1,23 @@
 """The analytic model against published measurements of clusters we cannot build.
 
 Each YAML under ``benchmarks/published/`` encodes one published comparison of synchronization
-strategies on one model and cluster: the source (paper, table or figure, the quoted figures), the
-ModelSpec, the compute time per step (with how it follows from published constants), the
-ClusterSpec, and per strategy a builder (``none``: the compute alone, what a scaling efficiency
-compares with) and its published step time relative to a reference
-strategy. The analytic model predicts every strategy with its default (physical, unfitted)
+strategies on one model and cluster: the source (citation, where, the quoted figures, notes on what
+does not map exactly), the ModelSpec, the compute time per step (with how it follows from published
+figures), the ClusterSpec, and per strategy a builder (``none``: the compute alone, what a scaling
+efficiency compares with) with its options and its published step time relative to a reference
+strategy.
+
+Default mode: the analytic model predicts every strategy with its default (physical, unfitted)
 constants; per table this prints predicted vs published relative step times, the pairwise order
-agreement and each ratio's error. The tables are the test, never training data.
+agreement and each ratio's error (issue 16's targets).
 
-Targets (issue 16): pairwise order agreement >= 0.9 over all tables; every predicted ratio within
-+-25 % of the published one.
+``--leave-one-out`` (issue 27): for each table in turn, the model's parameters are fitted on every
+other table's relative step times and the held-out table is scored with them; per table and
+overall it prints the pairwise order agreement and the median ratio error, beside the untouched
+(default-parameter) model's. Pairs whose published figures are closer than ``--min-gap`` (5 %) are
+excluded in both modes.
 
-    python benchmarks/published_tables.py [--dir benchmarks/published] [--json out.json]
+    python benchmarks/published_tables.py [--dir benchmarks/published] [--leave-one-out] [--json out.json]
 """
 from __future__ import annotations
 
@@ -23,115 +28,123 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from strategy_space import ClusterSpec, ComputeProfile, ConfigError, load_model_spec  # noqa: E402
-from strategy_space.builders import get_builder  # noqa: E402
-from strategy_space.space import StrategySpace  # noqa: E402
-from strategy_space.yaml_io import parse_text, read_text  # noqa: E402
-from tuner.cost_model import AnalyticCostModel  # noqa: E402
+from _published import (MIN_GAP, TableTerms, fit_params, leave_one_out, load_table, params_dict,  # noqa: E402
+                        score, summary)
+from tuner.alpha_beta import AlphaBeta  # noqa: E402
 
-ORDER_TARGET, RATIO_TOLERANCE = 0.9, 0.25
-TABLE_KEYS = {"source", "model", "batch_size", "compute", "cluster", "reference", "strategies"}
-
-
-def load_table(path: str) -> dict:
-    """A published table: its specs built and its strategies built by their builders.
-
-    Raises:
-        ConfigError: a missing or unknown key, a reference that is not a strategy, a bad spec.
-    """
-    data = parse_text(read_text(path), path) or {}
-    keys = set(data)
-    if keys != TABLE_KEYS:
-        raise ConfigError(f"{path}: keys must be {sorted(TABLE_KEYS)}; missing {sorted(TABLE_KEYS - keys)}, "
-                          f"unknown {sorted(keys - TABLE_KEYS)}")
-    model = load_model_spec(os.path.join(os.path.dirname(path), data["model"]))
-    model = replace(model, batch_size=int(data["batch_size"]),
-                    profile=ComputeProfile(float(data["compute"]["step_time_s"]), device="published constants"))
-    cluster = ClusterSpec.from_dict(data["cluster"])
-    rows = data["strategies"]
-    names = [r["name"] for r in rows]
-    if data["reference"] not in names:
-        raise ConfigError(f"{path}: reference {data['reference']!r} is not one of the strategies {names}")
-    # builder "none": the same compute without any communication (what scaling efficiency compares with)
-    strategies = [None if r["builder"] == "none" else get_builder(r["builder"], **(r.get("options") or {})).build(
-        model, cluster) for r in rows]
-    return {"path": os.path.relpath(path, REPO), "source": data["source"], "model": model, "cluster": cluster,
-            "reference": data["reference"], "names": names, "strategies": strategies,
-            "published": np.array([float(r["published"]) for r in rows])}
+ORDER_TARGET, RATIO_TOLERANCE = 0.9, 0.25                        # issue 16 (default mode)
+LOO_ORDER, LOO_TABLE_ORDER, LOO_TABLE_MIN_PAIRS, LOO_MEDIAN = 0.90, 0.75, 3, 0.20   # issue 27
 
 
-def score(table: dict) -> dict:
-    """Predicted vs published step times relative to the reference, order agreement, ratio errors."""
-    model, cluster = table["model"], table["cluster"]
-    synced = [s for s in table["strategies"] if s is not None]
-    predicted_s = np.full(len(table["strategies"]), model.profile.step_time_s)
-    if synced:
-        enc = StrategySpace(model, cluster).encode(synced)
-        at = [i for i, s in enumerate(table["strategies"]) if s is not None]
-        predicted_s[at] = AnalyticCostModel().predict_strategies(model, cluster, enc)
-    ref = table["names"].index(table["reference"])
-    predicted = predicted_s / predicted_s[ref]
-    published = table["published"] / table["published"][ref]
-    agree = total = 0
-    n = len(published)
-    for i in range(n):
-        for j in range(i + 1, n):
-            if published[i] == published[j]:
-                continue   # a published tie orders nothing
-            total += 1
-            agree += (predicted[i] - predicted[j]) * (published[i] - published[j]) > 0
-    others = [i for i in range(n) if i != ref]
-    errors = predicted[others] / published[others] - 1.0
-    return {"table": table["path"], "citation": table["source"]["citation"], "strategies": table["names"],
-            "predicted_s": predicted_s.tolist(), "predicted": predicted.tolist(), "published": published.tolist(),
-            "pairs": total, "pairs_agreeing": int(agree), "ratio_errors": errors.tolist()}
+def _print_table(r: dict, citation: str, extra: dict | None = None) -> None:
+    print(f"\n{r['table']}\n  {citation.strip()}")
+    head = f"  {'strategy':<24} {'predicted s':>11} {'pred rel':>9} {'published rel':>14} {'ratio error':>12}"
+    print(head + (f" {'untouched rel':>14}" if extra else ""))
+    errors = iter(r["ratio_errors"])
+    for k, (name, s, p, q) in enumerate(zip(r["strategies"], r["predicted_s"], r["predicted"], r["published"])):
+        err = "reference" if q == 1.0 and p == 1.0 else f"{next(errors):+.1%}"
+        line = f"  {name:<24} {s:>11.4f} {p:>9.3f} {q:>14.3f} {err:>12}"
+        print(line + (f" {extra['predicted'][k]:>14.3f}" if extra else ""))
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def run_default(tables, terms, min_gap) -> dict:
+    results = []
+    for table, tt in zip(tables, terms):
+        r = score(tt, AlphaBeta(), min_gap)
+        r["citation"] = table["source"]["citation"]
+        results.append(r)
+        _print_table(r, r["citation"])
+        within = all(abs(e) <= RATIO_TOLERANCE for e in r["ratio_errors"])
+        print(f"  order agreement {r['pairs_agreeing']}/{r['pairs']}; ratios within +-{RATIO_TOLERANCE:.0%}: "
+              f"{_verdict(within)}")
+    s = summary(results)
+    print(f"\nall tables: {s['tables']} tables, {s['pairs']} published pairs (closer than {min_gap:.0%} excluded)")
+    print(f"target pairwise order agreement >= {ORDER_TARGET}: {s['order_agreement']:.3f} -> "
+          f"{_verdict(s['order_agreement'] >= ORDER_TARGET)}")
+    print(f"target ratios within +-{RATIO_TOLERANCE:.0%}: worst {s['worst_abs_ratio_error']:.1%} -> "
+          f"{_verdict(s['worst_abs_ratio_error'] <= RATIO_TOLERANCE)}")
+    return {"tables": results, "order_agreement": s["order_agreement"],
+            "worst_ratio_error": s["worst_abs_ratio_error"], "median_abs_ratio_error": s["median_abs_ratio_error"]}
+
+
+def run_leave_one_out(tables, terms, min_gap) -> dict:
+    untouched = [score(tt, AlphaBeta(), min_gap) for tt in terms]
+    loo = leave_one_out(terms, fit_params, lambda tt, p: score(tt, p, min_gap))
+    rows = []
+    for table, r, u in zip(tables, loo, untouched):
+        fitted = r.pop("fitted")
+        _print_table(r, table["source"]["citation"], extra=u)
+        print(f"  leave-one-out: order {r['pairs_agreeing']}/{r['pairs']}, median |ratio error| "
+              f"{r['median_abs_ratio_error']:.1%}   untouched: order {u['pairs_agreeing']}/{u['pairs']}, "
+              f"median |ratio error| {u['median_abs_ratio_error']:.1%}")
+        print("  fitted on the other tables: " + ", ".join(f"{k}={v:.3g}" for k, v in params_dict(fitted).items()))
+        rows.append({"table": r["table"], "citation": table["source"]["citation"], "strategies": r["strategies"],
+                     "published": r["published"], "pairs": r["pairs"],
+                     "leave_one_out": {k: r[k] for k in ("predicted", "predicted_s", "pairs_agreeing", "ratio_errors",
+                                                         "median_abs_ratio_error")} | {"params": params_dict(fitted)},
+                     "untouched": {k: u[k] for k in ("predicted", "predicted_s", "pairs_agreeing", "ratio_errors",
+                                                     "median_abs_ratio_error")}})
+    s_loo, s_unt = summary(loo), summary(untouched)
+    all_fit = params_dict(fit_params(terms))
+    print(f"\n{len(tables)} tables, {s_loo['pairs']} published pairs (closer than {min_gap:.0%} excluded)")
+    print(f"{'':<34} {'leave-one-out':>14} {'untouched':>10}")
+    print(f"{'pairwise order agreement':<34} {s_loo['order_agreement']:>14.3f} {s_unt['order_agreement']:>10.3f}")
+    print(f"{'median |ratio error|':<34} {s_loo['median_abs_ratio_error']:>14.3f} "
+          f"{s_unt['median_abs_ratio_error']:>10.3f}")
+    weak = [r for r in loo if r["pairs"] >= LOO_TABLE_MIN_PAIRS]
+    worst = min((r["pairs_agreeing"] / r["pairs"] for r in weak), default=float("nan"))
+    print(f"target overall order >= {LOO_ORDER}: {s_loo['order_agreement']:.3f} -> "
+          f"{_verdict(s_loo['order_agreement'] >= LOO_ORDER)}")
+    print(f"target order >= {LOO_TABLE_ORDER} on every table with >= {LOO_TABLE_MIN_PAIRS} pairs ({len(weak)} tables): "
+          f"worst {worst:.3f} -> {_verdict(worst >= LOO_TABLE_ORDER)}")
+    print(f"target median |ratio error| <= {LOO_MEDIAN}: {s_loo['median_abs_ratio_error']:.3f} -> "
+          f"{_verdict(s_loo['median_abs_ratio_error'] <= LOO_MEDIAN)}")
+    print("parameters fitted on all tables (for reference, never used to score): "
+          + ", ".join(f"{k}={v:.3g}" for k, v in all_fit.items()))
+    return {"min_gap": min_gap, "tables": rows, "leave_one_out": s_loo, "untouched": s_unt,
+            "worst_table_order_leave_one_out": worst, "params_fitted_on_all_tables": all_fit,
+            "defaults": params_dict(AlphaBeta()),
+            "targets": {"order_overall": LOO_ORDER, "order_per_table": LOO_TABLE_ORDER,
+                        "per_table_min_pairs": LOO_TABLE_MIN_PAIRS, "median_abs_ratio_error": LOO_MEDIAN}}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=os.path.join(REPO, "benchmarks", "published"))
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="fit the model's parameters on all tables but one, score that one, for each table")
+    ap.add_argument("--min-gap", type=float, default=MIN_GAP,
+                    help="exclude pairs whose published figures differ by less than this fraction (default 0.05)")
     ap.add_argument("--json", help="write the results here (with the commit and start time of the run)")
     args = ap.parse_args(argv)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+                            text=True).stdout.strip() or None
     paths = sorted(glob.glob(os.path.join(args.dir, "*.yaml")))
     if not paths:
         print(f"no published tables under {args.dir}", file=sys.stderr)
         return 2
-    results = []
-    for path in paths:
-        r = score(load_table(path))
-        results.append(r)
-        print(f"\n{r['table']}\n  {r['citation'].strip()}")
-        print(f"  {'strategy':<18} {'predicted s':>11} {'pred rel':>9} {'published rel':>14} {'ratio error':>12}")
-        errors = iter(r["ratio_errors"])
-        for name, s, p, q in zip(r["strategies"], r["predicted_s"], r["predicted"], r["published"]):
-            err = "reference" if q == 1.0 and p == 1.0 else f"{next(errors):+.1%}"
-            print(f"  {name:<18} {s:>11.4f} {p:>9.3f} {q:>14.3f} {err:>12}")
-        within = all(abs(e) <= RATIO_TOLERANCE for e in r["ratio_errors"])
-        print(f"  order agreement {r['pairs_agreeing']}/{r['pairs']}; ratios within +-{RATIO_TOLERANCE:.0%}: "
-              f"{'met' if within else 'MISSED'}")
-    pairs = sum(r["pairs"] for r in results)
-    agree = sum(r["pairs_agreeing"] for r in results)
-    errors = np.concatenate([r["ratio_errors"] for r in results])
-    overall = agree / pairs if pairs else float("nan")
-    print(f"\nall tables: {len(results)} tables, {pairs} published pairs")
-    print(f"target pairwise order agreement >= {ORDER_TARGET}: {overall:.3f} -> "
-          f"{'met' if overall >= ORDER_TARGET else 'MISSED'}")
-    print(f"target ratios within +-{RATIO_TOLERANCE:.0%}: worst {np.abs(errors).max():.1%} -> "
-          f"{'met' if np.abs(errors).max() <= RATIO_TOLERANCE else 'MISSED'}")
+    tables = [load_table(p) for p in paths]
+    terms = [TableTerms.of(t) for t in tables]
+    if args.leave_one_out:
+        out = {"commit": commit, "run_started": started, "mode": "leave_one_out"} | run_leave_one_out(
+            tables, terms, args.min_gap)
+    else:
+        out = {"commit": commit, "started": started, "min_gap": args.min_gap} | run_default(tables, terms, args.min_gap)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"commit": commit, "started": started, "tables": results,
-                       "order_agreement": overall, "worst_ratio_error": float(np.abs(errors).max())}, f, indent=1)
+            json.dump(out, f, indent=1, default=lambda x: x.tolist() if isinstance(x, np.ndarray) else float(x))
     return 0
 
 
