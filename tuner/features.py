@@ -124,7 +124,14 @@ class FeatureSums:
 
 
 SCALAR_ROWS = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
-                                  "max_group", "hier", "curve_ns"))}
+                                  "max_group", "hier", "curve_ns", "cpu_ring"))}
+
+
+def cpu_ring(backend_max: np.ndarray) -> np.ndarray:
+    """Whether a strategy's collectives run on the CPU whatever the nodes hold: ``gloo`` and the
+    object store reduce in host memory (a GPU's gradients are copied out and back); ``auto`` and
+    ``graph`` use NCCL where the nodes have GPUs. One backend per strategy: its largest id."""
+    return (backend_max == BACKEND_ID["gloo"]) | (backend_max == BACKEND_ID["objectstore"])
 
 
 def _axis_facts(t: FeatureTables, e: EncodedStrategies):
@@ -244,7 +251,9 @@ def _block_parts(t: FeatureTables, e: EncodedStrategies, out: FeatureSums, rows:
     s[:, SCALAR_ROWS["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
     s[:, SCALAR_ROWS["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
     # one backend per strategy; PS variables encode 0 and objectstore is the largest id
-    s[:, SCALAR_ROWS["objectstore"]] = e.backend.max(1) == BACKEND_ID["objectstore"]
+    backend = e.backend.max(1)
+    s[:, SCALAR_ROWS["objectstore"]] = backend == BACKEND_ID["objectstore"]
+    s[:, SCALAR_ROWS["cpu_ring"]] = cpu_ring(backend)
     s[:, SCALAR_ROWS["hier"]] = e.hierarchical.max(1)     # one hierarchy per strategy (PS variables encode 0)
     if t.sparse_cols.size:
         c = t.sparse_cols                        # all-gathers: one per sparse AR shard
@@ -335,7 +344,9 @@ def assemble(t: FeatureTables, p: AlphaBeta, a: FeatureSums) -> np.ndarray:
     # collectives on the CPU (no GPU: ring on CPU; hierarchical: the leader sums and broadcasts);
     # a calibrated curve holds that work already
     ar_cpu = S * np.where(hier, 2 * lr_extra + 2 * ring_n * hw, 2 * ring * wk) * (t.ar_curve is None)
-    cpu = (server + worker + ar_cpu * t.cpu_collectives[:, None]) / t.lanes[:, None]
+    # on the CPU where a node has no GPU, or where the strategy's backend reduces in host memory
+    on_cpu = np.maximum(t.cpu_collectives[:, None], sc["cpu_ring"][None, :])
+    cpu = (server + worker + ar_cpu * on_cpu) / t.lanes[:, None]
     f[C["ps_calls_max"]] = calls.max(0)
     f[C["cpu_bytes_max"]] = cpu.max(0)
     f[C["ps_update_bytes_max"]] = (UPDATE_PASSES * (H0 + H1)).max(0)

@@ -37,7 +37,7 @@ from strategy_space.encoding import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VA
 from .alpha_beta import AlphaBeta
 from .cell_parts import cell_parts
 from .feature_tables import FeatureTables, curve_ns
-from .features import DEFAULT_PARAMS, SCALAR_ROWS, FeatureSums, assemble
+from .features import DEFAULT_PARAMS, SCALAR_ROWS, FeatureSums, assemble, cpu_ring
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
@@ -360,6 +360,7 @@ class IncrementalFeaturizer:
         scal[SCALAR_ROWS["stale"]] = wide[0]
         scal[SCALAR_ROWS["sync"]] = wide[1]
         scal[SCALAR_ROWS["objectstore"]] = wide[2] == BACKEND_ID["objectstore"]
+        scal[SCALAR_ROWS["cpu_ring"]] = cpu_ring(wide[2])
         scal[SCALAR_ROWS["hier"]] = wide[3]
         scal[SCALAR_ROWS["n_groups"]] = (total > 0.5).sum(0)
         scal[SCALAR_ROWS["n_coll"]] = full.reshape(3 * lay.G, B).sum(0) + full[2].sum(0) + sums[lay.ar_scalars + 2]
