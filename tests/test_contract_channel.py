@@ -5,7 +5,8 @@ channel is a parameter of the ``harness`` fixture; a new ``SyncChannel`` subclas
 A tiny plan: a dense matrix, a bias, a sparse (IndexedSlices) table with repeated rows, and a
 matrix split into two shards along axis 0. Every synchronous channel leaves every worker with the
 values of SGD applied to the mean gradient over the workers, step after step (duplicate rows add
-up); its counters only grow. The harnesses:
+up); its counters only grow; ``finish_pull(start_pull(...))`` returns what ``pull`` does; its
+declared abilities (``in_graph``, ``splits_pull``) are the methods it implements. The harnesses:
 
 * ``AllReduceChannel`` over the in-process thread collective (fast suite);
 * ``PSChannel`` against two ``ParameterServerShard`` s run in this process (integration only
@@ -107,7 +108,9 @@ class AllReduceHarness:
                 ch.push(step, grads_for(r, step))
                 counters.append((ch.calls, ch.bytes_sent, ch.bytes_received))
             ch.finish()
-            values = _assemble(ch.pull(steps, fresh=True))
+            values = _assemble(ch.finish_pull(ch.start_pull(steps, fresh=True)))
+            for a, b in zip(values, _assemble(ch.pull(steps, fresh=True))):
+                np.testing.assert_array_equal(a, b)
             ch.close()
             return values, counters
 
@@ -166,7 +169,10 @@ class PSHarness:
             out = []
             for r, ch in enumerate(channels):
                 ch.finish()
-                out.append((_assemble(ch.pull(steps, fresh=True)), counters[r]))
+                values = _assemble(ch.finish_pull(ch.start_pull(steps, fresh=True)))
+                for a, b in zip(values, _assemble(ch.pull(steps, fresh=True))):
+                    np.testing.assert_array_equal(a, b)
+                out.append((values, counters[r]))
                 ch.close()
             return out
         finally:
@@ -259,7 +265,23 @@ def test_every_channel_is_covered():
     assert not missing, f"add {sorted(c.__name__ for c in missing)} to HARNESSES in {__name__}"
 
 
+@pytest.mark.parametrize("cls", list(HARNESSES), ids=lambda c: c.__name__)
+def test_declared_abilities_are_the_implemented_ones(cls):
+    """The worker trusts the declarations (``in_graph``, ``splits_pull``) without probing."""
+    assert isinstance(cls.staleness, int) and isinstance(cls.in_graph, bool) and isinstance(cls.splits_pull, bool)
+    assert (cls.bind is not SyncChannel.bind) == cls.in_graph
+    assert (cls.start_pull is not SyncChannel.start_pull) == cls.splits_pull
+    assert (cls.finish_pull is not SyncChannel.finish_pull) == cls.splits_pull
+
+
+def test_a_channel_outside_the_graph_has_no_step_to_bind():
+    ch = AllReduceChannel(0, 1, [], {}, {}, SGD)
+    with pytest.raises(NotImplementedError, match="AllReduceChannel synchronizes outside the training step"):
+        ch.bind(None, None, None)
+
+
 def test_every_worker_ends_with_sgd_on_the_mean_gradient(harness):
+    """Every worker pulls through ``start_pull``/``finish_pull`` the values ``pull`` returns."""
     results = harness.train(WORLD, STEPS)
     want = reference(WORLD, STEPS)
     assert len(results) == WORLD
