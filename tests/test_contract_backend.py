@@ -160,6 +160,19 @@ def test_every_backend_is_covered():
     assert all(cls.name for cls in found), "every backend has a name"
 
 
+def test_the_runtime_implements_every_backend_a_strategy_names():
+    """One registry of names (``strategy_space.strategy.BACKENDS``): each but ``auto`` has its
+    implementation under that name, and nothing else does."""
+    from strategy_space.strategy import BACKENDS, IN_GRAPH_BACKENDS
+
+    assert set(backends.BACKENDS) == set(BACKENDS) - {"auto"}
+    assert all(cls.name == name for name, cls in backends.BACKENDS.items())
+    assert set(IN_GRAPH_BACKENDS) <= set(BACKENDS)
+    assert backends.resolve_backend("objectstore", gpus=False) is backends.ObjectStoreBackend
+    with pytest.raises(Exception, match="unknown all-reduce backend 'mpi'; valid: " + ", ".join(BACKENDS)):
+        backends.resolve_backend("mpi", gpus=False)
+
+
 def _data(rank: int, n: int, dtype=np.float32) -> np.ndarray:
     return (np.random.default_rng([rank, n]).integers(-8, 9, n) / 4).astype(dtype)
 
