@@ -17,7 +17,13 @@ from .compressor import Compressor
 from .errors import ConfigError, short_repr
 from .strict import FORMAT_VERSION, check_header, check_keys, fingerprint, get_typed, parse_items
 
+# The all-reduce backends a strategy may name (``AllReduce.backend``): the one registry of their
+# names (their order numbers them in the encoding). The runtime maps each but ``auto`` to its
+# implementation (``autosync.runtime.sync.backends.BACKENDS``); a test holds the two together.
 BACKENDS = ("auto", "gloo", "nccl", "objectstore", "graph")
+# backends whose collectives run inside the training step: a tool that calls a backend from numpy
+# (``autosync calibrate``) cannot use them
+IN_GRAPH_BACKENDS = ("graph",)
 # integer fields are encoded as int32 arrays by the tuner and simulator: far above any real value
 # (a group per variable shard; a worker ahead by a million steps), far below int32's limit
 MAX_GROUP = 2**20 - 1

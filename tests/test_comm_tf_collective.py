@@ -21,7 +21,7 @@ def test_auto_is_graph_on_gpus_and_gloo_on_cpus():
     assert resolve_backend("auto", gpus=True).name == "graph"
     assert resolve_backend("auto", gpus=False).name == "gloo"
     assert resolve_backend("graph", gpus=False).name == "graph"
-    with pytest.raises(ConfigError, match="unknown all-reduce backend 'ring'; valid: auto, graph, gloo"):
+    with pytest.raises(ConfigError, match="unknown all-reduce backend 'ring'; valid: auto, gloo, nccl, objectstore, graph"):
         resolve_backend("ring", gpus=False)
 
 

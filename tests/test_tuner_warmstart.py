@@ -12,7 +12,7 @@ from tuner.dataset import build_trial_set
 from tuner.model_based import ModelBasedTuner, SearchSettings
 from tuner.predictor import Predictor
 from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner, candidate_strategies, make_dataset
+from tuner.synthetic import SyntheticRunner, candidate_strategies, make_dataset, noiseless_step_s
 from tuner.training_set import TrainingSet
 from tuner.tuning import Budget, tune_loop
 from tuner.warmstart import BUILTIN_PATH, load_warm_start, merge_groups, resolve_warm_start
@@ -110,11 +110,15 @@ def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
     assert many.fuse_ranker_ == (many.scores_["ranker"] >= many.scores_[many.source_])
     for s in many.scores_.values():
         assert 0.0 <= s <= 1.0
-    e = StrategySpace(model, cluster).encode(strategies)
-    seconds = many.predict(e)
-    expected = (many.simulator_.predict(many.features(e)) if many.source_ == "simulator"
-                else many.analytic_.predict(many.features(e)))
-    np.testing.assert_allclose(seconds, expected)
+    # on strategies of the target it never saw, the predictions follow the synthetic world's
+    # noiseless truth: the same order (rank correlation) and the same scale
+    held = candidate_strategies(model, cluster, np.random.default_rng(101), 16)
+    truth = noiseless_step_s(model, cluster, held)
+    seconds = many.predict(StrategySpace(model, cluster).encode(held))
+    ranks = lambda x: np.argsort(np.argsort(x))   # noqa: E731
+    assert np.corrcoef(ranks(seconds), ranks(truth))[0, 1] >= 0.75
+    ratio = seconds / truth
+    assert 0.8 <= np.median(ratio) <= 1.25 and np.all((ratio > 0.5) & (ratio < 2.0)), ratio
 
 
 def test_tuning_loop_learns_from_the_warm_start(groups, tmp_path):

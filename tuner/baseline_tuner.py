@@ -16,7 +16,8 @@ PINNED_SUFFIX = "+pins"
 
 
 class BaselineTuner(Tuner):
-    """Proposes each builder's strategy once; ``has_next`` is False after that. A builder whose
+    """Proposes each builder's strategy once; ``has_next`` is False once every one was proposed
+    (``next_batch(k)`` hands out ``k`` at a time, all at once by default). A builder whose
     strategy the constraints change is named ``NAME+pins`` (what is measured is not NAME's
     strategy any more). Builders already measured (``update``, e.g. by a resumed run) are skipped.
     """
@@ -24,7 +25,7 @@ class BaselineTuner(Tuner):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.done: set[str] = set()
-        self._given = False
+        self._given: set[str] = set()   # origins handed out by next_batch
 
     def proposals(self) -> list[Proposal]:
         """Every builder's strategy, builders with the same strategy sharing one proposal."""
@@ -45,11 +46,13 @@ class BaselineTuner(Tuner):
     def next_batch(self, k: int | None = None) -> list[Proposal]:
         """The baselines not measured yet (all of them at once when ``k`` is None)."""
         pending = [p for p in self.proposals() if p.origin not in self.done]
-        self._given = True
-        return pending if k is None else pending[:k]
+        out = pending if k is None else pending[:k]
+        self._given |= {p.origin for p in out}
+        return out
 
     def has_next(self) -> bool:
-        return not self._given
+        """Whether a baseline was neither proposed nor measured yet."""
+        return any(p.origin not in self.done | self._given for p in self.proposals())
 
     def update(self, trials: Sequence[Trial]) -> None:
         super().update(trials)

@@ -11,6 +11,10 @@ import sys
 
 from autosync.sources import CLUSTER_FORMS
 from strategy_space.errors import ConfigError
+from strategy_space.strategy import BACKENDS, IN_GRAPH_BACKENDS
+
+# calibration calls the collectives from numpy: every backend but those run inside a training step
+CALIBRATION_BACKENDS = tuple(b for b in BACKENDS if b not in IN_GRAPH_BACKENDS)
 
 
 def register(sub) -> None:
@@ -19,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("--cluster", required=True, help=f"cluster: {CLUSTER_FORMS}")
     p.add_argument("--out", help="write the calibrated cluster spec here (default: print it)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per message size (default %(default)s)")
-    p.add_argument("--backend", default="auto", help="collective backend: auto, gloo, objectstore, nccl "
+    p.add_argument("--backend", default="auto", help=f"collective backend: {', '.join(CALIBRATION_BACKENDS)} "
                                                      "(default %(default)s: as training resolves it)")
     p.set_defaults(func=run)
 
@@ -31,8 +35,8 @@ def run(args) -> int:
     from autosync.sources import load_cluster
     from strategy_space import dumps, save
 
-    if args.backend not in ("auto", "gloo", "objectstore", "nccl"):
-        raise ConfigError(f"--backend {args.backend!r} is not one of auto, gloo, objectstore, nccl")
+    if args.backend not in CALIBRATION_BACKENDS:
+        raise ConfigError(f"--backend {args.backend!r} is not one of {', '.join(CALIBRATION_BACKENDS)}")
     check_output_file(args.out, "--out")
     cluster = load_cluster(args.cluster)
     with ray_output_to_log("calibrate"):

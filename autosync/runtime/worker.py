@@ -193,7 +193,7 @@ class TrainingWorker:
         self.channels = channels
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
         self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn())
-                              for c in channels if hasattr(c, "bind")), self._gradients)
+                              for c in channels if c.in_graph), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
         self._partial = False
@@ -213,7 +213,7 @@ class TrainingWorker:
         self._trained = True
         # with staleness >= 1 on every channel, step t+1's batch is drawn and its pull issued
         # before step t computes, so the pull overlaps the step (never across run calls)
-        prefetch = bool(self.channels) and all(hasattr(c, "start_pull") and c.staleness >= 1 for c in self.channels)
+        prefetch = bool(self.channels) and all(c.splits_pull and c.staleness >= 1 for c in self.channels)
         ahead = None
         for i in range(steps):
             before = counters()

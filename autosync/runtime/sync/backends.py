@@ -34,6 +34,7 @@ import numpy as np
 from autosync.runtime.sync.base import CollectiveBackend
 from autosync.runtime.sync.tf_collective import GraphBackend
 from strategy_space.errors import ConfigError
+from strategy_space.strategy import BACKENDS as STRATEGY_BACKENDS
 
 GLOO_TIMEOUT_MS = 120_000
 
@@ -317,11 +318,10 @@ def prepare_hierarchy(replica_nodes: list[str], actor_options) -> dict:
     return {"ranks": ranks, "mailboxes": boxes}
 
 
+# the implementation of every backend a strategy may name (``strategy_space.strategy.BACKENDS``, the
+# registry of names) but ``auto``, which ``resolve_backend`` resolves to one of them
 BACKENDS: dict[str, type[CollectiveBackend]] = {
-    "gloo": GlooBackend,
-    "nccl": NcclBackend,
-    "objectstore": ObjectStoreBackend,
-}
+    cls.name: cls for cls in (GlooBackend, NcclBackend, ObjectStoreBackend, GraphBackend)}
 
 
 def gloo_available() -> bool:
@@ -343,13 +343,11 @@ def resolve_backend(name: str, gpus: bool) -> type[CollectiveBackend]:
             name = "graph" if graph_available() else "nccl"
         else:
             name = "gloo" if gloo_available() else "objectstore"
-    if name == "graph":
-        if not graph_available():
-            raise ConfigError("all_reduce backend graph needs TensorFlow on the driver and the workers; "
-                              "install it or use backend gloo or objectstore")
-        return GraphBackend
     if name not in BACKENDS:
-        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: auto, graph, {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown all-reduce backend {name!r}; valid: {', '.join(STRATEGY_BACKENDS)}")
+    if name == "graph" and not graph_available():
+        raise ConfigError("all_reduce backend graph needs TensorFlow on the driver and the workers; "
+                          "install it or use backend gloo or objectstore")
     if name == "gloo" and not gloo_available():
         raise ConfigError("all_reduce backend gloo needs torch (CPU build): pip install torch==2.13.0 "
                           "(pinned: an unpinned torch pulls GBs of CUDA packages), or use backend objectstore")

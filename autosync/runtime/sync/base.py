@@ -40,14 +40,29 @@ import numpy as np
 class SyncChannel(abc.ABC):
     """The synchronization of some variables, seen from one worker.
 
+    Besides ``pull``/``push``, a channel declares two optional abilities (the worker reads these
+    declarations; it never probes a channel for methods):
+
+    - ``splits_pull``: ``start_pull`` issues a pull without waiting and ``finish_pull`` collects
+      it, so with ``staleness >= 1`` on every channel the worker issues step t+1's pull before it
+      computes step t. By default ``start_pull`` pulls at once.
+    - ``in_graph``: the channel reduces and applies its gradients inside the training step;
+      ``bind`` returns that step.
+
     Attributes:
         calls: Ray actor calls issued so far (the overhead the runtime is measured by).
         bytes_sent, bytes_received: array payload bytes moved so far.
+        staleness: how many steps this worker may run ahead of the slowest one (0: none).
+        splits_pull: whether ``start_pull`` returns before the values are there (see above).
+        in_graph: whether ``bind`` supplies the worker's training step (see above).
     """
 
     calls: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    staleness: int = 0
+    splits_pull: bool = False
+    in_graph: bool = False
 
     @abc.abstractmethod
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
@@ -59,6 +74,25 @@ class SyncChannel(abc.ABC):
     @abc.abstractmethod
     def push(self, step: int, grads: list) -> None:
         """Hand over this worker's gradients of ``step`` (all variables, model order)."""
+
+    def start_pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> Any:
+        """Issue the pull of ``step`` (arguments as ``pull``); ``finish_pull`` of the result returns
+        its values. Unless ``splits_pull``, this pulls at once."""
+        return self.pull(step, fresh=fresh, rows=rows)
+
+    def finish_pull(self, pending: Any) -> dict:
+        """The values of a pull issued by ``start_pull``."""
+        return pending
+
+    def bind(self, model, loss_fn, optimizer):
+        """The worker's training step ``(x, y) -> (loss, grads)`` for a channel that is
+        ``in_graph`` (the gradients it applied come back as None).
+
+        Raises:
+            NotImplementedError: for a channel that is not ``in_graph``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} synchronizes outside the training step (in_graph is "
+                                  f"False): it has no step to bind")
 
     def finish(self) -> None:
         """Wait for outstanding work and surface its errors."""

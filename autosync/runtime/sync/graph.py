@@ -136,6 +136,8 @@ class GraphAllReduceChannel(SyncChannel):
         seed: PowerSGD's shared seed (Q's first draw, equal on every worker).
     """
 
+    in_graph = True
+
     def __init__(self, rank: int, world: int, groups: list[ARGroup], setup: dict, seed: int = 0):
         self.rank, self.world, self.seed = rank, world, seed
         self.groups = list(groups)

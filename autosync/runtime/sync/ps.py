@@ -74,6 +74,8 @@ class PSChannel(SyncChannel):
     Row ids travel in the narrowest integer dtype that numbers the shard's rows (``index_dtype``).
     """
 
+    splits_pull = True
+
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
                  squares: bool = True, aggregator=None, chunks: list | None = None,
                  rows_by_reference: bool = False, links: list | None = None):
