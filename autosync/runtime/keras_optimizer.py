@@ -138,7 +138,7 @@ class KerasOptimizer:
     def load_state(self, params: dict, arrays: dict) -> list[str]:
         """Set the variables to ``params`` and the optimizer's state to ``state()``'s arrays (none:
         the checkpoint was taken before the first update). Returns the problems (nothing set)."""
-        from autosync.runtime.optimizers import state_problems
+        from autosync.runtime.optimizer_state import state_problems
 
         if not self.variables:
             self._build(params)

@@ -36,26 +36,6 @@ _UNSUPPORTED = {
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency"}
 
 
-def key_text(key) -> str:
-    """A shard key ``(var, shard)`` (or any key) as text for a checkpoint's array names."""
-    return ".".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
-
-
-def state_problems(want: dict, arrays: dict) -> list[str]:
-    """Differences between the state names and shapes expected (``want``) and ``arrays``."""
-    problems = []
-    missing, extra = sorted(set(want) - set(arrays)), sorted(set(arrays) - set(want))
-    if missing:
-        problems.append(f"optimizer state missing from the checkpoint: {', '.join(missing[:6])}")
-    if extra:
-        problems.append(f"optimizer state in the checkpoint that nothing here holds: {', '.join(extra[:6])}")
-    for name in sorted(set(want) & set(arrays)):
-        if tuple(arrays[name].shape) != tuple(want[name]):
-            problems.append(f"optimizer state {name} has shape {tuple(arrays[name].shape)} in the checkpoint, "
-                            f"{tuple(want[name])} here")
-    return problems
-
-
 def _row_sums(grad, dtype, squares_needed: bool):
     """A sparse gradient ``(indices, values[, squares])`` as its distinct rows (ascending), the sum
     of the slices of each row and, if ``squares_needed``, the sum of their squared slices (Keras
@@ -129,23 +109,6 @@ class NumpyOptimizer(abc.ABC):
         view.flags.writeable = False
         self._readers.setdefault(key, []).append(weakref.ref(view))
         return view
-
-    def state(self) -> dict:
-        """Every slot as ``"<key>/<slot>" -> array`` (copies), for a checkpoint."""
-        return {f"{key_text(key)}/{name}": np.array(a) for key, slots in self.slots.items() for name, a in slots.items()}
-
-    def load_state(self, params: dict, arrays: dict) -> list[str]:
-        """Set the slots from ``state()``'s arrays (copies); ``params`` are already the restored
-        values. Returns the problems (nothing is set then): names or shapes that differ."""
-        want = {f"{key_text(key)}/{name}": a.shape for key, slots in self.slots.items() for name, a in slots.items()}
-        problems = state_problems(want, arrays)
-        if problems:
-            return problems
-        for key, slots in self.slots.items():
-            for name in slots:
-                slots[name] = np.array(arrays[f"{key_text(key)}/{name}"], dtype=slots[name].dtype, copy=True)
-        self._readers.clear()
-        return []
 
     def _writable(self, params: dict, key) -> np.ndarray:
         """``params[key]``, made safe to update in place (see the class doc)."""

@@ -43,6 +43,7 @@ import time
 
 import numpy as np
 
+from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
 
 
@@ -259,7 +260,8 @@ class ParameterServerShard:
         if self._pending:
             raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {sorted({s for s, _ in self._pending})} "
                                f"are still being pushed")
-        return {"version": self.version, "chunk_version": list(self.chunk_version), "slots": self.optimizer.state()}
+        return {"version": self.version, "chunk_version": list(self.chunk_version),
+                "slots": optimizer_state.save(self.optimizer)}
 
     async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
         """Continue from a checkpoint: shard values (key -> array), the optimizer's slots and the
@@ -275,7 +277,7 @@ class ParameterServerShard:
             return problems
         old = self.params
         self.params = {k: np.array(values[k], dtype=old[k].dtype, copy=True) for k in old}
-        problems = self.optimizer.load_state(self.params, slots)
+        problems = optimizer_state.load(self.optimizer, self.params, slots)
         if problems:
             self.params = old
             return [f"{self.name}: {p}" for p in problems]

@@ -166,7 +166,7 @@ class GraphAllReduceChannel(SyncChannel):
     def load_checkpoint(self, values: list, state: dict) -> list[str]:
         """Set the optimizer's variables from ``checkpoint_state``'s arrays (the model's own
         variables hold the values). Returns the problems found."""
-        from autosync.runtime.optimizers import state_problems
+        from autosync.runtime.optimizer_state import state_problems
 
         variables = getattr(self, "_optimizer_variables", [])
         want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(variables)}
