@@ -20,7 +20,8 @@ import numpy as np
 
 from autosync.model_def import ModelDef
 from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
-from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
+from autosync.runtime import session_state
+from autosync.runtime.engine import Session, TrialFailed, WorkerPool
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from autosync.runtime.runner import require_resolved, summarize_steps
@@ -178,8 +179,13 @@ class Trainer:
         first, target = self.step, self.step + steps
         failures: list[str] = []
         began = time.time()   # UNIX time, as the workers' step stamps
-        if max_failures:
-            self._guarded(lambda: self.save(store.path), store, failures, max_failures, history, first)
+        if max_failures:   # the point a failure before the first periodic checkpoint restarts from
+            try:
+                self.save(store.path)
+            except TrialFailed:
+                self.session.abort()
+                self.session = None
+                raise
         while self.step < target and not self.stop_training:
             n = min(steps_per_call, target - self.step)
             if checkpoint_every is not None:
@@ -290,23 +296,9 @@ class Trainer:
         t0 = time.perf_counter()
         store = CheckpointStore(path)
         store.check_writable()
-        deadline = time.monotonic() + self.timeout_s
-        session = self.session
-        replicas = list(self.plan.replicas)
-        states = wait_all([w.checkpoint_state.remote(i == 0) for i, w in enumerate(session.workers)], deadline,
-                          "worker", replicas, actors=session.actor_labels())
-        names = [p.name for p in self.plan.ps_actors]
-        ps_states = wait_all([a.checkpoint_state.remote() for a in session.ps_actors], deadline, "parameter server",
-                             names, actors=session.actor_labels())
-        arrays = {}
-        for name, state in zip(names, ps_states):
-            arrays.update({f"ps/{name}/{k}": v for k, v in state["slots"].items()})
-        for c, state in enumerate(states[0]["channels"]):
-            arrays.update({f"channel{c}/{k}": v for k, v in (state or {}).items()})
-        manifest = self._manifest(step=self.step, positions=tuple(s["position"] for s in states),
-                                  ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
-                                               for n, s in zip(names, ps_states)})
-        weights = states[0]["weights"]
+        state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
+        manifest = self._manifest(step=self.step, positions=state.positions, ps_versions=state.ps_versions)
+        weights, arrays = state.weights, state.arrays
 
         def write_weights(file: str) -> None:
             model = self._model()
@@ -350,8 +342,6 @@ class Trainer:
         Raises:
             ConfigError: the checkpoint does not fit this trainer, or is damaged.
         """
-        import ray
-
         manifest, info = store.read()
         problems = manifest.mismatches(self._manifest())
         if problems:
@@ -366,31 +356,8 @@ class Trainer:
         weights = model.get_weights()
         position = {id(w): i for i, w in enumerate(model.weights)}
         values = [weights[position[id(v)]] for v in model.trainable_variables]
-        session, plan = self.session, self.plan
-        refs, problems = [], []
-        for actor, p in zip(session.ps_actors, plan.ps_actors):
-            counters = manifest.ps_versions.get(p.name)
-            if counters is None:
-                problems.append(f"the checkpoint has no state of parameter server {p.name}")
-                continue
-            prefix = f"ps/{p.name}/"
-            shards = {r.key: np.ascontiguousarray(values[r.var_index][r.slicer(values[r.var_index].ndim)])
-                      for r in p.shards}
-            slots = {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)}
-            refs.append(actor.load_checkpoint.remote(shards, slots, counters["version"], counters["chunk_version"]))
-        labels = session.actor_labels()
-        for found in wait_all(refs, deadline, "parameter server", None, actors=labels):
-            problems += found
-        channels = []
-        for c in range(max([int(k.split("/")[0][len("channel"):]) for k in arrays if k.startswith("channel")],
-                           default=-1) + 1):
-            prefix = f"channel{c}/"
-            channels.append({k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)} or None)
-        shared = ray.put(weights)
-        refs = [w.restore_checkpoint.remote(shared, manifest.data_positions[i], manifest.step, channels)
-                for i, w in enumerate(session.workers)]
-        for found in wait_all(refs, deadline, "worker", list(plan.replicas), actors=labels):
-            problems += found
+        state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
+        problems = session_state.load(self.session, state, values, manifest.step, deadline)
         if problems:
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")
         self.step = manifest.step
