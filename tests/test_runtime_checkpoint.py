@@ -145,6 +145,7 @@ def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):
 
 def test_restore_refuses_missing_damaged_and_foreign_checkpoints(tmp_path):
     """Found before any Ray actor starts."""
+    import autosync
     from autosync.runtime.checkpoint import CheckpointStore, Manifest
     from autosync.runtime.trainer import Trainer
     from autosync.sources import local_cluster
@@ -156,6 +157,8 @@ def test_restore_refuses_missing_damaged_and_foreign_checkpoints(tmp_path):
     cluster = local_cluster()
     with pytest.raises(ConfigError, match="restore: checkpoint .*nowhere does not exist"):
         Trainer(md, on_ps, cluster, restore=tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="restore: checkpoint .*nowhere does not exist"):
+        autosync.make_trainer(md, on_ps, cluster, restore=str(tmp_path / "nowhere"))
 
     variables = (("emb/embeddings", (40, 4), "float32"), ("hidden/kernel", (12, 6), "float32"),
                  ("hidden/bias", (6,), "float32"), ("out/kernel", (6, 1), "float32"), ("out/bias", (1,), "float32"))

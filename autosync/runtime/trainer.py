@@ -8,6 +8,12 @@
 Consecutive ``fit`` calls continue training (weights, optimizer state and data position are
 kept). Workers run ``steps_per_call`` steps per driver round trip; callbacks see each step's
 logs after its round trip returns.
+
+Checkpoints (``autosync.runtime.checkpoint`` on disk, ``session_state`` in the actors):
+
+    trainer.save("ckpt")                                   # between fit calls
+    Trainer(model_def, strategy, cluster, restore="ckpt")  # continues from its step
+    trainer.fit(steps=1000, checkpoint_every=100, checkpoint_dir="ckpt", max_failures=3)
 """
 from __future__ import annotations
 
