@@ -56,7 +56,7 @@ class History:
     wall_times: list = field(default_factory=list)
     restarts: list = field(default_factory=list)
 
-    def _truncate(self, n: int) -> None:
+    def truncate(self, n: int) -> None:
         """Keep the first ``n`` steps (a restart redoes the steps after its checkpoint)."""
         del self.loss[n:], self.step_times[n:], self.wall_times[n:]
 
@@ -167,7 +167,8 @@ class Trainer:
             raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
         if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
             raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
-        if checkpoint_every is not None and not (isinstance(checkpoint_every, int) and checkpoint_every >= 1):
+        every = checkpoint_every
+        if every is not None and not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
             raise ConfigError(f"checkpoint_every must be an integer >= 1 (steps) or None, got {checkpoint_every!r}")
         if not (isinstance(max_failures, int) and not isinstance(max_failures, bool) and max_failures >= 0):
             raise ConfigError(f"max_failures must be an integer >= 0, got {max_failures!r}")
@@ -232,7 +233,7 @@ class Trainer:
                     failed_at = self.step
                     self._start()
                     manifest = self._restore(store, time.monotonic() + self.timeout_s)
-                    history._truncate(manifest.step - first)
+                    history.truncate(manifest.step - first)
                     history.restarts.append({"failed_at": failed_at, "resumed_from": manifest.step,
                                              "error": failures[-1]})
                     return
