@@ -30,7 +30,8 @@ For small models on this machine it measures, in one run:
     exist): median of --repeat saves into one directory (each replaces the last, fsynced), split
     into reading the actors' state and writing the files.
 
-Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply] [--checkpoint [--repeat N]] [--models M ...] [--out FILE]
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
+                                            [--checkpoint [--repeat N]] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
 

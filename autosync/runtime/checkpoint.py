@@ -119,7 +119,8 @@ class Manifest:
         each a sentence; empty when the state fits."""
         problems = []
         if self.variables != other.variables:
-            mine, theirs = dict((n, (s, d)) for n, s, d in self.variables), dict((n, (s, d)) for n, s, d in other.variables)
+            mine = {n: (s, d) for n, s, d in self.variables}
+            theirs = {n: (s, d) for n, s, d in other.variables}
             diff = [f"{n} is {mine[n]} in the checkpoint but {theirs[n]} in the model"
                     for n in mine if n in theirs and mine[n] != theirs[n]]
             diff += [f"{n} only in the checkpoint" for n in mine if n not in theirs]

@@ -258,8 +258,8 @@ class ParameterServerShard:
         if self._error:
             raise RuntimeError(self._error)
         if self._pending:
-            raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {sorted({s for s, _ in self._pending})} "
-                               f"are still being pushed")
+            steps = sorted({s for s, _ in self._pending})
+            raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
         return {"version": self.version, "chunk_version": list(self.chunk_version),
                 "slots": optimizer_state.save(self.optimizer)}
 
