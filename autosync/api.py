@@ -211,7 +211,8 @@ def make_trainer(model, strategy, cluster="local", **settings):
         model: a ModelDef, ``zoo:NAME`` or ``script.py:function``.
         strategy: a Strategy or a strategy YAML path.
         cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
-        settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``).
+        settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``, ``restore``: a checkpoint
+            directory to continue from, see ``Trainer.save``).
 
     Raises:
         ConfigError: bad model, strategy or cluster (see ``Trainer`` for the rest).

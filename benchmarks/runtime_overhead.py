@@ -25,7 +25,13 @@ For small models on this machine it measures, in one run:
     (``keras_optimizer.KerasOptimizer``, what every other configuration runs), and the start-up
     cost of each in a fresh process (import and first build).
 
-Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply] [--models M ...] [--out FILE]
+  - with --checkpoint: ``Trainer.save`` time per GiB of state (weights + optimizer slots) on ncf,
+    dlrm and lm1b ('ps' strategy, 2 workers as 2 nodes, after one training step so the slots
+    exist): median of --repeat saves into one directory (each replaces the last, fsynced), split
+    into reading the actors' state and writing the files.
+
+Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
+                                            [--checkpoint [--repeat N]] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -122,8 +128,11 @@ def main() -> None:
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--apply", action="store_true", help="only the PS apply time and start-up, numpy vs Keras")
     ap.add_argument("--bytes-only", action="store_true", help="only the sparse bytes-per-step table")
-    ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=list(SPARSE_ZOO),
-                    help="sparse zoo models of the bytes-per-step table (default: all)")
+    ap.add_argument("--checkpoint", action="store_true", help="only Trainer.save seconds per GiB of state")
+    ap.add_argument("--repeat", type=int, default=3, help="saves per model with --checkpoint")
+    ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=None,
+                    help="zoo models of the bytes-per-step table (default: all) or of --checkpoint "
+                         "(default: ncf dlrm lm1b)")
     ap.add_argument("--out", help="also write the sparse bytes-per-step table as JSON to FILE "
                                   "(e.g. benchmarks/results/runtime_overhead_sparse_bytes.json)")
     args = ap.parse_args()
@@ -133,6 +142,10 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.checkpoint:
+        checkpoint_cost(args.repeat, args.models or list(CHECKPOINT_ZOO))
+        return
+    args.models = args.models or list(SPARSE_ZOO)
     if args.bytes_only:
         sparse_bytes(args.steps, args.warmup, args.out, args.models)
         return
@@ -360,6 +373,72 @@ def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_
         if out:
             write_json(out, results)
     pool.kill_all()
+
+
+CHECKPOINT_ZOO = ("ncf", "dlrm", "lm1b")
+
+
+def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
+    """``Trainer.save`` seconds per GiB of state, per zoo model (see the module doc)."""
+    import tempfile
+
+    import ray
+
+    from autosync.models import zoo
+    from autosync.runtime import checkpoint, session_state
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.plan import model_spec_from_vars
+    from autosync.runtime.trainer import Trainer
+    from strategy_space import ClusterSpec, NodeSpec
+    from strategy_space.builders import get_builder
+
+    cpus = os.cpu_count() or 1
+    pair = ClusterSpec(name="pair", nodes=tuple(
+        NodeSpec(name=f"node{i}", cpus=max(1, cpus // WORKERS), workers=1, chief=i == 0) for i in range(WORKERS)))
+    if not ray.is_initialized():
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    pool = WorkerPool(ClusterBinding.bind(pair))
+    out = {}
+    print(f"Trainer.save ('ps' strategy, {WORKERS} workers as 2 nodes, median of {repeat} saves)")
+    print(" | ".join(("model", "optimizer", "state MiB", "save s", "read actors s", "write files s", "s per GiB")))
+    # time the two halves of a save: reading the actors' state, and the atomic write
+    gather, write = session_state.gather, checkpoint.CheckpointStore.write
+    halves: dict = {}
+
+    def timed(name, fn):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                halves[name] = time.perf_counter() - t0
+        return run
+
+    session_state.gather = timed("read", gather)
+    checkpoint.CheckpointStore.write = timed("write", write)
+    try:
+        for name in models:
+            md = zoo.get_model_def(name)
+            pool.ensure(md, pair.devices)
+            spec = model_spec_from_vars(md.name, pool.description["variables"], md.batch_size)
+            with Trainer(md, get_builder("ps").build(spec, pair), pair, pool=pool) as trainer, \
+                    tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
+                trainer.fit(steps=1)
+                rows = []
+                for _ in range(repeat):
+                    info = trainer.save(os.path.join(tmp, "ckpt"))
+                    rows.append((info.seconds, halves["read"], halves["write"]))
+                seconds, read_s, write_s = (statistics.median(c) for c in zip(*rows))
+                gib = info.bytes / 2 ** 30
+                out[name] = {"bytes": info.bytes, "save_s": seconds, "read_s": read_s, "write_s": write_s,
+                             "s_per_gib": seconds / gib}
+                print(" | ".join([name, pool.description["optimizer"]["class"], f"{info.bytes / 2 ** 20:.1f}",
+                                  f"{seconds:.3f}", f"{read_s:.3f}", f"{write_s:.3f}", f"{seconds / gib:.2f}"]))
+    finally:
+        session_state.gather, checkpoint.CheckpointStore.write = gather, write
+        pool.kill_all()
+    return out
 
 
 if __name__ == "__main__":

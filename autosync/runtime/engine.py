@@ -262,6 +262,21 @@ class WorkerPool:
                               f"keras.utils.set_random_seed (no other RNG, no data-dependent init)")
         return [self.actors[s] for s in slots]
 
+    def kill(self, slots) -> None:
+        """Kill the workers of ``slots`` only (``ensure`` starts them again); collective groups
+        they belonged to are forgotten, so a session that needs one forms it anew."""
+        import ray
+
+        slots = set(slots)
+        for slot in slots:
+            actor = self.actors.pop(slot, None)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+            self.loaded.pop(slot, None)
+            self.kinds.pop(slot, None)
+        self._groups = {k: v for k, v in self._groups.items() if not slots & set(k[1])}
+        self._joined = {j for j in self._joined if not slots & set(j)}
+
     def kill_all(self) -> None:
         """Kill every worker (they are started again on the next ``ensure``)."""
         import ray

@@ -131,6 +131,34 @@ class KerasOptimizer:
                         if v is not self.optimizer.iterations and not v.name.startswith("shard")]
         self._step_state = (None, [])
 
+    def state(self) -> dict:
+        """The optimizer's variables (iterations, slots, ...) as ``"keras/<i>" -> array``, in the
+        optimizer's order; empty before its first update built them."""
+        if not self.variables:
+            return {}
+        return {f"keras/{i}": np.array(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
+
+    def load_state(self, params: dict, arrays: dict) -> list[str]:
+        """Set the variables to ``params`` and the optimizer's state to ``state()``'s arrays (none:
+        the checkpoint was taken before the first update). Returns the problems (nothing set)."""
+        from autosync.runtime.optimizer_state import state_problems
+
+        if not self.variables:
+            self._build(params)
+        else:
+            for key in self._order:
+                self.variables[key].assign(params[key])
+        if not arrays:
+            return []
+        want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(self.optimizer.variables)}
+        problems = state_problems(want, arrays)
+        if problems:
+            return problems
+        for i, v in enumerate(self.optimizer.variables):
+            v.assign(arrays[f"keras/{i}"])
+        self._step_state = (None, [])
+        return []
+
     def apply(self, iteration: int, params: dict, grads: dict) -> None:
         """One step of the Keras optimizer on the shards in ``grads`` (see ``NumpyOptimizer.apply``)."""
         import tensorflow as tf

@@ -43,6 +43,7 @@ import time
 
 import numpy as np
 
+from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
 
 
@@ -245,6 +246,46 @@ class ParameterServerShard:
     async def values(self) -> dict:
         """All shards now (for tests and final weights): snapshots no later update changes."""
         return {k: self.optimizer.snapshot(self.params, k) for k in self.params}
+
+    async def checkpoint_state(self) -> dict:
+        """What a checkpoint needs of this actor besides the values (the model's weights hold
+        them): ``{"version", "chunk_version", "slots": name -> array}``.
+
+        Raises:
+            RuntimeError: updates are pending (a checkpoint is taken between round trips, when
+                every push of the steps run is applied).
+        """
+        if self._error:
+            raise RuntimeError(self._error)
+        if self._pending:
+            steps = sorted({s for s, _ in self._pending})
+            raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
+        return {"version": self.version, "chunk_version": list(self.chunk_version),
+                "slots": optimizer_state.save(self.optimizer)}
+
+    async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
+        """Continue from a checkpoint: shard values (key -> array), the optimizer's slots and the
+        update counters. Returns the problems found (nothing is changed then)."""
+        problems = [f"{self.name}: the checkpoint has no value for shard {k}" for k in self.params if k not in values]
+        problems += [f"{self.name}: shard {k} has shape {np.shape(values[k])} in the checkpoint, "
+                     f"{np.shape(self.params[k])} here" for k in self.params
+                     if k in values and np.shape(values[k]) != np.shape(self.params[k])]
+        if len(chunk_version) != len(self.chunks):
+            problems.append(f"{self.name}: the checkpoint has {len(chunk_version)} chunk counters, this actor "
+                            f"{len(self.chunks)} chunks")
+        if problems:
+            return problems
+        old = self.params
+        self.params = {k: np.array(values[k], dtype=old[k].dtype, copy=True) for k in old}
+        problems = optimizer_state.load(self.optimizer, self.params, slots)
+        if problems:
+            self.params = old
+            return [f"{self.name}: {p}" for p in problems]
+        for key in self.params:
+            self.optimizer.adopt(self.params, key)
+        self.version, self.chunk_version = int(version), [int(v) for v in chunk_version]
+        self._shared, self._asked = {}, {}
+        return []
 
     def _shared_snapshot(self, keys: frozenset):
         if not keys:

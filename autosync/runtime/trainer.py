@@ -8,16 +8,26 @@
 Consecutive ``fit`` calls continue training (weights, optimizer state and data position are
 kept). Workers run ``steps_per_call`` steps per driver round trip; callbacks see each step's
 logs after its round trip returns.
+
+Checkpoints (``autosync.runtime.checkpoint`` on disk, ``session_state`` in the actors):
+
+    trainer.save("ckpt")                                   # between fit calls
+    Trainer(model_def, strategy, cluster, restore="ckpt")  # continues from its step
+    trainer.fit(steps=1000, checkpoint_every=100, checkpoint_dir="ckpt", max_failures=3)
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from autosync.model_def import ModelDef
-from autosync.runtime.engine import Session, WorkerPool
+from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
+from autosync.runtime import session_state
+from autosync.runtime.engine import Session, TrialFailed, WorkerPool
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from autosync.runtime.runner import require_resolved, summarize_steps
@@ -35,16 +45,30 @@ class History:
         wall_times: per step, wall-clock seconds from the start of the ``fit`` call to the end of
             the step (the last worker's), driver round trips included: what loss against time
             is plotted over.
+        restarts: one dict per recovery from a failure (``fit(max_failures=...)``):
+            ``{"failed_at": the global step when the failure surfaced, "resumed_from": the
+            checkpoint's step, "error": what failed}``. Steps redone after a restart are recorded
+            once, so the lists above hold one entry per step.
     """
 
     loss: list = field(default_factory=list)
     step_times: list = field(default_factory=list)
     wall_times: list = field(default_factory=list)
+    restarts: list = field(default_factory=list)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` steps (a restart redoes the steps after its checkpoint)."""
+        del self.loss[n:], self.step_times[n:], self.wall_times[n:]
 
     @property
     def history(self) -> dict:
         """Keras-style ``{"loss": [...], "step_time_s": [...], "wall_time_s": [...]}``."""
         return {"loss": list(self.loss), "step_time_s": list(self.step_times), "wall_time_s": list(self.wall_times)}
+
+
+# after a failure, how long a worker may take to answer before it is started again (a worker
+# blocked on a killed parameter server notices within psnet.LIVENESS_S)
+SALVAGE_S = 6.0
 
 
 class Trainer:
@@ -59,20 +83,33 @@ class Trainer:
         cluster: a ClusterSpec.
         timeout_s: limit for each round trip to the workers (start-up included in the first).
         pool: warm workers to use (see ``RayRunner``); by default the trainer starts its own.
+        restore: a checkpoint directory (``save``, ``fit(checkpoint_dir=...)``) to continue from:
+            weights, optimizer state, global step and data positions. It must have been written
+            with the same model, optimizer class and strategy.
 
     Raises:
         TypeError: a model, strategy or cluster that is not one of the objects above.
-        ConfigError: a strategy that does not fit the model, or an optimizer the runtime does not
-            implement (checked before Ray starts).
+        ConfigError: a strategy that does not fit the model, an optimizer the runtime does not
+            implement (checked before Ray starts), or a ``restore`` checkpoint that does not
+            exist, is damaged or was written for another model, optimizer or strategy (the
+            message says what differs; a missing or damaged one is found before Ray starts).
     """
 
     def __init__(self, model: ModelDef, strategy: Strategy, cluster: ClusterSpec, *, timeout_s: float = 600.0,
-                 pool: WorkerPool | None = None):
+                 pool: WorkerPool | None = None, restore: str | os.PathLike | None = None):
         self.model_def = require_resolved(model, (ModelDef,), "the model")
         self.strategy = require_resolved(strategy, (Strategy,), "the strategy")
         self.cluster = require_resolved(cluster, (ClusterSpec,), "the cluster")
         check_model_optimizer(self.model_def)   # before Ray starts, as the commands do
         self.timeout_s = float(timeout_s)
+        self._keras_model = None
+        restoring = None
+        if restore is not None:   # a missing, damaged or foreign checkpoint fails before Ray starts
+            restoring = CheckpointStore(restore)
+            manifest, _ = restoring.read()
+            problems = manifest.mismatches(self._manifest(variables=manifest.variables))
+            if problems:
+                raise ConfigError(problems, source=f"restore {restore}")
         self._own_pool = pool is None
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
@@ -80,6 +117,8 @@ class Trainer:
         self.stop_training = False
         try:
             self._start()
+            if restoring is not None:
+                self._restore(restoring, time.monotonic() + self.timeout_s)
         except Exception:
             self.close()
             raise
@@ -95,54 +134,241 @@ class Trainer:
         self.session.start(deadline)
         self.step = 0
 
-    def fit(self, steps: int, callbacks=(), steps_per_call: int = 10) -> History:
+    def fit(self, steps: int, callbacks=(), steps_per_call: int = 10, *, checkpoint_every: int | None = None,
+            checkpoint_dir: str | os.PathLike | None = None, max_failures: int = 0) -> History:
         """Train ``steps`` steps.
 
         Args:
             steps: how many steps (each: every worker one batch, then synchronization).
             callbacks: callables ``fn(step, logs)`` or objects with ``on_step_end(step, logs)``;
                 ``logs`` has ``loss``, ``step_time_s`` and ``wall_time_s``. Setting ``trainer.stop_training = True``
-                stops after the current round trip.
-            steps_per_call: steps per round trip to the workers.
+                stops after the current round trip. After a restart, the steps redone are seen
+                again.
+            steps_per_call: steps per round trip to the workers (shortened so that round trips
+                end on every checkpoint step).
+            checkpoint_every: write a checkpoint (``save``) to ``checkpoint_dir`` each time the
+                global step reaches a multiple of this.
+            checkpoint_dir: where checkpoints go (one directory; each write replaces the last).
+            max_failures: how many times a worker or parameter-server failure (a dead actor, an
+                error, a round trip past ``timeout_s``) is recovered from: everything left is killed,
+                the actors are started again from the last checkpoint in ``checkpoint_dir`` (one is
+                written when ``fit`` starts) and training goes on, as Ray Train's
+                ``FailureConfig(max_failures)``. Needs ``checkpoint_dir``.
 
         Returns:
-            the History of these steps.
+            the History of these steps (``restarts`` lists the recoveries).
 
         Raises:
             ConfigError: bad arguments.
-            RuntimeError: a worker or parameter server failed (every actor is then killed).
+            RuntimeError: a worker or parameter server failed, more than ``max_failures`` times
+                (every actor is then killed); the message lists each failure.
         """
         if not (isinstance(steps, int) and steps >= 0):
             raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
         if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
             raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+        every = checkpoint_every
+        if every is not None and not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+            raise ConfigError(f"checkpoint_every must be an integer >= 1 (steps) or None, got {checkpoint_every!r}")
+        if not (isinstance(max_failures, int) and not isinstance(max_failures, bool) and max_failures >= 0):
+            raise ConfigError(f"max_failures must be an integer >= 0, got {max_failures!r}")
+        if checkpoint_dir is None and (checkpoint_every is not None or max_failures):
+            raise ConfigError(f"{'checkpoint_every' if checkpoint_every is not None else 'max_failures'} needs "
+                              f"checkpoint_dir: the directory checkpoints are written to "
+                              f"{'and restarts continue from' if max_failures else ''}".rstrip())
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
+        store = CheckpointStore(checkpoint_dir) if checkpoint_dir is not None else None
+        if store is not None:
+            store.check_writable()
         history = History()
         self.stop_training = False
-        done = 0
+        first, target = self.step, self.step + steps
+        failures: list[str] = []
         began = time.time()   # UNIX time, as the workers' step stamps
-        while done < steps and not self.stop_training:
-            n = min(steps_per_call, steps - done)
+        if max_failures:   # the point a failure before the first periodic checkpoint restarts from
             try:
-                results = self.session.run(n, time.monotonic() + self.timeout_s)
-            except Exception:
+                self.save(store.path)
+            except TrialFailed:
                 self.session.abort()
                 self.session = None
                 raise
-            summary = summarize_steps(results, 0)
-            # a step ends when its last worker starts the next one (or finishes the final pull)
-            ends = np.max([r["start"][1:] for r in results], axis=0) - began
-            for loss, seconds, wall in zip(summary["loss"], summary["step_times"], ends):
-                history.loss.append(loss)
-                history.step_times.append(seconds)
-                history.wall_times.append(float(wall))
-                logs = {"loss": loss, "step_time_s": seconds, "wall_time_s": float(wall)}
-                for cb in callbacks:
-                    (cb.on_step_end if hasattr(cb, "on_step_end") else cb)(self.step, logs)
-                self.step += 1
-            done += n
+        while self.step < target and not self.stop_training:
+            n = min(steps_per_call, target - self.step)
+            if checkpoint_every is not None:
+                n = min(n, checkpoint_every - self.step % checkpoint_every)
+            self._guarded(lambda: self._round_trip(n, callbacks, history, began, checkpoint_every, store),
+                          store, failures, max_failures, history, first)
         return history
+
+    def _round_trip(self, n: int, callbacks, history: History, began: float, checkpoint_every, store) -> None:
+        try:
+            results = self.session.run(n, time.monotonic() + self.timeout_s)
+        except TrialFailed:
+            raise   # ``_guarded`` kills what is left
+        except Exception:
+            self.session.abort()
+            self.session = None
+            raise
+        summary = summarize_steps(results, 0)
+        # a step ends when its last worker starts the next one (or finishes the final pull)
+        ends = np.max([r["start"][1:] for r in results], axis=0) - began
+        for loss, seconds, wall in zip(summary["loss"], summary["step_times"], ends):
+            history.loss.append(loss)
+            history.step_times.append(seconds)
+            history.wall_times.append(float(wall))
+            logs = {"loss": loss, "step_time_s": seconds, "wall_time_s": float(wall)}
+            for cb in callbacks:
+                (cb.on_step_end if hasattr(cb, "on_step_end") else cb)(self.step, logs)
+            self.step += 1
+        if checkpoint_every is not None and self.step % checkpoint_every == 0:
+            self.save(store.path)
+
+    def _guarded(self, work, store, failures: list, max_failures: int, history: History, first: int) -> None:
+        """Run ``work``; on a worker or PS failure, kill what is left and, while failures stay
+        within ``max_failures``, start again from the checkpoint in ``store``."""
+        while True:
+            try:
+                if self.session is None:   # the previous attempt failed: start again
+                    failed_at = self.step
+                    self._start()
+                    manifest = self._restore(store, time.monotonic() + self.timeout_s)
+                    history.truncate(manifest.step - first)
+                    history.restarts.append({"failed_at": failed_at, "resumed_from": manifest.step,
+                                             "error": failures[-1]})
+                    return
+                return work()
+            except TrialFailed as e:
+                if not max_failures:
+                    if self.session is not None:
+                        self.session.abort()
+                        self.session = None
+                    raise
+                self._salvage()
+                failures.append(f"at step {self.step}: {e}")
+                if len(failures) > max_failures:
+                    listed = "; ".join(failures)
+                    raise RuntimeError(f"training failed {len(failures)} times, more than max_failures="
+                                       f"{max_failures}: {listed}") from e
+
+    def _salvage(self) -> None:
+        """After a failure: kill the session's parameter servers and helpers, and the workers
+        that are dead or still busy after ``SALVAGE_S`` (a worker waiting on a killed parameter
+        server fails within ``psnet.LIVENESS_S``). Survivors stay warm (no new TensorFlow
+        import) only in plans without collectives, whose groups would have to form again."""
+        import ray
+
+        session, self.session = self.session, None
+        if session is None:
+            self.pool.kill_all()
+            return
+        session.close()
+        if self.plan.backends or not session.workers:
+            self.pool.kill_all()
+            return
+        refs = [w.info.remote() for w in session.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SALVAGE_S)
+        lost = []
+        for slot, ref in zip(self.plan.replicas, refs):
+            try:
+                if ref not in ready:
+                    raise TimeoutError
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - dead or stuck: started again
+                lost.append(slot)
+        self.pool.kill(lost)
+
+    def save(self, path: str | os.PathLike) -> CheckpointInfo:
+        """Write a checkpoint of the training state to the directory ``path``, atomically.
+
+        It holds the model's weights (worker 0's, as ``get_weights``) in ``model.weights.h5``,
+        written by the model's own ``save_weights`` (so ``keras.Model.load_weights`` reads it),
+        every parameter server's optimizer slots and update counters and the all-reduced
+        variables' optimizer state in ``state.npz``, and the global step and each worker's data
+        position in ``manifest.json`` (see ``autosync.runtime.checkpoint`` for the layout). A
+        crash while writing leaves the previous checkpoint in ``path`` whole. Not kept:
+        compressor memory (error feedback, PowerSGD), which starts afresh after a restore, and
+        the other workers' own non-trainable state (BatchNormalization statistics: worker 0's
+        are restored on every worker).
+
+        Returns:
+            where it went, its size and how long the write took.
+
+        Raises:
+            ConfigError: ``path`` is a file or a non-empty directory that holds no checkpoint.
+            TrialFailed: a worker or parameter server failed while its state was read.
+        """
+        if self.session is None:
+            raise RuntimeError("this Trainer is closed (or failed); create a new one")
+        t0 = time.perf_counter()
+        store = CheckpointStore(path)
+        store.check_writable()
+        state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
+        manifest = self._manifest(step=self.step, positions=state.positions, ps_versions=state.ps_versions)
+        weights, arrays = state.weights, state.arrays
+
+        def write_weights(file: str) -> None:
+            model = self._model()
+            model.set_weights(weights)
+            model.save_weights(file)
+
+        info = store.write(manifest, write_weights, arrays)
+        return dataclasses.replace(info, seconds=time.perf_counter() - t0)
+
+    def _manifest(self, step: int = 0, positions: tuple | None = None, ps_versions: dict | None = None,
+                  variables: tuple | None = None) -> Manifest:
+        """A manifest describing this trainer's state (``variables`` given: before the workers
+        described the model)."""
+        from autosync.runtime.optimizers import keras_optimizer_config
+
+        if variables is None:
+            variables = tuple((v["name"], tuple(v["shape"]), v["dtype"]) for v in self.pool.description["variables"])
+            optimizer = self.pool.description["optimizer"]["class"]
+        else:
+            optimizer = keras_optimizer_config(self.model_def.optimizer_fn())["class"]
+        n = len(self.strategy.resolved_replicas(self.cluster))
+        return Manifest(step=step, data_positions=tuple(positions) if positions is not None else (0,) * n,
+                        model=self.model_def.name, variables=variables, optimizer=optimizer,
+                        strategy=self.strategy.to_dict(), strategy_fingerprint=self.strategy.fingerprint,
+                        ps_versions=ps_versions or {})
+
+    def _model(self):
+        """A Keras model of this ModelDef in the driver, to write and read the weights file with
+        the model's own ``save_weights``/``load_weights``."""
+        if self._keras_model is None:
+            model = self.model_def.model_fn()
+            if not model.built:   # a subclassed model: build it on one batch
+                x, _ = next(self.model_def.batches(0, 1))
+                model(x, training=False)
+            self._keras_model = model
+        return self._keras_model
+
+    def _restore(self, store: CheckpointStore, deadline: float) -> Manifest:
+        """Load the checkpoint in ``store`` into the running session (fresh actors).
+
+        Raises:
+            ConfigError: the checkpoint does not fit this trainer, or is damaged.
+        """
+        manifest, info = store.read()
+        problems = manifest.mismatches(self._manifest())
+        if problems:
+            raise ConfigError(problems, source=f"restore {store.path}")
+        arrays = store.arrays(manifest)
+        model = self._model()
+        try:
+            model.load_weights(info.weights_path)
+        except Exception as e:  # noqa: BLE001 - h5py and Keras raise many kinds
+            raise ConfigError(f"restore {store.path}: {info.weights_path} cannot be loaded into model "
+                              f"{self.model_def.name} ({type(e).__name__}: {e})") from None
+        weights = model.get_weights()
+        position = {id(w): i for i, w in enumerate(model.weights)}
+        values = [weights[position[id(v)]] for v in model.trainable_variables]
+        state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
+        problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        if problems:
+            raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")
+        self.step = manifest.step
+        return manifest
 
     def get_weights(self) -> list:
         """All model weights as numpy arrays, in ``model.get_weights()`` order, as worker 0 holds

@@ -188,6 +188,8 @@ class TrainingWorker:
         for weight, value in self._fixed:
             weight.assign(value)
         self.batches = self.model_def.batches(worker_index, num_workers)
+        self._data = (worker_index, num_workers)
+        self.drawn = 0   # batches drawn from ``batches`` (the data position a checkpoint keeps)
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
             old.close()
         self.channels = channels
@@ -220,7 +222,7 @@ class TrainingWorker:
             t0 = time.time()
             out["start"].append(t0)
             if ahead is None:
-                x, y = next(self.batches)
+                x, y = self._next_batch()
                 rows = self.row_reads.rows(x)
                 self._assign_pulled(self.step, rows=rows)
             else:
@@ -228,7 +230,7 @@ class TrainingWorker:
                 self._assign_pulled(self.step, rows=rows, pending=pending)
                 ahead = None
             if prefetch and i + 1 < steps:
-                nx, ny = next(self.batches)
+                nx, ny = self._next_batch()
                 nrows = self.row_reads.rows(nx)
                 ahead = (nx, ny, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
             t1 = time.perf_counter()
@@ -253,6 +255,44 @@ class TrainingWorker:
             channel.finish()
         out["start"].append(time.time())
         return out
+
+    def _next_batch(self):
+        self.drawn += 1
+        return next(self.batches)
+
+    def checkpoint_state(self, with_weights: bool) -> dict:
+        """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
+        (batches drawn), and with ``with_weights`` the model's ``weights`` (``get_weights``) and
+        per channel its state (``checkpoint_state()`` of channels that keep state, else None)."""
+        out = {"step": self.step, "position": self.drawn}
+        if with_weights:
+            out["weights"] = self.get_weights()
+            out["channels"] = [c.checkpoint_state() if hasattr(c, "checkpoint_state") else None
+                               for c in self.channels]
+        return out
+
+    def restore_checkpoint(self, weights: list, position: int, step: int, channels: list) -> list[str]:
+        """Continue from a checkpoint (after ``reset``): the model's weights, the data iterator
+        advanced to ``position`` batches, the step counter, and each channel's state (as
+        ``checkpoint_state`` gave them). Returns the problems found."""
+        if len(channels) > len(self.channels):
+            return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
+                    f"{len(self.channels)}"]
+        channels = list(channels) + [None] * (len(self.channels) - len(channels))
+        self.model.set_weights(weights)
+        values = [v.numpy() for v in self.variables]
+        problems = []
+        for channel, state in zip(self.channels, channels):
+            if hasattr(channel, "load_checkpoint"):
+                problems += channel.load_checkpoint(values, state or {})
+        self.batches = self.model_def.batches(*self._data)
+        self.drawn = 0
+        for _ in range(int(position)):   # iterators cannot seek: draw and drop
+            self._next_batch()
+        self.step = int(step)
+        self._trained = True
+        self._partial = False
+        return problems
 
     def get_weights(self) -> list:
         """All model weights (``model.get_weights()`` order), row-pulled tables pulled whole."""

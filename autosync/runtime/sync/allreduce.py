@@ -128,6 +128,31 @@ class AllReduceChannel(SyncChannel):
     def finish(self) -> None:
         """Collectives are synchronous: nothing is outstanding."""
 
+    def checkpoint_state(self) -> dict:
+        """The local optimizer's slots and update count (name -> array); the values are the
+        model's. Compressor memory (error feedback, PowerSGD's Q) is each worker's own and is
+        not kept: a restored run starts it afresh."""
+        from autosync.runtime import optimizer_state
+
+        state = optimizer_state.save(self._optimizer) if self._optimizer is not None else {}
+        return {**state, "version": np.array(self._version)}
+
+    def load_checkpoint(self, values: list, state: dict) -> list[str]:
+        """Continue from ``checkpoint_state``'s arrays; ``values``: every trainable variable's
+        restored value (model order). Returns the problems found."""
+        from autosync.runtime import optimizer_state
+        from autosync.runtime.optimizers import make_optimizer
+
+        self.params = {m.key: np.array(m.take(values[m.key[0]]), copy=True) for g in self.groups for m in g.members}
+        self._optimizer = make_optimizer(self.optimizer_config)
+        for key, value in self.params.items():
+            self._optimizer.add_variable(key, value)
+        state = dict(state)
+        self._version = int(state.pop("version", 0))
+        if not state:   # saved before the first update: the slots start as they are
+            return []
+        return optimizer_state.load(self._optimizer, self.params, state)
+
     # ---- internals ---------------------------------------------------------------------
     def _backend(self, name: str) -> CollectiveBackend:
         b = self._backends.get(name)

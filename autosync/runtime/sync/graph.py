@@ -159,6 +159,25 @@ class GraphAllReduceChannel(SyncChannel):
     def finish(self) -> None:
         """Collectives complete inside the step: nothing is outstanding."""
 
+    def checkpoint_state(self) -> dict:
+        """The Keras optimizer's variables (iterations, slots) of the variables reduced here, as
+        ``"keras/<i>" -> array``. Compressor memory (fp16 error feedback, PowerSGD) is each
+        worker's own and is not kept: a restored run starts it afresh."""
+        return {f"keras/{i}": np.array(v.numpy()) for i, v in enumerate(getattr(self, "_optimizer_variables", ()))}
+
+    def load_checkpoint(self, values: list, state: dict) -> list[str]:
+        """Set the optimizer's variables from ``checkpoint_state``'s arrays (the model's own
+        variables hold the values). Returns the problems found."""
+        from autosync.runtime.optimizer_state import state_problems
+
+        variables = getattr(self, "_optimizer_variables", [])
+        want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(variables)}
+        problems = state_problems(want, state)
+        if not problems:
+            for i, v in enumerate(variables):
+                v.assign(state[f"keras/{i}"])
+        return problems
+
     # ---- the step ------------------------------------------------------------------------------
     def bind(self, model, loss_fn, optimizer):
         """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
@@ -168,6 +187,7 @@ class GraphAllReduceChannel(SyncChannel):
         variables = list(model.trainable_variables)
         owned = sorted({m.key[0] for g in self.groups for m in g.members})
         optimizer.build([variables[v] for v in owned])
+        self._optimizer_variables = list(optimizer.variables)   # what a checkpoint keeps
         memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
                   for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
                   if comp is not None and comp.kind == "fp16" and comp.error_feedback for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}

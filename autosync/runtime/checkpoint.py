@@ -1,0 +1,302 @@
+"""Trainer checkpoints on disk: a directory written atomically, its weights readable by Keras.
+
+A checkpoint directory holds one committed checkpoint at a time::
+
+    ckpt/
+      manifest.json            # the commit point: names the step directory below
+      step-00000040/
+        model.weights.h5       # ``model.save_weights``: ``keras.Model.load_weights`` reads it
+        state.npz              # optimizer slots of every PS shard and of the all-reduced variables
+
+``CheckpointStore.write`` writes a new step directory under a temporary name, fsyncs every file
+and the directory, renames it, then replaces ``manifest.json`` (written to a temporary file and
+fsynced first) with ``os.replace``, and only then deletes the previous step directory. A crash at
+any point leaves ``manifest.json`` naming a complete step directory: the previous checkpoint, or
+the new one once the replace happened. Leftovers of an interrupted write (``.tmp-*``) are removed
+by the next write.
+
+The manifest is plain data (``Manifest``): format version, global step, each worker's data
+position, the model's variables and optimizer class, the strategy and its fingerprint, and each
+parameter server's update counters. What the state belongs to is checked against the trainer that
+restores it (``Manifest.mismatches``) before anything is loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from strategy_space.errors import ConfigError, short_repr
+
+FORMAT = "autosync-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "model.weights.h5"
+STATE = "state.npz"
+_TMP_PREFIX = ".tmp-"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What one checkpoint holds, besides its arrays.
+
+    Attributes:
+        step: the global step the state is at (steps trained so far).
+        data_positions: per worker (replica order), batches drawn from its data iterator.
+        model: the model's name.
+        variables: trainable variables as ``(name, shape, dtype)``, in model order.
+        optimizer: the optimizer's class (``keras_optimizer_config``'s ``class``).
+        strategy: ``Strategy.to_dict()`` of the strategy trained with.
+        strategy_fingerprint: its fingerprint.
+        ps_versions: parameter-server actor name -> ``{"version", "chunk_version"}``.
+        directory: the step directory holding the arrays (relative to the checkpoint directory).
+        version: the format version.
+    """
+
+    step: int
+    data_positions: tuple
+    model: str
+    variables: tuple
+    optimizer: str
+    strategy: dict
+    strategy_fingerprint: str
+    ps_versions: dict = field(default_factory=dict)
+    directory: str = ""
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self):
+        if not (isinstance(self.step, int) and self.step >= 0):
+            raise ConfigError(f"checkpoint step must be an integer >= 0, got {short_repr(self.step)}")
+        if not all(isinstance(p, int) and p >= 0 for p in self.data_positions):
+            raise ConfigError(f"checkpoint data positions must be integers >= 0, got {short_repr(self.data_positions)}")
+        if self.version != FORMAT_VERSION:
+            raise ConfigError(f"checkpoint format version {short_repr(self.version)} is not supported; this AutoSync "
+                              f"reads version {FORMAT_VERSION}")
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": self.version, "step": self.step,
+                "data_positions": list(self.data_positions), "model": self.model,
+                "variables": [[n, list(s), d] for n, s, d in self.variables], "optimizer": self.optimizer,
+                "strategy": self.strategy, "strategy_fingerprint": self.strategy_fingerprint,
+                "ps_versions": self.ps_versions, "directory": self.directory}
+
+    @classmethod
+    def from_dict(cls, data, where: str) -> "Manifest":
+        """Raises ConfigError naming ``where`` for anything that is not a manifest of this format."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ConfigError(f"{where} is not an AutoSync checkpoint manifest (no \"format\": \"{FORMAT}\")")
+        need = {"version", "step", "data_positions", "model", "variables", "optimizer", "strategy",
+                "strategy_fingerprint", "ps_versions", "directory"}
+        missing = sorted(need - set(data))
+        unknown = sorted(set(data) - need - {"format"})
+        if missing or unknown:
+            raise ConfigError(f"{where}: damaged checkpoint manifest: "
+                              + "; ".join(([f"missing keys {missing}"] if missing else [])
+                                          + ([f"unknown keys {unknown}"] if unknown else [])))
+        try:
+            variables = tuple((str(n), tuple(int(x) for x in s), str(d)) for n, s, d in data["variables"])
+            directory = data["directory"]
+            if not (isinstance(directory, str) and directory.startswith("step-") and "/" not in directory):
+                raise ValueError(f"bad step directory {directory!r}")
+            return cls(step=data["step"], data_positions=tuple(data["data_positions"]), model=str(data["model"]),
+                       variables=variables, optimizer=str(data["optimizer"]), strategy=dict(data["strategy"]),
+                       strategy_fingerprint=str(data["strategy_fingerprint"]),
+                       ps_versions=dict(data["ps_versions"]), directory=directory, version=data["version"])
+        except ConfigError as e:
+            raise e.with_source(where) from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: damaged checkpoint manifest ({e})") from None
+
+    def mismatches(self, other: "Manifest") -> list[str]:
+        """What differs between this checkpoint and the state ``other`` describes (a trainer's),
+        each a sentence; empty when the state fits."""
+        problems = []
+        if self.variables != other.variables:
+            mine = {n: (s, d) for n, s, d in self.variables}
+            theirs = {n: (s, d) for n, s, d in other.variables}
+            diff = [f"{n} is {mine[n]} in the checkpoint but {theirs[n]} in the model"
+                    for n in mine if n in theirs and mine[n] != theirs[n]]
+            diff += [f"{n} only in the checkpoint" for n in mine if n not in theirs]
+            diff += [f"{n} only in the model" for n in theirs if n not in mine]
+            problems.append(f"the model's variables differ from the checkpoint's ({self.model}): "
+                            + ("; ".join(diff[:5]) or "their order differs"))
+        if self.optimizer != other.optimizer:
+            problems.append(f"the optimizer is {other.optimizer} but the checkpoint holds {self.optimizer} state")
+        if len(self.data_positions) != len(other.data_positions):
+            problems.append(f"the strategy trains {len(other.data_positions)} workers but the checkpoint has "
+                            f"{len(self.data_positions)}")
+        if self.strategy_fingerprint != other.strategy_fingerprint:
+            mine = {v["var"]: v for v in self.strategy.get("variables", [])}
+            theirs = {v["var"]: v for v in other.strategy.get("variables", [])}
+            diff = [f"{n}: checkpoint {json.dumps({k: x for k, x in mine.get(n, {}).items() if k != 'var'})} vs "
+                    f"now {json.dumps({k: x for k, x in theirs.get(n, {}).items() if k != 'var'})}"
+                    for n in sorted(set(mine) | set(theirs)) if mine.get(n) != theirs.get(n)]
+            rest = {k: v for k, v in self.strategy.items() if k != "variables"}
+            now = {k: v for k, v in other.strategy.items() if k != "variables"}
+            if rest != now:
+                diff.append(f"strategy settings: checkpoint {json.dumps(rest, sort_keys=True)} vs now "
+                            f"{json.dumps(now, sort_keys=True)}")
+            problems.append(f"the strategy differs from the checkpoint's (fingerprint {self.strategy_fingerprint} vs "
+                            f"{other.strategy_fingerprint}): " + "; ".join(diff[:5])
+                            + "; optimizer state is held per shard, so it restores only onto the same strategy "
+                              f"(the weights alone load with keras.Model.load_weights from its {WEIGHTS})")
+        return problems
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint as written or read.
+
+    Attributes:
+        path: the checkpoint directory.
+        step: its global step.
+        weights_path: its ``model.weights.h5`` (for ``keras.Model.load_weights``).
+        bytes: bytes of its files.
+        seconds: time the write took (0 for a read).
+    """
+
+    path: str
+    step: int
+    weights_path: str
+    bytes: int
+    seconds: float = 0.0
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """One checkpoint directory (see the module doc).
+
+    Args:
+        path: the directory; created on the first write.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def check_writable(self) -> None:
+        """Raise ConfigError unless ``path`` is absent, an empty directory or a checkpoint
+        directory (writing deletes step directories it does not name: never a user's folder)."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"checkpoint path {p} is a file, not a directory; give a directory path")
+        if p.is_dir() and any(p.iterdir()) and not (p / MANIFEST).exists():
+            raise ConfigError(f"checkpoint path {p} is a non-empty directory without {MANIFEST}; give a new or "
+                              f"empty directory (writing a checkpoint replaces its contents)")
+
+    def write(self, manifest: Manifest, write_weights: Callable[[str], None], arrays: dict) -> CheckpointInfo:
+        """Commit a checkpoint atomically.
+
+        Args:
+            manifest: its manifest (``directory`` is filled in here).
+            write_weights: writes the model's weights to the ``.weights.h5`` path it is given.
+            arrays: name -> array for ``state.npz``.
+
+        Raises:
+            ConfigError: ``path`` is not a place to write a checkpoint (``check_writable``).
+        """
+        t0 = time.perf_counter()
+        self.check_writable()
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f"{_TMP_PREFIX}{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+        try:
+            write_weights(str(tmp / WEIGHTS))
+            with open(tmp / STATE, "wb") as f:
+                np.savez(f, **arrays)
+            for name in (WEIGHTS, STATE):
+                _fsync_file(tmp / name)
+            _fsync_dir(tmp)
+            final = f"step-{manifest.step:08d}"
+            if (self.path / final).exists():   # the same step again (a restart, a second save)
+                final = f"{final}-{uuid.uuid4().hex[:6]}"
+            os.rename(tmp, self.path / final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(self.path)
+        body = dict(manifest.to_dict(), directory=final)
+        staged = self.path / f"{_TMP_PREFIX}{MANIFEST}"
+        with open(staged, "w") as f:
+            json.dump(body, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staged, self.path / MANIFEST)
+        _fsync_dir(self.path)
+        self._prune(keep=final)
+        size = sum(f.stat().st_size for f in (self.path / final).iterdir()) + (self.path / MANIFEST).stat().st_size
+        return CheckpointInfo(str(self.path), manifest.step, str(self.path / final / WEIGHTS), size,
+                              time.perf_counter() - t0)
+
+    def _prune(self, keep: str) -> None:
+        """Remove step directories other than ``keep`` and leftovers of interrupted writes."""
+        for child in self.path.iterdir():
+            if child.name == keep:
+                continue
+            if child.name.startswith("step-") and child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.name.startswith(_TMP_PREFIX):
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+
+    def exists(self) -> bool:
+        return (self.path / MANIFEST).is_file()
+
+    def read(self) -> tuple[Manifest, CheckpointInfo]:
+        """The committed checkpoint's manifest and where its files are.
+
+        Raises:
+            ConfigError: no checkpoint at ``path``, a damaged manifest, or missing files.
+        """
+        p = self.path
+        if not p.exists():
+            raise ConfigError(f"restore: checkpoint {p} does not exist; give the directory Trainer.save or "
+                              f"fit(checkpoint_dir=...) wrote")
+        if not (p / MANIFEST).is_file():
+            raise ConfigError(f"restore: {p} is not a checkpoint directory (it has no {MANIFEST})")
+        try:
+            data = json.loads((p / MANIFEST).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"restore: checkpoint manifest {p / MANIFEST} cannot be read ({e}); the checkpoint is "
+                              f"damaged") from None
+        manifest = Manifest.from_dict(data, f"restore: checkpoint manifest {p / MANIFEST}")
+        folder = p / manifest.directory
+        missing = [n for n in (WEIGHTS, STATE) if not (folder / n).is_file()]
+        if missing:
+            raise ConfigError(f"restore: checkpoint {p} lacks {', '.join(missing)} in {manifest.directory}; "
+                              f"the checkpoint is damaged")
+        size = sum(f.stat().st_size for f in folder.iterdir())
+        return manifest, CheckpointInfo(str(p), manifest.step, str(folder / WEIGHTS), size)
+
+    def arrays(self, manifest: Manifest) -> dict:
+        """``state.npz`` of the committed checkpoint, loaded (name -> array).
+
+        Raises:
+            ConfigError: the file cannot be read.
+        """
+        path = self.path / manifest.directory / STATE
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"restore: {path} cannot be read ({e}); the checkpoint is damaged") from None

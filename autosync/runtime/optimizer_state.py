@@ -1,0 +1,52 @@
+"""An update rule's state (``optimizers.NumpyOptimizer`` slots, ``keras_optimizer.KerasOptimizer``
+variables) as named arrays for a checkpoint, and back.
+
+Names are ``"<var>.<shard>/<slot>"`` for the numpy rules and ``"keras/<i>"`` (the i-th of the
+Keras optimizer's ``variables``) for a Keras optimizer. Loading checks names and shapes first and
+changes nothing when they differ.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def key_text(key) -> str:
+    """A shard key ``(var, shard)`` (or any key) as text for an array name."""
+    return ".".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
+
+
+def state_problems(want: dict, arrays: dict) -> list[str]:
+    """Differences between the names and shapes expected (``want``: name -> shape) and ``arrays``."""
+    problems = []
+    missing, extra = sorted(set(want) - set(arrays)), sorted(set(arrays) - set(want))
+    if missing:
+        problems.append(f"optimizer state missing from the checkpoint: {', '.join(missing[:6])}")
+    if extra:
+        problems.append(f"optimizer state in the checkpoint that nothing here holds: {', '.join(extra[:6])}")
+    for name in sorted(set(want) & set(arrays)):
+        if tuple(arrays[name].shape) != tuple(want[name]):
+            problems.append(f"optimizer state {name} has shape {tuple(arrays[name].shape)} in the checkpoint, "
+                            f"{tuple(want[name])} here")
+    return problems
+
+
+def save(optimizer) -> dict:
+    """The state of ``optimizer`` (``make_optimizer``'s result) as name -> array (copies)."""
+    if hasattr(optimizer, "slots"):
+        return {f"{key_text(key)}/{name}": np.array(a) for key, slots in optimizer.slots.items()
+                for name, a in slots.items()}
+    return optimizer.state()
+
+
+def load(optimizer, params: dict, arrays: dict) -> list[str]:
+    """Set the state of ``optimizer`` from ``save``'s arrays; ``params`` are the restored values
+    it updates. Returns the problems found (nothing is set then)."""
+    if not hasattr(optimizer, "slots"):
+        return optimizer.load_state(params, arrays)
+    want = {f"{key_text(key)}/{name}": a.shape for key, slots in optimizer.slots.items() for name, a in slots.items()}
+    problems = state_problems(want, arrays)
+    if not problems:
+        for key, slots in optimizer.slots.items():
+            for name in slots:
+                slots[name] = np.array(arrays[f"{key_text(key)}/{name}"], dtype=slots[name].dtype, copy=True)
+    return problems

@@ -1,0 +1,176 @@
+"""Trainer checkpoints and recovery on real Ray + TensorFlow (issue 26): a restore gives back the
+weights and optimizer state exactly and training goes on as without it; a fit that loses a worker
+and then a parameter server ends with the weights of an uninterrupted run; the weights file is
+Keras' own; a crash mid-write and foreign or damaged checkpoints are handled."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from strategy_space.errors import ConfigError
+from tests import runtime_models as rm
+from tests.test_runtime_ps import PAIR, _model_spec, pool  # noqa: F401 - pytest fixture
+
+pytestmark = pytest.mark.integration
+
+
+def _strategy(pool, md, name: str):
+    from strategy_space.builders import get_builder
+
+    options = {"partitioned_ps": {"min_partition_bytes": 1}, "ps": {},
+               "all_reduce": {"backend": "objectstore", "chunk_bytes": 64}}[name]
+    return get_builder(name, **options).build(_model_spec(pool, md), PAIR)
+
+
+def _state(path) -> dict:
+    (npz,) = glob.glob(os.path.join(path, "step-*", "state.npz"))
+    with np.load(npz) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _equal(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("builder", ["partitioned_ps", "all_reduce"])
+def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, tmp_path, monkeypatch, builder):
+    import keras
+
+    from autosync.runtime import checkpoint
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("adam", learning_rate=0.05)   # Adam: two slots per shard, and a step count
+    strategy = _strategy(pool, md, builder)
+    ckpt = tmp_path / "ckpt"
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=2, steps_per_call=1)
+        info = trainer.save(ckpt)
+        saved = trainer.get_weights()
+        trainer.fit(steps=3)
+        straight = trainer.get_weights()
+        # a crash while the next checkpoint is written leaves this one whole
+        monkeypatch.setattr(checkpoint.np, "savez", lambda f, **arrays: (f.write(b"PK half"), 1 / 0))
+        with pytest.raises(ZeroDivisionError):
+            trainer.save(ckpt)
+        monkeypatch.undo()
+    assert info.step == 2 and info.bytes > 0 and info.seconds > 0
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["step"] == 2 and manifest["data_positions"] == [2, 2]
+    assert manifest["strategy_fingerprint"] == strategy.fingerprint
+    state = _state(ckpt)
+    if builder == "partitioned_ps":
+        assert {k.split("/")[1] for k in state} == {"ps@node0", "ps@node1"} and any(k.endswith("/v") for k in state)
+    else:
+        assert any(k.startswith("channel") and k.endswith("/m") for k in state)
+
+    # the weights part is Keras' own file
+    fresh = md.model_fn()
+    fresh.load_weights(info.weights_path)
+    assert _equal(fresh.get_weights(), saved) and isinstance(fresh, keras.Model)
+
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120, restore=ckpt) as again:
+        assert again.step == 2 and _equal(again.get_weights(), saved)
+        again.save(tmp_path / "again")   # the optimizer state as the restored actors hold it
+        resumed = _state(tmp_path / "again")
+        assert resumed.keys() == state.keys() and all(np.array_equal(resumed[k], state[k]) for k in state)
+        again.fit(steps=3, steps_per_call=2)
+        continued = again.get_weights()
+    for got, want in zip(continued, straight):
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-7), np.abs(got - want).max()
+    for got, want in zip(continued, rm.reference_weights(md, num_workers=2, steps=5)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
+def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_path):
+    import ray
+
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("sgd", learning_rate=0.1, momentum=0.9)   # momentum: state on the PS
+    strategy = _strategy(pool, md, "ps")
+    killed = []
+
+    def chaos(step, logs):
+        # step 4: worker node1:0 dies (the next round trip fails); after the restart from step 3,
+        # step 6: the parameter server dies
+        if step == 4 and not killed:
+            killed.append(("worker", trainer.session.workers[1]))
+            ray.kill(trainer.session.workers[1], no_restart=True)
+        elif step == 6 and len(killed) == 1:
+            killed.append(("ps", trainer.session.ps_actors[0]))
+            ray.kill(trainer.session.ps_actors[0], no_restart=True)
+
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        for bad, match in [({"checkpoint_every": 0, "checkpoint_dir": tmp_path}, "checkpoint_every must be"),
+                           ({"max_failures": -1, "checkpoint_dir": tmp_path}, "max_failures must be"),
+                           ({"max_failures": 2}, "max_failures needs checkpoint_dir"),
+                           ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint_dir")]:
+            with pytest.raises(ConfigError, match=match):
+                trainer.fit(steps=1, **bad)
+        history = trainer.fit(steps=8, callbacks=[chaos], steps_per_call=1, checkpoint_every=3,
+                              checkpoint_dir=tmp_path / "ckpt", max_failures=2)
+        weights = trainer.get_weights()
+        assert trainer.step == 8
+    assert [k for k, _ in killed] == ["worker", "ps"]
+    assert [(r["failed_at"], r["resumed_from"]) for r in history.restarts] == [(5, 3), (7, 6)], history.restarts
+    assert "worker node1:0 died" in history.restarts[0]["error"], history.restarts
+    assert "parameter server ps@node0 died" in history.restarts[1]["error"], history.restarts
+    assert len(history.loss) == len(history.step_times) == len(history.wall_times) == 8
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=8)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
+def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):
+    import ray
+
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    strategy = _strategy(pool, md, "ps")
+
+    def kill_ps(step, logs):
+        ray.kill(trainer.session.ps_actors[0], no_restart=True)
+
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        with pytest.raises(RuntimeError, match=r"training failed 2 times, more than max_failures=1: at step 1: "
+                                               r"parameter server ps@node0 died.*; at step 1: parameter server"):
+            trainer.fit(steps=4, callbacks=[kill_ps], steps_per_call=1, checkpoint_dir=tmp_path / "ckpt",
+                        max_failures=1)
+        assert trainer.session is None
+
+
+def test_restore_refuses_missing_damaged_and_foreign_checkpoints(tmp_path):
+    """Found before any Ray actor starts."""
+    import autosync
+    from autosync.runtime.checkpoint import CheckpointStore, Manifest
+    from autosync.runtime.trainer import Trainer
+    from autosync.sources import local_cluster
+    from strategy_space import PS, Strategy, VarConfig
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    names = ["emb/embeddings", "hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
+    on_ps = Strategy(tuple(VarConfig(n, (PS("node0"),)) for n in names))
+    cluster = local_cluster()
+    with pytest.raises(ConfigError, match="restore: checkpoint .*nowhere does not exist"):
+        Trainer(md, on_ps, cluster, restore=tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="restore: checkpoint .*nowhere does not exist"):
+        autosync.make_trainer(md, on_ps, cluster, restore=str(tmp_path / "nowhere"))
+
+    variables = (("emb/embeddings", (40, 4), "float32"), ("hidden/kernel", (12, 6), "float32"),
+                 ("hidden/bias", (6,), "float32"), ("out/kernel", (6, 1), "float32"), ("out/bias", (1,), "float32"))
+    other = Strategy(tuple(VarConfig(n, (PS("node0", sync=False),)) for n in names))
+    store = CheckpointStore(tmp_path / "foreign")
+    store.write(Manifest(step=3, data_positions=(3,) * len(cluster.devices), model="tiny_emb", variables=variables,
+                         optimizer="SGD", strategy=other.to_dict(), strategy_fingerprint=other.fingerprint),
+                lambda path: open(path, "wb").close(), {})
+    with pytest.raises(ConfigError, match=r"restore .*foreign: the strategy differs from the checkpoint's .*"
+                                          r"emb/embeddings: checkpoint .*\"sync\": false"):
+        Trainer(md, on_ps, cluster, restore=store.path)
+
+    (store.path / "manifest.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="manifest .* cannot be read .* damaged"):
+        Trainer(md, on_ps, cluster, restore=store.path)
