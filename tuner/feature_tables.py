@@ -12,6 +12,7 @@ import numpy as np
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.calibration import CostCurve
 from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
+from strategy_space.encoding import BACKEND_ID
 
 INDEX_BYTES = 8            # int64 row indices of sparse gradients
 DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
@@ -169,3 +170,9 @@ def curve_ns(curve: CostCurve, buffers: np.ndarray) -> np.ndarray:
     the incremental featurizer's numbers are bit for bit these."""
     return np.rint(curve.seconds(buffers) * 1e9).astype(np.int64).sum(axis=-1).astype(np.float64)
 
+
+def cpu_ring(backend_max: np.ndarray) -> np.ndarray:
+    """Whether a strategy's collectives run on the CPU whatever the nodes hold: ``gloo`` and the
+    object store reduce in host memory (a GPU's gradients are copied out and back); ``auto`` and
+    ``graph`` use NCCL where the nodes have GPUs. One backend per strategy: its largest id."""
+    return (backend_max == BACKEND_ID["gloo"]) | (backend_max == BACKEND_ID["objectstore"])

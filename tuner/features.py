@@ -50,7 +50,7 @@ import numpy as np
 from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
-from .feature_tables import FeatureTables, curve_ns, powersgd_shard_bytes
+from .feature_tables import FeatureTables, cpu_ring, curve_ns, powersgd_shard_bytes
 
 FEATURE_NAMES = (
     "compute_s", "num_workers", "num_nodes", "nodes_with_workers", "ps_share", "ps_vars_frac",
@@ -126,12 +126,6 @@ class FeatureSums:
 SCALAR_ROWS = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
                                   "max_group", "hier", "curve_ns", "cpu_ring"))}
 
-
-def cpu_ring(backend_max: np.ndarray) -> np.ndarray:
-    """Whether a strategy's collectives run on the CPU whatever the nodes hold: ``gloo`` and the
-    object store reduce in host memory (a GPU's gradients are copied out and back); ``auto`` and
-    ``graph`` use NCCL where the nodes have GPUs. One backend per strategy: its largest id."""
-    return (backend_max == BACKEND_ID["gloo"]) | (backend_max == BACKEND_ID["objectstore"])
 
 
 def _axis_facts(t: FeatureTables, e: EncodedStrategies):

@@ -36,8 +36,8 @@ from strategy_space.encoding import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VA
 
 from .alpha_beta import AlphaBeta
 from .cell_parts import cell_parts
-from .feature_tables import FeatureTables, curve_ns
-from .features import DEFAULT_PARAMS, SCALAR_ROWS, FeatureSums, assemble, cpu_ring
+from .feature_tables import FeatureTables, cpu_ring, curve_ns
+from .features import DEFAULT_PARAMS, SCALAR_ROWS, FeatureSums, assemble
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)
