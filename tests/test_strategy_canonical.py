@@ -93,3 +93,22 @@ def test_the_tuner_never_picks_a_strategy_equivalent_to_a_measured_one():
     assert (enc.kind == KIND_AR).any()
     pool = Pool(enc, np.array([1.0, 2.0, 3.0]))
     assert tuner._select(pool, 2, np.random.default_rng(0)) == [1]
+
+
+def test_a_strategy_serializes_for_its_fingerprint_once(monkeypatch):
+    """``Strategy.fingerprint`` is read many times per trial (indexes, stores, outcomes): it is
+    computed on the first read and kept on the object, out of equality, hashing and repr."""
+    import strategy_space.strategy as strategy_module
+    from strategy_space.builders import get_builder
+
+    calls = []
+    real = strategy_module.fingerprint
+    monkeypatch.setattr(strategy_module, "fingerprint", lambda d: calls.append(1) or real(d))
+    s = get_builder("ps").build(MODEL, ALIKE)
+    first = s.fingerprint
+    assert [s.fingerprint for _ in range(5)] == [first] * 5 and len(calls) == 1
+    relabelled = dataclasses.replace(s, origin="elsewhere")   # a new object: its own (equal) fingerprint
+    assert relabelled.fingerprint == first and len(calls) == 2
+    fresh = Strategy(s.variables, s.replicas)
+    assert fresh == s and hash(fresh) == hash(s) and repr(fresh) == repr(dataclasses.replace(s, origin=""))
+    assert "_fingerprint" not in repr(s)
