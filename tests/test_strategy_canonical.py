@@ -12,6 +12,7 @@ from strategy_space.strategy import PS, AllReduce, Strategy, VarConfig
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.feature_tables import FeatureTables
 from tuner.features import featurize
+from tuner.history import History
 from tuner.search import Pool
 from tuner.synthetic import SyntheticRunner
 from tuner.model_based import ModelBasedTuner, SearchSettings
@@ -85,14 +86,15 @@ def test_the_tuner_never_picks_a_strategy_equivalent_to_a_measured_one():
     cluster = three_node_cluster()
     tuner = ModelBasedTuner(MODEL, cluster, settings=SearchSettings(batch=2, epsilon=0.0, seed=0))
     s = two_groups()
-    [measured] = SyntheticRunner(MODEL, cluster).run([s])
-    tuner.update([measured])
+    history = History(MODEL, cluster)
+    history.add(SyntheticRunner(MODEL, cluster).run([s]))
     same = renumbered(s, {3: 7, 7: 3})
     other = renumbered(s, {3: 7})
     enc = tuner.space.encode([same, other, same])
     assert (enc.kind == KIND_AR).any()
     pool = Pool(enc, np.array([1.0, 2.0, 3.0]))
-    assert tuner._select(pool, 2, np.random.default_rng(0)) == [1]
+    picks, _ = tuner._select(pool, 2, np.random.default_rng(0), history.latest_seconds(), history.canonical_keys())
+    assert picks == [1]
 
 
 def test_a_strategy_serializes_for_its_fingerprint_once(monkeypatch):
