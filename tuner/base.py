@@ -15,6 +15,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from strategy_space import ClusterSpec, ModelSpec, Strategy
 from strategy_space.encoding import EncodedStrategies
 from strategy_space.space import StrategySpace
@@ -41,7 +43,7 @@ class Proposal:
     predicted_s: float | None = None
     aliases: tuple[str, ...] = ()
     encoded: EncodedStrategies | None = None
-    features: object = field(default=None, compare=False, repr=False)   # np.ndarray | None
+    features: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 class Tuner(abc.ABC):
@@ -79,9 +81,10 @@ class Tuner(abc.ABC):
         """Whether ``next_batch`` may still propose something."""
         return True
 
-    def load_history(self, groups) -> None:
+    def load_groups(self, groups) -> None:
         """Trials measured before this run, as (model, cluster, trials) groups (read once from the
-        store at start). A tuner that learns from them overrides this; the default ignores them."""
+        store at start; this run's trials come in the ``History``). A tuner that learns from them
+        overrides this; the default ignores them."""
 
     def project(self, e: EncodedStrategies) -> EncodedStrategies:
         """``e`` with the user's pins applied (unchanged without constraints)."""

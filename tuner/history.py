@@ -76,6 +76,7 @@ class History(Sequence[Trial]):
         self.efficiency: dict = {}
         self._held: set[int] = set()          # ids of the trial objects held (each is held once)
         self._known: dict[str, _Known] = {}   # strategy fingerprint -> what was derived from it
+        self._first: dict[str, HistoryEntry] = {}   # strategy fingerprint -> its first entry
         self._space: StrategySpace | None = None
         self._tables: FeatureTables | None = None
 
@@ -98,6 +99,8 @@ class History(Sequence[Trial]):
             k = self._known[t.strategy.fingerprint]
             out.append(HistoryEntry(t, k.encoded, k.key, k.canonical, k.features, k.feature_key, trial_uid(t)))
         self.entries.extend(out)
+        for e in out:
+            self._first.setdefault(e.trial.strategy.fingerprint, e)
         return out
 
     def _derive(self, strategies, proposals) -> None:
@@ -148,7 +151,7 @@ class History(Sequence[Trial]):
 
     def entry(self, fingerprint: str) -> HistoryEntry | None:
         """The first entry of the strategy with this fingerprint, or None."""
-        return next((e for e in self.entries if e.trial.strategy.fingerprint == fingerprint), None)
+        return self._first.get(fingerprint)
 
     # ---- a sequence of trials --------------------------------------------------------------------
     @overload

@@ -81,7 +81,7 @@ class ModelBasedTuner(Tuner):
         self.training.add_groups(warm_start)
         self.last_pool: Pool | None = None
 
-    def load_history(self, groups: Sequence[Group]) -> None:
+    def load_groups(self, groups: Sequence[Group]) -> None:
         """The store's groups, read once at the start of a run (after the warm-start groups)."""
         self.training.add_groups(groups)
 

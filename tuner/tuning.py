@@ -13,7 +13,7 @@ The path of a strategy, top-down (no module is visited twice):
    (``make_runner``; the runtime, ``autosync/runtime/runner.py``, takes the resolved objects) and a
    ``ModelBasedTuner`` (``tuner/model_based.py``), opens the ``TrialStore`` (``tuner/store.py``) and
    calls ``tune_loop`` here.
-3. Loop (this module): reads the store once (``load_history``, and the run to resume), then asks
+3. Loop (this module): reads the store once (``load_groups``, and the run to resume), then asks
    ``BaselineTuner`` (``tuner/baseline_tuner.py``) and the tuner for ``Proposal``s (``tuner/base.py``):
    a strategy with its encoded row and predicted seconds.
 4. Tuner: ``ModelBasedTuner.next_batch`` refits its ``Predictor`` (``tuner/predictor.py``; the
@@ -137,7 +137,7 @@ class _TuningRun:
         store, outcome = self.store, self.outcome
         store.add_model(self.model)
         store.add_cluster(self.cluster)
-        self.tuner.load_history(store_groups(store))
+        self.tuner.load_groups(store_groups(store))
         if not resume:
             return
         run_id, previous = previous_run(store, self.model, self.cluster)
