@@ -15,6 +15,7 @@ from strategy_space.encoding import EncodedStrategies
 
 from .base import Proposal, Tuner
 from .constraints import Constraints
+from .features import FEATURE_NAMES
 from .goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
 from .history import History, feature_keys
 from .predictor import Predictor
@@ -221,7 +222,9 @@ class _RoundFeatures:
         if first:
             X = self.predictor.features(e.take(np.fromiter(first.values(), dtype=np.int64, count=len(first))))
             self._rows.update(zip(first, X))
-        return np.stack([self._rows[key] for key in keys]) if keys else np.zeros((0, 0), dtype=np.float32)
+        if not keys:
+            return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
+        return np.stack([self._rows[key] for key in keys])
 
 
 _feature_keys = feature_keys   # its name before it moved to tuner.history (tests read it)
