@@ -85,8 +85,8 @@ def test_no_strategy_is_encoded_or_featurized_twice_in_a_round(tmp_path, monkeyp
     runner = _Runner(MODEL, CLUSTER, seed=2)
     runner.counts = counts
     with TrialStore(tmp_path / "h.db") as store:
-        out = tune_loop(runner, store, model_based, Budget(trials=9, patience=10, confirm=1))
-    assert counts.round >= 3 and len(out.confirm_trials) >= 1
+        out = tune_loop(runner, store, model_based, Budget(trials=6, patience=10, confirm=1))
+    assert counts.round >= 2 and len(out.confirm_trials) >= 1
     for r in range(counts.round + 1):
         assert not _twice(counts.encoded[r]), f"round {r}: a strategy was encoded twice"
         assert not _twice(counts.featurized[r]), f"round {r}: a strategy was featurized twice"
