@@ -49,7 +49,7 @@ import numpy as np
 from strategy_space.encoding import EncodedStrategies
 
 from .alpha_beta import TERMS, AlphaBeta, comm_time, step_time
-from .feature_sums import POWERSGD_ID, SCALAR_ROWS, FeatureSums, block_sums
+from .feature_sums import SCALAR_ROWS, FeatureSums, block_sums
 from .feature_tables import FeatureTables
 
 FEATURE_NAMES = (
