@@ -279,6 +279,8 @@ class Strategy:
     replicas: tuple[str, ...] = ()
     origin: str = field(default="", compare=False)
     _by_name: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+    # the fingerprint, computed on first read (it serializes the whole strategy); not in eq/hash/repr
+    _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "variables", tuple(self.variables))
@@ -296,9 +298,12 @@ class Strategy:
 
     @property
     def fingerprint(self) -> str:
-        d = self.to_dict()
-        d.pop("origin", None)
-        return fingerprint(d)
+        """Content hash of the strategy (``origin`` left out); computed once per object."""
+        if self._fingerprint is None:
+            d = self.to_dict()
+            d.pop("origin", None)
+            object.__setattr__(self, "_fingerprint", fingerprint(d))
+        return self._fingerprint
 
     def canonical(self, cluster=None) -> "Strategy":
         """The canonical equivalent: one representative of the strategies that run identically;

@@ -2,10 +2,10 @@
 parameter of the ``make`` fixture; a new ``Tuner`` subclass fails ``test_every_tuner_is_covered``
 until it is added to ``TUNERS``).
 
-A Tuner's ``next_batch(k)`` proposes at most ``k`` strategies, each valid for its model and
-cluster, distinct from one another, within the user's pins and, when ``lossless``, without a lossy
-part; ``update`` takes measured trials, failed ones included, and nothing measured is proposed
-again; once ``has_next`` is False it stays False; the same seed proposes the same strategies.
+A Tuner's ``next_batch(k, history)`` proposes at most ``k`` strategies, each valid for its model
+and cluster, distinct from one another, within the user's pins and, when ``lossless``, without a
+lossy part; nothing in the history (failed trials included) is proposed again; once ``has_next`` is
+False it stays False; the same seed proposes the same strategies.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tuner.base import Tuner
 from tuner.baseline_tuner import BaselineTuner
 from tuner.constraints import Constraints, Rule
 from tuner.goodput import is_lossless
+from tuner.history import History
 from tuner.model_based import ModelBasedTuner, SearchSettings
 from tuner.random_tuner import RandomTuner
 from tuner.synthetic import SyntheticRunner
@@ -83,7 +84,7 @@ def _canonical(strategies) -> list[str]:
 
 def test_next_batch_proposes_at_most_k_valid_distinct_strategies(make):
     t = make()
-    batch = t.next_batch(K)
+    batch = t.next_batch(K, History(MODEL, CLUSTER))
     assert 0 < len(batch) <= K
     for p in batch:
         validate(p.strategy, MODEL, CLUSTER)
@@ -96,27 +97,24 @@ def test_next_batch_proposes_at_most_k_valid_distinct_strategies(make):
 
 
 def test_nothing_measured_is_proposed_again_failed_trials_included(make):
-    t = make()
-    first = t.next_batch(K)
-    trials = _measure(first, fail={0})
-    t.update(trials)
-    assert len(t.measurements) == len(trials)
-    assert set(t.measured_canonical) == set(_canonical(p.strategy for p in first))
-    seen = set(t.measured_canonical)
+    t, h = make(), History(MODEL, CLUSTER)
+    first = t.next_batch(K, h)
+    h.add(_measure(first, fail={0}), first)
+    seen = set(_canonical(p.strategy for p in first))
     for _ in range(2):
-        batch = t.next_batch(K) if t.has_next() else []
+        batch = t.next_batch(K, h) if t.has_next() else []
         assert not seen & set(_canonical(p.strategy for p in batch)), "a measured strategy was proposed again"
-        t.update(_measure(batch))
+        h.add(_measure(batch), batch)
         seen |= set(_canonical(p.strategy for p in batch))
 
 
 def test_what_it_would_propose_is_skipped_once_measured(make):
     """A fresh tuner told that what it would propose first was measured (one of them failed),
     e.g. by a resumed run, proposes other strategies."""
-    would = make().next_batch(K)
-    t = make()
-    t.update(_measure(would, fail={0}))
-    batch = t.next_batch(K)
+    would = make().next_batch(K, History(MODEL, CLUSTER))
+    t, h = make(), History(MODEL, CLUSTER)
+    h.add(_measure(would, fail={0}))
+    batch = t.next_batch(K, h)
     assert not set(_canonical(p.strategy for p in batch)) & set(_canonical(p.strategy for p in would))
 
 
@@ -125,54 +123,65 @@ def test_a_strategy_measured_by_someone_else_is_not_proposed(make):
     if isinstance(t, BaselineTuner):
         pytest.skip("documented exception: BaselineTuner measures each builder's strategy under that "
                     "builder's name, whoever measured the same strategy before (skipped only by origin)")
-    would = make().next_batch(K)
-    t.update(_measure([dataclasses.replace(p, origin="elsewhere") for p in would]))
-    batch = t.next_batch(K)
+    would = make().next_batch(K, History(MODEL, CLUSTER))
+    h = History(MODEL, CLUSTER)
+    h.add(_measure([dataclasses.replace(p, origin="elsewhere") for p in would]))
+    batch = t.next_batch(K, h)
     assert not set(_canonical(p.strategy for p in batch)) & set(_canonical(p.strategy for p in would))
 
 
 def test_has_next_is_a_bool_and_once_false_stays_false(make):
-    t = make()
+    t, h = make(), History(MODEL, CLUSTER)
     was_false = False
     for _ in range(3):
         more = t.has_next()
         assert isinstance(more, bool)
         assert not (was_false and more)
         was_false = not more
-        batch = t.next_batch(K) if more else []
-        t.update(_measure(batch))
+        batch = t.next_batch(K, h) if more else []
+        h.add(_measure(batch), batch)
     if was_false:   # exhausted: nothing left to propose once everything proposed was measured
-        assert t.next_batch(K) == []
+        assert t.next_batch(K, h) == []
 
 
 def test_pins_hold_for_every_proposal(make):
     pins = Constraints((Rule(match="embedding*", sync="ps"), Rule(match="dense_1/kernel", compressor="none")))
-    t = make(constraints=pins)
+    t, h = make(constraints=pins), History(MODEL, CLUSTER)
     for _ in range(2):
-        batch = t.next_batch(K)
+        batch = t.next_batch(K, h)
         for p in batch:
             validate(p.strategy, MODEL, CLUSTER)
             emb, kernel = p.strategy.config("embedding/embeddings"), p.strategy.config("dense_1/kernel")
             assert all(isinstance(s, PS) for s in emb.synchronizers), p.origin
             assert all(isinstance(s, PS) or s.codec.kind == "none" for s in kernel.synchronizers), p.origin
-        t.update(_measure(batch))
+        h.add(_measure(batch), batch)
 
 
 def test_lossless_tuners_propose_no_lossy_part(make):
-    t = make(lossless=True)
+    t, h = make(lossless=True), History(MODEL, CLUSTER)
     for _ in range(2):
-        batch = t.next_batch(K)
+        batch = t.next_batch(K, h)
         assert all(is_lossless(p.strategy) for p in batch), [p.origin for p in batch if not is_lossless(p.strategy)]
-        t.update(_measure(batch))
+        h.add(_measure(batch), batch)
 
 
 def test_the_same_seed_proposes_the_same_strategies(make):
     def run(seed):
-        t, out = make(seed=seed), []
+        t, h, out = make(seed=seed), History(MODEL, CLUSTER), []
         for _ in range(2):
-            batch = t.next_batch(K)
+            batch = t.next_batch(K, h)
             out.append([p.strategy.fingerprint for p in batch])
-            t.update(_measure(batch))
+            h.add(_measure(batch), batch)
         return out
 
     assert run(0) == run(0)
+
+
+def test_next_batch_leaves_the_history_as_it_was(make):
+    """The history is the loop's: a tuner reads it and keeps no copy that could drift from it."""
+    t, h = make(), History(MODEL, CLUSTER)
+    first = t.next_batch(K, h)
+    h.add(_measure(first, fail={0}), first)
+    entries = list(h.entries)
+    t.next_batch(K, h)
+    assert h.entries == entries and len(h) == len(first)

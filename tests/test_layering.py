@@ -207,3 +207,48 @@ def test_modules_stay_under_the_split_size(module):
 # over the limit and not this change's to split (the runtime's engine is another helper's file)
 LONG_MODULES = {"autosync.runtime.engine": 450}
 
+
+
+FUNCTION_LINES = 80
+# functions over FUNCTION_LINES lines in the checked packages, each with the issue that will split
+# it; none today (issue 29 split features.assemble, features._block_parts, netsim.simulate_step)
+LONG_FUNCTIONS: dict[str, int] = {}
+
+
+def long_functions(root: Path = REPO, prefixes=("tuner", "autosync.runtime"), limit: int = FUNCTION_LINES) -> dict:
+    """``module:qualified.name`` -> lines (decorators left out) of every function over ``limit``
+    lines in the modules under ``prefixes`` (read with ``ast``, nothing imported)."""
+    out = {}
+    for module, path in module_files(root).items():
+        if not any(module == p or module.startswith(p + ".") for p in prefixes):
+            continue
+        stack = [(ast.parse(path.read_text(), str(path)), "")]
+        while stack:
+            node, scope = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                name = getattr(child, "name", None)
+                inner = f"{scope}{name}." if name else scope
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = child.end_lineno - child.lineno + 1
+                    if lines > limit:
+                        out[f"{module}:{scope}{name}"] = lines
+                stack.append((child, inner))
+    return out
+
+
+def test_no_function_in_the_tuner_or_the_runtime_grows_past_80_lines():
+    """A function a reader must hold in their head at once stays under a screenful; the known
+    ones (``LONG_FUNCTIONS``) may not grow, and no new one may appear."""
+    found = long_functions()
+    grown = {k: v for k, v in found.items() if v > LONG_FUNCTIONS.get(k, FUNCTION_LINES)}
+    assert not grown, f"functions over {FUNCTION_LINES} lines (split them into named steps): {grown}"
+    stale = set(LONG_FUNCTIONS) - set(found)
+    assert not stale, f"no longer long, take them out of LONG_FUNCTIONS: {sorted(stale)}"
+
+
+def test_the_function_length_check_can_fail(tmp_path):
+    (tmp_path / "tuner").mkdir()
+    (tmp_path / "tuner" / "__init__.py").write_text("")
+    (tmp_path / "tuner" / "long.py").write_text("class A:\n    def f(self):\n"
+                                                + "".join(f"        x{i} = {i}\n" for i in range(81)))
+    assert long_functions(tmp_path, ("tuner",)) == {"tuner.long:A.f": 82}

@@ -12,6 +12,7 @@ from strategy_space.strategy import PS, AllReduce, Strategy, VarConfig
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.feature_tables import FeatureTables
 from tuner.features import featurize
+from tuner.history import History
 from tuner.search import Pool
 from tuner.synthetic import SyntheticRunner
 from tuner.model_based import ModelBasedTuner, SearchSettings
@@ -85,11 +86,31 @@ def test_the_tuner_never_picks_a_strategy_equivalent_to_a_measured_one():
     cluster = three_node_cluster()
     tuner = ModelBasedTuner(MODEL, cluster, settings=SearchSettings(batch=2, epsilon=0.0, seed=0))
     s = two_groups()
-    [measured] = SyntheticRunner(MODEL, cluster).run([s])
-    tuner.update([measured])
+    history = History(MODEL, cluster)
+    history.add(SyntheticRunner(MODEL, cluster).run([s]))
     same = renumbered(s, {3: 7, 7: 3})
     other = renumbered(s, {3: 7})
     enc = tuner.space.encode([same, other, same])
     assert (enc.kind == KIND_AR).any()
     pool = Pool(enc, np.array([1.0, 2.0, 3.0]))
-    assert tuner._select(pool, 2, np.random.default_rng(0)) == [1]
+    picks, _ = tuner._select(pool, 2, np.random.default_rng(0), history.latest_seconds(), history.canonical_keys())
+    assert picks == [1]
+
+
+def test_a_strategy_serializes_for_its_fingerprint_once(monkeypatch):
+    """``Strategy.fingerprint`` is read many times per trial (indexes, stores, outcomes): it is
+    computed on the first read and kept on the object, out of equality, hashing and repr."""
+    import strategy_space.strategy as strategy_module
+    from strategy_space.builders import get_builder
+
+    calls = []
+    real = strategy_module.fingerprint
+    monkeypatch.setattr(strategy_module, "fingerprint", lambda d: calls.append(1) or real(d))
+    s = get_builder("ps").build(MODEL, ALIKE)
+    first = s.fingerprint
+    assert [s.fingerprint for _ in range(5)] == [first] * 5 and len(calls) == 1
+    relabelled = dataclasses.replace(s, origin="elsewhere")   # a new object: its own (equal) fingerprint
+    assert relabelled.fingerprint == first and len(calls) == 2
+    fresh = Strategy(s.variables, s.replicas)
+    assert fresh == s and hash(fresh) == hash(s) and repr(fresh) == repr(dataclasses.replace(s, origin=""))
+    assert "_fingerprint" not in repr(s)

@@ -11,6 +11,7 @@ from tests.fakes import three_node_cluster, tiny_model
 from tuner.base import Proposal
 from tuner.goodput import (EXACT, Efficiency, ProbeResult, Prober, estimate_efficiency, goodput_seconds, is_lossless,
                            lossless_twin, lossy_parts, probe_cache_key)
+from tuner.history import History
 from tuner.model_based import ModelBasedTuner, SearchSettings
 from tuner.outcome import TuneOutcome
 from tuner.store import TrialStore
@@ -228,11 +229,11 @@ def test_probes_round_trip_through_the_store(tmp_path):
 
 
 def test_a_proposal_of_a_lossless_tuner_round_trips_as_lossless():
-    tuner = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, lossless=True)
+    tuner, history = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, lossless=True), History(MODEL, CLUSTER)
     for _ in range(3):
-        batch = tuner.next_batch(3)
+        batch = tuner.next_batch(3, history)
         assert batch and all(isinstance(p, Proposal) and is_lossless(p.strategy) for p in batch)
-        tuner.update([ok_trial(p.strategy, 0.1) for p in batch])
+        history.add([ok_trial(p.strategy, 0.1) for p in batch], batch)
 
 
 def test_offered_staleness_and_asynchrony_are_proposed_probed_and_judged_by_goodput(tmp_path):

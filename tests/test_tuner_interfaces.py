@@ -9,6 +9,7 @@ from tests.fakes import three_node_cluster, tiny_model
 from tuner.baseline_tuner import BaselineTuner
 from tuner.cost_model import AnalyticCostModel
 from tuner.dataset import build_trial_set
+from tuner.history import History
 from tuner.random_tuner import RandomTuner
 from tuner.ranker import RankedStepTime, StrategyRanker
 from tuner.simulator import LearnedSimulator
@@ -38,39 +39,45 @@ def test_the_loop_drives_a_random_tuner(tmp_path):
 
 
 def test_what_was_measured_is_kept_once(tmp_path):
-    """The run's trials are one record, the outcome's; the tuners read it (their ``measured`` is a
-    view of it), and a tuner used alone records what it is given, each trial once."""
-    import math
-
-    from tuner.measurements import Measurements
-
+    """The run's trials are one record, the loop's History (the outcome's ``trials``); each trial is
+    one entry, built when it arrived, and a trial object already held is not recorded twice."""
     with TrialStore(tmp_path / "r.db") as store:
         tuner = RandomTuner(MODEL, CLUSTER, seed=3, batch_size=2)
         out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=1), store, tuner, Budget(trials=4, patience=10))
-    assert tuner.measurements is out.trials and isinstance(out.trials, Measurements)
+    assert isinstance(out.trials, History) and not hasattr(tuner, "measurements")
     assert len({id(t) for t in out.trials}) == len(out.trials) > 4
-    latest = {}
-    for t in out.trials:
-        key = tuner.row_key(t.strategy)
-        if key is not None:
-            latest[key] = t.median if t.ok else math.inf
-    assert latest and tuner.measured == latest
-    alone = RandomTuner(MODEL, CLUSTER, seed=3)
-    alone.update(out.trials[:3])
-    alone.update(out.trials[1:4])          # what it holds already is not recorded twice
-    assert list(alone.measurements) == list(out.trials[:4])
-    with pytest.raises(ValueError, match="recorded already"):
-        alone.measurements.append(out.trials[0])
+    for e in out.trials.entries:
+        assert e.key == tuner.space.encode([e.trial.strategy]).row_keys()[0]
+        assert e.canonical == e.trial.strategy.canonical(CLUSTER).fingerprint
+    alone = History(MODEL, CLUSTER)
+    alone.add(out.trials[:3])
+    alone.add(out.trials[1:4])          # what it holds already is not recorded twice
+    assert list(alone) == list(out.trials[:4])
 
 
 def test_the_baseline_tuner_proposes_each_builder_once_and_skips_measured_ones():
     tuner = BaselineTuner(MODEL, CLUSTER)
-    first = tuner.next_batch(None)
+    first = tuner.next_batch(None, History(MODEL, CLUSTER))
     assert first and not tuner.has_next()
     assert all(p.encoded is not None and len(p.encoded) == 1 for p in first)
-    again = BaselineTuner(MODEL, CLUSTER)
-    again.update(SyntheticRunner(MODEL, CLUSTER).run([first[0].strategy], [first[0].origin]))
-    assert [p.origin for p in again.next_batch(None)] == [p.origin for p in first[1:]]
+    history = History(MODEL, CLUSTER)
+    history.add(SyntheticRunner(MODEL, CLUSTER).run([first[0].strategy], [first[0].origin]))
+    assert [p.origin for p in BaselineTuner(MODEL, CLUSTER).next_batch(None, history)] == [p.origin for p in first[1:]]
+
+
+def test_the_training_set_takes_history_entries_as_build_trial_set_featurizes_them(groups):
+    """Rows featurized one trial at a time as they arrive are build_trial_set's, bit for bit."""
+    model, cluster, trials = groups[2]
+    history = History(model, cluster)
+    for t in trials:
+        history.add([t])
+    training = TrainingSet()
+    training.add_groups(groups[:2])
+    assert training.add_entries(model, cluster, history.entries) == len(trials)
+    assert training.add_entries(model, cluster, history.entries) == 0       # seen entries count once
+    data, expected = training.trial_set(), build_trial_set(groups)
+    np.testing.assert_array_equal(data.X, expected.X)
+    np.testing.assert_array_equal(data.y, expected.y)
 
 
 def test_the_training_set_holds_the_rows_build_trial_set_makes(groups):

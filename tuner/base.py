@@ -1,25 +1,28 @@
-"""The Tuner interface (AutoTVM's): ``next_batch`` proposes strategies to measure, ``update`` takes
-what was measured, ``has_next`` says whether there is anything left to propose. ``tune_loop``
-(``tuner.tuning``) drives any Tuner; the implementations are ``ModelBasedTuner``
-(``tuner.model_based``), ``BaselineTuner`` (``tuner.baseline_tuner``) and ``RandomTuner``
-(``tuner.random_tuner``).
+"""The Tuner interface (AutoTVM's, read as Optuna's samplers read ``study.trials``):
+``next_batch(k, history)`` proposes strategies to measure after reading what was measured (a
+``History``, ``tuner.history``, which the loop owns and appends each trial to), ``has_next`` says
+whether there is anything left to propose. ``tune_loop`` (``tuner.tuning``) drives any Tuner; the
+implementations are ``ModelBasedTuner`` (``tuner.model_based``), ``BaselineTuner``
+(``tuner.baseline_tuner``) and ``RandomTuner`` (``tuner.random_tuner``).
 
 A ``Proposal`` carries its strategy's encoded row (``EncodedStrategies`` of one strategy, or None
-for a strategy outside the encoded space), so what was proposed is never encoded again.
+for a strategy outside the encoded space) and, when the tuner computed it, its feature row; the
+History takes both over when the trial arrives, so what was proposed is never encoded or
+featurized again.
 """
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
 
-from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy
 from strategy_space.encoding import EncodedStrategies
 from strategy_space.space import StrategySpace
 
 from .constraints import CompiledConstraints, Constraints
-from .measurements import Measurements
-from .trial import Trial
+from .history import History
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Proposal:
         predicted_s: the step time the tuner predicted, when it predicts.
         aliases: other builders that produce the same strategy.
         encoded: the strategy as one encoded row, when it is in the encoded space.
+        features: the strategy's feature row (``features.featurize``), when the tuner computed it.
     """
 
     strategy: Strategy
@@ -39,15 +43,13 @@ class Proposal:
     predicted_s: float | None = None
     aliases: tuple[str, ...] = ()
     encoded: EncodedStrategies | None = None
+    features: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 class Tuner(abc.ABC):
-    """Proposes strategies of one (model, cluster) and learns from their measurements.
-
-    Every tuner knows what was measured (so it never proposes a strategy again, nor one that runs
-    identically: ``Strategy.canonical``) and projects what it proposes onto the user's pins. What
-    was measured is kept once, in ``measurements`` (``tune_loop`` hands the tuner its run's record,
-    ``TuneOutcome.trials``); the tuner keeps only indexes into it.
+    """Proposes strategies of one (model, cluster), reading what was measured from the History
+    it is given (so it never proposes a strategy again, nor one that runs identically:
+    ``Strategy.canonical``), and projects what it proposes onto the user's pins.
 
     Args:
         model, cluster: the target.
@@ -57,14 +59,6 @@ class Tuner(abc.ABC):
             staleness 0): the ``exact`` quality (``tuner.goodput``).
         staleness, allow_async: the parameter-server modes offered besides synchronous with
             staleness 0 (``StrategySpace``); ignored when ``lossless``.
-
-    Attributes:
-        measurements: the trials measured so far, in order (its own record until ``tune_loop``
-            gives it the run's).
-        measured_canonical: canonical fingerprints of everything measured.
-        efficiency: strategy fingerprint -> measured statistical efficiency of the lossy
-            strategies probed so far (``tune_loop`` hands the tuner its run's,
-            ``TuneOutcome.efficiency``); a tuner may rank by it.
     """
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
@@ -77,39 +71,20 @@ class Tuner(abc.ABC):
         self.space = (StrategySpace(model, cluster, compressors=("none",)) if lossless else
                       StrategySpace(model, cluster, staleness=tuple(staleness), allow_async=allow_async))
         self.constraints: CompiledConstraints | None = constraints.compile(self.space) if constraints else None
-        self.measurements = Measurements()
-        self.efficiency: dict = {}
-        self._row_keys: dict[str, bytes | None] = {}   # strategy fingerprint -> its encoded key
-        # canonical fingerprints of everything measured: strategies that differ only in fusion-group
-        # numbering or in a rotation over identical nodes are one strategy (``Strategy.canonical``)
-        self.measured_canonical: set[str] = set()
 
     @abc.abstractmethod
-    def next_batch(self, k: int) -> list[Proposal]:
-        """Up to ``k`` strategies to measure next (never one measured before); empty when exhausted."""
+    def next_batch(self, k: int | None, history: History) -> list[Proposal]:
+        """Up to ``k`` strategies to measure next, none measured before (``history``: the run's
+        trials so far, which the tuner reads and never changes); empty when exhausted."""
 
     def has_next(self) -> bool:
         """Whether ``next_batch`` may still propose something."""
         return True
 
-    def update(self, trials: Sequence[Trial]) -> None:
-        """Take measured trials (this run's, in measurement order): recorded in ``measurements``
-        unless that record holds them already, and indexed."""
-        self.measurements.add(trials)
-        for t in trials:
-            self.measured_canonical.add(self.canonical_key(t.strategy))
-            if t.strategy.fingerprint not in self._row_keys:
-                self._row_keys[t.strategy.fingerprint] = self.row_key(t.strategy)
-
-    @property
-    def measured(self) -> dict[bytes, float]:
-        """Encoded key -> seconds of its latest measurement (inf: failed), read from
-        ``measurements`` (trials outside the encoded space have no key)."""
-        return self.measurements.latest_seconds(lambda t: self._row_keys.get(t.strategy.fingerprint))
-
-    def load_history(self, groups) -> None:
+    def load_groups(self, groups) -> None:
         """Trials measured before this run, as (model, cluster, trials) groups (read once from the
-        store at start). A tuner that learns from them overrides this; the default ignores them."""
+        store at start; this run's trials come in the ``History``). A tuner that learns from them
+        overrides this; the default ignores them."""
 
     def project(self, e: EncodedStrategies) -> EncodedStrategies:
         """``e`` with the user's pins applied (unchanged without constraints)."""
@@ -118,10 +93,3 @@ class Tuner(abc.ABC):
     def canonical_key(self, strategy: Strategy) -> str:
         """Equal for strategies that run identically (see ``Strategy.canonical``)."""
         return strategy.canonical(self.cluster).fingerprint
-
-    def row_key(self, strategy: Strategy) -> bytes | None:
-        """The encoded key of ``strategy`` (None outside the encodable space, or another model's)."""
-        try:
-            return self.space.encode([strategy]).row_keys()[0]
-        except (ConfigError, KeyError):
-            return None

@@ -1,5 +1,5 @@
 """Per-cell quantities for the incremental featurizer (``tuner.incremental``): the arithmetic of
-``features._block_parts`` on a flat list of cells (variable, field values) instead of a (B, V)
+``feature_sums.block_sums`` on a flat list of cells (variable, field values) instead of a (B, V)
 batch, so that the features of a few changed cells are bit for bit ``featurize``'s.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ import numpy as np
 from strategy_space.encoding import KIND_PS
 
 from .feature_tables import FeatureTables, powersgd_shard_bytes
-from .features import POWERSGD_ID
+from .feature_sums import POWERSGD_ID
 
 
 @dataclass
 class CellParts:
-    """Per-cell quantities of ``features._block_parts`` (float32 unless said)."""
+    """Per-cell quantities of ``feature_sums.block_sums`` (float32 unless said)."""
 
     arf: np.ndarray      # 1 for all-reduce
     X: np.ndarray        # base-shard bytes on the line (unstrided all-reduce: the whole buffer)
@@ -36,7 +36,7 @@ class CellParts:
 
 
 def cell_parts(t: FeatureTables, v: np.ndarray, f: dict) -> CellParts:
-    """Quantities of cells (variables ``v`` with field values ``f``): ``features._block_parts``'
+    """Quantities of cells (variables ``v`` with field values ``f``): ``feature_sums.block_sums``'
     arithmetic on a flat list of cells (gathers of the tables instead of broadcasts)."""
     if f["axis"].any():
         dim = t.dims[v, f["axis"]].astype(np.float32)

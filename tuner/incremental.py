@@ -11,13 +11,13 @@ chain's updated by its changed cells: their old contributions taken out and thei
 group; it is scored from per-group aggregates instead (``tuner.group_sums``).
 
 The sums of a strategy are one float64 column (rows: ``_Layout``): bytes hosted per node as in
-``features.FeatureSums.hosted``, the PS and all-reduce sums behind ``FeatureSums.psum`` / ``asum``, the wire
+``feature_sums.FeatureSums.hosted``, the PS and all-reduce sums behind ``FeatureSums.psum`` / ``asum``, the wire
 bytes at or after each ready-order breakpoint as difference entries (a variable adds its weight at
 breakpoint 0 and takes it out past its ready position; running sums restore them), and the bytes
 of each fusion group per compressor class. Strategy-wide options (staleness, sync, backend, hierarchy) are
 reduced per chain and updated by the changed cells (a maximum that a change may lower is reduced
 again over that proposal's row). A cell's contribution is
-``features._block_parts``' float32 arithmetic (``tuner.cell_parts``), its shards laid on nodes and groups directly rather
+``feature_sums.block_sums``' float32 arithmetic (``tuner.cell_parts``), its shards laid on nodes and groups directly rather
 than through difference lines.
 
 Sums are float64 here and in ``featurize``; float64 sums of float32 terms are exact unless their
@@ -37,7 +37,8 @@ from strategy_space.encoding import BACKEND_ID, FIELD_INDEX, FIELDS, KIND_PS, VA
 from .alpha_beta import AlphaBeta
 from .cell_parts import cell_parts
 from .feature_tables import FeatureTables, cpu_ring, curve_ns
-from .features import DEFAULT_PARAMS, SCALAR_ROWS, FeatureSums, assemble
+from .feature_sums import SCALAR_ROWS, FeatureSums
+from .features import DEFAULT_PARAMS, assemble
 from .group_sums import GroupSums
 
 # the fields a cell's contribution depends on (sync, staleness and backend are reduced instead)

@@ -140,23 +140,84 @@ def powersgd_matrix(shape: tuple[int, ...], axis: int, slices: int, codec: Compr
 def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, compute_s: float,
                   rng: np.random.Generator, truth: Truth = Truth()) -> tuple[float, dict]:
     """Seconds of one synchronous step of ``strategy`` (steady state) and a phase breakdown."""
-    N = len(cluster.nodes)
-    wk = [n.workers or 0 for n in cluster.nodes]
-    W = sum(wk)
-    hosts = [i for i in range(N) if wk[i]]
-    bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes])
-    intra = (cluster.intra_node_bandwidth_gbps or truth.intra_gbps) * 1e9 / 8
-    fluid = _Fluid(np.concatenate([bw * truth.tcp_efficiency, bw * truth.tcp_efficiency, np.full(N, intra)]))
-    out_, in_, mem = (lambda n: n), (lambda n: N + n), (lambda n: 2 * N + n)
-    jit = np.exp(rng.normal(0, truth.node_jitter, N)) * np.where(rng.random(N) < truth.straggler_p,
-                                                                  truth.straggler_x, 1.0)
-    comp_end = compute_s * jit                   # per node (workers of a node share its jitter)
+    net = _Network.of(cluster, truth, compute_s, rng)
+    servers, buffers, gathers = _strategy_work(model, cluster, strategy)
+    ps_end = _schedule_parameter_servers(net, servers, truth)
+    ar_end = _schedule_collectives(net, _collectives(net, buffers, gathers, truth), truth)
+    net.fluid.run()
+
+    # ---- steady state: staleness lets PS waiting hide behind the next steps -------------------
+    stale = max((s.staleness for s in servers.values()), default=0)
+    asyn = any(s.asynchronous for s in servers.values())
+    end_c = float(net.comp_end.max())
+    ps_wait = max(ps_end[0] - end_c, 0.0)
+    hide = 0.0 if asyn else 1.0 / (1.0 + stale) ** 1.5
+    busy = max(ps_end[0] - float(net.comp_end.min()), 0.0) * (1.0 - hide) * 0.8
+    step = max(end_c + ps_wait * hide, ar_end[0], busy)
+    return step, {"compute": end_c, "ps_wait": ps_wait * hide, "all_reduce_end": ar_end[0]}
+
+
+@dataclass
+class _Network:
+    """The cluster as the simulation sees it: the fluid over its resources (per node: NIC out, NIC
+    in, memory), its workers, and when each node's compute ends this step."""
+
+    fluid: _Fluid
+    N: int
+    workers: list[int]      # per node
+    hosts: list[int]        # nodes with workers
+    intra: float            # intra-node bytes/s
+    comp_end: np.ndarray    # per node (workers of a node share its jitter)
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec, truth: Truth, compute_s: float, rng: np.random.Generator) -> "_Network":
+        N = len(cluster.nodes)
+        wk = [n.workers or 0 for n in cluster.nodes]
+        bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes])
+        intra = (cluster.intra_node_bandwidth_gbps or truth.intra_gbps) * 1e9 / 8
+        fluid = _Fluid(np.concatenate([bw * truth.tcp_efficiency, bw * truth.tcp_efficiency, np.full(N, intra)]))
+        jit = np.exp(rng.normal(0, truth.node_jitter, N)) * np.where(rng.random(N) < truth.straggler_p,
+                                                                      truth.straggler_x, 1.0)
+        return cls(fluid, N, wk, [i for i in range(N) if wk[i]], intra, compute_s * jit)
+
+    @property
+    def W(self) -> int:
+        return sum(self.workers)
+
+    def nic_out(self, n: int) -> int:
+        return n
+
+    def nic_in(self, n: int) -> int:
+        return self.N + n
+
+    def memory(self, n: int) -> int:
+        return 2 * self.N + n
+
+    def path(self, a: int, b: int) -> tuple[int, ...]:
+        """Resources a message from node ``a`` to node ``b`` crosses."""
+        return (self.memory(a),) if a == b else (self.nic_out(a), self.nic_in(b))
+
+
+@dataclass
+class _ServerWork:
+    """What one parameter-server node serves per step."""
+
+    push: float = 0.0        # bytes each worker pushes
+    pull: float = 0.0        # bytes each worker pulls
+    lr: float = 0.0          # bytes of locally replicated variables (pushed and pulled once per node)
+    last_ready: float = 0.0  # ready time / compute time of its last variable
+    staleness: int = 0
+    asynchronous: bool = False
+
+
+def _strategy_work(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy):
+    """The strategy's work: per server node (``_ServerWork``), per all-reduce buffer (group,
+    backend, compressor, hierarchy) -> [bytes, ready, PowerSGD matrices], and the all-gathers
+    (bytes, ready)."""
     ready = _backward_profile(model)
     index = {n: i for i, n in enumerate(cluster.node_names)}
-
-    # ---- gather per-server and per-buffer work from the strategy ----------------------------
-    srv = {}   # node -> [per-worker push bytes, per-worker pull bytes, LR bytes (per node), last ready, stale, async]
-    bufs = {}  # (group, backend, compressor) -> [bytes, ready, psgd list]
+    srv: dict[int, _ServerWork] = {}
+    bufs: dict = {}
     gathers = []
     for cfg in strategy.variables:
         v = model.var(cfg.name)
@@ -166,14 +227,14 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
         for (lo, hi), s in zip(shard_bounds(dim, cfg.num_shards), cfg.synchronizers):
             frac = (hi - lo) / dim
             if isinstance(s, PS):
-                e = srv.setdefault(index[s.destination], [0.0, 0.0, 0.0, 0.0, 0, False])
+                e = srv.setdefault(index[s.destination], _ServerWork())
                 if s.local_replication and not v.sparse:   # the node's workers sum, push once, pull once
-                    e[2] += vals * frac
+                    e.lr += vals * frac
                 else:
-                    e[0] += (vals + idx) * frac
-                    e[1] += vals * frac
-                e[3] = max(e[3], ready[v.name])
-                e[4], e[5] = max(e[4], s.staleness), e[5] or not s.sync
+                    e.push += (vals + idx) * frac
+                    e.pull += vals * frac
+                e.last_ready = max(e.last_ready, ready[v.name])
+                e.staleness, e.asynchronous = max(e.staleness, s.staleness), e.asynchronous or not s.sync
             elif v.sparse:
                 gathers.append(((vals + idx) * frac, ready[v.name]))
             else:
@@ -185,14 +246,17 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
                     b[2].append(low_rank + (codec.rank, v.bytes // v.size))
                 else:
                     b[0] += vals * frac * (0.5 if codec.kind == "fp16" and v.bytes // v.size == 4 else 1.0)
-    # ---- parameter servers: push -> FIFO fan-in -> update -> pull ----------------------------
+    return srv, bufs, gathers
+
+
+def _schedule_parameter_servers(net: _Network, srv: dict[int, _ServerWork], truth: Truth) -> list[float]:
+    """Push -> FIFO fan-in -> update -> pull, as flows on the fluid; returns a one-item list the
+    flows set to when the last pull arrives (once the fluid runs)."""
+    fluid, wk, hosts, W = net.fluid, net.workers, net.hosts, net.W
     t_ps = [0.0]
     state = {n: {"free": 0.0, "got": 0} for n in srv}
     # pushes a server waits for: one per worker of its per-worker bytes, one per node of LR bytes
-    expect = {n: (W if e[0] else 0) + (len(hosts) if e[2] else 0) for n, e in srv.items()}
-
-    def path(a, b):
-        return (mem(a),) if a == b else (out_(a), in_(b))
+    expect = {n: (W if e.push else 0) + (len(hosts) if e.lr else 0) for n, e in srv.items()}
 
     def pulled(t):
         t_ps[0] = max(t_ps[0], t)
@@ -203,38 +267,41 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
             st["free"] = max(st["free"], t) + truth.alpha_server_s + bytes_ / truth.server_agg_bps
             st["got"] += 1
             if st["got"] == expect[n]:
-                go = st["free"] + (srv[n][1] + srv[n][2]) / truth.update_bps + truth.alpha_call_s / 2
+                go = st["free"] + (srv[n].pull + srv[n].lr) / truth.update_bps + truth.alpha_call_s / 2
                 for m in hosts:
-                    fluid.add(go, srv[n][1] * wk[m], path(n, m), wk[m], pulled)
-                    lr = srv[n][2]
+                    fluid.add(go, srv[n].pull * wk[m], net.path(n, m), wk[m], pulled)
+                    lr = srv[n].lr
                     if lr:
-                        fluid.add(go, lr, path(n, m), 1.0,
-                                  lambda t, m=m, lr=lr: fluid.add(t, lr * wk[m], (mem(m),), 1.0, pulled))
+                        fluid.add(go, lr, net.path(n, m), 1.0,
+                                  lambda t, m=m, lr=lr: fluid.add(t, lr * wk[m], (net.memory(m),), 1.0, pulled))
         return done
 
-    for n, (push, _, lr, last, _, _) in srv.items():
+    for n, e in srv.items():
+        push, lr, last = e.push, e.lr, e.last_ready
         for m in hosts:
             if push:
-                at = comp_end[m] * last + push / truth.serialize_bps + truth.alpha_call_s / 2
+                at = net.comp_end[m] * last + push / truth.serialize_bps + truth.alpha_call_s / 2
                 # the node's workers push together: weight = number of flows (per-flow fairness)
                 cb = make_push_done(n, push)
-                fluid.add(at, push * wk[m], path(m, n), wk[m], lambda t, cb=cb, k=wk[m]: [cb(t) for _ in range(k)])
+                fluid.add(at, push * wk[m], net.path(m, n), wk[m], lambda t, cb=cb, k=wk[m]: [cb(t) for _ in range(k)])
             if lr:   # the workers' gradients summed through the node's memory, then one push
-                at = comp_end[m] * last + lr * wk[m] / truth.serialize_bps + truth.alpha_call_s / 2
-                fluid.add(at, lr, path(m, n), 1.0, make_push_done(n, lr))
+                at = net.comp_end[m] * last + lr * wk[m] / truth.serialize_bps + truth.alpha_call_s / 2
+                fluid.add(at, lr, net.path(m, n), 1.0, make_push_done(n, lr))
+    return t_ps
 
-    # ---- collectives: one at a time in ready order, ring steps ----------------------------------
-    ring_path = tuple(r for i, a in enumerate(hosts) for r in (out_(a), in_(hosts[(i + 1) % len(hosts)]))) \
-        if len(hosts) > 1 else ()
-    ring_path += tuple(mem(a) for a in hosts if wk[a] > 1 or len(hosts) == 1)
+
+def _collectives(net: _Network, bufs: dict, gathers: list, truth: Truth) -> list[tuple]:
+    """The collectives, in ready order: (ready, seconds before the ring, bytes on the ring, ring
+    steps, through the object store)."""
+    W, wk, Nw = net.W, net.workers, len(net.hosts)
+    most = max(wk)
     colls = []
-    Nw, most = len(hosts), max(wk)
     for (group, backend, comp, hier), (nbytes, rdy, psgd) in bufs.items():
         os_ = backend == "objectstore"
         cast = nbytes / truth.fp16_cast_bps if comp.kind == "fp16" else 0.0
         # hierarchical: reduce onto node leaders and broadcast back through memory, ring among leaders
         if hier:
-            ring, steps, local = 2 * (Nw - 1) / Nw, 2 * (Nw - 1) + 2 * (most > 1), 2 * (most - 1) / intra
+            ring, steps, local = 2 * (Nw - 1) / Nw, 2 * (Nw - 1) + 2 * (most > 1), 2 * (most - 1) / net.intra
         else:
             ring, steps, local = 2 * (W - 1) / W, 2 * (W - 1), 0.0
         if nbytes:
@@ -248,7 +315,17 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
     for nbytes, rdy in gathers:
         colls.append((rdy, 0.0, (W - 1) * nbytes, W - 1, False))
     colls.sort(key=lambda c: c[0])
-    slowest = float(comp_end[hosts].max())
+    return colls
+
+
+def _schedule_collectives(net: _Network, colls: list[tuple], truth: Truth) -> list[float]:
+    """Collectives one at a time in ready order, as ring steps on the fluid; returns a one-item
+    list set to when the last one ends (once the fluid runs)."""
+    hosts, wk, W = net.hosts, net.workers, net.W
+    ring_path = tuple(r for i, a in enumerate(hosts)
+                      for r in (net.nic_out(a), net.nic_in(hosts[(i + 1) % len(hosts)]))) if len(hosts) > 1 else ()
+    ring_path += tuple(net.memory(a) for a in hosts if wk[a] > 1 or len(hosts) == 1)
+    slowest = float(net.comp_end[hosts].max())
     t_ar = [slowest if colls else 0.0]
 
     def start_coll(i, t):
@@ -259,18 +336,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
         alpha = truth.alpha_objectstore_step_s if os_ else truth.alpha_ring_step_s
         eff = truth.objectstore_efficiency if os_ else 1.0
         at = max(t, slowest * rdy) + pre + steps * alpha
-        fluid.add(at, nbytes / eff if W > 1 else 0.0, ring_path, 1.0, lambda t2: start_coll(i + 1, t2))
+        net.fluid.add(at, nbytes / eff if W > 1 else 0.0, ring_path, 1.0, lambda t2: start_coll(i + 1, t2))
 
     if colls:
         start_coll(0, 0.0)
-    fluid.run()
-
-    # ---- steady state: staleness lets PS waiting hide behind the next steps -------------------
-    stale = max((e[4] for e in srv.values()), default=0)
-    asyn = any(e[5] for e in srv.values())
-    end_c = float(comp_end.max())
-    ps_wait = max(t_ps[0] - end_c, 0.0)
-    hide = 0.0 if asyn else 1.0 / (1.0 + stale) ** 1.5
-    busy = max(t_ps[0] - float(comp_end.min()), 0.0) * (1.0 - hide) * 0.8
-    step = max(end_c + ps_wait * hide, t_ar[0], busy)
-    return step, {"compute": end_c, "ps_wait": ps_wait * hide, "all_reduce_end": t_ar[0]}
+    return t_ar

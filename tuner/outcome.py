@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from .goodput import DEFAULT_MIN_EFFICIENCY, EXACT, Efficiency, goodput_seconds, is_lossless
-from .measurements import Measurements, as_measurements
 from .trial import Trial
 
 
@@ -25,8 +25,8 @@ class TuneOutcome:
 
     Attributes:
         run_id: id stored in every trial (``Trial.run_id``).
-        trials: this run's trials in measurement order (resumed ones included): the run's one
-            record of what was measured, which its tuner reads too (a list given is wrapped).
+        trials: this run's trials in measurement order (resumed ones included): in a run of
+            ``tune_loop``, its ``History`` (the one record of what was measured).
         stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
         quality: ``goodput``, ``exact`` or ``step`` (``tuner.goodput.QUALITIES``): what ``figure``
             ranks by.
@@ -38,15 +38,12 @@ class TuneOutcome:
     """
 
     run_id: str
-    trials: Measurements = field(default_factory=Measurements)
+    trials: Sequence[Trial] = field(default_factory=list)
     stop_reason: str = ""
     quality: str = "step"
     efficiency: dict = field(default_factory=dict)
     probe_seconds: float = 0.0
     min_efficiency: float = DEFAULT_MIN_EFFICIENCY
-
-    def __post_init__(self):
-        self.trials = as_measurements(self.trials)
 
     def efficiency_of(self, strategy) -> Efficiency | None:
         """The strategy's statistical efficiency: 1 when lossless, the probe's when measured, None
@@ -69,7 +66,7 @@ class TuneOutcome:
 
     @property
     def ok(self) -> list[Trial]:
-        return self.trials.ok
+        return [t for t in self.trials if t.ok]
 
     def measured(self) -> dict[str, Trial]:
         """Strategy fingerprint -> its ok measurements as one Trial (steps pooled; its

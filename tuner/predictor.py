@@ -143,10 +143,10 @@ class Predictor:
             return self.simulator_.predict(X)
         return self.analytic_.predict(X)
 
-    def order(self, e: EncodedStrategies) -> tuple[np.ndarray, np.ndarray]:
+    def order(self, e: EncodedStrategies, X: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(indices best first, predicted seconds): simulator order, fused with the ranker's when
-        it is fitted (mean of the two rank positions)."""
-        X = self.features(e)
+        it is fitted (mean of the two rank positions). ``X``: ``e``'s feature rows, when computed."""
+        X = self.features(e) if X is None else X
         seconds = self.predict(e, X)
         position = np.argsort(np.argsort(seconds, kind="stable"), kind="stable").astype(float)
         if self.fuse_ranker_:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Proposal, Tuner
+from .history import History
 
 
 class RandomTuner(Tuner):
@@ -17,10 +18,10 @@ class RandomTuner(Tuner):
         self.rng = np.random.default_rng(seed)
         self.tries = tries
 
-    def next_batch(self, k: int) -> list[Proposal]:
+    def next_batch(self, k: int, history: History) -> list[Proposal]:
         e = self.project(self.space.sample_encoded(self.rng, self.tries * max(k, 1)))
         keys = e.row_keys()
-        seen_keys, seen = set(self.measured), set(self.measured_canonical)
+        seen_keys, seen = set(history.latest_seconds()), history.canonical_keys()
         out = []
         for i in range(len(e)):
             if len(out) >= k:

@@ -35,9 +35,19 @@ class KnowledgeSampler:
         self.sparse = np.array([v.sparse for v in model.variables])
         self.slow = min(n.bandwidth_gbps for n in cluster.nodes) < SLOW_LINK_GBPS
         self.multi = space.multi_worker_nodes
+        self._built: EncodedStrategies | None = None   # the builders' recipes, encoded once
 
     def recipes(self, rng: np.random.Generator) -> EncodedStrategies:
         """One encoded strategy per recipe variant (builders with varied options)."""
+        base = self._built_recipes()
+        hybrid = self._hybrid_by_size(base.take(np.zeros(3, dtype=int)), rng)
+        return EncodedStrategies.concat([base, hybrid])
+
+    def _built_recipes(self) -> EncodedStrategies:
+        """The builders' variants, built and encoded on first use (they do not change between
+        rounds; variants that build the same strategy are encoded once)."""
+        if self._built is not None:
+            return self._built
         chunks = [int(c * MIB) for c in (1, 4, 16, 64)]
         variants = [("parallax", {"chunk_bytes": c}) for c in chunks]
         variants += [("parallax", {"chunk_bytes": 16 * MIB, "local_replication": True})] if self.multi else []
@@ -45,9 +55,15 @@ class KnowledgeSampler:
         variants += [("partitioned_ps", {"min_partition_bytes": m}) for m in (256 * 1024, MIB, 8 * MIB)]
         variants += [("ps_lb", {}), ("uneven_partitioned_ps", {}), ("partitioned_all_reduce", {})]
         strategies = [get_builder(name, **opts).build(self.space.model, self.space.cluster) for name, opts in variants]
-        base = self.space.encode(strategies)
-        hybrid = self._hybrid_by_size(base.take(np.zeros(3, dtype=int)), rng)
-        return EncodedStrategies.concat([base, hybrid])
+        row_of: dict[str, int] = {}   # strategy fingerprint -> its row among the distinct ones
+        distinct = []
+        for s in strategies:
+            if s.fingerprint not in row_of:
+                row_of[s.fingerprint] = len(distinct)
+                distinct.append(s)
+        rows = np.array([row_of[s.fingerprint] for s in strategies], dtype=np.int64)
+        self._built = self.space.encode(distinct).take(rows)
+        return self._built
 
     def _hybrid_by_size(self, parallax: EncodedStrategies, rng) -> EncodedStrategies:
         """Parallax, but dense variables above a size threshold also go to partitioned PS."""

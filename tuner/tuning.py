@@ -13,7 +13,7 @@ The path of a strategy, top-down (no module is visited twice):
    (``make_runner``; the runtime, ``autosync/runtime/runner.py``, takes the resolved objects) and a
    ``ModelBasedTuner`` (``tuner/model_based.py``), opens the ``TrialStore`` (``tuner/store.py``) and
    calls ``tune_loop`` here.
-3. Loop (this module): reads the store once (``load_history``, and the run to resume), then asks
+3. Loop (this module): reads the store once (``load_groups``, and the run to resume), then asks
    ``BaselineTuner`` (``tuner/baseline_tuner.py``) and the tuner for ``Proposal``s (``tuner/base.py``):
    a strategy with its encoded row and predicted seconds.
 4. Tuner: ``ModelBasedTuner.next_batch`` refits its ``Predictor`` (``tuner/predictor.py``; the
@@ -22,9 +22,9 @@ The path of a strategy, top-down (no module is visited twice):
 5. Runner: ``Runner.run`` (``tuner/trial.py``'s interface) measures the strategy and returns a
    ``Trial``.
 6. Trial: appended to the store (an append-only log) and to the run's one record of what was
-   measured, ``TuneOutcome.trials`` (a ``Measurements``, ``tuner/measurements.py``, which the tuner
-   reads as its ``measurements``), then handed back with ``Tuner.update``, which indexes it and
-   featurizes it once (from the proposal's encoded row) into the training set — step 4 again.
+   measured, its ``History`` (``tuner/history.py``; the outcome's ``trials``): each trial's entry is
+   built once there, with the encoded and feature rows its proposal carried; the tuner reads the
+   History at its next ``next_batch`` — step 4 again.
 
 At the end ``TuneOutcome.best`` recommends the fastest strategy only when it beats the best baseline
 beyond the noise (``tuner/outcome.py``).
@@ -48,6 +48,7 @@ from .base import Proposal, Tuner
 from .baseline_tuner import BaselineTuner
 from .dataset import store_groups
 from .goodput import DEFAULT_MIN_EFFICIENCY, QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
+from .history import History
 from .outcome import TuneOutcome
 from .trial import Runner, Trial
 
@@ -106,15 +107,15 @@ def tune_loop(runner: Runner, store, tuner: Tuner, budget: Budget, *, baselines:
                                                                               constraints=tuner.pins),
                      quality, prober, min_efficiency, on_trial, on_probe, clock)
     run.open(resume)
-    run.measure(run.baselines.next_batch(None), "baseline")
+    run.measure(run.baselines.next_batch(None, run.history), "baseline")
     run.search()
     run.confirm()
     return run.outcome
 
 
 class _TuningRun:
-    """One call of ``tune_loop``: its outcome (the one record of what was measured, which the
-    tuners read), the clock it started on, and the steps of the loop."""
+    """One call of ``tune_loop``: its history (the one record of what was measured, which the
+    tuners read and its outcome reports), the clock it started on, and the steps of the loop."""
 
     def __init__(self, runner: Runner, store, tuner: Tuner, budget: Budget, baselines: Tuner, quality: str,
                  prober: Prober | None, min_efficiency: float, on_trial, on_probe, clock):
@@ -122,30 +123,28 @@ class _TuningRun:
         self.quality, self.prober, self.min_efficiency = quality, prober, min_efficiency
         self.on_trial, self.on_probe, self.clock = on_trial, on_probe, clock
         self.model, self.cluster = tuner.model, tuner.cluster
-        self.outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], quality=quality, min_efficiency=min_efficiency)
+        self.history = History(self.model, self.cluster)
+        self.outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], trials=self.history, quality=quality,
+                                   efficiency=self.history.efficiency, min_efficiency=min_efficiency)
         self.start = clock()
 
     def out_of_time(self) -> bool:
         return self.budget.time_s is not None and self.clock() - self.start > self.budget.time_s
 
     def open(self, resume: bool) -> None:
-        """Record the model and cluster, hand the tuner the store's groups, share the outcome's
-        records with both tuners, and take over the run to resume (its lossy trials probed)."""
-        store, tuner, baselines, outcome = self.store, self.tuner, self.baselines, self.outcome
+        """Record the model and cluster, hand the tuner the store's groups, and take over the run to
+        resume (its trials into the history, its lossy trials probed)."""
+        store, outcome = self.store, self.outcome
         store.add_model(self.model)
         store.add_cluster(self.cluster)
-        tuner.load_history(store_groups(store))
-        tuner.measurements = baselines.measurements = outcome.trials
-        tuner.efficiency = baselines.efficiency = outcome.efficiency
+        self.tuner.load_groups(store_groups(store))
         if not resume:
             return
         run_id, previous = previous_run(store, self.model, self.cluster)
         if run_id is not None:
             outcome.run_id = run_id
-            outcome.trials.add(previous)
-            tuner.update(previous)
-            baselines.update([t for t in previous if t.role == "baseline"])
-        self.probe(list(outcome.trials))
+            self.history.add(previous)
+        self.probe(list(self.history))
 
     def probe(self, trials: list[Trial]) -> None:
         """Measure the efficiency of the lossy strategies among ``trials`` that could lead: whose
@@ -177,7 +176,8 @@ class _TuningRun:
                 self.on_probe(t, e)
 
     def measure(self, proposals: list[Proposal], role: str) -> list[Trial]:
-        """Run, store and record each proposal; hand the trials to the tuner and probe them."""
+        """Run, store and record each proposal (into the history, with the rows it carries), and
+        probe the trials."""
         got = []
         for p in proposals:
             if role != "baseline" and self.out_of_time():
@@ -191,13 +191,12 @@ class _TuningRun:
                                                                  "min_efficiency": self.min_efficiency,
                                                                  **({"attempt": attempt + 1} if attempt else {})})
                 self.store.add(t, self.model, self.cluster)
-                self.outcome.trials.append(t)
+                self.history.add([t], [p])
                 got.append(t)
                 if self.on_trial:
                     self.on_trial(t, self.outcome)
                 if t.ok:
                     break
-        self.tuner.update(got)
         self.probe(got)
         return got
 
@@ -221,7 +220,8 @@ class _TuningRun:
             if stale_rounds >= budget.patience:
                 outcome.stop_reason = "patience"
                 return
-            proposals = self.tuner.next_batch(min(self.tuner.batch_size, remaining)) if self.tuner.has_next() else []
+            k = min(self.tuner.batch_size, remaining)
+            proposals = self.tuner.next_batch(k, self.history) if self.tuner.has_next() else []
             if not proposals:
                 outcome.stop_reason = "exhausted"
                 return
