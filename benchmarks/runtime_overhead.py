@@ -308,28 +308,34 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
     return out
 
 
-def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_ZOO) -> None:
-    """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""
+
+def _pair_pool():
+    """The two-node ``pair`` cluster on this machine (a worker each) and a warm pool on it."""
     import ray
 
-    from _testbed import git_commit, write_json
-    from autosync.models import zoo
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
-    from autosync.runtime.optimizers import keras_optimizer_config, squares_slices
-    from autosync.runtime.runner import RayRunner
     from strategy_space import ClusterSpec, NodeSpec
-    from strategy_space.builders import get_builder
-
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     cpus = os.cpu_count() or 1
     pair = ClusterSpec(name="pair", nodes=tuple(
         NodeSpec(name=f"node{i}", cpus=max(1, cpus // WORKERS), workers=1, chief=i == 0) for i in range(WORKERS)))
     if not ray.is_initialized():
         ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    pool = WorkerPool(ClusterBinding.bind(pair))
+    return pair, WorkerPool(ClusterBinding.bind(pair))
+
+def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_ZOO) -> None:
+    """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""
+    from _testbed import git_commit, write_json
+    from autosync.models import zoo
+    from autosync.runtime.optimizers import keras_optimizer_config, squares_slices
+    from autosync.runtime.runner import RayRunner
+    from strategy_space.builders import get_builder
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    pair, pool = _pair_pool()
     print(f"\nsparse variables on parameter servers ('ps' strategy, {WORKERS} workers, {steps} timed steps): "
           f"bytes per step per worker vs rows touched x width")
     print(" | ".join(("model", "optimizer", "sparse vars", "pulled whole", "rows/step", "repeated rows/step",
@@ -382,23 +388,13 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
     """``Trainer.save`` seconds per GiB of state, per zoo model (see the module doc)."""
     import tempfile
 
-    import ray
-
     from autosync.models import zoo
     from autosync.runtime import checkpoint, session_state
-    from autosync.runtime.binding import ClusterBinding
-    from autosync.runtime.engine import WorkerPool
     from autosync.runtime.plan import model_spec_from_vars
     from autosync.runtime.trainer import Trainer
-    from strategy_space import ClusterSpec, NodeSpec
     from strategy_space.builders import get_builder
 
-    cpus = os.cpu_count() or 1
-    pair = ClusterSpec(name="pair", nodes=tuple(
-        NodeSpec(name=f"node{i}", cpus=max(1, cpus // WORKERS), workers=1, chief=i == 0) for i in range(WORKERS)))
-    if not ray.is_initialized():
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    pool = WorkerPool(ClusterBinding.bind(pair))
+    pair, pool = _pair_pool()
     out = {}
     print(f"Trainer.save ('ps' strategy, {WORKERS} workers as 2 nodes, median of {repeat} saves)")
     print(" | ".join(("model", "optimizer", "state MiB", "save s", "read actors s", "write files s", "s per GiB")))

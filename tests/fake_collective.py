@@ -80,3 +80,14 @@ def run_ranks(world: int, fn) -> list:
     with ThreadPoolExecutor(max_workers=world) as pool:
         futures = [pool.submit(fn, r) for r in range(world)]
         return [f.result(timeout=3 * TIMEOUT_S) for f in futures]
+
+
+def concrete_subclasses(base: type) -> set:
+    """Every non-abstract class under ``base`` (imported so far): what a contract suite must cover."""
+    found, todo = set(), [base]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if not getattr(cls, "__abstractmethods__", None):
+            found.add(cls)
+    return found

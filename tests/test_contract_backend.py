@@ -19,7 +19,7 @@ import pytest
 from autosync.runtime.sync import backends, tf_collective
 from autosync.runtime.sync.base import CollectiveBackend
 from tests import fake_collective
-from tests.fake_collective import ThreadBackend, run_ranks
+from tests.fake_collective import ThreadBackend, concrete_subclasses, run_ranks
 
 WORLD = 3
 
@@ -148,13 +148,8 @@ def group(request, backend):
 
 
 def test_every_backend_is_covered():
-    found, todo = set(), [CollectiveBackend]
     assert fake_collective and backends and tf_collective   # every module that defines one is imported
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if not getattr(cls, "__abstractmethods__", None):
-            found.add(cls)
+    found = concrete_subclasses(CollectiveBackend)
     missing = found - set(GROUPS)
     assert not missing, f"add {sorted(c.__name__ for c in missing)} to GROUPS in {__name__}"
     assert all(cls.name for cls in found), "every backend has a name"

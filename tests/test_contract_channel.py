@@ -26,7 +26,7 @@ from autosync.runtime.sync import backends, graph, ps
 from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
 from autosync.runtime.sync.base import SyncChannel
 from strategy_space.compressor import Compressor
-from tests.fake_collective import ThreadBackend, run_ranks
+from tests.fake_collective import ThreadBackend, concrete_subclasses, run_ranks
 
 SHAPES = [(6, 4), (4,), (10, 3), (6, 5)]
 SPARSE = 2
@@ -255,12 +255,7 @@ def harness(request):
 
 
 def test_every_channel_is_covered():
-    found, todo = set(), [SyncChannel]
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if not getattr(cls, "__abstractmethods__", None):
-            found.add(cls)
+    found = concrete_subclasses(SyncChannel)
     missing = found - set(HARNESSES)
     assert not missing, f"add {sorted(c.__name__ for c in missing)} to HARNESSES in {__name__}"
 
