@@ -53,3 +53,17 @@ class Noisy(SyntheticRunner):
             level = (0.1 / self.gain if role == "search" else 0.1) * np.exp(self.noise.normal(0, self.spread))
             out.append(dataclasses.replace(t, step_times=(level,) * 3))
         return out
+
+
+def patch_tune_runner(monkeypatch, model, cluster, seed: int = 2) -> None:
+    """Make ``autosync.tune`` measure with the synthetic runner instead of Ray (it reads what a
+    RayRunner has besides ``run``: ``given_spec`` and ``close``)."""
+    import autosync.api
+
+    class Fake(SyntheticRunner):
+        given_spec = model
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(autosync.api, "make_runner", lambda *a, **k: Fake(model, cluster, seed=seed))

@@ -6,7 +6,7 @@ import pytest
 import autosync
 from autosync.report import write_report
 from strategy_space import ConfigError, load_strategy, validate
-from tests.fakes import Noisy, three_node_cluster, tiny_model
+from tests.fakes import Noisy, patch_tune_runner, three_node_cluster, tiny_model
 from tuner.synthetic import SyntheticRunner
 from tuner.model_based import SearchSettings
 
@@ -177,19 +177,12 @@ def test_goodput_in_the_summary_and_the_report(tmp_path, quality, e):
 def test_tune_command_takes_each_quality_and_says_it(tmp_path, monkeypatch, capsys, quality):
     """`autosync tune --quality Q` end to end through the command line (the synthetic runner in
     place of Ray): the table and the JSON say what the run ranked by."""
-    import autosync.api
     from autosync.cli import main
     from strategy_space import dumps
 
     model, cluster = tiny_model(profile=True), three_node_cluster()
 
-    class Fake(SyntheticRunner):   # what tune reads of a RayRunner besides measuring
-        given_spec = model
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(autosync.api, "make_runner", lambda *a, **k: Fake(model, cluster, seed=2))
+    patch_tune_runner(monkeypatch, model, cluster)
     (tmp_path / "c.yaml").write_text(dumps(cluster))
     argv = ["tune", "--model", "zoo:ncf", "--cluster", str(tmp_path / "c.yaml"), "--trials", "3", "--warm-start", "none",
             "--store", str(tmp_path / "s.db"), "--out", str(tmp_path / "b.yaml"), "--quality", quality]

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-import autosync.api
 from autosync.cli import main
 from strategy_space import dumps, load_strategy
-from tests.fakes import three_node_cluster, tiny_model
-from tuner.synthetic import SyntheticRunner
+from tests.fakes import patch_tune_runner, three_node_cluster, tiny_model
 
 
 @pytest.fixture
@@ -19,13 +17,7 @@ def fake_tune(tmp_path, monkeypatch):
     """A user's checkout as the current folder, a private cache, and the synthetic runner."""
     model, cluster = tiny_model(profile=True), three_node_cluster()
 
-    class Fake(SyntheticRunner):   # what tune reads of a RayRunner besides measuring
-        given_spec = model
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(autosync.api, "make_runner", lambda *a, **k: Fake(model, cluster, seed=2))
+    patch_tune_runner(monkeypatch, model, cluster)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "c.yaml").write_text(dumps(cluster))
     checkout = tmp_path / "checkout"
