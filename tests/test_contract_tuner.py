@@ -54,8 +54,8 @@ def make(request):
 
 
 def _concrete_tuners() -> set[type]:
-    for info in pkgutil.iter_modules(tuner.__path__):   # a subclass counts once its module is imported
-        importlib.import_module(f"tuner.{info.name}")
+    for info in pkgutil.walk_packages(tuner.__path__, "tuner."):   # a subclass counts once its module is imported
+        importlib.import_module(info.name)
     out, todo = set(), [Tuner]
     while todo:
         cls = todo.pop()
