@@ -16,7 +16,7 @@ setup(
         "pyyaml>=6.0",
         "pandas>=2.0",
         "scikit-learn>=1.3",
-        "scipy>=1.10",   # non-negative least squares (tuner/goodput.py); scikit-learn needs it too
+        "scipy>=1.10",   # non-negative least squares (tuner/records/goodput.py); scikit-learn needs it too
         "xgboost>=2.0",
         "tensorflow>=2.16",
         "keras>=3.0",

@@ -19,15 +19,15 @@ from typing import Callable
 
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
-from tuner.constraints import Constraints, load_constraints
-from tuner.goodput import (DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, Efficiency, Prober,
+from tuner.search.constraints import Constraints, load_constraints
+from tuner.records.goodput import (DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, Efficiency, Prober,
                            lossy_parts)
-from tuner.store import TrialStore, check_store_file, open_existing_store
-from tuner.trial import Runner, Trial
-from tuner.warmstart import load_warm_start
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.outcome import TuneOutcome
-from tuner.tuning import Budget, previous_run, tune_loop
+from tuner.records.outcome import TuneOutcome
+from tuner.records.store import TrialStore, check_store_file, open_existing_store
+from tuner.records.trial import Runner, Trial
+from tuner.records.warmstart import load_warm_start
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, previous_run, tune_loop
 
 
 # bounded staleness offered under goodput (besides 0; asynchronous PS too) where probes run on the target
@@ -60,7 +60,7 @@ class TuneResult:
         outcome: every trial of the run and why it stopped.
         store_path: the TrialStore the trials were added to.
         warm_start_trials: trials of the warm-start dataset the predictor learned from besides.
-        quality: what the run ranked by (``tuner.goodput.QUALITIES``).
+        quality: what the run ranked by (``tuner.records.goodput.QUALITIES``).
         lossy_note: why lossy parts were not proposed, or what their efficiencies rest on.
     """
 
@@ -279,7 +279,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             measurements (the recommendation and the speed-up rest on those; 0: off).
         warm_start: trials the predictor learns from besides the store: ``builtin`` (the dataset
             AutoSync measured on its testbed), ``none``, another trial store file (read only), or
-            groups already loaded with ``tuner.warmstart.load_warm_start``.
+            groups already loaded with ``tuner.records.warmstart.load_warm_start``.
         compute, step_time_s, optimizer: ``real`` (TensorFlow workers) or ``emulated`` (workers
             wait ``step_time_s``, default the profiled compute time, and send synthetic gradients;
             ``model`` may then be a model-spec YAML; ``optimizer`` names its optimizer); see
@@ -289,7 +289,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         quality: ``goodput`` (default): rank by step time / statistical efficiency, proposing
             lossy parts (compressors) and keeping a lossy strategy only with a measured
             efficiency; ``exact``: never propose a lossy part; ``step``: rank by step time alone
-            (lossy parts unmeasured). See ``tuner.goodput``.
+            (lossy parts unmeasured). See ``tuner.records.goodput``.
         probe_steps, probe_seed: steps and seed of each efficiency probe (``autosync.probe``).
         prober: measures efficiencies (default: trains the model on the runner's workers; with
             ``runner`` given and no prober, lossy parts are not proposed under ``goodput``).

@@ -1,6 +1,6 @@
 """Statistical-efficiency probes: train a lossy strategy and its lossless twin from the same
 initial weights on the same data, and estimate how many lossless steps one of its steps is worth
-(``tuner.goodput``).
+(``tuner.records.goodput``).
 
 A probe trains with the runtime's ``Trainer``, so it runs the user's own model, loss, optimizer
 and data on real workers. The twin of every lossy strategy trains as one process on the global
@@ -8,7 +8,7 @@ batch (the runtime holds every lossless strategy to that), so one twin curve per
 steps, seed) serves every candidate: it is stored once and reused, and in a tuning run it is
 trained with the fastest lossless strategy measured (on a slow network the candidate's own twin,
 uncompressed, can be several times slower). Probes are stored in the trial
-store under ``tuner.goodput.probe_cache_key`` — per model and lossy parts; for staleness and
+store under ``tuner.records.goodput.probe_cache_key`` — per model and lossy parts; for staleness and
 asynchrony, whose effect depends on timing, per cluster too — and a probe found there is not run
 again.
 """
@@ -21,7 +21,7 @@ import time
 
 from strategy_space import ClusterSpec, Strategy
 from strategy_space.errors import ConfigError
-from tuner.goodput import (DEFAULT_PROBE_STEPS, EXACT, Efficiency, LossyParts, Prober, ProbeResult, estimate_efficiency,
+from tuner.records.goodput import (DEFAULT_PROBE_STEPS, EXACT, Efficiency, LossyParts, Prober, ProbeResult, estimate_efficiency,
                            lossless_twin, lossy_parts, probe_cache_key, probe_model_key)
 
 # the lossy-parts key under which a twin curve is stored (a lossless "candidate")

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from strategy_space.errors import ConfigError
-from tuner.goodput import is_lossless, lossy_parts, probe_model_key
-from tuner.store import TrialStore, open_existing_store
-from tuner.outcome import TuneOutcome
+from tuner.records.goodput import is_lossless, lossy_parts, probe_model_key
+from tuner.records.outcome import TuneOutcome
+from tuner.records.store import TrialStore, open_existing_store
 
 
 def _run_trials(store: TrialStore, run_id: str | None):

@@ -8,7 +8,7 @@ step times relative to the table's reference strategy:
   (5 %: closer figures order nothing that a measurement could tell); a predicted tie is a miss;
 * ratio error ``predicted_rel / published_rel - 1`` of every strategy but the reference.
 
-Leave one out: for each table in turn, the analytic model's parameters (``tuner.alpha_beta.AlphaBeta``:
+Leave one out: for each table in turn, the analytic model's parameters (``tuner.features.alpha_beta.AlphaBeta``:
 per-call and per-ring-step latencies, bandwidth efficiency, CPU byte rate, per-call server time,
 compute scale) are fitted on the relative step times of every other table, and the held-out table
 is scored with them. The fit never sees the held-out table; ``leave_one_out`` takes the fit and
@@ -26,9 +26,9 @@ from strategy_space import ClusterSpec, ComputeProfile, ConfigError, load_model_
 from strategy_space.builders import get_builder
 from strategy_space.space import StrategySpace
 from strategy_space.yaml_io import parse_text, read_text
-from tuner.alpha_beta import AlphaBeta, step_time
-from tuner.feature_tables import FeatureTables
-from tuner.features import featurize, terms_of
+from tuner.features.alpha_beta import AlphaBeta, step_time
+from tuner.features.batch import featurize, terms_of
+from tuner.features.tables import FeatureTables
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE_KEYS = {"source", "model", "batch_size", "compute", "cluster", "reference", "strategies"}
@@ -86,7 +86,7 @@ def load_table(path: str) -> dict:
 @dataclass
 class TableTerms:
     """What predicting a table's step times needs, computed once: the alpha-beta terms of its
-    strategies (``tuner.features``), where they sit in the table, and the compute time."""
+    strategies (``tuner.features.batch``), where they sit in the table, and the compute time."""
 
     path: str
     names: list

@@ -75,7 +75,7 @@ def _args(argv=None):
 def inside(args) -> int:
     from autosync.api import make_runner, tune
     from strategy_space.errors import ConfigError
-    from tuner.model_based import SearchSettings
+    from tuner.search.model_based import SearchSettings
 
     if not os.environ.get("RAY_ADDRESS"):
         print("make_warmstart --inside runs inside the testbed's host0 (see the module doc)", file=sys.stderr)
@@ -119,7 +119,7 @@ def repeat(runner, result, count: int, store_path: str, show) -> None:
     import dataclasses
     import statistics
 
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     outcome = result.outcome
     times: dict[str, list] = {}
@@ -147,7 +147,7 @@ def repeat(runner, result, count: int, store_path: str, show) -> None:
 
 def pack(store: str, packed: str, noise_out: str | None = None, measured_by: str | None = None) -> int:
     """Copy ``store`` (consistent snapshot), VACUUM it, gzip it atomically into ``packed``."""
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     if not os.path.isfile(store):
         print(f"make_warmstart --pack: no store at {store}; measure first", file=sys.stderr)
@@ -205,8 +205,8 @@ def noise_summary(store: str) -> dict:
 
     import numpy as np
 
-    from tuner.dataset import store_groups
-    from tuner.store import TrialStore
+    from tuner.records.dataset import store_groups
+    from tuner.records.store import TrialStore
 
     shapes: dict = {}
     with TrialStore(store) as s:
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _args(argv)
     if args.pack:
-        from tuner.warmstart import BUILTIN_PATH
+        from tuner.records.warmstart import BUILTIN_PATH
 
         return pack(args.store, args.packed or str(BUILTIN_PATH), args.noise_out, args.measured_by)
     unknown = [m for m in args.models if m not in MODELS]

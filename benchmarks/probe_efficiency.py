@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     from autosync.runtime.engine import WorkerPool
     from autosync.sources import load_model_def, local_cluster
     from strategy_space.builders import get_builder
-    from tuner.goodput import lossy_parts
+    from tuner.records.goodput import lossy_parts
 
     cluster = local_cluster(args.workers)
     started, commit = time.strftime("%Y-%m-%d %H:%M:%S"), git_commit(REPO)

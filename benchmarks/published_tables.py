@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _published import (MIN_GAP, TableTerms, fit_params, leave_one_out, load_table, params_dict,  # noqa: E402
                         score, summary)
-from tuner.alpha_beta import AlphaBeta  # noqa: E402
+from tuner.features.alpha_beta import AlphaBeta  # noqa: E402
 
 ORDER_TARGET, RATIO_TOLERANCE = 0.9, 0.25                        # issue 16 (default mode)
 LOO_ORDER, LOO_TABLE_ORDER, LOO_TABLE_MIN_PAIRS, LOO_MEDIAN = 0.90, 0.75, 3, 0.20   # issue 27

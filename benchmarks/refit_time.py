@@ -24,12 +24,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._rows import commit, write_rows  # noqa: E402
-from tuner.dataset import build_trial_set, store_groups  # noqa: E402
-from tuner.predictor import Predictor  # noqa: E402
-from tuner.store import TrialStore  # noqa: E402
-from tuner.synthetic import SyntheticRunner, candidate_strategies, random_cluster, random_model  # noqa: E402
-from tuner.training_set import TrainingSet  # noqa: E402
-from tuner.warmstart import load_warm_start, merge_groups  # noqa: E402
+from tuner.cost_models.predictor import Predictor  # noqa: E402
+from tuner.records.dataset import build_trial_set, store_groups  # noqa: E402
+from tuner.records.store import TrialStore  # noqa: E402
+from tuner.records.training_set import TrainingSet  # noqa: E402
+from tuner.records.warmstart import load_warm_start, merge_groups  # noqa: E402
+from tuner.synthetic.runner import SyntheticRunner, candidate_strategies, random_cluster, random_model  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="JSON file for the result")
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    rng = np.random.default_rng(0)   # a generated target model and cluster (tuner.synthetic)
+    rng = np.random.default_rng(0)   # a generated target model and cluster (tuner.synthetic.runner)
     model, cluster = random_model(rng, "target"), random_cluster(rng, "target")
     prior = load_warm_start("builtin")
     n_new = args.rounds * args.batch

@@ -1,8 +1,8 @@
 """Strategies scored per second (features + learned-simulator prediction) for a 200-variable model
 on one core, on the path the search takes. Target: >= 100,000 strategies per CPU-second.
 
-Headline: the annealer (``tuner.search.simulated_annealing``) as the tuner runs it, at the
-search's defaults (``tuner.model_based.SearchSettings``: chains x proposals per chain x steps), end to
+Headline: the annealer (``tuner.search.annealing.simulated_annealing``) as the tuner runs it, at the
+search's defaults (``tuner.search.model_based.SearchSettings``: chains x proposals per chain x steps), end to
 end — mutation, incremental features, prediction, Metropolis steps and pool — timed ``--repeats``
 times (median reported: the machine is shared). Its parts are timed by wrappers around the space's
 ``mutate_rows`` and the scorer; "other" is the rest (pool, fingerprints, moves). The rate is
@@ -45,15 +45,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, VariableSpec  # noqa: E402
 from strategy_space.encoding import EncodedStrategies  # noqa: E402
 from strategy_space.space import StrategySpace  # noqa: E402
-from tuner.dataset import featurize_trials  # noqa: E402
-from tuner.feature_tables import FeatureTables  # noqa: E402
-from tuner.features import featurize  # noqa: E402
-from tuner.incremental import IncrementalFeaturizer  # noqa: E402
-from tuner.sampler import KnowledgeSampler  # noqa: E402
-from tuner.search import IncrementalScorer, simulated_annealing  # noqa: E402
-from tuner.simulator import LearnedSimulator  # noqa: E402
-from tuner.synthetic import SyntheticRunner  # noqa: E402
-from tuner.model_based import SearchSettings  # noqa: E402
+from tuner.cost_models.simulator import LearnedSimulator  # noqa: E402
+from tuner.features.batch import featurize  # noqa: E402
+from tuner.features.incremental import IncrementalFeaturizer  # noqa: E402
+from tuner.features.tables import FeatureTables  # noqa: E402
+from tuner.records.dataset import featurize_trials  # noqa: E402
+from tuner.search.annealing import IncrementalScorer, simulated_annealing  # noqa: E402
+from tuner.search.model_based import SearchSettings  # noqa: E402
+from tuner.search.sampler import KnowledgeSampler  # noqa: E402
+from tuner.synthetic.runner import SyntheticRunner  # noqa: E402
 
 TARGET = 100_000
 DEFAULTS = SearchSettings()

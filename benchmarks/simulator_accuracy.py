@@ -1,6 +1,6 @@
 """Ranking accuracy of the analytic model, the learned simulator and the ranker on synthetic trials.
 
-Generates trials with the flow-level simulation (tuner.netsim) for many (model, cluster) groups,
+Generates trials with the flow-level simulation (tuner.synthetic.netsim) for many (model, cluster) groups,
 then prints pairwise accuracy, Kendall tau and top-1 regret within groups (held-out trials) and
 leave-one-model-out. Targets: pairwise accuracy >= 0.90 within a group, >= 0.80 leave-one-model-out.
 
@@ -34,9 +34,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tuner.dataset import build_trial_set  # noqa: E402
-from tuner.evaluation import evaluate, format_table, score_groups, splits  # noqa: E402
-from tuner.synthetic import make_dataset, noiseless_step_s  # noqa: E402
+from tuner.cost_models.evaluation import evaluate, format_table, score_groups, splits  # noqa: E402
+from tuner.records.dataset import build_trial_set  # noqa: E402
+from tuner.synthetic.runner import make_dataset, noiseless_step_s  # noqa: E402
 
 
 def noiseless_truth(groups, data) -> np.ndarray:
@@ -98,8 +98,8 @@ def real(args) -> int:
     import datetime
 
     from strategy_space.errors import ConfigError
-    from tuner.evaluation import merge_repeats, noise_ceiling, repeat_noise
-    from tuner.warmstart import load_warm_start
+    from tuner.cost_models.evaluation import merge_repeats, noise_ceiling, repeat_noise
+    from tuner.records.warmstart import load_warm_start
 
     t0 = time.perf_counter()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

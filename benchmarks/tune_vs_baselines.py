@@ -64,7 +64,7 @@ def _args(argv=None):
                    help="real TensorFlow workers (default) or emulated compute (no peer then)")
     p.add_argument("--step-time", type=float, default=None, metavar="S",
                    help="emulated compute of a model-spec YAML that has no profile: seconds per step (default: "
-                        "the simulator's estimate from its parameters, tuner.feature_tables.estimate_compute_s)")
+                        "the simulator's estimate from its parameters, tuner.features.tables.estimate_compute_s)")
     p.add_argument("--cold", action="store_true", help="also tune from a cold start, to compare trials to 5 %%")
     p.add_argument("--peer-repeats", type=int, default=2, help="measurements of the peer (default 2)")
     p.add_argument("--name", default="tune_vs_baselines", help="result file name, without .json (default %(default)s)")
@@ -91,7 +91,7 @@ def _args(argv=None):
 
 
 def _warm_groups(source: str, model_name: str):
-    from tuner.warmstart import load_warm_start
+    from tuner.records.warmstart import load_warm_start
 
     if source == "lomo":
         return load_warm_start("builtin", exclude_models=[model_name])
@@ -134,8 +134,8 @@ def lower_bound(model, cluster, strategy) -> dict:
     """The analytic lower bound of ``strategy``'s step: compute plus the least time the busiest NIC
     needs for the bytes it moves (each direction at the link rate), and the overlapped bound."""
     from strategy_space.space import StrategySpace
-    from tuner.feature_tables import FeatureTables
-    from tuner.features import COL, featurize
+    from tuner.features.tables import FeatureTables
+    from tuner.features.batch import COL, featurize
 
     x = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))[0]
     nic = float(max(x[COL["nic_in_s"]], x[COL["nic_out_s"]]))
@@ -145,7 +145,7 @@ def lower_bound(model, cluster, strategy) -> dict:
 
 def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
     from autosync.api import tune
-    from tuner.model_based import SearchSettings
+    from tuner.search.model_based import SearchSettings
 
     curve: list = []
 
@@ -183,7 +183,7 @@ def spec_step_time(name: str, args) -> dict | None:
     if args.compute != "emulated" or not name.endswith((".yaml", ".yml")):
         return None
     from autosync.sources import load_model_spec
-    from tuner.feature_tables import ESTIMATE_FLOPS, estimate_compute_s
+    from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
 
     spec = load_model_spec(name)
     if spec.profile is not None:
@@ -191,7 +191,7 @@ def spec_step_time(name: str, args) -> dict | None:
     if args.step_time is not None:
         return {"s": args.step_time, "source": "--step-time"}
     return {"s": estimate_compute_s(spec), "source": f"estimate, not measured: 6 flops per dense parameter per "
-            f"sample plus the touched rows, at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s (tuner.feature_tables.estimate_compute_s)"}
+            f"sample plus the touched rows, at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s (tuner.features.tables.estimate_compute_s)"}
 
 
 def measure_model(name: str, cluster, args, store_path: str, say) -> dict:

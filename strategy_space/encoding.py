@@ -149,7 +149,7 @@ class Mutation:
     every field of the cells ``cells`` set to ``values``, then, for a group change, every
     all-reduce variable of fusion group ``group_ids[u]`` of proposal ``group_rows[u]`` given the
     compressor ``group_codec[:, u]`` (``member_codec``: normalized per variable). A search can score
-    proposals from their changes (``tuner.incremental``) and build only the rows it keeps.
+    proposals from their changes (``tuner.features.incremental``) and build only the rows it keeps.
 
     Attributes:
         base: the strategies varied (the mutation's own copy).

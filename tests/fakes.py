@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 
 from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, VariableSpec
-from tuner.synthetic import SyntheticRunner
+from tuner.synthetic.runner import SyntheticRunner
 
 
 def tiny_model(profile: bool = False) -> ModelSpec:

@@ -7,8 +7,8 @@ import autosync
 from autosync.report import write_report
 from strategy_space import ConfigError, load_strategy, validate
 from tests.fakes import Noisy, patch_tune_runner, three_node_cluster, tiny_model
-from tuner.synthetic import SyntheticRunner
-from tuner.model_based import SearchSettings
+from tuner.search.model_based import SearchSettings
+from tuner.synthetic.runner import SyntheticRunner
 
 FAST = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8)
 
@@ -77,7 +77,7 @@ def test_a_gain_within_the_noise_is_reported_not_recommended(tmp_path):
 def test_every_trial_failing_is_a_clear_error(tmp_path):
     class Broken(SyntheticRunner):
         def run(self, strategies, origins=None):
-            from tuner.trial import Trial
+            from tuner.records.trial import Trial
 
             return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error="worker died: OOM")
                     for s in strategies]
@@ -105,7 +105,7 @@ def test_cli_bad_warm_start_exits_2(tmp_path, capsys):
 
 
 def test_tune_reads_the_builtin_dataset_without_copying_it(result):
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     with TrialStore(result.store_path) as store:
         assert len(store) == result.summary()["total_trials"]     # only this run's trials
@@ -113,7 +113,7 @@ def test_tune_reads_the_builtin_dataset_without_copying_it(result):
     assert result.summary()["warm_start_trials"] >= 200
 
 
-from tuner.goodput import Prober  # noqa: E402
+from tuner.records.goodput import Prober  # noqa: E402
 
 
 class StoringProber(Prober):
@@ -126,8 +126,8 @@ class StoringProber(Prober):
     def efficiency(self, strategy):
         import numpy as np
 
-        from tuner.goodput import ProbeResult, estimate_efficiency, lossy_parts, probe_cache_key, probe_model_key
-        from tuner.store import TrialStore
+        from tuner.records.goodput import ProbeResult, estimate_efficiency, lossy_parts, probe_cache_key, probe_model_key
+        from tuner.records.store import TrialStore
 
         steps = np.arange(1, 101)
         twin = 1 / (1 + 0.05 * steps)
@@ -147,7 +147,7 @@ def test_goodput_in_the_summary_and_the_report(tmp_path, quality, e):
     a lossless one; step ranks by step time whatever they cost. The report says which and plots
     loss against time from the probes."""
     from tests.test_tuner_goodput import LossyIsFast
-    from tuner.goodput import is_lossless
+    from tuner.records.goodput import is_lossless
 
     model, cluster = tiny_model(profile=True), three_node_cluster()
     db = tmp_path / "g.db"

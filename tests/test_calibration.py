@@ -10,9 +10,9 @@ import yaml
 from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
 from strategy_space.calibration import Calibration, CostCurve
 from strategy_space.space import StrategySpace
-from tuner.cost_model import AnalyticCostModel
-from tuner.feature_tables import FeatureTables
-from tuner.features import COL, featurize
+from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.features.batch import COL, featurize
+from tuner.features.tables import FeatureTables
 
 CAL = Calibration("gloo", 2, ((4096, 3e-4), (65536, 5e-4), (1 << 20, 4e-3)), ((4096, 1.1e-3), (1 << 20, 9e-3)))
 
@@ -86,7 +86,7 @@ def test_the_analytic_model_charges_ps_round_trips_at_the_calibrated_rate():
     """A calibrated cluster's PS round trip (its smallest message) replaces the default one in the
     latency term: a data plane measured at 1.1 ms costs 5.5x the default 0.2 ms per round trip."""
     from strategy_space import PS
-    from tuner.alpha_beta import AlphaBeta
+    from tuner.features.alpha_beta import AlphaBeta
 
     m = ModelSpec("m", (VariableSpec("a", (64, 64)),))
     s = Strategy((VarConfig("a", (PS("n1"),)),))

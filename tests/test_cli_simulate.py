@@ -16,13 +16,13 @@ from strategy_space.builders import build_all
 from strategy_space.space import StrategySpace
 from tests.conftest import REPO
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.cost_model import AnalyticCostModel
-from tuner.dataset import build_trial_set, store_groups
-from tuner.feature_tables import FeatureTables
-from tuner.features import featurize
-from tuner.simulator import LearnedSimulator
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner, candidate_strategies
+from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.cost_models.simulator import LearnedSimulator
+from tuner.features.batch import featurize
+from tuner.features.tables import FeatureTables
+from tuner.records.dataset import build_trial_set, store_groups
+from tuner.records.store import TrialStore
+from tuner.synthetic.runner import SyntheticRunner, candidate_strategies
 
 
 @pytest.fixture(scope="module")

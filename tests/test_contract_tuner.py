@@ -18,14 +18,14 @@ import pytest
 import tuner
 from strategy_space import PS, validate
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.base import Tuner
-from tuner.baseline_tuner import BaselineTuner
-from tuner.constraints import Constraints, Rule
-from tuner.goodput import is_lossless
-from tuner.history import History
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.random_tuner import RandomTuner
-from tuner.synthetic import SyntheticRunner
+from tuner.records.goodput import is_lossless
+from tuner.records.history import History
+from tuner.search.base import Tuner
+from tuner.search.baseline_tuner import BaselineTuner
+from tuner.search.constraints import Constraints, Rule
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.random_tuner import RandomTuner
+from tuner.synthetic.runner import SyntheticRunner
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 FAST = dict(batch=3, candidates=32, chains=8, proposals=16, anneal_steps=4)

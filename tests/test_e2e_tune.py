@@ -61,7 +61,7 @@ def test_tune_ends_with_a_valid_strategy_no_worse_than_the_best_baseline(tmp_pat
     if s["best_origin"] != s["best_baseline"]:
         assert s["best_origin"] in ("search", "explore") and s["speedup_over_best_baseline"] > 1.0
     from autosync.sources import load_cluster
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     with TrialStore(tmp_path / "t.db") as store:
         (mfp, cfp, n), = store.groups()
@@ -90,7 +90,7 @@ def test_killed_run_resumes_without_repeating_trials(tmp_path):
     r = _tune(tmp_path, *quick, "--resume", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout)
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     with TrialStore(db) as store:
         trials = [t for t in store.trials() if t.run_id == s["run_id"]]
@@ -111,7 +111,7 @@ def test_tune_with_emulated_compute_ranks_by_goodput_with_real_compute_probes(tm
     assert s["best_goodput_s"] == pytest.approx(s["best_step_time_s"] / s["statistical_efficiency"])
     assert s["efficiency_probed"] == (s["lossy_parts"] != "lossless")
     from autosync.sources import load_cluster
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     with TrialStore(tmp_path / "e.db") as store:
         (mfp, _, n), = store.groups()

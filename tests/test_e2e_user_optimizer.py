@@ -50,7 +50,7 @@ def test_tune_on_a_script_with_rmsprop_and_a_cosine_schedule(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
     assert summary["trials"] == 2 and (tmp_path / "best.yaml").exists(), summary
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     with TrialStore(tmp_path / "t.db") as store:
         trials = store.trials()

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.dataset import TrialSet
-from tuner.evaluation import evaluate, median_abs_error, merge_repeats, noise_ceiling, repeat_noise
+from tuner.cost_models.evaluation import evaluate, median_abs_error, merge_repeats, noise_ceiling, repeat_noise
+from tuner.records.dataset import TrialSet
 
 
 def _set(X, y, group):

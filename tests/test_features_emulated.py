@@ -8,8 +8,8 @@ import numpy as np
 
 from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.feature_tables import FeatureTables
-from tuner.features import COL, featurize
+from tuner.features.batch import COL, featurize
+from tuner.features.tables import FeatureTables
 from strategy_space.space import StrategySpace
 
 

@@ -71,8 +71,8 @@ def build():
 def pristine(tmp_path_factory):
     """A folder of valid inputs: model, cluster, strategy, constraints YAML, a trial store with
     one tuning run, a model script."""
-    from tuner.model_based import SearchSettings
-    from tuner.synthetic import SyntheticRunner
+    from tuner.search.model_based import SearchSettings
+    from tuner.synthetic.runner import SyntheticRunner
 
     d = tmp_path_factory.mktemp("pristine")
     model, cluster = tiny_model(profile=True), three_node_cluster()
@@ -465,7 +465,7 @@ def fuzz_env(pristine, tmp_path, monkeypatch):
         monkeypatch.setattr(module, name, stop)
     # one parser for every case (building it takes ~10 ms) and the builtin warm start read once
     monkeypatch.setattr(autosync.cli, "build_parser", functools.lru_cache(maxsize=1)(build_parser))
-    from tuner.warmstart import load_warm_start
+    from tuner.records.warmstart import load_warm_start
 
     cached = functools.lru_cache(maxsize=4)(lambda source: tuple(load_warm_start(source)))
     monkeypatch.setattr(autosync.api, "load_warm_start",
@@ -527,8 +527,8 @@ def test_every_command_and_flag_answers_exit_0_or_2_with_one_message(fuzz_env, p
 
 def _loaders(pristine):
     from autosync.sources import load_model_def
-    from tuner.constraints import load_constraints
-    from tuner.store import open_existing_store
+    from tuner.search.constraints import load_constraints
+    from tuner.records.store import open_existing_store
 
     def store(path):
         with open_existing_store(path) as s:

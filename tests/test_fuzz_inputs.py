@@ -26,7 +26,7 @@ from strategy_space import ConfigError, load, save
 from strategy_space.builders import get_builder
 from tests.conftest import CONFIGS, REPO
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.constraints import load_constraints
+from tuner.search.constraints import load_constraints
 
 # CI runs a fixed, small sample (derandomized); FUZZ_EXAMPLES=N explores N random examples instead
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 30)), deadline=None,

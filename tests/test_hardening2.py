@@ -18,7 +18,7 @@ from strategy_space import ConfigError, load, save
 from strategy_space.builders import get_builder
 from tests.conftest import REPO
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.constraints import load_constraints
+from tuner.search.constraints import load_constraints
 
 
 def _files(root) -> dict[str, bytes]:
@@ -259,8 +259,8 @@ def test_item2_a_writable_output_path_passes_and_nothing_is_created_by_the_check
 def tuned_store(tmp_path):
     """A trial store holding one short tuning run (synthetic runner, no Ray)."""
     import autosync
-    from tuner.model_based import SearchSettings
-    from tuner.synthetic import SyntheticRunner
+    from tuner.search.model_based import SearchSettings
+    from tuner.synthetic.runner import SyntheticRunner
 
     model, cluster = tiny_model(profile=True), three_node_cluster()
     store = tmp_path / "s.db"
@@ -312,8 +312,8 @@ def test_item5_pinning_nccl_on_a_cluster_without_gpus_is_refused_before_any_tria
 
 def test_item5_every_trial_failing_names_the_first_problem_of_each_reason(tmp_path):
     import autosync
-    from tuner.synthetic import SyntheticRunner
-    from tuner.trial import Trial
+    from tuner.synthetic.runner import SyntheticRunner
+    from tuner.records.trial import Trial
 
     class Refusing(SyntheticRunner):
         def run(self, strategies, origins=None):
@@ -336,7 +336,7 @@ def test_item5_every_trial_failing_names_the_first_problem_of_each_reason(tmp_pa
 def test_item11_resume_without_an_earlier_run_is_refused(specs, capsys, monkeypatch, store):
     """Before: ``tune --resume`` with no earlier run silently started a new one."""
     import autosync.api
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     def no_runner(*a, **k):
         raise AssertionError("a runner was made although there is nothing to resume")
@@ -360,7 +360,7 @@ def test_item11_resume_without_an_earlier_run_is_refused(specs, capsys, monkeypa
 def test_item11_resume_of_another_models_run_is_refused(tuned_store):
     import autosync
     from strategy_space import ModelSpec, VariableSpec
-    from tuner.synthetic import SyntheticRunner
+    from tuner.synthetic.runner import SyntheticRunner
 
     other = ModelSpec("other", (VariableSpec("w", (8, 8)),), batch_size=8)
     with pytest.raises(ConfigError, match=r"holds no earlier run of model other on cluster three"):
@@ -707,7 +707,7 @@ def test_fuzz_finding_an_optimizer_fn_returning_none_is_refused():
 def test_fuzz_finding_a_store_row_whose_text_is_not_utf8(tuned_store):
     import sqlite3
 
-    from tuner.store import StoreError, open_existing_store
+    from tuner.records.store import StoreError, open_existing_store
 
     with sqlite3.connect(tuned_store) as db:
         db.execute("UPDATE trials SET step_times = CAST(? AS TEXT)", (b"[0.1, \xf8]",))

@@ -1,4 +1,4 @@
-"""Incremental featurization (``tuner.incremental``) against ``featurize`` on chains of random
+"""Incremental featurization (``tuner.features.incremental``) against ``featurize`` on chains of random
 mutations (several proposals per chain and step, as the annealer makes them): every feature of
 every proposal, bit for bit, across spaces, clusters, constraints and partition axes; and the
 predictions and annealing pools built on them."""
@@ -13,15 +13,15 @@ from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Stra
 from strategy_space.encoding import FIELDS, KIND_AR, Mutation
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
-from tuner.constraints import Constraints, Rule
-from tuner.cost_model import AnalyticCostModel
-from tuner.dataset import featurize_trials
-from tuner.feature_tables import FeatureTables
-from tuner.features import COL, featurize
-from tuner.incremental import IncrementalFeaturizer
-from tuner.search import IncrementalScorer, simulated_annealing
-from tuner.simulator import LearnedSimulator
-from tuner.synthetic import SyntheticRunner
+from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.cost_models.simulator import LearnedSimulator
+from tuner.features.batch import COL, featurize
+from tuner.features.incremental import IncrementalFeaturizer
+from tuner.features.tables import FeatureTables
+from tuner.records.dataset import featurize_trials
+from tuner.search.annealing import IncrementalScorer, simulated_annealing
+from tuner.search.constraints import Constraints, Rule
+from tuner.synthetic.runner import SyntheticRunner
 
 def assert_same_features(inc: np.ndarray, full: np.ndarray, where: str) -> None:
     """Bit for bit: both sum float32 terms in float64, exactly for these specs."""

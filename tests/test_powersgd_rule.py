@@ -10,9 +10,9 @@ from autosync.runtime.sync.compression import wire_values
 from strategy_space import AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
 from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible, powersgd_wire_values
 from strategy_space.space import StrategySpace
-from tuner.feature_tables import FeatureTables
-from tuner.features import COL, featurize
-from tuner.netsim import powersgd_matrix
+from tuner.features.batch import COL, featurize
+from tuner.features.tables import FeatureTables
+from tuner.synthetic.netsim import powersgd_matrix
 
 # (shape, rank, values sent): r(m + n) for a matrix PowerSGD shrinks, else every value
 CASES = [((10, 3), 4, 30), ((64, 64), 4, 512), ((1000,), 2, 1000), ((5, 4, 4), 4, 80),

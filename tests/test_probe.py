@@ -70,7 +70,7 @@ def prober(setup, store=None, seed=None):
 
 
 def test_powersgd_rank_1_without_error_feedback_costs_convergence_and_the_probe_is_deterministic(setup, tmp_path):
-    from tuner.store import TrialStore
+    from tuner.records.store import TrialStore
 
     _, lossy = strategies("powersgd(1)")
     with TrialStore(tmp_path / "p.db") as store:

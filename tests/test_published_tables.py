@@ -14,7 +14,7 @@ import pytest
 
 from strategy_space import ConfigError, validate
 from tests.conftest import REPO
-from tuner.alpha_beta import AlphaBeta
+from tuner.features.alpha_beta import AlphaBeta
 
 BENCH = os.path.join(REPO, "benchmarks")
 TABLES = sorted(glob.glob(os.path.join(BENCH, "published", "*.yaml")))

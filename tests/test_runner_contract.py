@@ -12,7 +12,7 @@ import pytest
 from strategy_space import PS, Strategy, VarConfig
 from strategy_space.builders import get_builder
 from tests.fakes import Noisy, three_node_cluster, tiny_model
-from tuner.synthetic import SyntheticRunner
+from tuner.synthetic.runner import SyntheticRunner
 
 
 def _synthetic():

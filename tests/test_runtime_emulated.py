@@ -195,9 +195,9 @@ def test_real_and_emulated_trials_are_never_pooled(tmp_path):
     hence the warm start and the simulator's training groups, keeps them apart from real ones."""
     from autosync.report import _compute_note
     from strategy_space.builders import get_builder
-    from tuner.dataset import store_groups
-    from tuner.store import TrialStore
-    from tuner.trial import Trial
+    from tuner.records.dataset import store_groups
+    from tuner.records.store import TrialStore
+    from tuner.records.trial import Trial
 
     real = ClusterSpec("c", (NodeSpec("a", workers=2),))
     emu = dataclasses.replace(real, compute="emulated", compute_dilation=10.0)
@@ -214,8 +214,8 @@ def test_real_and_emulated_trials_are_never_pooled(tmp_path):
 def test_tune_with_emulated_compute_from_a_model_spec_yaml(ray_session, tmp_path):
     import autosync
     from strategy_space.yaml_io import save
-    from tuner.store import TrialStore
-    from tuner.model_based import SearchSettings
+    from tuner.records.store import TrialStore
+    from tuner.search.model_based import SearchSettings
 
     path = tmp_path / "emu.yaml"
     save(dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=None), path)

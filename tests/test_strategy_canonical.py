@@ -10,12 +10,12 @@ from strategy_space.encoding import KIND_AR
 from strategy_space.space import StrategySpace
 from strategy_space.strategy import PS, AllReduce, Strategy, VarConfig
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.feature_tables import FeatureTables
-from tuner.features import featurize
-from tuner.history import History
-from tuner.search import Pool
-from tuner.synthetic import SyntheticRunner
-from tuner.model_based import ModelBasedTuner, SearchSettings
+from tuner.features.batch import featurize
+from tuner.features.tables import FeatureTables
+from tuner.records.history import History
+from tuner.search.annealing import Pool
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.synthetic.runner import SyntheticRunner
 
 MODEL = tiny_model(profile=True)
 ALIKE = ClusterSpec("alike", tuple(NodeSpec(f"h{i}", address=f"10.0.0.{i + 1}", bandwidth_gbps=1.0) for i in range(3)))

@@ -6,8 +6,8 @@ import dataclasses
 from strategy_space import ConfigError, ModelSpec, VariableSpec
 from strategy_space.builders import BUILDERS, get_builder
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.baseline_runs import measure_baselines
-from tuner.synthetic import SyntheticRunner
+from tuner.search.baseline_runs import measure_baselines
+from tuner.synthetic.runner import SyntheticRunner
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from strategy_space.encoding import EncodedStrategies
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.model_based import ModelBasedTuner, SearchSettings, _feature_keys
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner
-from tuner.tuning import Budget, tune_loop
+from tuner.records.store import TrialStore
+from tuner.search.model_based import ModelBasedTuner, SearchSettings, _feature_keys
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner
 
 
 def test_no_search_trial_repeats_the_features_of_an_earlier_trial(tmp_path):

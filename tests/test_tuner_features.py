@@ -7,8 +7,8 @@ import pytest
 from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
 from strategy_space.space import StrategySpace
 from strategy_space.strategy import shard_bounds
-from tuner.feature_tables import FeatureTables
-from tuner.features import COL, featurize
+from tuner.features.batch import COL, featurize
+from tuner.features.tables import FeatureTables
 
 GBIT = 1e9 / 8
 
@@ -252,7 +252,7 @@ def test_candidates_that_move_different_bytes_get_different_predictions(nodes, w
     """On one node (``--cluster local``: no NIC traffic) as on several, strategies that differ in what
     they move differ in predicted step time: CPU serialization, PS sums and updates and per-call
     work differ even where no byte crosses a NIC."""
-    from tuner.cost_model import AnalyticCostModel
+    from tuner.cost_models.analytic import AnalyticCostModel
 
     m = _zoo("resnet50")
     c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", cpus=2, workers=workers, bandwidth_gbps=10.0) for i in range(nodes)))

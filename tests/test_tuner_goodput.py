@@ -1,4 +1,4 @@
-"""Goodput (tuner.goodput): lossy parts and their lossless twin, the efficiency estimate from two
+"""Goodput (tuner.records.goodput): lossy parts and their lossless twin, the efficiency estimate from two
 loss curves, and the tuning loop ranking by step time / efficiency with a fake prober."""
 import dataclasses
 
@@ -8,16 +8,16 @@ import pytest
 from strategy_space import PS, AllReduce, Strategy, VarConfig
 from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.base import Proposal
-from tuner.goodput import (EXACT, Efficiency, ProbeResult, Prober, estimate_efficiency, goodput_seconds, is_lossless,
+from tuner.search.base import Proposal
+from tuner.records.goodput import (EXACT, Efficiency, ProbeResult, Prober, estimate_efficiency, goodput_seconds, is_lossless,
                            lossless_twin, lossy_parts, probe_cache_key)
-from tuner.history import History
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.outcome import TuneOutcome
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner
-from tuner.trial import Trial
-from tuner.tuning import Budget, tune_loop
+from tuner.records.history import History
+from tuner.records.outcome import TuneOutcome
+from tuner.records.store import TrialStore
+from tuner.records.trial import Trial
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 
@@ -258,7 +258,7 @@ def test_the_search_learns_what_a_lossy_feature_costs_per_share_of_the_model():
     PS on the whole model measured E = 0.05, a candidate holding it is ranked by step time / 0.05,
     while the same feature on a small share of the model stays cheap (one probe of a feature does not
     condemn every use of it), and a feature no probe held (staleness 2) stays worth proposing."""
-    from tuner.goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
+    from tuner.records.goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
 
     space, w = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, staleness=(0, 2), allow_async=True).space, _param_shares()
     ps = build("ps", MODEL, CLUSTER)
@@ -287,7 +287,7 @@ def test_the_search_learns_what_a_lossy_feature_costs_per_share_of_the_model():
 def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_path):
     """In the tuning loop (lossy strategies twice as fast by step time): once a probe finds
     asynchronous PS costs E = 0.05, the search's next rounds keep it off most of the model."""
-    from tuner.goodput import lossy_extents
+    from tuner.records.goodput import lossy_extents
 
     space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, allow_async=True).space
 

@@ -1,4 +1,4 @@
-"""The loop's History (``tuner.history``): each trial's entry is built once when it arrives, and over
+"""The loop's History (``tuner.records.history``): each trial's entry is built once when it arrives, and over
 a tuning run no strategy is encoded or featurized twice in a round (the runner's own work aside)."""
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import collections
 import numpy as np
 import pytest
 
-import tuner.dataset
-import tuner.history
-import tuner.predictor
+import tuner.cost_models.predictor
+import tuner.records.dataset
+import tuner.records.history
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.history import History
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner
-from tuner.tuning import Budget, tune_loop
+from tuner.records.history import History
+from tuner.records.store import TrialStore
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 
@@ -41,14 +41,14 @@ class _Counts:
             return real_encode(space, strategies)
 
         monkeypatch.setattr(StrategySpace, "encode", encode)
-        for module in (tuner.predictor, tuner.history, tuner.dataset):
+        for module in (tuner.cost_models.predictor, tuner.records.history, tuner.records.dataset):
             real = module.featurize
 
             def featurize(tables, e, *a, _real=real, _module=module, **k):
                 if not self.paused:
                     keys = e.row_keys()
                     self.featurized[self.round].extend(keys)
-                    if _module is tuner.history:
+                    if _module is tuner.records.history:
                         self.arrived.extend(keys)
                 return _real(tables, e, *a, **k)
 

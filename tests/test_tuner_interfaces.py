@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.baseline_tuner import BaselineTuner
-from tuner.cost_model import AnalyticCostModel
-from tuner.dataset import build_trial_set
-from tuner.history import History
-from tuner.random_tuner import RandomTuner
-from tuner.ranker import RankedStepTime, StrategyRanker
-from tuner.simulator import LearnedSimulator
-from tuner.step_time_model import StepTimeModel
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner, make_dataset
-from tuner.training_set import TrainingSet
-from tuner.tuning import Budget, tune_loop
-from tuner.warmstart import merge_groups
+from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.cost_models.ranker import RankedStepTime, StrategyRanker
+from tuner.cost_models.simulator import LearnedSimulator
+from tuner.cost_models.step_time_model import StepTimeModel
+from tuner.records.dataset import build_trial_set
+from tuner.records.history import History
+from tuner.records.store import TrialStore
+from tuner.records.training_set import TrainingSet
+from tuner.records.warmstart import merge_groups
+from tuner.search.baseline_tuner import BaselineTuner
+from tuner.search.random_tuner import RandomTuner
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner, make_dataset
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 

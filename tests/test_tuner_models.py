@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.cost_model import AnalyticCostModel
-from tuner.dataset import build_trial_set
-from tuner.errors import NotFittedError
-from tuner.evaluation import kendall_tau, pairwise_accuracy, top1_regret, within_split
-from tuner.ranker import StrategyRanker
-from tuner.simulator import LearnedSimulator
-from tuner.synthetic import make_dataset
+from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.cost_models.errors import NotFittedError
+from tuner.cost_models.evaluation import kendall_tau, pairwise_accuracy, top1_regret, within_split
+from tuner.cost_models.ranker import StrategyRanker
+from tuner.cost_models.simulator import LearnedSimulator
+from tuner.records.dataset import build_trial_set
+from tuner.synthetic.runner import make_dataset
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_analytic_fit_reduces_error(data):
 
 
 def test_simulator_never_predicts_faster_for_more_wire_time(data):
-    from tuner.features import COL
+    from tuner.features.batch import COL
 
     sim = LearnedSimulator(n_estimators=60).fit(data.X, data.y)
     slower = data.X.copy()
@@ -78,7 +78,7 @@ def test_simulator_never_predicts_faster_for_more_wire_time(data):
 
 
 def test_evaluate_scores_against_the_truth_when_given(data):
-    from tuner.evaluation import evaluate
+    from tuner.cost_models.evaluation import evaluate
 
     sim = {"sim": lambda tr, te: LearnedSimulator(n_estimators=30).fit(tr.X, tr.y).predict(te.X)}
     plain = evaluate(data, sim, protocols=("within",))[0]
@@ -92,7 +92,7 @@ def test_evaluate_scores_against_the_truth_when_given(data):
 
 def test_noiseless_step_time_is_what_measurements_scatter_around():
     from strategy_space.builders import build_all
-    from tuner.synthetic import SyntheticRunner, iter_groups, noiseless_step_s
+    from tuner.synthetic.runner import SyntheticRunner, iter_groups, noiseless_step_s
 
     model, cluster = next(iter_groups(1, 1, seed=3, include_configs=False))
     strategies = list(build_all(model, cluster).values())[:3]
@@ -107,7 +107,7 @@ def test_synthetic_world_aggregates_on_the_node_and_reduces_hierarchically():
     """The synthetic truth runs what the runtime runs: local replication pushes a node's summed
     gradient once, a hierarchical all-reduce crosses each NIC among node leaders only."""
     from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
-    from tuner.netsim import Truth, simulate_step
+    from tuner.synthetic.netsim import Truth, simulate_step
 
     quiet = Truth(node_jitter=0.0, straggler_p=0.0, step_noise=0.0)
     m = ModelSpec("d", tuple(VariableSpec(f"w{i}", (512, 1024)) for i in range(4)))   # 8 MiB of gradients

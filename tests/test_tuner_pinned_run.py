@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner, make_dataset
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.tuning import Budget, tune_loop
+from tuner.records.store import TrialStore
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner, make_dataset
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 SETTINGS = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, seed=5)

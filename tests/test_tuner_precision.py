@@ -8,9 +8,9 @@ import pytest
 
 from tests.fakes import tiny_model, two_node_cluster
 from strategy_space.builders import get_builder
-from tuner.precision import MeasurePolicy, median_interval, order_statistic_ranks, relative_halfwidth
-from tuner.trial import Trial
-from tuner.outcome import TuneOutcome
+from tuner.records.outcome import TuneOutcome
+from tuner.records.precision import MeasurePolicy, median_interval, order_statistic_ranks, relative_halfwidth
+from tuner.records.trial import Trial
 
 
 def coverage(n: int, j: int, k: int) -> float:

@@ -6,9 +6,9 @@ from strategy_space import ConfigError, validate
 from strategy_space.encoding import KIND_AR, KIND_PS, EncodedStrategies, Mutation
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
-from tuner.constraints import Constraints, Rule, load_constraints
-from tuner.sampler import KnowledgeSampler
-from tuner.search import Pool, _Fingerprints, select_diverse, simulated_annealing
+from tuner.search.annealing import Pool, _Fingerprints, select_diverse, simulated_annealing
+from tuner.search.constraints import Constraints, Rule, load_constraints
+from tuner.search.sampler import KnowledgeSampler
 
 MODEL, CLUSTER = tiny_model(), three_node_cluster()
 

@@ -13,8 +13,8 @@ import pytest
 
 from strategy_space import ClusterSpec, ModelSpec, NodeSpec, VariableSpec
 from strategy_space.builders import build_all
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner
+from tuner.records.store import TrialStore
+from tuner.synthetic.runner import SyntheticRunner
 
 MODEL = ModelSpec("m", (VariableSpec("a", (64, 32)), VariableSpec("b", (32,))))
 CLUSTER = ClusterSpec("c", (NodeSpec("n0", workers=2), NodeSpec("n1", workers=2)))
@@ -76,7 +76,7 @@ def test_sigkill_mid_write_keeps_committed_trials(tmp_path):
         import sys
         sys.path.insert(0, {os.getcwd()!r})
         from tests.test_tuner_store import MODEL, CLUSTER, _trials
-        from tuner.store import TrialStore
+        from tuner.records.store import TrialStore
         st = TrialStore({str(path)!r})
         i = 0
         while True:
@@ -143,7 +143,7 @@ def test_a_damaged_or_foreign_store_is_one_clear_error_and_stays_untouched(tmp_p
     SQLite file raise one StoreError (a ConfigError: exit 2) naming the file; the file's bytes
     are unchanged and no journal or write-ahead-log file appears beside it."""
     from strategy_space import ConfigError
-    from tuner.store import StoreError, check_store_file, open_existing_store
+    from tuner.records.store import StoreError, check_store_file, open_existing_store
 
     for name, path in _damaged_files(tmp_path).items():
         before = path.read_bytes()
@@ -167,14 +167,14 @@ def test_a_store_killed_before_its_checkpoint_still_opens(tmp_path):
         import os, sys
         sys.path.insert(0, {os.getcwd()!r})
         from tests.test_tuner_store import MODEL, CLUSTER, _trials
-        from tuner.store import TrialStore
+        from tuner.records.store import TrialStore
         st = TrialStore({str(tmp_path / 'k.db')!r})
         st.add_many(_trials(), MODEL, CLUSTER)
         os._exit(0)
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert os.path.getsize(tmp_path / "k.db-wal") > 0
-    from tuner.store import open_existing_store
+    from tuner.records.store import open_existing_store
 
     with open_existing_store(tmp_path / "k.db") as st:
         assert len(st) == len(_trials())
@@ -183,8 +183,8 @@ def test_a_store_killed_before_its_checkpoint_still_opens(tmp_path):
 def test_a_spec_is_written_once_per_store_and_only_once_committed(tmp_path, monkeypatch):
     """Specs are immutable: a store dumps each one to YAML once, not with every trial; a spec whose
     transaction rolled back is written again with the next trial."""
-    import tuner.store as store_module
-    from tuner.trial import Trial
+    import tuner.records.store as store_module
+    from tuner.records.trial import Trial
 
     dumped = []
     real = store_module.dumps
@@ -218,8 +218,8 @@ def test_typed_fields_round_trip_and_old_meta_keys_load_onto_them(tmp_path):
     stored before they were fields hold them; such trials (the shipped dataset) load onto the fields."""
     import dataclasses
 
-    from tuner.trial import META_FIELDS
-    from tuner.warmstart import load_warm_start
+    from tuner.records.trial import META_FIELDS
+    from tuner.records.warmstart import load_warm_start
 
     model, cluster = MODEL, CLUSTER
     t = _trials()[0]

@@ -4,11 +4,11 @@ import pytest
 
 from strategy_space import validate
 from tests.fakes import Noisy, three_node_cluster, tiny_model
-from tuner.constraints import Constraints, Rule
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner, noiseless_step_s
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.tuning import Budget, previous_run, tune_loop
+from tuner.records.store import TrialStore
+from tuner.search.constraints import Constraints, Rule
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, previous_run, tune_loop
+from tuner.synthetic.runner import SyntheticRunner, noiseless_step_s
 
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 FAST = SearchSettings(batch=3, candidates=64, chains=16, anneal_steps=10, seed=0)

@@ -1,4 +1,4 @@
-"""Warm-start datasets (tuner.warmstart) and the Predictor's measured choice of scorer."""
+"""Warm-start datasets (tuner.records.warmstart) and the Predictor's measured choice of scorer."""
 import gzip
 import shutil
 
@@ -8,14 +8,14 @@ import pytest
 from strategy_space import ConfigError
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.dataset import build_trial_set
-from tuner.model_based import ModelBasedTuner, SearchSettings
-from tuner.predictor import Predictor
-from tuner.store import TrialStore
-from tuner.synthetic import SyntheticRunner, candidate_strategies, make_dataset, noiseless_step_s
-from tuner.training_set import TrainingSet
-from tuner.tuning import Budget, tune_loop
-from tuner.warmstart import BUILTIN_PATH, load_warm_start, merge_groups, resolve_warm_start
+from tuner.cost_models.predictor import Predictor
+from tuner.records.dataset import build_trial_set
+from tuner.records.store import TrialStore
+from tuner.records.training_set import TrainingSet
+from tuner.records.warmstart import BUILTIN_PATH, load_warm_start, merge_groups, resolve_warm_start
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner, candidate_strategies, make_dataset, noiseless_step_s
 
 FAST = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8)
 

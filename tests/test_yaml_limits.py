@@ -10,7 +10,7 @@ from strategy_space import ConfigError, load, save
 from strategy_space.strict import get_typed
 from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
-from tuner.constraints import load_constraints
+from tuner.search.constraints import load_constraints
 
 
 def anchors(levels: int, fan: int = 9, indent: str = "      ") -> str:

@@ -9,7 +9,7 @@ from autosync.cli.raylog import ray_output_to_log
 from autosync.formatting import table
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
-from tuner.goodput import DEFAULT_PROBE_STEPS, lossy_parts
+from tuner.records.goodput import DEFAULT_PROBE_STEPS, lossy_parts
 
 # loss-curve points the table shows (the JSON has every step)
 SHOWN_POINTS = 8
@@ -20,7 +20,7 @@ def cmd_probe(args) -> int:
     from autosync.probe import prepare_probe, probe_strategy
     from autosync.runtime.runner import check_node_capacity
     from autosync.sources import load_cluster
-    from tuner.store import TrialStore, check_store_file
+    from tuner.records.store import TrialStore, check_store_file
 
     if args.steps < 10:
         raise ConfigError(f"--steps must be >= 10 (the loss is smoothed over a tenth of them), got {args.steps}")

@@ -137,7 +137,7 @@ def cmd_run(args) -> int:
 
 def cmd_baselines(args) -> int:
     from autosync.runtime.plan import SyncPlan
-    from tuner.baseline_runs import measure_baselines
+    from tuner.search.baseline_runs import measure_baselines
 
     model_def, spec, cluster = _prepare(args)
 

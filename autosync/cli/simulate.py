@@ -26,14 +26,14 @@ def register(sub) -> None:
 
 
 def _open_store(path: str):
-    from tuner.store import open_existing_store
+    from tuner.records.store import open_existing_store
 
     return open_existing_store(path)
 
 
 def _evaluate(args) -> int:
-    from tuner.dataset import build_trial_set, store_groups
-    from tuner.evaluation import evaluate, format_table
+    from tuner.records.dataset import build_trial_set, store_groups
+    from tuner.cost_models.evaluation import evaluate, format_table
 
     with _open_store(args.eval) as store:
         groups = store_groups(store)
@@ -56,17 +56,17 @@ def run(args) -> int:
     from autosync.sources import load_cluster, load_model_spec
     from strategy_space import load_strategy, validate
     from strategy_space.space import StrategySpace
-    from tuner.cost_model import AnalyticCostModel
-    from tuner.feature_tables import FeatureTables
-    from tuner.features import COL, featurize
+    from tuner.cost_models.analytic import AnalyticCostModel
+    from tuner.features.tables import FeatureTables
+    from tuner.features.batch import COL, featurize
 
     model, cluster = load_model_spec(args.model), load_cluster(args.cluster)
     strategy = validate(load_strategy(args.strategy), model, cluster)
     X = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
     predictor, step = "analytic", float(AnalyticCostModel().predict(X)[0])
     if args.store:
-        from tuner.dataset import build_trial_set, store_groups
-        from tuner.simulator import LearnedSimulator
+        from tuner.records.dataset import build_trial_set, store_groups
+        from tuner.cost_models.simulator import LearnedSimulator
 
         with _open_store(args.store) as store:
             groups = store_groups(store)

@@ -13,7 +13,7 @@ from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
-from tuner.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES
+from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES
 
 DEFAULT_MODEL = "zoo:ncf"
 DEFAULT_TRIALS = 12
@@ -88,7 +88,7 @@ def result_table(result) -> str:
 
 def cmd_tune(args) -> int:
     from autosync.api import default_store_path, run_dir, tune
-    from tuner.baseline_tuner import PINNED_SUFFIX
+    from tuner.search.baseline_tuner import PINNED_SUFFIX
 
     if args.trials < 0:
         raise ConfigError(f"--trials must be >= 0, got {args.trials}")

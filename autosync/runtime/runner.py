@@ -3,7 +3,7 @@
 Per strategy: validate, plan, fresh parameter servers and reset workers (fresh weights, optimizer
 state and data), ``warmup`` steps, then ``steps`` timed steps and, with a precision target, more
 in growing batches until the 95 % interval of the median step time is within the target or a cap
-is reached (``tuner.precision.MeasurePolicy``), all under ``trial_timeout_s``. A
+is reached (``tuner.records.precision.MeasurePolicy``), all under ``trial_timeout_s``. A
 strategy that is invalid, raises or runs out of time becomes a failed/timeout Trial; its actors
 are killed and replaced, and the next strategy runs normally.
 """
@@ -20,8 +20,8 @@ from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPo
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
 from strategy_space.errors import ConfigError, short_repr
-from tuner.precision import MeasurePolicy
-from tuner.trial import Runner, Trial
+from tuner.records.precision import MeasurePolicy
+from tuner.records.trial import Runner, Trial
 
 
 def summarize_steps(results: list[dict], warmup: int) -> dict:

@@ -1,0 +1,164 @@
+"""Trial records and the Runner interface the tuner drives execution through."""
+from __future__ import annotations
+
+import abc
+import math
+import time
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy
+
+STATUSES = ("ok", "failed", "timeout")
+# Trial fields that were keys of ``meta`` before they were fields (and still are in stored trials)
+META_FIELDS = ("role", "run_id", "predicted_s", "aliases", "compute", "measurements")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured (or failed) run of a strategy.
+
+    Attributes:
+        strategy: what was run.
+        model_fingerprint, cluster_fingerprint: where it was run (see the specs' ``fingerprint``).
+        status: ``ok``, ``failed`` (raised) or ``timeout`` (exceeded its time limit).
+        step_times: seconds of each timed step (after warm-up); empty unless ``ok``.
+        error: the reason when not ``ok``.
+        batch_size: global batch (all replicas) per step, for samples/s.
+        breakdown: mean seconds per step by phase, e.g. ``{"compute": .., "sync": ..}``.
+        origin: who proposed it (a builder name, ``search``, ``random``).
+        started_at, finished_at: UNIX times.
+        role: what the tuning loop measured it for: ``baseline``, ``search``, ``confirm`` (empty
+            outside a tuning run; ``benchmarks/make_warmstart.py`` adds ``repeat``).
+        run_id: the tuning run it belongs to (empty outside one).
+        predicted_s: the step time the tuner predicted for it, if it predicted one.
+        aliases: other builders whose strategy it also measured (baselines).
+        compute: ``real`` or ``emulated`` compute (empty when the runner does not say).
+        measurements: how many measurements of the strategy its step times pool (more than 1
+            only for ``tuner.records.outcome.merge_measurements``'s pooled trials).
+        meta: extra facts (library versions, ray calls per step, start-up seconds, ...). A key of
+            ``META_FIELDS`` sets that field instead (how stores and runners wrote them before the
+            fields existed): ``TrialStore`` keeps them in its ``meta`` JSON column.
+    """
+
+    strategy: Strategy
+    model_fingerprint: str
+    cluster_fingerprint: str
+    status: str
+    step_times: tuple[float, ...] = ()
+    error: str = ""
+    batch_size: int = 0
+    breakdown: dict = field(default_factory=dict)
+    origin: str = ""
+    started_at: float = field(default_factory=time.time)
+    finished_at: float = field(default_factory=time.time)
+    role: str = ""
+    run_id: str = ""
+    predicted_s: float | None = None
+    aliases: tuple[str, ...] = ()
+    compute: str = ""
+    measurements: int = 1
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_times", tuple(float(t) for t in self.step_times))
+        if any(k in self.meta for k in META_FIELDS):
+            meta = dict(self.meta)
+            for k in META_FIELDS:
+                if k in meta:
+                    value = meta.pop(k)
+                    object.__setattr__(self, k, tuple(value) if k == "aliases" else
+                                       int(value) if k == "measurements" else value)
+            object.__setattr__(self, "meta", meta)
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        if not (isinstance(self.measurements, int) and self.measurements >= 1):
+            raise ValueError(f"Trial.measurements must be an integer >= 1, got {self.measurements!r}")
+        if self.status not in STATUSES:
+            raise ValueError(f"Trial.status must be one of {STATUSES}, got {self.status!r}")
+        if self.status == "ok" and not self.step_times:
+            raise ValueError("an ok Trial needs at least one step time")
+        if self.status != "ok" and not self.error:
+            raise ValueError(f"a {self.status} Trial needs an error text")
+
+    def stored_meta(self) -> dict:
+        """``meta`` with the ``META_FIELDS`` that differ from their defaults: what a store's
+        ``meta`` column holds."""
+        out = dict(self.meta)
+        for k in META_FIELDS:
+            value = getattr(self, k)
+            if value != _META_DEFAULTS[k]:
+                out[k] = list(value) if k == "aliases" else value
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.step_times)) if self.step_times else math.inf
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.step_times)) if self.step_times else math.inf
+
+    @property
+    def median_ci(self) -> tuple[float, float] | None:
+        """Distribution-free 95 % interval of the median step time (``tuner.records.precision``); None
+        when failed or with fewer than 6 steps. For pooled measurements (``merge_measurements``)
+        it is the interval of the pooled steps, which ignores the noise between measurements."""
+        from tuner.records.precision import median_interval
+
+        return median_interval(self.step_times) if self.ok else None
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.step_times, 90)) if self.step_times else math.inf
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch_size / self.median if self.step_times and self.median > 0 else 0.0
+
+    def summary(self) -> dict:
+        """JSON-able summary (the CLI's ``--json`` shape)."""
+        return {
+            "status": self.status,
+            "origin": self.origin,
+            "error": self.error or None,
+            "step_time_s": {"median": self.median, "mean": self.mean, "p90": self.p90,
+                            "median_ci95": list(self.median_ci) if self.median_ci else None}
+            if self.ok else None,
+            "samples_per_s": self.samples_per_s if self.ok else None,
+            "steps": len(self.step_times),
+            "breakdown": dict(self.breakdown),
+            "strategy_fingerprint": self.strategy.fingerprint,
+        }
+
+
+_META_DEFAULTS = {f.name: f.default for f in fields(Trial) if f.name in META_FIELDS}
+
+
+class Runner(abc.ABC):
+    """Runs strategies of one model on one cluster and measures them.
+
+    Implementations: the Ray runtime (``autosync.runtime``) and fakes in tests.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+
+    @abc.abstractmethod
+    def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:
+        """Run each strategy (warm-up, then timed steps) and return one Trial per strategy, in
+        order. Never raises for a strategy that fails: that Trial has status failed/timeout."""
+
+    def close(self) -> None:
+        """Release everything the runner holds (actors, processes)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,244 @@
+"""The model-based tuner (AutoTVM's layout): a cost model (``tuner.cost_models.predictor.Predictor``, refitted
+on an in-memory training set) and an optimizer (simulated annealing, ``tuner.search.annealing``) glued by
+``ModelBasedTuner``; its knobs are ``SearchSettings``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from strategy_space import ClusterSpec, ModelSpec, Strategy
+from strategy_space.encoding import EncodedStrategies
+
+from tuner.cost_models.predictor import Predictor
+from tuner.features.batch import FEATURE_NAMES
+from tuner.records.goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
+from tuner.records.history import History, feature_keys
+from tuner.records.training_set import TrainingSet
+from tuner.records.warmstart import Group
+from tuner.search.annealing import PerLosslessStep, Pool, select_diverse, simulated_annealing
+from tuner.search.base import Proposal, Tuner
+from tuner.search.constraints import Constraints
+from tuner.search.sampler import KnowledgeSampler
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Knobs of one round of proposals.
+
+    Attributes:
+        batch: strategies measured per round.
+        epsilon: share of each batch drawn at random from the annealing pool (exploration).
+        candidates: knowledge-guided candidates per round; the same number again uniformly random.
+        chains: annealing chains, started from the best-predicted candidates.
+        proposals: mutations each chain proposes per step (all chains' are scored in one call; a
+            chain steps towards its best). Scored per round: chains x proposals x anneal_steps.
+            Under constraints every proposal is built whole to be projected, which costs several
+            times more per proposal: a quarter of them are made.
+        anneal_steps: steps per chain.
+        seed: random seed.
+    """
+
+    batch: int = 4
+    epsilon: float = 0.25
+    candidates: int = 256
+    chains: int = 48
+    proposals: int = 64
+    anneal_steps: int = 30
+    seed: int = 0
+
+
+class ModelBasedTuner(Tuner):
+    """Proposes strategies for one (model, cluster) by simulated annealing over the predictor
+    (TVM's model-based tuner: a cost model, ``Predictor``, plus an optimizer, the annealing).
+
+    Args:
+        model, cluster: the target.
+        constraints: user pins (never violated).
+        settings: see SearchSettings.
+        warm_start: trials measured elsewhere, (model, cluster, trials) groups the predictor
+            learns from besides the store (``tuner.records.warmstart.load_warm_start``).
+        lossless, staleness, allow_async: what lossy parts are proposed (see ``Tuner``).
+
+    Attributes:
+        training: every featurized trial the predictor learns from (``tuner.records.training_set``): the
+            warm-start and store groups, then the history's entries as they arrive.
+        last_pool: the annealing pool of the last ``next_batch``.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, constraints: Constraints | None = None,
+                 settings: SearchSettings = SearchSettings(), warm_start: Sequence[Group] = (), lossless: bool = False,
+                 staleness: tuple[int, ...] = (0,), allow_async: bool = False):
+        super().__init__(model, cluster, constraints=constraints, batch_size=settings.batch, lossless=lossless,
+                         staleness=staleness, allow_async=allow_async)
+        self.settings = settings
+        self.sampler = KnowledgeSampler(self.space)
+        self.predictor = Predictor(model, cluster, seed=settings.seed)
+        self.rng = np.random.default_rng(settings.seed)
+        self.training = TrainingSet()
+        self.training.add_groups(warm_start)
+        self.last_pool: Pool | None = None
+
+    def load_groups(self, groups: Sequence[Group]) -> None:
+        """The store's groups, read once at the start of a run (after the warm-start groups)."""
+        self.training.add_groups(groups)
+
+    def refit(self, history: History) -> None:
+        """Take the history's new entries into the training set and refit the predictor on it
+        (every round: the ranker boosts on from its last fit even when no row is new)."""
+        self.training.add_entries(self.model, self.cluster, history.entries)
+        self.predictor.fit(self.training.trial_set())
+
+    def next_batch(self, k: int | None, history: History) -> list[Proposal]:
+        """The next strategies to measure (never one measured before), after refitting the
+        predictor on everything measured so far."""
+        self.refit(history)
+        s = self.settings
+        k = k or s.batch
+        rng = self.rng
+        rows = _RoundFeatures(self.predictor, history)   # each strategy featurized once this round
+        measured = history.latest_seconds()
+        parts = [self.sampler.sample(rng, s.candidates), self.space.sample_encoded(rng, s.candidates)]
+        best = sorted(((v, key) for key, v in measured.items() if np.isfinite(v)))[:8]
+        if best:  # start some chains from the best measured strategies
+            parts.append(self._decode_keys([key for _, key in best]))
+        cand = self.project(EncodedStrategies.concat(parts))
+        cand_X = rows.of(cand)
+        cand_ranked, cand_s = self.predictor.order(cand, cand_X)
+        order = cand_ranked
+        costs = self._feature_costs(history)
+        shares = self._param_shares()
+        scorer = self.predictor.chain_scorer()
+        if costs:   # once probes have priced lossy features, the chains start from and climb goodput
+            scorer = PerLosslessStep(scorer, lambda e: estimate_encoded_efficiency(e, shares, costs))
+            order = np.argsort(cand_s / estimate_encoded_efficiency(cand, shares, costs), kind="stable")
+        init = cand.take(order[: s.chains])
+        constrained = self.constraints is not None
+        pool = simulated_annealing(self.space, scorer, init, rng, steps=s.anneal_steps,
+                                   proposals=max(1, s.proposals // 4) if constrained else s.proposals,
+                                   keep=max(256, 8 * k), project=self.project if constrained else None)
+        pool_X = rows.of(pool.encoded)
+        fused, seconds = self.predictor.order(pool.encoded, pool_X)
+        seen = history.feature_keys()
+        pool, pool_X = _distinct(Pool(pool.encoded.take(fused), seconds[fused]), pool_X[fused], seen)
+        if len(pool.predicted) < 2 * k:
+            # the chains converged on strategies already measured (or equal to them in every feature):
+            # the candidates they started from widen the choice
+            both = EncodedStrategies.concat([pool.encoded, cand.take(cand_ranked)])
+            pool, pool_X = _distinct(Pool(both, np.concatenate([pool.predicted, cand_s[cand_ranked]])),
+                                     np.concatenate([pool_X, cand_X[cand_ranked]]), seen)
+        # rank by goodput where efficiencies were measured: predicted step time / the estimated
+        # efficiency of each candidate's lossy parts (step times are still what is predicted)
+        step_s = pool.predicted
+        if costs:
+            # (a failed probe counts as E = 0.001: its parts are ranked last, not dropped)
+            est = estimate_encoded_efficiency(pool.encoded, shares, costs)
+            ranked = np.argsort(pool.predicted / est, kind="stable")
+            step_s = pool.predicted[ranked]
+            pool, pool_X = Pool(pool.encoded.take(ranked), step_s / est[ranked]), pool_X[ranked]
+        self.last_pool = pool
+        picks, decoded = self._select(pool, k, rng, measured, history.canonical_keys())
+        greedy = k - int(round(s.epsilon * k)) if k > 1 else k
+        out = []
+        for n, i in enumerate(picks):
+            origin = "search" if n < greedy else "explore"
+            out.append(Proposal(dataclasses.replace(decoded[i], origin=origin), origin, float(step_s[i]),
+                                encoded=pool.encoded.take([i]), features=pool_X[i]))
+        return out
+
+    def _param_shares(self) -> np.ndarray:
+        sizes = np.array([max(v.size, 1) for v in self.model.variables], dtype=float)
+        return sizes / sizes.sum()
+
+    def _feature_costs(self, history: History) -> dict[str, float]:
+        """What each lossy feature costs per share of the model, from the probes so far
+        (``fit_feature_costs``)."""
+        rows, values = [], []
+        for fp, e in history.efficiency.items():
+            entry = history.entry(fp)
+            # a probed strategy outside this space (a pinned or resumed one) tells it nothing
+            if entry is None or entry.encoded is None:
+                continue
+            rows.append(entry.encoded)
+            values.append(e.value)
+        if not rows:
+            return {}
+        return fit_feature_costs(lossy_extents(EncodedStrategies.concat(rows), self._param_shares()),
+                                 np.array(values))
+
+    def _select(self, pool: Pool, k: int, rng: np.random.Generator, measured: dict[bytes, float],
+                measured_canonical: set[str], rounds: int = 8) -> tuple[list[int], dict[int, Strategy]]:
+        """``select_diverse``, never picking a strategy equivalent to a measured one or to another
+        pick (measuring it again would measure noise): equivalent picks are excluded and the
+        selection redone (at most ``rounds`` times; few picks ever are). Feature-equal strategies
+        are out of the pool already (``_distinct``); this catches canonical equals the features
+        cannot see (none known: it guards the measuring). Returns the picks and the strategies
+        decoded on the way (each pool row decoded once)."""
+        exclude = set(measured)
+        keys = pool.encoded.row_keys()
+        decoded: dict[int, Strategy] = {}
+        picks: list[int] = []
+        for _ in range(rounds):
+            picks = select_diverse(pool, k, rng, epsilon=self.settings.epsilon, exclude=exclude)
+            seen = set(measured_canonical)
+            dup = []
+            for i in picks:
+                if i not in decoded:
+                    decoded[i] = self.space.decode(pool.encoded, i)
+                fp = self.canonical_key(decoded[i])
+                if fp in seen:
+                    dup.append(i)
+                seen.add(fp)
+            if not dup:
+                return picks, decoded
+            exclude |= {keys[i] for i in dup}
+        return [i for i in picks if keys[i] not in exclude], decoded
+
+    def _decode_keys(self, keys: list[bytes]) -> EncodedStrategies:
+        names = EncodedStrategies.field_names()
+        V = len(self.model.variables)
+        rows = [np.frombuffer(k, dtype=np.int32).reshape(V, len(names)) for k in keys]
+        return EncodedStrategies(**{n: np.stack([r[:, i] for r in rows]) for i, n in enumerate(names)})
+
+
+class _RoundFeatures:
+    """Feature rows of one round's strategies, each featurized once (candidates, the pool, and the
+    candidates widening it share rows: a strategy in two of them is featurized the first time; a
+    measured one, e.g. a chain started from it, has its row in the history)."""
+
+    def __init__(self, predictor: Predictor, history: History):
+        self.predictor = predictor
+        self._rows: dict[bytes, np.ndarray] = {e.key: e.features for e in history.entries if e.features is not None}
+
+    def of(self, e: EncodedStrategies) -> np.ndarray:
+        keys = e.row_keys()
+        first: dict[bytes, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self._rows and key not in first:
+                first[key] = i
+        if first:
+            X = self.predictor.features(e.take(np.fromiter(first.values(), dtype=np.int64, count=len(first))))
+            self._rows.update(zip(first, X))
+        if not keys:
+            return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
+        return np.stack([self._rows[key] for key in keys])
+
+
+_feature_keys = feature_keys   # its name before it moved to tuner.records.history (tests read it)
+
+
+def _distinct(pool: Pool, X: np.ndarray, measured_features: set[bytes]) -> tuple[Pool, np.ndarray]:
+    """The pool (ordered by prediction; ``X`` its feature rows) with one strategy per feature row,
+    none with the features of a measured strategy: a strategy whose features equal a measured one's
+    moves the same bytes through the same NICs and calls (e.g. an all-reduced bias split into shards
+    of the same fused group); the predictor cannot tell them apart and a trial of it measures noise."""
+    seen, keep = set(measured_features), []
+    for i, key in enumerate(feature_keys(X)):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    rows = np.asarray(keep, dtype=np.int64)
+    return Pool(pool.encoded.take(rows), pool.predicted[keep]), X[rows]
