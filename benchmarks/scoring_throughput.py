@@ -45,12 +45,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, VariableSpec  # noqa: E402
 from strategy_space.encoding import EncodedStrategies  # noqa: E402
 from strategy_space.space import StrategySpace  # noqa: E402
+from tuner.cost_models.scoring import IncrementalScorer  # noqa: E402
 from tuner.cost_models.simulator import LearnedSimulator  # noqa: E402
 from tuner.features.batch import featurize  # noqa: E402
 from tuner.features.incremental import IncrementalFeaturizer  # noqa: E402
 from tuner.features.tables import FeatureTables  # noqa: E402
 from tuner.records.dataset import featurize_trials  # noqa: E402
-from tuner.search.annealing import IncrementalScorer, simulated_annealing  # noqa: E402
+from tuner.search.annealing import simulated_annealing  # noqa: E402
 from tuner.search.model_based import SearchSettings  # noqa: E402
 from tuner.search.sampler import KnowledgeSampler  # noqa: E402
 from tuner.synthetic.runner import SyntheticRunner  # noqa: E402

@@ -14,12 +14,13 @@ from strategy_space.encoding import FIELDS, KIND_AR, Mutation
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.cost_models.scoring import IncrementalScorer
 from tuner.cost_models.simulator import LearnedSimulator
 from tuner.features.batch import COL, featurize
 from tuner.features.incremental import IncrementalFeaturizer
 from tuner.features.tables import FeatureTables
 from tuner.records.dataset import featurize_trials
-from tuner.search.annealing import IncrementalScorer, simulated_annealing
+from tuner.search.annealing import simulated_annealing
 from tuner.search.constraints import Constraints, Rule
 from tuner.synthetic.runner import SyntheticRunner
 

@@ -28,12 +28,12 @@ from strategy_space.encoding import EncodedStrategies
 from tuner.cost_models.analytic import AnalyticCostModel
 from tuner.cost_models.evaluation import pairwise_accuracy
 from tuner.cost_models.ranker import RankedStepTime
+from tuner.cost_models.scoring import IncrementalScorer
 from tuner.cost_models.simulator import LearnedSimulator
 from tuner.features.batch import featurize
 from tuner.features.incremental import IncrementalFeaturizer
 from tuner.features.tables import FeatureTables
 from tuner.records.dataset import TrialSet
-from tuner.search.annealing import IncrementalScorer
 
 
 class Predictor:

@@ -2,10 +2,10 @@
 choice of what to measure next.
 
 ``score`` is any vectorised function from EncodedStrategies to predicted step seconds (lower is
-better), or a ``ChainScorer`` that scores each proposal from its chain's state (an
-``IncrementalScorer``: the same seconds without featurizing every variable of every proposal). The
-annealer works on log time, so temperatures are relative (0.05 ~ accept a 5 % worse neighbour with
-probability 1/e).
+better), or a ``ChainScorer`` (``tuner.cost_models.scoring``) that scores each proposal from its
+chain's state (an ``IncrementalScorer``: the same seconds without featurizing every variable of every
+proposal). The annealer works on log time, so temperatures are relative (0.05 ~ accept a 5 % worse
+neighbour with probability 1/e).
 
 Each step, every chain proposes ``proposals`` mutations of its strategy (``StrategySpace.mutate_rows``:
 changes, not fresh rows), all chains' proposals are scored in one call, and each chain takes a
@@ -16,14 +16,14 @@ strategies of every proposal scored, building rows only for those that can still
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
 from strategy_space.encoding import FIELD_INDEX, FIELDS, EncodedStrategies, GroupIndex, Mutation, member_codec
 from strategy_space.space import StrategySpace
 
-from tuner.features.incremental import IncrementalFeaturizer
+from tuner.cost_models.scoring import ChainScorer
 
 Score = Callable[[EncodedStrategies], np.ndarray]
 # fields that make two strategies different in what they run (options that normalize away excluded)
@@ -40,71 +40,6 @@ class Pool:
 
     def __len__(self) -> int:
         return len(self.predicted)
-
-
-class ChainScorer(Protocol):
-    """Scores chains of mutations, in seconds (lower is better):
-
-    * ``reset(e)``: the chains' strategies (one per row); their seconds.
-    * ``propose(m)``: a ``Mutation`` of the chains' current strategies (proposal i varies chain
-      ``m.parents[i]``); the proposals' seconds.
-    * ``accept(chosen)``: per chain, the proposal it moves to, or -1 where it stays.
-    """
-
-    def reset(self, e: EncodedStrategies) -> np.ndarray: ...
-
-    def propose(self, m: Mutation) -> np.ndarray: ...
-
-    def accept(self, chosen: np.ndarray) -> None: ...
-
-
-class IncrementalScorer:
-    """Predicted seconds of annealing proposals: features updated from the chains'
-    (``IncrementalFeaturizer``), then a predictor on feature rows.
-
-    Args:
-        featurizer: built on the (model, cluster) tables, with the parameters the predictor's
-            features use.
-        predict: feature rows (``features.batch.featurize``'s columns) -> seconds, e.g.
-            ``LearnedSimulator.predict``.
-    """
-
-    def __init__(self, featurizer: IncrementalFeaturizer, predict: Callable[[np.ndarray], np.ndarray]):
-        self.featurizer = featurizer
-        self.predict = predict
-
-    def reset(self, e: EncodedStrategies) -> np.ndarray:
-        return self.predict(self.featurizer.reset(e))
-
-    def propose(self, m: Mutation | EncodedStrategies) -> np.ndarray:
-        return self.predict(self.featurizer.propose(m))
-
-    def accept(self, chosen: np.ndarray) -> None:
-        self.featurizer.accept(chosen)
-
-
-class PerLosslessStep:
-    """A ChainScorer in seconds per step of lossless progress: another scorer's seconds per step
-    divided by an estimated statistical efficiency of each strategy (``tuner.records.goodput``), so the
-    chains climb goodput, not step time alone. The efficiency is computed on whole proposals
-    (O(proposals x V) per step, like a constrained search's projection).
-
-    Args:
-        inner: the step-time scorer (e.g. an IncrementalScorer).
-        efficiency: a batch of strategies -> (B,) efficiencies in (0, 1].
-    """
-
-    def __init__(self, inner: ChainScorer, efficiency: Callable[[EncodedStrategies], np.ndarray]):
-        self.inner, self.efficiency = inner, efficiency
-
-    def reset(self, e: EncodedStrategies) -> np.ndarray:
-        return self.inner.reset(e) / self.efficiency(e)
-
-    def propose(self, m: Mutation) -> np.ndarray:
-        return self.inner.propose(m) / self.efficiency(m.encoded)
-
-    def accept(self, chosen: np.ndarray) -> None:
-        self.inner.accept(chosen)
 
 
 class _Recompute:

@@ -14,12 +14,13 @@ from strategy_space import ClusterSpec, ModelSpec, Strategy
 from strategy_space.encoding import EncodedStrategies
 
 from tuner.cost_models.predictor import Predictor
+from tuner.cost_models.scoring import PerLosslessStep
 from tuner.features.batch import FEATURE_NAMES
 from tuner.records.goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
 from tuner.records.history import History, feature_keys
 from tuner.records.training_set import TrainingSet
 from tuner.records.warmstart import Group
-from tuner.search.annealing import PerLosslessStep, Pool, select_diverse, simulated_annealing
+from tuner.search.annealing import Pool, select_diverse, simulated_annealing
 from tuner.search.base import Proposal, Tuner
 from tuner.search.constraints import Constraints
 from tuner.search.sampler import KnowledgeSampler
