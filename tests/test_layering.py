@@ -179,6 +179,73 @@ def test_the_runtime_takes_resolved_objects():
     assert not bad, bad
 
 
+# tuner's sub-packages, bottom layer first: each imports only those before it
+TUNER_LAYERS = ("features", "records", "synthetic", "cost_models", "search")
+
+
+def _layer(module: str, top: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == top else None
+
+
+def layer_violations(graph: dict[str, set[str]], top: str = "tuner", layers=TUNER_LAYERS) -> list[str]:
+    """Imports between ``top``'s sub-packages that do not go from a later one to an earlier one
+    (an import into or out of a sub-package missing from ``layers`` counts too)."""
+    rank = {name: i for i, name in enumerate(layers)}
+    bad = []
+    for module, targets in graph.items():
+        src = _layer(module, top)
+        if src is None:
+            continue
+        for target in targets:
+            dst = _layer(target, top)
+            if dst is None or dst == src:
+                continue
+            if src not in rank or dst not in rank or rank[dst] > rank[src]:
+                bad.append(f"{module} ({src}) imports {target} ({dst})")
+    return sorted(bad)
+
+
+def stray_modules(root: Path = REPO, top: str = "tuner", layers=TUNER_LAYERS) -> list[str]:
+    """Modules of ``top`` outside its listed sub-packages: beside ``top/__init__.py`` or in a
+    package the layer order does not name."""
+    files = module_files(root, (top,))
+    return sorted(m for m in files if (m != top and _layer(m, top) not in layers)
+                  or (m.count(".") == 1 and files[m].name != "__init__.py"))   # tuner/search.py
+
+
+def test_tuner_sub_packages_import_only_the_layers_below():
+    """features < records < synthetic < cost_models < search: a sub-package imports only those
+    before it, so each can be read (and tested) knowing only the ones below."""
+    graph, _ = import_facts()
+    assert all((REPO / "tuner" / name / "__init__.py").is_file() for name in TUNER_LAYERS)
+    across = [(m, t) for m, ts in graph.items() for t in ts
+              if _layer(m, "tuner") and _layer(t, "tuner") and _layer(m, "tuner") != _layer(t, "tuner")]
+    assert len(across) > 20   # the check sees the imports it judges
+    bad = layer_violations(graph)
+    assert not bad, "imports against the order " + " < ".join(TUNER_LAYERS) + ":\n" + "\n".join(bad)
+
+
+def test_every_tuner_module_lives_in_a_sub_package():
+    stray = stray_modules()
+    assert not stray, f"tuner modules outside {TUNER_LAYERS} (move each into the package of its concept): {stray}"
+
+
+def test_the_layer_checks_can_fail(tmp_path):
+    """A made-up tuner whose features import the search, a loose module, and an unlisted package."""
+    files = {"__init__.py": "", "loose.py": "",
+             "features/__init__.py": "", "features/a.py": "from ..search.b import run\n",
+             "search/__init__.py": "", "search/b.py": "from tuner.features import a\ndef run(): ...\n",
+             "extra/__init__.py": "", "extra/c.py": "import tuner.features.a\n"}
+    for name, text in files.items():
+        (tmp_path / "tuner" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tuner" / name).write_text(text)
+    graph, _ = import_facts(tmp_path, ("tuner",))
+    assert layer_violations(graph) == ["tuner.extra.c (extra) imports tuner.features.a (features)",
+                                       "tuner.features.a (features) imports tuner.search.b (search)"]
+    assert stray_modules(tmp_path) == ["tuner.extra", "tuner.extra.c", "tuner.loose"]
+
+
 def test_the_checks_can_fail(tmp_path):
     """A made-up package with a cycle and both kinds of private import is caught."""
     pkg = tmp_path / "toy"
