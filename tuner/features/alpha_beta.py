@@ -36,7 +36,7 @@ from typing import Mapping
 
 import numpy as np
 
-# terms the formula reads; features.py produces every one of them
+# terms the formula reads; features/batch.py produces every one of them
 TERMS = ("compute_s", "wire_s", "ps_latency_rounds", "ring_steps", "ring_steps_objectstore", "exposed_frac",
          "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention", "ar_curve_s")
 
