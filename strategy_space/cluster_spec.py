@@ -6,6 +6,7 @@ A frozen dataclass that validates itself on construction, reads and writes plain
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -188,7 +189,7 @@ class ClusterSpec:
     def num_workers(self) -> int:
         return len(self.devices)
 
-    @property
+    @functools.cached_property   # the spec is frozen: hashed once per object
     def fingerprint(self) -> str:
         d = self.to_dict()
         d.pop("name")

@@ -6,6 +6,7 @@ A frozen dataclass that validates itself on construction, reads and writes plain
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -209,7 +210,7 @@ class ModelSpec:
         """Fraction of parameters in sparse (embedding) variables."""
         return sum(v.size for v in self.variables if v.sparse) / max(1, self.total_params)
 
-    @property
+    @functools.cached_property   # the spec is frozen: hashed once per object
     def fingerprint(self) -> str:
         """Hash of what determines communication: variables and batch size, not the profile."""
         return fingerprint({"variables": [v.to_dict() for v in self.variables], "batch_size": self.batch_size})

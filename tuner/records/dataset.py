@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.encoding import EncodedStrategies
 from strategy_space.errors import ConfigError
 from strategy_space.space import StrategySpace
 
@@ -76,38 +77,57 @@ class TrialSet:
 
 
 def featurize_trials(model: ModelSpec, cluster: ClusterSpec, trials: Sequence[Trial],
-                     cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     cache: dict | None = None, *, space: StrategySpace | None = None,
+                     tables: FeatureTables | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Raw features and median times of the ok, encodable trials of one group.
 
     Args:
         cache: a dict kept between calls (e.g. by a Predictor refitted every round): the feature
             row of every featurized strategy of this (model, cluster), so each is computed once.
+        space, tables: this group's ``StrategySpace`` and ``FeatureTables``, for a caller that
+            featurizes the same group every round (built here when not given).
     """
     cache = {} if cache is None else cache
-    space = None
-    todo, keys, ys = [], [], []
+    group = (model.fingerprint, cluster.fingerprint)
+    todo: dict[tuple, Trial] = {}
+    keys, ys = [], []
     for t in trials:
         if not t.ok:
             continue
-        key = (model.fingerprint, cluster.fingerprint, t.strategy.fingerprint)
+        key = group + (t.strategy.fingerprint,)
         if key not in cache:
-            space = space or StrategySpace(model, cluster)
-            try:
-                todo.append((key, space.encode([t.strategy])))
-            except ConfigError:
-                cache[key] = None  # outside the encodable subspace: cannot be featurized
+            todo.setdefault(key, t)
         keys.append(key)
         ys.append(t.median)
     if todo:
-        from strategy_space.encoding import EncodedStrategies
-
-        X = featurize(FeatureTables.from_specs(model, cluster), EncodedStrategies.concat([e for _, e in todo]))
-        for (key, _), row in zip(todo, X):
-            cache[key] = row
+        _featurize_into(cache, model, cluster, todo, space, tables)
     rows = [(cache[k], y) for k, y in zip(keys, ys) if cache[k] is not None]
     if not rows:
         return np.zeros((0, len(COL)), dtype=np.float32), np.zeros(0)
     return np.stack([r for r, _ in rows]), np.asarray([y for _, y in rows], dtype=np.float64)
+
+
+def _featurize_into(cache: dict, model: ModelSpec, cluster: ClusterSpec, todo: dict, space, tables) -> None:
+    """Feature rows of ``todo`` (key -> trial) into ``cache``: encoded in one batch, or one by one
+    when the batch holds a strategy outside the encodable subspace (its row is None)."""
+    space = space or StrategySpace(model, cluster)
+    strategies = [t.strategy for t in todo.values()]
+    try:
+        encoded, keys = space.encode(strategies), list(todo)
+    except ConfigError:
+        parts, keys = [], []
+        for key, s in zip(todo, strategies):
+            try:
+                parts.append(space.encode([s]))
+                keys.append(key)
+            except ConfigError:
+                cache[key] = None  # outside the encodable subspace: cannot be featurized
+        if not parts:
+            return
+        encoded = EncodedStrategies.concat(parts)
+    X = featurize(tables or FeatureTables.from_specs(model, cluster), encoded)
+    for key, row in zip(keys, X):
+        cache[key] = row
 
 
 def build_trial_set(groups: Iterable[tuple[ModelSpec, ClusterSpec, Sequence[Trial]]],

@@ -15,7 +15,9 @@ from typing import Sequence
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.space import StrategySpace
 
+from tuner.features.tables import FeatureTables
 from tuner.records.dataset import TrialSet, featurize_trials
 from tuner.records.history import HistoryEntry
 from tuner.records.store import trial_uid
@@ -29,6 +31,16 @@ class _GroupRows:
         self.X: list[np.ndarray] = []
         self.y: list[float] = []
         self.cache: dict = {}   # featurize_trials' feature row of each strategy of the group
+        self._space: StrategySpace | None = None
+        self._tables: FeatureTables | None = None
+
+    def featurize(self, trials: Sequence[Trial]) -> tuple[np.ndarray, np.ndarray]:
+        """``featurize_trials`` with this group's space and tables, built on first use and kept."""
+        if self._space is None:
+            self._space = StrategySpace(self.model, self.cluster)
+            self._tables = FeatureTables.from_specs(self.model, self.cluster)
+        return featurize_trials(self.model, self.cluster, trials, self.cache, space=self._space,
+                                tables=self._tables)
 
 
 class TrainingSet:
@@ -54,7 +66,7 @@ class TrainingSet:
             if uid not in self._uids:
                 self._uids.add(uid)
                 new.append(t)
-        X, y = featurize_trials(model, cluster, new, group.cache)
+        X, y = group.featurize(new)
         self._append(group, X, y)
         return len(new)
 
