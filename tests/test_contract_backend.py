@@ -211,10 +211,13 @@ def test_the_same_call_site_step_after_step(group):
             np.testing.assert_array_equal(g, sum(_data(r + step, 7) for r in range(WORLD)))
 
 
+# a TensorFlow cluster of one is the contract's own world in another process (covered by the group
+# of WORLD): the graph backend has no case here rather than a case that always skips
+SOLO_PARAMS = [p for p in PARAMS if p.values[0] is not tf_collective.GraphBackend]
+
+
+@pytest.mark.parametrize("backend", SOLO_PARAMS)
 def test_a_group_of_one_hands_back_its_own_values(request, backend):
-    if backend is tf_collective.GraphBackend:
-        pytest.skip("a TensorFlow cluster of one is the contract's own world in another process: "
-                    "covered by the group of WORLD")
     solo = GROUPS[backend](request, 1, f"contract-solo-{backend.name}")
     try:
         [(reduced, gathered)] = solo.run([[("allreduce", _data(0, 6), "solo/r"), ("allgather", _data(0, 4), "solo/g")]])
