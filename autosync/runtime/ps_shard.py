@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 
 import numpy as np
@@ -68,10 +69,19 @@ class ParameterServerShard:
             for a ``ZeroInitial`` zeros allocated here, which updates write in place from the start.
     """
 
-    def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
-                 num_workers: int, sync: bool, chunks=None, description: dict | None = None):
+    def __init__(self, *args, **kwargs):
+        self.name = ""
+        self._server = None   # psnet.Server once ``listen`` is called
+        self._error: str | None = None
+        self.keras_ready = False   # whether this session's shards were set up with Keras already imported
+        if args or kwargs:
+            self._setup(*args, **kwargs)
+
+    def _setup(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
+               num_workers: int, sync: bool, chunks=None, description: dict | None = None) -> None:
         from autosync.runtime.optimizers import make_optimizer
 
+        self.keras_ready = "keras" in sys.modules
         self.name = name
         made_here: set = set()
         if description is not None:
@@ -96,7 +106,6 @@ class ParameterServerShard:
         self._pending: dict[int, dict] = {}
         self._error: str | None = None
         self._cond: asyncio.Condition | None = None
-        self._server = None   # psnet.Server once ``listen`` is called
         self._shared: dict = {}  # keys -> (chunk versions, ObjectRef of their values)
         # the kinds of keys held; a step is complete once each kind has all workers' gradients
         self.chunks = [tuple(tuple(k) for k in c) for c in chunks] if chunks else [tuple(self.params)]
@@ -126,10 +135,57 @@ class ParameterServerShard:
         return self._cond
 
     async def ready(self) -> dict:
-        """Where this actor runs (for placement checks)."""
+        """Where this actor runs (for placement checks) and ``keras_ready``: whether Keras was
+        already imported when its shards were set up (a pooled actor's earlier session or
+        ``preload`` imported it)."""
         import ray
 
-        return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "keras_ready": self.keras_ready}
+
+    async def reset(self, *args, **kwargs) -> dict:
+        """Hold a new session's shards (the arguments of ``__init__``), from scratch: nothing of an
+        earlier session stays (values, optimizer and its slots, counters, pending pushes, kept rows,
+        shared objects, the data-plane socket: ``listen`` opens a new one). Returns ``ready``'s facts."""
+        self._drop()
+        self._setup(*args, **kwargs)
+        return await self.ready()
+
+    async def release(self) -> None:
+        """Drop a finished session's state, so an idle pooled actor holds none of it (no view of
+        the object store, no socket).
+
+        Raises:
+            RuntimeError: the session failed here or left pushes unapplied (the pool then kills
+                this actor instead of keeping it).
+        """
+        if self._error or getattr(self, "_pending", None):
+            raise RuntimeError(self._error or f"{self.name}: released with steps still being pushed")
+        self._drop()
+
+    async def preload(self) -> float:
+        """Import Keras (and TensorFlow) now, before a session whose optimizer needs it; returns
+        the seconds it took (0 when already imported)."""
+        if "keras" in sys.modules:
+            return 0.0
+        from autosync.tflog import quiet_startup
+
+        t0 = time.perf_counter()
+        quiet_startup()
+        import keras  # noqa: F401
+
+        return time.perf_counter() - t0
+
+    def _drop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self.params, self.optimizer, self._shared, self._asked, self._pending = {}, None, {}, {}, {}
+        self._cond, self._error, self.name = None, None, ""
+        if "keras" in sys.modules:   # the Keras optimizer's names and graphs of the last session
+            import keras
+
+            keras.utils.clear_session()
 
     async def listen(self) -> str:
         """Serve ``push`` and ``pull`` on the PS data plane (``psnet``); returns the endpoint the

@@ -185,7 +185,7 @@ class RayRunner(Runner):
             meta["placement"] = placement
             summary = self._measure(session, deadline)
             meta["ps_stats"] = session.ps_stats(deadline)
-            session.close()
+            session.close(clean=True)   # its PS actors serve the next trial
         except ConfigError as e:
             if session is not None:
                 session.close()

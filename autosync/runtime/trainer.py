@@ -124,7 +124,12 @@ class Trainer:
             raise
 
     def _start(self) -> None:
+        from autosync.runtime.optimizers import numpy_rules
+
         deadline = time.monotonic() + self.timeout_s
+        if getattr(self, "plan", None) is not None:   # a restart: PS actors import Keras while workers start
+            self.pool.ps.prepare([p.node for p in self.plan.ps_actors],
+                                 not numpy_rules(self.pool.description["optimizer"]))
         self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
         desc = self.pool.description
         self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
@@ -303,7 +308,11 @@ class Trainer:
         t0 = time.perf_counter()
         store = CheckpointStore(path)
         store.check_writable()
-        state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
+        try:
+            state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
+        except BaseException:
+            self.session.failed = True   # its PS actors are not reused
+            raise
         manifest = self._manifest(step=self.step, positions=state.positions, ps_versions=state.ps_versions)
         weights, arrays = state.weights, state.arrays
 
@@ -381,12 +390,17 @@ class Trainer:
         """
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
-        return self.session.weights(time.monotonic() + self.timeout_s)
+        try:
+            return self.session.weights(time.monotonic() + self.timeout_s)
+        except BaseException:
+            self.session.failed = True   # its PS actors are not reused
+            raise
 
     def close(self) -> None:
-        """Kill the PS actors, and the workers and embedded Ray if this Trainer started them."""
+        """End the session (its PS actors go back to the pool, or are killed if it failed), and kill
+        the workers and PS actors and stop the embedded Ray if this Trainer started them."""
         if self.session is not None:
-            self.session.close()
+            self.session.close(clean=True)   # PS actors of a failed session are killed (``Session.failed``)
             self.session = None
         if self._own_pool:
             self.pool.kill_all()
