@@ -15,6 +15,9 @@ import overlaps what the driver does meanwhile, e.g. restarting workers).
 """
 from __future__ import annotations
 
+import sys
+import time
+
 # a clean session's actors answer ``release`` at once; one that does not is killed instead
 RELEASE_S = 10.0
 
@@ -145,3 +148,52 @@ class PSPool:
         """Kill every actor of the pool, idle or lent."""
         self.kill([a for _, a in self.lent.values()] + [a for idle in self.idle.values() for a in idle])
         self.idle, self.lent, self.with_keras = {}, {}, set()
+
+
+class PooledShard:
+    """What a pooled ``ParameterServerShard`` does between sessions (its ``_setup`` makes a
+    session's state, ``ready`` says where it runs)."""
+
+    async def reset(self, *args, **kwargs) -> dict:
+        """Hold a new session's shards (the arguments of ``__init__``), from scratch: nothing of an
+        earlier session stays (values, optimizer and its slots, counters, pending pushes, kept rows,
+        shared objects, the data-plane socket: ``listen`` opens a new one). Returns ``ready``'s facts."""
+        self._drop()
+        self._setup(*args, **kwargs)
+        return await self.ready()
+
+    async def release(self) -> None:
+        """Drop a finished session's state, so an idle pooled actor holds none of it (no view of
+        the object store, no socket).
+
+        Raises:
+            RuntimeError: the session failed here or left pushes unapplied (the pool then kills
+                this actor instead of keeping it).
+        """
+        if self._error or getattr(self, "_pending", None):
+            raise RuntimeError(self._error or f"{self.name}: released with steps still being pushed")
+        self._drop()
+
+    async def preload(self) -> float:
+        """Import Keras (and TensorFlow) now, before a session whose optimizer needs it; returns
+        the seconds it took (0 when already imported)."""
+        if "keras" in sys.modules:
+            return 0.0
+        from autosync.tflog import quiet_startup
+
+        t0 = time.perf_counter()
+        quiet_startup()
+        import keras  # noqa: F401
+
+        return time.perf_counter() - t0
+
+    def _drop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self.params, self.optimizer, self._shared, self._asked, self._pending = {}, None, {}, {}, {}
+        self._cond, self._error, self.name = None, None, ""
+        if "keras" in sys.modules:   # the Keras optimizer's names and graphs of the last session
+            import keras
+
+            keras.utils.clear_session()
