@@ -16,6 +16,7 @@ from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.initial import initial_slice
 from autosync.runtime.plan import SyncPlan
 from autosync.runtime.ps_pool import PSPool
+from autosync.runtime.ps_shard import ParameterServerShard
 from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
@@ -157,7 +158,7 @@ class WorkerPool:
         self._groups: dict[tuple[str, tuple[str, ...]], str] = {}
         self._joined: set[tuple[str, ...]] = set()   # slots whose workers form a TensorFlow cluster
         self._sessions = 0
-        self.ps = PSPool(binding)   # parameter-server actors lent to one session at a time
+        self.ps = PSPool(binding, ParameterServerShard)   # PS actors lent to one session at a time
 
     @classmethod
     def shared_or_new(cls, cluster, pool: "WorkerPool | None" = None) -> "WorkerPool":
@@ -434,8 +435,7 @@ class Session:
         return wait_all([self.workers[0].get_weights.remote()], deadline, "worker")[0]
 
     def close(self, clean: bool = False) -> None:
-        """End the session (workers stay warm); its PS actors go back to the pool if ``clean`` (every
-        call of it succeeded, ``failed`` is unset), else they are killed, as its helpers are."""
+        """End it (workers stay warm): PS actors back to the pool if ``clean`` and not ``failed``, else killed."""
         import ray
 
         for actor in self.helpers:

@@ -27,10 +27,12 @@ class PSPool:
 
     Args:
         binding: where the nodes are (``ClusterBinding``).
+        actor_class: the PS actor's class (``ps_shard.ParameterServerShard``, a ``PooledShard``).
     """
 
-    def __init__(self, binding):
+    def __init__(self, binding, actor_class):
         self.binding = binding
+        self.actor_class = actor_class
         self.idle: dict[str, list] = {}   # node -> idle actors
         self.lent: dict = {}              # actor id hex -> (node, actor), taken by a running session
         self.with_keras: set[str] = set()   # actor ids hex that imported Keras (or were asked to)
@@ -42,9 +44,7 @@ class PSPool:
     def _new(self, node: str, args: tuple = ()):
         import ray
 
-        from autosync.runtime.ps_shard import ParameterServerShard
-
-        cls = ray.remote(ParameterServerShard)
+        cls = ray.remote(self.actor_class)
         return cls.options(**self.binding.actor_options(node), max_concurrency=1000).remote(*args)
 
     def prepare(self, nodes, keras: bool) -> None:
