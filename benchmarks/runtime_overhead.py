@@ -7,7 +7,7 @@ For small models on this machine it measures, in one run:
     their ratio (overhead), and the compute / sync breakdown,
   - Ray calls per step per worker (target: 2 x the PS actors it talks to, whatever the number of
     variables),
-  - trial start-up with warm workers (fresh PS actors, reset workers: from "run this strategy" to
+  - trial start-up with warm workers (pooled PS actors, reset workers: from "run this strategy" to
     the first step) next to the cost of importing TensorFlow in a fresh process,
   - for each sparse zoo model, the bytes a worker moves per step for its sparse variables on
     parameter servers (measured by the channels: array payload) against the analytic minimum,
