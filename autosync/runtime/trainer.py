@@ -127,7 +127,8 @@ class Trainer:
         from autosync.runtime.optimizers import numpy_rules
 
         deadline = time.monotonic() + self.timeout_s
-        if getattr(self, "plan", None) is not None:   # a restart: PS actors import Keras while workers start
+        if getattr(self, "plan", None) is not None and self.pool.description is not None:
+            # a restart: the PS actors import Keras (if the optimizer needs it) while the workers start
             self.pool.ps.prepare([p.node for p in self.plan.ps_actors],
                                  not numpy_rules(self.pool.description["optimizer"]))
         self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
