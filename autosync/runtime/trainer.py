@@ -137,7 +137,11 @@ class Trainer:
         validate(self.strategy, self.model_spec, self.cluster)
         self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster)
         self.session = Session(self.pool, self.plan)
-        self.session.start(deadline)
+        try:
+            self.session.start(deadline)
+        except BaseException:
+            self.session.failed = True   # a session that did not start: its PS actors are not reused
+            raise
         self.step = 0
 
     def fit(self, steps: int, callbacks=(), steps_per_call: int = 10, *, checkpoint_every: int | None = None,
@@ -374,8 +378,13 @@ class Trainer:
         position = {id(w): i for i, w in enumerate(model.weights)}
         values = [weights[position[id(v)]] for v in model.trainable_variables]
         state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
-        problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        try:
+            problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        except BaseException:
+            self.session.failed = True   # loaded part-way: its PS actors are not reused
+            raise
         if problems:
+            self.session.failed = True   # refused part-way: likewise
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")
         self.step = manifest.step
         return manifest
