@@ -7,7 +7,7 @@ For small models on this machine it measures, in one run:
     their ratio (overhead), and the compute / sync breakdown,
   - Ray calls per step per worker (target: 2 x the PS actors it talks to, whatever the number of
     variables),
-  - trial start-up with warm workers (fresh PS actors, reset workers: from "run this strategy" to
+  - trial start-up with warm workers (pooled PS actors, reset workers: from "run this strategy" to
     the first step) next to the cost of importing TensorFlow in a fresh process,
   - for each sparse zoo model, the bytes a worker moves per step for its sparse variables on
     parameter servers (measured by the channels: array payload) against the analytic minimum,
@@ -25,12 +25,19 @@ For small models on this machine it measures, in one run:
     (``keras_optimizer.KerasOptimizer``, what every other configuration runs), and the start-up
     cost of each in a fresh process (import and first build).
 
+  - with --pool-startup: trial start-up (RayRunner's ``startup_s``: from "run this strategy" to
+    the first step) of --trials consecutive trials of strategy 'ps' on one warm worker pool (2 workers on
+    one node), for ncf, dlrm and lm1b: SGD(0.1) on the numpy rules against SGD with a cosine-decay
+    schedule, which runs the Keras optimizer in the PS actor. The first trial of each includes
+    loading the model in the workers; the later ones are what a tuner's trials cost.
+
   - with --checkpoint: ``Trainer.save`` time per GiB of state (weights + optimizer slots) on ncf,
     dlrm and lm1b ('ps' strategy, 2 workers as 2 nodes, after one training step so the slots
     exist): median of --repeat saves into one directory (each replaces the last, fsynced), split
     into reading the actors' state and writing the files.
 
 Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
+                                            [--pool-startup [--trials N]]
                                             [--checkpoint [--repeat N]] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
@@ -130,6 +137,9 @@ def main() -> None:
     ap.add_argument("--bytes-only", action="store_true", help="only the sparse bytes-per-step table")
     ap.add_argument("--checkpoint", action="store_true", help="only Trainer.save seconds per GiB of state")
     ap.add_argument("--repeat", type=int, default=3, help="saves per model with --checkpoint")
+    ap.add_argument("--pool-startup", action="store_true",
+                    help="only trial start-up of consecutive trials on a warm pool, numpy rules vs Keras path")
+    ap.add_argument("--trials", type=int, default=3, help="consecutive trials per model and path with --pool-startup")
     ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=None,
                     help="zoo models of the bytes-per-step table (default: all) or of --checkpoint "
                          "(default: ncf dlrm lm1b)")
@@ -149,12 +159,12 @@ def main() -> None:
     if args.bytes_only:
         sparse_bytes(args.steps, args.warmup, args.out, args.models)
         return
-    if args.apply:
+    if args.apply or args.pool_startup:
         from _testbed import git_commit, write_json
 
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        result = apply_cost(args.steps, args.warmup)
+        result = apply_cost(args.steps, args.warmup) if args.apply else pool_startup(args.trials, args.models)
         if args.out:
             # one run: its commit and start at the top (tests/test_results_provenance.py)
             write_json(args.out, {"commit": commit, "run_started": started,
@@ -308,6 +318,56 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
     return out
 
 
+def sgd_constant():
+    import keras
+
+    return keras.optimizers.SGD(0.1)
+
+
+def sgd_cosine():
+    import keras
+
+    return keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, decay_steps=1000))
+
+
+def pool_startup(trials: int, models=APPLY_ZOO) -> dict:
+    """Start-up of consecutive trials on one warm pool, numpy rules vs the Keras path (see the module doc)."""
+    import dataclasses
+
+    import ray
+
+    from autosync.models import zoo
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.runner import RayRunner
+    from strategy_space import ClusterSpec, NodeSpec
+    from strategy_space.builders import get_builder
+
+    models = [m for m in models if m in APPLY_ZOO]
+    cpus = os.cpu_count() or 1
+    local = ClusterSpec(name="local", nodes=(NodeSpec(name="node0", cpus=cpus, workers=WORKERS, chief=True),))
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    out: dict = {"startup_s": {}}
+    print("\ntrial start-up on one warm pool, consecutive trials (s)")
+    print("model | path | trials")
+    pool = WorkerPool(ClusterBinding.bind(local))
+    for name in models:
+        for path, optimizer in (("numpy", sgd_constant), ("keras", sgd_cosine)):
+            md = dataclasses.replace(zoo.get_model_def(name), optimizer_fn=optimizer)
+            runner = RayRunner(md, local, warmup=1, steps=2, max_steps=2, pool=pool)
+            strategy = get_builder("ps").build(runner.model, local)
+            times = []
+            for _ in range(trials):
+                trial = runner.run([strategy])[0]
+                if not trial.ok:
+                    raise SystemExit(f"{name} {path}: {trial.status}: {trial.error}")
+                times.append(trial.meta["startup_s"])
+            out["startup_s"][f"{name}/{path}"] = times
+            print(f"{name} | {path} | " + " ".join(f"{t:.2f}" for t in times))
+    pool.kill_all()
+    ray.shutdown()
+    return out
+
 
 def _pair_pool():
     """The two-node ``pair`` cluster on this machine (a worker each) and a warm pool on it."""
@@ -323,6 +383,7 @@ def _pair_pool():
     if not ray.is_initialized():
         ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     return pair, WorkerPool(ClusterBinding.bind(pair))
+
 
 def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_ZOO) -> None:
     """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""

@@ -122,6 +122,11 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
     assert len(history.loss) == len(history.step_times) == len(history.wall_times) == 8
     for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=8)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    # the PS pool keeps the last (clean) session's actor, not the killed one: nothing lent, every idle
+    # actor alive and holding nothing (earlier tests on the shared pool may have left others idle)
+    idle = [a for actors in pool.ps.idle.values() for a in actors]
+    assert not pool.ps.lent and idle and killed[1][1]._actor_id not in {a._actor_id for a in idle}, idle
+    assert all(f["name"] == "" for f in ray.get([a.ready.remote() for a in idle], timeout=30))
 
 
 def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):

@@ -190,3 +190,89 @@ def test_each_ps_transport_carries_every_call_and_trains_as_one_process(pool, mo
         assert s["pushes"] > 0 and s["pulls"] > 0, (name, s)
         on_wire = transport == "zmq" and name not in replicated
         assert s["data_plane_calls"] == (s["pushes"] + s["pulls"] if on_wire else 0), (transport, name, s)
+
+
+def _ps_facts(trainer) -> list[dict]:
+    import ray
+
+    return ray.get([a.ready.remote() for a in trainer.session.ps_actors])
+
+
+def test_consecutive_sessions_reuse_the_ps_processes_and_train_like_fresh_ones(pool):
+    """Issue 26, deliverable 3: a clean session gives its PS actors back to the pool; the next one
+    (another optimizer, other shards) resets the same processes onto its plan and trains exactly
+    like one process, with nothing of the first left in them (values, slots, counters)."""
+    from autosync.runtime.trainer import Trainer
+
+    pids = []
+    for md, builder in ((rm.model_def("sgd", learning_rate=0.1, momentum=0.9), "partitioned_ps"),
+                        (rm.model_def("adam", learning_rate=0.05), "uneven_partitioned_ps")):
+        strategy = _strategy(builder, _model_spec(pool, md))
+        with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+            trainer.fit(steps=STEPS, steps_per_call=2)
+            weights = trainer.get_weights()
+            pids.append(sorted(f["pid"] for f in _ps_facts(trainer)))
+            stats = trainer.session.ps_stats()
+        assert all(s["pushes"] == 2 * STEPS * s["chunks"] for s in stats.values()), stats
+        for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (builder, np.abs(got - want).max())
+    assert len(pids[0]) == 2 and pids[1] == pids[0], pids
+    assert not pool.ps.lent and sum(len(a) for a in pool.ps.idle.values()) == 2, "the pool keeps what a plan asked"
+
+
+def test_a_keras_path_session_on_a_reused_pool_imports_nothing(pool):
+    """A schedule runs the Keras optimizer in the PS actors, which imports TensorFlow there: once
+    per process, so the second session on the pool starts with Keras already imported, sooner."""
+    import time
+
+    from autosync.runtime.trainer import Trainer
+    from tests.test_runtime_user_optimizer import COSINE
+
+    md = rm.model_def("sgd", learning_rate=COSINE, momentum=0.9)
+    strategy = _strategy("partitioned_ps", _model_spec(pool, md))
+    facts, startup = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+            startup.append(time.perf_counter() - t0)
+            facts.append(_ps_facts(trainer))
+            trainer.fit(steps=STEPS, steps_per_call=2)
+            weights = trainer.get_weights()
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    assert [f["pid"] for f in facts[1]] == [f["pid"] for f in facts[0]]
+    assert all(f["keras_ready"] for f in facts[1]), facts[1]
+    if not any(f["keras_ready"] for f in facts[0]):   # the first session imported it
+        assert startup[1] < startup[0] / 2, startup
+
+
+def test_a_failed_sessions_ps_actors_are_killed_not_reused(pool, tmp_path):
+    """A session whose worker raised never gives its PS actors back, even when closed as clean
+    (last in this module: the failed worker's PS is gone under it)."""
+    import functools
+    import time
+
+    from autosync.runtime.engine import Session, TrialFailed
+    from autosync.runtime.plan import SyncPlan
+    from tests.test_runtime_failures import _all_dead
+
+    flag = tmp_path / "misbehave"
+    flag.write_text("raise")
+    md = rm.model_def("sgd", learning_rate=0.1, dataset=functools.partial(rm.faulty_batches, flag=str(flag), at=2))
+    spec = _model_spec(pool, md)
+    plan = SyncPlan.build(_strategy("partitioned_ps", spec), spec, PAIR)
+    session = Session(pool, plan)
+    failed = [p["pid"] for p in session.start(time.monotonic() + 120)["ps"]]
+    with pytest.raises(TrialFailed, match="injected failure in worker 1"):
+        session.run(STEPS, time.monotonic() + 120)
+    session.close(clean=True)
+    assert not pool.ps.lent and not any(pool.ps.idle.values())
+    assert _all_dead(failed), "a failed session's PS actors are still running"
+    flag.unlink()
+    _, _, weights = _train(pool, md, _strategy("partitioned_ps", spec))
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+    import ray
+
+    fresh = ray.get([a.ready.remote() for idle in pool.ps.idle.values() for a in idle])
+    assert len(fresh) == 2 and not {f["pid"] for f in fresh} & set(failed), (fresh, failed)

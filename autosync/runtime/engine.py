@@ -1,9 +1,9 @@
 """Driver-side execution: a pool of warm worker actors and the session that runs one plan.
 
 ``WorkerPool`` keeps one TensorFlow worker actor per replica slot alive across trials (their
-start-up is dominated by importing TensorFlow). ``Session`` creates the plan's parameter-server
-actors (fresh each time), resets the workers onto them and runs steps; on any failure or
-time-out it kills every actor involved so the next session starts clean.
+start-up is dominated by importing TensorFlow) and PS actors per node (``ps_pool.PSPool``).
+``Session`` resets pool PS actors onto its plan's shards, resets the workers onto them and runs
+steps; on any failure or time-out it kills every actor involved so the next session starts clean.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import numpy as np
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.initial import initial_slice
 from autosync.runtime.plan import SyncPlan
+from autosync.runtime.ps_pool import PSPool
+from autosync.runtime.ps_shard import ParameterServerShard
 from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
@@ -156,6 +158,7 @@ class WorkerPool:
         self._groups: dict[tuple[str, tuple[str, ...]], str] = {}
         self._joined: set[tuple[str, ...]] = set()   # slots whose workers form a TensorFlow cluster
         self._sessions = 0
+        self.ps = PSPool(binding, ParameterServerShard)   # PS actors lent to one session at a time
 
     @classmethod
     def shared_or_new(cls, cluster, pool: "WorkerPool | None" = None) -> "WorkerPool":
@@ -184,7 +187,7 @@ class WorkerPool:
             torch_world = backend in ("gloo", "nccl") and any(b in ("gloo", "nccl") for b, _ in self._groups)
             # a TensorFlow cluster is joined before a worker runs any op: only fresh workers can
             if torch_world or (backend == "graph" and self.actors):
-                self.kill_all()
+                self.kill_all(ps=False)
             name = f"autosync-{backend}-{uuid.uuid4().hex[:8]}"
             self._groups[(backend, slots)] = name
         return name
@@ -224,7 +227,7 @@ class WorkerPool:
         t0 = time.perf_counter()
         kind = worker_class(model_def)
         if any(self.kinds.get(s, kind) is not kind for s in self.actors):
-            self.kill_all()  # real <-> emulated compute: new processes (and collective groups)
+            self.kill_all(ps=False)  # real <-> emulated compute: new processes (and collective groups)
             stale = list(slots)
         cls = ray.remote(kind)
         for slot in stale:
@@ -277,10 +280,12 @@ class WorkerPool:
         self._groups = {k: v for k, v in self._groups.items() if not slots & set(k[1])}
         self._joined = {j for j in self._joined if not slots & set(j)}
 
-    def kill_all(self) -> None:
-        """Kill every worker (they are started again on the next ``ensure``)."""
+    def kill_all(self, ps: bool = True) -> None:
+        """Kill every worker (started again on the next ``ensure``) and, if ``ps``, the pool's PS actors."""
         import ray
 
+        if ps:
+            self.ps.kill_all()
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
         self.actors, self.loaded, self.kinds = {}, {}, {}
@@ -289,7 +294,7 @@ class WorkerPool:
 
 
 class Session:
-    """One plan running on the pool's workers with fresh parameter servers.
+    """One plan running on the pool's workers and parameter servers (reset for it).
 
     Args:
         pool: warm workers holding the model (see ``WorkerPool.ensure``).
@@ -302,6 +307,7 @@ class Session:
         self.ps_actors: list = []
         self.helpers: list = []   # e.g. the object-store backend's mailbox
         self.workers: list = []
+        self.failed = False   # a call of the session failed: its PS actors are never reused
 
     def start(self, deadline: float | None = None) -> dict:
         """Create the PS actors with the initial values and point every worker at them.
@@ -309,12 +315,7 @@ class Session:
         Returns:
             placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``.
         """
-        import ray
-
-        from autosync.runtime.ps_shard import ParameterServerShard
-
-        from autosync.runtime.optimizers import check_keras_apply
-        from autosync.runtime.optimizers import check_optimizer_config, squares_slices
+        from autosync.runtime.optimizers import check_keras_apply, check_optimizer_config, numpy_rules, squares_slices
 
         plan = self.plan
         # graph first: forming its cluster may restart the workers, which ends their gloo world
@@ -322,6 +323,8 @@ class Session:
                   for b in sorted(plan.backends, key=lambda b: b != "graph") if b not in ("objectstore", "hierarchical")}
         if "graph" in setups:
             setups["graph"] = {"group": setups["graph"], "base": self.pool.next_instance_base()}
+        if self.pool.description is not None:   # the model is known: its PS actors may import Keras meanwhile
+            self.pool.ps.prepare([p.node for p in plan.ps_actors], not numpy_rules(self.pool.description["optimizer"]))
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
@@ -331,21 +334,13 @@ class Session:
                           + [m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]])
         initial = desc["initial"]
         binding = self.pool.binding
-        ps_cls = ray.remote(ParameterServerShard)
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only
         limit = ps_chunk_limit() if plan.sync and not plan.node_aggregation() else 1
         itemsize = [np.dtype(v["dtype"]).itemsize for v in desc["variables"]]
         self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES) for p in plan.ps_actors]
-        for p, chunks in zip(self.plan.ps_actors, self.chunks):
-            # each actor slices its shards from the pool's copy of the initial values (no new copy)
-            shards = {r.key: (r.var_index, r.start, r.stop, r.axis) for r in p.shards}
-            self.ps_actors.append(ps_cls.options(**binding.actor_options(p.node), max_concurrency=1000).remote(
-                p.name, shards, [r.key for r in p.shards if r.sparse],
-                [r.key for r in p.shards if r.local_replication], desc["optimizer"],
-                self.plan.num_workers, self.plan.sync, chunks, self.pool.description_ref))
-        names = [p.name for p in self.plan.ps_actors]
-        ps_info = wait_all([a.ready.remote() for a in self.ps_actors], deadline, "parameter server", names)
+        self.ps_actors, ready = self.pool.ps.start(plan, desc["optimizer"], self.chunks, self.pool.description_ref)
+        ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in self.plan.ps_actors])
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
         links = self._start_links(deadline)
         n = self.plan.num_workers
@@ -415,7 +410,11 @@ class Session:
     def run(self, steps: int, deadline: float | None = None) -> list[dict]:
         """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``)."""
         refs = [w.run.remote(steps) for w in self.workers]
-        return wait_all(refs, deadline, "worker", list(self.plan.replicas), actors=self.actor_labels())
+        try:
+            return wait_all(refs, deadline, "worker", list(self.plan.replicas), actors=self.actor_labels())
+        except BaseException:
+            self.failed = True
+            raise
 
     def actor_labels(self) -> dict[str, str]:
         """Actor id hex -> what it is, for naming the one that died."""
@@ -435,12 +434,13 @@ class Session:
         """Model weights of the first worker (synchronized by the last ``run``)."""
         return wait_all([self.workers[0].get_weights.remote()], deadline, "worker")[0]
 
-    def close(self) -> None:
-        """Kill the PS actors (workers stay warm)."""
+    def close(self, clean: bool = False) -> None:
+        """End it (workers stay warm): PS actors back to the pool if ``clean`` and not ``failed``, else killed."""
         import ray
 
-        for actor in self.ps_actors + self.helpers:
+        for actor in self.helpers:
             ray.kill(actor, no_restart=True)
+        (self.pool.ps.give_back if clean and not self.failed else self.pool.ps.kill)(self.ps_actors)
         self.ps_actors, self.helpers = [], []
 
     def abort(self) -> None:

@@ -1,14 +1,15 @@
 """Keras optimizer update rules re-implemented in numpy, for parameter-server shards and the
 all-reduced variables' local updates.
 
-Parameter-server actors are fresh processes every trial; importing TensorFlow there would cost
-seconds per trial (see ``benchmarks/runtime_overhead.py``), so they apply updates with these
-numpy versions of the Keras 3 formulas instead. The arithmetic follows Keras step by step in the
-variable's dtype (float32 scalars, same operation order), so results match a single-process Keras
-optimizer to float rounding. They run the common configurations (SGD, Adam, AdamW, Adagrad with a
-constant learning rate and no clipping); every other one (another Keras optimizer, a subclass, a
-schedule, clipping) runs the Keras optimizer object itself (``keras_optimizer``), and
-``check_optimizer_config`` refuses, before Ray starts, the options no synchronizer can honour.
+Importing TensorFlow in a parameter-server process costs seconds (see
+``benchmarks/runtime_overhead.py``): pooled PS actors (``ps_pool``) pay it once across trials, a
+fresh one per trial; these numpy versions of the Keras 3 formulas need no TensorFlow at all. The
+arithmetic follows Keras step by step in the variable's dtype (float32 scalars, same operation
+order), so results match a single-process Keras optimizer to float rounding. They run the common
+configurations (SGD, Adam, AdamW, Adagrad with a constant learning rate and no clipping); every
+other one (another Keras optimizer, a subclass, a schedule, clipping) runs the Keras optimizer
+object itself (``keras_optimizer``), and ``check_optimizer_config`` refuses, before Ray starts, the
+options no synchronizer can honour.
 
 Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
 embedding lookup, exactly what ``tf.IndexedSlices`` holds), or as ``(indices, values, squares)``

@@ -39,16 +39,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 
 import numpy as np
 
 from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
+from autosync.runtime.ps_pool import PooledShard
 
 
-class ParameterServerShard:
-    """State and update logic of one PS actor (wrapped with ``ray.remote`` by the runtime).
+class ParameterServerShard(PooledShard):
+    """State and update logic of one PS actor (wrapped with ``ray.remote`` by the runtime; made
+    with no arguments, it holds nothing until ``reset``: see ``ps_pool``).
 
     Args:
         name: for messages (``ps@node1``).
@@ -68,10 +71,19 @@ class ParameterServerShard:
             for a ``ZeroInitial`` zeros allocated here, which updates write in place from the start.
     """
 
-    def __init__(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
-                 num_workers: int, sync: bool, chunks=None, description: dict | None = None):
+    def __init__(self, *args, **kwargs):
+        self.name = ""
+        self._server = None   # psnet.Server once ``listen`` is called
+        self._error: str | None = None
+        self.keras_ready = False   # whether this session's shards were set up with Keras already imported
+        if args or kwargs:
+            self._setup(*args, **kwargs)
+
+    def _setup(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
+               num_workers: int, sync: bool, chunks=None, description: dict | None = None) -> None:
         from autosync.runtime.optimizers import make_optimizer
 
+        self.keras_ready = "keras" in sys.modules
         self.name = name
         made_here: set = set()
         if description is not None:
@@ -96,7 +108,6 @@ class ParameterServerShard:
         self._pending: dict[int, dict] = {}
         self._error: str | None = None
         self._cond: asyncio.Condition | None = None
-        self._server = None   # psnet.Server once ``listen`` is called
         self._shared: dict = {}  # keys -> (chunk versions, ObjectRef of their values)
         # the kinds of keys held; a step is complete once each kind has all workers' gradients
         self.chunks = [tuple(tuple(k) for k in c) for c in chunks] if chunks else [tuple(self.params)]
@@ -126,10 +137,13 @@ class ParameterServerShard:
         return self._cond
 
     async def ready(self) -> dict:
-        """Where this actor runs (for placement checks)."""
+        """Where this actor runs (for placement checks) and ``keras_ready``: whether Keras was
+        already imported when its shards were set up (a pooled actor's earlier session or
+        ``preload`` imported it)."""
         import ray
 
-        return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "keras_ready": self.keras_ready}
 
     async def listen(self) -> str:
         """Serve ``push`` and ``pull`` on the PS data plane (``psnet``); returns the endpoint the

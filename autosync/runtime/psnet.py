@@ -103,6 +103,8 @@ class Server:
     def close(self) -> None:
         """Stop serving and close the socket (the actor's death does the same)."""
         self._loop_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
         self._sock.close(0)
         self._ctx.term()
 

@@ -1,11 +1,12 @@
 """RayRunner: run strategies on a Ray cluster and measure them (the tuner's ``Runner``).
 
-Per strategy: validate, plan, fresh parameter servers and reset workers (fresh weights, optimizer
-state and data), ``warmup`` steps, then ``steps`` timed steps and, with a precision target, more
-in growing batches until the 95 % interval of the median step time is within the target or a cap
-is reached (``tuner.records.precision.MeasurePolicy``), all under ``trial_timeout_s``. A
-strategy that is invalid, raises or runs out of time becomes a failed/timeout Trial; its actors
-are killed and replaced, and the next strategy runs normally.
+Per strategy: validate, plan, parameter servers and workers reset (fresh weights, optimizer state
+and data; the processes are the pool's, kept warm across clean trials), ``warmup`` steps, then
+``steps`` timed steps and, with a precision target, more in growing batches until the 95 % interval
+of the median step time is within the target or a cap is reached
+(``tuner.records.precision.MeasurePolicy``), all under ``trial_timeout_s``. A strategy that is
+invalid, raises or runs out of time becomes a failed/timeout Trial; its actors are killed and
+replaced, and the next strategy runs normally.
 """
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ class RayRunner(Runner):
             meta["placement"] = placement
             summary = self._measure(session, deadline)
             meta["ps_stats"] = session.ps_stats(deadline)
-            session.close()
+            session.close(clean=True)   # its PS actors serve the next trial
         except ConfigError as e:
             if session is not None:
                 session.close()

@@ -124,14 +124,24 @@ class Trainer:
             raise
 
     def _start(self) -> None:
+        from autosync.runtime.optimizers import numpy_rules
+
         deadline = time.monotonic() + self.timeout_s
+        if getattr(self, "plan", None) is not None and self.pool.description is not None:
+            # a restart: the PS actors import Keras (if the optimizer needs it) while the workers start
+            self.pool.ps.prepare([p.node for p in self.plan.ps_actors],
+                                 not numpy_rules(self.pool.description["optimizer"]))
         self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
         desc = self.pool.description
         self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
         validate(self.strategy, self.model_spec, self.cluster)
         self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster)
         self.session = Session(self.pool, self.plan)
-        self.session.start(deadline)
+        try:
+            self.session.start(deadline)
+        except BaseException:
+            self.session.failed = True   # a session that did not start: its PS actors are not reused
+            raise
         self.step = 0
 
     def fit(self, steps: int, callbacks=(), steps_per_call: int = 10, *, checkpoint_every: int | None = None,
@@ -303,7 +313,11 @@ class Trainer:
         t0 = time.perf_counter()
         store = CheckpointStore(path)
         store.check_writable()
-        state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
+        try:
+            state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
+        except BaseException:
+            self.session.failed = True   # its PS actors are not reused
+            raise
         manifest = self._manifest(step=self.step, positions=state.positions, ps_versions=state.ps_versions)
         weights, arrays = state.weights, state.arrays
 
@@ -364,8 +378,13 @@ class Trainer:
         position = {id(w): i for i, w in enumerate(model.weights)}
         values = [weights[position[id(v)]] for v in model.trainable_variables]
         state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
-        problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        try:
+            problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        except BaseException:
+            self.session.failed = True   # loaded part-way: its PS actors are not reused
+            raise
         if problems:
+            self.session.failed = True   # refused part-way: likewise
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")
         self.step = manifest.step
         return manifest
@@ -381,12 +400,17 @@ class Trainer:
         """
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
-        return self.session.weights(time.monotonic() + self.timeout_s)
+        try:
+            return self.session.weights(time.monotonic() + self.timeout_s)
+        except BaseException:
+            self.session.failed = True   # its PS actors are not reused
+            raise
 
     def close(self) -> None:
-        """Kill the PS actors, and the workers and embedded Ray if this Trainer started them."""
+        """End the session (its PS actors go back to the pool, or are killed if it failed), and kill
+        the workers and PS actors and stop the embedded Ray if this Trainer started them."""
         if self.session is not None:
-            self.session.close()
+            self.session.close(clean=True)   # PS actors of a failed session are killed (``Session.failed``)
             self.session = None
         if self._own_pool:
             self.pool.kill_all()
