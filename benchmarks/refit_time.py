@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="JSON file for the result")
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     rng = np.random.default_rng(0)   # a generated target model and cluster (tuner.synthetic.runner)
     model, cluster = random_model(rng, "target"), random_cluster(rng, "target")
     prior = load_warm_start("builtin")
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
             rows["after_featurizing"]["data_s"].append(t5 - t4)
     med = {k: {m: float(np.median(v)) for m, v in d.items()} for k, d in rows.items()}
     result = {"benchmark": "refit_time", "commit": commit(), "started_at": started,
+              "load_average_at_start": load_at_start,   # what else ran: the 1/5/15-min load before the run
               "model": model.name, "cluster": cluster.name, "warm_start_trials": sum(len(ts) for _, _, ts in prior), "store_trials": args.store_trials,
               "rounds": args.rounds, "batch": args.batch, "training_rows": len(data_after),
               "median_s": med, "rounds_s": rows,
