@@ -17,6 +17,7 @@ Checkpoints (``autosync.runtime.checkpoint`` on disk, ``session_state`` in the a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -70,6 +71,17 @@ class History:
 # blocked on a killed parameter server notices within psnet.LIVENESS_S)
 SALVAGE_S = 6.0
 
+
+
+@contextlib.contextmanager
+def _fails(session: Session):
+    """Mark ``session`` failed if the block raises: a session that failed part-way (start, save,
+    restore, weights) has its PS actors killed on close, never given back to the pool."""
+    try:
+        yield
+    except BaseException:
+        session.failed = True
+        raise
 
 class Trainer:
     """Train with a synchronization strategy.
@@ -137,11 +149,8 @@ class Trainer:
         validate(self.strategy, self.model_spec, self.cluster)
         self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster)
         self.session = Session(self.pool, self.plan)
-        try:
+        with _fails(self.session):
             self.session.start(deadline)
-        except BaseException:
-            self.session.failed = True   # a session that did not start: its PS actors are not reused
-            raise
         self.step = 0
 
     def fit(self, steps: int, callbacks=(), steps_per_call: int = 10, *, checkpoint_every: int | None = None,
@@ -313,11 +322,8 @@ class Trainer:
         t0 = time.perf_counter()
         store = CheckpointStore(path)
         store.check_writable()
-        try:
+        with _fails(self.session):
             state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
-        except BaseException:
-            self.session.failed = True   # its PS actors are not reused
-            raise
         manifest = self._manifest(step=self.step, positions=state.positions, ps_versions=state.ps_versions)
         weights, arrays = state.weights, state.arrays
 
@@ -378,11 +384,8 @@ class Trainer:
         position = {id(w): i for i, w in enumerate(model.weights)}
         values = [weights[position[id(v)]] for v in model.trainable_variables]
         state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
-        try:
+        with _fails(self.session):
             problems = session_state.load(self.session, state, values, manifest.step, deadline)
-        except BaseException:
-            self.session.failed = True   # loaded part-way: its PS actors are not reused
-            raise
         if problems:
             self.session.failed = True   # refused part-way: likewise
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")
@@ -400,11 +403,8 @@ class Trainer:
         """
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
-        try:
+        with _fails(self.session):
             return self.session.weights(time.monotonic() + self.timeout_s)
-        except BaseException:
-            self.session.failed = True   # its PS actors are not reused
-            raise
 
     def close(self) -> None:
         """End the session (its PS actors go back to the pool, or are killed if it failed), and kill
