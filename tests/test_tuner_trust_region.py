@@ -1,0 +1,94 @@
+"""The trust region: while the predictor is unproven on the target cluster, the search proposes
+only strategies a few mutations from what was measured, so a predictor that learned the wrong
+thing elsewhere costs the user little; once proven, the whole space opens."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.fakes import three_node_cluster, tiny_model
+from tuner.cost_models.analytic import AnalyticCostModel
+from tuner.cost_models.predictor import Predictor
+from tuner.records.store import TrialStore
+from tuner.search.annealing import decision_matrix
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.tuning import Budget, tune_loop
+from tuner.synthetic.runner import SyntheticRunner
+
+MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
+
+
+class Backwards(Predictor):
+    """A predictor that learned the opposite of this cluster (what transfer from unlike clusters
+    can do): it scores the strategies the physics calls slowest as fastest, and its judged
+    accuracy on the target's trials is ``accuracy``."""
+
+    accuracy = 0.5
+
+    def fit(self, data):
+        super().fit(data)
+        self.source_, self.fuse_ranker_ = "analytic", False
+        self.scores_ = {"analytic": self.accuracy}
+        return self
+
+    def predict(self, e, X=None):
+        X = self.features(e) if X is None else X
+        return 1e-3 / AnalyticCostModel().predict(X)
+
+
+def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3):
+    settings = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, trust_radius=radius, seed=5)
+    tuner = ModelBasedTuner(MODEL, CLUSTER, settings=settings)
+    tuner.predictor = Backwards(MODEL, CLUSTER)
+    tuner.predictor.accuracy = accuracy
+    radii = []
+    with TrialStore(tmp_path / f"r{radius}-{accuracy}.db") as store:
+        out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=7), store, tuner,
+                        Budget(trials=trials, patience=10, confirm=0),
+                        on_trial=lambda t, o: radii.append(tuner.last_radius) if t.role == "search" else None)
+    return tuner, out, radii
+
+
+def _distance_to_measured(tuner, trials, baselines) -> np.ndarray:
+    """Decision cells each trial differs in from its nearest baseline."""
+    D = decision_matrix(tuner.space.encode([t.strategy for t in trials]))
+    B = decision_matrix(tuner.space.encode([t.strategy for t in baselines]))
+    return (D[:, None, :] != B[None, :, :]).sum(axis=2).min(axis=1)
+
+
+def _one_mutation_reach(tuner, baselines, n: int = 2000) -> int:
+    """The most decision cells one mutation of a baseline changes (sampled)."""
+    e = tuner.space.encode([t.strategy for t in baselines])
+    parents = np.arange(n) % len(e)
+    m = tuner.space.mutate_rows(e, parents, np.random.default_rng(0)).encoded
+    return int((decision_matrix(m) != decision_matrix(e)[parents]).sum(axis=1).max())
+
+
+def test_an_unproven_predictor_is_followed_only_near_the_measured_strategies(tmp_path):
+    tuner, out, radii = _run(tmp_path, radius=1)
+    baselines = [t for t in out.trials if t.role == "baseline" and t.ok]
+    search = [t for t in out.trials if t.role == "search"]
+    assert len(search) == 3 and radii == [1, 1, 1]
+    reach = _one_mutation_reach(tuner, baselines)
+    assert _distance_to_measured(tuner, search, baselines).max() <= reach
+    # the same backwards predictor with no region walks far away, to strategies the truth makes slow
+    open_tuner, open_out, open_radii = _run(tmp_path, radius=0)
+    open_search = [t for t in open_out.trials if t.role == "search"]
+    assert open_radii == [None] * 3
+    assert _distance_to_measured(open_tuner, open_search, baselines).max() > reach
+    # (one mutation can still be a slow one: the region bounds how far a wrong predictor is
+    # followed, not what one step costs; most of its steps from the incumbents cost little)
+    assert np.median([t.median for t in search]) < np.median([t.median for t in open_search])
+
+
+def test_the_radius_grows_each_unproven_round_and_the_space_opens_once_proven(tmp_path):
+    _, _, radii = _run(tmp_path, radius=2, trials=9)
+    assert radii == [2] * 3 + [3] * 3 + [4] * 3
+    _, _, proven = _run(tmp_path, radius=2, accuracy=0.9, trials=3)
+    assert proven == [None] * 3
+
+
+@pytest.mark.parametrize("accuracy,expected", [(0.74, False), (0.75, True)])
+def test_proven_means_judged_at_the_trust_accuracy(tmp_path, accuracy, expected):
+    tuner, _, _ = _run(tmp_path, radius=2, accuracy=accuracy, trials=3)
+    assert tuner.proven() is expected
