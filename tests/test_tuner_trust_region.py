@@ -20,10 +20,11 @@ MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 
 class Backwards(Predictor):
     """A predictor that learned the opposite of this cluster (what transfer from unlike clusters
-    can do): it scores the strategies the physics calls slowest as fastest, and its judged
-    accuracy on the target's trials is ``accuracy``."""
+    can do): it scores the strategies the physics calls slowest as fastest (``backwards``; else
+    it scores them as the physics does), and its judged accuracy on the target's trials is
+    ``accuracy``."""
 
-    accuracy = 0.5
+    accuracy, backwards = 0.5, True
 
     def fit(self, data):
         super().fit(data)
@@ -33,16 +34,17 @@ class Backwards(Predictor):
 
     def predict(self, e, X=None):
         X = self.features(e) if X is None else X
-        return 1e-3 / AnalyticCostModel().predict(X)
+        seconds = AnalyticCostModel().predict(X)
+        return 1e-3 / seconds if self.backwards else seconds
 
 
-def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3):
+def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3, backwards: bool = True):
     settings = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, trust_radius=radius, seed=5)
     tuner = ModelBasedTuner(MODEL, CLUSTER, settings=settings)
     tuner.predictor = Backwards(MODEL, CLUSTER)
-    tuner.predictor.accuracy = accuracy
+    tuner.predictor.accuracy, tuner.predictor.backwards = accuracy, backwards
     radii = []
-    with TrialStore(tmp_path / f"r{radius}-{accuracy}.db") as store:
+    with TrialStore(tmp_path / f"r{radius}-{accuracy}-{backwards}.db") as store:
         out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=7), store, tuner,
                         Budget(trials=trials, patience=10, confirm=0),
                         on_trial=lambda t, o: radii.append(tuner.last_radius) if t.role == "search" else None)
@@ -82,8 +84,15 @@ def test_an_unproven_predictor_is_followed_only_near_the_measured_strategies(tmp
 
 
 def test_the_radius_grows_each_unproven_round_and_the_space_opens_once_proven(tmp_path):
-    _, _, radii = _run(tmp_path, radius=2, trials=9)
-    assert radii == [2] * 3 + [3] * 3 + [4] * 3
+    _, out, radii = _run(tmp_path, radius=2, trials=12, backwards=False)
+    # a round "wins" when one of its trials measured faster than everything measured before it
+    trials, expected, won = list(out.trials), [], 0
+    first = next(i for i, t in enumerate(trials) if t.role == "search")
+    for r in range(4):
+        before = min(t.median for t in trials[:first + 3 * r] if t.ok)
+        expected += [2 + won] * 3
+        won += any(t.ok and t.median < before for t in trials[first + 3 * r:first + 3 * r + 3])
+    assert radii == expected and won >= 1
     _, _, proven = _run(tmp_path, radius=2, accuracy=0.9, trials=3)
     assert proven == [None] * 3
 
@@ -92,3 +101,36 @@ def test_the_radius_grows_each_unproven_round_and_the_space_opens_once_proven(tm
 def test_proven_means_judged_at_the_trust_accuracy(tmp_path, accuracy, expected):
     tuner, _, _ = _run(tmp_path, radius=2, accuracy=accuracy, trials=3)
     assert tuner.proven() is expected
+
+
+def test_a_predictor_whose_picks_ran_slower_than_promised_is_followed_only_near_again(tmp_path):
+    """Judged well on the target (accuracy 0.9) the search opens; when its first round then runs
+    far slower than it promised against the incumbent, the next rounds are in the region again.
+    A predictor whose picks run as promised keeps the space open."""
+    _, out, radii = _run(tmp_path, radius=2, accuracy=0.9, trials=6)
+    first = [t for t in out.trials if t.role == "search"][:3]
+    incumbent = min(t.median for t in out.trials if t.role == "baseline" and t.ok)
+    promised = [t.predicted_s / t.meta["predicted_vs_incumbent"] for t in first]   # the incumbent, predicted
+    assert all(t.median / incumbent > 1.5 * t.predicted_s / p for t, p in zip(first, promised))
+    assert radii == [None] * 3 + [2] * 3
+    _, _, radii = _run(tmp_path, radius=2, accuracy=0.9, trials=9, backwards=False)
+    assert radii == [None] * 9
+
+
+def test_round_error_is_the_median_shortfall_against_the_promise():
+    from types import SimpleNamespace as NS
+
+    from tuner.search.model_based import round_error
+
+    def trial(r, measured, promised, ok=True):
+        return NS(trial=NS(role="search", ok=ok, median=measured,
+                           meta={"search_round": r, "incumbent_s": 0.1, "trust_radius": None,
+                                 "predicted_vs_incumbent": promised}))
+
+    assert round_error(NS(entries=[])) is None
+    # round 2 is the last: ran 2x, 1x and 0.5x its promise -> shortfalls log 2, 0, 0 (faster is no harm)
+    h = NS(entries=[trial(1, 0.9, 0.5), trial(2, 0.2, 1.0), trial(2, 0.05, 0.5), trial(2, 0.05, 1.0)])
+    assert round_error(h) == 0.0
+    h.entries.append(trial(2, 0.4, 1.0))
+    h.entries.append(trial(2, 1.0, 1.0, ok=False))
+    assert round_error(h) == pytest.approx(np.log(2.0))

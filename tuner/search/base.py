@@ -36,6 +36,8 @@ class Proposal:
         aliases: other builders that produce the same strategy.
         encoded: the strategy as one encoded row, when it is in the encoded space.
         features: the strategy's feature row (``features.batch.featurize``), when the tuner computed it.
+        meta: facts about the proposal the trial keeps in its ``meta`` (e.g. the search round and
+            trust region it came from).
     """
 
     strategy: Strategy
@@ -44,6 +46,7 @@ class Proposal:
     aliases: tuple[str, ...] = ()
     encoded: EncodedStrategies | None = None
     features: np.ndarray | None = field(default=None, compare=False, repr=False)
+    meta: dict = field(default_factory=dict, compare=False)
 
 
 class Tuner(abc.ABC):

@@ -25,7 +25,7 @@ from strategy_space.encoding import EncodedStrategies
 from tuner.cost_models.predictor import Predictor
 from tuner.cost_models.scoring import PerLosslessStep
 from tuner.features.batch import FEATURE_NAMES
-from tuner.records.goodput import estimate_encoded_efficiency, fit_feature_costs, lossy_extents
+from tuner.records.goodput import estimate_encoded_efficiency, fit_feature_costs, is_lossless, lossy_extents
 from tuner.records.history import History, feature_keys
 from tuner.records.training_set import TrainingSet
 from tuner.records.warmstart import Group
@@ -53,7 +53,9 @@ class SearchSettings:
             most this many mutations (``StrategySpace.mutate_rows``) from a measured strategy; the
             radius grows by one each round it stays unproven. 0: no trust region.
         trust_accuracy: the pairwise accuracy on the target's own trials (``Predictor.scores_``,
-            cross-validated) at which the predictor is proven and the search opens to the space.
+            cross-validated) the predictor needs to be proven (module doc).
+        trust_ratio: how much slower than predicted (a factor on the gain over the incumbent,
+            median over the round) the last round's picks may run for the predictor to be proven.
         seed: random seed.
     """
 
@@ -65,6 +67,7 @@ class SearchSettings:
     anneal_steps: int = 30
     trust_radius: int = 2
     trust_accuracy: float = 0.75
+    trust_ratio: float = 1.5
     seed: int = 0
 
 
@@ -101,7 +104,6 @@ class ModelBasedTuner(Tuner):
         self.training.add_groups(warm_start)
         self.last_pool: Pool | None = None
         self.last_radius: int | None = None
-        self._region_rounds = 0
 
     def load_groups(self, groups: Sequence[Group]) -> None:
         """The store's groups, read once at the start of a run (after the warm-start groups)."""
@@ -125,10 +127,12 @@ class ModelBasedTuner(Tuner):
         best = sorted(((v, key) for key, v in measured.items() if np.isfinite(v)))[:8]
         costs = self._feature_costs(history)
         shares = self._param_shares()
-        self.last_radius = self._radius(best)
+        incumbents = _incumbents(history)
+        self.last_radius = self._radius(incumbents, history)
         if self.last_radius is not None:
             # the region is around the incumbents: the measured strategies within 1.25x of the best
-            cand = self._neighbours([key for v, key in best if v <= 1.25 * best[0][0]], self.last_radius, rng)
+            cand = self._neighbours([key for v, _, key in incumbents if v <= 1.25 * incumbents[0][0]],
+                                    self.last_radius, rng)
         else:
             parts = [self.sampler.sample(rng, s.candidates), self.space.sample_encoded(rng, s.candidates)]
             if best:  # start some chains from the best measured strategies
@@ -159,14 +163,25 @@ class ModelBasedTuner(Tuner):
             ranked = np.argsort(pool.predicted / est, kind="stable")
             step_s = pool.predicted[ranked]
             pool, pool_X = Pool(pool.encoded.take(ranked), step_s / est[ranked]), pool_X[ranked]
+        if self.last_radius is not None:
+            # inside the region, exploration too stays with the better half (one mutation can be a
+            # costly one: the whole model asynchronous, a big tensor on one server)
+            keep = np.arange(min(len(pool), max(8 * k, len(pool) // 2)))
+            pool, pool_X, step_s = Pool(pool.encoded.take(keep), pool.predicted[keep]), pool_X[keep], step_s[keep]
         self.last_pool = pool
         picks, decoded = self._select(pool, k, rng, measured, history.canonical_keys())
         greedy = k - int(round(s.epsilon * k)) if k > 1 else k
+        meta = {"search_round": 1 + max((e.trial.meta.get("search_round", 0) for e in history.entries), default=0),
+                "trust_radius": self.last_radius}
+        if incumbents:   # what the predictor expects of each pick against the incumbent (judged next round)
+            incumbent_s = float(self.predictor.predict(None, rows.of(self._decode_keys([incumbents[0][2]])))[0])
+            meta["incumbent_s"] = incumbents[0][1]
         out = []
         for n, i in enumerate(picks):
             origin = "search" if n < greedy else "explore"
+            gain = {"predicted_vs_incumbent": float(step_s[i]) / incumbent_s} if incumbents else {}
             out.append(Proposal(dataclasses.replace(decoded[i], origin=origin), origin, float(step_s[i]),
-                                encoded=pool.encoded.take([i]), features=pool_X[i]))
+                                encoded=pool.encoded.take([i]), features=pool_X[i], meta={**meta, **gain}))
         return out
 
     def _anneal(self, cand: EncodedStrategies, cand_ranked: np.ndarray, cand_s: np.ndarray, costs: dict[str, float],
@@ -184,20 +199,24 @@ class ModelBasedTuner(Tuner):
                                    proposals=max(1, s.proposals // 4) if constrained else s.proposals,
                                    keep=max(256, 8 * k), project=self.project if constrained else None)
 
-    def proven(self) -> bool:
-        """Whether the predictor has ranked the target's own trials well enough to be followed
-        anywhere in the space (module doc): judged, at ``trust_accuracy`` or better."""
-        p = self.predictor
-        return bool(p.scores_) and p.scores_.get(p.source_, 0.0) >= self.settings.trust_accuracy
+    def proven(self, history: History | None = None) -> bool:
+        """Whether the predictor may be followed anywhere in the space (module doc): judged on the
+        target's own trials at ``trust_accuracy`` or better, and, when ``history`` holds a search
+        round it proposed, that round's measured gains over the incumbent within ``trust_ratio``
+        of the predicted ones (``round_error``)."""
+        p, s = self.predictor, self.settings
+        if not (p.scores_ and p.scores_.get(p.source_, 0.0) >= s.trust_accuracy):
+            return False
+        error = round_error(history) if history is not None else None
+        return error is None or error <= np.log(s.trust_ratio)
 
-    def _radius(self, best: list) -> int | None:
+    def _radius(self, incumbents: list, history: History) -> int | None:
         """This round's trust-region radius, or None: no region (turned off, nothing measured to
-        stand on, or the predictor proven)."""
-        if self.settings.trust_radius <= 0 or not best or self.proven():
+        stand on, or the predictor proven). It grows by one for each region round that beat its
+        incumbent (TuRBO grows its region on success)."""
+        if self.settings.trust_radius <= 0 or not incumbents or self.proven(history):
             return None
-        radius = self.settings.trust_radius + self._region_rounds
-        self._region_rounds += 1
-        return radius
+        return self.settings.trust_radius + sum(_search_rounds(history, region_only=True)[1].values())
 
     def _neighbours(self, keys: list[bytes], radius: int, rng: np.random.Generator) -> EncodedStrategies:
         """Candidates within ``radius`` mutations of the measured strategies ``keys`` (best first):
@@ -289,6 +308,50 @@ class _RoundFeatures:
         if not keys:
             return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
         return np.stack([self._rows[key] for key in keys])
+
+
+def _incumbents(history: History) -> list[tuple[float, float, bytes]]:
+    """The measured strategies that compete, best first, as (figure, step seconds, encoded key):
+    the figure is the step time, over the measured efficiency for a lossy strategy under a quality
+    that probes (one not probed does not compete, as in ``TuneOutcome``); latest measurement of each."""
+    latest = {e.key: e for e in history.entries if e.key is not None}
+    out = []
+    for key, e in latest.items():
+        t = e.trial
+        if not t.ok or not np.isfinite(t.median):
+            continue
+        if t.meta.get("quality", "step") == "step" or is_lossless(t.strategy):
+            out.append((t.median, t.median, key))
+        elif t.strategy.fingerprint in history.efficiency:
+            out.append((t.median / max(history.efficiency[t.strategy.fingerprint].value, 1e-3), t.median, key))
+    return sorted(out, key=lambda x: x[0])
+
+
+def _search_rounds(history: History, region_only: bool = False) -> tuple[dict, dict]:
+    """The search trials of each round that recorded its incumbent (``next_batch``'s meta), and
+    whether each round beat it (a trial measured faster than the incumbent)."""
+    rounds: dict[int, list] = {}
+    for e in history.entries:
+        m = e.trial.meta
+        if e.trial.role != "search" or "incumbent_s" not in m or (region_only and m.get("trust_radius") is None):
+            continue
+        rounds.setdefault(m["search_round"], []).append(e.trial)
+    won = {r: any(t.ok and t.median < t.meta["incumbent_s"] for t in ts) for r, ts in rounds.items()}
+    return rounds, won
+
+
+def round_error(history: History) -> float | None:
+    """The last search round's out-of-sample shortfall: the median over its trials of
+    max(0, log(measured gain / predicted gain)), a gain being the step time over the incumbent's
+    when the round was proposed: how much slower than promised its picks ran (one that ran faster
+    than promised cost the user nothing; a failed trial counts as infinitely wrong); None before
+    any such round."""
+    rounds, _ = _search_rounds(history)
+    if not rounds:
+        return None
+    errors = [max(0.0, float(np.log(t.median / t.meta["incumbent_s"] / t.meta["predicted_vs_incumbent"])))
+              if t.ok and t.meta.get("predicted_vs_incumbent") else np.inf for t in rounds[max(rounds)]]
+    return float(np.median(errors))
 
 
 _feature_keys = feature_keys   # its name before it moved to tuner.records.history (tests read it)

@@ -187,7 +187,7 @@ class _TuningRun:
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = self.runner.run([p.strategy], [p.origin])
                 t = dataclasses.replace(t, run_id=self.outcome.run_id, role=role, predicted_s=p.predicted_s,
-                                        aliases=p.aliases, meta={**t.meta, "quality": self.quality,
+                                        aliases=p.aliases, meta={**t.meta, **p.meta, "quality": self.quality,
                                                                  "min_efficiency": self.min_efficiency,
                                                                  **({"attempt": attempt + 1} if attempt else {})})
                 self.store.add(t, self.model, self.cluster)
