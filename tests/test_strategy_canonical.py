@@ -93,7 +93,8 @@ def test_the_tuner_never_picks_a_strategy_equivalent_to_a_measured_one():
     enc = tuner.space.encode([same, other, same])
     assert (enc.kind == KIND_AR).any()
     pool = Pool(enc, np.array([1.0, 2.0, 3.0]))
-    picks, _ = tuner._select(pool, 2, np.random.default_rng(0), history.latest_seconds(), history.canonical_keys())
+    picks, _ = tuner._select(pool, 2, np.random.default_rng(0), history.latest_seconds(), history.canonical_keys(),
+                             tuner.settings.epsilon)
     assert picks == [1]
 
 

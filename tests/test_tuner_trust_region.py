@@ -71,12 +71,13 @@ def test_an_unproven_predictor_is_followed_only_near_the_measured_strategies(tmp
     baselines = [t for t in out.trials if t.role == "baseline" and t.ok]
     search = [t for t in out.trials if t.role == "search"]
     assert len(search) == 3 and radii == [1, 1, 1]
+    assert [t.origin for t in search] == ["search"] * 3   # no pick at random inside the region
     reach = _one_mutation_reach(tuner, baselines)
     assert _distance_to_measured(tuner, search, baselines).max() <= reach
     # the same backwards predictor with no region walks far away, to strategies the truth makes slow
     open_tuner, open_out, open_radii = _run(tmp_path, radius=0)
     open_search = [t for t in open_out.trials if t.role == "search"]
-    assert open_radii == [None] * 3
+    assert open_radii == [None] * 3 and "explore" in [t.origin for t in open_search]
     assert _distance_to_measured(open_tuner, open_search, baselines).max() > reach
     # (one mutation can still be a slow one: the region bounds how far a wrong predictor is
     # followed, not what one step costs; most of its steps from the incumbents cost little)

@@ -8,7 +8,8 @@ it follows at least ``trust_accuracy``, ``Predictor.scores_``), what it learned 
 hold here — on a one-node cluster, say, that no warm-start group resembles, it scored strategies
 with six collective groups and PowerSGD fastest, which measured 7x slower than every baseline. So
 until then each round proposes only strategies a few mutations from the best measured ones (the
-baselines within 1.25x of the best, first), ranked by the same predictor; the radius grows by one per round, and the whole
+baselines within 1.25x of the best, first), ranked by the same predictor, all greedy (no pick at
+random); the radius grows by one per round, and the whole
 space opens once the predictor has proven itself.
 """
 from __future__ import annotations
@@ -163,14 +164,13 @@ class ModelBasedTuner(Tuner):
             ranked = np.argsort(pool.predicted / est, kind="stable")
             step_s = pool.predicted[ranked]
             pool, pool_X = Pool(pool.encoded.take(ranked), step_s / est[ranked]), pool_X[ranked]
-        if self.last_radius is not None:
-            # inside the region, exploration too stays with the better half (one mutation can be a
-            # costly one: the whole model asynchronous, a big tensor on one server)
-            keep = np.arange(min(len(pool), max(8 * k, len(pool) // 2)))
-            pool, pool_X, step_s = Pool(pool.encoded.take(keep), pool.predicted[keep]), pool_X[keep], step_s[keep]
+        # inside the region every pick is greedy: the region's rounds are the test of the predictor
+        # near the incumbents, and a pick at random there can be the one costly mutation (a
+        # collective group of its own, the whole model asynchronous) the predictor ranked last
+        epsilon = s.epsilon if self.last_radius is None else 0.0
         self.last_pool = pool
-        picks, decoded = self._select(pool, k, rng, measured, history.canonical_keys())
-        greedy = k - int(round(s.epsilon * k)) if k > 1 else k
+        picks, decoded = self._select(pool, k, rng, measured, history.canonical_keys(), epsilon)
+        greedy = k - int(round(epsilon * k)) if k > 1 else k
         meta = {"search_round": 1 + max((e.trial.meta.get("search_round", 0) for e in history.entries), default=0),
                 "trust_radius": self.last_radius}
         if incumbents:   # what the predictor expects of each pick against the incumbent (judged next round)
@@ -253,7 +253,7 @@ class ModelBasedTuner(Tuner):
                                  np.array(values))
 
     def _select(self, pool: Pool, k: int, rng: np.random.Generator, measured: dict[bytes, float],
-                measured_canonical: set[str], rounds: int = 8) -> tuple[list[int], dict[int, Strategy]]:
+                measured_canonical: set[str], epsilon: float, rounds: int = 8) -> tuple[list[int], dict[int, Strategy]]:
         """``select_diverse``, never picking a strategy equivalent to a measured one or to another
         pick (measuring it again would measure noise): equivalent picks are excluded and the
         selection redone (at most ``rounds`` times; few picks ever are). Feature-equal strategies
@@ -265,7 +265,7 @@ class ModelBasedTuner(Tuner):
         decoded: dict[int, Strategy] = {}
         picks: list[int] = []
         for _ in range(rounds):
-            picks = select_diverse(pool, k, rng, epsilon=self.settings.epsilon, exclude=exclude)
+            picks = select_diverse(pool, k, rng, epsilon=epsilon, exclude=exclude)
             seen = set(measured_canonical)
             dup = []
             for i in picks:
