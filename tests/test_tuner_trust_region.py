@@ -38,13 +38,15 @@ class Backwards(Predictor):
         return 1e-3 / seconds if self.backwards else seconds
 
 
-def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3, backwards: bool = True):
-    settings = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, trust_radius=radius, seed=5)
+def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3, backwards: bool = True,
+         trust_trials: int = 6):
+    settings = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, trust_radius=radius,
+                              trust_trials=trust_trials, seed=5)
     tuner = ModelBasedTuner(MODEL, CLUSTER, settings=settings)
     tuner.predictor = Backwards(MODEL, CLUSTER)
     tuner.predictor.accuracy, tuner.predictor.backwards = accuracy, backwards
     radii = []
-    with TrialStore(tmp_path / f"r{radius}-{accuracy}-{backwards}.db") as store:
+    with TrialStore(tmp_path / f"r{radius}-{accuracy}-{backwards}-{trust_trials}.db") as store:
         out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=7), store, tuner,
                         Budget(trials=trials, patience=10, confirm=0),
                         on_trial=lambda t, o: radii.append(tuner.last_radius) if t.role == "search" else None)
@@ -137,3 +139,10 @@ def test_round_error_is_the_worst_shortfall_against_the_promise():
     assert round_error(h) == pytest.approx(np.log(4.0))
     h.entries.append(trial(2, 1.0, 1.0, ok=False))
     assert round_error(h) == np.inf
+
+
+def test_too_few_own_trials_prove_nothing(tmp_path):
+    """Judged at 0.9, a predictor with fewer than ``trust_trials`` of the target's trials (7
+    baselines, then 3 more per round) stays in the region; the space opens at 12."""
+    _, _, radii = _run(tmp_path, radius=2, accuracy=0.9, trials=9, backwards=False, trust_trials=12)
+    assert None not in radii[:6] and radii[6:] == [None] * 3
