@@ -146,3 +146,23 @@ def test_too_few_own_trials_prove_nothing(tmp_path):
     baselines, then 3 more per round) stays in the region; the space opens at 12."""
     _, _, radii = _run(tmp_path, radius=2, accuracy=0.9, trials=9, backwards=False, trust_trials=12)
     assert None not in radii[:6] and radii[6:] == [None] * 3
+
+
+def test_a_region_with_nothing_left_to_measure_hands_the_round_to_the_whole_space(tmp_path):
+    """One variable on one node: a small space. The region never ends a run early: the run with
+    it measures as many strategies as the run without it before both run out of distinct ones."""
+    from strategy_space import ClusterSpec, ComputeProfile, ModelSpec, NodeSpec, VariableSpec
+
+    model = ModelSpec("one", (VariableSpec("w", (64,)),), batch_size=8, profile=ComputeProfile(0.01, "test", ("w",)))
+    cluster = ClusterSpec("solo", (NodeSpec("a", address="10.0.0.1", workers=2, bandwidth_gbps=1.0),))
+    got = {}
+    for radius in (1, 0):
+        tuner = ModelBasedTuner(model, cluster, settings=SearchSettings(batch=3, candidates=64, chains=8, anneal_steps=5,
+                                                                        trust_radius=radius, seed=1))
+        radii = []
+        with TrialStore(tmp_path / f"small-{radius}.db") as store:
+            out = tune_loop(SyntheticRunner(model, cluster, seed=1), store, tuner, Budget(trials=60, patience=100, confirm=0),
+                            on_trial=lambda t, o: radii.append(tuner.last_radius) if t.role == "search" else None)
+        got[radius] = (out.stop_reason, len({t.strategy.canonical(cluster).fingerprint for t in out.search_trials}), radii)
+    assert got[1][0] == got[0][0] == "exhausted" and got[1][1] == got[0][1] > 6
+    assert got[1][2][0] == 1 and got[1][2][-1] is None   # began in the region, ended in the whole space

@@ -125,16 +125,25 @@ class ModelBasedTuner(Tuner):
         """The next strategies to measure (never one measured before), after refitting the
         predictor on everything measured so far."""
         self.refit(history)
+        incumbents = _incumbents(history)
+        self.last_radius = self._radius(incumbents, history)
+        out = self._round(k or self.settings.batch, history, incumbents)
+        if not out and self.last_radius is not None:
+            # everything near the incumbents was measured (a small space): the region is no reason
+            # to stop, the rest of the space is searched
+            self.last_radius = None
+            out = self._round(k or self.settings.batch, history, incumbents)
+        return out
+
+    def _round(self, k: int, history: History, incumbents: list) -> list[Proposal]:
+        """One round's proposals, in the region of ``last_radius`` (None: the whole space)."""
         s = self.settings
-        k = k or s.batch
         rng = self.rng
         rows = _RoundFeatures(self.predictor, history)   # each strategy featurized once this round
         measured = history.latest_seconds()
         best = sorted(((v, key) for key, v in measured.items() if np.isfinite(v)))[:8]
         costs = self._feature_costs(history)
         shares = self._param_shares()
-        incumbents = _incumbents(history)
-        self.last_radius = self._radius(incumbents, history)
         if self.last_radius is not None:
             # the region is around the incumbents: the measured strategies within 1.25x of the best
             cand = self._neighbours([key for v, _, key in incumbents if v <= 1.25 * incumbents[0][0]],
