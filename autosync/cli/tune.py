@@ -34,6 +34,10 @@ class Progress:
         best = outcome.best
         best_txt = f"best {best.median * 1e3:.1f} ms ({best.origin})" if best else "best -"
         last = f"{trial.origin} {trial.median * 1e3:.1f} ms" if trial.ok else f"{trial.origin} {trial.status}"
+        if trial.role == "search" and "search_round" in trial.meta:   # where the search looked (trust region)
+            radius = trial.meta.get("trust_radius")
+            last += (f" (round {trial.meta['search_round']}, "
+                     + (f"within {radius} changes of the best)" if radius is not None else "whole space)"))
         width = 20
         filled = int(width * min(1.0, search / max(1, self.total_hint)))
         bar = "#" * filled + "-" * (width - filled)
