@@ -58,7 +58,7 @@ class Mutator:
         names = ["kind", "shards"]
         if kind == KIND_PS:
             names += ["dest"] if sp.num_nodes > 1 else []
-            names += ["local_replication"] if sp.multi_worker_nodes else []
+            names += ["local_replication"] if sp.offers_node_aggregation else []
             names += ["mode"] if len(sp.staleness) + sp.allow_async > 1 else []
         else:
             names += ["group"] if sp.num_groups > 1 else []
@@ -110,7 +110,7 @@ class Mutator:
         old = facts.flat[:, p * V + v]
         kind = old[_F["kind"]]
         what = self._table[kind, (u[_U["decision"]] * self._count[kind]).astype(np.int64)]
-        if self.space.multi_worker_nodes:   # a strategy-wide switch, drawn apart (HIERARCHICAL_SHARE)
+        if self.space.offers_node_aggregation:   # a strategy-wide switch, drawn apart (HIERARCHICAL_SHARE)
             what[(u[_U["flip"]] < HIERARCHICAL_SHARE) & facts.has_ar[p]] = _M["hierarchical"]
         changed = np.zeros(n, bool)
         draws, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros((len(FIELDS), 0), np.int32)]
@@ -151,7 +151,7 @@ class Mutator:
             "dest": (u[_U["dest"]] * sp.num_nodes).astype(np.int64),
             "group": (u[_U["group"]] * sp.num_groups).astype(np.int64),
             "group_stride": u[_U["stride"]] < 0.5,
-            "local_replication": (u[_U["lr"]] < 0.5) & sp.multi_worker_nodes,
+            "local_replication": (u[_U["lr"]] < 0.5) & sp.offers_node_aggregation,
         }
         new = old.copy()
         for f, value in drawn.items():
@@ -166,7 +166,8 @@ class Mutator:
             new[_F["sync"], whole] = np.where(has_ps, facts.sync[pw], mode[:, 0])
             new[_F["staleness"], whole] = np.where(has_ps, facts.stale[pw], mode[:, 1])
             new[_F["backend"], whole] = np.where(facts.has_ar[pw], facts.backend[pw], backend)
-            new[_F["hierarchical"], whole] = np.where(facts.has_ar[pw], facts.hier[pw], uw[_U["hier"]] < 0.5)
+            new[_F["hierarchical"], whole] = np.where(facts.has_ar[pw], facts.hier[pw],
+                                                      (uw[_U["hier"]] < 0.5) & self.space.offers_node_aggregation)
         # a variable that joins a fusion group takes the compressor of the group's other members
         s = np.flatnonzero(self._redraws["group"][what])
         if len(s):

@@ -225,3 +225,24 @@ def test_hierarchical_all_reduce_is_sampled_mutated_and_decoded_only_with_severa
     e1 = single.sample_encoded(rng, 200)
     m1 = single.mutate_rows(e1, np.repeat(np.arange(200), 5), rng).encoded
     assert not e1.hierarchical.any() and not m1.hierarchical.any()
+
+
+def test_node_aggregation_is_offered_only_across_nodes_and_still_encoded_where_it_runs():
+    """One node with two workers: no NIC bytes to cut, so neither local replication nor
+    hierarchical all-reduce is sampled or mutated into a strategy; one that has them (a user's,
+    a baseline) still encodes them, since it runs differently. Two such nodes: both are offered."""
+    from strategy_space import ClusterSpec, NodeSpec
+
+    rng = np.random.default_rng(5)
+    one = StrategySpace(tiny_model(), ClusterSpec("one", (NodeSpec("a", address="10.0.0.1", workers=2),)))
+    two = StrategySpace(tiny_model(), ClusterSpec("two", tuple(NodeSpec(n, address=f"10.0.0.{i + 1}", workers=2)
+                                                               for i, n in enumerate("ab"))))
+    for space, offered in ((one, False), (two, True)):
+        e = space.sample_encoded(rng, 300)
+        m = space.mutate_rows(e, np.repeat(np.arange(len(e)), 10), rng).encoded
+        for enc in (e, m):
+            assert bool(enc.local_replication.any()) is offered and bool(enc.hierarchical.any()) is offered
+    kept = one.encode([Strategy.from_dict({"kind": "strategy", "version": 1, "variables": [
+        {"var": v.name, "ps": {"destination": "a", "local_replication": True}} if i % 2 else
+        {"var": v.name, "all_reduce": {"hierarchical": True}} for i, v in enumerate(tiny_model().variables)]})])
+    assert kept.local_replication.any() and kept.hierarchical.any()

@@ -34,7 +34,7 @@ class KnowledgeSampler:
         self.bytes = np.array([v.bytes for v in model.variables], dtype=np.float64)
         self.sparse = np.array([v.sparse for v in model.variables])
         self.slow = min(n.bandwidth_gbps for n in cluster.nodes) < SLOW_LINK_GBPS
-        self.multi = space.multi_worker_nodes
+        self.multi = space.offers_node_aggregation
         self._built: EncodedStrategies | None = None   # the builders' recipes, encoded once
 
     def recipes(self, rng: np.random.Generator) -> EncodedStrategies:
