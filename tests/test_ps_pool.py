@@ -1,0 +1,122 @@
+"""The PS pool's bookkeeping, with fake actors (Ray's calls replaced: no cluster): a clean
+session's actors come back idle and are reset onto the next session's shards; an actor whose
+``release`` fails or does not answer is killed, never lent again; a Keras session prefers an actor
+that imported Keras; ``kill``/``kill_all`` leave nothing lent or idle."""
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace as NS
+
+import pytest
+
+pytestmark = pytest.mark.integration   # imports ray (its calls are replaced)
+
+_ids = itertools.count()
+
+
+class _Ref:
+    def __init__(self, actor, method, args):
+        self.actor, self.method, self.args = actor, method, args
+
+
+class _Method:
+    def __init__(self, actor, name):
+        self.actor, self.name = actor, name
+
+    def remote(self, *args):
+        self.actor.calls.append(self.name)
+        return _Ref(self.actor, self.name, args)
+
+
+class _Actor:
+    def __init__(self, node, args):
+        self.node, self.args, self.calls = node, args, []
+        self.release_fails = self.release_hangs = False
+        self._actor_id = NS(hex=lambda n=next(_ids): f"actor{n}")
+
+    def __getattr__(self, name):
+        return _Method(self, name)
+
+
+class _Pool:
+    """A PSPool whose new actors are fakes."""
+
+    def __new__(cls):
+        from autosync.runtime.ps_pool import PSPool
+
+        class Pool(PSPool):
+            def _new(self, node, args=()):
+                actor = _Actor(node, args)
+                self.made.append(actor)
+                return actor
+
+        pool = Pool(binding=None, actor_class=None)
+        pool.made = []
+        return pool
+
+
+@pytest.fixture
+def killed(monkeypatch):
+    import ray
+
+    out = []
+
+    def wait(refs, num_returns, timeout):
+        done = [r for r in refs if not r.actor.release_hangs]
+        return done, [r for r in refs if r not in done]
+
+    def get(ref):
+        if ref.method == "release" and ref.actor.release_fails:
+            raise RuntimeError("unapplied pushes")
+        return None
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart=True: out.append(actor))
+    return out
+
+
+def test_a_clean_sessions_actors_are_reset_onto_the_next_sessions_shards(killed):
+    pool = _Pool()
+    a, ref = pool.take("n0", ("shards-1",), keras=False)
+    assert pool.made == [a] and a.args == ("shards-1",) and ref.method == "ready" and len(pool) == 1
+    pool.give_back([a])
+    assert pool.idle["n0"] == [a] and not pool.lent and a.calls == ["ready", "release"] and not killed
+    b, ref = pool.take("n0", ("shards-2",), keras=False)
+    assert b is a and ref.method == "reset" and ref.args == ("shards-2",) and pool.made == [a]
+    # another node has no idle actor: a new one
+    c, _ = pool.take("n1", ("shards-3",), keras=False)
+    assert c is not a and pool.made == [a, c]
+
+
+@pytest.mark.parametrize("how", ["release_fails", "release_hangs"])
+def test_an_actor_that_does_not_release_cleanly_is_killed_never_lent_again(killed, how):
+    pool = _Pool()
+    good, _ = pool.take("n0", (), keras=False)
+    bad, _ = pool.take("n0", (), keras=False)
+    setattr(bad, how, True)
+    pool.give_back([good, bad])
+    assert killed == [bad] and pool.idle["n0"] == [good] and not pool.lent
+    again = [pool.take("n0", (), keras=False)[0] for _ in range(2)]
+    assert again[0] is good and again[1] is not bad and len(pool.made) == 3
+
+
+def test_a_keras_session_takes_an_actor_that_imported_keras_first(killed):
+    pool = _Pool()
+    plain, _ = pool.take("n0", (), keras=False)
+    loaded, _ = pool.take("n0", (), keras=True)
+    pool.give_back([plain, loaded])
+    assert pool.take("n0", (), keras=True)[0] is loaded
+    assert pool.take("n0", (), keras=False)[0] is plain
+
+
+def test_kill_and_kill_all_leave_nothing(killed):
+    pool = _Pool()
+    a, _ = pool.take("n0", (), keras=True)
+    b, _ = pool.take("n0", (), keras=False)
+    pool.kill([a])
+    assert killed == [a] and list(pool.lent) == [b._actor_id.hex()] and a._actor_id.hex() not in pool.with_keras
+    pool.give_back([b])
+    c, _ = pool.take("n1", (), keras=False)
+    pool.kill_all()
+    assert set(killed) == {a, b, c} and len(pool) == 0 and not pool.with_keras
