@@ -169,3 +169,30 @@ def test_a_region_with_nothing_left_to_measure_hands_the_round_to_the_whole_spac
     assert got[1][0] == got[0][0] == "exhausted" and got[1][1] >= got[0][1] > 3, got
     # began in the region; its last round, with nothing left near the incumbents, searched the whole space
     assert got[1][2][0] == 1 and got[1][3] is None
+
+
+def test_the_region_stands_on_the_strategies_the_run_would_recommend():
+    """Its incumbents are ranked as the outcome ranks (goodput): a lossy strategy not yet probed,
+    or probed below the least efficiency, is no incumbent however fast its steps; a probed one
+    counts per lossless step; under ``step`` every strategy counts by its step time."""
+    from strategy_space.builders import get_builder
+    from tests.test_tuner_goodput import with_lossy
+    from tuner.records.goodput import Efficiency
+    from tuner.records.history import History
+    from tuner.records.trial import Trial
+    from tuner.search.model_based import _incumbents
+
+    ps = get_builder("ps").build(MODEL, CLUSTER)
+    fast, costly, cheap = (with_lossy(ps, staleness=s) for s in (1, 2, 3))
+
+    def trial(strategy, seconds, quality):
+        return Trial(strategy, MODEL.fingerprint, CLUSTER.fingerprint, "ok", step_times=(seconds,) * 3,
+                     meta={"quality": quality, "min_efficiency": 0.5})
+
+    for quality, want in (("goodput", [0.08, 0.1]), ("step", [0.02, 0.04, 0.06, 0.1])):
+        h = History(MODEL, CLUSTER)
+        h.add([trial(ps, 0.1, quality), trial(fast, 0.02, quality), trial(costly, 0.04, quality),
+               trial(cheap, 0.06, quality)])
+        h.efficiency[costly.fingerprint] = Efficiency(0.3, 0.25, 0.35, probed=True, steps=100, source="probe")
+        h.efficiency[cheap.fingerprint] = Efficiency(0.75, 0.7, 0.8, probed=True, steps=100, source="probe")
+        assert [round(f, 6) for f, _, _ in _incumbents(h)] == want, quality

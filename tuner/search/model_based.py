@@ -10,8 +10,9 @@ hold here — on a one-node cluster, say, that no warm-start group resembles, it
 with six collective groups and PowerSGD fastest, which measured 7x slower than every baseline. So
 until then each round proposes only strategies a few mutations from the best measured ones (the
 baselines within 1.25x of the best, first), ranked by the same predictor, all greedy (no pick at
-random); the radius grows by one per round, and the whole
-space opens once the predictor has proven itself.
+random); the radius grows by one after each region round that beat its incumbent, and the whole
+space opens once the predictor has proven itself (or when nothing is left to measure near the
+incumbents).
 """
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from strategy_space.encoding import EncodedStrategies
 from tuner.cost_models.predictor import Predictor
 from tuner.cost_models.scoring import PerLosslessStep
 from tuner.features.batch import FEATURE_NAMES
-from tuner.records.goodput import estimate_encoded_efficiency, fit_feature_costs, is_lossless, lossy_extents
+from tuner.records.goodput import (DEFAULT_MIN_EFFICIENCY, estimate_encoded_efficiency, fit_feature_costs,
+                                   lossy_extents)
 from tuner.records.history import History, feature_keys
+from tuner.records.outcome import TuneOutcome
 from tuner.records.training_set import TrainingSet
 from tuner.records.warmstart import Group
 from tuner.search.annealing import Pool, select_diverse, simulated_annealing
@@ -53,7 +56,7 @@ class SearchSettings:
         anneal_steps: steps per chain.
         trust_radius: while the predictor is unproven on the target (module doc), candidates are at
             most this many mutations (``StrategySpace.mutate_rows``) from a measured strategy; the
-            radius grows by one each round it stays unproven. 0: no trust region.
+            radius grows by one after each region round that beat its incumbent. 0: no trust region.
         trust_accuracy: the pairwise accuracy on the target's own trials (``Predictor.scores_``,
             cross-validated) the predictor needs to be proven (module doc).
         trust_ratio: how much slower than predicted (a factor on the gain over the incumbent) the
@@ -216,9 +219,8 @@ class ModelBasedTuner(Tuner):
     def proven(self, history: History | None = None) -> bool:
         """Whether the predictor may be followed anywhere in the space (module doc): judged on at
         least ``trust_trials`` of the target's own trials at ``trust_accuracy`` or better, and, when
-        ``history`` holds a search
-        round it proposed, that round's measured gains over the incumbent within ``trust_ratio``
-        of the predicted ones (``round_error``)."""
+        ``history`` holds a search round it proposed, no pick of the last such round more than
+        ``trust_ratio`` slower than promised against the incumbent (``round_error``)."""
         p, s = self.predictor, self.settings
         if p.n_target_ < s.trust_trials or not (p.scores_ and p.scores_.get(p.source_, 0.0) >= s.trust_accuracy):
             return False
@@ -327,18 +329,16 @@ class _RoundFeatures:
 
 def _incumbents(history: History) -> list[tuple[float, float, bytes]]:
     """The measured strategies that compete, best first, as (figure, step seconds, encoded key):
-    the figure is the step time, over the measured efficiency for a lossy strategy under a quality
-    that probes (one not probed does not compete, as in ``TuneOutcome``); latest measurement of each."""
-    latest = {e.key: e for e in history.entries if e.key is not None}
+    the figure is what the run ranks by (``TuneOutcome.figure`` under the trial's quality and
+    least efficiency; a lossy strategy not yet probed does not compete); latest measurement of each."""
+    latest = {e.key: e.trial for e in history.entries if e.key is not None and e.trial.ok}
     out = []
-    for key, e in latest.items():
-        t = e.trial
-        if not t.ok or not np.isfinite(t.median):
-            continue
-        if t.meta.get("quality", "step") == "step" or is_lossless(t.strategy):
-            out.append((t.median, t.median, key))
-        elif t.strategy.fingerprint in history.efficiency:
-            out.append((t.median / max(history.efficiency[t.strategy.fingerprint].value, 1e-3), t.median, key))
+    for key, t in latest.items():
+        judge = TuneOutcome(run_id="", quality=t.meta.get("quality", "step"), efficiency=history.efficiency,
+                            min_efficiency=t.meta.get("min_efficiency", DEFAULT_MIN_EFFICIENCY))
+        figure = judge.figure(t)
+        if np.isfinite(figure):
+            out.append((figure, t.median, key))
     return sorted(out, key=lambda x: x[0])
 
 
