@@ -118,9 +118,11 @@ def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
     backward pass has produced its last gradient.
 
     Whether an op that may start early does so is up to TensorFlow's scheduler (on a loaded
-    2-core machine it once started 13 us late), so up to three steps are traced and one in which
-    every worker overlaps suffices; a collective that has to wait for every gradient (a control
-    dependency) can overlap in none of them."""
+    2-core machine it once started 13 us late; in another CI run one of three workers started it
+    7 us late in each of three traced steps while the other two overlapped), so up to three steps
+    are traced (stopping at one where every worker overlaps) and overlap on any worker in any of
+    them suffices: every worker runs the same graph, and a collective that has to wait for every
+    gradient (a control dependency) can overlap on none of them in none of the steps."""
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
     from autosync.runtime.sync.graph import overlap_from_trace, trace_step
@@ -151,6 +153,5 @@ def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
     finally:
         pool.kill_all()
     assert len(trainer.plan.ar_groups) == len(spec.variables)   # one group per variable
-    last = tries[-1]
-    assert all(f["first_collective_start"] < f["last_gradient_end"] and f["hidden_share"] > 0.0
-               for f in last), tries
+    assert any(f["first_collective_start"] < f["last_gradient_end"] and f["hidden_share"] > 0.0
+               for found in tries for f in found), tries
