@@ -21,7 +21,8 @@ For small models on this machine it measures, in one run:
 
   - with --apply: a parameter server's optimizer apply time per step, in one process, on the
     shapes of ncf, dlrm and lm1b (all variables on one PS; sparse ones get the rows of one global
-    batch), for SGD, Adam and Adagrad: the numpy rules against the Keras optimizer object
+    batch): the update and the reads of the pull that follows (dense values whole, the batch's
+    rows of sparse ones), for SGD, Adam and Adagrad: the numpy rules against the Keras optimizer object
     (``keras_optimizer.KerasOptimizer``, what every other configuration runs), and the start-up
     cost of each in a fresh process (import and first build).
 
@@ -273,7 +274,9 @@ def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
 
 
 def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
-    """Apply time per step, numpy rules vs the Keras optimizer, on the zoo models' shapes."""
+    """Apply time per step, numpy rules vs the Keras optimizer, on the zoo models' shapes: the
+    update and then the reads of the pull that follows it (every dense value whole, the rows of
+    the step's batch of every sparse one), as a parameter server serves them."""
     import keras
 
     from autosync.models import zoo
@@ -281,14 +284,14 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
     from autosync.runtime.optimizers import keras_optimizer_config, make_optimizer
 
     rng = np.random.default_rng(0)
-    out = {"startup_s": {}, "apply_ms": {}}
+    out = {"startup_s": {}, "apply_ms": {}, "update_ms": {}, "read_ms": {}}
     print("\nstart-up in a fresh process, first import to first applied update (s)")
     for name, opt in APPLY_OPTIMIZERS.items():
         numpy_s, keras_s = _startup_s(opt, False), _startup_s(opt, True)
         out["startup_s"][name] = {"numpy": numpy_s, "keras": keras_s}
         print(f"{name} | numpy {numpy_s:.2f} | keras {keras_s:.2f} | +{keras_s - numpy_s:.2f}")
-    print("\nPS apply time per step, all variables on one PS (ms, median)")
-    print("model | optimizer | numpy | keras | keras / numpy")
+    print("\nPS apply time per step, all variables on one PS: update + the pull's reads (ms, median)")
+    print("model | optimizer | numpy | keras | keras / numpy | keras update + read")
     for model_name in models:
         md = zoo.get_model_def(model_name)
         model = md.model_fn()
@@ -299,23 +302,38 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
             config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
             times = {}
             for kind, make in (("numpy", make_optimizer), ("keras", KerasOptimizer)):
-                o = make(config)
-                params = {i: rng.standard_normal(s).astype(np.float32) for i, (s, _) in enumerate(shapes)}
-                for k, v in params.items():
-                    o.add_variable(k, v)
-                samples = []
-                for step in range(warmup + steps):
-                    grads = {i: ((np.sort(rng.integers(0, s[0], rows)), rng.standard_normal((rows,) + s[1:])
-                                  .astype(np.float32), None) if is_sparse else
-                                 rng.standard_normal(s).astype(np.float32)) for i, (s, is_sparse) in enumerate(shapes)}
-                    t0 = time.perf_counter()
-                    o.apply(step, params, grads)
-                    samples.append(time.perf_counter() - t0)
-                times[kind] = statistics.median(samples[warmup:]) * 1e3
-            out["apply_ms"][f"{model_name}/{name}"] = times
-            print(f"{model_name} | {name} | {times['numpy']:.2f} | {times['keras']:.2f} | "
-                  f"{times['keras'] / times['numpy']:.2f}x")
+                times[kind] = _time_apply(make(config), shapes, rows, steps, warmup, rng)
+            key = f"{model_name}/{name}"
+            for part, field in (("total", "apply_ms"), ("update", "update_ms"), ("read", "read_ms")):
+                out[field][key] = {kind: t[part] for kind, t in times.items()}
+            n, k = times["numpy"], times["keras"]
+            print(f"{model_name} | {name} | {n['total']:.2f} | {k['total']:.2f} | {k['total'] / n['total']:.2f}x | "
+                  f"{k['update']:.2f} + {k['read']:.2f}")
     return out
+
+
+def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
+    """Median ms per step of ``o``'s update and of the reads a pull makes next."""
+    params = {i: rng.standard_normal(s).astype(np.float32) for i, (s, _) in enumerate(shapes)}
+    for k, v in params.items():
+        o.add_variable(k, v)
+    samples = {"update": [], "read": [], "total": []}
+    for step in range(warmup + steps):
+        grads = {i: ((np.sort(rng.integers(0, s[0], rows)), rng.standard_normal((rows,) + s[1:])
+                      .astype(np.float32), None) if is_sparse else
+                     rng.standard_normal(s).astype(np.float32)) for i, (s, is_sparse) in enumerate(shapes)}
+        t0 = time.perf_counter()
+        o.apply(step, params, grads)
+        t1 = time.perf_counter()
+        reply = o.gather(params, {i: grads[i][0] for i, (_, is_sparse) in enumerate(shapes) if is_sparse})
+        reply.update({i: o.snapshot(params, i) for i, (_, is_sparse) in enumerate(shapes) if not is_sparse})
+        t2 = time.perf_counter()
+        del reply   # sent: the reader lets go before the next update
+        if step >= warmup:
+            samples["update"].append(t1 - t0)
+            samples["read"].append(t2 - t1)
+            samples["total"].append(t2 - t0)
+    return {part: statistics.median(v) * 1e3 for part, v in samples.items()}
 
 
 def sgd_constant():

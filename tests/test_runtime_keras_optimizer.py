@@ -52,7 +52,7 @@ def test_shards_applied_in_chunks_match_keras(name):
         for k in SHAPES:  # each key its own chunk, applied separately, at the same global step
             ours.apply(step, params, {k: g[k]})
     for k, var in zip(SHAPES, variables):
-        np.testing.assert_allclose(params[k], var.numpy(), rtol=2e-6, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(ours.value(params, k), var.numpy(), rtol=2e-6, atol=2e-6, err_msg=name)
         assert not np.allclose(params[k], init[k])
 
 
@@ -70,7 +70,61 @@ def test_sparse_rows_of_a_linear_optimizer_match_keras():
         vals = np.random.default_rng(step).standard_normal((4, 2)).astype(np.float32)
         ref.apply([tf.IndexedSlices(vals, idx, (6, 2))], [var])
         ours.apply(step, params, {"e": (np.array([1, 4, 5]), np.stack([vals[0] + vals[2], vals[1], vals[3]]), None)})
-    np.testing.assert_allclose(params["e"], var.numpy(), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(ours.gather(params, {"e": [5, 1]})["e"], var.numpy()[[5, 1]], rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(ours.value(params, "e"), var.numpy(), rtol=2e-6, atol=2e-6)
+
+
+def _schedule_sgd():
+    """A configuration the numpy rules do not cover (a schedule): the Keras path."""
+    import keras
+
+    config = keras_optimizer_config(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)))
+    assert not numpy_rules(config)
+    return make_optimizer(config)
+
+
+def test_values_are_read_from_the_variables_only_when_asked_and_never_change_under_a_reader():
+    ours = _schedule_sgd()
+    init = {"w": np.ones((4, 3), np.float32), "e": np.zeros((50, 2), np.float32)}
+    params = {k: v.copy() for k, v in init.items()}
+    for k, v in init.items():
+        ours.add_variable(k, v)
+    ours.apply(0, params, {"w": np.ones((4, 3), np.float32), "e": (np.array([3, 7]), np.ones((2, 2), np.float32), None)})
+    # between an update and a read the holder's entry is a placeholder that cannot pass for weights
+    assert params["w"].shape == (4, 3) and np.isnan(params["w"]).all() and not params["w"].flags.writeable
+    np.testing.assert_allclose(ours.gather(params, {"e": [7, 0]})["e"], [[-0.1, -0.1], [0, 0]], rtol=1e-6)
+    assert np.isnan(params["e"]).all()   # rows were gathered, the table was not copied out
+    held = ours.snapshot(params, "w")
+    np.testing.assert_allclose(held, 0.9, rtol=1e-6)
+    with pytest.raises(ValueError):
+        held[0, 0] = 5.0   # read-only
+    address = held.__array_interface__["data"][0]
+    ours.apply(1, params, {"w": np.ones((4, 3), np.float32)})
+    np.testing.assert_allclose(held, 0.9, rtol=1e-6)   # the reader's value did not move
+    now = ours.snapshot(params, "w")
+    assert now.__array_interface__["data"][0] != address   # copied on write: a reader held it
+    np.testing.assert_allclose(now, 0.9 - 0.1 * 0.5 ** 0.1, rtol=1e-6)
+    del held
+    address = now.__array_interface__["data"][0]
+    del now
+    ours.apply(2, params, {"w": np.ones((4, 3), np.float32)})
+    assert ours.value(params, "w").__array_interface__["data"][0] == address   # nobody held it: in place
+
+
+def test_a_checkpoint_state_that_does_not_fit_changes_nothing():
+    ours = _schedule_sgd()
+    params = {"w": np.ones((4, 3), np.float32)}
+    ours.add_variable("w", params["w"])
+    assert ours.load_state(params, {"keras/0": np.zeros(()), "keras/9": np.zeros(3)})
+    assert not ours.variables   # still unbuilt: the next update builds from the values kept
+    ours.apply(0, params, {"w": np.ones((4, 3), np.float32)})
+    state = ours.state()
+    assert ours.load_state({"w": np.zeros((4, 3), np.float32)}, {**state, "keras/0": np.zeros(5)})
+    np.testing.assert_allclose(ours.value(params, "w"), 0.9, rtol=1e-6)
+    restored = {"w": np.zeros((4, 3), np.float32)}
+    assert not ours.load_state(restored, state)
+    ours.apply(1, restored, {"w": np.ones((4, 3), np.float32)})
+    np.testing.assert_allclose(ours.value(restored, "w"), -0.1 * 0.5 ** 0.1, rtol=1e-6)
 
 
 def test_options_that_cannot_be_honoured_are_refused_with_the_reason():

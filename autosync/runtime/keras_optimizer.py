@@ -38,6 +38,8 @@ _LINEAR_IN_SLICES = frozenset({"sgd", "lion"})
 _WHOLE_VARIABLE = frozenset({"lamb", "adafactor", "muon"})
 # wrappers of other optimizers: apply the inner one in optimizer_fn instead
 _WRAPPERS = frozenset({"LossScaleOptimizer", "MultiOptimizer", "OptimizerMap"})
+# the alignment TensorFlow's CPU kernels require of a tensor's buffer (Eigen's largest packet)
+TF_ALIGN = 64
 
 
 def optimizer_class(config: dict):
@@ -84,8 +86,16 @@ def linear_in_slices(config: dict) -> bool:
 class KerasOptimizer:
     """The interface of ``optimizers.NumpyOptimizer`` over a real Keras optimizer.
 
-    Every update replaces ``params[key]`` with a new array, so a value handed out by ``snapshot``
-    is never changed under its reader.
+    The shards live in ``keras.Variable``s, updated in place by TensorFlow. ``params[key]`` is
+    filled from its variable only when read (``value``, ``snapshot``, ``rows``): a parameter server
+    whose workers pull an embedding by rows gathers those rows and never copies the whole table,
+    and a dense value is handed out as a read-only view of the variable's buffer (no copy).
+    Between an update and the next read, ``params[key]`` is a read-only placeholder of the right
+    shape that holds NaN (a read that bypasses this class shows at once, never as old weights).
+
+    A value handed out is never changed under its reader: TensorFlow updates a variable's buffer in
+    place only while nothing else holds it, and copies it first otherwise (copy on write); a
+    variable updated by rows keeps its buffer to itself and every whole read is a copy.
     """
 
     squares_slices = False  # Keras squares what it is given; the summed squares are of no use
@@ -96,26 +106,81 @@ class KerasOptimizer:
         self.variables: dict = {}
         self._order: list = []
         self._functions: dict = {}
+        self._stale: set = set()   # keys whose params entry is a placeholder: the variable holds the value
         self.copies = 0
 
     def add_variable(self, key, value: np.ndarray) -> None:
         self._order.append(key)
 
     def adopt(self, params: dict, key) -> None:
-        """Nothing to do: updates always write new arrays."""
+        """Nothing to do: the variables are this optimizer's own."""
 
-    def snapshot(self, params: dict, key) -> np.ndarray:
+    def value(self, params: dict, key) -> np.ndarray:
+        """The current whole value of ``key`` (read-only; stored back into ``params``)."""
+        if key in self._stale:
+            view = self.variables[key].value.read_value()._numpy()
+            view.flags.writeable = False
+            params[key] = view
+            self._stale.discard(key)
         return params[key]
 
-    def _compiled(self, keys: tuple):
-        """One traced update per set of keys (a chunk): eager Keras pays Python per operation."""
+    def snapshot(self, params: dict, key) -> np.ndarray:
+        """The whole value of ``key`` for a reader that may keep it while later updates run (see
+        the class doc: TensorFlow copies on write)."""
+        return self.value(params, key)
+
+    def gather(self, params: dict, rows: dict) -> dict:
+        """Copies of some rows of some keys (``key -> row ids``), gathered from the variables in
+        one call, not from whole copies."""
+        out = {k: params[k][ids] for k, ids in rows.items() if k not in self._stale}
+        keys = tuple(k for k in self._order if k in rows and k in self._stale)
+        if keys:
+            fn = self._functions.get(("gather", keys))
+            if fn is None:
+                fn = self._functions[("gather", keys)] = self._concrete(
+                    lambda ids: [_tf_gather(self.variables[k].value, i) for k, i in zip(keys, ids)],
+                    [_spec((None,), np.int64) for _ in keys])
+            for key, value in zip(keys, fn([_tensor(rows[k], np.int64) for k in keys])):
+                out[key] = value._numpy()
+        return out
+
+    @staticmethod
+    def _concrete(function, specs: list):
+        """``function`` of one list of tensors traced once for ``specs``: the concrete function a
+        call runs without looking its arguments' types up (per argument, that costs more than
+        the update of a small shard)."""
         import tensorflow as tf
 
-        fn = self._functions.get(keys)
+        return tf.function(function, input_signature=[specs]).get_concrete_function()
+
+    def _compiled(self, keys: tuple, sparse: tuple):
+        """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
+        per operation. It takes the gradients flat (a sparse one as its row ids then its values,
+        any number of rows) and builds the ``IndexedSlices`` inside."""
+        import tensorflow as tf
+
+        fn = self._functions.get((keys, sparse))
         if fn is None:
             variables = [self.variables[k] for k in keys]
-            fn = self._functions[keys] = tf.function(lambda grads: self.optimizer.apply(grads, variables),
-                                                     reduce_retracing=True)
+            shapes = [tf.constant(v.shape, tf.int64) for v in variables]
+            specs = []
+            for var, is_sparse in zip(variables, sparse):
+                specs += ([_spec((None,), np.int64), _spec((None,) + tuple(var.shape[1:]), var.dtype)] if is_sparse
+                          else [_spec(tuple(var.shape), var.dtype)])
+
+            def update(flat):
+                grads, at = [], 0
+                for is_sparse, shape in zip(sparse, shapes):
+                    if is_sparse:
+                        grads.append(tf.IndexedSlices(flat[at + 1], flat[at], shape))
+                        at += 2
+                    else:
+                        grads.append(flat[at])
+                        at += 1
+                self.optimizer.apply(grads, variables)
+                return []
+
+            fn = self._functions[(keys, sparse)] = self._concrete(update, specs)
         return fn
 
     def _build(self, params: dict) -> None:
@@ -143,45 +208,97 @@ class KerasOptimizer:
         the checkpoint was taken before the first update). Returns the problems (nothing set)."""
         from autosync.runtime.optimizer_state import state_problems
 
-        if not self.variables:
+        built_now = not self.variables
+        if built_now:
             self._build(params)
-        else:
+        if arrays:
+            want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(self.optimizer.variables)}
+            problems = state_problems(want, arrays)
+            if problems:
+                if built_now:   # unbuilt again: the next update builds from the values kept
+                    self.optimizer = type(self.optimizer).from_config(self.optimizer.get_config())
+                    self.variables, self._functions = {}, {}
+                return problems
+        if not built_now:
             for key in self._order:
                 self.variables[key].assign(params[key])
-        if not arrays:
-            return []
-        want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(self.optimizer.variables)}
-        problems = state_problems(want, arrays)
-        if problems:
-            return problems
-        for i, v in enumerate(self.optimizer.variables):
+        self._stale.clear()
+        for i, v in enumerate(self.optimizer.variables if arrays else ()):
             v.assign(arrays[f"keras/{i}"])
         self._step_state = (None, [])
         return []
 
     def apply(self, iteration: int, params: dict, grads: dict) -> None:
-        """One step of the Keras optimizer on the shards in ``grads`` (see ``NumpyOptimizer.apply``)."""
-        import tensorflow as tf
-
+        """One step of the Keras optimizer on the shards in ``grads`` (see ``NumpyOptimizer.apply``);
+        ``params`` entries of the updated keys become placeholders until read (see the class doc)."""
         if not self.variables:
             self._build(params)
-        keys = [k for k in self._order if k in grads]
-        tensors = []
-        for key in keys:
-            g = grads[key]
-            var = self.variables[key]
-            if isinstance(g, tuple):
-                tensors.append(tf.IndexedSlices(tf.convert_to_tensor(g[1], var.dtype),
-                                                tf.convert_to_tensor(np.asarray(g[0], np.int64)),
-                                                tf.constant(var.shape, tf.int64)))
+        keys = tuple(k for k in self._order if k in grads)
+        sparse = tuple(isinstance(grads[k], tuple) for k in keys)
+        flat = []
+        for key, is_sparse in zip(keys, sparse):
+            g, dtype = grads[key], self.variables[key].dtype
+            if is_sparse:
+                flat += [_tensor(g[0], np.int64), _tensor(g[1], dtype)]
             else:
-                tensors.append(tf.convert_to_tensor(g, var.dtype))
+                flat.append(_tensor(g, dtype))
         self.optimizer.iterations.assign(iteration)
         if self._step_state[0] == iteration:   # another chunk of the same step
             for v, value in zip(self._global, self._step_state[1]):
                 v.assign(value)
         else:
             self._step_state = (iteration, [v.numpy() for v in self._global])
-        self._compiled(tuple(keys))(tensors)
         for key in keys:
-            params[key] = self.variables[key].numpy()
+            # drop this holder's view of the old value, so that TensorFlow updates the variable
+            # in place unless a reader still holds it
+            if key not in self._stale:
+                params[key] = _placeholder(params[key])
+                self._stale.add(key)
+        self._compiled(keys, sparse)(flat)
+
+
+def _tf_gather(variable, ids):
+    """Rows ``ids`` of a ``tf.Variable`` (inside a traced function)."""
+    import tensorflow as tf
+
+    return tf.gather(variable, ids)
+
+
+def _spec(shape: tuple, dtype):
+    import tensorflow as tf
+
+    return tf.TensorSpec(shape, tf.as_dtype(dtype))
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a ``TF_ALIGN`` boundary: what
+    TensorFlow can use without a copy (``_tensor``)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + TF_ALIGN, np.uint8)
+    start = -raw.ctypes.data % TF_ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _tensor(array, dtype):
+    """``array`` as a TensorFlow tensor of ``dtype``: the same memory when it is writable,
+    contiguous, of that dtype and ``TF_ALIGN``-aligned (DLPack: no copy; TensorFlow aborts the
+    process on a misaligned buffer, so nothing else goes that way), else one aligned copy."""
+    import tensorflow as tf
+
+    array = np.asarray(array)
+    dtype = np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
+    if not (array.dtype == dtype and array.flags.c_contiguous and array.flags.writeable
+            and array.ctypes.data % TF_ALIGN == 0):
+        copy = aligned_empty(array.shape, dtype)
+        np.copyto(copy, array, casting="unsafe")
+        array = copy
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def _placeholder(value: np.ndarray) -> np.ndarray:
+    """A read-only array of ``value``'s shape and dtype that takes no memory: NaN (zero for a
+    dtype without NaN)."""
+    dtype = np.asarray(value).dtype
+    fill = np.array(np.nan if np.issubdtype(dtype, np.inexact) else 0, dtype=dtype)
+    return np.broadcast_to(fill, np.shape(value))

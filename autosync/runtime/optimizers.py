@@ -25,8 +25,7 @@ import weakref
 
 import numpy as np
 
-from strategy_space.errors import short_repr
-from strategy_space.errors import ConfigError
+from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
 _UNSUPPORTED = {
@@ -42,8 +41,7 @@ def _row_sums(grad, dtype, squares_needed: bool):
     of the slices of each row and, if ``squares_needed``, the sum of their squared slices (Keras
     squares each slice before repeated rows add up; ``squares`` given: the sender's sums).
 
-    Sums are taken in the order the slices come, from zero, as a dense scatter-add would: the
-    touched rows get bit for bit the values a dense update would give them."""
+    Sums are taken in slice order from zero, as a dense scatter-add: bit for bit its touched rows."""
     indices, values = grad[0], grad[1]
     rows, inverse = np.unique(indices, return_inverse=True)
     shape = (len(rows),) + values.shape[1:]
@@ -101,6 +99,14 @@ class NumpyOptimizer(abc.ABC):
         """``params[key]`` was allocated for this optimizer's variable alone (nobody else holds
         it): updates may write it in place from the first one."""
         self._owned[key] = weakref.ref(params[key])
+
+    def value(self, params: dict, key) -> np.ndarray:
+        """The current whole value of ``params[key]``, for its holder (updates may change it)."""
+        return params[key]
+
+    def gather(self, params: dict, rows: dict) -> dict:
+        """Copies of some rows of some keys (``key -> row ids``)."""
+        return {k: params[k][ids] for k, ids in rows.items()}
 
     def snapshot(self, params: dict, key) -> np.ndarray:
         """The whole value of ``params[key]`` for a reader that may still read it while later

@@ -46,6 +46,7 @@ import numpy as np
 
 from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
+from autosync.runtime.keras_optimizer import aligned_empty
 from autosync.runtime.ps_pool import PooledShard
 
 
@@ -240,19 +241,19 @@ class ParameterServerShard(PooledShard):
                 del self._asked[old]
         version = self._version(chunk)
         rows = rows or {}
-        keys = self.params if chunk is None else self.chunks[chunk]
-        params = {k: self.params[k] for k in keys}
+        keys = tuple(self.params if chunk is None else self.chunks[chunk])
         # rows are gathered (a copy); a whole value is a snapshot no later update writes into
         # (Ray serializes the reply after this coroutine returns, on another thread, while later
         # pushes may already run on this event loop)
-        take = lambda k, v: v[rows[k]] if k in rows else self.optimizer.snapshot(self.params, k)  # noqa: E731
+        gathered = self.optimizer.gather(self.params, {k: rows[k] for k in keys if k in rows})
+        take = lambda k: gathered[k] if k in rows else self.optimizer.snapshot(self.params, k)  # noqa: E731
         if which == "shared":
-            return version, {k: take(k, v) for k, v in params.items() if k in self.shared_keys}, None
-        direct = {k: take(k, v) for k, v in params.items() if k in rows or k not in self.shared_keys}
+            return version, {k: take(k) for k in keys if k in self.shared_keys}, None
+        direct = {k: take(k) for k in keys if k in rows or k not in self.shared_keys}
         if which == "direct":
             direct = {k: v for k, v in direct.items() if k not in self.shared_keys}
             return version, direct, None
-        return version, direct, self._shared_snapshot(frozenset(params) & self.shared_keys - set(rows))
+        return version, direct, self._shared_snapshot(frozenset(keys) & self.shared_keys - set(rows))
 
     def _version(self, chunk) -> int:
         return self.version if chunk is None else self.chunk_version[chunk]
@@ -311,7 +312,7 @@ class ParameterServerShard(PooledShard):
 
             # one object per version: workers of a node read the same copy from their store
             # (``ray.put`` copies the values into the store before it returns)
-            cached = self._shared[keys] = (version, ray.put({k: self.params[k] for k in keys}))
+            cached = self._shared[keys] = (version, ray.put({k: self.optimizer.value(self.params, k) for k in keys}))
         return cached[1]
 
     def _with_rows(self, source, step: int, grads: dict) -> dict:
@@ -369,7 +370,7 @@ class ParameterServerShard(PooledShard):
             elif key in entry["dense"]:
                 entry["dense"][key] += g
             else:
-                entry["dense"][key] = np.array(g)  # own, writable copy to accumulate into
+                entry["dense"][key] = _own_copy(g)  # to accumulate into
 
     def _apply_complete_steps(self) -> bool:
         applied = False
@@ -396,15 +397,32 @@ class ParameterServerShard(PooledShard):
             total /= total.dtype.type(n)  # the step's own sum (``_accumulate`` copied it)
             grads[key] = total
         for key, parts in entry["sparse"].items():
-            idx = np.concatenate([p[0] for p in parts])
-            vals = np.concatenate([p[1] for p in parts])
+            idx = _concatenate([p[0] for p in parts])
+            vals = _concatenate([p[1] for p in parts])
+            vals /= vals.dtype.type(n)
             squares = None
             if any(p[2] is not None for p in parts):
-                sq = np.concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
-                squares = sq / sq.dtype.type(n * n)
-            grads[key] = (idx, vals / vals.dtype.type(n), squares)
+                squares = _concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
+                squares /= squares.dtype.type(n * n)
+            grads[key] = (idx, vals, squares)
         self.optimizer.apply(step, self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0
+
+
+def _own_copy(array) -> np.ndarray:
+    """A writable copy of ``array`` that a Keras optimizer's TensorFlow reads without another copy
+    (aligned as its kernels require; see ``keras_optimizer.aligned_empty``)."""
+    array = np.asarray(array)
+    out = aligned_empty(array.shape, array.dtype)
+    np.copyto(out, array)
+    return out
+
+
+def _concatenate(parts: list) -> np.ndarray:
+    """``np.concatenate(parts)`` into a new array as ``_own_copy`` makes it."""
+    parts = [np.asarray(p) for p in parts]
+    out = aligned_empty((sum(len(p) for p in parts),) + parts[0].shape[1:], np.result_type(*parts))
+    return np.concatenate(parts, out=out)
 
 
 def _sparse_grad(g) -> tuple:

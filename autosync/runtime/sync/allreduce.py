@@ -100,7 +100,9 @@ class AllReduceChannel(SyncChannel):
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
         """Values per (var, shard): every worker applied the same reduced gradients. They are
         held here, so ``rows`` (what the step reads of sparse variables) changes nothing."""
-        return self.params
+        if self._optimizer is None:
+            return self.params
+        return {k: self._optimizer.value(self.params, k) for k in self.params}
 
     def push(self, step: int, grads: list) -> None:
         if self._optimizer is None:
