@@ -325,7 +325,9 @@ def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
         t0 = time.perf_counter()
         o.apply(step, params, grads)
         t1 = time.perf_counter()
-        reply = o.gather(params, {i: grads[i][0] for i, (_, is_sparse) in enumerate(shapes) if is_sparse})
+        wanted = {i: grads[i][0] for i, (_, is_sparse) in enumerate(shapes) if is_sparse}
+        # (code before 4afce9a: no ``gather``, a PS read rows from its own arrays)
+        reply = (o.gather(params, wanted) if hasattr(o, "gather") else {i: params[i][r] for i, r in wanted.items()})
         reply.update({i: o.snapshot(params, i) for i, (_, is_sparse) in enumerate(shapes) if not is_sparse})
         t2 = time.perf_counter()
         del reply   # sent: the reader lets go before the next update
