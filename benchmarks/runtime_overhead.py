@@ -317,18 +317,23 @@ def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
     params = {i: rng.standard_normal(s).astype(np.float32) for i, (s, _) in enumerate(shapes)}
     for k, v in params.items():
         o.add_variable(k, v)
+    try:   # the arrays a parameter server hands its optimizer: its own copies of what was pushed
+        from autosync.runtime.ps_shard import _own_copy as own
+    except ImportError:   # code before 4afce9a: plain copies
+        own = np.array
     samples = {"update": [], "read": [], "total": []}
     for step in range(warmup + steps):
-        grads = {i: ((np.sort(rng.integers(0, s[0], rows)), rng.standard_normal((rows,) + s[1:])
-                      .astype(np.float32), None) if is_sparse else
-                     rng.standard_normal(s).astype(np.float32)) for i, (s, is_sparse) in enumerate(shapes)}
+        grads = {i: ((own(np.sort(rng.integers(0, s[0], rows))), own(rng.standard_normal((rows,) + s[1:])
+                      .astype(np.float32)), None) if is_sparse else
+                     own(rng.standard_normal(s).astype(np.float32))) for i, (s, is_sparse) in enumerate(shapes)}
         t0 = time.perf_counter()
         o.apply(step, params, grads)
         t1 = time.perf_counter()
         wanted = {i: grads[i][0] for i, (_, is_sparse) in enumerate(shapes) if is_sparse}
         # (code before 4afce9a: no ``gather``, a PS read rows from its own arrays)
         reply = (o.gather(params, wanted) if hasattr(o, "gather") else {i: params[i][r] for i, r in wanted.items()})
-        reply.update({i: o.snapshot(params, i) for i, (_, is_sparse) in enumerate(shapes) if not is_sparse})
+        whole = [i for i, (_, is_sparse) in enumerate(shapes) if not is_sparse]
+        reply.update(o.snapshots(params, whole) if hasattr(o, "snapshots") else {i: o.snapshot(params, i) for i in whole})
         t2 = time.perf_counter()
         del reply   # sent: the reader lets go before the next update
         if step >= warmup:

@@ -310,12 +310,10 @@ class Session:
         self.failed = False   # a call of the session failed: its PS actors are never reused
 
     def start(self, deadline: float | None = None) -> dict:
-        """Create the PS actors with the initial values and point every worker at them.
-
-        Returns:
-            placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``.
-        """
-        from autosync.runtime.optimizers import check_keras_apply, check_optimizer_config, numpy_rules, squares_slices
+        """Create the PS actors with the initial values and point every worker at them. Returns the
+        placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``."""
+        from autosync.runtime.keras_optimizer import check_keras_apply
+        from autosync.runtime.optimizers import check_optimizer_config, numpy_rules, squares_slices
 
         plan = self.plan
         # graph first: forming its cluster may restart the workers, which ends their gloo world
@@ -328,10 +326,10 @@ class Session:
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
-        # before any PS starts: what a Keras optimizer applied shard by shard cannot honour
         numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))[1]
-        check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
-                          + [m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]])
+        if not numpy_rules(desc["optimizer"]):   # before any PS starts: what shard-wise Keras cannot honour
+            check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
+                              + [m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]])
         initial = desc["initial"]
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]

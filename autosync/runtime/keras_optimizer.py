@@ -9,7 +9,7 @@ is a ``keras.Variable``; an update is one ``apply`` of the shards that have a gr
 optimizer's ``iterations`` set to the global step first, so a schedule is evaluated at the global
 step whatever the number of chunks or shards applied separately.
 
-What is exact and what is not (``optimizers.check_keras_apply`` refuses the rest before any PS starts):
+What is exact and what is not (``check_keras_apply`` refuses the rest before any PS starts):
 - ``clipvalue`` and ``weight_decay`` are element-wise: exact on any shard.
 - ``clipnorm`` clips each variable by its own norm: exact when the variable is one shard.
 - Lamb, Adafactor and Muon read whole variables: exact when the variable is one shard. A user's
@@ -83,6 +83,43 @@ def linear_in_slices(config: dict) -> bool:
     return str(config.get("class", "")).lower() in _LINEAR_IN_SLICES
 
 
+def check_keras_apply(config: dict, shards, names) -> None:
+    """Refuse what a Keras optimizer applied shard by shard cannot honour (see the module doc): for
+    a configuration the numpy rules do not run (``optimizers.numpy_rules``).
+
+    Args:
+        config: the optimizer's ``keras_optimizer_config``.
+        shards: the shards updated outside the training graph (parameter servers, the numpy
+            all-reduce channel): objects with ``var_index``/``key``, ``num_shards`` and ``sparse``.
+        names: variable names by index, for messages.
+
+    Raises:
+        ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable, or sparse shards with an optimizer
+            that transforms each slice.
+    """
+    problems = []
+    for s in shards:
+        var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index
+        if config.get("clipnorm") is not None and s.num_shards > 1:
+            problems.append(f"optimizer option clipnorm={config['clipnorm']!r} clips each variable by its own norm, "
+                            f"but {names[var]} is split into {s.num_shards} shards updated separately; "
+                            f"do not partition it, or use clipvalue")
+        if reads_whole_variables(config) and s.num_shards > 1:
+            problems.append(f"optimizer {config.get('class')!r} reads whole variables (norms or factors), "
+                            f"but {names[var]} is split into {s.num_shards} shards updated separately; "
+                            f"do not partition it")
+        clip = [k for k in ("clipnorm", "clipvalue") if config.get(k) is not None]
+        if s.sparse and (clip or not linear_in_slices(config)):
+            what = (f"option {clip[0]} clips" if clip
+                    else f"optimizer {config.get('class')!r} transforms (e.g. squares)")
+            problems.append(f"{what} each slice of sparse variable {names[var]}, but outside the training graph "
+                            f"its rows arrive summed per worker, so the update would differ from Keras'; "
+                            f"all-reduce it with the graph backend, or use SGD, Adam, AdamW or Adagrad "
+                            f"with a constant learning rate and no clipping")
+    if problems:
+        raise ConfigError(sorted(set(problems)))
+
+
 class KerasOptimizer:
     """The interface of ``optimizers.NumpyOptimizer`` over a real Keras optimizer.
 
@@ -128,6 +165,21 @@ class KerasOptimizer:
         """The whole value of ``key`` for a reader that may keep it while later updates run (see
         the class doc: TensorFlow copies on write)."""
         return self.value(params, key)
+
+    def snapshots(self, params: dict, keys) -> dict:
+        """``snapshot`` of each of ``keys``, those to read from the variables read in one call."""
+        stale = tuple(k for k in self._order if k in self._stale and k in set(keys))
+        if stale:
+            fn = self._functions.get(("read", stale))
+            if fn is None:
+                fn = self._functions[("read", stale)] = self._concrete(
+                    lambda _: [self.variables[k].value.read_value() for k in stale], [])
+            for key, tensor in zip(stale, fn([])):
+                view = tensor._numpy()
+                view.flags.writeable = False
+                params[key] = view
+                self._stale.discard(key)
+        return {k: params[k] for k in keys}
 
     def gather(self, params: dict, rows: dict) -> dict:
         """Copies of some rows of some keys (``key -> row ids``), gathered from the variables in

@@ -108,6 +108,10 @@ class NumpyOptimizer(abc.ABC):
         """Copies of some rows of some keys (``key -> row ids``)."""
         return {k: params[k][ids] for k, ids in rows.items()}
 
+    def snapshots(self, params: dict, keys) -> dict:
+        """``snapshot`` of each of ``keys``."""
+        return {k: self.snapshot(params, k) for k in keys}
+
     def snapshot(self, params: dict, key) -> np.ndarray:
         """The whole value of ``params[key]`` for a reader that may still read it while later
         updates run: a read-only view that no update changes (while it is alive, an update writes
@@ -398,43 +402,3 @@ def make_optimizer(config: dict):
 def _kind(config: dict) -> str:
     """``sgd``/``adam`` from the optimizer's class (Keras renames instances ``sgd_1``, ...)."""
     return str(config.get("class", config.get("name", ""))).lower()
-
-
-def check_keras_apply(config: dict, shards, names) -> None:
-    """Refuse what a Keras optimizer applied shard by shard cannot honour (see ``keras_optimizer``'s module doc).
-
-    Args:
-        config: the optimizer's ``keras_optimizer_config``.
-        shards: the shards updated outside the training graph (parameter servers, the numpy
-            all-reduce channel): objects with ``var_index``/``key``, ``num_shards`` and ``sparse``.
-        names: variable names by index, for messages.
-
-    Raises:
-        ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable, or sparse shards with an optimizer
-            that transforms each slice.
-    """
-    from autosync.runtime.keras_optimizer import linear_in_slices, reads_whole_variables
-
-    if numpy_rules(config):
-        return
-    problems = []
-    for s in shards:
-        var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index
-        if config.get("clipnorm") is not None and s.num_shards > 1:
-            problems.append(f"optimizer option clipnorm={config['clipnorm']!r} clips each variable by its own norm, "
-                            f"but {names[var]} is split into {s.num_shards} shards updated separately; "
-                            f"do not partition it, or use clipvalue")
-        if reads_whole_variables(config) and s.num_shards > 1:
-            problems.append(f"optimizer {config.get('class')!r} reads whole variables (norms or factors), "
-                            f"but {names[var]} is split into {s.num_shards} shards updated separately; "
-                            f"do not partition it")
-        clip = [k for k in ("clipnorm", "clipvalue") if config.get(k) is not None]
-        if s.sparse and (clip or not linear_in_slices(config)):
-            what = (f"option {clip[0]} clips" if clip
-                    else f"optimizer {config.get('class')!r} transforms (e.g. squares)")
-            problems.append(f"{what} each slice of sparse variable {names[var]}, but outside the training graph "
-                            f"its rows arrive summed per worker, so the update would differ from Keras'; "
-                            f"all-reduce it with the graph backend, or use SGD, Adam, AdamW or Adagrad "
-                            f"with a constant learning rate and no clipping")
-    if problems:
-        raise ConfigError(sorted(set(problems)))

@@ -245,11 +245,12 @@ class ParameterServerShard(PooledShard):
         # rows are gathered (a copy); a whole value is a snapshot no later update writes into
         # (Ray serializes the reply after this coroutine returns, on another thread, while later
         # pushes may already run on this event loop)
-        gathered = self.optimizer.gather(self.params, {k: rows[k] for k in keys if k in rows})
-        take = lambda k: gathered[k] if k in rows else self.optimizer.snapshot(self.params, k)  # noqa: E731
+        wanted = [k for k in keys if k in rows or (k in self.shared_keys) == (which == "shared")]
+        read = self.optimizer.gather(self.params, {k: rows[k] for k in wanted if k in rows})
+        read.update(self.optimizer.snapshots(self.params, [k for k in wanted if k not in rows]))
         if which == "shared":
-            return version, {k: take(k) for k in keys if k in self.shared_keys}, None
-        direct = {k: take(k) for k in keys if k in rows or k not in self.shared_keys}
+            return version, {k: read[k] for k in keys if k in self.shared_keys}, None
+        direct = {k: read[k] for k in keys if k in rows or k not in self.shared_keys}
         if which == "direct":
             direct = {k: v for k, v in direct.items() if k not in self.shared_keys}
             return version, direct, None
