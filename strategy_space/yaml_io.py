@@ -23,8 +23,11 @@ KINDS = {"strategy": Strategy, "model": ModelSpec, "cluster": ClusterSpec}
 Loaded = Union[Strategy, ModelSpec, ClusterSpec]
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style for mappings, flow style for short lists of scalars (shapes)."""
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+    """Block style for mappings, flow style for short lists of scalars (shapes). libyaml's emitter
+    where PyYAML has it: 3.4x faster on strategies and specs, the same text on every builder's and
+    750 sampled strategies (it words some exotic strings differently, e.g. a quoted string longer
+    than a line is folded elsewhere; both read back the same)."""
 
 
 def _represent_list(dumper, data):
