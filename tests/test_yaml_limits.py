@@ -2,6 +2,7 @@
 nesting quickly and with a clear message; error messages quote huge values only in part."""
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import pytest
@@ -11,6 +12,8 @@ from strategy_space.strict import get_typed
 from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.search.constraints import load_constraints
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def anchors(levels: int, fan: int = 9, indent: str = "      ") -> str:
@@ -104,3 +107,28 @@ def test_messages_quote_only_the_start_of_a_huge_value():
     with pytest.raises(ConfigError) as info:
         get_typed({"name": "x" * 10**7}, "name", int, "model")
     assert len(str(info.value)) < 200
+
+
+def test_the_text_written_does_not_depend_on_libyaml():
+    """Stores keep each strategy's YAML: a machine with PyYAML's C emitter and one without must
+    write the same text for what the product writes (every builder's strategy, samples, specs)."""
+    import numpy as np
+    import yaml
+
+    from strategy_space import yaml_io
+    from strategy_space.builders import build_all
+    from strategy_space.space import StrategySpace
+
+    class PlainDumper(yaml.SafeDumper):
+        pass
+
+    PlainDumper.add_representer(list, yaml_io._represent_list)
+    PlainDumper.add_representer(dict, yaml_io._represent_dict)
+    model = yaml_io.load_model_spec(os.path.join(REPO, "configs/models/dlrm.yaml"))
+    cluster = yaml_io.load_cluster_spec(os.path.join(REPO, "configs/clusters/emulated_3x1gbit.yaml"))
+    rng = np.random.default_rng(0)
+    objects = [model, cluster, *build_all(model, cluster).values(),
+               *(StrategySpace(model, cluster).sample(rng) for _ in range(5))]
+    for obj in objects:
+        plain = yaml.dump(obj.to_dict(), Dumper=PlainDumper, sort_keys=False, default_flow_style=False, width=120)
+        assert yaml_io.dumps(obj) == plain
