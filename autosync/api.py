@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from autosync.tflog import quiet_startup
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.search.constraints import Constraints, load_constraints
@@ -188,6 +189,7 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
     from autosync.runtime.runner import RayRunner, check_real_compute
     from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
 
+    quiet_startup()
     cluster_spec = load_cluster(cluster)
     if compute == "emulated":
         if model_spec is None:
@@ -221,6 +223,7 @@ def make_trainer(model, strategy, cluster="local", **settings):
     from autosync.sources import load_cluster, load_model_def
     from strategy_space.yaml_io import load_strategy
 
+    quiet_startup()
     model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
     if not isinstance(strategy, Strategy):
         strategy = load_strategy(strategy)
@@ -302,6 +305,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     """
     from autosync.sources import load_cluster
 
+    quiet_startup()
     if not isinstance(trials, int) or trials < 0:
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
     if not isinstance(confirm, int) or confirm < 0:

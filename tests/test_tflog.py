@@ -79,3 +79,20 @@ def test_a_user_setting_of_the_cpp_log_level_is_kept(standin, monkeypatch):
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     tflog.quiet_startup((standin,))
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+@pytest.mark.parametrize("call", ["tune", "make_runner", "make_trainer"])
+def test_the_python_api_silences_the_startup_before_it_loads_a_model(call, monkeypatch):
+    """A script that calls the API before importing TensorFlow gets no start-up lines either: the
+    entry points arrange it before anything can import TensorFlow (here the model name is bad, so
+    the call stops right after)."""
+    from autosync import api
+    from strategy_space import ConfigError
+
+    calls = []
+    monkeypatch.setattr(api, "quiet_startup", lambda: calls.append(call))
+    args = {"tune": ("zoo:no_such_model",), "make_runner": ("zoo:no_such_model",),
+            "make_trainer": ("zoo:no_such_model", "no_such_strategy.yaml")}[call]
+    with pytest.raises(ConfigError):
+        getattr(api, call)(*args)
+    assert calls   # (tune asks again in make_runner: a no-op then)
