@@ -28,7 +28,7 @@ setup(
     extras_require={
         # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
         "gloo": ["torch==2.13.0"],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6.80", "torch==2.13.0"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3", "hypothesis>=6.80", "torch==2.13.0"],
         # benchmarks/: Ray Train's TensorflowTrainer is the peer (ray[train] adds fsspec,
         # tensorboardX and pydantic to ray[default]); pinned to the Ray the results were measured
         # with. torch: the gloo backend and allreduce_bandwidth.py's torch.distributed baseline.
