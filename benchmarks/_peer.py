@@ -9,6 +9,7 @@ benchmark's training function only, never by AutoSync itself.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import tempfile
@@ -72,29 +73,43 @@ def _train_loop(config: dict) -> None:
         model = model_def.model_fn()
         model.compile(optimizer=model_def.optimizer_fn(), loss=model_def.loss_fn())
 
-    # a few real batches of this worker's shard, held in memory and repeated: no Python
-    # generator in the measured loop
     batches = model_def.batches(rank, world)
-    held = [next(batches) for _ in range(min(8, config["warmup"] + config["steps"]))]
-    stacked = tf.nest.map_structure(lambda *xs: np.stack(xs), *held)
-    ds = tf.data.Dataset.from_tensor_slices(stacked).repeat()
+    if config.get("target") is not None:
+        # training to a loss: this worker's whole stream of batches, as AutoSync's workers read it
+        first = next(batches)
+        spec = tf.nest.map_structure(lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)), first)
+        ds = tf.data.Dataset.from_generator(lambda: itertools.chain([first], batches), output_signature=spec)
+    else:
+        # a few real batches of this worker's shard, held in memory and repeated: no Python
+        # generator in the measured loop
+        held = [next(batches) for _ in range(min(8, config["warmup"] + config["steps"]))]
+        stacked = tf.nest.map_structure(lambda *xs: np.stack(xs), *held)
+        ds = tf.data.Dataset.from_tensor_slices(stacked).repeat()
     options = tf.data.Options()
     # every worker already reads its own shard of the data (as AutoSync's workers do)
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     ds = ds.with_options(options)
 
     ends: list[float] = []
+    losses: list[float] = []
+    target, window = config.get("target"), config.get("window", 20)
 
     class Timer(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             ends.append(time.perf_counter())
+            # Keras logs the epoch's running mean (constant batches): this batch's own loss from it
+            mean = float((logs or {}).get("loss", float("nan")))
+            losses.append(mean * len(ends) - sum(losses))
+            if target is not None and len(losses) >= window and sum(losses[-window:]) / window <= target:
+                self.model.stop_training = True
 
-    steps = config["warmup"] + config["steps"]
+    steps = config["warmup"] + config["steps"] if target is None else config["cap"]
     start = time.perf_counter()
     model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[Timer()])
     times = [b - a for a, b in zip([start] + ends[:-1], ends)][config["warmup"]:]
     ray.get(ray.get_actor(config["collector"]).put.remote(rank, {
-        "step_times": times, "batches_seen": len(ends), "fit_s": time.perf_counter() - start}))
+        "step_times": times, "batches_seen": len(ends), "fit_s": time.perf_counter() - start,
+        "losses": losses, "ends": [e - start for e in ends]}))
 
 
 class _Collector:
@@ -111,12 +126,17 @@ class _Collector:
         return self.results
 
 
-def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_s: float = 600) -> dict:
+def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_s: float = 600, *,
+                 target: float | None = None, window: int = 20, cap: int = 0) -> dict:
     """Median step time of TensorflowTrainer (MWMS) for ``model`` (a trainable source string) with
     one worker per replica slot of ``cluster``, spread over its nodes as AutoSync spreads them.
 
+    With ``target``: train on the workers' whole data streams until the mean loss of the last
+    ``window`` steps is at most ``target`` (at most ``cap`` steps); the result also has
+    ``losses`` and ``ends`` (seconds from the start of ``fit`` to the end of each step, rank 0).
+
     Returns:
-        ``{"status": "ok", "step_times": [...], "median": s}`` or ``{"status": "failed", "error": ...}``.
+        ``{"status": "ok", "step_times": [...], "median": s, ...}`` or ``{"status": "failed", "error": ...}``.
     """
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
@@ -129,7 +149,8 @@ def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_
     one_per_node = all((n.workers or 0) <= 1 for n in cluster.nodes) and len(cluster.nodes) > 1
     trainer = TensorflowTrainer(
         _train_loop,
-        train_loop_config={"model": model, "warmup": warmup, "steps": steps, "collector": collector_name},
+        train_loop_config={"model": model, "warmup": warmup, "steps": steps, "collector": collector_name,
+                           "target": target, "window": window, "cap": cap},
         scaling_config=ScalingConfig(num_workers=world, use_gpu=False, resources_per_worker={"CPU": 1},
                                      placement_strategy="STRICT_SPREAD" if one_per_node else "PACK"),
         run_config=RunConfig(name=f"peer-{int(time.time())}", storage_path=tempfile.mkdtemp(prefix="autosync-peer-")),
@@ -145,7 +166,8 @@ def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_
     times = chief.get("step_times") or []
     if not times:
         return {"status": "failed", "error": f"no step times from rank 0: {chief or results}"}
-    return {"status": "ok", "step_times": times, "median": statistics.median(times)}
+    return {"status": "ok", "step_times": times, "median": statistics.median(times),
+            "losses": chief.get("losses", []), "ends": chief.get("ends", [])}
 
 
 if __name__ == "__main__":  # quick manual check: python benchmarks/_peer.py zoo:ncf

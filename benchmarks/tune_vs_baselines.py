@@ -84,6 +84,14 @@ def _args(argv=None):
     p.add_argument("--quality", choices=("goodput", "exact", "step"), default="goodput",
                    help="what the tuning ranks by (autosync tune --quality; default goodput)")
     p.add_argument("--probe-steps", type=int, default=200, help="steps of each efficiency probe (default 200)")
+    p.add_argument("--time-to-target", type=int, default=0, metavar="STEPS",
+                   help="also measure time to a target loss (real compute): the loss the best baseline reaches "
+                        "after STEPS steps, reached by the tuned strategy, the best baseline and the peer "
+                        "(default 0: not measured)")
+    p.add_argument("--ttt-repeats", type=int, default=3, help="runs of each contender to the target (default 3)")
+    p.add_argument("--ttt-window", type=int, default=20, help="steps the loss is averaged over (default 20)")
+    p.add_argument("--ttt-cap", type=float, default=3.0,
+                   help="a run stops unreached after this many times STEPS (default 3)")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
     p.add_argument("--store", default=None, help="trial store (default: OUT/NAME.db)")
     p.add_argument("--merge", action="store_true", help="keep the other models of an existing JSON in --out")
@@ -265,7 +273,40 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
                        "wall_s": round(time.monotonic() - t1, 1)}
     peer_s = (out["peer"] or {}).get("median_s")
     out["speedup_vs_peer"] = peer_s / tuned_s if peer_s and tuned_s else None
+    if args.time_to_target and args.compute == "real":
+        out["time_to_target"] = measure_time_to_target(name, cluster, tuned, base, base_name, args, say)
     return out
+
+
+def measure_time_to_target(name: str, cluster, tuned, base, base_name: str, args, say) -> dict:
+    """Time to the best baseline's loss after ``--time-to-target`` steps (``_time_to_target``)."""
+    from _time_to_target import time_to_target
+
+    same = tuned.canonical(cluster) == base.canonical(cluster)
+    contenders = {"tuned": tuned} if same else {"tuned": tuned, "best_baseline": base}
+    t0 = time.monotonic()
+    ttt = time_to_target(source_of(name), cluster, base, contenders, steps=args.time_to_target,
+                         window=args.ttt_window, cap=int(args.ttt_cap * args.time_to_target),
+                         repeats=args.ttt_repeats, peer=not args.no_peer, say=say)
+    ttt["best_baseline_name"] = base_name
+    ttt["tuned_is_best_baseline"] = same
+    c = ttt["contenders"]
+    if same:
+        c["best_baseline"] = c["tuned"]
+    tuned_t, base_t = c["tuned"]["time_to_target_s"], c["best_baseline"]["time_to_target_s"]
+    peer_t = c.get("ray_train", {}).get("time_to_target_s")
+    ttt["speedup_vs_best_baseline"] = base_t / tuned_t if base_t and tuned_t else None
+    ttt["speedup_vs_peer"] = peer_t / tuned_t if peer_t and tuned_t else None
+    ti, bi = c["tuned"]["time_to_target_ci95_s"], c["best_baseline"]["time_to_target_ci95_s"]
+    ttt["intervals_overlap"] = None if same or not (ti and bi) else not (ti[1] < bi[0] or bi[1] < ti[0])
+    ttt["wall_s"] = round(time.monotonic() - t0, 1)
+    say(f"  time to target: tuned {_s(tuned_t)}, best baseline {_s(base_t)}, ray_train {_s(peer_t)}: "
+        f"{_x(ttt['speedup_vs_best_baseline'])} the best baseline, {_x(ttt['speedup_vs_peer'])} the peer")
+    return ttt
+
+
+def _s(seconds) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
 
 
 def _ms(s) -> str:
