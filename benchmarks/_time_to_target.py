@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}   # t(0.975, df)
 
 
 def crossing(losses: list, target: float, window: int) -> int | None:
@@ -30,7 +30,8 @@ def crossing(losses: list, target: float, window: int) -> int | None:
     return None
 
 
-def _log_interval(values: list) -> list | None:
+def log_t_interval(values: list) -> list | None:
+    """95 % interval of the typical value of ``values`` (t-interval of their logs); None under 2."""
     xs = [math.log(v) for v in values if v]
     if len(xs) < 2:
         return None
@@ -96,6 +97,6 @@ def time_to_target(source: str, cluster, reference, contenders: dict, *, steps: 
     for name, got in runs.items():
         times = [g["time_to_target_s"] for g in got if g.get("reached")]
         out["contenders"][name] = {"runs": got, "time_to_target_s": statistics.median(times) if len(times) == len(got)
-                                   else None, "time_to_target_ci95_s": _log_interval(times),
+                                   else None, "time_to_target_ci95_s": log_t_interval(times),
                                    "reached": f"{len(times)}/{len(got)}"}
     return out

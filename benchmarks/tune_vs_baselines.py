@@ -48,8 +48,9 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from _time_to_target import log_t_interval  # noqa: E402 (a sibling script module, importable from here)
+
 MODELS = ("ncf", "dlrm", "lm1b", "resnet50", "bert", "vgg16")
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}   # t(0.975, df)
 EMBEDDING_HEAVY_SHARE = 0.3     # sparse (embedding) share of the parameters that makes a model embedding-heavy
 TARGETS = {"vs_best_baseline_embedding": 1.3, "vs_peer_embedding": 1.5, "vs_peer_dense": 1.0, "trials": 50,
            "lower_bound": 1.3}
@@ -109,16 +110,6 @@ def _warm_groups(source: str, model_name: str):
 def source_of(name: str) -> str:
     """``zoo:NAME`` for a zoo name, the path itself for a model-spec YAML."""
     return name if name.endswith((".yaml", ".yml")) else f"zoo:{name}"
-
-
-def log_t_interval(values: list[float]) -> list[float] | None:
-    """95 % interval of the typical value of ``values`` (t-interval of their logs); None under 2."""
-    xs = [math.log(v) for v in values if v]
-    if len(xs) < 2:
-        return None
-    m, sd = statistics.mean(xs), statistics.stdev(xs)
-    h = T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
-    return [math.exp(m - h), math.exp(m + h)]
 
 
 def confirm(runner, strategies: dict, repeats: int, say) -> dict:
