@@ -168,7 +168,9 @@ class KerasOptimizer:
 
     def snapshots(self, params: dict, keys) -> dict:
         """``snapshot`` of each of ``keys``, those to read from the variables read in one call."""
-        stale = tuple(k for k in self._order if k in self._stale and k in set(keys))
+        keys = list(keys)
+        asked = set(keys)
+        stale = tuple(k for k in self._order if k in self._stale and k in asked)
         if stale:
             fn = self._functions.get(("read", stale))
             if fn is None:
