@@ -318,7 +318,7 @@ def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
     for k, v in params.items():
         o.add_variable(k, v)
     try:   # the arrays a parameter server hands its optimizer: its own copies of what was pushed
-        from autosync.runtime.ps_shard import _own_copy as own
+        from autosync.runtime.keras_optimizer import aligned_copy as own
     except ImportError:   # code before 4afce9a: plain copies
         own = np.array
     samples = {"update": [], "read": [], "total": []}

@@ -124,7 +124,7 @@ class KerasOptimizer:
     """The interface of ``optimizers.NumpyOptimizer`` over a real Keras optimizer.
 
     The shards live in ``keras.Variable``s, updated in place by TensorFlow. ``params[key]`` is
-    filled from its variable only when read (``value``, ``snapshot``, ``rows``): a parameter server
+    filled from its variable only when read (``value``, ``snapshot(s)``, ``gather``): a parameter server
     whose workers pull an embedding by rows gathers those rows and never copies the whole table,
     and a dense value is handed out as a read-only view of the variable's buffer (no copy).
     Between an update and the next read, ``params[key]`` is a read-only placeholder of the right
@@ -155,11 +155,15 @@ class KerasOptimizer:
     def value(self, params: dict, key) -> np.ndarray:
         """The current whole value of ``key`` (read-only; stored back into ``params``)."""
         if key in self._stale:
-            view = self.variables[key].value.read_value()._numpy()
-            view.flags.writeable = False
-            params[key] = view
-            self._stale.discard(key)
+            self._fresh(params, key, self.variables[key].value.read_value())
         return params[key]
+
+    def _fresh(self, params: dict, key, tensor) -> None:
+        """Store ``tensor`` (the variable's value just read) as ``params[key]``: a read-only view."""
+        view = tensor._numpy()
+        view.flags.writeable = False
+        params[key] = view
+        self._stale.discard(key)
 
     def snapshot(self, params: dict, key) -> np.ndarray:
         """The whole value of ``key`` for a reader that may keep it while later updates run (see
@@ -177,10 +181,7 @@ class KerasOptimizer:
                 fn = self._functions[("read", stale)] = self._concrete(
                     lambda _: [self.variables[k].value.read_value() for k in stale], [])
             for key, tensor in zip(stale, fn([])):
-                view = tensor._numpy()
-                view.flags.writeable = False
-                params[key] = view
-                self._stale.discard(key)
+                self._fresh(params, key, tensor)
         return {k: params[k] for k in keys}
 
     def gather(self, params: dict, rows: dict) -> dict:
@@ -189,10 +190,12 @@ class KerasOptimizer:
         out = {k: params[k][ids] for k, ids in rows.items() if k not in self._stale}
         keys = tuple(k for k in self._order if k in rows and k in self._stale)
         if keys:
+            import tensorflow as tf
+
             fn = self._functions.get(("gather", keys))
             if fn is None:
                 fn = self._functions[("gather", keys)] = self._concrete(
-                    lambda ids: [_tf_gather(self.variables[k].value, i) for k, i in zip(keys, ids)],
+                    lambda ids: [tf.gather(self.variables[k].value, i) for k, i in zip(keys, ids)],
                     [_spec((None,), np.int64) for _ in keys])
             for key, value in zip(keys, fn([_tensor(rows[k], np.int64) for k in keys])):
                 out[key] = value._numpy()
@@ -311,13 +314,6 @@ class KerasOptimizer:
         self._compiled(keys, sparse)(flat)
 
 
-def _tf_gather(variable, ids):
-    """Rows ``ids`` of a ``tf.Variable`` (inside a traced function)."""
-    import tensorflow as tf
-
-    return tf.gather(variable, ids)
-
-
 def _spec(shape: tuple, dtype):
     import tensorflow as tf
 
@@ -334,6 +330,14 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def aligned_copy(array, dtype=None) -> np.ndarray:
+    """A writable copy of ``array`` (cast to ``dtype`` if given) in an ``aligned_empty`` array."""
+    array = np.asarray(array)
+    out = aligned_empty(array.shape, array.dtype if dtype is None else dtype)
+    np.copyto(out, array, casting="unsafe")
+    return out
+
+
 def _tensor(array, dtype):
     """``array`` as a TensorFlow tensor of ``dtype``: the same memory when it is writable,
     contiguous, of that dtype and ``TF_ALIGN``-aligned (DLPack: no copy; TensorFlow aborts the
@@ -344,9 +348,7 @@ def _tensor(array, dtype):
     dtype = np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
     if not (array.dtype == dtype and array.flags.c_contiguous and array.flags.writeable
             and array.ctypes.data % TF_ALIGN == 0):
-        copy = aligned_empty(array.shape, dtype)
-        np.copyto(copy, array, casting="unsafe")
-        array = copy
+        array = aligned_copy(array, dtype)
     return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
 
 

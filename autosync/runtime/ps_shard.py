@@ -46,7 +46,7 @@ import numpy as np
 
 from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
-from autosync.runtime.keras_optimizer import aligned_empty
+from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
 from autosync.runtime.ps_pool import PooledShard
 
 
@@ -371,7 +371,8 @@ class ParameterServerShard(PooledShard):
             elif key in entry["dense"]:
                 entry["dense"][key] += g
             else:
-                entry["dense"][key] = _own_copy(g)  # to accumulate into
+                # to accumulate into; aligned: a Keras optimizer's TensorFlow reads it without a copy
+                entry["dense"][key] = aligned_copy(g)
 
     def _apply_complete_steps(self) -> bool:
         applied = False
@@ -410,17 +411,8 @@ class ParameterServerShard(PooledShard):
         self.stats_["apply_s"] += time.perf_counter() - t0
 
 
-def _own_copy(array) -> np.ndarray:
-    """A writable copy of ``array`` that a Keras optimizer's TensorFlow reads without another copy
-    (aligned as its kernels require; see ``keras_optimizer.aligned_empty``)."""
-    array = np.asarray(array)
-    out = aligned_empty(array.shape, array.dtype)
-    np.copyto(out, array)
-    return out
-
-
 def _concatenate(parts: list) -> np.ndarray:
-    """``np.concatenate(parts)`` into a new array as ``_own_copy`` makes it."""
+    """``np.concatenate(parts)`` into a new array as ``aligned_copy`` makes it."""
     parts = [np.asarray(p) for p in parts]
     out = aligned_empty((sum(len(p) for p in parts),) + parts[0].shape[1:], np.result_type(*parts))
     return np.concatenate(parts, out=out)
