@@ -264,7 +264,7 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
                        "wall_s": round(time.monotonic() - t1, 1)}
     peer_s = (out["peer"] or {}).get("median_s")
     out["speedup_vs_peer"] = peer_s / tuned_s if peer_s and tuned_s else None
-    if args.time_to_target and args.compute == "real":
+    if args.time_to_target:
         out["time_to_target"] = measure_time_to_target(name, cluster, tuned, base, base_name, args, say)
     return out
 
@@ -461,6 +461,11 @@ def main(argv=None) -> int:
               f"model-spec YAMLs with real compute {yaml_real} (a spec has no weights to train: use --compute emulated), "
               f"--step-time between 0 and 3600 seconds, "
               f"--trials >= 0, --steps >= 1, --confirm >= 1, --peer-repeats >= 1", file=sys.stderr)
+        return 2
+    if args.time_to_target < 0 or (args.time_to_target and args.compute != "real") or args.ttt_repeats < 1 \
+            or args.ttt_window < 1 or args.ttt_cap < 1:
+        print("bad arguments: --time-to-target STEPS >= 0, only with real compute (emulated workers do not "
+              "train); --ttt-repeats >= 1, --ttt-window >= 1, --ttt-cap >= 1", file=sys.stderr)
         return 2
     if args.compute == "real" and args.nodes > (os.cpu_count() or 1):
         print(f"bad arguments: {args.nodes} nodes with real compute on {os.cpu_count()} cores: the CPU would decide, not "
