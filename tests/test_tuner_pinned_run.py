@@ -24,16 +24,20 @@ from tuner.synthetic.runner import SyntheticRunner, make_dataset
 MODEL, CLUSTER = tiny_model(profile=True), three_node_cluster()
 SETTINGS = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, seed=5)
 
+# every run measures the seven builders first, in this order
+BASELINES = [
+    ('ps', 'baseline', '590baa757f11d4bb'),
+    ('ps_lb', 'baseline', '9ea9de15dc045bb8'),
+    ('partitioned_ps', 'baseline', 'acfc8fd091f70d03'),
+    ('uneven_partitioned_ps', 'baseline', '90038de3473e9b21'),
+    ('all_reduce', 'baseline', 'c5a79b2294178a38'),
+    ('partitioned_all_reduce', 'baseline', 'b897bcc833ce33b8'),
+    ('parallax', 'baseline', '955d0446d041e32e'),
+]
 PINNED = {
     'open': {
         'trials': [
-            ('ps', 'baseline', '590baa757f11d4bb'),
-            ('ps_lb', 'baseline', '9ea9de15dc045bb8'),
-            ('partitioned_ps', 'baseline', 'acfc8fd091f70d03'),
-            ('uneven_partitioned_ps', 'baseline', '90038de3473e9b21'),
-            ('all_reduce', 'baseline', 'c5a79b2294178a38'),
-            ('partitioned_all_reduce', 'baseline', 'b897bcc833ce33b8'),
-            ('parallax', 'baseline', '955d0446d041e32e'),
+            *BASELINES,
             ('search', 'search', '9909a4a669b09827'),
             ('search', 'search', 'dd8049e81ca14b0c'),
             ('explore', 'search', 'aa56141c17af005a'),
@@ -47,13 +51,7 @@ PINNED = {
     },
     'cold': {
         'trials': [
-            ('ps', 'baseline', '590baa757f11d4bb'),
-            ('ps_lb', 'baseline', '9ea9de15dc045bb8'),
-            ('partitioned_ps', 'baseline', 'acfc8fd091f70d03'),
-            ('uneven_partitioned_ps', 'baseline', '90038de3473e9b21'),
-            ('all_reduce', 'baseline', 'c5a79b2294178a38'),
-            ('partitioned_all_reduce', 'baseline', 'b897bcc833ce33b8'),
-            ('parallax', 'baseline', '955d0446d041e32e'),
+            *BASELINES,
             ('search', 'search', '62ffbb7dfd8f0191'),
             ('search', 'search', '468d7300eaf477cf'),
             ('search', 'search', 'aadbcfd536d40635'),
@@ -67,13 +65,7 @@ PINNED = {
     },
     'warm': {
         'trials': [
-            ('ps', 'baseline', '590baa757f11d4bb'),
-            ('ps_lb', 'baseline', '9ea9de15dc045bb8'),
-            ('partitioned_ps', 'baseline', 'acfc8fd091f70d03'),
-            ('uneven_partitioned_ps', 'baseline', '90038de3473e9b21'),
-            ('all_reduce', 'baseline', 'c5a79b2294178a38'),
-            ('partitioned_all_reduce', 'baseline', 'b897bcc833ce33b8'),
-            ('parallax', 'baseline', '955d0446d041e32e'),
+            *BASELINES,
             ('search', 'search', '62ffbb7dfd8f0191'),
             ('search', 'search', '468d7300eaf477cf'),
             ('search', 'search', 'aadbcfd536d40635'),
