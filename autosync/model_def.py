@@ -20,8 +20,10 @@ class ModelDef:
         name: a short name used in reports (``ncf``, ``my_model``).
         model_fn: ``() -> keras.Model``; builds the model. Weights are created with the seed
             that the runtime sets before calling it, so every worker starts identical.
-        loss_fn: ``() -> callable(y_true, y_pred) -> scalar`` (e.g. a ``keras.losses.Loss``
-            instance factory). The loss must be a mean over the batch.
+        loss_fn: ``() -> loss``: a ``keras.losses.Loss`` instance, a Keras loss name (``"mse"``)
+            or a function ``(y_true, y_pred)`` returning per-example values or their mean, as
+            ``keras.Model.compile`` takes it. The runtime uses ``ModelDef.loss()``, which reduces
+            it to the batch mean as Keras does.
         optimizer_fn: ``() -> keras.optimizers.Optimizer``.
         dataset_fn: ``(worker_index, num_workers) -> iterable of (inputs, targets)`` batches of
             ``batch_size`` examples for that worker (its shard of the data). It may be infinite;
@@ -51,6 +53,23 @@ class ModelDef:
             problems.append(f"ModelDef {self.name}: batch_size must be an integer >= 1, got {self.batch_size!r}")
         if problems:
             raise ConfigError(problems)
+
+    def loss(self):
+        """A new loss object from ``loss_fn``, reduced as ``keras.Model.compile`` reduces it: a
+        ``keras.losses.Loss`` as it is, a name through ``keras.losses.get``, a function's values
+        averaged over every element (a function that returns the mean already is left as it is).
+
+        Under a ``tf.distribute`` strategy Keras divides a reduced loss by the number of
+        replicas before the gradients are summed; a function returning a scalar escapes that
+        and trains with the replicas' summed gradients, which is why per-example values are
+        the portable form.
+
+        Raises:
+            ConfigError: ``loss_fn`` returned something that is not a loss.
+        """
+        from autosync.models.losses import as_keras_loss
+
+        return as_keras_loss(self.loss_fn(), f"ModelDef {self.name}: loss_fn()")
 
     def batches(self, worker_index: int, num_workers: int) -> Iterator[Batch]:
         """Endless iterator over this worker's batches (a finite dataset is cycled)."""

@@ -71,6 +71,7 @@ def _train_loop(config: dict) -> None:
     with strategy.scope():
         keras.utils.set_random_seed(model_def.seed)
         model = model_def.model_fn()
+        # the user's loss as a Ray Train user hands it to compile (Keras wraps and scales it)
         model.compile(optimizer=model_def.optimizer_fn(), loss=model_def.loss_fn())
 
     batches = model_def.batches(rank, world)

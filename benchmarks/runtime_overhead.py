@@ -103,7 +103,7 @@ def single_process(steps: int, warmup: int) -> None:
         md = model_def(name, batch=BATCH * WORKERS)   # the global batch in one process
         keras.utils.set_random_seed(md.seed)
         model = md.model_fn()
-        step = train_step(model, md.loss_fn(), md.optimizer_fn())
+        step = train_step(model, md.loss(), md.optimizer_fn())
 
         data = md.batches(0, 1)
         times = []
@@ -237,7 +237,7 @@ def rows_touched(md, workers: int, first: int, steps: int) -> tuple[dict, dict]:
     from autosync.models.ingest import compute_gradients, variable_names
 
     keras.utils.set_random_seed(md.seed)
-    model, loss = md.model_fn(), md.loss_fn()
+    model, loss = md.model_fn(), md.loss()
     counts: dict = {}
     repeated: dict = {}
     for w in range(workers):

@@ -112,7 +112,7 @@ def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
 
     keras.utils.set_random_seed(md.seed)
     model = md.model_fn()
-    loss_fn = md.loss_fn()
+    loss_fn = md.loss()
     opt = md.optimizer_fn()
     streams = [md.batches(i, num_workers) for i in range(num_workers)]
     for _ in range(steps):

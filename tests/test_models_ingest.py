@@ -131,3 +131,68 @@ def test_profile_rejects_zero_steps():
     ids, y = next(_ids_batches(0, 1))
     with pytest.raises(ValueError, match="timed_steps must be >= 1|warmup_steps and timed_steps"):
         profile.profile_model(_lookup_model(), _mse(), ids, y, warmup_steps=1, timed_steps=0)
+
+
+def _per_example_squares(y_true, y_pred):
+    return (y_pred - y_true) ** 2
+
+
+def _loss_def(loss):
+    return ModelDef(name="loss", model_fn=_lookup_model, loss_fn=lambda: loss, optimizer_fn=_sgd,
+                    dataset_fn=_ids_batches, batch_size=BATCH)
+
+
+@pytest.mark.integration
+def test_model_def_loss_averages_a_per_example_function_as_compile_does():
+    """A plain function's per-example values, a Keras name and a Loss object all give the batch
+    mean; so the workers' gradients are those of the mean, not of the sum over the batch."""
+    import keras
+
+    y_true = np.array([[0.0], [1.0], [2.0], [4.0]], np.float32)
+    y_pred = np.array([[1.0], [1.0], [0.0], [1.0]], np.float32)
+    expected = float(np.mean((y_pred - y_true) ** 2))   # (1 + 0 + 4 + 9) / 4
+    for given in (_per_example_squares, "mse", keras.losses.MeanSquaredError()):
+        loss = _loss_def(given).loss()
+        assert isinstance(loss, keras.losses.Loss)
+        assert float(loss(y_true, y_pred)) == pytest.approx(expected)
+    # a function that already returns the mean is left as it is
+    mean_loss = _loss_def(lambda t, p: keras.ops.mean((p - t) ** 2)).loss()   # named "<lambda>"
+    assert float(mean_loss(y_true, y_pred)) == pytest.approx(expected)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("given, message", [("no_such_loss", "not a Keras loss name"), (3, "not a loss")])
+def test_model_def_loss_refuses_what_is_not_a_loss(given, message):
+    with pytest.raises(ConfigError, match=message):
+        _loss_def(given).loss()
+
+
+@pytest.mark.integration
+def test_zoo_lm_loss_is_scaled_by_keras_under_a_distribution_strategy():
+    """The sampled-softmax LM's loss hands Keras its per-token values: under a two-replica
+    strategy Keras divides the replica's loss by two before the gradients are summed (a loss
+    that returned the mean itself escaped that, and Ray Train's all-reduce doubled its gradients)."""
+    import tensorflow as tf
+
+    from autosync.sources import load_model_def
+
+    md = load_model_def("zoo:lm1b")
+    per_token = tf.constant([[2.0, 4.0], [6.0, 8.0]])
+    loss = md.loss()
+    assert float(loss(tf.zeros_like(per_token), per_token)) == pytest.approx(5.0)
+    assert float(keras_compiled_loss(md.loss_fn(), per_token, replicas=2)) == pytest.approx(2.5)
+
+
+def keras_compiled_loss(loss_fn, y_pred, replicas):
+    """What Keras' compiled loss gives for ``y_pred`` inside a replica of a ``replicas``-way
+    strategy (logical CPU devices cannot be added after start-up: a fake strategy count)."""
+    from unittest import mock
+
+    import tensorflow as tf
+    from keras.src.trainers.compile_utils import CompileLoss
+
+    compiled = CompileLoss(loss_fn)
+    compiled.build(tf.zeros_like(y_pred), y_pred)
+    strategy = mock.Mock(num_replicas_in_sync=replicas)
+    with mock.patch.object(tf.distribute, "get_strategy", return_value=strategy):
+        return compiled(tf.zeros_like(y_pred), y_pred)

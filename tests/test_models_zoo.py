@@ -56,7 +56,7 @@ def test_small_variant_trains_a_step_and_has_the_right_character(name):
 
     d = zoo.get_model_def(name)
     inputs, targets = ingest.first_batch(d, 0, 2)
-    model, loss, optimizer = d.model_fn(), d.loss_fn(), d.optimizer_fn()
+    model, loss, optimizer = d.model_fn(), d.loss(), d.optimizer_fn()
     spec = ingest.model_spec_from_model(model, loss, inputs, targets, name=d.name, batch_size=d.batch_size)
     variables = list(model.trainable_variables)
     before = [v.numpy().copy() for v in variables]

@@ -99,7 +99,7 @@ def test_lm1b_sampled_softmax_declares_its_rows():
     assert reads.full_pull == {} and len(reads.outputs) == 3
     model = md.model_fn()
     for x, y in [ingest.first_batch(md, 0, 2), ingest.first_batch(md, 1, 2)]:
-        variables, grads = ingest.compute_gradients(model, md.loss_fn(), x, y)
+        variables, grads = ingest.compute_gradients(model, md.loss(), x, y)
         predicted = find_reads_on(model, variables, grads).rows(x)
         for v, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):

@@ -128,7 +128,7 @@ def test_each_small_model_learns_its_data(name):
 
     md = zoo.get_model_def(name)
     keras.utils.set_random_seed(md.seed)
-    step = train_step(md.model_fn(), md.loss_fn(), md.optimizer_fn())
+    step = train_step(md.model_fn(), md.loss(), md.optimizer_fn())
 
     level, losses = chance_loss(md, 100), []
     data = md.batches(0, 1)

@@ -157,13 +157,16 @@ class SampledSoftmaxLoss(keras.layers.Layer):
 
 def mean_of_outputs():
     """Loss for models that output their own per-example loss (the sampled-softmax LM): the
-    mean of the predictions; the targets are ignored."""
-    return _mean_prediction
+    model's outputs themselves, which Keras (and ``ModelDef.loss``) average over the batch; the
+    targets are ignored. Returning the mean here instead would escape Keras' division by the
+    number of replicas under a ``tf.distribute`` strategy (the replicas' gradients would be
+    summed, not averaged)."""
+    return _outputs_as_loss
 
 
-def _mean_prediction(y_true, y_pred):
+def _outputs_as_loss(y_true, y_pred):
     del y_true
-    return ops.mean(y_pred)
+    return y_pred
 
 
 def lstm_lm(vocab: int, embedding_dim: int, hidden: int, seq_len: int, num_sampled: int):

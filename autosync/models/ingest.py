@@ -157,7 +157,7 @@ def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
         if not hasattr(model, "trainable_variables") or not callable(model):
             raise ConfigError(f"ModelDef {model_def.name}: model_fn returned {type(model).__name__}, not a "
                               f"keras.Model; make model_fn build and return the model")
-        loss = model_def.loss_fn()
+        loss = model_def.loss()
         spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name,
                                      batch_size=model_def.batch_size)
     return spec, model, loss, inputs, targets

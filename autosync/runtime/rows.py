@@ -238,7 +238,7 @@ def row_reads_of(model_def) -> RowReads:
     keras.utils.set_random_seed(model_def.seed)
     inputs, targets = ingest.first_batch(model_def)
     model = model_def.model_fn()
-    variables, grads = ingest.compute_gradients(model, model_def.loss_fn(), inputs, targets)
+    variables, grads = ingest.compute_gradients(model, model_def.loss(), inputs, targets)
     return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
 
 

@@ -96,7 +96,7 @@ class TrainingWorker:
         self.model_def = model_def
         keras.utils.set_random_seed(model_def.seed)
         self.model = model_def.model_fn()
-        self.loss = model_def.loss_fn()
+        self.loss = model_def.loss()
         optimizer = model_def.optimizer_fn()
         model, loss_fn = self.model, self.loss
 
