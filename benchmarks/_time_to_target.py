@@ -100,3 +100,28 @@ def time_to_target(source: str, cluster, reference, contenders: dict, *, steps: 
                                    else None, "time_to_target_ci95_s": log_t_interval(times),
                                    "reached": f"{len(times)}/{len(got)}"}
     return out
+
+
+def projected(steps: int, contenders: dict) -> dict:
+    """Time to target projected from step times and statistical efficiencies, for compute that
+    does not train (emulated) and, beside the measurement, to check the projection with real
+    compute: a contender of efficiency E needs ``steps / E`` steps to the loss its lossless twin
+    reaches in ``steps``, each taking its measured median step time.
+
+    Args:
+        steps: the reference's steps to the target (the target is the best lossless baseline's
+            loss after ``steps`` steps, so its own E is 1 by definition).
+        contenders: name -> ``(median step seconds or None, E or None)``.
+
+    Returns:
+        ``{"reference_steps": steps, "contenders": {name: {"median_step_s", "statistical_efficiency",
+        "steps_to_target", "time_to_target_s"}}}``; a contender missing a figure gets None.
+    """
+    out: dict = {"reference_steps": steps, "method": "steps / statistical efficiency x median step time",
+                 "contenders": {}}
+    for name, (step_s, e) in contenders.items():
+        known = step_s is not None and e is not None and e > 0
+        out["contenders"][name] = {"median_step_s": step_s, "statistical_efficiency": e,
+                                   "steps_to_target": steps / e if known else None,
+                                   "time_to_target_s": steps / e * step_s if known else None}
+    return out

@@ -86,9 +86,10 @@ def _args(argv=None):
                    help="what the tuning ranks by (autosync tune --quality; default goodput)")
     p.add_argument("--probe-steps", type=int, default=200, help="steps of each efficiency probe (default 200)")
     p.add_argument("--time-to-target", type=int, default=0, metavar="STEPS",
-                   help="also measure time to a target loss (real compute): the loss the best baseline reaches "
-                        "after STEPS steps, reached by the tuned strategy, the best baseline and the peer "
-                        "(default 0: not measured)")
+                   help="also time to a target loss: the loss the best baseline reaches after STEPS steps, "
+                        "reached by the tuned strategy, the best baseline and the peer (measured with real "
+                        "compute); projected from the step times and the probed efficiency (both computes; "
+                        "default 0: neither)")
     p.add_argument("--ttt-repeats", type=int, default=3, help="runs of each contender to the target (default 3)")
     p.add_argument("--ttt-window", type=int, default=20, help="steps the loss is averaged over (default 20)")
     p.add_argument("--ttt-cap", type=float, default=3.0,
@@ -265,16 +266,68 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
     peer_s = (out["peer"] or {}).get("median_s")
     out["speedup_vs_peer"] = peer_s / tuned_s if peer_s and tuned_s else None
     if args.time_to_target:
-        out["time_to_target"] = measure_time_to_target(name, cluster, tuned, base, base_name, args, say)
+        out["time_to_target_projected"] = project_time_to_target(out, args.time_to_target, say)
+        if args.compute == "real":
+            rejected = best_rejected_lossy(result.outcome, result.best_trial)
+            out["time_to_target"] = measure_time_to_target(name, cluster, tuned, base, base_name, args, say,
+                                                           rejected=rejected)
     return out
 
 
-def measure_time_to_target(name: str, cluster, tuned, base, base_name: str, args, say) -> dict:
-    """Time to the best baseline's loss after ``--time-to-target`` steps (``_time_to_target``)."""
+def best_rejected_lossy(outcome, recommended) -> dict | None:
+    """The lossy strategy the goodput rule turned down for a probed efficiency under its
+    ``min_efficiency`` that would otherwise have been recommended: the least median / E among
+    those, if it beats the recommendation's figure. Racing it to the target shows what the
+    guard costs or saves. None when there is none (or the run ranked by step time)."""
+    from tuner.records.goodput import lossy_parts
+
+    if outcome.quality == "step" or recommended is None:
+        return None
+    found = None
+    for t in outcome.measured().values():
+        e = outcome.efficiency_of(t.strategy)
+        if e is None or not e.probed or not 0 < e.value < outcome.min_efficiency:
+            continue
+        if found is None or t.median / e.value < found[0]:
+            found = (t.median / e.value, t, e)
+    if found is None or not found[0] < outcome.figure(recommended):
+        return None
+    goodput_s, t, e = found
+    return {"strategy": t.strategy, "origin": t.origin, "lossy_parts": lossy_parts(t.strategy).describe(),
+            "median_s": t.median, "statistical_efficiency": e.value, "efficiency_interval": [e.low, e.high],
+            "goodput_s": goodput_s, "recommended_goodput_s": outcome.figure(recommended),
+            "min_efficiency": outcome.min_efficiency}
+
+
+def project_time_to_target(out: dict, steps: int, say) -> dict:
+    """Time to target from the confirmed step times and the tuned strategy's probed efficiency
+    (the baselines are lossless): the figure emulated compute can give, and with real compute a
+    check of the projection against the measurement."""
+    from _time_to_target import projected
+
+    conf = out["confirm"]
+    got = projected(steps, {"tuned": (conf["tuned"]["median_s"], out["statistical_efficiency"]),
+                            "best_baseline": (conf["best_baseline"]["median_s"], 1.0)})
+    tuned_t = got["contenders"]["tuned"]["time_to_target_s"]
+    base_t = got["contenders"]["best_baseline"]["time_to_target_s"]
+    got["speedup_vs_best_baseline"] = base_t / tuned_t if tuned_t and base_t else None
+    say(f"  time to target, projected from {steps} steps: tuned {_s(tuned_t)}, best baseline {_s(base_t)}: "
+        f"{_x(got['speedup_vs_best_baseline'])}")
+    return got
+
+
+def measure_time_to_target(name: str, cluster, tuned, base, base_name: str, args, say, rejected=None) -> dict:
+    """Time to the best baseline's loss after ``--time-to-target`` steps (``_time_to_target``);
+    ``rejected`` (``best_rejected_lossy``) races too, as ``rejected_lossy``."""
     from _time_to_target import time_to_target
 
     same = tuned.canonical(cluster) == base.canonical(cluster)
     contenders = {"tuned": tuned} if same else {"tuned": tuned, "best_baseline": base}
+    if rejected:
+        contenders["rejected_lossy"] = rejected["strategy"]
+        say(f"  also racing the lossy strategy the goodput rule turned down ({rejected['lossy_parts']}: "
+            f"{rejected['median_s'] * 1e3:.1f} ms at E {rejected['statistical_efficiency']:.2f} < "
+            f"{rejected['min_efficiency']})")
     t0 = time.monotonic()
     ttt = time_to_target(source_of(name), cluster, base, contenders, steps=args.time_to_target,
                          window=args.ttt_window, cap=int(args.ttt_cap * args.time_to_target),
@@ -290,6 +343,10 @@ def measure_time_to_target(name: str, cluster, tuned, base, base_name: str, args
     ttt["speedup_vs_peer"] = peer_t / tuned_t if peer_t and tuned_t else None
     ti, bi = c["tuned"]["time_to_target_ci95_s"], c["best_baseline"]["time_to_target_ci95_s"]
     ttt["intervals_overlap"] = None if same or not (ti and bi) else not (ti[1] < bi[0] or bi[1] < ti[0])
+    if rejected:
+        ttt["rejected_lossy"] = {k: v for k, v in rejected.items() if k != "strategy"}
+        rej_t = c["rejected_lossy"]["time_to_target_s"]
+        ttt["rejected_lossy"]["speedup_vs_tuned"] = tuned_t / rej_t if tuned_t and rej_t else None
     ttt["wall_s"] = round(time.monotonic() - t0, 1)
     say(f"  time to target: tuned {_s(tuned_t)}, best baseline {_s(base_t)}, ray_train {_s(peer_t)}: "
         f"{_x(ttt['speedup_vs_best_baseline'])} the best baseline, {_x(ttt['speedup_vs_peer'])} the peer")
@@ -346,6 +403,7 @@ def verdicts(results: dict) -> list[str]:
         if r.get("peer"):
             want = TARGETS["vs_peer_embedding" if r["embedding_heavy"] else "vs_peer_dense"]
             checks.append((f">= {want:.1f}x the peer", vp is not None and vp >= want, _x(vp)))
+        checks += time_to_target_checks(r)
         lb = r.get("vs_lower_bound")
         checks.append((f"<= {TARGETS['lower_bound']}x the analytic lower bound", lb is not None and lb <= TARGETS["lower_bound"],
                        _x(lb)))
@@ -358,6 +416,28 @@ def verdicts(results: dict) -> list[str]:
         for what, ok, value in checks:
             lines.append(f"{r.get('model', name)}: {what}: {value} -> {'MET' if ok else 'MISSED'}")
     return lines
+
+
+def time_to_target_checks(r: dict) -> list:
+    """The headline's time-to-target targets for one model: measured where real compute trained
+    it, projected otherwise; (what, met, value) each."""
+    measured, proj = r.get("time_to_target"), r.get("time_to_target_projected")
+    if not (measured or proj):
+        return []
+    kind = "measured" if measured else "projected"
+    v = (measured or proj)["speedup_vs_best_baseline"]
+    checks = [(f"time to target ({kind}) >= 1.0x the best baseline", v is not None and v >= 1.0, _x(v))]
+    if r["embedding_heavy"]:
+        apart = measured.get("intervals_overlap") is False if measured else None
+        checks.append((f"time to target ({kind}) >= {TARGETS['vs_best_baseline_embedding']}x the best baseline"
+                       + (", intervals apart" if measured else ""),
+                       v is not None and v >= TARGETS["vs_best_baseline_embedding"] and apart is not False,
+                       f"{_x(v)}" + (f", overlap {measured.get('intervals_overlap')}" if measured else "")))
+    if measured and "ray_train" in measured.get("contenders", {}):
+        want = TARGETS["vs_peer_embedding" if r["embedding_heavy"] else "vs_peer_dense"]
+        vp = measured.get("speedup_vs_peer")
+        checks.append((f"time to target >= {want:.1f}x Ray Train", vp is not None and vp >= want, _x(vp)))
+    return checks
 
 
 def render_png(results: dict, path: str) -> None:
@@ -462,10 +542,9 @@ def main(argv=None) -> int:
               f"--step-time between 0 and 3600 seconds, "
               f"--trials >= 0, --steps >= 1, --confirm >= 1, --peer-repeats >= 1", file=sys.stderr)
         return 2
-    if args.time_to_target < 0 or (args.time_to_target and args.compute != "real") or args.ttt_repeats < 1 \
-            or args.ttt_window < 1 or args.ttt_cap < 1:
-        print("bad arguments: --time-to-target STEPS >= 0, only with real compute (emulated workers do not "
-              "train); --ttt-repeats >= 1, --ttt-window >= 1, --ttt-cap >= 1", file=sys.stderr)
+    if args.time_to_target < 0 or args.ttt_repeats < 1 or args.ttt_window < 1 or args.ttt_cap < 1:
+        print("bad arguments: --time-to-target STEPS >= 0, --ttt-repeats >= 1, --ttt-window >= 1, --ttt-cap >= 1",
+              file=sys.stderr)
         return 2
     if args.compute == "real" and args.nodes > (os.cpu_count() or 1):
         print(f"bad arguments: {args.nodes} nodes with real compute on {os.cpu_count()} cores: the CPU would decide, not "

@@ -35,3 +35,39 @@ def test_time_to_target_runs_from_the_end_of_the_first_step():
     missed = T._outcome(run, 0.1, 2)
     assert not missed["reached"] and missed["time_to_target_s"] is None
     assert missed["final_smoothed_loss"] == pytest.approx(0.75)
+
+
+def test_projected_time_to_target_divides_the_steps_by_the_efficiency():
+    got = T.projected(150, {"tuned": (0.1, 0.5), "best_baseline": (0.3, 1.0), "unknown": (None, 1.0),
+                            "unprobed": (0.2, None)})["contenders"]
+    # a strategy half as efficient per step needs twice the steps: 300 x 0.1 s against 150 x 0.3 s
+    assert got["tuned"]["steps_to_target"] == pytest.approx(300)
+    assert got["tuned"]["time_to_target_s"] == pytest.approx(30.0)
+    assert got["best_baseline"]["time_to_target_s"] == pytest.approx(45.0)
+    assert got["unknown"]["time_to_target_s"] is None and got["unprobed"]["steps_to_target"] is None
+
+
+def test_the_lossy_strategy_the_goodput_rule_turned_down_races_only_when_it_would_have_won(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    import tuner.records.goodput as goodput
+
+    monkeypatch.setattr(goodput, "lossy_parts", lambda s: NS(describe=lambda: f"lossy {s}"))
+    tvb = importlib.import_module("tune_vs_baselines")
+    eff = {"fast_bad": NS(value=0.6, low=0.5, high=0.7, probed=True),       # 0.1 / 0.6 = 0.167 s
+           "slower_bad": NS(value=0.9, low=0.8, high=1.0, probed=True),     # 0.2 / 0.9 = 0.222 s
+           "good": NS(value=0.97, low=0.9, high=1.0, probed=True)}          # above the guard
+    trials = {k: NS(strategy=k, origin="search", median=m) for k, m in
+              (("fast_bad", 0.1), ("slower_bad", 0.2), ("good", 0.19), ("base", 0.3))}
+
+    def outcome(quality="goodput"):
+        return NS(quality=quality, min_efficiency=0.95, measured=lambda: trials,
+                  efficiency_of=lambda s: eff.get(s, NS(value=1.0, probed=False)),
+                  figure=lambda t: t.median / eff.get(t.strategy, NS(value=1.0)).value)
+
+    got = tvb.best_rejected_lossy(outcome(), trials["good"])   # recommended: 0.19 / 0.97 = 0.196 s
+    assert got["strategy"] == "fast_bad" and got["goodput_s"] == pytest.approx(0.1 / 0.6)
+    assert got["lossy_parts"] == "lossy fast_bad" and got["statistical_efficiency"] == 0.6
+    # nothing turned down beats a recommendation of 0.15 s per lossless step; step quality has no guard
+    assert tvb.best_rejected_lossy(outcome(), NS(strategy="base", median=0.15)) is None
+    assert tvb.best_rejected_lossy(outcome("step"), trials["good"]) is None
