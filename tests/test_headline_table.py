@@ -1,0 +1,76 @@
+"""The README's headline table is built from result files (``benchmarks/headline_table.py``): the
+newest run of a model wins, superseded entries are named, measured and projected figures are
+shown as the files hold them."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+
+from tests.conftest import REPO
+
+BENCH = os.path.join(REPO, "benchmarks")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+H = importlib.import_module("headline_table")
+
+
+def _entry(started, *, measured=True, origin="search", lossy="asynchronous PS on 4 shards"):
+    runs = [{"reached": True, "steps_to_target": s, "time_to_target_s": t} for s, t in ((120, 5.0), (126, 5.5))]
+    entry = {"model": "toy-small", "embedding_heavy": True, "commit": "abc1234", "run_started": started,
+             "tune": {"best_origin": origin, "best_baseline": "ps", "lossy_parts": lossy},
+             "statistical_efficiency": 0.9, "speedup_vs_best_baseline": 1.4, "vs_lower_bound": 2.0,
+             "time_to_target_projected": {"speedup_vs_best_baseline": 1.26}}
+    if measured:
+        entry["time_to_target"] = {
+            "best_baseline_name": "ps", "tuned_is_best_baseline": False, "intervals_overlap": False,
+            "speedup_vs_best_baseline": 1.3, "speedup_vs_peer": None,
+            "contenders": {"tuned": {"runs": runs, "time_to_target_s": 5.2, "time_to_target_ci95_s": [4.9, 5.6],
+                                     "reached": "2/2"},
+                           "best_baseline": {"runs": runs, "time_to_target_s": 6.8, "time_to_target_ci95_s": None,
+                                             "reached": "2/2"},
+                           "ray_train": {"runs": [{"reached": False}], "time_to_target_s": None,
+                                         "time_to_target_ci95_s": None, "reached": "0/1"}}}
+    return entry
+
+
+def test_the_newest_run_of_a_model_is_shown_and_the_other_named(tmp_path):
+    old = {"models": {"toy": _entry("2026-11-01 10:00:00", lossy="lossless", origin="ps")}}
+    new = {"models": {"toy": _entry("2026-11-02 10:00:00")}}
+    table, notes = H.rows({"old.json": old, "new.json": new})
+    assert len(table) == 1
+    row = dict(zip(H.HEADERS, table[0]))
+    assert row["model"] == "toy-small (emb)" and row["tuned"] == "asynchronous PS on 4 shards"
+    assert row["tuned s [95 %] (steps)"] == "5.2 [4.9-5.6] (120-126)"
+    assert row["baseline s [95 %] (steps)"] == "6.8 (120-126)"
+    assert row["Ray Train s [95 %] (steps)"] == "not reached (0/1)"
+    assert row["vs baseline"] == "1.30x (apart)" and row["projected vs baseline"] == "1.26x"
+    assert row["result (commit)"] == "new.json at abc1234"
+    assert notes == ["toy: old.json (run of 2026-11-01 10:00:00) superseded by new.json"]
+
+
+def test_a_baseline_that_won_and_a_projection_alone(tmp_path):
+    emulated = {"models": {"toy": _entry("2026-11-03 10:00:00", measured=False, origin="ps", lossy="lossless")}}
+    row = dict(zip(H.HEADERS, H.rows({"emulated.json": emulated})[0][0]))
+    assert row["tuned"] == "= ps" and row["tuned s [95 %] (steps)"] == "-" and row["vs baseline"] == "-"
+    assert row["projected vs baseline"] == "1.26x"
+
+
+def test_the_command_prints_markdown_and_refuses_what_is_not_a_result(tmp_path, capsys):
+    good, bad = tmp_path / "r.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"models": {"toy": _entry("2026-11-02 10:00:00")}}))
+    bad.write_text(json.dumps([1, 2]))
+    assert H.main([str(good)]) == 0
+    assert capsys.readouterr().out.startswith("| model | tuned |")
+    assert H.main([str(good), str(bad)]) == 2
+    assert "not a tune_vs_baselines result" in capsys.readouterr().err
+
+
+def test_brief_keeps_the_readme_columns(tmp_path, capsys):
+    good = tmp_path / "r.json"
+    good.write_text(json.dumps({"models": {"toy": _entry("2026-11-02 10:00:00")}}))
+    assert H.main(["--brief", str(good)]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()[:3]
+    assert header == "| " + " | ".join(H.BRIEF) + " |"
+    assert row.split(" | ")[3] == "1.30x (apart)"
