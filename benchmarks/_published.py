@@ -180,6 +180,46 @@ def fit_params(train: Sequence[TableTerms], prior: AlphaBeta | None = None, ridg
     return AlphaBeta.from_vector(res.x)
 
 
+RIDGES = (0.1, 1.0, 10.0, 100.0)   # the ridge strengths the inner leave-one-out chooses from
+
+
+def select_by_inner_loo(train: Sequence, fits: dict, score_one: Callable[[object, object], dict]) -> tuple:
+    """Choose among ``fits`` (label -> fit function of a list of tables) the one whose own
+    leave-one-out over ``train`` has the least median |ratio error| (ties: the later label, so
+    order ``fits`` from least to most regularized), and fit it on all of ``train``: what is
+    chosen is chosen on ``train`` alone, so an outer leave-one-out stays honest.
+
+    Returns:
+        (label, fitted on all of ``train``, {label: inner median |ratio error|}).
+    """
+    inner = {}
+    for label, fit in fits.items():
+        inner[label] = summary(leave_one_out(list(train), fit, score_one))["median_abs_ratio_error"] \
+            if len(train) > 1 else float("nan")
+    finite = {k: v for k, v in inner.items() if np.isfinite(v)}
+    label = min(reversed(list(finite)), key=finite.get) if finite else list(fits)[-1]
+    return label, fits[label](list(train)), inner
+
+
+def fit_params_selected(train: Sequence[TableTerms], min_gap: float = MIN_GAP, ridges: Sequence[float] = RIDGES
+                        ) -> "SelectedFit":
+    """``fit_params`` with the ridge strength chosen by leave-one-out within ``train``
+    (``select_by_inner_loo``): where fitting some tables does not predict another better, the
+    strongest pull keeps the physical defaults."""
+    fits = {r: (lambda tables, r=r: fit_params(tables, ridge=r)) for r in sorted(ridges)}
+    ridge, fitted, inner = select_by_inner_loo(train, fits, lambda tt, p: score(tt, p, min_gap))
+    return SelectedFit(fitted, ridge, inner)
+
+
+@dataclass(frozen=True)
+class SelectedFit:
+    """Parameters fitted with a ridge chosen by inner leave-one-out, and how it was chosen."""
+
+    params: AlphaBeta
+    ridge: float
+    inner_errors: dict
+
+
 def leave_one_out(tables: Sequence, fit: Callable[[list], object], score_one: Callable[[object, object], dict]
                   ) -> list[dict]:
     """For each table in turn: ``fit`` on all the others, ``score_one(held_out, fitted)``.

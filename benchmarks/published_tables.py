@@ -12,12 +12,14 @@ constants; per table this prints predicted vs published relative step times, the
 agreement and each ratio's error (issue 16's targets).
 
 ``--leave-one-out`` (issue 27): for each table in turn, the model's parameters are fitted on every
-other table's relative step times and the held-out table is scored with them; per table and
-overall it prints the pairwise order agreement and the median ratio error, beside the untouched
+other table's relative step times and the held-out table is scored with them. How strongly the
+fit is pulled towards the physical defaults (the ridge) is itself chosen on the other tables: by a
+leave-one-out within them, the strength whose held-out tables come out best (``--ridge R`` fixes
+it instead). Per table and overall it prints the pairwise order agreement and the median ratio error, beside the untouched
 (default-parameter) model's. Pairs whose published figures are closer than ``--min-gap`` (5 %) are
 excluded in both modes.
 
-    python benchmarks/published_tables.py [--dir benchmarks/published] [--leave-one-out] [--json out.json]
+    python benchmarks/published_tables.py [--dir benchmarks/published] [--leave-one-out [--ridge R]] [--json out.json]
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _published import (MIN_GAP, TableTerms, fit_params, leave_one_out, load_table, params_dict,  # noqa: E402
+from _published import (MIN_GAP, RIDGES, TableTerms, fit_params, fit_params_selected, leave_one_out, load_table,  # noqa: E402
+                        params_dict,
                         score, summary)
 from tuner.features.alpha_beta import AlphaBeta  # noqa: E402
 
@@ -78,21 +81,30 @@ def run_default(tables, terms, min_gap) -> dict:
             "worst_ratio_error": s["worst_abs_ratio_error"], "median_abs_ratio_error": s["median_abs_ratio_error"]}
 
 
-def run_leave_one_out(tables, terms, min_gap) -> dict:
+def run_leave_one_out(tables, terms, min_gap, ridge: float | None = None) -> dict:
+    """``ridge``: a fixed ridge strength; None (default) chooses it per held-out table by
+    leave-one-out within the other tables (``_published.fit_params_selected``)."""
     untouched = [score(tt, AlphaBeta(), min_gap) for tt in terms]
-    loo = leave_one_out(terms, fit_params, lambda tt, p: score(tt, p, min_gap))
+    if ridge is None:
+        loo = leave_one_out(terms, lambda train: fit_params_selected(train, min_gap),
+                            lambda tt, f: score(tt, f.params, min_gap))
+    else:
+        loo = leave_one_out(terms, lambda train: fit_params(train, ridge=ridge), lambda tt, p: score(tt, p, min_gap))
     rows = []
     for table, r, u in zip(tables, loo, untouched):
         fitted = r.pop("fitted")
+        chosen = getattr(fitted, "ridge", ridge)
+        fitted = getattr(fitted, "params", fitted)
         _print_table(r, table["source"]["citation"], extra=u)
         print(f"  leave-one-out: order {r['pairs_agreeing']}/{r['pairs']}, median |ratio error| "
               f"{r['median_abs_ratio_error']:.1%}   untouched: order {u['pairs_agreeing']}/{u['pairs']}, "
               f"median |ratio error| {u['median_abs_ratio_error']:.1%}")
-        print("  fitted on the other tables: " + ", ".join(f"{k}={v:.3g}" for k, v in params_dict(fitted).items()))
+        print(f"  fitted on the other tables (ridge {chosen:g}): "
+              + ", ".join(f"{k}={v:.3g}" for k, v in params_dict(fitted).items()))
         rows.append({"table": r["table"], "citation": table["source"]["citation"], "strategies": r["strategies"],
                      "published": r["published"], "pairs": r["pairs"],
                      "leave_one_out": {k: r[k] for k in ("predicted", "predicted_s", "pairs_agreeing", "ratio_errors",
-                                                         "median_abs_ratio_error")} | {"params": params_dict(fitted)},
+                                                         "median_abs_ratio_error")} | {"params": params_dict(fitted), "ridge": chosen},
                      "untouched": {k: u[k] for k in ("predicted", "predicted_s", "pairs_agreeing", "ratio_errors",
                                                      "median_abs_ratio_error")}})
     s_loo, s_unt = summary(loo), summary(untouched)
@@ -126,8 +138,14 @@ def main(argv=None) -> int:
                     help="fit the model's parameters on all tables but one, score that one, for each table")
     ap.add_argument("--min-gap", type=float, default=MIN_GAP,
                     help="exclude pairs whose published figures differ by less than this fraction (default 0.05)")
+    ap.add_argument("--ridge", type=float, default=None,
+                    help="--leave-one-out with this fixed ridge strength (default: chosen for each held-out table "
+                         "by leave-one-out within the other tables)")
     ap.add_argument("--json", help="write the results here (with the commit and start time of the run)")
     args = ap.parse_args(argv)
+    if args.ridge is not None and not (args.ridge >= 0 and np.isfinite(args.ridge)):
+        print(f"--ridge must be a finite number >= 0, got {args.ridge}", file=sys.stderr)
+        return 2
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or None
@@ -139,7 +157,8 @@ def main(argv=None) -> int:
     terms = [TableTerms.of(t) for t in tables]
     if args.leave_one_out:
         out = {"commit": commit, "run_started": started, "mode": "leave_one_out"} | run_leave_one_out(
-            tables, terms, args.min_gap)
+            tables, terms, args.min_gap, args.ridge) | {"ridge": args.ridge if args.ridge is not None else
+                                                        "chosen by inner leave-one-out from " + str(list(RIDGES))}
     else:
         out = {"commit": commit, "started": started, "min_gap": args.min_gap} | run_default(tables, terms, args.min_gap)
     if args.json:

@@ -126,6 +126,39 @@ def test_the_fitted_parameters_of_a_fold_come_from_the_other_tables_only():
     assert out[3]["pairs"] == 1 and out[3]["pairs_agreeing"] == 1
 
 
+def test_the_inner_choice_sees_only_the_training_tables_and_picks_the_least_error():
+    """Of two fits, the one whose leave-one-out within the training tables errs less is chosen
+    and refitted on all of them; the held-out table of an outer fold never reaches either."""
+    tables = [{"id": i, "err": e} for i, e in enumerate((0.1, 0.3, 0.2))]
+    seen = []
+
+    def fit_to(bias):
+        def fit(train):
+            seen.append({t["id"] for t in train})
+            return bias
+        return fit
+
+    def score_one(held_out, bias):      # error = the table's own plus the fit's bias
+        return {"pairs": 1, "pairs_agreeing": 1, "ratio_errors": [held_out["err"] + bias]}
+
+    label, fitted, inner = P.select_by_inner_loo(tables[:2], {"loose": fit_to(0.5), "tight": fit_to(0.0)}, score_one)
+    assert label == "tight" and fitted == 0.0
+    assert inner == pytest.approx({"loose": 0.7, "tight": 0.2})   # medians of (0.6, 0.8) and (0.1, 0.3)
+    assert all(2 not in s for s in seen)
+    # equal errors: the later (more regularized) one
+    assert P.select_by_inner_loo(tables, {"a": fit_to(0.0), "b": fit_to(0.0)}, score_one)[0] == "b"
+
+
+def test_fit_params_selected_keeps_the_defaults_when_fitting_does_not_transfer():
+    # every table says something different about the same parameter: fitting some tables
+    # predicts the held-out one worse than the defaults do, so the strongest ridge wins
+    tables = [_fake_terms(i, [1.0, r], 0.5) for i, r in enumerate((1.3, 4.0, 1.6, 6.0))]
+    chosen = P.fit_params_selected(tables)
+    assert chosen.ridge == max(P.RIDGES) and set(chosen.inner_errors) == set(P.RIDGES)
+    consistent = [_fake_terms(i, [1.0, 1.0 + w / 0.5], w) for i, w in enumerate((0.2, 0.5, 1.0, 0.7))]
+    assert P.fit_params_selected(consistent).ridge < max(P.RIDGES)   # here the fit transfers
+
+
 def test_fit_params_with_no_tables_keeps_the_prior():
     assert P.fit_params([]) == AlphaBeta()
 
