@@ -108,7 +108,12 @@ def run_leave_one_out(tables, terms, min_gap, ridge: float | None = None) -> dic
                      "untouched": {k: u[k] for k in ("predicted", "predicted_s", "pairs_agreeing", "ratio_errors",
                                                      "median_abs_ratio_error")}})
     s_loo, s_unt = summary(loo), summary(untouched)
-    all_fit = params_dict(fit_params(terms))
+    if ridge is None:
+        chosen_all = fit_params_selected(terms, min_gap)
+        all_fit = params_dict(chosen_all.params) | {"ridge": chosen_all.ridge,
+                                                    "inner_median_abs_ratio_error": chosen_all.inner_errors}
+    else:
+        all_fit = params_dict(fit_params(terms, ridge=ridge)) | {"ridge": ridge}
     print(f"\n{len(tables)} tables, {s_loo['pairs']} published pairs (closer than {min_gap:.0%} excluded)")
     print(f"{'':<34} {'leave-one-out':>14} {'untouched':>10}")
     print(f"{'pairwise order agreement':<34} {s_loo['order_agreement']:>14.3f} {s_unt['order_agreement']:>10.3f}")
@@ -123,7 +128,7 @@ def run_leave_one_out(tables, terms, min_gap, ridge: float | None = None) -> dic
     print(f"target median |ratio error| <= {LOO_MEDIAN}: {s_loo['median_abs_ratio_error']:.3f} -> "
           f"{_verdict(s_loo['median_abs_ratio_error'] <= LOO_MEDIAN)}")
     print("parameters fitted on all tables (for reference, never used to score): "
-          + ", ".join(f"{k}={v:.3g}" for k, v in all_fit.items()))
+          + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in all_fit.items()))
     return {"min_gap": min_gap, "tables": rows, "leave_one_out": s_loo, "untouched": s_unt,
             "worst_table_order_leave_one_out": worst, "params_fitted_on_all_tables": all_fit,
             "defaults": params_dict(AlphaBeta()),
