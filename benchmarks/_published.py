@@ -193,9 +193,9 @@ def select_by_inner_loo(train: Sequence, fits: dict, score_one: Callable[[object
         (label, fitted on all of ``train``, {label: inner median |ratio error|}).
     """
     inner = {}
-    for label, fit in fits.items():
+    for label, fit in fits.items():   # one choice, or one table: nothing to choose by
         inner[label] = summary(leave_one_out(list(train), fit, score_one))["median_abs_ratio_error"] \
-            if len(train) > 1 else float("nan")
+            if len(train) > 1 and len(fits) > 1 else float("nan")
     finite = {k: v for k, v in inner.items() if np.isfinite(v)}
     label = min(reversed(list(finite)), key=finite.get) if finite else list(fits)[-1]
     return label, fits[label](list(train)), inner

@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _published import (MIN_GAP, RIDGES, TableTerms, fit_params, fit_params_selected, leave_one_out, load_table,  # noqa: E402
+from _published import (MIN_GAP, RIDGES, TableTerms, fit_params_selected, leave_one_out, load_table,  # noqa: E402
                         params_dict,
                         score, summary)
 from tuner.features.alpha_beta import AlphaBeta  # noqa: E402
@@ -85,16 +85,13 @@ def run_leave_one_out(tables, terms, min_gap, ridge: float | None = None) -> dic
     """``ridge``: a fixed ridge strength; None (default) chooses it per held-out table by
     leave-one-out within the other tables (``_published.fit_params_selected``)."""
     untouched = [score(tt, AlphaBeta(), min_gap) for tt in terms]
-    if ridge is None:
-        loo = leave_one_out(terms, lambda train: fit_params_selected(train, min_gap),
-                            lambda tt, f: score(tt, f.params, min_gap))
-    else:
-        loo = leave_one_out(terms, lambda train: fit_params(train, ridge=ridge), lambda tt, p: score(tt, p, min_gap))
+    fit = (lambda train: fit_params_selected(train, min_gap)) if ridge is None else \
+        (lambda train: fit_params_selected(train, min_gap, ridges=[ridge]))
+    loo = leave_one_out(terms, fit, lambda tt, f: score(tt, f.params, min_gap))
     rows = []
     for table, r, u in zip(tables, loo, untouched):
-        fitted = r.pop("fitted")
-        chosen = getattr(fitted, "ridge", ridge)
-        fitted = getattr(fitted, "params", fitted)
+        selected = r.pop("fitted")
+        chosen, fitted = selected.ridge, selected.params
         _print_table(r, table["source"]["citation"], extra=u)
         print(f"  leave-one-out: order {r['pairs_agreeing']}/{r['pairs']}, median |ratio error| "
               f"{r['median_abs_ratio_error']:.1%}   untouched: order {u['pairs_agreeing']}/{u['pairs']}, "
@@ -108,12 +105,9 @@ def run_leave_one_out(tables, terms, min_gap, ridge: float | None = None) -> dic
                      "untouched": {k: u[k] for k in ("predicted", "predicted_s", "pairs_agreeing", "ratio_errors",
                                                      "median_abs_ratio_error")}})
     s_loo, s_unt = summary(loo), summary(untouched)
-    if ridge is None:
-        chosen_all = fit_params_selected(terms, min_gap)
-        all_fit = params_dict(chosen_all.params) | {"ridge": chosen_all.ridge,
-                                                    "inner_median_abs_ratio_error": chosen_all.inner_errors}
-    else:
-        all_fit = params_dict(fit_params(terms, ridge=ridge)) | {"ridge": ridge}
+    chosen_all = fit(terms)
+    all_fit = params_dict(chosen_all.params) | {"ridge": chosen_all.ridge,
+                                                "inner_median_abs_ratio_error": chosen_all.inner_errors}
     print(f"\n{len(tables)} tables, {s_loo['pairs']} published pairs (closer than {min_gap:.0%} excluded)")
     print(f"{'':<34} {'leave-one-out':>14} {'untouched':>10}")
     print(f"{'pairwise order agreement':<34} {s_loo['order_agreement']:>14.3f} {s_unt['order_agreement']:>10.3f}")

@@ -175,6 +175,10 @@ def test_the_cli_writes_leave_one_out_results_with_their_run(tmp_path):
     assert data["commit"] and data["run_started"] and data["mode"] == "leave_one_out"
     assert len(data["tables"]) == 3 and data["leave_one_out"]["tables"] == 3
     assert {"leave_one_out", "untouched"} <= set(data["tables"][0])
+    fixed = tmp_path / "fixed.json"
+    assert cli.main(["--dir", str(tmp_path), "--leave-one-out", "--ridge", "0.1", "--json", str(fixed)]) == 0
+    assert {t["leave_one_out"]["ridge"] for t in json.loads(fixed.read_text())["tables"]} == {0.1}
+    assert cli.main(["--dir", str(tmp_path), "--leave-one-out", "--ridge", "-1"]) == 2
     default = tmp_path / "default.json"
     assert cli.main(["--dir", str(tmp_path), "--json", str(default)]) == 0
     assert json.loads(default.read_text())["started"]

@@ -71,3 +71,18 @@ def test_the_lossy_strategy_the_goodput_rule_turned_down_races_only_when_it_woul
     # nothing turned down beats a recommendation of 0.15 s per lossless step; step quality has no guard
     assert tvb.best_rejected_lossy(outcome(), NS(strategy="base", median=0.15)) is None
     assert tvb.best_rejected_lossy(outcome("step"), trials["good"]) is None
+
+
+def test_time_to_target_verdicts_use_the_measurement_and_fall_back_to_the_projection():
+    tvb = importlib.import_module("tune_vs_baselines")
+    measured = {"speedup_vs_best_baseline": 1.35, "intervals_overlap": True, "speedup_vs_peer": 1.4,
+                "contenders": {"ray_train": {}}}
+    checks = {what: ok for what, ok, _ in tvb.time_to_target_checks(
+        {"embedding_heavy": True, "time_to_target": measured, "time_to_target_projected": {"speedup_vs_best_baseline": 2.0}})}
+    assert checks == {"time to target (measured) >= 1.0x the best baseline": True,
+                      "time to target (measured) >= 1.3x the best baseline, intervals apart": False,   # overlap
+                      "time to target >= 1.5x Ray Train": False}
+    projected = tvb.time_to_target_checks({"embedding_heavy": False,
+                                           "time_to_target_projected": {"speedup_vs_best_baseline": 0.9}})
+    assert [(what, ok) for what, ok, _ in projected] == [("time to target (projected) >= 1.0x the best baseline", False)]
+    assert tvb.time_to_target_checks({"embedding_heavy": True}) == []
