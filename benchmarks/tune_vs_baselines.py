@@ -14,16 +14,16 @@ nodes look to their CPUs and NICs):
    each, interleaved, on fresh workers: picking the fastest of many noisy measurements flatters
    the winner, so the speed-ups are computed from these re-measurements (medians over repeats),
    each with a 95 % interval (t-interval of the log repeat medians).
-3. The analytic lower bound of the tuned strategy's step: compute plus the least time the busiest
-   NIC needs for the bytes the strategy moves (and, for reference, the overlapped bound: the larger
-   of the two).
+3. The analytic lower bound of the tuned strategy's step: the larger of its compute and the least
+   time the busiest NIC needs for the bytes the strategy moves (communication entirely hidden
+   behind compute; their sum, the step with no overlap at all, is kept for reference).
 4. The peer (real compute only): Ray Train's TensorflowTrainer on the same model, per-worker batch
    and nodes, measured ``--peer-repeats`` times with a long warm-up; its repeat spread is reported.
 
 ``--models`` takes zoo names and model-spec YAML files (``configs/models/*.yaml``; emulated compute
 only). Prints a table (targets: >= 1.3x the best baseline with non-overlapping intervals and >= 1.5x
 the peer on the embedding-heavy models, >= 1.0x the peer on dense ones, never slower than the best
-baseline, <= 1.3x the lower bound, within 5 % of the final best in <= 50 trials and fewer warm than
+baseline, <= 1.5x the lower bound with real compute and <= 1.3x emulated, within 5 % of the final best in <= 50 trials and fewer warm than
 cold) and writes ``--name``.json and .png (tuning curves) into ``--out``; the trials go to
 ``--store``.
 
@@ -53,7 +53,7 @@ from _time_to_target import log_t_interval  # noqa: E402 (a sibling script modul
 MODELS = ("ncf", "dlrm", "lm1b", "resnet50", "bert", "vgg16")
 EMBEDDING_HEAVY_SHARE = 0.3     # sparse (embedding) share of the parameters that makes a model embedding-heavy
 TARGETS = {"vs_best_baseline_embedding": 1.3, "vs_peer_embedding": 1.5, "vs_peer_dense": 1.0, "trials": 50,
-           "lower_bound": 1.3}
+           "lower_bound": {"real": 1.5, "emulated": 1.3}}
 
 
 def _args(argv=None):
@@ -131,8 +131,10 @@ def confirm(runner, strategies: dict, repeats: int, say) -> dict:
 
 
 def lower_bound(model, cluster, strategy) -> dict:
-    """The analytic lower bound of ``strategy``'s step: compute plus the least time the busiest NIC
-    needs for the bytes it moves (each direction at the link rate), and the overlapped bound."""
+    """The analytic lower bound of ``strategy``'s step: the larger of its compute and the least time
+    the busiest NIC needs for the bytes it moves (each direction at the link rate), as if all
+    communication overlapped compute (``overlapped_s``, the bound); ``serial_s`` (their sum) is
+    what a step costs with no overlap at all, kept for reference."""
     from strategy_space.space import StrategySpace
     from tuner.features.tables import FeatureTables
     from tuner.features.batch import COL, featurize
@@ -245,7 +247,10 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
     ti, bi = conf["tuned"]["repeats_ci95_s"], conf["best_baseline"]["repeats_ci95_s"]
     out["intervals_overlap"] = None if not (ti and bi) or conf["tuned"] is conf["best_baseline"] \
         else not (ti[1] < bi[0] or bi[1] < ti[0])
-    out["vs_lower_bound"] = tuned_s / out["lower_bound"]["serial_s"] if tuned_s else None
+    # the bound is the overlapped one (compute and the busiest NIC at once): compute plus NIC time is
+    # not a bound, a strategy that overlaps communication with the backward pass runs under it
+    out["vs_lower_bound"] = tuned_s / out["lower_bound"]["overlapped_s"] if tuned_s else None
+    out["vs_serial_bound"] = tuned_s / out["lower_bound"]["serial_s"] if tuned_s else None
     out["peer"] = None
     if args.compute == "real" and not args.no_peer:
         t1 = time.monotonic()
@@ -378,7 +383,7 @@ def render_table(results: dict) -> str:
         rows.append([r.get("model", name) + (" (emb)" if r["embedding_heavy"] else ""), t["best_origin"],
                      f"{_ms(c['tuned']['median_s'])} [{ci(c['tuned'])}]", f"{t['best_baseline']}",
                      f"{_ms(c['best_baseline']['median_s'])} [{ci(c['best_baseline'])}]",
-                     _ms((r["peer"] or {}).get("median_s")), _ms(r["lower_bound"]["serial_s"]),
+                     _ms((r["peer"] or {}).get("median_s")), _ms(r["lower_bound"]["overlapped_s"]),
                      _x(r["speedup_vs_best_baseline"]), _x(r.get("goodput_speedup_vs_best_baseline")),
                      "-" if r.get("statistical_efficiency") is None else f"{r['statistical_efficiency']:.2f}",
                      _x(r["speedup_vs_peer"]), _x(r.get("vs_lower_bound")),
@@ -404,9 +409,8 @@ def verdicts(results: dict) -> list[str]:
             want = TARGETS["vs_peer_embedding" if r["embedding_heavy"] else "vs_peer_dense"]
             checks.append((f">= {want:.1f}x the peer", vp is not None and vp >= want, _x(vp)))
         checks += time_to_target_checks(r)
-        lb = r.get("vs_lower_bound")
-        checks.append((f"<= {TARGETS['lower_bound']}x the analytic lower bound", lb is not None and lb <= TARGETS["lower_bound"],
-                       _x(lb)))
+        lb, want_lb = r.get("vs_lower_bound"), TARGETS["lower_bound"][r.get("compute", "real")]
+        checks.append((f"<= {want_lb}x the analytic lower bound", lb is not None and lb <= want_lb, _x(lb)))
         checks.append((f"within 5 % of its best in <= {TARGETS['trials']} trials", n is not None and n <= TARGETS["trials"],
                        str(n)))
         if r.get("cold"):
