@@ -86,3 +86,15 @@ def test_time_to_target_verdicts_use_the_measurement_and_fall_back_to_the_projec
                                            "time_to_target_projected": {"speedup_vs_best_baseline": 0.9}})
     assert [(what, ok) for what, ok, _ in projected] == [("time to target (projected) >= 1.0x the best baseline", False)]
     assert tvb.time_to_target_checks({"embedding_heavy": True}) == []
+
+
+def test_the_lower_bound_verdict_holds_real_compute_to_1_5x_and_emulated_to_1_3x():
+    tvb = importlib.import_module("tune_vs_baselines")
+
+    def verdict(compute, ratio):
+        r = {"model": "toy", "compute": compute, "embedding_heavy": False, "speedup_vs_best_baseline": 1.0,
+             "speedup_vs_peer": None, "tune": {"trials_to_within_5pct": 3}, "vs_lower_bound": ratio}
+        return [line for line in tvb.verdicts({"models": {"toy": r}}) if "lower bound" in line][0]
+
+    assert verdict("real", 1.4).endswith("1.40x -> MET") and "<= 1.5x" in verdict("real", 1.4)
+    assert verdict("emulated", 1.4).endswith("1.40x -> MISSED") and "<= 1.3x" in verdict("emulated", 1.4)
