@@ -9,7 +9,6 @@ benchmark's training function only, never by AutoSync itself.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import tempfile
@@ -79,7 +78,10 @@ def _train_loop(config: dict) -> None:
         # training to a loss: this worker's whole stream of batches, as AutoSync's workers read it
         first = next(batches)
         spec = tf.nest.map_structure(lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)), first)
-        ds = tf.data.Dataset.from_generator(lambda: itertools.chain([first], batches), output_signature=spec)
+        # a fresh stream from its start each time the dataset is iterated: Keras iterates it once
+        # to build the model and once to train, and a shared iterator would lose the batches the
+        # first pass (and its prefetch) took
+        ds = tf.data.Dataset.from_generator(lambda: model_def.batches(rank, world), output_signature=spec)
     else:
         # a few real batches of this worker's shard, held in memory and repeated: no Python
         # generator in the measured loop
@@ -90,6 +92,11 @@ def _train_loop(config: dict) -> None:
     # every worker already reads its own shard of the data (as AutoSync's workers do)
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     ds = ds.with_options(options)
+    # a per-worker dataset as it is: handed a plain dataset, Keras distributes it with
+    # experimental_distribute_dataset, which takes each batch for the global one and splits it over
+    # all replicas, so each worker would train on half its batch (and the peer on half the global
+    # batch: a different loss from the first step, more steps to a target)
+    ds = strategy.distribute_datasets_from_function(lambda _context: ds)
 
     ends: list[float] = []
     losses: list[float] = []
