@@ -5,7 +5,9 @@ result files of ``tune_vs_baselines.py --time-to-target``.
     python benchmarks/headline_table.py --brief benchmarks/results/headline_2x200mbit_real_*.json   # README
 
 One row per model. Where several files hold the same model, the entry of the newest run is shown
-and the others are named under the table (runs are never merged into one row). Measured figures
+and the others are named under the table (runs are never merged into one row). A file whose
+``meta`` names a ``peer_fault`` (a fault of the Ray Train peer found after the run) has its Ray
+Train figures marked with a dagger and the fault written under the table. Measured figures
 come from ``time_to_target`` (real compute); ``time_to_target_projected`` (steps over the probed
 efficiency times the confirmed step time) is shown beside them, and alone for emulated compute.
 """
@@ -81,7 +83,13 @@ def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
                 notes.append(f"{name}: {os.path.basename(path)} (run of {r['run_started']}) superseded by "
                              f"{os.path.basename(seen[0])}")
     out = []
+    faults = {}
     for name, (path, r) in newest.items():
+        fault = (results[path].get("meta") or {}).get("peer_fault")
+        mark = ""
+        if fault:
+            faults.setdefault(os.path.basename(path), fault)
+            mark = " †" * (list(faults).index(os.path.basename(path)) + 1)
         m = r.get("time_to_target") or {}
         c = m.get("contenders", {})
         proj = r.get("time_to_target_projected") or {}
@@ -96,11 +104,12 @@ def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
             r.get("model", name) + (" (emb)" if r.get("embedding_heavy") else ""), _tuned_name(r), base_name,
             _contender(c.get("tuned")) if m else "-",
             "same" if same and m else _contender(c.get("best_baseline")) if m else "-",
-            _contender(c.get("ray_train")) if m else "-",
-            vs_base if m else "-", _x(m.get("speedup_vs_peer")) if m else "-",
+            (_contender(c.get("ray_train")) + mark) if m else "-",
+            vs_base if m else "-", (_x(m.get("speedup_vs_peer")) + mark) if m else "-",
             _x(proj.get("speedup_vs_best_baseline")), "-" if e is None else f"{e:.2f}",
             _x(r.get("speedup_vs_best_baseline")), _x(vs_lower_bound(r)),
             f"{os.path.basename(path)} at {r['commit']}"])
+    notes += [f"{'†' * (i + 1)} Ray Train in {f}: {fault}" for i, (f, fault) in enumerate(faults.items())]
     return out, notes
 
 

@@ -79,3 +79,14 @@ def test_brief_keeps_the_readme_columns(tmp_path, capsys):
     header, _, row = capsys.readouterr().out.splitlines()[:3]
     assert header == "| " + " | ".join(H.BRIEF) + " |"
     assert row.split(" | ")[3] == "1.30x (apart)"
+
+
+def test_ray_train_figures_of_a_run_with_a_faulty_peer_are_marked_and_the_fault_named():
+    faulty = {"meta": {"peer_fault": "half the global batch"}, "models": {"toy": _entry("2026-11-02 10:00:00")}}
+    fine = {"models": {"other": dict(_entry("2026-11-03 10:00:00"), model="other-small")}}
+    table, notes = H.rows({"faulty.json": faulty, "fine.json": fine})
+    rows = {r[0]: dict(zip(H.HEADERS, r)) for r in table}
+    assert rows["toy-small (emb)"]["vs Ray Train"] == "- †"
+    assert rows["toy-small (emb)"]["Ray Train s [95 %] (steps)"] == "not reached (0/1) †"
+    assert rows["other-small (emb)"]["vs Ray Train"] == "-"
+    assert notes == ["† Ray Train in faulty.json: half the global batch"]
