@@ -88,8 +88,10 @@ def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
         fault = (results[path].get("meta") or {}).get("peer_fault")
         mark = ""
         if fault:
-            faults.setdefault(os.path.basename(path), fault)
-            mark = " †" * (list(faults).index(os.path.basename(path)) + 1)
+            files = faults.setdefault(fault, [])
+            if os.path.basename(path) not in files:
+                files.append(os.path.basename(path))
+            mark = " " + "†" * (list(faults).index(fault) + 1)
         m = r.get("time_to_target") or {}
         c = m.get("contenders", {})
         proj = r.get("time_to_target_projected") or {}
@@ -109,7 +111,7 @@ def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
             _x(proj.get("speedup_vs_best_baseline")), "-" if e is None else f"{e:.2f}",
             _x(r.get("speedup_vs_best_baseline")), _x(vs_lower_bound(r)),
             f"{os.path.basename(path)} at {r['commit']}"])
-    notes += [f"{'†' * (i + 1)} Ray Train in {f}: {fault}" for i, (f, fault) in enumerate(faults.items())]
+    notes += [f"{'†' * (i + 1)} Ray Train in {', '.join(files)}: {fault}" for i, (fault, files) in enumerate(faults.items())]
     return out, notes
 
 
