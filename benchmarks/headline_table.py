@@ -67,21 +67,17 @@ def vs_lower_bound(r: dict) -> float | None:
 
 def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
     """``results``: file path -> loaded result. Returns (table rows, notes on superseded entries)."""
-    newest: dict[str, tuple[str, dict]] = {}
-    notes = []
+    entries: dict[str, list[tuple[str, dict]]] = {}
     for path, res in results.items():
         for name, r in res["models"].items():
-            if "time_to_target" not in r and "time_to_target_projected" not in r:
-                continue
-            seen = newest.get(name)
-            if seen is None or r["run_started"] > seen[1]["run_started"]:
-                if seen:
-                    notes.append(f"{name}: {os.path.basename(seen[0])} (run of {seen[1]['run_started']}) superseded "
-                                 f"by {os.path.basename(path)}")
-                newest[name] = (path, r)
-            else:
-                notes.append(f"{name}: {os.path.basename(path)} (run of {r['run_started']}) superseded by "
-                             f"{os.path.basename(seen[0])}")
+            if "time_to_target" in r or "time_to_target_projected" in r:
+                entries.setdefault(name, []).append((path, r))
+    newest = {name: max(runs, key=lambda run: run[1]["run_started"]) for name, runs in entries.items()}
+    # every older entry is named with the one the table shows (not the next newer one)
+    notes = [f"{name}: {os.path.basename(path)} (run of {r['run_started']}) superseded by "
+             f"{os.path.basename(newest[name][0])}"
+             for name, runs in entries.items() for path, r in sorted(runs, key=lambda run: run[1]["run_started"])
+             if r is not newest[name][1]]
     out = []
     faults = {}
     for name, (path, r) in newest.items():

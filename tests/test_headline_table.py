@@ -90,3 +90,11 @@ def test_ray_train_figures_of_a_run_with_a_faulty_peer_are_marked_and_the_fault_
     assert rows["toy-small (emb)"]["Ray Train s [95 %] (steps)"] == "not reached (0/1) †"
     assert rows["other-small (emb)"]["vs Ray Train"] == "-"
     assert notes == ["† Ray Train in faulty.json: half the global batch"]
+
+
+def test_every_older_run_names_the_run_the_table_shows():
+    runs = {f"{d}.json": {"models": {"toy": _entry(f"2026-11-0{d} 10:00:00")}} for d in (1, 2, 3)}
+    table, notes = H.rows(runs)
+    assert dict(zip(H.HEADERS, table[0]))["result (commit)"] == "3.json at abc1234"
+    assert notes == ["toy: 1.json (run of 2026-11-01 10:00:00) superseded by 3.json",
+                     "toy: 2.json (run of 2026-11-02 10:00:00) superseded by 3.json"]
