@@ -312,6 +312,36 @@ def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_pa
     assert max(shares) < 0.5, shares
 
 
+def test_the_search_does_not_spend_trials_on_what_the_efficiency_floor_will_turn_down(tmp_path):
+    """Asynchronous PS here halves the step and costs E = 0.85 with the whole model asynchronous
+    (less on less of it): better goodput (0.5 / 0.85), but under the 0.95 floor, so never
+    recommended. Once a probe has priced it, the search proposes asynchrony only where its estimate
+    clears the floor (on at most ~30 % of the model), not the fast strategies it must turn down."""
+    from tuner.records.goodput import lossy_extents
+
+    space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, allow_async=True).space
+
+    def async_share(strategy):
+        return float(lossy_extents(space.encode([strategy]), _param_shares()).get("async", np.zeros(1))[0])
+
+    class MildAsyncCost(FakeProber):
+        def efficiency(self, strategy):
+            self.asked.append(strategy)
+            e = 0.85 ** async_share(strategy)
+            return Efficiency(e, e - 0.01, min(1.0, e + 0.01), probed=True, steps=100, source="probe")
+
+    prober = MildAsyncCost({})
+    out = tune(tmp_path, "goodput", prober, trials=18, allow_async=True)
+    first = next((i for i, t in enumerate(out.trials) if t.strategy.fingerprint in {s.fingerprint for s in prober.asked}
+                  and async_share(t.strategy) > 0.5), None)
+    assert first is not None, "no strategy asynchronous on most of the model was probed: nothing to learn from"
+    later = [t for t in out.trials[first + FAST.batch:] if t.role == "search"]
+    assert len(later) >= 6, "too few search rounds after the first probe of asynchronous PS"
+    below = [async_share(t.strategy) for t in later if 0.85 ** async_share(t.strategy) < 0.95]
+    assert not below, f"{len(below)} of {len(later)} later search trials were estimated under the floor: {below}"
+    assert out.efficiency_of(out.best.strategy) is None or out.efficiency_of(out.best.strategy).value >= 0.95
+
+
 def test_a_twin_that_rises_back_is_flagged_and_a_steady_one_is_not():
     """A lossless twin whose loss climbs back towards its start (VGG at the edge of stability) makes
     E a comparison with one unstable run: the efficiency says so; a steadily falling twin does not."""

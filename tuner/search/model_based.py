@@ -13,12 +13,17 @@ baselines within 1.25x of the best, first), ranked by the same predictor, all gr
 random); the radius grows by one after each region round that beat its incumbent, and the whole
 space opens once the predictor has proven itself (or when nothing is left to measure near the
 incumbents).
+
+Under goodput, once probes have priced lossy features, candidates are ranked by predicted step time
+over their estimated efficiency, and one estimated below the run's ``min_efficiency`` ranks after
+every candidate that could be recommended: measuring a strategy the floor will turn down spends a
+trial on nothing (on vgg16 a search spent most of its 12 trials so, and recommended a baseline).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -146,7 +151,10 @@ class ModelBasedTuner(Tuner):
         measured = history.latest_seconds()
         best = sorted(((v, key) for key, v in measured.items() if np.isfinite(v)))[:8]
         costs = self._feature_costs(history)
-        shares = self._param_shares()
+        shares, floor = self._param_shares(), _least_efficiency(history)
+
+        def efficiency(e: EncodedStrategies) -> np.ndarray:
+            return _within_floor(estimate_encoded_efficiency(e, shares, costs), floor)
         if self.last_radius is not None:
             # the region is around the incumbents: the measured strategies within 1.25x of the best
             cand = self._neighbours([key for v, _, key in incumbents if v <= 1.25 * incumbents[0][0]],
@@ -161,7 +169,7 @@ class ModelBasedTuner(Tuner):
         if self.last_radius is not None:
             pool = Pool(cand.take(cand_ranked), cand_s[cand_ranked])
         else:
-            pool = self._anneal(cand, cand_ranked, cand_s, costs, shares, k, rng)
+            pool = self._anneal(cand, cand_ranked, cand_s, efficiency if costs else None, k, rng)
         pool_X = rows.of(pool.encoded)
         fused, seconds = self.predictor.order(pool.encoded, pool_X)
         seen = history.feature_keys()
@@ -177,7 +185,7 @@ class ModelBasedTuner(Tuner):
         step_s = pool.predicted
         if costs:
             # (a failed probe counts as E = 0.001: its parts are ranked last, not dropped)
-            est = estimate_encoded_efficiency(pool.encoded, shares, costs)
+            est = efficiency(pool.encoded)
             ranked = np.argsort(pool.predicted / est, kind="stable")
             step_s = pool.predicted[ranked]
             pool, pool_X = Pool(pool.encoded.take(ranked), step_s / est[ranked]), pool_X[ranked]
@@ -201,15 +209,18 @@ class ModelBasedTuner(Tuner):
                                 encoded=pool.encoded.take([i]), features=pool_X[i], meta={**meta, **gain}))
         return out
 
-    def _anneal(self, cand: EncodedStrategies, cand_ranked: np.ndarray, cand_s: np.ndarray, costs: dict[str, float],
-                shares: np.ndarray, k: int, rng: np.random.Generator) -> Pool:
-        """The annealing pool, its chains started from the best-predicted candidates."""
+    def _anneal(self, cand: EncodedStrategies, cand_ranked: np.ndarray, cand_s: np.ndarray,
+                efficiency: Callable[[EncodedStrategies], np.ndarray] | None, k: int,
+                rng: np.random.Generator) -> Pool:
+        """The annealing pool, its chains started from the best-predicted candidates; ``efficiency``
+        (None until probes have priced a lossy feature): the estimated efficiency the chains climb
+        goodput with."""
         s = self.settings
         order = cand_ranked
         scorer = self.predictor.chain_scorer()
-        if costs:   # once probes have priced lossy features, the chains start from and climb goodput
-            scorer = PerLosslessStep(scorer, lambda e: estimate_encoded_efficiency(e, shares, costs))
-            order = np.argsort(cand_s / estimate_encoded_efficiency(cand, shares, costs), kind="stable")
+        if efficiency is not None:   # once probes have priced lossy features, the chains start from and climb goodput
+            scorer = PerLosslessStep(scorer, efficiency)
+            order = np.argsort(cand_s / efficiency(cand), kind="stable")
         init = cand.take(order[: s.chains])
         constrained = self.constraints is not None
         return simulated_annealing(self.space, scorer, init, rng, steps=s.anneal_steps,
@@ -325,6 +336,23 @@ class _RoundFeatures:
         if not keys:
             return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
         return np.stack([self._rows[key] for key in keys])
+
+
+def _least_efficiency(history: History) -> float:
+    """The run's ``min_efficiency`` (its newest trial's meta; the default before any trial): the
+    least efficiency a lossy strategy needs to be recommended."""
+    for entry in reversed(history.entries):
+        if "min_efficiency" in entry.trial.meta:
+            return float(entry.trial.meta["min_efficiency"])
+    return DEFAULT_MIN_EFFICIENCY
+
+
+def _within_floor(est: np.ndarray, floor: float) -> np.ndarray:
+    """Estimated efficiencies for ranking: a candidate estimated below the run's floor can never be
+    recommended (``TuneOutcome``), so however fast its step it ranks after every candidate that
+    can (its estimate scaled down a thousandfold keeps the order among such candidates). A feature
+    no probe has priced is estimated at 1 and stays eligible, so it is still proposed and probed."""
+    return np.where(est >= floor, est, est * 1e-3)
 
 
 def _incumbents(history: History) -> list[tuple[float, float, bytes]]:
