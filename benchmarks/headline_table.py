@@ -10,6 +10,9 @@ and the others are named under the table (runs are never merged into one row). A
 Train figures marked with a dagger and the fault written under the table. Measured figures
 come from ``time_to_target`` (real compute); ``time_to_target_projected`` (steps over the probed
 efficiency times the confirmed step time) is shown beside them, and alone for emulated compute.
+Where the run also raced the lossy strategy the goodput rule turned down (its probed efficiency
+under ``min_efficiency``), the full table shows it: its time to target against the
+recommendation's, its probed efficiency and its steps.
 """
 from __future__ import annotations
 
@@ -65,6 +68,18 @@ def vs_lower_bound(r: dict) -> float | None:
     return step / bound if step and bound else None
 
 
+def _turned_down(m: dict) -> str:
+    """``<speed-up> sooner (E <efficiency>, <steps> steps)`` of the raced lossy strategy the goodput
+    rule turned down, against the recommendation; ``-`` where none raced."""
+    rejected, c = m.get("rejected_lossy"), (m.get("contenders") or {}).get("rejected_lossy")
+    if not rejected or not c:
+        return "-"
+    if c.get("time_to_target_s") is None:
+        return f"not reached ({c.get('reached', '?')}), E {rejected['statistical_efficiency']:.2f}"
+    return (f"{_x(rejected.get('speedup_vs_tuned'))} sooner (E {rejected['statistical_efficiency']:.2f}, "
+            f"{_steps(c['runs'])} steps)")
+
+
 def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
     """``results``: file path -> loaded result. Returns (table rows, notes on superseded entries)."""
     entries: dict[str, list[tuple[str, dict]]] = {}
@@ -105,7 +120,7 @@ def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
             (_contender(c.get("ray_train")) + mark) if m else "-",
             vs_base if m else "-", (_x(m.get("speedup_vs_peer")) + mark) if m else "-",
             _x(proj.get("speedup_vs_best_baseline")), "-" if e is None else f"{e:.2f}",
-            _x(r.get("speedup_vs_best_baseline")), _x(vs_lower_bound(r)),
+            _x(r.get("speedup_vs_best_baseline")), _x(vs_lower_bound(r)), _turned_down(m),
             f"{os.path.basename(path)} at {r['commit']}"])
     notes += [f"{'†' * (i + 1)} Ray Train in {', '.join(files)}: {fault}" for i, (fault, files) in enumerate(faults.items())]
     return out, notes
@@ -113,7 +128,7 @@ def rows(results: dict[str, dict]) -> tuple[list[list[str]], list[str]]:
 
 HEADERS = ["model", "tuned", "best baseline", "tuned s [95 %] (steps)", "baseline s [95 %] (steps)",
            "Ray Train s [95 %] (steps)", "vs baseline", "vs Ray Train", "projected vs baseline", "E",
-           "step vs baseline", "vs lower bound", "result (commit)"]
+           "step vs baseline", "vs lower bound", "turned down (lossy) vs tuned", "result (commit)"]
 
 
 BRIEF = ["model", "tuned", "best baseline", "vs baseline", "vs Ray Train", "E", "vs lower bound", "result (commit)"]

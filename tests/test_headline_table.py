@@ -98,3 +98,19 @@ def test_every_older_run_names_the_run_the_table_shows():
     assert dict(zip(H.HEADERS, table[0]))["result (commit)"] == "3.json at abc1234"
     assert notes == ["toy: 1.json (run of 2026-11-01 10:00:00) superseded by 3.json",
                      "toy: 2.json (run of 2026-11-02 10:00:00) superseded by 3.json"]
+
+
+def test_the_lossy_strategy_turned_down_is_shown_against_the_recommendation():
+    entry = _entry("2026-11-02 10:00:00")
+    runs = [{"reached": True, "steps_to_target": s, "time_to_target_s": 2.0} for s in (160, 166)]
+    entry["time_to_target"]["rejected_lossy"] = {"statistical_efficiency": 0.9157, "speedup_vs_tuned": 2.6}
+    entry["time_to_target"]["contenders"]["rejected_lossy"] = {"runs": runs, "time_to_target_s": 2.0, "reached": "2/2"}
+    never = _entry("2026-11-02 10:00:00")
+    never["time_to_target"]["rejected_lossy"] = {"statistical_efficiency": 0.4, "speedup_vs_tuned": None}
+    never["time_to_target"]["contenders"]["rejected_lossy"] = {"runs": [{"reached": False}], "time_to_target_s": None,
+                                                             "reached": "0/1"}
+    col = H.HEADERS.index("turned down (lossy) vs tuned")
+    shown = [H.rows({f"{i}.json": {"models": {f"m{i}": e}}})[0][0][col] for i, e in enumerate((entry, never, _entry("x")))]
+    assert shown == ["2.60x sooner (E 0.92, 160-166 steps)", "not reached (0/1), E 0.40", "-"]
+    assert "turned down (lossy) vs tuned" not in H.BRIEF
+

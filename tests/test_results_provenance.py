@@ -1,11 +1,10 @@
-"""Issue 17: the committed benchmark results say which run measured each entry, and the figures
-the benchmarks page (docs/benchmarks.md, moved out of the README in issue 29) quotes match the
-result file it names."""
+"""Issue 17: the committed benchmark results say which run measured each entry (the README's and the
+benchmarks page's headline tables are checked against the files they are built from in
+tests/test_headline_table.py)."""
 from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 
@@ -46,18 +45,3 @@ def test_every_entry_records_its_run_or_says_it_is_unknown(name):
     if len(runs) > 1 and not per_run:
         assert isinstance(data, dict) and data.get("meta", {}).get("mixed_runs"), f"{name} holds entries of several runs without saying so"
 
-
-def test_the_benchmarks_page_peer_figure_is_the_one_in_the_file_it_names():
-    with open(os.path.join(REPO, "docs", "benchmarks.md")) as f:
-        page = " ".join(f.read().split())
-    m = re.search(r"PS strategies beat the peer by up to ([0-9.]+)x \(([a-z0-9]+): `([a-z_]+)` .*?; "
-                  r"`(benchmarks/results/[a-z_]+\.json)`", page)
-    assert m, "docs/benchmarks.md's figure against the peer no longer names its model, builder and result file"
-    quoted, model, builder, path = float(m.group(1)), m.group(2), m.group(3), m.group(4)
-    with open(os.path.join(REPO, path)) as f:
-        data = json.load(f)["models"]
-    ps = ("ps", "ps_lb", "partitioned_ps", "uneven_partitioned_ps")
-    ratios = {(name, b): entry["peer"]["median_s"] / r["median_s"] for name, entry in data.items()
-              for b, r in entry["builders"].items() if b in ps and r.get("median_s") and entry["peer"].get("median_s")}
-    best = max(ratios, key=ratios.get)
-    assert round(ratios[best], 2) == quoted and best[0] == model and ratios[(model, builder)] == ratios[best]
