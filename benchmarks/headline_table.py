@@ -132,6 +132,15 @@ HEADERS = ["model", "tuned", "best baseline", "tuned s [95 %] (steps)", "baselin
 
 
 BRIEF = ["model", "tuned", "best baseline", "vs baseline", "vs Ray Train", "E", "vs lower bound", "result (commit)"]
+# emulated compute measures no time to target (it is projected from step times and E) and has no peer
+BRIEF_PROJECTED = ["model", "tuned", "best baseline", "projected vs baseline", "E", "vs lower bound", "result (commit)"]
+
+
+def brief_columns(results: dict[str, dict]) -> list[str]:
+    """The README's columns: measured speed-ups where any entry measured its time to target, else
+    the projected one."""
+    measured = any("time_to_target" in r for res in results.values() for r in res["models"].values())
+    return BRIEF if measured else BRIEF_PROJECTED
 
 
 def markdown(results: dict[str, dict], columns: list[str] = HEADERS) -> str:
@@ -146,7 +155,8 @@ def markdown(results: dict[str, dict], columns: list[str] = HEADERS) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", help="result JSONs of tune_vs_baselines.py --time-to-target")
-    p.add_argument("--brief", action="store_true", help="the README's columns: speed-ups, efficiency, bound, source")
+    p.add_argument("--brief", action="store_true", help="the README's columns: speed-ups (projected ones where no time "
+                   "to target was measured, as with emulated compute), efficiency, bound, source")
     args = p.parse_args(argv)
     results = {}
     for path in args.files:
@@ -159,7 +169,7 @@ def main(argv=None) -> int:
         if not isinstance(results[path], dict) or not isinstance(results[path].get("models"), dict):
             print(f"{path} is not a tune_vs_baselines result (no 'models')", file=sys.stderr)
             return 2
-    print(markdown(results, BRIEF if args.brief else HEADERS))
+    print(markdown(results, brief_columns(results) if args.brief else HEADERS))
     return 0
 
 

@@ -81,6 +81,14 @@ def test_brief_keeps_the_readme_columns(tmp_path, capsys):
     assert row.split(" | ")[3] == "1.30x (apart)"
 
 
+def test_brief_shows_the_projected_speed_up_where_no_time_to_target_was_measured(tmp_path, capsys):
+    emulated = tmp_path / "e.json"
+    emulated.write_text(json.dumps({"models": {"toy": _entry("2026-11-02 10:00:00", measured=False)}}))
+    assert H.main(["--brief", str(emulated)]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()[:3]
+    assert header == "| " + " | ".join(H.BRIEF_PROJECTED) + " |" and row.split(" | ")[3] == "1.26x"
+
+
 def test_ray_train_figures_of_a_run_with_a_faulty_peer_are_marked_and_the_fault_named():
     faulty = {"meta": {"peer_fault": "half the global batch"}, "models": {"toy": _entry("2026-11-02 10:00:00")}}
     fine = {"models": {"other": dict(_entry("2026-11-03 10:00:00"), model="other-small")}}
@@ -114,3 +122,29 @@ def test_the_lossy_strategy_turned_down_is_shown_against_the_recommendation():
     assert shown == ["2.60x sooner (E 0.92, 160-166 steps)", "not reached (0/1), E 0.40", "-"]
     assert "turned down (lossy) vs tuned" not in H.BRIEF
 
+
+def _committed(pattern: str) -> dict[str, dict]:
+    import glob
+    results = {}
+    for path in sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", pattern))):
+        with open(path) as f:
+            results[path] = json.load(f)
+    return results
+
+
+def test_the_readme_and_benchmarks_page_tables_are_the_ones_the_committed_results_build():
+    """A re-measured model, a new result file or a change to how the table is built must reach the
+    pages: each row (and each note on a superseded run) the committed files build is on the page."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(REPO, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    for pattern in ("headline_2x200mbit_real_*.json", "headline_3x100mbit_emulated*.json"):
+        results = _committed(pattern)
+        assert results, f"no committed {pattern}"
+        brief = H.markdown(results, H.brief_columns(results)).split("\n\n")[0].splitlines()[2:]
+        full = H.markdown(results).splitlines()
+        assert brief and all(row in readme for row in brief), \
+            f"the README's table is not what `headline_table.py --brief {pattern}` prints"
+        missing = [line for line in full if line and line not in page]
+        assert not missing, f"docs/benchmarks.md lacks, from `headline_table.py {pattern}`: {missing[:2]}"
