@@ -16,10 +16,10 @@ class Counting(SyntheticRunner):
     """Records every strategy it runs; fails the first run of the builders in ``fail_once``
     and every run of those in ``fail_always``."""
 
-    def __init__(self, *a, fail_once=(), fail_always=(), **k):
+    def __init__(self, *a, fail_once=(), fail_always=(), time_out=(), **k):
         super().__init__(*a, **k)
         self.ran: list[str] = []
-        self.fail_once, self.fail_always = set(fail_once), set(fail_always)
+        self.fail_once, self.fail_always, self.time_out = set(fail_once), set(fail_always), set(time_out)
 
     def run(self, strategies, origins=None):
         out = []
@@ -28,6 +28,8 @@ class Counting(SyntheticRunner):
             if t.origin in self.fail_always or t.origin in self.fail_once:
                 self.fail_once.discard(t.origin)
                 t = dataclasses.replace(t, status="failed", step_times=(), error="parameter server ps@h1 died")
+            elif t.origin in self.time_out:
+                t = dataclasses.replace(t, status="timeout", step_times=(), error="exceeded the trial limit of 300 s")
             out.append(t)
         return out
 
@@ -59,6 +61,14 @@ def test_a_failed_baseline_is_retried_once_then_dropped():
     assert runner.ran.count("ps") == 2 and runner.ran.count("all_reduce") == 2
     ok_first = [r for r in runs.values() if r.same_as is None and r.builder not in ("ps", "all_reduce")]
     assert ok_first and all(r.attempts == 1 and not r.first_error for r in ok_first)
+
+
+def test_a_baseline_that_timed_out_is_not_run_again():
+    """Too slow for the trial limit once is too slow again: rerunning it spends a whole limit."""
+    runner = Counting(MODEL, CLUSTER, seed=0, time_out={"all_reduce"})
+    runs = {r.builder: r for r in measure_baselines(runner)}
+    assert runs["all_reduce"].trial.status == "timeout" and runs["all_reduce"].attempts == 1
+    assert runner.ran.count("all_reduce") == 1
 
 
 def test_a_strategy_the_runtime_cannot_run_is_reported_not_run():

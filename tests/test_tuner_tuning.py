@@ -234,11 +234,11 @@ def test_a_pin_keeps_the_mode_of_the_strategys_other_parameter_servers():
 
 
 class FailsFirstRun(SyntheticRunner):
-    """The first run of builder ``name`` fails (a passing fault)."""
+    """The first run of builder ``name`` fails (a passing fault), or times out."""
 
-    def __init__(self, name, *a, **k):
+    def __init__(self, name, *a, status="failed", **k):
         super().__init__(*a, **k)
-        self.name, self.failed = name, False
+        self.name, self.failed, self.status = name, False, status
 
     def run(self, strategies, origins=None):
         import dataclasses
@@ -246,7 +246,9 @@ class FailsFirstRun(SyntheticRunner):
         out = super().run(strategies, origins)
         if not self.failed and out[0].origin == self.name:
             self.failed = True
-            out[0] = dataclasses.replace(out[0], status="failed", step_times=(), error="parameter server ps@h1 died")
+            error = ("parameter server ps@h1 died" if self.status == "failed"
+                     else "exceeded the trial limit of 300 s: worker: time limit reached with 2 of 3 unfinished")
+            out[0] = dataclasses.replace(out[0], status=self.status, step_times=(), error=error)
         return out
 
 
@@ -256,3 +258,13 @@ def test_a_failed_baseline_is_measured_once_more(tmp_path):
     ps = [t for t in out.trials if t.origin == "ps" and t.role == "baseline"]
     assert [t.ok for t in ps] == [False, True] and ps[1].meta["attempt"] == 2
     assert out.baselines["ps"].ok
+
+
+def test_a_baseline_that_timed_out_is_not_run_again(tmp_path):
+    """A strategy too slow for the trial limit would spend another whole limit (dlrm-full's dense
+    all-reduce at 100mbit: 300 s, twice): a time-out drops the baseline out of the comparison."""
+    runner = FailsFirstRun("all_reduce", MODEL, CLUSTER, seed=1, status="timeout")
+    out = run(tmp_path, Budget(trials=3, patience=10, confirm=0), runner=runner)
+    ar = [t for t in out.trials if t.origin == "all_reduce" and t.role == "baseline"]
+    assert [t.status for t in ar] == ["timeout"]
+    assert "all_reduce" not in out.baselines or not out.baselines["all_reduce"].ok

@@ -3,7 +3,8 @@
 Builders that produce the same strategy share one trial, as in ``tune``: measuring it twice would
 report the noise between two runs of one strategy as a difference between builders. A baseline
 whose trial fails is measured once more before it is dropped from the comparison (a failure can
-be a passing fault, a killed actor, a busy node).
+be a passing fault, a killed actor, a busy node); one that timed out is not (a strategy too slow for
+the trial limit would spend another whole limit on the same answer).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class BaselineRun:
         strategy: what it built.
         trial: its measurement (shared with ``same_as``'s), None when not supported.
         same_as: the builder whose identical strategy was measured for this one (None: itself).
-        attempts: how many times the strategy was run (2: the first run failed).
+        attempts: how many times the strategy was run (2: the first run failed; a time-out is not rerun).
         first_error: the first run's error when it was retried.
         unsupported: why the runtime cannot run the strategy (then nothing was run).
     """
@@ -55,7 +56,7 @@ def measure_baselines(runner: Runner, names: Sequence[str] | None = None, *,
         runner: runs the strategies.
         names: builders, in order.
         check: raises ConfigError for a strategy the runtime cannot run (it is then reported, not run).
-        retries: extra runs of a failed strategy.
+        retries: extra runs of a failed strategy (not of one that timed out).
         on_result: called after each builder (progress).
     """
     out: list[BaselineRun] = []
@@ -79,7 +80,7 @@ def measure_baselines(runner: Runner, names: Sequence[str] | None = None, *,
                 for attempt in range(1 + retries):
                     [run.trial] = runner.run([strategy], [name])
                     run.attempts = attempt + 1
-                    if run.trial.ok:
+                    if run.trial.ok or run.trial.status == "timeout":
                         break
                     run.first_error = run.first_error or run.trial.error
                 if run.trial.ok:

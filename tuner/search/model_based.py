@@ -340,9 +340,12 @@ class _RoundFeatures:
 
 def _least_efficiency(history: History) -> float:
     """The run's ``min_efficiency`` (its newest trial's meta; the default before any trial): the
-    least efficiency a lossy strategy needs to be recommended."""
+    least efficiency a lossy strategy needs to be recommended; 0 where the run ranks by something
+    else than goodput (no floor then)."""
     for entry in reversed(history.entries):
         if "min_efficiency" in entry.trial.meta:
+            if entry.trial.meta.get("quality", "goodput") != "goodput":
+                return 0.0
             return float(entry.trial.meta["min_efficiency"])
     return DEFAULT_MIN_EFFICIENCY
 
