@@ -284,9 +284,10 @@ def test_the_search_learns_what_a_lossy_feature_costs_per_share_of_the_model():
     assert fit_feature_costs({"async": np.array([1.0])}, np.array([0.0]))["async"] > 6
 
 
-def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_path):
-    """In the tuning loop (lossy strategies twice as fast by step time): once a probe finds
-    asynchronous PS costs E = 0.05, the search's next rounds keep it off most of the model."""
+def _tune_with_priced_async(tmp_path, base: float):
+    """A goodput run where asynchronous PS halves the step (``LossyIsFast``) and a probe measures
+    ``base ** share`` (``base`` with the whole model asynchronous, less lost on less of it). Returns
+    the share function and the search trials after the first probe of a mostly-asynchronous strategy."""
     from tuner.records.goodput import lossy_extents
 
     space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, allow_async=True).space
@@ -294,10 +295,10 @@ def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_pa
     def async_share(strategy):
         return float(lossy_extents(space.encode([strategy]), _param_shares()).get("async", np.zeros(1))[0])
 
-    class AsyncCosts(FakeProber):   # E = 0.05 with the whole model asynchronous, less lost on less of it
+    class AsyncCosts(FakeProber):
         def efficiency(self, strategy):
             self.asked.append(strategy)
-            e = 0.05 ** async_share(strategy)
+            e = base ** async_share(strategy)
             return Efficiency(e, e - 0.01, min(1.0, e + 0.01), probed=True, steps=100, source="probe")
 
     prober = AsyncCosts({})
@@ -306,7 +307,13 @@ def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_pa
     first = next((i for i, t in enumerate(out.trials) if t.strategy.fingerprint in asked
                   and async_share(t.strategy) > 0.5), None)
     assert first is not None, "no strategy asynchronous on most of the model was probed: nothing to learn from"
-    later = [t for t in out.trials[first + FAST.batch:] if t.role == "search"]
+    return out, async_share, [t for t in out.trials[first + FAST.batch:] if t.role == "search"]
+
+
+def test_once_probes_price_a_feature_the_search_stops_proposing_it_widely(tmp_path):
+    """In the tuning loop (lossy strategies twice as fast by step time): once a probe finds
+    asynchronous PS costs E = 0.05, the search's next rounds keep it off most of the model."""
+    _, async_share, later = _tune_with_priced_async(tmp_path, 0.05)
     assert later, "no search round after the first probe of asynchronous PS"
     shares = [async_share(t.strategy) for t in later]
     assert max(shares) < 0.5, shares
@@ -317,25 +324,7 @@ def test_the_search_does_not_spend_trials_on_what_the_efficiency_floor_will_turn
     (less on less of it): better goodput (0.5 / 0.85), but under the 0.95 floor, so never
     recommended. Once a probe has priced it, the search proposes asynchrony only where its estimate
     clears the floor (on at most ~30 % of the model), not the fast strategies it must turn down."""
-    from tuner.records.goodput import lossy_extents
-
-    space = ModelBasedTuner(MODEL, CLUSTER, settings=FAST, allow_async=True).space
-
-    def async_share(strategy):
-        return float(lossy_extents(space.encode([strategy]), _param_shares()).get("async", np.zeros(1))[0])
-
-    class MildAsyncCost(FakeProber):
-        def efficiency(self, strategy):
-            self.asked.append(strategy)
-            e = 0.85 ** async_share(strategy)
-            return Efficiency(e, e - 0.01, min(1.0, e + 0.01), probed=True, steps=100, source="probe")
-
-    prober = MildAsyncCost({})
-    out = tune(tmp_path, "goodput", prober, trials=18, allow_async=True)
-    first = next((i for i, t in enumerate(out.trials) if t.strategy.fingerprint in {s.fingerprint for s in prober.asked}
-                  and async_share(t.strategy) > 0.5), None)
-    assert first is not None, "no strategy asynchronous on most of the model was probed: nothing to learn from"
-    later = [t for t in out.trials[first + FAST.batch:] if t.role == "search"]
+    out, async_share, later = _tune_with_priced_async(tmp_path, 0.85)
     assert len(later) >= 6, "too few search rounds after the first probe of asynchronous PS"
     below = [async_share(t.strategy) for t in later if 0.85 ** async_share(t.strategy) < 0.95]
     assert not below, f"{len(below)} of {len(later)} later search trials were estimated under the floor: {below}"
