@@ -24,8 +24,8 @@ nodes look to their CPUs and NICs):
 only). Prints a table (targets: >= 1.3x the best baseline with non-overlapping intervals and >= 1.5x
 the peer on the embedding-heavy models, >= 1.0x the peer on dense ones, never slower than the best
 baseline, <= 1.5x the lower bound with real compute and <= 1.3x emulated, within 5 % of the final
-best in <= 50 trials and fewer warm than cold) and writes ``--name``.json and .png (tuning curves) into ``--out``; the trials go to
-``--store``.
+best in <= 50 trials and fewer warm than cold) and writes ``--name``.json and .png (tuning curves)
+into ``--out``; the trials go to ``--store``.
 
     flock /tmp/autosync-testbed.lock python benchmarks/tune_vs_baselines.py --nodes 2 \\
         --bandwidth 200mbit --name tune_vs_baselines_2x200mbit_real

@@ -3,6 +3,7 @@ newest run of a model wins, superseded entries are named, measured and projected
 shown as the files hold them."""
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import os
@@ -124,7 +125,6 @@ def test_the_lossy_strategy_turned_down_is_shown_against_the_recommendation():
 
 
 def _committed(pattern: str) -> dict[str, dict]:
-    import glob
     results = {}
     for path in sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", pattern))):
         with open(path) as f:

@@ -97,6 +97,13 @@ class Trial:
         return self.status == "ok"
 
     @property
+    def worth_another_run(self) -> bool:
+        """A failure another run may not repeat: one that raised (a killed actor, a busy node can
+        pass). Not a time-out: a strategy too slow for the trial limit would spend another whole
+        limit on the same answer (dlrm-full's dense all-reduce at 100mbit took the 300 s limit)."""
+        return self.status == "failed"
+
+    @property
     def median(self) -> float:
         return float(np.median(self.step_times)) if self.step_times else math.inf
 

@@ -80,7 +80,7 @@ def measure_baselines(runner: Runner, names: Sequence[str] | None = None, *,
                 for attempt in range(1 + retries):
                     [run.trial] = runner.run([strategy], [name])
                     run.attempts = attempt + 1
-                    if run.trial.ok or run.trial.status == "timeout":
+                    if not run.trial.worth_another_run:
                         break
                     run.first_error = run.first_error or run.trial.error
                 if run.trial.ok:

@@ -183,9 +183,7 @@ class _TuningRun:
             if role != "baseline" and self.out_of_time():
                 break
             # a failed baseline is run once more before it drops out of the comparison (a fault can
-            # be passing: a killed actor, a busy node); both attempts are stored. A time-out is not:
-            # a strategy too slow for the limit would spend another whole limit on the same answer
-            # (dlrm-full's dense all-reduce at 100mbit took the 300 s limit)
+            # be passing; a time-out is not: Trial.worth_another_run); both attempts are stored
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = self.runner.run([p.strategy], [p.origin])
                 t = dataclasses.replace(t, run_id=self.outcome.run_id, role=role, predicted_s=p.predicted_s,
@@ -197,7 +195,7 @@ class _TuningRun:
                 got.append(t)
                 if self.on_trial:
                     self.on_trial(t, self.outcome)
-                if t.ok or t.status == "timeout":
+                if not t.worth_another_run:
                     break
         self.probe(got)
         return got
