@@ -19,7 +19,7 @@ def test_configs_present():
 @pytest.mark.parametrize("path", FILES, ids=lambda p: os.path.relpath(p, CONFIGS))
 def test_config_loads(path):
     obj = load(path)
-    folder = os.path.basename(os.path.dirname(path))
+    folder = os.path.relpath(path, CONFIGS).split(os.sep)[0]
     expected = {"clusters": "cluster", "models": "model", "strategies": "strategy"}[folder]
     assert obj.to_dict()["kind"] == expected
     if folder == "strategies":

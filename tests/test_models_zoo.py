@@ -97,3 +97,35 @@ def test_resnet50_full_matches_the_keras_model():
     assert spec.total_params == sum(int(np.prod(w.shape)) for w in trainable) == 25_583_592
     assert not any(v.sparse for v in spec.variables)
     assert spec.names[0] == "conv1_conv/kernel" and spec.var("predictions/kernel").shape == (2048, 1000)
+
+
+@pytest.mark.integration
+def test_the_backend_neutral_sampled_softmax_is_tensorflows():
+    """lm1b's loss in keras.ops alone (what Keras' torch backend runs) equals TensorFlow's
+    sampled_softmax_loss on the same draws, a class drawn twice and hitting the label included."""
+    import tensorflow as tf
+
+    from autosync.models._text import SampledSoftmaxLoss
+
+    layer = SampledSoftmaxLoss(vocab=300, num_sampled=40, seed=3)
+    rng = np.random.default_rng(0)
+    hidden = tf.constant(rng.normal(size=(4, 5, 16)).astype("float32"))
+    labels = tf.constant(rng.integers(0, 300, size=(4, 5)).astype("int32"))
+    reference = layer([hidden, labels]).numpy()
+    sampled = layer.sample(labels).numpy()
+    assert any((sampled == label).sum() >= 2 for label in labels.numpy().ravel())   # the case TF removes once
+    portable = layer.portable_loss(hidden, labels, sampled=sampled)
+    np.testing.assert_allclose(np.asarray(portable), reference, rtol=1e-5, atol=1e-4)
+    drawn = layer.portable_loss(hidden, labels)    # its own draws: a finite loss of the labels' shape
+    assert drawn.shape == labels.shape and np.isfinite(np.asarray(drawn)).all()
+
+
+@pytest.mark.integration
+def test_vgg_small_centres_its_pixels_as_rescaling_did():
+    import keras
+
+    from autosync.models._vision import Centre
+
+    x = np.random.default_rng(1).uniform(size=(2, 4, 4, 3)).astype("float32")
+    np.testing.assert_allclose(np.asarray(Centre()(x)), np.asarray(keras.layers.Rescaling(2.0, offset=-1.0)(x)),
+                               rtol=1e-6)

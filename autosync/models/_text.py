@@ -7,8 +7,9 @@ model gathers rows of both its input embedding and its softmax weights, so both 
 """
 from __future__ import annotations
 
+import math
+
 import keras
-import tensorflow as tf
 from keras import ops
 
 
@@ -117,6 +118,8 @@ class SampledSoftmaxLoss(keras.layers.Layer):
         """``num_sampled`` candidate classes drawn log-uniformly, with replacement, from a
         stateless generator seeded by the labels: the same batch always gets the same negatives,
         so the candidates can be computed before the step (and in any process)."""
+        import tensorflow as tf
+
         flat = tf.reshape(tf.cast(labels, tf.int64), (-1,))
         weights = tf.range(1, tf.size(flat, out_type=tf.int64) + 1) * 2654435761 % 2147483647
         key = tf.reduce_sum(flat * weights) % 2147483647
@@ -128,17 +131,25 @@ class SampledSoftmaxLoss(keras.layers.Layer):
 
     def expected_count(self, ids):
         """Expected occurrences of each class in a draw of ``num_sampled`` (log-uniform)."""
+        import tensorflow as tf
+
         ids = tf.cast(ids, tf.float64)
         p = (tf.math.log(ids + 2.0) - tf.math.log(ids + 1.0)) / tf.math.log(tf.constant(self.vocab + 1.0, tf.float64))
         return tf.cast(p * self.num_sampled, tf.float32)
 
     def row_reads(self, inputs):
         """The rows of ``kernel`` and ``bias`` a call on ``inputs`` (``[labels]``) reads."""
+        import tensorflow as tf
+
         labels = tf.reshape(tf.cast(inputs[0], tf.int64), (-1,))
         ids = tf.concat([labels, self.sample(inputs[0])], axis=0)
         return {self.kernel.path: ids, self.bias.path: ids}
 
     def call(self, inputs):
+        if keras.backend.backend() != "tensorflow":
+            return self.portable_loss(*inputs)
+        import tensorflow as tf
+
         hidden, labels = inputs
         shape = tf.shape(labels)
         flat_labels = tf.reshape(tf.cast(labels, tf.int64), (-1, 1))
@@ -150,6 +161,39 @@ class SampledSoftmaxLoss(keras.layers.Layer):
             num_sampled=self.num_sampled, num_classes=self.vocab, sampled_values=candidates,
             remove_accidental_hits=True)
         return tf.reshape(loss, shape)
+
+    def portable_loss(self, hidden, labels, sampled=None):
+        """The same loss in ``keras.ops`` alone, so that the model runs on Keras' other backends
+        (where compute is measured on accelerators TensorFlow is not installed for): true and
+        sampled logits corrected by their log expected counts, accidental hits removed, softmax
+        cross-entropy against the true class. ``sampled`` defaults to ``num_sampled`` log-uniform
+        draws from a fixed seed (the TensorFlow path's label-keyed draws need TensorFlow)."""
+        if sampled is None:
+            u = keras.random.uniform((self.num_sampled,), dtype="float32", seed=self.seed)
+            sampled = ops.clip(ops.cast(ops.floor(ops.exp(u * math.log(self.vocab + 1.0))), "int32") - 1,
+                               0, self.vocab - 1)
+        sampled = ops.cast(sampled, "int32")
+        flat_labels = ops.reshape(ops.cast(labels, "int32"), (-1,))
+        flat_hidden = ops.reshape(hidden, (-1, ops.shape(hidden)[-1]))
+
+        def log_expected(ids):
+            ids = ops.cast(ids, "float32")
+            p = ops.log((ids + 2.0) / (ids + 1.0)) / math.log(self.vocab + 1.0)
+            return ops.log(p * self.num_sampled)
+
+        true_logits = (ops.sum(flat_hidden * ops.take(self.kernel, flat_labels, axis=0), axis=-1)
+                       + ops.take(self.bias, flat_labels) - log_expected(flat_labels))
+        sampled_logits = (ops.matmul(flat_hidden, ops.transpose(ops.take(self.kernel, sampled, axis=0)))
+                          + ops.take(self.bias, sampled) - log_expected(sampled))
+        hit = ops.cast(ops.equal(ops.expand_dims(flat_labels, 1), ops.expand_dims(sampled, 0)), "int32")
+        # as TensorFlow's compute_accidental_hits: a class drawn several times is removed once,
+        # at its last draw
+        hits_from_here = ops.flip(ops.cumsum(ops.flip(hit, axis=1), axis=1), axis=1)
+        hit = ops.logical_and(ops.equal(hit, 1), ops.equal(hits_from_here, 1))
+        sampled_logits = ops.where(hit, sampled_logits - 3.4e38, sampled_logits)
+        logits = ops.concatenate([ops.expand_dims(true_logits, 1), sampled_logits], axis=1)
+        loss = ops.logsumexp(logits, axis=1) - true_logits
+        return ops.reshape(loss, ops.shape(labels))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[1])

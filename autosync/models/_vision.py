@@ -57,12 +57,21 @@ def vgg16_full(classes: int = 1000):
                                     classifier_activation=None)
 
 
+class Centre(keras.layers.Layer):
+    """Pixels in [0, 1] to [-1, 1]: ``keras.layers.Rescaling(2.0, offset=-1.0)`` without its
+    dependence on TensorFlow (a preprocessing layer needs it on every Keras backend), so the
+    model also runs where compute is measured on Keras' torch backend."""
+
+    def call(self, inputs):
+        return inputs * 2.0 - 1.0
+
+
 def vgg_small(classes: int = 10, image_size: int = 32, dense_units: int = 1024):
     """VGG at CIFAR scale: three conv blocks, then two wide dense layers that hold most of the
     parameters, as in VGG-16. Pixels in [0, 1] are centred first (VGG's mean subtraction): a
     plain ReLU stack without normalization does not start learning from uncentred inputs."""
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = keras.layers.Rescaling(2.0, offset=-1.0, name="centre")(inputs)
+    x = Centre(name="centre")(inputs)
     for b, (filters, convs) in enumerate(((32, 2), (64, 2), (128, 2)), start=1):
         for c in range(1, convs + 1):
             x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu", name=f"block{b}_conv{c}")(x)

@@ -120,6 +120,26 @@ def ready_order_from_graph(graph, gradients: list, names: list[str]) -> list[str
     return [names[i] for i in sorted(range(len(names)), key=lambda i: keys[i])]
 
 
+def _traced_gradient_step(model, loss: Callable, inputs: Any, targets: Any):
+    import tensorflow as tf
+
+    variables = list(model.trainable_variables)
+    inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+    targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
+    step = _gradient_step(model, loss, variables)
+    concrete = step.get_concrete_function(inputs, targets)
+    order = ready_order_from_graph(concrete.graph, list(concrete.structured_outputs), variable_names(variables))
+    return step, inputs, targets, order
+
+
+def gradient_ready_order(model, loss: Callable, inputs: Any, targets: Any) -> list[str]:
+    """The gradient-ready order of ``model``'s variables on one batch (see the module docstring),
+    from the traced gradient step alone: nothing is executed, so it is cheap for models far too
+    large to train here. The order is the graph's, not the device's: it holds wherever the step
+    runs."""
+    return _traced_gradient_step(model, loss, inputs, targets)[3]
+
+
 def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10) -> ModelSpec:
     """``ingest.model_spec_from_def`` with the measured compute profile (step time, device and
     gradient-ready order; see ``profile_model``) of the model it built.
@@ -155,13 +175,7 @@ def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_st
 
     if warmup_steps < 1 or timed_steps < 1:
         raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
-    variables = list(model.trainable_variables)
-    names = variable_names(variables)
-    inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
-    targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
-    step = _gradient_step(model, loss, variables)
-    concrete = step.get_concrete_function(inputs, targets)
-    order = ready_order_from_graph(concrete.graph, list(concrete.structured_outputs), names)
+    step, inputs, targets, order = _traced_gradient_step(model, loss, inputs, targets)
     for _ in range(warmup_steps):
         step(inputs, targets)
     times = []

@@ -325,7 +325,9 @@ def emulated_setup(model, cluster: ClusterSpec, model_spec, step_time_s, optimiz
     require_resolved(model_spec, (ModelSpec,), "model_spec")
     md = emulated_model_def(model_spec, cluster, step_time_s, optimizer)
     base = model_spec.profile
-    profile = ComputeProfile(step_time_s=md.step_time_s / cluster.compute_dilation, device="emulated",
+    # the record names what the emulated time is: the spec's measured device's, or --step-time's
+    device = f"emulated {base.device}" if step_time_s is None and base is not None and base.device else "emulated"
+    profile = ComputeProfile(step_time_s=md.step_time_s / cluster.compute_dilation, device=device,
                              ready_order=base.ready_order if base else ())
     spec = dataclasses.replace(model_spec, profile=profile)
     return dataclasses.replace(md, spec=spec), cluster, spec
