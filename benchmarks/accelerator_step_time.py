@@ -124,18 +124,16 @@ def measure(source: str, *, warmup: int, timed: int, policy: str = "float32", pr
         step()
         _synchronize()
         times.append(time.perf_counter() - start)
-    if torch.cuda.is_available():
-        result_busy = _device_busy_s(step, profiled)
-    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None
+    on_gpu = torch.cuda.is_available()
+    busy = _device_busy_s(step, profiled) if on_gpu else {}
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if on_gpu else None
     result = {"step_time_s": statistics.median(times), "fastest_s": min(times), "slowest_s": max(times),
               "timed_steps": timed, "warmup_steps": warmup, "batch_size": model_def.batch_size,
               "parameters": int(sum(torch.numel(v) for v in variables)),
-              "variables": len(variables), "peak_memory_gib": None if peak is None else round(peak, 2)}
-    if torch.cuda.is_available():
-        result.update(result_busy)
+              "variables": len(variables), "peak_memory_gib": None if peak is None else round(peak, 2), **busy}
     del model, variables
     keras.backend.clear_session()
-    if torch.cuda.is_available():
+    if on_gpu:
         torch.cuda.empty_cache()
     return result
 
@@ -180,7 +178,7 @@ def main(argv=None) -> int:
                 shown = (f"{entry['step_time_s'] * 1e3:8.2f} ms [{entry['fastest_s'] * 1e3:.2f}-"
                          f"{entry['slowest_s'] * 1e3:.2f}] {entry['parameters'] / 1e6:7.1f}M params"
                          + (f", device busy {entry['device_busy_s'] * 1e3:.2f} ms" if "device_busy_s" in entry
-                            else f", {entry.get('device_busy_error', '')}")
+                            else f", {entry['device_busy_error']}" if "device_busy_error" in entry else "")
                          if "error" not in entry else entry["error"])
                 print(f"{key:34s} {shown}", flush=True)
                 Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

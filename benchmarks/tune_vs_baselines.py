@@ -131,18 +131,10 @@ def confirm(runner, strategies: dict, repeats: int, say) -> dict:
 
 
 def lower_bound(model, cluster, strategy) -> dict:
-    """The analytic lower bound of ``strategy``'s step: the larger of its compute and the least time
-    the busiest NIC needs for the bytes it moves (each direction at the link rate), as if all
-    communication overlapped compute (``overlapped_s``, the bound); ``serial_s`` (their sum) is
-    what a step costs with no overlap at all, kept for reference."""
-    from strategy_space.space import StrategySpace
-    from tuner.features.tables import FeatureTables
-    from tuner.features.batch import COL, featurize
+    """``tuner.cost_models.analytic.step_lower_bound``: compute, busiest NIC, overlapped and serial."""
+    from tuner.cost_models.analytic import step_lower_bound
 
-    x = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))[0]
-    nic = float(max(x[COL["nic_in_s"]], x[COL["nic_out_s"]]))
-    compute = float(x[COL["compute_s"]])
-    return {"compute_s": compute, "busiest_nic_s": nic, "serial_s": compute + nic, "overlapped_s": max(compute, nic)}
+    return step_lower_bound(model, cluster, strategy)
 
 
 def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:

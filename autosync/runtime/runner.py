@@ -6,7 +6,9 @@ and data; the processes are the pool's, kept warm across clean trials), ``warmup
 of the median step time is within the target or a cap is reached
 (``tuner.records.precision.MeasurePolicy``), all under ``trial_timeout_s``. A strategy that is
 invalid, raises or runs out of time becomes a failed/timeout Trial; its actors are killed and
-replaced, and the next strategy runs normally.
+replaced, and the next strategy runs normally. A strategy whose bytes alone, at the cluster's stated
+bandwidth, need longer than the limit for its warm-up and first timed steps is not started: it is
+a timeout Trial that says so (``tuner.cost_models.analytic.beyond_trial_limit``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPo
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
 from strategy_space.errors import ConfigError, short_repr
+from tuner.cost_models.analytic import beyond_trial_limit
 from tuner.records.precision import MeasurePolicy
 from tuner.records.trial import Runner, Trial
 
@@ -177,6 +180,10 @@ class RayRunner(Runner):
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
             plan = SyncPlan.build(strategy, model, self.cluster)
+            doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
+                                        limit_s=self.trial_timeout_s)
+            if doomed:
+                return self._failed(common, "timeout", doomed, meta)
             before = set(self.pool.actors)
             self.pool.ensure(self.model_def, plan.replicas, deadline)
             if set(plan.replicas) - before:

@@ -104,3 +104,34 @@ class AnalyticCostModel:
         self.params_ = AlphaBeta.from_vector(theta)
         self.rmse_log_ = float(np.sqrt(np.mean(r[:len(y)] ** 2)))
         return self
+
+
+def step_lower_bound(model: ModelSpec, cluster: ClusterSpec, strategy) -> dict:
+    """The analytic lower bound of one synchronous step of ``strategy``: the larger of its compute
+    and the least time the busiest NIC needs for the bytes it moves (each direction at the
+    cluster's link rate), as if all communication overlapped compute (``overlapped_s``, the
+    bound); ``serial_s`` (their sum) is what a step costs with no overlap at all, for reference.
+    ``busiest_nic_s`` alone depends on nothing but bytes and the cluster's bandwidths."""
+    from strategy_space.space import StrategySpace
+    from tuner.features.batch import COL
+
+    x = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))[0]
+    nic = float(max(x[COL["nic_in_s"]], x[COL["nic_out_s"]]))
+    compute = float(x[COL["compute_s"]])
+    return {"compute_s": compute, "busiest_nic_s": nic, "serial_s": compute + nic, "overlapped_s": max(compute, nic)}
+
+
+def beyond_trial_limit(model: ModelSpec, cluster: ClusterSpec, strategy, *, steps: int, limit_s: float) -> str:
+    """Why ``steps`` steps of ``strategy`` cannot finish within ``limit_s`` seconds, or "" when
+    they may: the bytes its busiest NIC must move per step (``step_lower_bound``), at the cluster's
+    stated bandwidth, already take longer. Such a trial would only spend the whole limit to time
+    out (e.g. a dense all-reduce of a 540M-parameter model over 100 Mbit/s links: minutes a step)."""
+    nic_s = step_lower_bound(model, cluster, strategy)["busiest_nic_s"]
+    if not nic_s * steps > limit_s:
+        return ""
+    slowest = min(n.bandwidth_gbps for n in cluster.nodes)
+    return (f"not run: its busiest NIC needs at least {nic_s:.3g} s a step for the bytes this strategy moves "
+            f"(links of {slowest * 1e3:g} Mbit/s and up, as the cluster states), so its {steps} warm-up and timed "
+            f"steps need at least {nic_s * steps:.0f} s, over the trial limit of {limit_s:g} s; a strategy that "
+            f"moves fewer bytes (parameter servers for sparse variables, compression) fits, or raise the trial "
+            f"limit (--timeout) if it must be measured")
