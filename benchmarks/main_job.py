@@ -48,8 +48,11 @@ def one_run(timeout_s: float, batch: int) -> dict:
         started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         load = os.getloadavg()[0]
         t0 = time.monotonic()
-        p = subprocess.run(["autosync", "tune"], env={**os.environ, "XDG_CACHE_HOME": cache},
-                           capture_output=True, text=True, timeout=timeout_s)
+        # the console script of the Python running this (its venv need not be on PATH)
+        script = os.path.join(os.path.dirname(sys.executable), "autosync")
+        p = subprocess.run([script if os.path.exists(script) else "autosync", "tune"],
+                           env={**os.environ, "XDG_CACHE_HOME": cache}, capture_output=True, text=True,
+                           timeout=timeout_s)
         wall = time.monotonic() - t0
         row = {"run_started": started, "commit": commit(), "load_average_at_start": round(load, 2),
                "wall_s": round(wall, 1), "exit_code": p.returncode,
