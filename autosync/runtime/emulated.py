@@ -152,7 +152,9 @@ def base_gradients(spec: ModelSpec, seed: int, worker: int) -> list:
             continue
         shape = (rows_per_step(spec, v),) + var.shape[1:] if var.sparse else var.shape
         rng = np.random.default_rng([seed, worker, v])
-        out.append((rng.standard_normal(shape, dtype=np.float32) * np.float32(_GRAD_SCALE)).astype(var.dtype))
+        g = rng.standard_normal(shape, dtype=np.float32)
+        g *= np.float32(_GRAD_SCALE)        # in place: one array of a full-size model's size, not three
+        out.append(g.astype(var.dtype, copy=False))
     return out
 
 
