@@ -32,15 +32,9 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._rows import commit  # noqa: E402
+
 SIZES = ("small", "full")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def _device() -> dict:
@@ -156,7 +150,7 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
     started = datetime.now(timezone.utc)
-    out = {"meta": {"commit": _commit(), "started": started.isoformat(timespec="seconds"),
+    out = {"meta": {"commit": commit(), "started": started.isoformat(timespec="seconds"),
                     "script": "benchmarks/accelerator_step_time.py", "argv": sys.argv[1:],
                     "keras": keras.__version__, "keras_backend": keras.backend.backend(),
                     "torch": torch.__version__, "python": platform.python_version(),

@@ -73,12 +73,13 @@ def _trial(runner, strategy, label: str, transport: str | None, warmup: int) -> 
 
 
 def measure_model(name: str, cluster, args) -> dict:
-    from tune_vs_baselines import lower_bound, source_of
+    from tune_vs_baselines import source_of
 
     from autosync.api import make_runner
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
     from strategy_space.builders import get_builder
+    from tuner.cost_models.analytic import step_lower_bound as lower_bound
 
     # emulated compute runs on the cluster as the runner marks it: its pool is the runner's own
     pool = WorkerPool(ClusterBinding.bind(cluster)) if args.compute == "real" else None

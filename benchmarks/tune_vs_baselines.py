@@ -49,6 +49,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from _time_to_target import log_t_interval  # noqa: E402 (a sibling script module, importable from here)
+from tuner.cost_models.analytic import step_lower_bound as lower_bound  # noqa: E402
 
 MODELS = ("ncf", "dlrm", "lm1b", "resnet50", "bert", "vgg16")
 EMBEDDING_HEAVY_SHARE = 0.3     # sparse (embedding) share of the parameters that makes a model embedding-heavy
@@ -128,13 +129,6 @@ def confirm(runner, strategies: dict, repeats: int, say) -> dict:
                 "median_s": statistics.median([x for x in v if x]) if any(v) else None,
                 "repeats_ci95_s": log_t_interval(v)}
             for k, v in got.items()}
-
-
-def lower_bound(model, cluster, strategy) -> dict:
-    """``tuner.cost_models.analytic.step_lower_bound``: compute, busiest NIC, overlapped and serial."""
-    from tuner.cost_models.analytic import step_lower_bound
-
-    return step_lower_bound(model, cluster, strategy)
 
 
 def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:

@@ -116,3 +116,16 @@ def test_emulated_compute_takes_the_gpu_step_time_from_a_gpu_spec(ray_session, t
     recorded = result.model.profile
     assert (recorded.step_time_s, recorded.ready_order) == (spec.profile.step_time_s, spec.profile.ready_order)
     assert recorded.device == f"emulated {spec.profile.device}"
+
+
+@pytest.mark.integration
+def test_the_spec_writer_rebuilds_a_committed_spec_from_the_committed_runs(tmp_path):
+    """``accelerator_profiles.py`` on the committed runs writes what is committed (model spec,
+    median device busy time, TensorFlow's traced ready order), byte for byte."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "accelerator_profiles.py"), RESULT,
+                           "--out-dir", str(tmp_path), "--only", "ncf?size=small"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["ncf-small.yaml"]
+    with open(os.path.join(CONFIGS, "models", "nvidia-h200", "ncf-small.yaml")) as f:
+        assert (tmp_path / "ncf-small.yaml").read_text() == f.read()

@@ -2,8 +2,6 @@
 bound (``tuner.cost_models.analytic``) and the runner's use of it."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from strategy_space import ClusterSpec, ModelSpec, NodeSpec, VariableSpec

@@ -171,8 +171,6 @@ def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_st
     Raises:
         ValueError: warmup_steps < 1 or timed_steps < 1.
     """
-    import tensorflow as tf
-
     if warmup_steps < 1 or timed_steps < 1:
         raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
     step, inputs, targets, order = _traced_gradient_step(model, loss, inputs, targets)
