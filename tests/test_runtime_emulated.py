@@ -178,6 +178,44 @@ def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder):
     assert any(np.abs(w).max() > 0 for w in weights)
 
 
+@pytest.mark.integration
+def test_starting_an_all_reduce_session_ships_no_copy_of_the_model(ray_session):
+    """The driver used to make every all-reduced variable's initial value and send it to each
+    worker with its channel: a full-size dlrm (2 GB) then crossed each 100 Mbit/s link before the
+    first step, and its all-reduce trials timed out. Each worker now slices its members' values from
+    its node's copy of the pool's description."""
+    import tracemalloc
+
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import Session, WorkerPool
+    from autosync.runtime.plan import SyncPlan
+    from strategy_space.builders import get_builder
+
+    spec = ModelSpec("big", (
+        VariableSpec("emb", (1_000_000, 16), sparse=True, rows_per_step=40),   # 64 MB
+        VariableSpec("dense/kernel", (16, 8)),
+    ), batch_size=8, profile=ComputeProfile(0.001))
+    md = EmulatedModelDef(spec, 0.001, "sgd", seed=3)
+    pool = WorkerPool(ClusterBinding.bind(PAIR))
+    try:
+        pool.ensure(md, PAIR.devices, time.monotonic() + 120)
+        plan = SyncPlan.build(get_builder("all_reduce").build(spec, PAIR), spec, PAIR)
+        session = Session(pool, plan)
+        tracemalloc.start()
+        try:
+            session.start(time.monotonic() + 120)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        session.run(2, time.monotonic() + 120)
+        weights = session.weights(time.monotonic() + 60)
+        session.close()
+    finally:
+        pool.kill_all()
+    assert peak < spec.variables[0].bytes / 16, peak
+    for got, want, var in zip(weights, numpy_reference(spec, 3, 2, 2, 0.01), spec.variables):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
+
 def test_real_compute_refuses_emulated_only_settings():
     from autosync.runtime.runner import check_real_compute
 

@@ -13,7 +13,6 @@ import time
 import numpy as np
 
 from autosync.runtime.binding import ClusterBinding
-from autosync.runtime.initial import initial_slice
 from autosync.runtime.plan import SyncPlan
 from autosync.runtime.ps_pool import PSPool
 from autosync.runtime.ps_shard import ParameterServerShard
@@ -330,7 +329,6 @@ class Session:
         if not numpy_rules(desc["optimizer"]):   # before any PS starts: what shard-wise Keras cannot honour
             check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
                               + [m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]])
-        initial = desc["initial"]
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only
@@ -352,8 +350,6 @@ class Session:
             setups["hierarchical"] = hierarchy
         # members reduced in the graph are updated there; the numpy channel holds only the others
         in_graph, ar_groups = split_groups(list(plan.ar_groups), list(plan.layout))
-        ar_values = {m.key: initial_slice(initial[m.key[0]], m.start, m.stop, m.axis)[0]
-                     for g in ar_groups for m in g.members}
 
         squares = squares_slices(desc["optimizer"])
         aggregators = self._start_aggregators(squares)
@@ -363,7 +359,8 @@ class Session:
             out = [PSChannel(i, pairs, shapes, plan.staleness, squares, aggregators.get(node_of.get(i)),
                              self.chunks, rows_by_reference=plan.sync, links=links)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
-                out.append(AllReduceChannel(i, n, ar_groups, setups, ar_values, desc["optimizer"],
+                # its initial values: each worker reads them from its node's copy of the description
+                out.append(AllReduceChannel(i, n, ar_groups, setups, self.pool.description_ref, desc["optimizer"],
                                             seed=self.pool.model_def.seed))
             if in_graph:
                 out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"], seed=self.pool.model_def.seed))
