@@ -77,6 +77,34 @@ class _HeavyImportGuard(importlib.abc.MetaPathFinder):
         return None
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N`` (the README's test command), every test of a module with multinode tests
+    runs in one process, one after the other, beside the other tests: one testbed at a time, since
+    its namespaces, bridge and subnet have fixed names. Every other test is scheduled on its own.
+
+    (xdist's ``loadgroup`` would say this with markers, but under this pytest it schedules the
+    tests of one group on different processes.) Another ``--dist`` than the default is left alone."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class TestbedOnce(LoadScopeScheduling):
+        _testbed_files: dict = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path not in self._testbed_files:
+                try:
+                    self._testbed_files[path] = "pytest.mark.multinode" in (root / path).read_text()
+                except OSError:
+                    self._testbed_files[path] = False
+            return "testbed" if self._testbed_files[path] else nodeid
+
+    return TestbedOnce(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:   # the testbed runs Ray: a multinode test is an integration test too (before -m selects)

@@ -153,6 +153,32 @@ def test_the_ci_script_requires_the_multinode_tests():
         assert f"export {REQUIRE_MULTINODE_ENV}=1" in f.read()
 
 
+def test_under_xdist_the_testbed_modules_run_in_one_process_and_the_rest_spread():
+    """The CI runs the suite with ``-n 2``: two testbeds at once would clash on their fixed names."""
+    from pathlib import Path as P
+
+    from tests import conftest
+
+    class Config:
+        rootpath = P(REPO)
+        option = type("Option", (), {"tx": ["2*popen"], "numprocesses": 2, "dist": "load"})()
+
+        def getvalue(self, name):
+            return getattr(self.option, name)
+
+    sched = conftest.pytest_xdist_make_scheduler(Config(), None)
+    scopes = {n: sched._split_scope(n) for n in (
+        "tests/test_testbed.py::test_parse_rate[1gbit-1000000000]", "tests/test_testbed.py::test_up_builds_namespaces_and_spec",
+        "tests/test_multinode.py::test_step_time_grows_when_bandwidth_shrinks",
+        "tests/test_calibrate_runtime.py::test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate",
+        "tests/test_e2e_tune.py::test_killed_run_resumes_without_repeating_trials", "tests/test_e2e_tune.py::test_x")}
+    assert set(list(scopes.values())[:4]) == {"testbed"}
+    assert scopes["tests/test_e2e_tune.py::test_x"] == "tests/test_e2e_tune.py::test_x" != \
+        scopes["tests/test_e2e_tune.py::test_killed_run_resumes_without_repeating_trials"]
+    Config.option.dist = "loadfile"   # a --dist the user chose is theirs
+    assert conftest.pytest_xdist_make_scheduler(Config(), None) is None
+
+
 # ---------------------------------------------------------------- multinode (root, real namespaces)
 
 def _netns_list() -> list[str]:
