@@ -89,18 +89,17 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     root = config.rootpath
+    has_multinode: dict[str, bool] = {}   # test module path -> whether it has multinode tests
 
     class TestbedOnce(LoadScopeScheduling):
-        _testbed_files: dict = {}
-
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            if path not in self._testbed_files:
+            if path not in has_multinode:
                 try:
-                    self._testbed_files[path] = "pytest.mark.multinode" in (root / path).read_text()
+                    has_multinode[path] = "pytest.mark.multinode" in (root / path).read_text()
                 except OSError:
-                    self._testbed_files[path] = False
-            return "testbed" if self._testbed_files[path] else nodeid
+                    has_multinode[path] = False
+            return "testbed" if has_multinode[path] else nodeid
 
     return TestbedOnce(config, log)
 

@@ -100,8 +100,9 @@ class Trial:
     def worth_another_run(self) -> bool:
         """A failure another run may not repeat: one that raised (a killed actor, a busy node can
         pass). Not a time-out: a strategy too slow for the trial limit would spend another whole
-        limit on the same answer (before 61e813f, dlrm-full's all-reduce baselines on 3 nodes at
-        100mbit took the 300 s limit, twice each)."""
+        limit on the same answer (lm1b-full's ps and ps_lb baselines on 3 nodes at 100mbit each
+        take the whole 300 s limit: a synchronous PS's push and pull of its 88 MB of dense kernels
+        cannot overlap there)."""
         return self.status == "failed"
 
     @property
