@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +31,25 @@ def _state(path) -> dict:
     (npz,) = glob.glob(os.path.join(path, "step-*", "state.npz"))
     with np.load(npz) as data:
         return {k: data[k] for k in data.files}
+
+
+def _kill(actor, probe: str) -> None:
+    """``ray.kill`` the actor and return once it is dead: the kill is asynchronous, and on a busy
+    machine the next round trips can finish before it lands, so the failure a test causes would
+    happen a step or two later than the test expects."""
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(getattr(actor, probe).remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue
+        time.sleep(0.02)
+    raise AssertionError(f"{actor} still answers 60 s after ray.kill")
 
 
 def _equal(a, b) -> bool:
@@ -99,10 +119,10 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
         # step 6: the parameter server dies
         if step == 4 and not killed:
             killed.append(("worker", trainer.session.workers[1]))
-            ray.kill(trainer.session.workers[1], no_restart=True)
+            _kill(trainer.session.workers[1], "info")
         elif step == 6 and len(killed) == 1:
             killed.append(("ps", trainer.session.ps_actors[0]))
-            ray.kill(trainer.session.ps_actors[0], no_restart=True)
+            _kill(trainer.session.ps_actors[0], "ready")
 
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
         for bad, match in [({"checkpoint_every": 0, "checkpoint_dir": tmp_path}, "checkpoint_every must be"),
@@ -130,15 +150,13 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
 
 
 def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):
-    import ray
-
     from autosync.runtime.trainer import Trainer
 
     md = rm.model_def("sgd", learning_rate=0.1)
     strategy = _strategy(pool, md, "ps")
 
     def kill_ps(step, logs):
-        ray.kill(trainer.session.ps_actors[0], no_restart=True)
+        _kill(trainer.session.ps_actors[0], "ready")
 
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
         with pytest.raises(RuntimeError, match=r"training failed 2 times, more than max_failures=1: at step 1: "
