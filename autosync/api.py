@@ -262,7 +262,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
          quality: str = DEFAULT_QUALITY, probe_steps: int = DEFAULT_PROBE_STEPS, probe_seed: int | None = None,
          prober: Prober | None = None, on_probe: Callable | None = None,
-         min_efficiency: float = DEFAULT_MIN_EFFICIENCY) -> TuneResult:
+         min_efficiency: float = DEFAULT_MIN_EFFICIENCY, probe_model=None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
 
     Args:
@@ -299,10 +299,15 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         on_probe: called with (trial, Efficiency) after each probe.
         min_efficiency: under ``goodput``, the least measured efficiency a lossy strategy needs to
             be recommended (default 0.95: a probe sees only the first steps of training).
+        probe_model: with emulated compute, a trainable model (``zoo:NAME``, ``script.py:function``
+            or a ModelDef) with ``model``'s variable names whose efficiencies stand in for
+            ``model``'s (``autosync.probe.StandInProber``): how a model-spec YAML gets lossy parts
+            proposed, or a full-size model gets them probed at a size that trains quickly.
 
     Raises:
         ConfigError: bad model, cluster, constraints or settings.
     """
+    from autosync.probe import resolve_stand_in
     from autosync.sources import load_cluster
 
     quiet_startup()
@@ -318,6 +323,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
                           f"got {probe_steps!r}")
     cluster_spec = load_cluster(cluster)
+    stand_in = resolve_stand_in(model, probe_model, compute, quality, prober, runner)
     # a bad path fails before any worker starts
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
     if isinstance(constraints, (str, os.PathLike)):
@@ -361,7 +367,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         with TrialStore(store_path) as trial_store:
             lossy_note = ""
             if quality == "goodput" and prober is None:
-                prober, lossy_note = _default_prober(model, runner, spec, trial_store, probe_steps, probe_seed)
+                prober, lossy_note = _default_prober(model, runner, spec, trial_store, probe_steps, probe_seed,
+                                                     stand_in)
             lossless = quality == "exact" or (quality == "goodput" and prober is None)
             if quality == "exact":
                 lossy_note = "quality exact: no lossy part was proposed"
@@ -393,18 +400,25 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                       lossy_note=lossy_note)
 
 
-def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int | None) -> tuple[Prober | None, str]:
+def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int | None,
+                    stand_in=None) -> tuple[Prober | None, str]:
     """The prober of a tuning run under ``goodput`` and what it rests on: the model trained on the
-    runner's own workers (with emulated compute, the trainable model with real compute on the
-    same cluster); (None, why) when there is nothing to train (a runner that is not the Ray
-    runtime's, or a model-spec YAML)."""
+    runner's own workers (with emulated compute, the trainable model, or the ``stand_in``
+    that ``autosync.probe.resolve_stand_in`` returned, with real compute on the same cluster); (None, why) when there
+    is nothing to train (a runner that is not the Ray runtime's, or a model-spec YAML)."""
     from autosync.model_def import ModelDef
-    from autosync.probe import TrainingProber
+    from autosync.probe import StandInProber, TrainingProber
     from autosync.sources import is_trainable_source, load_model_def
 
     if runner is None or not hasattr(runner, "pool"):
         return None, ("lossy parts were not proposed: the given runner has no trainable model to probe their "
                       "statistical efficiency with")
+    if stand_in is not None:
+        source, model_def, stand_in_spec = stand_in
+        inner = TrainingProber(model_def, stand_in_spec, runner.cluster, steps=steps, seed=seed, store=store,
+                               pool=runner.pool)
+        prober = StandInProber(inner, spec, stand_in_spec, source)
+        return prober, prober.note
     if runner.compute == "real":
         return TrainingProber(runner.model_def, spec, runner.cluster, steps=steps, seed=seed, store=store,
                               pool=runner.pool, on_target=True), ""
@@ -414,4 +428,5 @@ def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int
         return TrainingProber(load_model_def(model), spec, runner.cluster, steps=steps, seed=seed, store=store,
                               pool=runner.pool, note=note), note
     return None, ("lossy parts were not proposed: a model-spec YAML has no code to train, so their statistical "
-                  "efficiency cannot be probed; give a trainable model (zoo:NAME or script.py:function) to have them")
+                  "efficiency cannot be probed; give a trainable model (zoo:NAME or script.py:function) to have them, "
+                  "or a trainable stand-in with the same variables (--probe-model)")

@@ -19,8 +19,8 @@ import functools
 import inspect
 import time
 
-from strategy_space import ClusterSpec, Strategy
-from strategy_space.errors import ConfigError
+from strategy_space import ClusterSpec, ModelSpec, Strategy
+from strategy_space.errors import ConfigError, short_repr
 from tuner.records.goodput import (DEFAULT_PROBE_STEPS, EXACT, Efficiency, LossyParts, Prober, ProbeResult, estimate_efficiency,
                            lossless_twin, lossy_parts, probe_cache_key, probe_model_key)
 
@@ -159,6 +159,104 @@ class TrainingProber(Prober):
         if lossy_parts(strategy).lossless:
             return EXACT
         return self.probe(strategy).efficiency
+
+
+def check_stand_in(tuned, stand_in, source: str) -> None:
+    """Raise ConfigError unless ModelSpec ``stand_in`` has every variable name of ``tuned``."""
+    missing = sorted(set(tuned.names) - set(stand_in.names))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConfigError(f"--probe-model {source}: the stand-in model {stand_in.name} has no variable named "
+                          f"{shown} of model {tuned.name}; a stand-in must have the tuned model's variables "
+                          f"(by name; their shapes may differ), e.g. the same architecture at another size")
+
+
+class StandInProber(Prober):
+    """Efficiencies of one model's strategies probed on another, trainable model: a stand-in.
+
+    A model-spec YAML (a full-size model planned for a GPU cluster, say) has no code to train, so
+    what its lossy parts cost in convergence cannot be measured on it; a trainable model with the
+    same variables (the same architecture at another size, e.g. ``zoo:lm1b`` for ``lm1b-full``)
+    can stand in. Each candidate's lossy parts move onto the stand-in's variable of the same name
+    (a compressor on any shard compresses the whole variable; a stale or asynchronous PS shard
+    makes the variable's PS so); every other variable is all-reduced without loss, which trains as
+    one process. The stand-in's efficiency is an estimate for the tuned model's, said so in the
+    outputs: compression error depends on a matrix's shape and spectrum, so a smaller model can
+    be hurt more or less than the full one.
+
+    Args:
+        inner: a TrainingProber of the stand-in (its cache keys name the stand-in).
+        tuned: the ModelSpec being tuned.
+        stand_in: the stand-in's ModelSpec.
+        source: how the user named the stand-in (said in the note).
+
+    Raises:
+        ConfigError: the stand-in lacks some of the tuned model's variables.
+    """
+
+    def __init__(self, inner: TrainingProber, tuned, stand_in, source: str):
+        check_stand_in(tuned, stand_in, source)
+        self.inner, self.tuned, self.stand_in, self.source = inner, tuned, stand_in, source
+        self.note = (f"efficiencies probed on the stand-in model {source} ({stand_in.name}, real compute on "
+                     f"{inner.workers} workers; lossy parts moved onto its variables of the same names): an "
+                     f"estimate for {tuned.name}, whose own convergence was not measured")
+        inner.note = self.note
+
+    def translate(self, strategy: Strategy) -> Strategy:
+        """The stand-in's strategy carrying ``strategy``'s lossy parts (see the class)."""
+        from strategy_space import AllReduce, PS, VarConfig, validate
+        from strategy_space.builders import get_builder
+
+        base = {c.name: c for c in get_builder("all_reduce").build(self.stand_in, self.inner.cluster).variables}
+        lossy: dict[str, object] = {}
+        for c in strategy.variables:
+            for s in c.synchronizers:
+                if isinstance(s, AllReduce) and s.codec.kind != "none":
+                    group = base[c.name].synchronizers[0].group
+                    lossy.setdefault(c.name, AllReduce(backend=s.backend, compressor=s.compressor, group=group))
+                elif isinstance(s, PS) and (not s.sync or s.staleness):
+                    lossy.setdefault(c.name, PS(self.inner.cluster.nodes[0].name, sync=s.sync, staleness=s.staleness))
+        configs = tuple(VarConfig(name, (lossy[name],)) if name in lossy else config for name, config in base.items())
+        moved = Strategy(configs, origin=f"{strategy.origin or 'candidate'} on stand-in {self.stand_in.name}")
+        validate(moved, self.stand_in, self.inner.cluster)
+        return moved
+
+    def efficiency(self, strategy: Strategy) -> Efficiency:
+        if lossy_parts(strategy).lossless:
+            return EXACT
+        e = self.inner.efficiency(self.translate(strategy))
+        return dataclasses.replace(e, note=self.note) if e.probed else e
+
+
+def resolve_stand_in(model, probe_model, compute: str, quality: str, prober, runner):
+    """(source, ModelDef, ModelSpec) of ``autosync.tune``'s ``probe_model``, checked before any
+    worker starts (its other arguments as ``tune`` got them); None without one.
+
+    Raises:
+        ConfigError: a stand-in this run cannot use, or one without the tuned model's variables.
+    """
+    if probe_model is None:
+        return None
+    from autosync.model_def import ModelDef
+    from autosync.sources import is_trainable_source, load_model_def, load_model_spec
+
+    source = probe_model.name if isinstance(probe_model, ModelDef) else probe_model
+    if runner is not None:
+        compute = getattr(runner, "compute", None)
+    if compute != "emulated":
+        raise ConfigError(f"--probe-model {source}: a stand-in is for emulated compute; with real compute the "
+                          f"tuned model itself is probed on its workers (drop --probe-model, or use --compute emulated)")
+    if quality != "goodput" or prober is not None or (runner is not None and not hasattr(runner, "pool")):
+        raise ConfigError(f"--probe-model {source}: a stand-in probes lossy parts under --quality goodput on the Ray "
+                          f"runtime's workers; this run has quality {quality}"
+                          + (" and its own prober or runner" if prober is not None or runner is not None else ""))
+    if not (isinstance(probe_model, ModelDef) or (isinstance(probe_model, str) and is_trainable_source(probe_model))):
+        raise ConfigError(f"--probe-model {short_repr(source)}: a stand-in must be a trainable model (zoo:NAME or "
+                          f"script.py:function), since its efficiencies are measured by training it")
+    model_def = load_model_def(probe_model)
+    stand_in_spec = load_model_spec(model_def)
+    check_stand_in(model if isinstance(model, ModelSpec) else load_model_spec(model), stand_in_spec, source)
+    return source, model_def, stand_in_spec
 
 
 def prepare_probe(model, strategy, cluster="local", *, steps: int = DEFAULT_PROBE_STEPS):

@@ -86,6 +86,10 @@ def _args(argv=None):
     p.add_argument("--quality", choices=("goodput", "exact", "step"), default="goodput",
                    help="what the tuning ranks by (autosync tune --quality; default goodput)")
     p.add_argument("--probe-steps", type=int, default=200, help="steps of each efficiency probe (default 200)")
+    p.add_argument("--probe-model", action="append", default=[], metavar="NAME=MODEL",
+                   help="emulated compute: probe the efficiencies of model NAME (as given to --models) on the "
+                        "trainable stand-in MODEL (autosync tune --probe-model), e.g. "
+                        "configs/models/nvidia-h200/lm1b-full.yaml=zoo:lm1b; repeatable")
     p.add_argument("--time-to-target", type=int, default=0, metavar="STEPS",
                    help="also time to a target loss: the loss the best baseline reaches after STEPS steps, "
                         "reached by the tuned strategy, the best baseline and the peer (measured with real "
@@ -112,6 +116,18 @@ def _warm_groups(source: str, model_name: str):
 def source_of(name: str) -> str:
     """``zoo:NAME`` for a zoo name, the path itself for a model-spec YAML."""
     return name if name.endswith((".yaml", ".yml")) else f"zoo:{name}"
+
+
+def stand_ins(pairs: list) -> dict:
+    """--probe-model's NAME=MODEL pairs as a dict."""
+    out = {}
+    for pair in pairs:
+        name, sep, model = pair.partition("=")
+        if not (sep and name and model):
+            raise SystemExit(f"--probe-model takes NAME=MODEL (a name given to --models, then a trainable model), "
+                             f"got {pair!r}")
+        out[name] = model
+    return out
 
 
 def confirm(runner, strategies: dict, repeats: int, say) -> dict:
@@ -152,7 +168,8 @@ def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
 
     result = tune(source_of(name), runner.cluster, trials=args.trials, store=store_path, patience=args.patience,
                   warm_start=warm, on_trial=on_trial, runner=runner, settings=SearchSettings(seed=args.seed),
-                  quality=args.quality, probe_steps=args.probe_steps, on_probe=on_probe)
+                  quality=args.quality, probe_steps=args.probe_steps, on_probe=on_probe,
+                  probe_model=stand_ins(args.probe_model).get(name))
     summary = result.summary()
     out = {k: summary[k] for k in ("best_step_time_s", "best_origin", "best_baseline", "best_baseline_step_time_s",
                                    "speedup_over_best_baseline", "step_speedup_over_best_baseline", "trials",
@@ -535,6 +552,15 @@ def main(argv=None) -> int:
     if args.time_to_target < 0 or args.ttt_repeats < 1 or args.ttt_window < 1 or args.ttt_cap < 1:
         print("bad arguments: --time-to-target STEPS >= 0, --ttt-repeats >= 1, --ttt-window >= 1, --ttt-cap >= 1",
               file=sys.stderr)
+        return 2
+    try:
+        stranger = sorted(set(stand_ins(args.probe_model)) - set(args.models))
+    except SystemExit as e:
+        print(f"bad arguments: {e}", file=sys.stderr)
+        return 2
+    if stranger or (args.probe_model and args.compute != "emulated"):
+        print(f"bad arguments: --probe-model names models not given to --models ({', '.join(stranger)}) or is given "
+              f"without --compute emulated (real compute probes the model itself)", file=sys.stderr)
         return 2
     if args.compute == "real" and args.nodes > (os.cpu_count() or 1):
         print(f"bad arguments: {args.nodes} nodes with real compute on {os.cpu_count()} cores: the CPU would decide, not "

@@ -117,3 +117,25 @@ def test_tune_with_emulated_compute_ranks_by_goodput_with_real_compute_probes(tm
         (mfp, _, n), = store.groups()
         assert n == s["total_trials"]
         validate(load_strategy(tmp_path / "e.yaml"), store.model(mfp), load_cluster("local"))
+
+
+def test_tune_of_a_model_spec_probes_lossy_parts_on_a_trainable_stand_in(tmp_path):
+    """`autosync tune` of a model-spec YAML (GPU-profiled, no code) with emulated compute and
+    --probe-model: lossy parts are proposed, their efficiencies rest on the stand-in (said)."""
+    spec = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "models",
+                        "nvidia-h200", "ncf-small.yaml")
+    argv = [a if a != "zoo:ncf" else spec for a in ARGS]
+    r = subprocess.run([sys.executable, "-m", "autosync", "tune", *argv, "--compute", "emulated", "--probe-model",
+                        "zoo:ncf", "--trials", "2", "--confirm", "0", "--warm-start", "none", "--store", "s.db",
+                        "--out", "s.yaml", "--json"], capture_output=True, text=True, cwd=tmp_path, env=_env(),
+                       timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert "stand-in model zoo:ncf" in s["lossy_note"] and "ncf-small" in s["lossy_note"], s["lossy_note"]
+    assert s["efficiency_probed"] == (s["lossy_parts"] != "lossless")
+    # without a stand-in, a spec has nothing to probe with: lossy parts are not proposed, and why is said
+    r = subprocess.run([sys.executable, "-m", "autosync", "tune", *argv, "--compute", "emulated", "--trials", "0",
+                        "--confirm", "0", "--warm-start", "none", "--store", "n.db", "--out", "n.yaml", "--json"],
+                       capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--probe-model" in json.loads(r.stdout)["lossy_note"]

@@ -122,3 +122,21 @@ def test_probe_command_prints_efficiency_interval_and_both_curves(setup, tmp_pat
     # and the table form
     assert main(["probe", "--model", f"{script}:model", "--strategy", str(tmp_path / "l.yaml")]) == 0
     assert "statistical efficiency 1 (not probed)" in capsys.readouterr().out
+
+
+def test_a_stand_in_gives_a_bigger_models_candidate_the_efficiency_of_its_lossy_parts(setup):
+    """A model-spec of the teacher at 8x the rows, its kernel split in two shards, one compressed:
+    probed on the trainable teacher (``StandInProber``), its E is the one of the teacher with the
+    whole kernel compressed so (the same seed: the same curves)."""
+    from strategy_space import ModelSpec, VariableSpec
+    from autosync.models.ingest import model_spec_from_def
+    from autosync.probe import StandInProber
+
+    big = ModelSpec(name="teacher-big", variables=(VariableSpec("w/kernel", (64, 8)),), batch_size=16)
+    candidate = Strategy((VarConfig("w/kernel", (AllReduce(group=1), AllReduce(compressor="powersgd(1)", group=2))),),
+                         origin="search")
+    stand_in = StandInProber(prober(setup, seed=3), big, model_spec_from_def(rm.teacher_model_def()), "teacher")
+    e = stand_in.efficiency(candidate)
+    direct = prober(setup, seed=3).efficiency(strategies("powersgd(1)")[1])
+    assert e.probed and e.value == pytest.approx(direct.value, abs=1e-6) and e.value < 0.8, (e, direct)
+    assert "stand-in model teacher" in e.note and "teacher-big" in e.note

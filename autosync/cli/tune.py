@@ -117,7 +117,7 @@ def cmd_tune(args) -> int:
                           store=args.store, constraints=args.constraints, resume=args.resume, steps=args.steps,
                           warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress,
                           quality=args.quality, probe_steps=args.probe_steps, on_probe=progress.probed,
-                          min_efficiency=args.min_efficiency,
+                          min_efficiency=args.min_efficiency, probe_model=args.probe_model,
                           **measure, **compute_settings(args))
         finally:
             progress.close()
@@ -219,6 +219,10 @@ def register(sub) -> None:
                         f"recommended (default {DEFAULT_MIN_EFFICIENCY}; a probe sees only the first steps)")
     p.add_argument("--probe-steps", type=int, default=DEFAULT_PROBE_STEPS, metavar="K",
                    help=f"steps each efficiency probe trains (default {DEFAULT_PROBE_STEPS})")
+    p.add_argument("--probe-model", metavar="MODEL",
+                   help="with --compute emulated: a trainable model with the tuned model's variable names (zoo:NAME "
+                        "or script.py:function) whose efficiencies stand in for its own, e.g. zoo:lm1b for "
+                        "a full-size lm1b spec YAML, which has no code to train")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
     add_precision_flags(p)
