@@ -3,7 +3,6 @@ that measurably hurts gets E clearly below 1, the probe is deterministic for a s
 strategy is never trained, and ``autosync probe`` prints what it measured."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
