@@ -34,22 +34,24 @@ def _state(path) -> dict:
 
 
 def _kill(actor, probe: str) -> None:
-    """``ray.kill`` the actor and return once it is dead: the kill is asynchronous, and on a busy
-    machine the next round trips can finish before it lands, so the failure a test causes would
-    happen a step or two later than the test expects."""
+    """``ray.kill`` the actor and return once its process is gone. The kill is asynchronous, and
+    Ray marks the actor dead before its process exits: until then the process still serves the PS
+    data plane (our own sockets, not Ray calls), so on a busy machine the next steps could still
+    finish and the failure a test causes would happen a step or two later than it expects."""
     import ray
 
+    pid = ray.get(getattr(actor, probe).remote(), timeout=60)["pid"]   # every test cluster is on this machine
     ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            ray.get(getattr(actor, probe).remote(), timeout=10)
-        except ray.exceptions.RayActorError:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):   # exited, not yet reaped
+                    return
+        except FileNotFoundError:
             return
-        except ray.exceptions.GetTimeoutError:
-            continue
         time.sleep(0.02)
-    raise AssertionError(f"{actor} still answers 60 s after ray.kill")
+    raise AssertionError(f"{actor} (pid {pid}) still runs 60 s after ray.kill")
 
 
 def _equal(a, b) -> bool:
