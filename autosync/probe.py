@@ -208,14 +208,14 @@ class StandInProber(Prober):
         from strategy_space.builders import get_builder
 
         base = {c.name: c for c in get_builder("all_reduce").build(self.stand_in, self.inner.cluster).variables}
+        parts, node = lossy_parts(strategy), self.inner.cluster.nodes[0].name
         lossy: dict[str, object] = {}
-        for c in strategy.variables:
-            for s in c.synchronizers:
-                if isinstance(s, AllReduce) and s.codec.kind != "none":
-                    group = base[c.name].synchronizers[0].group
-                    lossy.setdefault(c.name, AllReduce(backend=s.backend, compressor=s.compressor, group=group))
-                elif isinstance(s, PS) and (not s.sync or s.staleness):
-                    lossy.setdefault(c.name, PS(self.inner.cluster.nodes[0].name, sync=s.sync, staleness=s.staleness))
+        for name, _, codec in parts.compressed:
+            lossy.setdefault(name, AllReduce(compressor=codec, group=base[name].synchronizers[0].group))
+        for name, _, staleness in parts.stale:
+            lossy.setdefault(name, PS(node, staleness=staleness))
+        for name, _ in parts.asynchronous:
+            lossy.setdefault(name, PS(node, sync=False))
         configs = tuple(VarConfig(name, (lossy[name],)) if name in lossy else config for name, config in base.items())
         moved = Strategy(configs, origin=f"{strategy.origin or 'candidate'} on stand-in {self.stand_in.name}")
         validate(moved, self.stand_in, self.inner.cluster)

@@ -118,14 +118,17 @@ def source_of(name: str) -> str:
     return name if name.endswith((".yaml", ".yml")) else f"zoo:{name}"
 
 
-def stand_ins(pairs: list) -> dict:
-    """--probe-model's NAME=MODEL pairs as a dict."""
+def stand_ins(pairs: list, models: list) -> dict:
+    """--probe-model's NAME=MODEL pairs as a dict; ValueError for a malformed pair or a NAME not
+    given to --models."""
     out = {}
     for pair in pairs:
         name, sep, model = pair.partition("=")
         if not (sep and name and model):
-            raise SystemExit(f"--probe-model takes NAME=MODEL (a name given to --models, then a trainable model), "
+            raise ValueError(f"--probe-model takes NAME=MODEL (a name given to --models, then a trainable model), "
                              f"got {pair!r}")
+        if name not in models:
+            raise ValueError(f"--probe-model {pair}: {name} is not among --models")
         out[name] = model
     return out
 
@@ -169,7 +172,7 @@ def tune_once(name: str, runner, args, store_path: str, warm, say) -> tuple:
     result = tune(source_of(name), runner.cluster, trials=args.trials, store=store_path, patience=args.patience,
                   warm_start=warm, on_trial=on_trial, runner=runner, settings=SearchSettings(seed=args.seed),
                   quality=args.quality, probe_steps=args.probe_steps, on_probe=on_probe,
-                  probe_model=stand_ins(args.probe_model).get(name))
+                  probe_model=stand_ins(args.probe_model, args.models).get(name))
     summary = result.summary()
     out = {k: summary[k] for k in ("best_step_time_s", "best_origin", "best_baseline", "best_baseline_step_time_s",
                                    "speedup_over_best_baseline", "step_speedup_over_best_baseline", "trials",
@@ -554,13 +557,13 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        stranger = sorted(set(stand_ins(args.probe_model)) - set(args.models))
-    except SystemExit as e:
+        stand_ins(args.probe_model, args.models)
+    except ValueError as e:
         print(f"bad arguments: {e}", file=sys.stderr)
         return 2
-    if stranger or (args.probe_model and args.compute != "emulated"):
-        print(f"bad arguments: --probe-model names models not given to --models ({', '.join(stranger)}) or is given "
-              f"without --compute emulated (real compute probes the model itself)", file=sys.stderr)
+    if args.probe_model and args.compute != "emulated":
+        print("bad arguments: --probe-model needs --compute emulated (real compute probes the model itself)",
+              file=sys.stderr)
         return 2
     if args.compute == "real" and args.nodes > (os.cpu_count() or 1):
         print(f"bad arguments: {args.nodes} nodes with real compute on {os.cpu_count()} cores: the CPU would decide, not "

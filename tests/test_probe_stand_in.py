@@ -86,3 +86,23 @@ def test_tune_refuses_a_stand_in_it_cannot_use_before_anything_runs(tmp_path, kw
     with pytest.raises(ConfigError, match=message):
         autosync.tune("configs/models/ncf.yaml", "local", trials=1, store=tmp_path / "s.db", **kwargs)
     assert not (tmp_path / "s.db").exists()
+
+
+def test_the_benchmark_refuses_a_stand_in_it_cannot_use_before_the_testbed_comes_up(capsys):
+    import importlib
+    import os
+    import sys
+
+    from tests.conftest import REPO
+
+    bench = os.path.join(REPO, "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    tvb = importlib.import_module("tune_vs_baselines")
+    spec = "configs/models/nvidia-h200/lm1b-full.yaml"
+    assert tvb.stand_ins([f"{spec}=zoo:lm1b"], [spec]) == {spec: "zoo:lm1b"}
+    for argv, message in [(["--probe-model", "zoo:lm1b"], "takes NAME=MODEL"),
+                          (["--probe-model", "nope=zoo:lm1b"], "nope is not among --models"),
+                          (["--models", "lm1b", "--probe-model", "lm1b=zoo:lm1b"], "needs --compute emulated")]:
+        assert tvb.main(argv) == 2
+        assert message in capsys.readouterr().err

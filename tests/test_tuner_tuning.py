@@ -262,7 +262,7 @@ def test_a_failed_baseline_is_measured_once_more(tmp_path):
 
 def test_a_baseline_that_timed_out_is_not_run_again(tmp_path):
     """A strategy too slow for the trial limit would spend another whole limit (lm1b-full's ps at
-    100mbit: 300 s, twice): a time-out drops the baseline out of the comparison."""
+    100mbit with 13 steps a trial: 300 s, twice): a time-out drops the baseline out of the comparison."""
     runner = FailsFirstRun("all_reduce", MODEL, CLUSTER, seed=1, status="timeout")
     out = run(tmp_path, Budget(trials=3, patience=10, confirm=0), runner=runner)
     ar = [t for t in out.trials if t.origin == "all_reduce" and t.role == "baseline"]
