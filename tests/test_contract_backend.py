@@ -2,7 +2,7 @@
 each backend is a parameter of the ``group`` fixture; a new ``CollectiveBackend`` subclass fails
 ``test_every_backend_is_covered`` until it is added to ``GROUPS``).
 
-The in-process ``ThreadBackend`` (``tests.fake_collective``) runs in the fast suite; the real
+The in-process ``ThreadBackend`` (``autosync.runtime.sync.inprocess``) runs in the fast suite; the real
 backends run their ranks in Ray actors (integration; ``nccl`` is skipped without CUDA GPUs).
 
 A connected rank's ``allreduce`` returns the element-wise sum over the ranks, the same on every
@@ -18,7 +18,7 @@ import pytest
 
 from autosync.runtime.sync import backends, tf_collective
 from autosync.runtime.sync.base import CollectiveBackend
-from tests import fake_collective
+from autosync.runtime.sync import inprocess
 from tests.fake_collective import ThreadBackend, concrete_subclasses, run_ranks
 
 WORLD = 3
@@ -148,7 +148,7 @@ def group(request, backend):
 
 
 def test_every_backend_is_covered():
-    assert fake_collective and backends and tf_collective   # every module that defines one is imported
+    assert inprocess and backends and tf_collective   # every module that defines one is imported
     found = concrete_subclasses(CollectiveBackend)
     missing = found - set(GROUPS)
     assert not missing, f"add {sorted(c.__name__ for c in missing)} to GROUPS in {__name__}"

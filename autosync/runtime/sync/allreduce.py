@@ -75,10 +75,12 @@ class AllReduceChannel(SyncChannel):
             dlrm is 2 GB; at 100 Mbit/s one copy a node took minutes before the first step).
         optimizer_config: the Keras optimizer's ``get_config()``.
         seed: PowerSGD's shared seed.
+        backends: collective backends already connected, by the name the members use (ranks in one
+            process: ``autosync.runtime.sync.inprocess``); the others connect when first used.
     """
 
     def __init__(self, rank: int, world: int, groups: list[ARGroup], setups: dict, values: dict,
-                 optimizer_config: dict, seed: int = 0):
+                 optimizer_config: dict, seed: int = 0, backends: dict[str, CollectiveBackend] | None = None):
         self.rank, self.world = rank, world
         self.groups = groups
         self.setups = setups
@@ -89,7 +91,7 @@ class AllReduceChannel(SyncChannel):
         self.calls = 0
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._backends: dict[str, CollectiveBackend] = {}
+        self._backends: dict[str, CollectiveBackend] = dict(backends or {})
         self._optimizer = None
         self._ef: dict[Compressor, ErrorFeedback] = {}
         self._powersgd: dict[Compressor, PowerSGDState] = {}
@@ -134,6 +136,15 @@ class AllReduceChannel(SyncChannel):
             self._optimizer = make_optimizer(self.optimizer_config)
             for key, value in self.params.items():
                 self._optimizer.add_variable(key, value)
+        reduced = self.reduce(step, grads)
+        self._optimizer.apply(self._version, self.params, reduced)
+        self._version += 1
+
+    def reduce(self, step: int, grads: list) -> dict:
+        """The mean over workers of every member's gradient, as this step's collectives deliver it
+        (compressed where the member's compressor says): key -> dense array, or (indices, values)
+        for a sparse member. ``push`` applies it; alone it is the synchronization without an
+        update (``benchmarks/accelerator_efficiency.py`` trains on it with the model's framework)."""
         reduced: dict = {}
         for g in self.groups:
             members = [m for m in g.members if grads[m.key[0]] is not None]
@@ -147,8 +158,7 @@ class AllReduceChannel(SyncChannel):
                     reduced.update(self._gather_sparse(backend, ms, parts, tag))
                 else:
                     reduced.update(self._reduce_dense(backend, comp, ms, parts, tag))
-        self._optimizer.apply(self._version, self.params, reduced)
-        self._version += 1
+        return reduced
 
     def finish(self) -> None:
         """Collectives are synchronous: nothing is outstanding."""
