@@ -112,8 +112,10 @@ def compressed_members(strategy: Strategy, model: ModelSpec):
 
 
 def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpec | None, *, workers: int,
-          steps: int, seed: int, whole: bool) -> dict:
-    """Per-step losses (mean over workers) of ``steps`` simulated data-parallel steps."""
+          steps: int, seed: int, whole: bool, budget_s: float | None = None, progress: int = 0) -> dict:
+    """Per-step losses (mean over workers) of ``steps`` simulated data-parallel steps, fewer if
+    ``budget_s`` runs out first; every ``progress`` steps the seconds spent so far in each phase are
+    printed (gradients, copies to the host, the channel's reduce, the optimizer)."""
     import keras
     import numpy as np
     import torch
@@ -138,7 +140,19 @@ def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpe
     data = [model_def.batches(w, workers) for w in range(workers)]
     optimizer.build(variables)
     losses, started = [], time.perf_counter()
+    phases = dict.fromkeys(("gradients", "to_host", "reduce", "apply"), 0.0)
+
+    def lap(phase, since):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        phases[phase] += now - since
+        return now
+
     for step in range(steps):
+        if budget_s is not None and step >= 2 and time.perf_counter() - started > budget_s:
+            break
+        t = time.perf_counter()
         total, local, step_loss = None, [], 0.0
         for w in range(workers):
             x, y = next(data[w])
@@ -148,11 +162,13 @@ def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpe
             grads = torch.autograd.grad(value, [v.value for v in variables], allow_unused=True)
             grads = [torch.zeros_like(v.value) if g is None else g for g, v in zip(grads, variables)]
             step_loss += float(value.detach()) / workers
+            t = lap("gradients", t)
             local.append([np.array(grads[i].detach().cpu().numpy(), copy=True) if i in lossy_vars else None
                           for i in range(len(variables))])
             # the copies above are taken: worker 0's gradients become the running sum in place
             total = list(grads) if total is None else [t.add_(g) for t, g in zip(total, grads)]
             del grads, value   # one worker's gradients alive at a time (lm1b-full's are 3.3 GB)
+            t = lap("to_host", t)
         mean = [t.div_(workers) for t in total]
         del total
         if groups:
@@ -162,8 +178,13 @@ def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpe
                     target = mean[m.key[0]]
                     index = (slice(None),) * m.axis + (slice(m.start, m.stop),)
                     target[index] = torch.as_tensor(np.asarray(reduced[m.key]), device=target.device)
+        t = lap("reduce", t)
         optimizer.apply(mean, variables)
+        lap("apply", t)
         losses.append(step_loss)
+        if progress and (step + 1) % progress == 0:
+            print(f"  step {step + 1}: {time.perf_counter() - started:.1f} s, loss {step_loss:.4f}; "
+                  + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)
         if not np.isfinite(step_loss):
             break
     seconds = time.perf_counter() - started
@@ -171,25 +192,31 @@ def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpe
     keras.backend.clear_session()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"losses": losses, "seconds": seconds, "model": model, "strategy": strategy}
+    return {"losses": losses, "seconds": seconds, "model": model, "strategy": strategy,
+            "phases_s": {k: round(v, 2) for k, v in phases.items()}}
 
 
 def measure(source: str, strategy: Strategy, spec: ModelSpec | None, *, workers: int, steps: int, seed: int,
-            whole: bool) -> dict:
-    """E of ``strategy``'s compressors on the zoo model ``source``: it and its lossless twin trained."""
+            whole: bool, budget_s: float | None = None, progress: int = 0) -> dict:
+    """E of ``strategy``'s compressors on the zoo model ``source``: it and its lossless twin trained.
+    With ``budget_s``, the candidate stops early once 60 % of it is spent (the twin, without the
+    host's compression work, is faster) and the twin trains as many steps."""
     from autosync.models.zoo import get_model_def
 
     model_def = get_model_def(source)
-    cand = train(model_def, strategy, None, spec, workers=workers, steps=steps, seed=seed, whole=whole)
-    twin = train(model_def, lossless_twin(cand["strategy"]), cand["model"], spec, workers=workers, steps=steps,
-                 seed=seed, whole=False)
+    cand = train(model_def, strategy, None, spec, workers=workers, steps=steps, seed=seed, whole=whole,
+                 budget_s=None if budget_s is None else 0.6 * budget_s, progress=progress)
+    twin = train(model_def, lossless_twin(cand["strategy"]), cand["model"], spec, workers=workers,
+                 steps=len(cand["losses"]), seed=seed, whole=False, progress=progress)
     e = estimate_efficiency(cand["losses"], twin["losses"])
     parts = lossy_parts(cand["strategy"])
-    return {"model": source, "model_name": cand["model"].name, "workers": workers, "steps": steps, "seed": seed,
+    return {"model": source, "model_name": cand["model"].name, "workers": workers, "steps": len(cand["losses"]),
+            "steps_asked": steps, "seed": seed,
             "whole_variables": whole, "lossy_parts": [list(p) for p in parts.compressed],
             "efficiency": e.value, "interval": [e.low, e.high], "note": e.note,
             "candidate_loss": cand["losses"], "twin_loss": twin["losses"],
-            "candidate_s": round(cand["seconds"], 1), "twin_s": round(twin["seconds"], 1)}
+            "candidate_s": round(cand["seconds"], 1), "twin_s": round(twin["seconds"], 1),
+            "candidate_phases_s": cand["phases_s"], "twin_phases_s": twin["phases_s"]}
 
 
 def main(argv=None) -> int:
@@ -200,6 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, help="stop early (fewer steps, both runs) to fit this many seconds")
+    p.add_argument("--progress", type=int, default=0, help="print the phases' seconds every N steps")
     p.add_argument("--whole-variables", action="store_true",
                    help="compress whole variables, as the stand-in prober does")
     p.add_argument("--out", required=True, help="JSON to write (an existing one gets this run added)")
@@ -221,7 +250,7 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True   # as TensorFlow on GPUs that have it
         started = datetime.now(timezone.utc)
         result = measure(args.model, strategy, spec, workers=args.workers, steps=args.steps, seed=args.seed,
-                         whole=args.whole_variables)
+                         whole=args.whole_variables, budget_s=args.budget_s, progress=args.progress)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -233,7 +262,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"script": "benchmarks/accelerator_efficiency.py", "runs": runs + [result]},
                               indent=1) + "\n")
     print(f"{args.model}{' (whole variables)' if args.whole_variables else ''}: E = {result['efficiency']:.3f} "
-          f"[{result['interval'][0]:.3f}, {result['interval'][1]:.3f}] over {args.steps} steps x {args.workers} "
+          f"[{result['interval'][0]:.3f}, {result['interval'][1]:.3f}] over {result['steps']} steps x {args.workers} "
           f"workers; final loss {result['candidate_loss'][-1]:.4f} vs twin {result['twin_loss'][-1]:.4f}; "
           f"{result['candidate_s']} + {result['twin_s']} s", flush=True)
     return 0
