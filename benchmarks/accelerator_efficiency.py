@@ -258,9 +258,9 @@ def main(argv=None) -> int:
                   started=started.isoformat(timespec="seconds"), keras=keras.__version__,
                   torch=torch.__version__, python=platform.python_version(), **_device())
     out = Path(args.out)
-    runs = json.loads(out.read_text())["runs"] if out.exists() else []
-    out.write_text(json.dumps({"script": "benchmarks/accelerator_efficiency.py", "runs": runs + [result]},
-                              indent=1) + "\n")
+    kept = json.loads(out.read_text()) if out.exists() else {"script": "benchmarks/accelerator_efficiency.py", "runs": {}}
+    kept["runs"][f"run {len(kept['runs']) + 1}"] = result   # each run its own entry, never merged
+    out.write_text(json.dumps(kept, indent=1) + "\n")
     print(f"{args.model}{' (whole variables)' if args.whole_variables else ''}: E = {result['efficiency']:.3f} "
           f"[{result['interval'][0]:.3f}, {result['interval'][1]:.3f}] over {result['steps']} steps x {args.workers} "
           f"workers; final loss {result['candidate_loss'][-1]:.4f} vs twin {result['twin_loss'][-1]:.4f}; "

@@ -116,7 +116,7 @@ def test_the_script_trains_a_candidate_and_its_twin_from_the_same_start_without_
         proc = _run(tmp_path, *common, *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "E = " in proc.stdout
-    runs = json.loads(out.read_text())["runs"]
+    runs = list(json.loads(out.read_text())["runs"].values())
     assert [r["whole_variables"] for r in runs] == [False, True]   # a second run is added, not merged
     sharded, whole = runs
     assert len(sharded["lossy_parts"]) == 9 and len(whole["lossy_parts"]) == 3
