@@ -166,10 +166,10 @@ def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpe
             local.append([np.array(grads[i].detach().cpu().numpy(), copy=True) if i in lossy_vars else None
                           for i in range(len(variables))])
             # the copies above are taken: worker 0's gradients become the running sum in place
-            total = list(grads) if total is None else [t.add_(g) for t, g in zip(total, grads)]
+            total = list(grads) if total is None else [s.add_(g) for s, g in zip(total, grads)]
             del grads, value   # one worker's gradients alive at a time (lm1b-full's are 3.3 GB)
             t = lap("to_host", t)
-        mean = [t.div_(workers) for t in total]
+        mean = [s.div_(workers) for s in total]
         del total
         if groups:
             reduced = run_ranks(workers, lambda r: channels[r].reduce(step, local[r]))[0]
@@ -244,13 +244,18 @@ def main(argv=None) -> int:
         os.environ.setdefault("KERAS_BACKEND", "torch")   # before Keras is imported
         import keras
         import torch
+        from threadpoolctl import threadpool_limits
 
         from benchmarks.accelerator_step_time import _device
 
         torch.backends.cuda.matmul.allow_tf32 = True   # as TensorFlow on GPUs that have it
         started = datetime.now(timezone.utc)
-        result = measure(args.model, strategy, spec, workers=args.workers, steps=args.steps, seed=args.seed,
-                         whole=args.whole_variables, budget_s=args.budget_s, progress=args.progress)
+        # the W ranks compress in parallel threads; each rank's small matrix products run faster on
+        # one BLAS thread than on a pool per rank (on 2 cores, 0.2-0.25 s a step for lm1b-full's
+        # compressed matrices against 0.3-0.7 s; the H200 host's 16 cores took about 1 s a step)
+        with threadpool_limits(1, user_api="blas"):
+            result = measure(args.model, strategy, spec, workers=args.workers, steps=args.steps, seed=args.seed,
+                             whole=args.whole_variables, budget_s=args.budget_s, progress=args.progress)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
