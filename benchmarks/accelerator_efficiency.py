@@ -250,9 +250,10 @@ def main(argv=None) -> int:
 
         torch.backends.cuda.matmul.allow_tf32 = True   # as TensorFlow on GPUs that have it
         started = datetime.now(timezone.utc)
-        # the W ranks compress in parallel threads; each rank's small matrix products run faster on
-        # one BLAS thread than on a pool per rank (on 2 cores, 0.2-0.25 s a step for lm1b-full's
-        # compressed matrices against 0.3-0.7 s; the H200 host's 16 cores took about 1 s a step)
+        # the W ranks compress in parallel threads, each on one BLAS thread rather than W pools
+        # sharing the cores: lm1b-full's compressed matrices, 3 ranks on this 2-core machine (idle,
+        # 5 steps each), 0.28-0.40 s a step against 0.27-0.65 s; the H200 host took about 1 s a
+        # step without the limit (with it: not yet measured there)
         with threadpool_limits(1, user_api="blas"):
             result = measure(args.model, strategy, spec, workers=args.workers, steps=args.steps, seed=args.seed,
                              whole=args.whole_variables, budget_s=args.budget_s, progress=args.progress)
