@@ -32,6 +32,35 @@ FULL = os.path.join(CONFIGS, "models", "nvidia-h200", "lm1b-full.yaml")
 SMALL = os.path.join(CONFIGS, "models", "nvidia-h200", "lm1b-small.yaml")
 
 
+def test_reduce_hands_back_the_mean_without_an_update_over_connected_backends():
+    """``AllReduceChannel.reduce`` alone: every rank gets the same mean (fp16-rounded where the
+    member says fp16), nothing is applied, and backends passed in need no registry entry."""
+    import numpy as np
+
+    from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
+    from autosync.runtime.sync.inprocess import ThreadBackend, run_ranks
+    from strategy_space.compressor import Compressor
+
+    world = 3
+    exact = ARMember((0, 0), 0, 4, 0, 1, False, Compressor.parse("none"), "thread")
+    half = ARMember((1, 0), 0, 5, 0, 1, False, Compressor.parse("fp16"), "thread")
+    setup = ThreadBackend.prepare(world, "reduce")
+    grads = [[np.full((4, 2), r + 1.0, np.float32), np.full(5, (r + 1) / 3, np.float32)] for r in range(world)]
+
+    def rank(r):
+        ch = AllReduceChannel(r, world, [ARGroup(0, (exact, half))], {}, {}, {},
+                              backends={"thread": ThreadBackend.connect(r, world, setup)})
+        return ch.reduce(0, grads[r]), ch._optimizer
+
+    results = run_ranks(world, rank)
+    for reduced, optimizer in results:
+        assert optimizer is None   # reduce applies nothing
+        np.testing.assert_array_equal(reduced[(0, 0)], np.full((4, 2), 2.0, np.float32))
+        np.testing.assert_array_equal(reduced[(1, 0)], results[0][0][(1, 0)])
+        assert reduced[(1, 0)] == pytest.approx(np.full(5, 2 / 3), abs=1e-3)
+        assert not np.array_equal(reduced[(1, 0)], np.full(5, 2 / 3, np.float32))   # fp16 rounding shows
+
+
 def test_the_compressed_members_are_the_ones_the_sync_plan_makes():
     from autosync.runtime.plan import SyncPlan
 
