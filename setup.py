@@ -32,7 +32,8 @@ setup(
         # benchmarks/: Ray Train's TensorflowTrainer is the peer (ray[train] adds fsspec,
         # tensorboardX and pydantic to ray[default]); pinned to the Ray the results were measured
         # with. torch: the gloo backend and allreduce_bandwidth.py's torch.distributed baseline.
-        "bench": ["ray[train]==2.60.0", "torch==2.13.0"],
+        # threadpoolctl: accelerator_efficiency.py keeps numpy on one BLAS thread per simulated rank.
+        "bench": ["ray[train]==2.60.0", "torch==2.13.0", "threadpoolctl>=3"],
     },
     entry_points={"console_scripts": ["autosync=autosync.cli:main"]},
 )

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import accelerator_efficiency as ae  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "benchmarks", "accelerator_efficiency.py")
-TUNED = os.path.join(CONFIGS, "strategies", "lm1b_full__gpu_h200_3x100mbit__tuned.yaml")
+TUNED = os.path.join(CONFIGS, "strategies", "lm1b_lstm__emulated_3x1gbit__tuned_at_100mbit.yaml")
 FULL = os.path.join(CONFIGS, "models", "nvidia-h200", "lm1b-full.yaml")
 SMALL = os.path.join(CONFIGS, "models", "nvidia-h200", "lm1b-small.yaml")
 
