@@ -171,6 +171,33 @@ def check_stand_in(tuned, stand_in, source: str) -> None:
                           f"(by name; their shapes may differ), e.g. the same architecture at another size")
 
 
+def move_lossy_parts(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Strategy:
+    """``model`` all-reduced exactly, except the variables of the same names as ``strategy``'s lossy
+    parts: a compressor on any shard compresses the whole variable, a stale or asynchronous PS
+    shard makes the variable such a PS on the cluster's first node (``StandInProber``'s
+    translation, also ``benchmarks/accelerator_efficiency.py --whole-variables``).
+
+    Raises:
+        ConfigError: the moved strategy does not validate on ``model`` and ``cluster``.
+    """
+    from strategy_space import AllReduce, PS, VarConfig, validate
+    from strategy_space.builders import get_builder
+
+    base = {c.name: c for c in get_builder("all_reduce").build(model, cluster).variables}
+    parts, node = lossy_parts(strategy), cluster.nodes[0].name
+    lossy: dict[str, object] = {}
+    for name, _, codec in parts.compressed:
+        lossy.setdefault(name, AllReduce(compressor=codec, group=base[name].synchronizers[0].group))
+    for name, _, staleness in parts.stale:
+        lossy.setdefault(name, PS(node, staleness=staleness))
+    for name, _ in parts.asynchronous:
+        lossy.setdefault(name, PS(node, sync=False))
+    configs = tuple(VarConfig(name, (lossy[name],)) if name in lossy else config for name, config in base.items())
+    moved = Strategy(configs, origin=f"{strategy.origin or 'candidate'} on {model.name}")
+    validate(moved, model, cluster)
+    return moved
+
+
 class StandInProber(Prober):
     """Efficiencies of one model's strategies probed on another, trainable model: a stand-in.
 
@@ -204,22 +231,7 @@ class StandInProber(Prober):
 
     def translate(self, strategy: Strategy) -> Strategy:
         """The stand-in's strategy carrying ``strategy``'s lossy parts (see the class)."""
-        from strategy_space import AllReduce, PS, VarConfig, validate
-        from strategy_space.builders import get_builder
-
-        base = {c.name: c for c in get_builder("all_reduce").build(self.stand_in, self.inner.cluster).variables}
-        parts, node = lossy_parts(strategy), self.inner.cluster.nodes[0].name
-        lossy: dict[str, object] = {}
-        for name, _, codec in parts.compressed:
-            lossy.setdefault(name, AllReduce(compressor=codec, group=base[name].synchronizers[0].group))
-        for name, _, staleness in parts.stale:
-            lossy.setdefault(name, PS(node, staleness=staleness))
-        for name, _ in parts.asynchronous:
-            lossy.setdefault(name, PS(node, sync=False))
-        configs = tuple(VarConfig(name, (lossy[name],)) if name in lossy else config for name, config in base.items())
-        moved = Strategy(configs, origin=f"{strategy.origin or 'candidate'} on stand-in {self.stand_in.name}")
-        validate(moved, self.stand_in, self.inner.cluster)
-        return moved
+        return move_lossy_parts(strategy, self.stand_in, self.inner.cluster)
 
     def efficiency(self, strategy: Strategy) -> Efficiency:
         if lossy_parts(strategy).lossless:

@@ -28,6 +28,7 @@ process does not have); a strategy naming variables the model lacks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -39,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._rows import commit  # noqa: E402
-from strategy_space import AllReduce, ModelSpec, Strategy, VariableSpec, VarConfig, shard_bounds  # noqa: E402
+from strategy_space import ModelSpec, Strategy, VariableSpec  # noqa: E402
 from strategy_space.errors import ConfigError  # noqa: E402
 from tuner.records.goodput import estimate_efficiency, lossless_twin, lossy_parts  # noqa: E402
 
@@ -61,14 +62,15 @@ def model_spec(name: str, variables, spec: ModelSpec | None) -> ModelSpec:
 
 
 def on_whole_variables(strategy: Strategy, model: ModelSpec) -> Strategy:
-    """Every variable all-reduced exactly, except those ``strategy`` compresses anywhere: whole,
-    with its first compressor (``StandInProber``'s translation)."""
-    parts = lossy_parts(strategy)
-    codec = {}
-    for name, _, setting in parts.compressed:
-        codec.setdefault(name, setting)
-    return Strategy(tuple(VarConfig(v.name, (AllReduce(compressor=codec.get(v.name, "none")),))
-                          for v in model.variables), origin=f"{strategy.origin or 'strategy'} on whole variables")
+    """``strategy``'s lossy parts moved onto whole variables of ``model`` by name, as the stand-in
+    prober moves them (``autosync.probe.move_lossy_parts``; every other variable exact)."""
+    from autosync.probe import move_lossy_parts
+    from autosync.sources import load_cluster
+
+    missing = sorted({n for n, _, _ in lossy_parts(strategy).compressed} - {v.name for v in model.variables})
+    if missing:
+        raise ConfigError(f"the strategy compresses variables the model {model.name} lacks: {', '.join(missing[:5])}")
+    return move_lossy_parts(strategy, model, load_cluster("local"))
 
 
 def check_lossy_parts(strategy: Strategy, source: str) -> None:
@@ -83,32 +85,26 @@ def check_lossy_parts(strategy: Strategy, source: str) -> None:
 
 
 def check(strategy: Strategy, model: ModelSpec) -> None:
-    """Refuses a strategy that names variables ``model`` lacks."""
-    names = {v.name for v in model.variables}
-    missing = sorted({c.name for c in strategy.variables} - names)
-    if missing:
-        raise ConfigError(f"the strategy names variables the model {model.name} lacks: {', '.join(missing[:5])} "
-                          "(use --whole-variables to move its lossy parts onto a model by variable name)")
+    """Refuses a strategy whose variables are not the model's."""
+    names, configured = {v.name for v in model.variables}, {c.name for c in strategy.variables}
+    if configured != names:
+        raise ConfigError(f"the strategy's variables are not the model {model.name}'s: lacking in the model "
+                          f"{', '.join(sorted(configured - names)[:5]) or 'none'}, without a config "
+                          f"{', '.join(sorted(names - configured)[:5]) or 'none'} (use --whole-variables to move "
+                          "its lossy parts onto a model by variable name)")
 
 
 def compressed_members(strategy: Strategy, model: ModelSpec):
-    """The all-reduce members whose gradients are compressed: ``ARGroup``s as ``SyncPlan`` makes
-    them (sparse variables are never compressed), over the in-process backend ``thread``."""
-    from autosync.runtime.sync.allreduce import ARGroup, ARMember
+    """The compressed all-reduce members of ``SyncPlan``'s plan for ``strategy`` (sparse
+    variables are never compressed), moved onto the in-process backend ``thread``."""
+    from autosync.runtime.plan import SyncPlan
+    from autosync.runtime.sync.allreduce import ARGroup
+    from autosync.sources import load_cluster
 
-    groups: dict[int, list] = {}
-    for vi, var in enumerate(model.variables):
-        if var.sparse or not any(c.name == var.name for c in strategy.variables):
-            continue
-        cfg = strategy.config(var.name)
-        axis = cfg.axis if cfg.partitioned else 0
-        bounds = shard_bounds(var.shape[axis] if var.shape else 1, cfg.num_shards)
-        for si, (sync, (start, stop)) in enumerate(zip(cfg.synchronizers, bounds)):
-            if isinstance(sync, AllReduce) and sync.codec.kind != "none":
-                groups.setdefault(sync.group, []).append(ARMember(
-                    key=(vi, si), start=start, stop=stop, axis=axis, num_shards=cfg.num_shards,
-                    sparse=False, compressor=sync.codec, backend="thread"))
-    return [ARGroup(g, tuple(ms)) for g, ms in sorted(groups.items())]
+    groups = [ARGroup(g.group, tuple(dataclasses.replace(m, backend="thread") for m in g.members
+                                     if m.compressor.kind != "none"))
+              for g in SyncPlan.build(strategy, model, load_cluster("local")).ar_groups]
+    return [g for g in groups if g.members]
 
 
 def train(model_def, strategy: Strategy, model: ModelSpec | None, spec: ModelSpec | None, *, workers: int,

@@ -19,7 +19,7 @@ import pytest
 
 from strategy_space import PS, Strategy, VarConfig
 from strategy_space.errors import ConfigError
-from strategy_space.yaml_io import dumps, load_cluster_spec, load_model_spec, load_strategy
+from strategy_space.yaml_io import dumps, load_model_spec, load_strategy
 from tests.conftest import CONFIGS, REPO
 from tuner.records.goodput import lossy_parts
 
@@ -61,38 +61,28 @@ def test_reduce_hands_back_the_mean_without_an_update_over_connected_backends():
         assert not np.array_equal(reduced[(1, 0)], np.full(5, 2 / 3, np.float32))   # fp16 rounding shows
 
 
-def test_the_compressed_members_are_the_ones_the_sync_plan_makes():
-    from autosync.runtime.plan import SyncPlan
-
+def test_the_compressed_members_are_the_sync_plans_compressed_ones_on_the_thread_backend():
     strategy, spec = load_strategy(TUNED), load_model_spec(FULL)
-    plan = SyncPlan.build(strategy, spec, load_cluster_spec(os.path.join(CONFIGS, "clusters", "local.yaml")))
-
-    def facts(groups):
-        return sorted((m.key, m.start, m.stop, m.axis, m.num_shards, str(m.compressor))
-                      for g in groups for m in g.members if m.compressor.kind != "none")
-
-    mine = ae.compressed_members(strategy, spec)
-    assert facts(mine) == facts(plan.ar_groups)
-    assert len(facts(mine)) == 9 and {m.backend for g in mine for m in g.members} == {"thread"}
+    members = [m for g in ae.compressed_members(strategy, spec) for m in g.members]
+    assert len(members) == 9 and {m.backend for m in members} == {"thread"}
+    assert {str(m.compressor) for m in members} == {"fp16", "powersgd(4)", "powersgd_ef(4)"}
     # the recurrent kernel's three row blocks, each compressed on its own
-    assert [(m.start, m.stop) for g in mine for m in g.members if m.key[0] == 2] == [(0, 683), (683, 1366), (1366, 2048)]
+    assert sorted((m.start, m.stop) for m in members if m.key[0] == 2) == [(0, 683), (683, 1366), (1366, 2048)]
 
 
-def test_whole_variables_carry_the_lossy_parts_the_stand_in_prober_moves():
-    from autosync.probe import StandInProber
-
-    strategy, full, small = load_strategy(TUNED), load_model_spec(FULL), load_model_spec(SMALL)
-    cluster = load_cluster_spec(os.path.join(CONFIGS, "clusters", "local.yaml"))
-    prober = StandInProber(SimpleNamespace(cluster=cluster, workers=1, note=""), full, small, "zoo:lm1b")
-    moved = ae.on_whole_variables(strategy, small)
-    assert lossy_parts(moved).compressed == lossy_parts(prober.translate(strategy)).compressed
+def test_whole_variables_carry_the_lossy_parts_onto_the_model_by_name():
+    moved = ae.on_whole_variables(load_strategy(TUNED), load_model_spec(SMALL))
     assert [p[:2] for p in lossy_parts(moved).compressed] == [
         ("lstm/lstm_cell/kernel", 0), ("lstm/lstm_cell/recurrent_kernel", 0), ("projection/kernel", 0)]
-
-
-def test_a_strategy_naming_variables_the_model_lacks_is_refused():
+    assert all(c.num_shards == 1 for c in moved.variables)
     ncf = load_model_spec(os.path.join(CONFIGS, "models", "nvidia-h200", "ncf-small.yaml"))
-    with pytest.raises(ConfigError, match="lacks: embedding/embeddings.*--whole-variables"):
+    with pytest.raises(ConfigError, match="compresses variables the model ncf-small lacks: lstm/lstm_cell/kernel"):
+        ae.on_whole_variables(load_strategy(TUNED), ncf)
+
+
+def test_a_strategy_whose_variables_are_not_the_models_is_refused():
+    ncf = load_model_spec(os.path.join(CONFIGS, "models", "nvidia-h200", "ncf-small.yaml"))
+    with pytest.raises(ConfigError, match="lacking in the model embedding/embeddings.*--whole-variables"):
         ae.check(load_strategy(TUNED), ncf)
     ae.check(load_strategy(TUNED), load_model_spec(SMALL))   # same names: accepted
 
