@@ -30,6 +30,7 @@ def server():
     state = {"pushed": []}
 
     async def handler(method, args):
+        state.setdefault("order", []).append(method)
         if method == "push":
             state["pushed"].append(args)
             return None
@@ -66,8 +67,10 @@ def test_replies_match_their_requests_in_any_order_and_errors_reach_the_caller(s
         assert np.array_equal(pull.result(), np.arange(5.0) * 2)
         with pytest.raises(RuntimeError, match="ValueError: no method boom"):
             bad.result()
-        assert psnet.gather([link.call("push", np.ones(3)), link.call("pull")])[1].tolist() == [2.0, 2.0, 2.0]
-        assert len(state["pushed"]) == 2
+        # a pull may overtake a push sent before it (another lane): read after the pushes' replies
+        assert psnet.gather([link.call("push", np.ones(3)), link.call("push", np.full(3, 2.0))]) == [None, None]
+        assert link.call("pull").result().tolist() == [4.0, 4.0, 4.0]
+        assert len(state["pushed"]) == 3
     finally:
         link.close()
 
@@ -80,11 +83,69 @@ def test_a_link_pickles_as_its_endpoint_and_reconnects(server):
     link.call("push", np.ones(2)).result()
     copy = pickle.loads(pickle.dumps(link))
     try:
-        assert copy.endpoint == srv.endpoint and copy._sock is None
+        assert copy.endpoint == srv.endpoint and copy.lanes == link.lanes and copy._socks == [None, None]
         assert copy.call("pull").result().tolist() == [2.0, 2.0]
     finally:
         link.close()
         copy.close()
+
+
+def test_pushes_and_other_calls_travel_on_connections_of_their_own():
+    """Each lane is a connection of its own: a ROUTER sees a push and a pull of one link from two
+    peers, whatever the order they were sent in."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    link = psnet.Link(f"tcp://127.0.0.1:{port}", actor=None)
+    try:
+        for method in ("push", "pull", "push", "stats"):
+            link.call(method, 1)
+        seen = {}
+        for _ in range(4):
+            assert router.poll(5000), "a request never arrived"
+            ident, *frames = router.recv_multipart()
+            seen.setdefault(psnet.decode(frames)[1][0], set()).add(ident)
+        assert len(seen["push"]) == 1 and seen["pull"] == seen["stats"] and seen["push"] != seen["pull"]
+    finally:
+        link.close()
+        router.close(0)
+
+
+@pytest.mark.parametrize("lanes, first", [(2, "pull"), (1, "push")])
+def test_a_pull_sent_after_a_big_push_reaches_the_actor_first(server, lanes, first):
+    """The reason for the lanes: on one connection (``AUTOSYNC_PS_LANES=1``) the pull request waits
+    behind the push's bytes (TCP keeps order), so a PS cannot serve a pull while a push is still
+    arriving; on a lane of its own it arrives first."""
+    srv, state = server
+    order = state.setdefault("order", [])
+    link = psnet.Link(srv.endpoint, actor=None, lanes=lanes)
+    try:
+        link.call("push", np.arange(4.0)).result()             # every connection up before timing
+        link.call("pull").result()
+        order.clear()
+        state["pushed"].clear()
+        big = np.ones(32 * 2**20, np.float32)                  # 128 MiB: long on any loopback
+        push = link.call("push", big)
+        pull = link.call("pull")
+        pull.result(), push.result()
+        assert order[:2] == [first, "push" if first == "pull" else "pull"], order
+    finally:
+        link.close()
+
+
+def test_the_lane_count_comes_from_the_environment_and_bad_values_are_refused(monkeypatch):
+    from strategy_space.errors import ConfigError
+
+    monkeypatch.setenv("AUTOSYNC_PS_LANES", "1")
+    assert psnet.Link("tcp://127.0.0.1:1", actor=None).lanes == 1
+    monkeypatch.setenv("AUTOSYNC_PS_LANES", "3")
+    with pytest.raises(ConfigError, match="AUTOSYNC_PS_LANES must be 1 .* got '3'"):
+        psnet.lane_count()
+    monkeypatch.delenv("AUTOSYNC_PS_LANES")
+    assert psnet.lane_count() == psnet.LANES == 2
 
 
 def test_an_unknown_transport_is_refused_with_the_choices(monkeypatch):

@@ -15,6 +15,13 @@ have many calls to one actor in flight (pushes while it pulls) and collect each 
 A reply is ``(True, result)`` or ``(False, error text)``; the worker raises the error where it
 collects the reply, as a Ray call raises in ``ray.get``.
 
+A link is two connections, two lanes: pushes on one, every other call (pulls above all) on the
+other. On one connection a pull request of step t+1, sent right after step t's push, would reach
+the actor only behind the push's megabytes (TCP delivers in order), so the actor could serve no
+chunk of the pull before the whole push was in: the push then the pull, never both directions of
+the link at once. On a lane of its own the request arrives at once and waits on the actor, which
+sends each chunk as soon as every worker pushed it, while later chunks are still arriving.
+
 A worker waiting for a reply checks every ``LIVENESS_S`` seconds, through Ray, that the actor is
 alive: a killed PS surfaces as Ray's ``RayActorError`` naming it (the runtime reports that actor's
 death), not as a hang until the trial's deadline.
@@ -34,6 +41,22 @@ import time
 TRANSPORT = "zmq"
 TRANSPORTS = ("zmq", "ray")
 LIVENESS_S = 2.0
+# a link's connections: pushes on the first, every other call on the second (see the module doc);
+# AUTOSYNC_PS_LANES=1 puts every call on one connection (the data plane before lanes, for comparison)
+LANES = 2
+
+
+def lane_count() -> int:
+    """Connections per link: ``$AUTOSYNC_PS_LANES`` (1 or 2, read where a link is made) or ``LANES``."""
+    raw = os.environ.get("AUTOSYNC_PS_LANES", "").strip()
+    if not raw:
+        return LANES
+    if raw not in ("1", "2"):
+        from strategy_space.errors import ConfigError
+
+        raise ConfigError(f"AUTOSYNC_PS_LANES must be 1 (every PS call on one connection) or 2 (pushes on a "
+                          f"connection of their own), got {raw!r}; unset it for {LANES}")
+    return int(raw)
 
 
 def transport() -> str:
@@ -125,25 +148,29 @@ class Link:
     Args:
         endpoint: the actor's ``Server.endpoint``.
         actor: the actor's Ray handle (to check it is alive while waiting).
+        lanes: connections to the actor: 2 (pushes on one, other calls on the other; see the module
+            doc) or 1; None: ``lane_count()``.
     """
 
-    def __init__(self, endpoint: str, actor):
+    def __init__(self, endpoint: str, actor, lanes: int | None = None):
         self.endpoint = endpoint
         self.actor = actor
-        self._sock = None
+        self.lanes = lane_count() if lanes is None else int(lanes)
+        self._socks: list = [None] * self.lanes
         self._lock = threading.Lock()
         self._tags = itertools.count(1)
         self._replies: dict[int, tuple] = {}
         self._probe = None
+        self._poller = None
 
     def __getstate__(self):
-        return {"endpoint": self.endpoint, "actor": self.actor}
+        return {"endpoint": self.endpoint, "actor": self.actor, "lanes": self.lanes}
 
     def __setstate__(self, state):
-        self.__init__(state["endpoint"], state["actor"])
+        self.__init__(state["endpoint"], state["actor"], state.get("lanes"))
 
-    def _socket(self):
-        if self._sock is None:
+    def _socket(self, lane: int):
+        if self._socks[lane] is None:
             import zmq
 
             sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -151,28 +178,26 @@ class Link:
                 sock.setsockopt(opt, 0)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self.endpoint)
-            self._sock = sock
-        return self._sock
+            self._socks[lane] = sock
+            self._poller = None
+        return self._socks[lane]
 
     def call(self, method: str, *args) -> "Pending":
         """Send a request without waiting; collect its reply with ``wait`` (or ``gather``)."""
         with self._lock:
             tag = next(self._tags)
-            self._socket().send_multipart(encode(tag, (method, args)), copy=False)
+            lane = 1 if method != "push" and self.lanes > 1 else 0
+            self._socket(lane).send_multipart(encode(tag, (method, args)), copy=False)
         return Pending(self, tag)
 
     def done(self, tag: int) -> bool:
         """Whether the reply of ``tag`` is in (reads what has arrived, never waits)."""
-        import zmq
-
         with self._lock:
-            self._drain(zmq.NOBLOCK)
+            self._drain()
             return tag in self._replies
 
     def wait(self, tag: int):
         """The result of request ``tag`` (raises its error, or the actor's death)."""
-        import zmq
-
         quiet_since = time.monotonic()
         while True:
             with self._lock:
@@ -181,24 +206,39 @@ class Link:
                     if not ok:
                         raise RuntimeError(value)
                     return value
-                if self._socket().poll(100, zmq.POLLIN):
-                    self._drain(zmq.NOBLOCK)
+                if self._wait_readable(100):
+                    self._drain()
                     quiet_since = time.monotonic()
                     continue
             if time.monotonic() - quiet_since > LIVENESS_S:
                 self._check_alive()
                 quiet_since = time.monotonic()
 
-    def _drain(self, flags) -> None:
+    def _wait_readable(self, timeout_ms: int) -> bool:
+        """Whether a reply arrived on any open lane within ``timeout_ms``."""
         import zmq
 
-        while True:
-            try:
-                frames = self._socket().recv_multipart(flags, copy=False)
-            except zmq.Again:
-                return
-            tag, reply = decode(frames)
-            self._replies[tag] = reply
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            for sock in self._socks:
+                if sock is not None:
+                    self._poller.register(sock, zmq.POLLIN)
+        if not any(s is not None for s in self._socks):
+            time.sleep(timeout_ms / 1e3)
+            return False
+        return bool(self._poller.poll(timeout_ms))
+
+    def _drain(self) -> None:
+        import zmq
+
+        for sock in self._socks:
+            while sock is not None:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                tag, reply = decode(frames)
+                self._replies[tag] = reply
 
     def _check_alive(self) -> None:
         """Raise Ray's actor error if the actor died (one ``ready`` probe in flight at a time)."""
@@ -214,9 +254,11 @@ class Link:
 
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                self._sock.close(0)
-                self._sock = None
+            for sock in self._socks:
+                if sock is not None:
+                    sock.close(0)
+            self._socks = [None] * self.lanes
+            self._poller = None
             self._replies.clear()
 
 
