@@ -3,8 +3,10 @@ the step's analytic lower bound, on the emulated testbed (2 nodes at 200mbit by 
 
 For each model, in one run on one warm worker pool, alternating for ``--rounds`` rounds so drift
 hits every contender alike: ``all_reduce`` and each PS builder (``--builders``, default parallax,
-ps_lb and partitioned_ps), the PS ones once with ``AUTOSYNC_PS_TRANSPORT=ray`` (every push and pull
-an actor call through Ray's object store) and once on the default data plane (``psnet``). Per
+ps_lb and partitioned_ps), the PS ones once per ``--variants`` (default: ``ray``, every push and
+pull an actor call through Ray's object store, and ``default``, the data plane as shipped,
+``psnet``; ``one_lane`` puts a link's pushes and pulls on one connection, ``chunks1``/``chunks8``
+change the PS pipelining, see ``VARIANTS``). Per
 trial it records the median step time and its phases as the workers see them (``compute``: the
 forward and backward pass; ``sync``: everything else of the step, i.e. serializing, sending,
 waiting for the other workers' pushes, the PS's apply, the reply and deserializing), what the PS
@@ -31,6 +33,15 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 BUILDERS = ("parallax", "ps_lb", "partitioned_ps")
+# ways to run a PS trial, each the environment its session starts under: ``default`` is the data
+# plane as shipped; the others are what it is compared with
+VARIANTS = {
+    "default": {},
+    "ray": {"AUTOSYNC_PS_TRANSPORT": "ray"},          # every push and pull an actor call through Ray
+    "one_lane": {"AUTOSYNC_PS_LANES": "1"},           # pushes and pulls on one connection per link
+    "chunks1": {"AUTOSYNC_PS_CHUNKS": "1"},           # no pipelining: one push and one pull per actor
+    "chunks8": {"AUTOSYNC_PS_CHUNKS": "8"},           # twice the default chunks per actor
+}
 
 
 def _args(argv=None):
@@ -39,6 +50,8 @@ def _args(argv=None):
     p.add_argument("--models", nargs="+", default=["ncf", "dlrm"], metavar="NAME",
                    help="zoo models, or model-spec YAML files with --compute emulated (default ncf dlrm)")
     p.add_argument("--builders", nargs="+", default=list(BUILDERS), metavar="NAME", help="PS builders to profile")
+    p.add_argument("--variants", nargs="+", default=["ray", "default"], choices=sorted(VARIANTS), metavar="NAME",
+                   help=f"ways to run each PS builder, alternated (default: ray default; choices: {', '.join(VARIANTS)})")
     p.add_argument("--compute", choices=("real", "emulated"), default="real")
     p.add_argument("--step-time", type=float, default=None, metavar="S", help="emulated compute seconds per step")
     p.add_argument("--rounds", type=int, default=2, help="alternations of every contender (default 2)")
@@ -51,15 +64,17 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _trial(runner, strategy, label: str, transport: str | None, warmup: int) -> dict:
-    if transport is None:
-        os.environ.pop("AUTOSYNC_PS_TRANSPORT", None)
-    else:
-        os.environ["AUTOSYNC_PS_TRANSPORT"] = transport
+def _trial(runner, strategy, label: str, variant: str | None, warmup: int) -> dict:
+    env = VARIANTS[variant or "default"]
+    every = {k for v in VARIANTS.values() for k in v}
+    for key in every:
+        os.environ.pop(key, None)
+    os.environ.update(env)
     try:
         trial = runner.run_one(strategy, label)
     finally:
-        os.environ.pop("AUTOSYNC_PS_TRANSPORT", None)
+        for key in every:
+            os.environ.pop(key, None)
     # the PS's counters run over the whole trial: warm-up and timed steps
     steps = max(1, warmup + len(trial.step_times))
     stats = trial.meta.get("ps_stats") or {}
@@ -97,10 +112,11 @@ def measure_model(name: str, cluster, args) -> dict:
         plan = []
         for _ in range(args.rounds):
             plan.append(("all_reduce", None))
-            plan += [(b, t) for b in args.builders for t in ("ray", None)]
-        for builder, transport in plan:
-            label = builder if builder == "all_reduce" else f"{builder}@{transport or 'default'}"
-            rec = {"label": label, "builder": builder, **_trial(runner, strategies[builder], label, transport, args.warmup)}
+            plan += [(b, v) for b in args.builders for v in args.variants]
+        for builder, variant in plan:
+            label = builder if builder == "all_reduce" else f"{builder}@{variant}"
+            rec = {"label": label, "builder": builder, "env": VARIANTS[variant or "default"],
+                   **_trial(runner, strategies[builder], label, variant, args.warmup)}
             out["trials"].append(rec)
             med = f"{rec['median_s'] * 1e3:.0f} ms" if rec["median_s"] else rec["error"]
             bd = {k: round(v * 1e3, 1) for k, v in (rec["breakdown_s"] or {}).items()}
@@ -120,18 +136,19 @@ def measure_model(name: str, cluster, args) -> dict:
         summary[label] = {"median_s": statistics.median(meds), "repeat_medians_s": meds,
                           "vs_lower_bound": statistics.median(meds) / lb if lb else None}
     for b in args.builders:
-        ray_s = summary.get(f"{b}@ray", {}).get("median_s")
         new_s = summary.get(f"{b}@default", {}).get("median_s")
-        if ray_s and new_s:
-            summary[f"{b}@default"]["speedup_vs_ray"] = ray_s / new_s
+        for v in args.variants:
+            other_s = summary.get(f"{b}@{v}", {}).get("median_s")
+            if v != "default" and other_s and new_s:
+                summary[f"{b}@default"][f"speedup_vs_{v}"] = other_s / new_s
         ar = summary.get("all_reduce", {}).get("median_s")
         if ar and new_s:
             summary[f"{b}@default"]["over_all_reduce"] = new_s / ar
     out["summary"] = summary
     for label, s in summary.items():
         if s.get("median_s"):
-            extra = ", ".join(f"{k} {v:.2f}" for k, v in s.items() if k in ("vs_lower_bound", "speedup_vs_ray",
-                                                                            "over_all_reduce") and v)
+            extra = ", ".join(f"{k} {v:.2f}" for k, v in s.items()
+                              if (k in ("vs_lower_bound", "over_all_reduce") or k.startswith("speedup_vs_")) and v)
             print(f"  {label}: {s['median_s'] * 1e3:.0f} ms ({extra})", flush=True)
     return out
 
@@ -141,6 +158,7 @@ def inside(args) -> int:
     from autosync.runtime.psnet import TRANSPORT
 
     meta = {"compute": args.compute, "step_time_s": args.step_time, "default_transport": TRANSPORT,
+            "variants": {v: VARIANTS[v] for v in args.variants},
             "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}
     return measure_models("ps_step_profile", REPO, args.out, args.name + ".json", args.models,
                           lambda name, cluster: measure_model(name, cluster, args), meta)
