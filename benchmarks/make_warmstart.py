@@ -4,6 +4,8 @@ the emulated testbed, on shapes where the network, not this machine's CPU, decid
 A shape is ``NxRATE[:COMPUTE]``: N nodes (1 CPU each) with links shaped to RATE, and real
 (TensorFlow) or emulated compute (workers wait the profiled compute time and send synthetic
 gradients; see ``autosync.runtime.emulated``). Real compute needs no more nodes than cores.
+``local[:COMPUTE]`` is the built-in ``local`` cluster on this machine, no testbed: one node, two
+workers sharing its cores, what ``autosync tune`` runs by default.
 For each shape and each model, one tuning run (``autosync.tune``, no warm start of its own, the
 store shared across models so later models already learn from earlier ones) with a large
 exploration share, so the dataset holds the baselines, the tuner's own picks and random
@@ -18,7 +20,7 @@ ceiling is known (``benchmarks/simulator_accuracy.py --store`` prints it). Every
 Needs root (the testbed); hold the testbed lock::
 
     flock /tmp/autosync-testbed.lock python benchmarks/make_warmstart.py \\
-        --testbeds 2x200mbit 2x100mbit 3x200mbit:emulated 3x100mbit:emulated --trials 6
+        --testbeds 2x200mbit 2x100mbit 3x200mbit:emulated 3x100mbit:emulated local --trials 10
     python benchmarks/make_warmstart.py --pack          # -> tuner/data/warmstart.db.gz
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MODELS = ("ncf", "dlrm", "lm1b", "resnet50", "bert", "vgg16")   # cheapest first
 DEFAULT_STORE = os.path.join(REPO, "benchmarks", "results", "warmstart.db")
 TESTBED_RE = re.compile(r"^(\d+)x(\w+?)(?::(real|emulated))?$")
+LOCAL_RE = re.compile(r"^local(?::(real|emulated))?$")   # this machine, no testbed: the main job's cluster
 
 
 def _args(argv=None):
@@ -52,6 +55,7 @@ def _args(argv=None):
                    help="testbed shapes to measure on, one after the other (default 2x200mbit; COMPUTE is "
                         "real, the default, or emulated)")
     p.add_argument("--compute", choices=("real", "emulated"), default="real", help=argparse.SUPPRESS)
+    p.add_argument("--cluster", default="testbed", help=argparse.SUPPRESS)
     p.add_argument("--repeat", type=int, default=2,
                    help="strategies per group measured twice more on purpose, besides the confirmation (default 2)")
     p.add_argument("--max-steps", type=int, default=40, help="timed-step cap of the precision target (default 40)")
@@ -77,7 +81,7 @@ def inside(args) -> int:
     from strategy_space.errors import ConfigError
     from tuner.search.model_based import SearchSettings
 
-    if not os.environ.get("RAY_ADDRESS"):
+    if args.cluster == "testbed" and not os.environ.get("RAY_ADDRESS"):
         print("make_warmstart --inside runs inside the testbed's host0 (see the module doc)", file=sys.stderr)
         return 2
     os.makedirs(os.path.dirname(os.path.abspath(args.store)), exist_ok=True)
@@ -94,7 +98,7 @@ def inside(args) -> int:
         try:
             # real compute: the profiled spec (compute time, rows per step), as ``tune`` builds it for its
             # own runner: the workers' own description carries no profile
-            runner = make_runner(f"zoo:{name}", "testbed", warmup=args.warmup, steps=args.steps, trial_timeout_s=180.0,
+            runner = make_runner(f"zoo:{name}", args.cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=180.0,
                                  precision=0.03, max_steps=args.max_steps, compute=args.compute, profile=True)
             # the runner's cluster: with emulated compute it records the compute mode
             result = tune(f"zoo:{name}", runner.cluster, trials=args.trials, time_budget_s=args.time_per_model,
@@ -218,7 +222,8 @@ def noise_summary(store: str) -> dict:
             sds = [float(np.std(np.log(v), ddof=1)) for v in by.values() if len(v) >= 2]
             half = [t.meta.get("measure", {}).get("halfwidth") for t in ok]
             half = [h for h in half if h is not None]
-            key = f"{len(cluster.nodes)}x{cluster.nodes[0].bandwidth_gbps * 1000:g}mbit:{cluster.compute}"
+            key = (f"local:{cluster.compute}" if cluster.name == "local" else
+                   f"{len(cluster.nodes)}x{cluster.nodes[0].bandwidth_gbps * 1000:g}mbit:{cluster.compute}")
             shapes.setdefault(key, {})[model.name] = {
                 "trials": len(ok), "strategies": len(by), "repeated": len(sds),
                 "repeat_cv_median": statistics.median(sds) if sds else None,
@@ -246,14 +251,14 @@ def main(argv=None) -> int:
 
         return pack(args.store, args.packed or str(BUILTIN_PATH), args.noise_out, args.measured_by)
     unknown = [m for m in args.models if m not in MODELS]
-    bad = [t for t in args.testbeds if not TESTBED_RE.match(t)]
+    bad = [t for t in args.testbeds if not (TESTBED_RE.match(t) or LOCAL_RE.match(t))]
     cores = os.cpu_count() or 1
     crowded = [t for t in args.testbeds if TESTBED_RE.match(t) and TESTBED_RE.match(t).group(3) != "emulated"
                and int(TESTBED_RE.match(t).group(1)) > cores]
     if (unknown or bad or crowded or args.trials < 0 or args.steps < 1 or args.repeat < 0
             or not 0 <= args.epsilon <= 1):
         print(f"bad arguments: models {unknown} (valid: {', '.join(MODELS)}), testbeds {bad} (form NxRATE[:COMPUTE], "
-              f"e.g. 2x200mbit or 3x100mbit:emulated), real-compute testbeds with more nodes than the {cores} cores "
+              f"e.g. 2x200mbit or 3x100mbit:emulated, or local[:COMPUTE]), real-compute testbeds with more nodes than the {cores} cores "
               f"{crowded} (the CPU would decide, not the network: use :emulated), --trials >= 0, --steps >= 1, "
               f"--repeat >= 0, 0 <= --epsilon <= 1", file=sys.stderr)
         return 2
@@ -262,6 +267,12 @@ def main(argv=None) -> int:
     from _testbed import run_in_testbed
 
     for shape in args.testbeds:
+        if LOCAL_RE.match(shape):
+            rc = inside(argparse.Namespace(**{**vars(args), "cluster": "local",
+                                              "compute": LOCAL_RE.match(shape).group(1) or "real"}))
+            if rc:
+                return rc
+            continue
         nodes, rate, compute = TESTBED_RE.match(shape).groups()
         rc = run_in_testbed(__file__, argv, nodes=int(nodes), bandwidth=rate, name="make_warmstart",
                             outer_flags={"--testbeds", "--store", "--compute"},
