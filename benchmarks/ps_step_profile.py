@@ -5,8 +5,9 @@ For each model, in one run on one warm worker pool, alternating for ``--rounds``
 hits every contender alike: ``all_reduce`` and each PS builder (``--builders``, default parallax,
 ps_lb and partitioned_ps), the PS ones once per ``--variants`` (default: ``ray``, every push and
 pull an actor call through Ray's object store, and ``default``, the data plane as shipped,
-``psnet``; ``one_lane`` puts a link's pushes and pulls on one connection, ``chunks1``/``chunks8``
-change the PS pipelining, see ``VARIANTS``). Per
+``psnet``; ``one_lane`` puts a link's pushes and pulls on one connection, ``whole_vars`` cuts no
+variable into row blocks, ``before`` does neither, ``chunks1``/``chunks8`` change the PS
+pipelining, see ``VARIANTS``). Per
 trial it records the median step time and its phases as the workers see them (``compute``: the
 forward and backward pass; ``sync``: everything else of the step, i.e. serializing, sending,
 waiting for the other workers' pushes, the PS's apply, the reply and deserializing), what the PS
@@ -41,6 +42,8 @@ VARIANTS = {
     "one_lane": {"AUTOSYNC_PS_LANES": "1"},           # pushes and pulls on one connection per link
     "chunks1": {"AUTOSYNC_PS_CHUNKS": "1"},           # no pipelining: one push and one pull per actor
     "chunks8": {"AUTOSYNC_PS_CHUNKS": "8"},           # twice the default chunks per actor
+    "whole_vars": {"AUTOSYNC_PS_SEGMENT": "0"},       # no variable cut into row blocks for pipelining
+    "before": {"AUTOSYNC_PS_LANES": "1", "AUTOSYNC_PS_SEGMENT": "0"},   # the data plane before both
 }
 
 

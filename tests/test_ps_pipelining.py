@@ -4,6 +4,7 @@ and served as soon as all workers pushed it (while another chunk still waits), a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -103,3 +104,56 @@ def test_ps_chunks_split_by_bytes_sparse_apart_small_actor_whole():
     # a shard of a partitioned variable counts its own bytes only
     half = [_ref(0, 500, shards=2), _ref(1, 1000)]
     assert ps_chunks(half, shapes, itemsize, max_chunks=4, min_bytes=1 << 19) == [[(0, 0)], [(1, 0)]]
+
+
+def _plan(shards, layout, sync=True, replicas=("a:0", "b:0")):
+    from autosync.runtime.plan import PSActorPlan, SyncPlan
+
+    return SyncPlan(replicas=replicas, ps_actors=(PSActorPlan("a", tuple(shards)),), sync=sync, staleness=0,
+                    num_vars=len(layout), layout=tuple(layout))
+
+
+def test_a_variable_holding_most_of_an_actors_bytes_is_cut_into_row_blocks_that_chunk_evenly():
+    """vgg16's shape of problem: one kernel of 61 % and one of 30 % of a PS actor's bytes would be
+    two chunks, the big one pulled only once all of it was pushed; cut into row blocks on the same
+    actor, the actor's keys fall into chunks of similar bytes."""
+    from strategy_space import shard_bounds
+
+    shapes, itemsize = [[2048, 1024], [1024, 1024], [3, 3, 64, 64], [1024], [100, 8]], [4] * 5
+    refs = [_ref(0, 2048), _ref(1, 1024), _ref(2, 3), _ref(3, 1024), _ref(4, 100, sparse=True)]
+    plan = _plan(refs, [(1, 0)] * 5)
+    cut = plan.segmented(shapes, itemsize, max_chunks=4, min_bytes=1 << 20)
+    # three dense chunks (the sparse table takes the fourth) of 4.1 MiB: 8 MiB in 4 blocks, 4 MiB in
+    # 2, the small ones and the sparse table whole
+    assert cut.layout == ((4, 0), (2, 0), (1, 0), (1, 0), (1, 0))
+    blocks = [r for r in cut.ps_actors[0].shards if r.var_index == 0]
+    assert [(r.shard_index, r.num_shards, r.start, r.stop, r.axis) for r in blocks] == [
+        (i, 4, a, b, 0) for i, (a, b) in enumerate(shard_bounds(2048, 4))]
+    assert {r.var_index for r in cut.ps_actors[0].shards} == set(range(5))
+    chunks = ps_chunks(cut.ps_actors[0].shards, shapes, itemsize, max_chunks=4, min_bytes=1 << 20)
+    def size(chunk, layout):   # elements of a chunk's keys (equal blocks of each variable)
+        return sum(np.prod(shapes[k[0]]) // layout[k[0]][0] for k in chunk)
+
+    dense = [size(c, cut.layout) for c in chunks if (4, 0) not in c]
+    assert len(dense) == 3 and max(dense) <= 1.5 * min(dense), dense
+    before = ps_chunks(refs, shapes, itemsize, max_chunks=4, min_bytes=1 << 20)
+    assert max(size(c, plan.layout) for c in before if (4, 0) not in c) > 1.5 * max(dense)
+
+
+def test_nothing_is_cut_where_pipelining_cannot_use_it():
+    shapes, itemsize = [[2048, 1024], [1024]], [4, 4]
+    refs = [_ref(0, 2048), _ref(1, 1024)]
+    plan = _plan(refs, [(1, 0), (1, 0)])
+    assert plan.segmented(shapes, itemsize, max_chunks=1, min_bytes=1) is plan        # pipelining off
+    assert plan.segmented(shapes, itemsize, max_chunks=4, min_bytes=1 << 30) is plan  # too few bytes
+    async_plan = _plan(refs, [(1, 0), (1, 0)], sync=False)
+    assert async_plan.segmented(shapes, itemsize, max_chunks=4, min_bytes=1) is async_plan
+    # a variable the strategy partitioned keeps its shards; a locally replicated one stays whole
+    half = _plan([_ref(0, 1024, shards=2)], [(2, 0), (1, 0)])
+    assert half.segmented(shapes, itemsize, max_chunks=4, min_bytes=1) is half
+    shared = _plan([dataclasses.replace(_ref(0, 2048), local_replication=True), _ref(1, 1024)], [(1, 0), (1, 0)])
+    assert shared.segmented(shapes, itemsize, max_chunks=4, min_bytes=1) is shared
+    # node aggregation (two workers of a node sum locally replicated shards): no chunks, no cut
+    agg = _plan([dataclasses.replace(_ref(0, 2048), local_replication=True), _ref(1, 1024)], [(1, 0), (1, 0)],
+                replicas=("a:0", "a:1"))
+    assert agg.node_aggregation() and agg.segmented(shapes, itemsize, max_chunks=4, min_bytes=1) is agg

@@ -144,6 +144,29 @@ def test_pipelined_chunks_equal_single_process(pool, monkeypatch, staleness):
         assert np.mean(history.loss[-5:]) < 0.5 * np.mean(history.loss[:5])
 
 
+def test_whole_variables_cut_into_row_blocks_train_as_one_process(pool, monkeypatch):
+    """A whole variable holding most of a PS actor's bytes is cut into row blocks on that actor
+    (``SyncPlan.segmented``) so its chunks pipeline; the workers reassemble it, and training
+    equals one process. The strategy is not changed: only the session's plan is."""
+    from autosync.runtime import engine
+    from autosync.runtime.trainer import Trainer
+
+    monkeypatch.setattr(engine, "PS_CHUNK_MIN_BYTES", 1)
+    monkeypatch.setenv("AUTOSYNC_PS_CHUNKS", "4")
+    md = rm.model_def("adam", learning_rate=0.05)
+    names = _model_spec(pool, md).names
+    strategy = Strategy(tuple(VarConfig(n, (PS("node1" if n.startswith("emb") else "node0"),)) for n in names))
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=STEPS, steps_per_call=2)
+        weights = trainer.get_weights()
+        planned, ran = trainer.plan, trainer.session.plan
+    kernel = names.index("hidden/kernel")
+    assert planned.layout[kernel] == (1, 0) and ran.layout[kernel][0] > 1, ran.layout
+    assert sum(r.var_index == kernel for p in ran.ps_actors for r in p.shards) == ran.layout[kernel][0]
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_workers_that_build_different_initial_weights_are_refused(pool):
     """The driver compares the workers' digests of their initial weights (it receives the values
     of one worker only), and names what to fix."""

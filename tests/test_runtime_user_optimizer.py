@@ -102,3 +102,26 @@ def test_a_bounded_stale_ps_converges(pool, optimizer, options):
     first, last = loss[:4].mean(), loss[-8:].mean()
     # the teacher's targets have variance ~16 (x @ W, W standard normal) and a noise floor of 0.01
     assert last < 0.25 * first, (first, last)
+
+
+@pytest.mark.parametrize("optimizer, cut", [("rmsprop_cosine", True), ("lion_clipnorm", False)])
+def test_row_blocks_for_pipelining_only_where_the_optimizer_updates_them_alike(pool, monkeypatch, optimizer, cut):
+    """A PS actor's large whole variables are cut into row blocks for pipelining only where the
+    Keras optimizer updates a block as it updates the whole variable: RMSprop with a schedule is
+    cut, clipnorm (a variable's own norm) is not; both train like one process."""
+    from autosync.runtime import engine
+    from autosync.runtime.trainer import Trainer
+
+    monkeypatch.setattr(engine, "PS_CHUNK_MIN_BYTES", 1)
+    monkeypatch.setenv("AUTOSYNC_PS_CHUNKS", "4")
+    kind, kw = OPTIMIZERS[optimizer]
+    md = rm.model_def(kind, **kw)
+    spec = _model_spec(pool, md)
+    with Trainer(md, _strategy("emb_in_graph_ps", spec), PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=STEPS, steps_per_call=STEPS)
+        weights = trainer.get_weights()
+        planned, ran = trainer.plan, trainer.session.plan
+    kernel = spec.names.index("hidden/kernel")
+    assert (ran.layout[kernel][0] > 1) == cut and planned.layout[kernel] == (1, 0), ran.layout
+    for got, want, var in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS), spec.variables):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())

@@ -6,6 +6,8 @@ and tested alone.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
@@ -104,6 +106,50 @@ class SyncPlan:
             by_node.setdefault(self.replica_node(slot), []).append(i)
         return {node: workers for node, workers in by_node.items() if len(workers) > 1}
 
+    def segmented(self, shapes: list, itemsize: list, max_chunks: int, min_bytes: int) -> "SyncPlan":
+        """This plan with the large whole variables of each synchronous PS actor cut into row
+        blocks (segments) held by that same actor, so its pushes and pulls pipeline in chunks of
+        similar bytes: ``sync.ps.ps_chunks`` groups whole keys, and a variable holding most of an
+        actor's bytes (a classifier's kernel) would be one chunk, pulled only once all of it is
+        pushed. A variable over half a chunk's share of the actor's dense bytes (with the chunk
+        count ``ps_chunks`` will use) is cut along axis 0 into blocks of at most half a share (at
+        most its first dimension of them). Training is unchanged for an element-wise update rule; the caller checks the
+        optimizer (``keras_optimizer.check_keras_apply``) and keeps this plan otherwise.
+
+        Args:
+            shapes, itemsize: per model variable, its shape and bytes per element.
+            max_chunks, min_bytes: as for ``ps_chunks``.
+
+        Returns:
+            a new plan, or this one where nothing is cut (pipelining off, asynchronous PS, node
+            aggregation, no actor with a whole variable over its share).
+        """
+        if max_chunks <= 1 or not self.sync or self.node_aggregation():
+            return self
+        layout, actors = list(self.layout), []
+        for p in self.ps_actors:
+            size = {r.key: _bytes(r, shapes[r.var_index], itemsize[r.var_index]) for r in p.shards}
+            dense = sum(b for r, b in zip(p.shards, size.values()) if not r.sparse)
+            # the dense chunks ps_chunks will form (sparse shards take one of their own), and
+            # blocks of at most half a chunk's share, so whole blocks pack into even chunks
+            count = min(max_chunks - any(r.sparse for r in p.shards), dense // max(1, min_bytes))
+            shards = []
+            for r in p.shards:
+                shape = shapes[r.var_index]
+                cut = (min(shape[0], math.ceil(2 * size[r.key] * count / dense))
+                       if count >= 2 and shape and r.num_shards == 1 and not r.sparse and not r.local_replication else 1)
+                if cut < 2:
+                    shards.append(r)
+                    continue
+                layout[r.var_index] = (cut, 0)
+                shards += [ShardRef(var_index=r.var_index, shard_index=i, num_shards=cut, start=a, stop=b, axis=0,
+                                    sparse=False, local_replication=False)
+                           for i, (a, b) in enumerate(shard_bounds(shape[0], cut))]
+            actors.append(PSActorPlan(node=p.node, shards=tuple(shards)))
+        if tuple(layout) == self.layout:
+            return self
+        return dataclasses.replace(self, ps_actors=tuple(actors), layout=tuple(layout))
+
     @classmethod
     def build(cls, strategy: Strategy, model: ModelSpec, cluster) -> "SyncPlan":
         """Plan a strategy that ``validate`` accepted.
@@ -160,3 +206,8 @@ def model_spec_from_vars(name: str, variables: list[dict], batch_size: int) -> M
     return ModelSpec(name=name, batch_size=batch_size, variables=tuple(
         VariableSpec(name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], sparse=v["sparse"])
         for v in variables))
+
+
+def _bytes(ref: ShardRef, shape, itemsize: int) -> int:
+    n = math.prod(shape) if shape else 1
+    return n // max(1, shape[ref.axis] if shape else 1) * (ref.stop - ref.start) * itemsize
