@@ -54,7 +54,8 @@ def _args(argv=None):
                    help="zoo models, or model-spec YAML files with --compute emulated (default ncf dlrm)")
     p.add_argument("--builders", nargs="+", default=list(BUILDERS), metavar="NAME", help="PS builders to profile")
     p.add_argument("--variants", nargs="+", default=["ray", "default"], choices=sorted(VARIANTS), metavar="NAME",
-                   help=f"ways to run each PS builder, alternated (default: ray default; choices: {', '.join(VARIANTS)})")
+                   help=f"ways to run each PS builder, alternated (default: ray default; "
+                        f"choices: {', '.join(VARIANTS)})")
     p.add_argument("--compute", choices=("real", "emulated"), default="real")
     p.add_argument("--step-time", type=float, default=None, metavar="S", help="emulated compute seconds per step")
     p.add_argument("--rounds", type=int, default=2, help="alternations of every contender (default 2)")

@@ -113,8 +113,9 @@ class SyncPlan:
         actor's bytes (a classifier's kernel) would be one chunk, pulled only once all of it is
         pushed. A variable over half a chunk's share of the actor's dense bytes (with the chunk
         count ``ps_chunks`` will use) is cut along axis 0 into blocks of at most half a share (at
-        most its first dimension of them). Training is unchanged for an element-wise update rule; the caller checks the
-        optimizer (``keras_optimizer.check_keras_apply``) and keeps this plan otherwise.
+        most its first dimension of them). Training is unchanged for an element-wise update rule;
+        the caller checks the optimizer (``keras_optimizer.check_keras_apply``) and keeps this plan
+        otherwise.
 
         Args:
             shapes, itemsize: per model variable, its shape and bytes per element.
@@ -136,8 +137,8 @@ class SyncPlan:
             shards = []
             for r in p.shards:
                 shape = shapes[r.var_index]
-                cut = (min(shape[0], math.ceil(2 * size[r.key] * count / dense))
-                       if count >= 2 and shape and r.num_shards == 1 and not r.sparse and not r.local_replication else 1)
+                whole = r.num_shards == 1 and not r.sparse and not r.local_replication
+                cut = min(shape[0], math.ceil(2 * size[r.key] * count / dense)) if count >= 2 and shape and whole else 1
                 if cut < 2:
                     shards.append(r)
                     continue
