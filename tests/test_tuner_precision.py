@@ -89,7 +89,9 @@ class FakeSession:
 
     def run(self, steps, deadline=None):
         self.calls.append(steps)
-        t = np.concatenate([[0.0], np.cumsum(0.1 * np.exp(self.rng.normal(0, self.spread, steps)))])
+        times = 0.1 * np.exp(self.rng.normal(0, self.spread, steps))
+        times[-1] *= 2     # the last step ends with the final synchronizing pull
+        t = np.concatenate([[0.0], np.cumsum(times)])
         r = {"start": list(t), "compute": [0.01] * steps, "sync": [0.05] * steps, "loss": [1.0] * steps,
              "calls": [2] * steps}
         return [r, r]
@@ -107,10 +109,12 @@ def measure(spread, **policy):
 
 def test_runner_measures_until_precise_or_capped():
     quiet, s1 = measure(0.005, min_steps=10, max_steps=200)
-    assert s1.calls == [12] and len(quiet["step_times"]) == 10
+    # warm-up, the timed steps and one untimed step whose end waits for the final pull
+    assert s1.calls == [13] and len(quiet["step_times"]) == 10
+    assert max(quiet["step_times"]) < 1.1 * min(quiet["step_times"]), "the doubled last step was timed"
     noisy, s2 = measure(0.2, min_steps=10, max_steps=200)
-    assert s2.calls[0] == 12 and len(s2.calls) > 1
-    assert len(noisy["step_times"]) == sum(s2.calls) - 2 <= 200
+    assert s2.calls[0] == 13 and len(s2.calls) > 1
+    assert len(noisy["step_times"]) == sum(s2.calls) - 2 - len(s2.calls) <= 200
     assert MeasurePolicy().reached(noisy["step_times"]) or len(noisy["step_times"]) >= 190
     capped, _ = measure(0.5, min_steps=10, max_steps=30)
     assert len(capped["step_times"]) == 30

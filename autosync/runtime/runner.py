@@ -28,16 +28,20 @@ from tuner.records.precision import MeasurePolicy
 from tuner.records.trial import Runner, Trial
 
 
-def summarize_steps(results: list[dict], warmup: int) -> dict:
+def summarize_steps(results: list[dict], warmup: int, untimed_tail: int = 0) -> dict:
     """Step times and per-step breakdown from the workers' ``run`` results.
 
     A step's time is the longest any worker took from the start of that step to the start of
-    its next (the last step ends after the final synchronizing pull). Breakdown and call counts
-    are means over the timed steps and workers.
+    its next (the last step run ends after the final synchronizing pull). Breakdown and call
+    counts are means over the timed steps and workers. The first ``warmup`` and the last
+    ``untimed_tail`` steps run are not timed: a measurement leaves out the last one, whose final
+    pull waits for that step's pushes and then pulls every variable once more (a PS step's
+    last step took twice the others), which a step of a longer run never does.
     """
     starts = np.array([r["start"] for r in results])            # workers x (steps + 1)
-    durations = np.diff(starts, axis=1)[:, warmup:]
-    timed = slice(warmup, None)
+    stop = starts.shape[1] - 1 - untimed_tail
+    durations = np.diff(starts, axis=1)[:, warmup:stop]
+    timed = slice(warmup, stop)
     compute = np.mean([r["compute"][timed] for r in results])
     sync = np.mean([r["sync"][timed] for r in results])
     calls = np.array([r["calls"][timed] for r in results], dtype=float)
@@ -180,7 +184,7 @@ class RayRunner(Runner):
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
             plan = SyncPlan.build(strategy, model, self.cluster)
-            doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
+            doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps + 1,
                                         limit_s=self.trial_timeout_s)
             if doomed:
                 return self._failed(common, "timeout", doomed, meta)
@@ -226,18 +230,18 @@ class RayRunner(Runner):
     def _measure(self, session: Session, deadline: float) -> dict:
         """Warm-up and the first batch, then further batches while the policy asks for more and
         the trial's deadline leaves room for them (estimated from the steps so far). Each batch
-        ends with a synchronizing pull, so the last step of a batch also waits for stragglers
-        (it matters only for strategies with staleness, and batches are few)."""
-        parts = [summarize_steps(session.run(self.warmup + self.steps, deadline), self.warmup)]
+        runs one step more than it times: its last step ends with the synchronizing pull, which
+        no step of a longer run has (``summarize_steps``)."""
+        parts = [summarize_steps(session.run(self.warmup + self.steps + 1, deadline), self.warmup, 1)]
         for _ in range(64):  # bounded: every batch adds >= 1 step and max_steps caps them
             times = [x for p in parts for x in p["step_times"]]
             more = self.policy.next_batch(times, float(np.sum(times)))
             per_step = float(np.mean(times))
-            if per_step > 0:  # leave a fifth of the time left for the final pull and slack
-                more = min(more, int(0.8 * (deadline - time.monotonic()) / per_step))
+            if per_step > 0:  # leave a fifth of the time left for the untimed step, the final pull and slack
+                more = min(more, int(0.8 * (deadline - time.monotonic()) / per_step) - 1)
             if more <= 0:
                 break
-            parts.append(summarize_steps(session.run(more, deadline), 0))
+            parts.append(summarize_steps(session.run(more + 1, deadline), 0, 1))
         return combine_summaries(parts)
 
     def _failed(self, common: dict, status: str, reason: str, meta: dict) -> Trial:
