@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from autosync.runtime.binding import ClusterBinding
-from autosync.runtime.plan import SyncPlan
+from autosync.runtime.plan import SyncPlan, segment_for
 from autosync.runtime.ps_pool import PSPool
 from autosync.runtime.ps_shard import ParameterServerShard
 from autosync.runtime.sync.allreduce import AllReduceChannel
@@ -334,7 +334,8 @@ class Session:
         # pipelined push/pull chunks: synchronous PS without node aggregation only
         limit = ps_chunk_limit() if plan.sync and not plan.node_aggregation() else 1
         itemsize = [np.dtype(v["dtype"]).itemsize for v in desc["variables"]]
-        plan = self.plan = self._segment(plan, shapes, itemsize, limit, numpy_groups)
+        plan = self.plan = segment_for(plan, desc, [m for g in numpy_groups for m in g.members], shapes, itemsize,
+                                       limit, PS_CHUNK_MIN_BYTES)
         self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES) for p in plan.ps_actors]
         self.ps_actors, ready = self.pool.ps.start(plan, desc["optimizer"], self.chunks, self.pool.description_ref)
         ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in self.plan.ps_actors])
@@ -372,28 +373,6 @@ class Session:
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))
         return {"ps": ps_info, "workers": infos}
-
-    def _segment(self, plan: SyncPlan, shapes: list, itemsize: list, limit: int, numpy_groups: list) -> SyncPlan:
-        """``plan`` with large whole PS variables cut into row blocks for pipelining
-        (``SyncPlan.segmented``), where the optimizer updates row blocks as it updates the whole
-        variable (the numpy rules; a Keras optimizer that ``check_keras_apply`` accepts on shards).
-        ``AUTOSYNC_PS_SEGMENT=0`` (read per session) keeps whole variables, for comparison."""
-        from autosync.runtime.keras_optimizer import check_keras_apply
-        from autosync.runtime.optimizers import numpy_rules
-
-        if os.environ.get("AUTOSYNC_PS_SEGMENT", "").strip() == "0":   # for comparison: whole variables
-            return plan
-        cut = plan.segmented(shapes, itemsize, limit, PS_CHUNK_MIN_BYTES)
-        optimizer = self.pool.description["optimizer"]
-        if cut is plan or numpy_rules(optimizer):
-            return cut
-        try:
-            check_keras_apply(optimizer, [r for p in cut.ps_actors for r in p.shards]
-                              + [m for g in numpy_groups for m in g.members],
-                              [v["name"] for v in self.pool.description["variables"]])
-        except ConfigError:
-            return plan
-        return cut
 
     def _start_links(self, deadline: float | None) -> list:
         """Per PS actor, the data-plane link its workers push and pull through (``psnet``), or

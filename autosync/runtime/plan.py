@@ -212,3 +212,35 @@ def model_spec_from_vars(name: str, variables: list[dict], batch_size: int) -> M
 def _bytes(ref: ShardRef, shape, itemsize: int) -> int:
     n = math.prod(shape) if shape else 1
     return n // max(1, shape[ref.axis] if shape else 1) * (ref.stop - ref.start) * itemsize
+
+
+def segment_for(plan: SyncPlan, description: dict, numpy_members: list, shapes: list, itemsize: list,
+                max_chunks: int, min_bytes: int) -> SyncPlan:
+    """``plan`` with large whole PS variables cut into row blocks for pipelining
+    (``SyncPlan.segmented``), where the model's optimizer updates a row block as it updates the
+    whole variable: the numpy rules, or a Keras optimizer ``check_keras_apply`` accepts on the cut
+    shards (with the numpy all-reduce channel's members); ``plan`` itself otherwise.
+    ``AUTOSYNC_PS_SEGMENT=0`` (read per session) keeps whole variables, for comparison.
+
+    Args:
+        description: the workers' description of the model (its ``optimizer`` config and
+            ``variables``).
+    """
+    import os
+
+    from autosync.runtime.keras_optimizer import check_keras_apply
+    from autosync.runtime.optimizers import numpy_rules
+    from strategy_space.errors import ConfigError
+
+    if os.environ.get("AUTOSYNC_PS_SEGMENT", "").strip() == "0":
+        return plan
+    cut = plan.segmented(shapes, itemsize, max_chunks, min_bytes)
+    optimizer = description["optimizer"]
+    if cut is plan or numpy_rules(optimizer):
+        return cut
+    try:
+        check_keras_apply(optimizer, [r for p in cut.ps_actors for r in p.shards] + list(numpy_members),
+                          [v["name"] for v in description["variables"]])
+    except ConfigError:
+        return plan
+    return cut

@@ -184,7 +184,7 @@ class RayRunner(Runner):
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
             plan = SyncPlan.build(strategy, model, self.cluster)
-            doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps + 1,
+            doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
                                         limit_s=self.trial_timeout_s)
             if doomed:
                 return self._failed(common, "timeout", doomed, meta)
