@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
@@ -43,6 +44,11 @@ class ShardRef:
     @property
     def key(self) -> tuple[int, int]:
         return (self.var_index, self.shard_index)
+
+    def nbytes(self, shape, itemsize: int) -> int:
+        """Bytes of this shard of a variable of ``shape`` and ``itemsize`` bytes per element."""
+        n = math.prod(shape) if shape else 1
+        return n // max(1, shape[self.axis] if shape else 1) * (self.stop - self.start) * itemsize
 
     def slicer(self, ndim: int) -> tuple:
         """Index that selects this shard from the full variable (a view, no copy)."""
@@ -129,8 +135,8 @@ class SyncPlan:
             return self
         layout, actors = list(self.layout), []
         for p in self.ps_actors:
-            size = {r.key: _bytes(r, shapes[r.var_index], itemsize[r.var_index]) for r in p.shards}
-            dense = sum(b for r, b in zip(p.shards, size.values()) if not r.sparse)
+            size = {r.key: r.nbytes(shapes[r.var_index], itemsize[r.var_index]) for r in p.shards}
+            dense = sum(size[r.key] for r in p.shards if not r.sparse)
             # the dense chunks ps_chunks will form (sparse shards take one of their own), and
             # blocks of at most half a chunk's share, so whole blocks pack into even chunks
             count = min(max_chunks - any(r.sparse for r in p.shards), dense // max(1, min_bytes))
@@ -209,11 +215,6 @@ def model_spec_from_vars(name: str, variables: list[dict], batch_size: int) -> M
         for v in variables))
 
 
-def _bytes(ref: ShardRef, shape, itemsize: int) -> int:
-    n = math.prod(shape) if shape else 1
-    return n // max(1, shape[ref.axis] if shape else 1) * (ref.stop - ref.start) * itemsize
-
-
 def segment_for(plan: SyncPlan, description: dict, numpy_members: list, shapes: list, itemsize: list,
                 max_chunks: int, min_bytes: int) -> SyncPlan:
     """``plan`` with large whole PS variables cut into row blocks for pipelining
@@ -226,8 +227,6 @@ def segment_for(plan: SyncPlan, description: dict, numpy_members: list, shapes: 
         description: the workers' description of the model (its ``optimizer`` config and
             ``variables``).
     """
-    import os
-
     from autosync.runtime.keras_optimizer import check_keras_apply
     from autosync.runtime.optimizers import numpy_rules
     from strategy_space.errors import ConfigError

@@ -223,9 +223,6 @@ class Link:
             for sock in self._socks:
                 if sock is not None:
                     self._poller.register(sock, zmq.POLLIN)
-        if not any(s is not None for s in self._socks):
-            time.sleep(timeout_ms / 1e3)
-            return False
         return bool(self._poller.poll(timeout_ms))
 
     def _drain(self) -> None:

@@ -28,7 +28,7 @@ def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: 
     """
     if max_chunks <= 1:
         return None
-    dense = [(r.key, _shard_bytes(r, shapes[r.var_index], itemsize[r.var_index])) for r in shards if not r.sparse]
+    dense = [(r.key, r.nbytes(shapes[r.var_index], itemsize[r.var_index])) for r in shards if not r.sparse]
     sparse = [r.key for r in shards if r.sparse]
     total = sum(b for _, b in dense)
     count = min(max_chunks - (1 if sparse else 0), total // max(1, min_bytes))
@@ -44,12 +44,6 @@ def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: 
         filled += b
     chunks += [c for c in (current, sparse) if c]
     return chunks if len(chunks) > 1 else None
-
-
-def _shard_bytes(ref, shape, itemsize: int) -> int:
-    n = int(np.prod(shape)) if shape else 1
-    dim = shape[ref.axis] if shape else 1
-    return n // max(1, dim) * (ref.stop - ref.start) * itemsize
 
 
 class PSChannel(SyncChannel):
