@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def measure(model: str, backend: str, cluster, pool, steps: int, warmup: int, chunk_bytes: int | None) -> dict:
     import ray
 
-    from autosync.runtime.sync.graph import overlap_from_trace, trace_step
+    from autosync.runtime.sync.graph_trace import overlap_from_trace, trace_step
     from autosync.runtime.plan import model_spec_from_vars
     from autosync.runtime.trainer import Trainer
     from autosync.sources import load_model_def

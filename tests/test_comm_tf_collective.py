@@ -6,7 +6,8 @@ import pytest
 
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
 from autosync.runtime.sync.backends import resolve_backend
-from autosync.runtime.sync.graph import overlap_from_trace, split_groups
+from autosync.runtime.sync.graph import split_groups
+from autosync.runtime.sync.graph_trace import overlap_from_trace
 from strategy_space.compressor import Compressor
 from strategy_space.errors import ConfigError
 

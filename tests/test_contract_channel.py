@@ -49,8 +49,8 @@ def grads_for(rank: int, step: int) -> list:
     return out
 
 
-def reference(world: int, steps: int) -> list[np.ndarray]:
-    """SGD on the mean gradient, computed without any channel."""
+def reference(world: int, steps: int, scale: float = 1.0) -> list[np.ndarray]:
+    """SGD on the mean gradient (times ``scale``), computed without any channel."""
     params = initial()
     for step in range(steps):
         gs = [grads_for(r, step) for r in range(world)]
@@ -62,8 +62,17 @@ def reference(world: int, steps: int) -> list[np.ndarray]:
                 mean = dense / world
             else:
                 mean = sum(g[i] for g in gs) / world
-            params[i] = params[i] - LR * mean
+            params[i] = params[i] - LR * scale * mean
     return params
+
+
+def squared_norm(world: int, step: int) -> float:
+    """The squared global norm of step ``step``'s mean gradient as Keras computes it (a sparse
+    gradient's slices squared one by one)."""
+    gs = [grads_for(r, step) for r in range(world)]
+    dense = sum(float(np.sum(np.square(sum(g[i] for g in gs) / world, dtype=np.float64)))
+                for i in range(len(SHAPES)) if i != SPARSE)
+    return dense + sum(float(np.sum(np.square(g[SPARSE][1] / world, dtype=np.float64))) for g in gs)
 
 
 def _pieces(var: int) -> list[tuple[int, int, int, int]]:
@@ -96,7 +105,7 @@ class AllReduceHarness:
     def __init__(self, request):
         request.getfixturevalue("monkeypatch").setitem(backends.BACKENDS, "thread", ThreadBackend)
 
-    def train(self, world: int, steps: int):
+    def train(self, world: int, steps: int, scale: float | None = None):
         setup = ThreadBackend.prepare(world, "contract")
         groups = _members("thread")
 
@@ -105,7 +114,12 @@ class AllReduceHarness:
             counters = []
             for step in range(steps):
                 ch.pull(step)
-                ch.push(step, grads_for(r, step))
+                if scale is None:
+                    ch.push(step, grads_for(r, step))
+                else:
+                    counters.append(ch.held_sq(ch.push_held(step, grads_for(r, step))))
+                    ch.release(step, scale)
+                    continue
                 counters.append((ch.calls, ch.bytes_sent, ch.bytes_received))
             ch.finish()
             values = _assemble(ch.finish_pull(ch.start_pull(steps, fresh=True)))
@@ -189,7 +203,7 @@ class _GraphWorker:
 
         return free_address()
 
-    def train(self, rank: int, addresses: list, world: int, steps: int):
+    def train(self, rank: int, addresses: list, world: int, steps: int, scale: float | None = None):
         import keras
         import tensorflow as tf
 
@@ -210,7 +224,10 @@ class _GraphWorker:
         for v, value in zip(model.vs, initial()):
             v.assign(value)
         channel = graph.GraphAllReduceChannel(rank, world, _members("graph"), {"group": "contract", "base": 0})
-        step_fn = channel.bind(model, lambda y, out: out, keras.optimizers.SGD(learning_rate=LR))
+        # held (global_clipnorm beside other channels): the clipping of the optimizer is dropped,
+        # the scale given is applied instead
+        optimizer = keras.optimizers.SGD(learning_rate=LR, global_clipnorm=None if scale is None else 1e-3)
+        step_fn = channel.bind(model, lambda y, out: out, optimizer, hold=scale is not None)
         counters = []
         for step in range(steps):
             channel.pull(step)
@@ -219,6 +236,10 @@ class _GraphWorker:
             x.update(idx=tf.constant(g[SPARSE][0]), vals=tf.constant(g[SPARSE][1]))
             _, rest = step_fn(x, tf.zeros([1]))
             assert all(r is None for r in rest), "the graph reduces and applies every variable it owns"
+            if scale is not None:
+                counters.append(channel.held_sq(channel.push_held(step, [None] * len(SHAPES))))
+                channel.release(step, scale)
+                continue
             channel.push(step, [None] * len(SHAPES))
             counters.append((channel.calls, channel.bytes_sent, channel.bytes_received))
         channel.finish()
@@ -232,12 +253,12 @@ class GraphHarness:
     def __init__(self, request):
         self.ray = request.getfixturevalue("ray_session")
 
-    def train(self, world: int, steps: int):
+    def train(self, world: int, steps: int, scale: float | None = None):
         actor = self.ray.remote(num_cpus=0)(_GraphWorker)
         workers = [actor.remote() for _ in range(world)]
         try:
             addresses = self.ray.get([w.address.remote() for w in workers], timeout=60)
-            return self.ray.get([w.train.remote(r, addresses, world, steps) for r, w in enumerate(workers)],
+            return self.ray.get([w.train.remote(r, addresses, world, steps, scale) for r, w in enumerate(workers)],
                                 timeout=300)
         finally:
             for w in workers:
@@ -288,3 +309,19 @@ def test_every_worker_ends_with_sgd_on_the_mean_gradient(harness):
         assert all(a <= b for before, after in zip(counters, counters[1:]) for a, b in zip(before, after))
     # the reference moved: a channel that drops the gradients would not pass
     assert any(not np.allclose(a, b) for a, b in zip(want, initial()))
+
+
+@pytest.mark.parametrize("cls", [pytest.param(AllReduceHarness, id="allreduce"),
+                                 pytest.param(GraphHarness, id="graph", marks=pytest.mark.integration)])
+def test_a_held_step_gives_its_squared_norm_and_applies_the_scale_given(request, cls):
+    """``global_clipnorm``'s held steps (``sync.base``): each worker's ``held_sq`` is the squared
+    norm of the step's mean gradient, and ``release`` applies it times the scale (the parameter
+    servers' side is ``test_ps_clip``)."""
+    scale = 0.25
+    results = cls(request).train(WORLD, STEPS, scale)
+    want = reference(WORLD, STEPS, scale)
+    for values, norms in results:
+        np.testing.assert_allclose(norms, [squared_norm(WORLD, t) for t in range(STEPS)], rtol=1e-5)
+        for got, w in zip(values, want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(want[0], reference(WORLD, STEPS)[0])

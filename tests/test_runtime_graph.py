@@ -125,7 +125,7 @@ def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
     gradient (a control dependency) can overlap on none of them in none of the steps."""
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
-    from autosync.runtime.sync.graph import overlap_from_trace, trace_step
+    from autosync.runtime.sync.graph_trace import overlap_from_trace, trace_step
     from autosync.runtime.trainer import Trainer
     from strategy_space.builders import get_builder
 

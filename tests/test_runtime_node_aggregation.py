@@ -53,6 +53,10 @@ expected = rm.reference_weights(md, num_workers=4, steps=steps)
 out["max_diff"] = [float(np.abs(a - b).max()) for a, b in zip(weights, expected)]
 out["moved"] = [float(np.abs(a - b).max()) for a, b in zip(weights, rm.reference_weights(md, num_workers=4, steps=0))]
 out["steps"] = steps
+if "global_clipnorm" in md.optimizer_fn.keywords:   # the clipping bit: it changed the result
+    kw = {k: v for k, v in md.optimizer_fn.keywords.items() if k != "global_clipnorm"}
+    unclipped = rm.reference_weights(rm.multi_model_def(md.optimizer_fn.args[0], **kw), num_workers=4, steps=steps)
+    out["clip_effect"] = max(float(np.abs(a - b).max()) for a, b in zip(expected, unclipped))
 ray.shutdown()
 cluster.shutdown()
 print("RESULT " + json.dumps(out))
@@ -60,8 +64,11 @@ print("RESULT " + json.dumps(out))
 
 
 # the numpy rules; the Keras optimizer on the parameter servers is checked against one process in
-# test_runtime_user_optimizer (a second 4-worker cluster here cost ~90 s of CI)
-@pytest.mark.parametrize("optimizer", [("adam", {"learning_rate": 0.05})])
+# test_runtime_user_optimizer (a second 4-worker cluster here cost ~90 s of CI), except for
+# global_clipnorm, whose norm is summed over pushes that node aggregators sum first
+@pytest.mark.parametrize("optimizer", [("adam", {"learning_rate": 0.05}),
+                                       ("sgd", {"learning_rate": 2.5, "momentum": 0.9, "global_clipnorm": 0.002})],
+                         ids=["adam", "sgd_global_clipnorm"])
 def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path, optimizer):
     name, kw = optimizer
     out = run_cluster_script(tmp_path, SCRIPT.replace("md = rm.multi_model_def(*OPTIMIZER)",
@@ -76,3 +83,4 @@ def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path, o
     assert [a["pulls_out"] for a in out["aggregators"]] == [2 * steps, 2 * steps]
     assert max(out["max_diff"]) < 5e-6, out["max_diff"]
     assert min(out["moved"]) > 1e-4
+    assert out.get("clip_effect", 1.0) > 1e-4

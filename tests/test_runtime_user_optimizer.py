@@ -24,12 +24,26 @@ OPTIMIZERS = {
     "lion_clipnorm": ("Lion", {"learning_rate": 0.01, "clipnorm": 0.1}),
     "rmsprop_cosine": ("RMSprop", {"learning_rate": COSINE}),
     "subclass": ("subclass", {"learning_rate": 0.1}),
+    # global_clipnorm small enough that every step is clipped (checked below)
+    "sgd_global_clip": ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "global_clipnorm": 0.02}),
+    "adamw_global_clip": ("AdamW", {"learning_rate": COSINE, "global_clipnorm": 0.02}),
 }
 
 
 def _strategy(name, spec):
     from strategy_space.builders import get_builder
 
+    if name == "mix_gloo":   # as "mix" without the graph: shards on a PS and all-reduced with gloo
+        return Strategy((
+            VarConfig("emb/embeddings", (PS("node0"), PS("node1"))),
+            VarConfig("hidden/kernel", (AllReduce(backend="gloo", group=0), PS("node1")), axis=1),
+            VarConfig("hidden/bias", (AllReduce(backend="gloo", group=1),)),
+            VarConfig("out/kernel", (PS("node0"),)),
+            VarConfig("out/bias", (AllReduce(backend="gloo", group=0),)),
+        ))
+    if name == "stale_ps":
+        return Strategy(tuple(VarConfig(v.name, (PS(f"node{i % 2}", staleness=2),))
+                              for i, v in enumerate(spec.variables)))
     if name == "mix":   # one variable's shards on a PS and all-reduced, another's in the graph and on a PS
         return Strategy((
             VarConfig("emb/embeddings", (PS("node0"), PS("node1"))),
@@ -55,7 +69,10 @@ def _strategy(name, spec):
     # each PS trial on the Keras path imports TensorFlow in its PS actors (seconds): one PS and one
     # numpy all-reduce case per option, not every pair
     ("lion_clipnorm", "emb_in_graph_ps"), ("adam_clipvalue", "emb_in_graph_gloo"),
-    ("rmsprop_cosine", "emb_in_graph_ps"), ("subclass", "emb_in_graph_gloo")])
+    ("rmsprop_cosine", "emb_in_graph_ps"), ("subclass", "emb_in_graph_gloo")] + [
+    # the norm over every gradient of the step, whichever synchronizer carries it
+    ("sgd_global_clip", s) for s in ("ps", "partitioned_ps", "parallax", "gloo", "mix_gloo", "mix", "graph")] + [
+    ("adamw_global_clip", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")])
 def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
     kind, kw = OPTIMIZERS[optimizer]
     md = rm.model_def(kind, **kw)
@@ -66,12 +83,18 @@ def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
     initial = rm.reference_weights(md, num_workers=2, steps=0)
     assert all(not np.allclose(a, b) for a, b in zip(weights, initial))
+    if "global_clipnorm" in kw:   # the clipping changed the result: it was not a no-op
+        unclipped = rm.reference_weights(rm.model_def(kind, **{k: v for k, v in kw.items() if k != "global_clipnorm"}),
+                                         num_workers=2, steps=STEPS)
+        assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unclipped))
 
 
 @pytest.mark.parametrize("optimizer,strategy,match", [
     ("lion_clipnorm", "partitioned_ps", r"clipnorm=0.1 clips each variable by its own norm, but \S+ is split"),
     ("rmsprop_cosine", "ps", r"'RMSprop' transforms \(e.g. squares\) each slice of sparse variable emb/embeddings"),
     ("adam_clipvalue", "parallax", r"option clipvalue clips each slice of sparse variable emb/embeddings"),
+    ("sgd_global_clip", "stale_ps", r"global_clipnorm=0.02 .* apply updates without waiting for every worker "
+                                    r"\(staleness 2\)"),
 ])
 def test_what_a_strategy_cannot_honour_is_refused(pool, optimizer, strategy, match):
     kind, kw = OPTIMIZERS[optimizer]

@@ -327,8 +327,8 @@ class Session:
         check_optimizer_config(desc["optimizer"])
         numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))[1]
         if not numpy_rules(desc["optimizer"]):   # before any PS starts: what shard-wise Keras cannot honour
-            check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
-                              + [m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]])
+            check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards] + [
+                m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]], plan)
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only

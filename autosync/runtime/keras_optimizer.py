@@ -14,8 +14,11 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
 - ``clipnorm`` clips each variable by its own norm: exact when the variable is one shard.
 - Lamb, Adafactor and Muon read whole variables: exact when the variable is one shard. A user's
   subclass is taken to be element-wise (its ``update_step`` sees a shard as a variable).
-- ``global_clipnorm`` needs the norm over every gradient of the step: refused (see
-  ``optimizers.check_optimizer_config``).
+- ``global_clipnorm`` needs the norm over every gradient of the step, whichever synchronizer
+  carries it: the shards agree on it before any update (``sync.base``'s held steps: each channel
+  gives its part of the squared norm, the worker sums them and hands every channel the same
+  scale), so the optimizer here is built without it and is given gradients already scaled. In
+  the graph alone, Keras clips itself; ``check_global_clipnorm`` refuses staleness.
 - Sparse rows arrive summed per worker (``rows.dedup_rows``) and are applied as one
   ``IndexedSlices``: exact for an optimizer linear in the slices until they are densified (SGD,
   Lion); one that transforms each slice first (Adam's square, Adamax's abs, clipping by value or
@@ -83,7 +86,7 @@ def linear_in_slices(config: dict) -> bool:
     return str(config.get("class", "")).lower() in _LINEAR_IN_SLICES
 
 
-def check_keras_apply(config: dict, shards, names) -> None:
+def check_keras_apply(config: dict, shards, names, plan=None) -> None:
     """Refuse what a Keras optimizer applied shard by shard cannot honour (see the module doc): for
     a configuration the numpy rules do not run (``optimizers.numpy_rules``).
 
@@ -92,11 +95,14 @@ def check_keras_apply(config: dict, shards, names) -> None:
         shards: the shards updated outside the training graph (parameter servers, the numpy
             all-reduce channel): objects with ``var_index``/``key``, ``num_shards`` and ``sparse``.
         names: variable names by index, for messages.
+        plan: the trial's ``SyncPlan``, for ``check_global_clipnorm``.
 
     Raises:
         ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable, or sparse shards with an optimizer
-            that transforms each slice.
+            that transforms each slice; see also ``check_global_clipnorm``.
     """
+    if plan is not None:
+        check_global_clipnorm(config, plan)
     problems = []
     for s in shards:
         var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index
@@ -120,6 +126,27 @@ def check_keras_apply(config: dict, shards, names) -> None:
         raise ConfigError(sorted(set(problems)))
 
 
+def check_global_clipnorm(config: dict, plan) -> None:
+    """Refuse a ``global_clipnorm`` a plan cannot honour: every gradient of a step must be in
+    before any update (no staleness, no asynchronous PS).
+
+    Args:
+        config: the optimizer's ``keras_optimizer_config``.
+        plan: the trial's ``SyncPlan``.
+
+    Raises:
+        ConfigError: saying which part of the strategy and what to change.
+    """
+    clip = config.get("global_clipnorm")
+    if clip is None:
+        return
+    head = f"optimizer option global_clipnorm={clip!r} clips by the norm of all of a step's gradients"
+    if plan.ps_actors and (not plan.sync or plan.staleness):
+        mode = "asynchronous" if not plan.sync else f"staleness {plan.staleness}"
+        raise ConfigError(f"{head}, but this strategy's parameter servers apply updates without waiting for every "
+                          f"worker ({mode}); use staleness 0, or clipnorm (per variable)")
+
+
 class KerasOptimizer:
     """The interface of ``optimizers.NumpyOptimizer`` over a real Keras optimizer.
 
@@ -139,7 +166,9 @@ class KerasOptimizer:
 
     def __init__(self, config: dict):
         cls = optimizer_class(config)
-        self.optimizer = cls.from_config({k: v for k, v in config.items() if k != "class"})
+        # the global norm's scale is applied before (module doc): clipping here would use the
+        # norm of these shards alone
+        self.optimizer = cls.from_config({k: v for k, v in config.items() if k not in ("class", "global_clipnorm")})
         self.variables: dict = {}
         self._order: list = []
         self._functions: dict = {}

@@ -309,16 +309,13 @@ def keras_optimizer_config(optimizer) -> dict:
 
 # options that cannot be honoured where updates run, and why
 _REFUSED = {
-    "global_clipnorm": ("the norm over all of a step's gradients needs every parameter server and channel to "
-                        "exchange their parts' norms before applying, which the runtime does not do; "
-                        "use clipnorm (per variable) or clipvalue"),
     "use_ema": ("the moving average would live on each shard and never reach the model AutoSync returns; "
                 "keep the average in your own code after training"),
     "loss_scale_factor": "loss scaling is for mixed precision on one device; the runtime trains in float32",
     "gradient_accumulation_steps": ("a synchronous step already sums every worker's gradient; "
                                     "raise the global batch (batch_size x workers) instead"),
 }
-_REFUSED_DEFAULTS = {"global_clipnorm": None, "use_ema": False, "loss_scale_factor": None,
+_REFUSED_DEFAULTS = {"use_ema": False, "loss_scale_factor": None,
                      "gradient_accumulation_steps": None}
 
 

@@ -47,10 +47,11 @@ import numpy as np
 from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
 from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
+from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
 
 
-class ParameterServerShard(PooledShard):
+class ParameterServerShard(HeldSteps, PooledShard):
     """State and update logic of one PS actor (wrapped with ``ray.remote`` by the runtime; made
     with no arguments, it holds nothing until ``reset``: see ``ps_pool``).
 
@@ -105,6 +106,7 @@ class ParameterServerShard(PooledShard):
                 self.optimizer.adopt(self.params, key)
         self.num_workers = num_workers
         self.sync = sync
+        self._setup_clip(optimizer_config)   # global_clipnorm: held steps (``ps_clip``)
         self.version = 0
         self._pending: dict[int, dict] = {}
         self._error: str | None = None
@@ -157,11 +159,9 @@ class ParameterServerShard(PooledShard):
 
     async def _serve(self, method: str, args: tuple):
         self.stats_["data_plane_calls"] += 1
-        if method == "push":
-            return await self.push(*args)
-        if method == "pull":
-            return await self.pull(*args)
-        raise ValueError(f"{self.name}: the PS data plane serves push and pull, not {method!r}")
+        if method in ("push", "pull", "clip_norm", "clip_scale"):
+            return await getattr(self, method)(*args)
+        raise ValueError(f"{self.name}: the PS data plane serves push, pull, clip_norm and clip_scale, not {method!r}")
 
     async def push(self, source, step: int, grads: dict, weight: int = 1, kinds=None, chunk=None) -> None:
         """Receive gradient shards for ``step`` (all keys of this actor a source sends, at once).
@@ -192,7 +192,7 @@ class ParameterServerShard(PooledShard):
             applied = True
             raise
         finally:
-            if applied:
+            if applied or self.clip is not None:   # held steps: a clip_norm may wait for this push
                 async with self._condition():
                     self._condition().notify_all()
 
@@ -377,7 +377,7 @@ class ParameterServerShard(PooledShard):
     def _apply_complete_steps(self) -> bool:
         applied = False
         for c in range(len(self.chunks)):
-            while (self.chunk_version[c], c) in self._pending and all(
+            while (self.chunk_version[c], c) in self._pending and not self._held(self.chunk_version[c]) and all(
                     w == self.num_workers for w in self._pending[(self.chunk_version[c], c)]["weight"].values()):
                 step = self.chunk_version[c]
                 entry = self._pending.pop((step, c))
@@ -388,15 +388,19 @@ class ParameterServerShard(PooledShard):
         while self.version < min(self.chunk_version):
             # the step is applied in every chunk: how long it waited between its first and last push
             self.stats_["wait_s"] += self._last_push.pop(self.version) - self._first_push.pop(self.version)
+            self._clip_applied(self.version)
             self.version += 1
         return applied
 
     def _apply(self, step: int, entry: dict) -> None:
         t0 = time.perf_counter()
         n = self.num_workers
+        scale = self._clip_factor(step)   # global_clipnorm's (``ps_clip``), or None
         grads: dict = {}
         for key, total in entry["dense"].items():
             total /= total.dtype.type(n)  # the step's own sum (``_accumulate`` copied it)
+            if scale is not None:
+                total *= total.dtype.type(scale)
             grads[key] = total
         for key, parts in entry["sparse"].items():
             idx = _concatenate([p[0] for p in parts])
@@ -406,6 +410,9 @@ class ParameterServerShard(PooledShard):
             if any(p[2] is not None for p in parts):
                 squares = _concatenate([np.square(p[1]) if p[2] is None else p[2] for p in parts])
                 squares /= squares.dtype.type(n * n)
+            if scale is not None:
+                vals *= vals.dtype.type(scale)
+                squares = None if squares is None else squares * squares.dtype.type(scale * scale)
             grads[key] = (idx, vals, squares)
         self.optimizer.apply(step, self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0

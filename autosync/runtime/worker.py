@@ -18,6 +18,7 @@ import numpy as np
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime.rows import find_row_reads
+from autosync.runtime.sync.base import clip_scale
 
 
 def _to_numpy(grad):
@@ -114,6 +115,7 @@ class TrainingWorker:
 
         self._gradients = gradients
         self._assign = assign
+        self._clipnorm = getattr(optimizer, "global_clipnorm", None)
         x, y = next(model_def.batches(worker_index, num_workers))
         # build the model in inference mode first and keep its non-trainable state: the probe
         # below runs in training mode, which moves BatchNormalization's moving statistics (and
@@ -193,8 +195,11 @@ class TrainingWorker:
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
             old.close()
         self.channels = channels
+        # global_clipnorm beside other channels: every channel holds its step until the scale is
+        # known (``sync.base``); in the graph alone Keras clips itself
+        self._clip = self._clipnorm if channels and not (len(channels) == 1 and channels[0].in_graph) else None
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
-        self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn())
+        self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn(), hold=self._clip is not None)
                               for c in channels if c.in_graph), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
@@ -238,8 +243,14 @@ class TrainingWorker:
             grads = [_to_numpy(g) for g in grads]
             compute = time.perf_counter() - t1
             self._check_rows(rows, grads)
-            for channel in self.channels:
-                channel.push(self.step, grads)
+            if self._clip is None:
+                for channel in self.channels:
+                    channel.push(self.step, grads)
+            else:
+                held = [c.push_held(self.step, grads) for c in self.channels]
+                scale = clip_scale(sum(c.held_sq(h) for c, h in zip(self.channels, held)), self._clip)
+                for channel in self.channels:
+                    channel.release(self.step, scale)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(float(loss))

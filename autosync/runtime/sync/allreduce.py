@@ -96,6 +96,7 @@ class AllReduceChannel(SyncChannel):
         self._ef: dict[Compressor, ErrorFeedback] = {}
         self._powersgd: dict[Compressor, PowerSGDState] = {}
         self._version = 0
+        self._held: dict | None = None   # a step's reduced gradients awaiting ``release``
 
     def __getstate__(self):
         # shipped to the worker before first use: connections are made there, lazily
@@ -130,13 +131,31 @@ class AllReduceChannel(SyncChannel):
         return {k: self._optimizer.value(self.params, k) for k in self.params}
 
     def push(self, step: int, grads: list) -> None:
+        self._update(self.reduce(step, grads))
+
+    def push_held(self, step: int, grads: list) -> dict:
+        """The reduced gradients, kept for ``release`` (``base``'s held steps)."""
+        self._held = self.reduce(step, grads)
+        return self._held
+
+    def held_sq(self, held: dict) -> float:
+        """The squared norm of the reduced gradients (a sparse member's gathered slices each
+        squared, as Keras squares ``IndexedSlices`` values): the same on every worker."""
+        return sum(float(np.sum(np.square(g[1] if isinstance(g, tuple) else g, dtype=np.float64)))
+                   for g in held.values())
+
+    def release(self, step: int, scale: float) -> None:
+        held, self._held = self._held, None
+        s = np.float32(scale)
+        self._update({k: (g[0], g[1] * s) if isinstance(g, tuple) else g * s for k, g in held.items()})
+
+    def _update(self, reduced: dict) -> None:
         if self._optimizer is None:
             from autosync.runtime.optimizers import make_optimizer
 
             self._optimizer = make_optimizer(self.optimizer_config)
             for key, value in self.params.items():
                 self._optimizer.add_variable(key, value)
-        reduced = self.reduce(step, grads)
         self._optimizer.apply(self._version, self.params, reduced)
         self._version += 1
 

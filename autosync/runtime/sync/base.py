@@ -23,6 +23,13 @@ Gradients are given per model variable: a dense ndarray, ``(indices, values)`` f
 (IndexedSlices) gradient, or None (no gradient: nothing is sent). The PS channel sums the
 slices of repeated rows before sending (``rows.dedup_rows``).
 
+With the optimizer's ``global_clipnorm`` the worker runs a step in three parts instead of
+``push`` (``clip_scale`` below): ``held = push_held(step, grads)`` hands the gradients over
+without updating; ``held_sq(held)`` is this channel's part of the squared norm of the step's
+global-batch gradient (a parameter server's once every worker's push is in); the worker sums the
+parts of every channel, and ``release(step, scale)`` updates with the gradients times the scale,
+the same on every worker and shard.
+
 Every channel counts ``calls`` (Ray calls) and ``bytes_sent``/``bytes_received`` (array payload
 bytes, both directions) so the runtime can report what a step moved.
 
@@ -75,6 +82,19 @@ class SyncChannel(abc.ABC):
     def push(self, step: int, grads: list) -> None:
         """Hand over this worker's gradients of ``step`` (all variables, model order)."""
 
+    def push_held(self, step: int, grads: list) -> Any:
+        """Hand over this worker's gradients of ``step`` without updating (see the module doc);
+        the result goes to ``held_sq``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
+
+    def held_sq(self, held: Any) -> float:
+        """This channel's part of the step's squared global gradient norm (waits for it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
+
+    def release(self, step: int, scale: float) -> None:
+        """Update with the held gradients of ``step`` times ``scale``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
+
     def start_pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> Any:
         """Issue the pull of ``step`` (arguments as ``pull``); ``finish_pull`` of the result returns
         its values. Unless ``splits_pull``, this pulls at once."""
@@ -84,9 +104,10 @@ class SyncChannel(abc.ABC):
         """The values of a pull issued by ``start_pull``."""
         return pending
 
-    def bind(self, model, loss_fn, optimizer):
+    def bind(self, model, loss_fn, optimizer, hold: bool = False):
         """The worker's training step ``(x, y) -> (loss, grads)`` for a channel that is
-        ``in_graph`` (the gradients it applied come back as None).
+        ``in_graph`` (the gradients it applied come back as None; with ``hold``, the gradients it
+        reduced are kept for ``release`` instead: see the module doc).
 
         Raises:
             NotImplementedError: for a channel that is not ``in_graph``.
@@ -100,6 +121,16 @@ class SyncChannel(abc.ABC):
     def close(self) -> None:
         """Release what the channel holds open (sockets); the worker calls it when the channel is
         replaced by the next trial's."""
+
+
+def clip_scale(squared_norm: float, clipnorm: float) -> np.float32:
+    """What Keras multiplies a step's gradients by for ``global_clipnorm`` (its
+    ``clip_by_global_norm``, in float32): ``clipnorm / norm`` above ``clipnorm``, else 1; NaN when
+    the norm is not finite."""
+    norm = np.sqrt(np.float32(squared_norm))
+    clip = np.float32(clipnorm)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return clip * np.minimum(np.float32(1) / norm, np.float32(1) / clip) + (norm - norm)
 
 
 def shard_gradient(grad, start: int, stop: int, axis: int, num_shards: int):

@@ -62,69 +62,6 @@ def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[
     return graph, rest
 
 
-def trace_step(worker, logdir: str) -> list[tuple[str, int, int]]:
-    """Run one training step of ``worker`` (a TrainingWorker after ``reset``; every worker of the
-    group must run it at the same time) under TensorFlow's profiler.
-
-    Returns:
-        ``(op name, start ns, end ns)`` of every op executed, as the profiler recorded them.
-    """
-    import glob
-    import os
-
-    import tensorflow as tf
-
-    x, y = next(worker.batches)
-    worker._compute(x, y)  # noqa: SLF001 - traced and warm before profiling
-    x, y = next(worker.batches)
-    tf.profiler.experimental.start(logdir)
-    try:
-        worker._compute(x, y)  # noqa: SLF001
-    finally:
-        tf.profiler.experimental.stop()
-    try:
-        from tsl.profiler.protobuf import xplane_pb2
-    except ImportError:  # older layouts
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    path = max(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    events = []
-    for plane in space.planes:
-        names = plane.event_metadata
-        for line in plane.lines:
-            for e in line.events:
-                start = line.timestamp_ns + e.offset_ps // 1000
-                events.append((names[e.metadata_id].name, start, start + e.duration_ps // 1000))
-    return events
-
-
-def overlap_from_trace(events: list[tuple[str, int, int]]) -> dict:
-    """What one traced step says about overlap.
-
-    Returns:
-        ``first_collective_start`` and ``last_gradient_end`` (ns; gradient ops are the ones the
-        tape names ``gradient_tape/...``), and ``hidden_share``: the share of the time collectives
-        were running that lies before the last gradient op ended (0 when no collective ran).
-    """
-    collectives = sorted((a, b) for n, a, b in events if "Collective" in n and b > a)
-    gradients = [b for n, a, b in events if n.startswith("gradient_tape/")]
-    if not collectives or not gradients:
-        return {"first_collective_start": None, "last_gradient_end": None, "hidden_share": 0.0}
-    last = max(gradients)
-    merged: list[list[int]] = []  # union of the collectives' intervals
-    for a, b in collectives:
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    busy = sum(b - a for a, b in merged)
-    hidden = sum(max(0, min(b, last) - a) for a, b in merged)
-    return {"first_collective_start": collectives[0][0], "last_gradient_end": last,
-            "hidden_share": hidden / busy if busy else 0.0}
-
-
 class GraphAllReduceChannel(SyncChannel):
     """In-graph all-reduce for one worker: a SyncChannel with nothing to pull or push, plus
     ``bind``, with which the worker gets its training-step function.
@@ -156,6 +93,20 @@ class GraphAllReduceChannel(SyncChannel):
     def push(self, step: int, grads: list) -> None:
         """The graph already reduced and applied this channel's gradients (they arrive as None)."""
 
+    # held steps (``global_clipnorm`` beside other channels; ``bind(..., hold=True)``): the step
+    # returned the reduced gradients and their squared norm instead of applying them
+    def push_held(self, step: int, grads: list) -> None:
+        """The step already reduced this channel's gradients and kept them."""
+
+    def held_sq(self, held) -> float:
+        return float(self._held[1])
+
+    def release(self, step: int, scale: float) -> None:
+        import tensorflow as tf
+
+        reduced, self._held = self._held[0], None
+        self._apply_held(reduced, tf.constant(scale, tf.float32))
+
     def finish(self) -> None:
         """Collectives complete inside the step: nothing is outstanding."""
 
@@ -179,9 +130,12 @@ class GraphAllReduceChannel(SyncChannel):
         return problems
 
     # ---- the step ------------------------------------------------------------------------------
-    def bind(self, model, loss_fn, optimizer):
+    def bind(self, model, loss_fn, optimizer, hold: bool = False):
         """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
-        variables reduced here come back as None, the others as computed."""
+        variables reduced here come back as None, the others as computed. With ``hold`` the step
+        does not apply the reduced gradients: it keeps them and their squared norm (Keras squares
+        ``IndexedSlices`` values one by one) for ``release``, which applies them times the
+        ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -198,6 +152,7 @@ class GraphAllReduceChannel(SyncChannel):
         world, hint, base = self.world, communication_hint(), self.key_base
         chain = hint == "nccl"
         groups = self.groups
+        held_vars: list = []
 
         @tf.function
         def step(x, y):
@@ -247,11 +202,44 @@ class GraphAllReduceChannel(SyncChannel):
             done = [v for v in owned if grads[v] is not None]
             reduced = [_assemble(variables[v], [shards[k] for k in sorted(k for k in shards if k[0] == v)], groups, v)
                        for v in done]
+            others = [None if v in owned else grads[v] for v in range(len(variables))]
+            if hold:
+                held_vars[:] = done   # fixed for the trace: which variables get a gradient
+                return loss, others, reduced, _squared_norm(reduced)
             optimizer.apply_gradients(zip(reduced, [variables[v] for v in done]))
-            mine = set(owned)
-            return loss, [None if v in mine else grads[v] for v in range(len(variables))]
+            return loss, others
 
-        return step
+        return self._holding(step, optimizer, held_vars, variables) if hold else step
+
+    def _holding(self, step, optimizer, held_vars: list, variables: list):
+        """``bind``'s held step around ``step`` (which returns the reduced gradients and their
+        squared norm), and the graph call ``release`` applies them with."""
+        import tensorflow as tf
+
+        optimizer.global_clipnorm = None   # the step's scale comes from every channel's part
+
+        @tf.function(reduce_retracing=True)
+        def apply_held(reduced, scale):
+            # as Keras' clip_by_global_norm scales them: ``*`` makes an IndexedSlices dense (its
+            # repeated rows summed), which an optimizer that squares gradients sees
+            optimizer.apply_gradients(zip([g * scale for g in reduced], [variables[v] for v in held_vars]))
+
+        def held_step(x, y):
+            loss, others, reduced, sq = step(x, y)
+            self._held = (reduced, sq)
+            return loss, others
+
+        self._apply_held = apply_held
+        return held_step
+
+
+def _squared_norm(grads: list):
+    """The squared norm of ``grads`` as Keras' global norm takes it (an ``IndexedSlices``'s
+    values squared one by one), in float64."""
+    import tensorflow as tf
+
+    return tf.add_n([tf.constant(0.0, tf.float64)] + [tf.reduce_sum(tf.square(tf.cast(
+        g.values if isinstance(g, tf.IndexedSlices) else g, tf.float64))) for g in grads])
 
 
 def _by_compressor(group: ARGroup) -> list[tuple[Compressor | None, list[ARMember]]]:

@@ -216,6 +216,32 @@ class PSChannel(SyncChannel):
             self._pushes.append(self.aggregator.push.remote(self.worker_index, step, node_payloads))
             self.calls += 1
 
+    def push_held(self, step: int, grads: list) -> list:
+        """Push as ``push`` does (the actors hold the step until ``release``), then ask each actor
+        for its part of the squared norm. A sparse shard's part is summed here, from this worker's
+        slices before repeated rows are added up (Keras squares each slice): each actor adds up
+        the workers' sums."""
+        self.push(step, grads)
+        asks = []
+        for a, (_, plan) in enumerate(self.actors):
+            local = 0.0
+            for ref in plan.shards:
+                if ref.sparse and grads[ref.var_index] is not None:
+                    local += float(np.sum(np.square(self._shard_grad(ref, grads[ref.var_index])[1], dtype=np.float64)))
+            asks.append(self._call(a, "clip_norm", self.worker_index, step, local))
+        self.calls += len(asks)
+        return asks
+
+    def held_sq(self, held: list) -> float:
+        return float(sum(gather(held)))
+
+    def release(self, step: int, scale: float) -> None:
+        """Every worker sends the scale (the same): an actor applies on the first and ignores
+        the others, so no worker waits for another's."""
+        for a in range(len(self.actors)):
+            self._pushes.append(self._call(a, "clip_scale", step, float(scale)))
+        self.calls += len(self.actors)
+
     def _call(self, a: int, method: str, *args):
         """One call to actor ``a``: over its data-plane link (a ``psnet.Pending``), else through
         Ray (an ObjectRef); ``psnet.gather`` collects either."""

@@ -1,0 +1,96 @@
+"""``global_clipnorm`` on a synchronous parameter-server actor: held steps.
+
+Keras clips a step's gradients by the norm of all of them together. The shards of one step live
+on several actors and channels, so none may update before all of them agree on the scale
+(``sync.base``'s held steps). Per step ``t`` and worker, after its pushes:
+
+    ``clip_norm(worker, t, local)``  waits until every worker's push of ``t`` (all chunks) and
+                                     every worker's ``clip_norm`` are in, then returns this
+                                     actor's part of the squared norm of the global-batch
+                                     gradient: its dense shards' averaged gradients squared, plus
+                                     the workers' ``local`` parts of its sparse shards (each a
+                                     worker's slices squared one by one, as Keras squares
+                                     ``IndexedSlices`` values) over ``num_workers ** 2``;
+    ``clip_scale(t, scale)``         the scale every worker computed from the sum of all parts;
+                                     the first one received releases the update of ``t`` (the
+                                     gradients times the scale), the others are ignored.
+
+A step's update waits for its scale, so with ``global_clipnorm`` the pull of ``t + 1`` is served
+one round trip after the last push of ``t`` (no chunk is updated before the whole step is in).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class HeldSteps:
+    """The held-step part of ``ps_shard.ParameterServerShard`` (module doc); it uses the actor's
+    ``num_workers``, ``chunks``, ``version``, ``_pending``, ``_error``, ``_condition`` and
+    ``_apply_complete_steps``."""
+
+    def _setup_clip(self, optimizer_config: dict) -> None:
+        self.clip = optimizer_config.get("global_clipnorm") if self.sync else None
+        self._scales: dict[int, float] = {}   # step -> its scale, until applied
+        self._norm_parts: dict[int, list] = {}   # step -> [sum of workers' sparse parts, workers that asked]
+        self._norms: dict[int, float] = {}   # step -> this actor's part, kept one step after it is applied
+
+    def _held(self, step: int) -> bool:
+        """Whether the update of ``step`` waits for its scale."""
+        return self.clip is not None and step not in self._scales
+
+    async def clip_norm(self, worker: int, step: int, local: float) -> float:
+        """This actor's part of the squared global norm of ``step`` (module doc)."""
+        part = self._norm_parts.setdefault(step, [0.0, set()])
+        if worker in part[1]:
+            raise RuntimeError(f"{self.name}: worker {worker} asked the norm of step {step} twice")
+        part[0] += float(local)
+        part[1].add(worker)
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+            await cond.wait_for(lambda: self._error is not None or step in self._norms
+                                or (len(part[1]) == self.num_workers and self._step_in(step)))
+            if self._error:
+                raise RuntimeError(self._error)
+            if step not in self._norms:
+                self._norms[step] = self._dense_sq(step) + part[0] / float(self.num_workers) ** 2
+            return self._norms[step]
+
+    async def clip_scale(self, step: int, scale: float) -> None:
+        """Release the update of ``step`` with ``scale`` (the first one received counts)."""
+        if self._error:
+            raise RuntimeError(self._error)
+        if step < self.version or step in self._scales:
+            return
+        self._scales[step] = float(scale)
+        try:
+            self._apply_complete_steps()
+        except Exception as e:
+            self._error = f"{self.name}: update for step {step} failed: {type(e).__name__}: {e}"
+            raise
+        finally:
+            async with self._condition():
+                self._condition().notify_all()
+
+    def _step_in(self, step: int) -> bool:
+        """Whether every worker's push of ``step`` is in, in every chunk."""
+        n = self.num_workers
+        return all((step, c) in self._pending and all(w == n for w in self._pending[(step, c)]["weight"].values())
+                   for c in range(len(self.chunks)))
+
+    def _dense_sq(self, step: int) -> float:
+        n = float(self.num_workers)
+        return sum(float(np.sum(np.square(total, dtype=np.float64))) for c in range(len(self.chunks))
+                   for total in self._pending[(step, c)]["dense"].values()) / (n * n)
+
+    def _clip_factor(self, step: int):
+        """The scale the update of ``step`` multiplies its gradients by (None: no clipping)."""
+        return None if self.clip is None else np.float32(self._scales[step])
+
+    def _clip_applied(self, step: int) -> None:
+        """Forget what ``step`` needed once it is applied in every chunk (its norm one step later:
+        a late reader of it is a worker not yet past that step)."""
+        if self.clip is not None:
+            self._scales.pop(step, None)
+            self._norm_parts.pop(step, None)
+            self._norms.pop(step - 1, None)
