@@ -27,6 +27,11 @@ OPTIMIZERS = {
     # global_clipnorm small enough that every step is clipped (checked below)
     "sgd_global_clip": ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "global_clipnorm": 0.02}),
     "adamw_global_clip": ("AdamW", {"learning_rate": COSINE, "global_clipnorm": 0.02}),
+    # a step draws n batches and syncs their mean; a schedule and Adam's bias correction see Keras'
+    # count of batches
+    "sgd_accumulate": ("sgd", {"learning_rate": COSINE, "momentum": 0.9, "gradient_accumulation_steps": 2}),
+    "adam_accumulate": ("adam", {"learning_rate": 0.05, "gradient_accumulation_steps": 3}),
+    "sgd_accumulate_clip": ("sgd", {"learning_rate": 0.1, "global_clipnorm": 0.02, "gradient_accumulation_steps": 2}),
 }
 
 
@@ -72,20 +77,23 @@ def _strategy(name, spec):
     ("rmsprop_cosine", "emb_in_graph_ps"), ("subclass", "emb_in_graph_gloo")] + [
     # the norm over every gradient of the step, whichever synchronizer carries it
     ("sgd_global_clip", s) for s in ("ps", "partitioned_ps", "parallax", "gloo", "mix_gloo", "mix", "graph")] + [
-    ("adamw_global_clip", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")])
+    ("adamw_global_clip", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")] + [
+    ("sgd_accumulate", s) for s in ("ps", "parallax", "gloo", "mix")] + [
+    ("adam_accumulate", s) for s in ("graph", "emb_in_graph_ps")] + [("sgd_accumulate_clip", "mix_gloo")])
 def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
     kind, kw = OPTIMIZERS[optimizer]
     md = rm.model_def(kind, **kw)
     spec = _model_spec(pool, md)
     _, _, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
-    expected = rm.reference_weights(md, num_workers=2, steps=STEPS)
+    # one process applies once every n batches: STEPS steps of the runtime are n * STEPS of Keras'
+    expected = rm.reference_weights(md, num_workers=2, steps=STEPS * kw.get("gradient_accumulation_steps", 1))
     for got, want, var in zip(weights, expected, spec.variables):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
     initial = rm.reference_weights(md, num_workers=2, steps=0)
     assert all(not np.allclose(a, b) for a, b in zip(weights, initial))
     if "global_clipnorm" in kw:   # the clipping changed the result: it was not a no-op
         unclipped = rm.reference_weights(rm.model_def(kind, **{k: v for k, v in kw.items() if k != "global_clipnorm"}),
-                                         num_workers=2, steps=STEPS)
+                                         num_workers=2, steps=STEPS * kw.get("gradient_accumulation_steps", 1))
         assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unclipped))
 
 
@@ -95,6 +103,7 @@ def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
     ("adam_clipvalue", "parallax", r"option clipvalue clips each slice of sparse variable emb/embeddings"),
     ("sgd_global_clip", "stale_ps", r"global_clipnorm=0.02 .* apply updates without waiting for every worker "
                                     r"\(staleness 2\)"),
+    ("sgd_accumulate_clip", "mix", r"with gradient_accumulation_steps the graph all-reduce backend accumulates inside"),
 ])
 def test_what_a_strategy_cannot_honour_is_refused(pool, optimizer, strategy, match):
     kind, kw = OPTIMIZERS[optimizer]

@@ -325,10 +325,11 @@ class Session:
         self.workers = self.pool.ensure(self.pool.model_def, plan.replicas, deadline)
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
-        numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))[1]
+        graph_groups, numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))
         if not numpy_rules(desc["optimizer"]):   # before any PS starts: what shard-wise Keras cannot honour
-            check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards] + [
-                m for g in numpy_groups for m in g.members], [v["name"] for v in desc["variables"]], plan)
+            names = [v["name"] for v in desc["variables"]]
+            check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
+                              + [m for g in numpy_groups for m in g.members], names, plan, bool(graph_groups))
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only

@@ -19,6 +19,10 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   gives its part of the squared norm, the worker sums them and hands every channel the same
   scale), so the optimizer here is built without it and is given gradients already scaled. In
   the graph alone, Keras clips itself; ``check_global_clipnorm`` refuses staleness.
+- ``gradient_accumulation_steps`` (n): a worker draws n batches per step and sends the mean of
+  their gradients (``worker._gradients_of``), so update ``t`` is applied here as Keras applies its
+  (t+1)-th: the update rule sees ``iterations`` t (Keras counts updates there), a learning-rate
+  schedule the batch count ``(t + 1) n - 1`` (Keras evaluates it at every batch's count).
 - Sparse rows arrive summed per worker (``rows.dedup_rows``) and are applied as one
   ``IndexedSlices``: exact for an optimizer linear in the slices until they are densified (SGD,
   Lion); one that transforms each slice first (Adam's square, Adamax's abs, clipping by value or
@@ -86,7 +90,7 @@ def linear_in_slices(config: dict) -> bool:
     return str(config.get("class", "")).lower() in _LINEAR_IN_SLICES
 
 
-def check_keras_apply(config: dict, shards, names, plan=None) -> None:
+def check_keras_apply(config: dict, shards, names, plan=None, in_graph: bool = False) -> None:
     """Refuse what a Keras optimizer applied shard by shard cannot honour (see the module doc): for
     a configuration the numpy rules do not run (``optimizers.numpy_rules``).
 
@@ -96,13 +100,14 @@ def check_keras_apply(config: dict, shards, names, plan=None) -> None:
             all-reduce channel): objects with ``var_index``/``key``, ``num_shards`` and ``sparse``.
         names: variable names by index, for messages.
         plan: the trial's ``SyncPlan``, for ``check_global_clipnorm``.
+        in_graph: some variables of the plan are all-reduced in the graph.
 
     Raises:
         ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable, or sparse shards with an optimizer
             that transforms each slice; see also ``check_global_clipnorm``.
     """
     if plan is not None:
-        check_global_clipnorm(config, plan)
+        check_global_clipnorm(config, plan, in_graph and bool(shards))
     problems = []
     for s in shards:
         var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index
@@ -126,13 +131,15 @@ def check_keras_apply(config: dict, shards, names, plan=None) -> None:
         raise ConfigError(sorted(set(problems)))
 
 
-def check_global_clipnorm(config: dict, plan) -> None:
+def check_global_clipnorm(config: dict, plan, graph_beside_others: bool) -> None:
     """Refuse a ``global_clipnorm`` a plan cannot honour: every gradient of a step must be in
-    before any update (no staleness, no asynchronous PS).
+    before any update (no staleness, no asynchronous PS), and under gradient accumulation the
+    ``graph`` backend cannot hold its part beside other synchronizers.
 
     Args:
         config: the optimizer's ``keras_optimizer_config``.
         plan: the trial's ``SyncPlan``.
+        graph_beside_others: some variables are all-reduced in the graph, others elsewhere.
 
     Raises:
         ConfigError: saying which part of the strategy and what to change.
@@ -145,6 +152,11 @@ def check_global_clipnorm(config: dict, plan) -> None:
         mode = "asynchronous" if not plan.sync else f"staleness {plan.staleness}"
         raise ConfigError(f"{head}, but this strategy's parameter servers apply updates without waiting for every "
                           f"worker ({mode}); use staleness 0, or clipnorm (per variable)")
+    if (config.get("gradient_accumulation_steps") or 1) > 1 and graph_beside_others:
+        raise ConfigError(f"{head}, but with gradient_accumulation_steps the graph all-reduce backend accumulates "
+                          f"inside the training step, which cannot wait for the other synchronizers' part of the "
+                          f"norm; all-reduce with backend gloo beside parameter servers, or put every variable "
+                          f"in the graph")
 
 
 class KerasOptimizer:
@@ -167,8 +179,13 @@ class KerasOptimizer:
     def __init__(self, config: dict):
         cls = optimizer_class(config)
         # the global norm's scale is applied before (module doc): clipping here would use the
-        # norm of these shards alone
-        self.optimizer = cls.from_config({k: v for k, v in config.items() if k not in ("class", "global_clipnorm")})
+        # norm of these shards alone; accumulated gradients arrive averaged (module doc)
+        own = ("class", "global_clipnorm", "gradient_accumulation_steps")
+        self.optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})
+        accumulate = int(config.get("gradient_accumulation_steps") or 1)
+        if accumulate > 1 and callable(getattr(self.optimizer, "_learning_rate", None)):
+            # Keras evaluates a schedule at its count of batches (module doc)
+            self.optimizer._learning_rate = _at_batches(self.optimizer._learning_rate, accumulate)
         self.variables: dict = {}
         self._order: list = []
         self._functions: dict = {}
@@ -341,6 +358,21 @@ class KerasOptimizer:
                 params[key] = _placeholder(params[key])
                 self._stale.add(key)
         self._compiled(keys, sparse)(flat)
+
+
+def _at_batches(schedule, n: int):
+    """``schedule`` evaluated where Keras evaluates it under gradient accumulation of ``n``
+    batches: update ``t`` at batch count ``(t + 1) n - 1``."""
+    import keras
+
+    class AtBatches(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            return schedule((step + 1) * n - 1)
+
+        def get_config(self):
+            return {"schedule": keras.saving.serialize_keras_object(schedule), "n": n}
+
+    return AtBatches()
 
 
 def _spec(shape: tuple, dtype):

@@ -312,11 +312,8 @@ _REFUSED = {
     "use_ema": ("the moving average would live on each shard and never reach the model AutoSync returns; "
                 "keep the average in your own code after training"),
     "loss_scale_factor": "loss scaling is for mixed precision on one device; the runtime trains in float32",
-    "gradient_accumulation_steps": ("a synchronous step already sums every worker's gradient; "
-                                    "raise the global batch (batch_size x workers) instead"),
 }
-_REFUSED_DEFAULTS = {"use_ema": False, "loss_scale_factor": None,
-                     "gradient_accumulation_steps": None}
+_REFUSED_DEFAULTS = {"use_ema": False, "loss_scale_factor": None}
 
 
 def numpy_rules(config: dict) -> bool:

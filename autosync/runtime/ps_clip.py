@@ -10,7 +10,9 @@ on several actors and channels, so none may update before all of them agree on t
                                      gradient: its dense shards' averaged gradients squared, plus
                                      the workers' ``local`` parts of its sparse shards (each a
                                      worker's slices squared one by one, as Keras squares
-                                     ``IndexedSlices`` values) over ``num_workers ** 2``;
+                                     ``IndexedSlices`` values; under gradient
+                                     accumulation its sparse shards' summed rows)
+                                     over ``num_workers ** 2``;
     ``clip_scale(t, scale)``         the scale every worker computed from the sum of all parts;
                                      the first one received releases the update of ``t`` (the
                                      gradients times the scale), the others are ignored.
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autosync.runtime.rows import dedup_rows
+
 
 class HeldSteps:
     """The held-step part of ``ps_shard.ParameterServerShard`` (module doc); it uses the actor's
@@ -30,6 +34,9 @@ class HeldSteps:
 
     def _setup_clip(self, optimizer_config: dict) -> None:
         self.clip = optimizer_config.get("global_clipnorm") if self.sync else None
+        # under gradient accumulation Keras clips the dense sum of a sparse gradient (repeated rows
+        # added first): its part is then summed here, from every worker's rows
+        self._clip_dense_rows = (optimizer_config.get("gradient_accumulation_steps") or 1) > 1
         self._scales: dict[int, float] = {}   # step -> its scale, until applied
         self._norm_parts: dict[int, list] = {}   # step -> [sum of workers' sparse parts, workers that asked]
         self._norms: dict[int, float] = {}   # step -> this actor's part, kept one step after it is applied
@@ -53,7 +60,8 @@ class HeldSteps:
             if self._error:
                 raise RuntimeError(self._error)
             if step not in self._norms:
-                self._norms[step] = self._dense_sq(step) + part[0] / float(self.num_workers) ** 2
+                sparse = self._sparse_sq(step) if self._clip_dense_rows else part[0]
+                self._norms[step] = self._dense_sq(step) + sparse / float(self.num_workers) ** 2
             return self._norms[step]
 
     async def clip_scale(self, step: int, scale: float) -> None:
@@ -82,6 +90,17 @@ class HeldSteps:
         n = float(self.num_workers)
         return sum(float(np.sum(np.square(total, dtype=np.float64))) for c in range(len(self.chunks))
                    for total in self._pending[(step, c)]["dense"].values()) / (n * n)
+
+    def _sparse_sq(self, step: int) -> float:
+        """The squared norm of the sparse shards' summed gradients, repeated rows added first
+        (times ``num_workers ** 2``: the workers' sum, not yet their mean)."""
+        total = 0.0
+        for c in range(len(self.chunks)):
+            for parts in self._pending[(step, c)]["sparse"].values():
+                rows = np.concatenate([p[0] for p in parts])
+                values = np.concatenate([p[1] for p in parts])
+                total += float(np.sum(np.square(dedup_rows(rows, values, False)[1], dtype=np.float64)))
+        return total
 
     def _clip_factor(self, step: int):
         """The scale the update of ``step`` multiplies its gradients by (None: no clipping)."""

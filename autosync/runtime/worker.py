@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import reduce
 
 import numpy as np
 
@@ -19,6 +20,23 @@ from autosync.runtime.digest import weights_digest
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime.rows import find_row_reads
 from autosync.runtime.sync.base import clip_scale
+
+
+def _add(a, b):
+    """Two gradients of one variable added up: dense arrays summed, sparse slices concatenated."""
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, tuple):
+        return np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])
+    return a + b
+
+
+def _divide(g, n: int):
+    if g is None:
+        return None
+    if isinstance(g, tuple):
+        return g[0], g[1] / g[1].dtype.type(n)
+    return g / g.dtype.type(n)
 
 
 def _to_numpy(grad):
@@ -116,6 +134,9 @@ class TrainingWorker:
         self._gradients = gradients
         self._assign = assign
         self._clipnorm = getattr(optimizer, "global_clipnorm", None)
+        # Keras' gradient accumulation: a step draws this many batches and syncs their mean once
+        # (outside the graph; in the graph Keras accumulates itself, see ``_gradients_of``)
+        self.accumulate = int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
         x, y = next(model_def.batches(worker_index, num_workers))
         # build the model in inference mode first and keep its non-trainable state: the probe
         # below runs in training mode, which moves BatchNormalization's moving statistics (and
@@ -227,30 +248,20 @@ class TrainingWorker:
             t0 = time.time()
             out["start"].append(t0)
             if ahead is None:
-                x, y = self._next_batch()
-                rows = self.row_reads.rows(x)
+                batches, rows = self._draw()
                 self._assign_pulled(self.step, rows=rows)
             else:
-                x, y, rows, pending = ahead
+                batches, rows, pending = ahead
                 self._assign_pulled(self.step, rows=rows, pending=pending)
                 ahead = None
             if prefetch and i + 1 < steps:
-                nx, ny = self._next_batch()
-                nrows = self.row_reads.rows(nx)
-                ahead = (nx, ny, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
+                nbatches, nrows = self._draw()
+                ahead = (nbatches, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
             t1 = time.perf_counter()
-            loss, grads = self._compute(x, y)
-            grads = [_to_numpy(g) for g in grads]
+            loss, grads = self._gradients_of(batches)
             compute = time.perf_counter() - t1
             self._check_rows(rows, grads)
-            if self._clip is None:
-                for channel in self.channels:
-                    channel.push(self.step, grads)
-            else:
-                held = [c.push_held(self.step, grads) for c in self.channels]
-                scale = clip_scale(sum(c.held_sq(h) for c, h in zip(self.channels, held)), self._clip)
-                for channel in self.channels:
-                    channel.release(self.step, scale)
+            self._hand_over(grads)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(float(loss))
@@ -270,6 +281,38 @@ class TrainingWorker:
     def _next_batch(self):
         self.drawn += 1
         return next(self.batches)
+
+    def _draw(self) -> tuple[list, dict]:
+        """The next step's batches (``accumulate`` of them: the optimizer's
+        ``gradient_accumulation_steps``) and the rows of the row-pulled variables they read."""
+        batches = [self._next_batch() for _ in range(self.accumulate)]
+        reads = [self.row_reads.rows(x) for x, _ in batches]
+        return batches, {v: reduce(np.union1d, [r[v] for r in reads]) for v in reads[0]}
+
+    def _gradients_of(self, batches: list) -> tuple[float, list]:
+        """The mean loss and gradient of a step's batches, as Keras accumulates them: summed in
+        order and divided by their number (a sparse gradient's slices concatenated)."""
+        losses, total = [], None
+        for x, y in batches:
+            loss, grads = self._compute(x, y)
+            losses.append(float(loss))
+            grads = [_to_numpy(g) for g in grads]
+            total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
+        if len(batches) > 1:
+            total = [_divide(g, len(batches)) for g in total]
+        return float(np.mean(losses)), total
+
+    def _hand_over(self, grads: list) -> None:
+        """Give every channel this step's gradients; under ``global_clipnorm`` (outside the
+        graph alone) as held steps scaled by the norm of all of them (``sync.base``)."""
+        if self._clip is None:
+            for channel in self.channels:
+                channel.push(self.step, grads)
+            return
+        held = [c.push_held(self.step, grads) for c in self.channels]
+        scale = clip_scale(sum(c.held_sq(h) for c, h in zip(self.channels, held)), self._clip)
+        for channel in self.channels:
+            channel.release(self.step, scale)
 
     def checkpoint_state(self, with_weights: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autosync.runtime.rows import dedup_rows
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
 from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise
@@ -140,8 +141,11 @@ class AllReduceChannel(SyncChannel):
 
     def held_sq(self, held: dict) -> float:
         """The squared norm of the reduced gradients (a sparse member's gathered slices each
-        squared, as Keras squares ``IndexedSlices`` values): the same on every worker."""
-        return sum(float(np.sum(np.square(g[1] if isinstance(g, tuple) else g, dtype=np.float64)))
+        squared, as Keras squares ``IndexedSlices`` values; under gradient accumulation Keras
+        clips the dense sum, repeated rows added first): the same on every worker."""
+        dense = (self.optimizer_config.get("gradient_accumulation_steps") or 1) > 1
+        return sum(float(np.sum(np.square((dedup_rows(g[0], g[1], False)[1] if dense else g[1])
+                                          if isinstance(g, tuple) else g, dtype=np.float64)))
                    for g in held.values())
 
     def release(self, step: int, scale: float) -> None:
