@@ -23,7 +23,20 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._rows import commit  # noqa: E402
+from tuner.records.goodput import lossy_parts  # noqa: E402
 from tuner.records.store import TrialStore  # noqa: E402
+
+
+def shape_of(strategy) -> str:
+    """What a strategy is made of, in a few words (which trial of a first round was slow)."""
+    from strategy_space import PS
+
+    syncs = [s for v in strategy.variables for s in v.synchronizers]
+    ps = [s for s in syncs if isinstance(s, PS)]
+    ar = [s for s in syncs if not isinstance(s, PS)]
+    split = sum(len(v.synchronizers) > 1 for v in strategy.variables)
+    return (f"{len(ps)} PS shards on {len({s.destination for s in ps})} nodes, {len(ar)} all-reduced in "
+            f"{len({s.group for s in ar})} groups, {split} partitioned variables; {lossy_parts(strategy).describe()}")
 
 
 def first_round(store_path: str, batch: int) -> dict:
@@ -38,6 +51,8 @@ def first_round(store_path: str, batch: int) -> dict:
     worst = max((t.median if t.ok else float("inf")) for t in first)
     return {"slowest_baseline_ms": round(slowest * 1e3, 1), "trials_ms": ms,
             "worst_vs_slowest_baseline": round(worst / slowest, 2),
+            "baselines": {t.strategy.origin or "?": round(t.median * 1e3, 1) for t in base},
+            "trials": [shape_of(t.strategy) for t in first],
             "search_trials_ms": [round(t.median * 1e3, 1) if t.ok else None for t in search],
             "search_worst_vs_slowest_baseline": round(max((t.median if t.ok else float("inf")) for t in search)
                                                       / slowest, 2)}
