@@ -38,24 +38,19 @@ OPTIMIZERS = {
 def _strategy(name, spec):
     from strategy_space.builders import get_builder
 
-    if name == "mix_gloo":   # as "mix" without the graph: shards on a PS and all-reduced with gloo
-        return Strategy((
-            VarConfig("emb/embeddings", (PS("node0"), PS("node1"))),
-            VarConfig("hidden/kernel", (AllReduce(backend="gloo", group=0), PS("node1")), axis=1),
-            VarConfig("hidden/bias", (AllReduce(backend="gloo", group=1),)),
-            VarConfig("out/kernel", (PS("node0"),)),
-            VarConfig("out/bias", (AllReduce(backend="gloo", group=0),)),
-        ))
     if name == "stale_ps":
         return Strategy(tuple(VarConfig(v.name, (PS(f"node{i % 2}", staleness=2),))
                               for i, v in enumerate(spec.variables)))
-    if name == "mix":   # one variable's shards on a PS and all-reduced, another's in the graph and on a PS
+    if name in ("mix", "mix_gloo"):
+        # one variable's shards on a PS and all-reduced, another's in the graph (mix_gloo: with
+        # gloo) and on a PS
+        backend = "gloo" if name == "mix_gloo" else "graph"
         return Strategy((
             VarConfig("emb/embeddings", (PS("node0"), PS("node1"))),
-            VarConfig("hidden/kernel", (AllReduce(backend="graph", group=0), PS("node1")), axis=1),
+            VarConfig("hidden/kernel", (AllReduce(backend=backend, group=0), PS("node1")), axis=1),
             VarConfig("hidden/bias", (AllReduce(backend="gloo", group=1),)),
             VarConfig("out/kernel", (PS("node0"),)),
-            VarConfig("out/bias", (AllReduce(backend="graph", group=0),)),
+            VarConfig("out/bias", (AllReduce(backend=backend, group=0),)),
         ))
     if name.startswith("emb_in_graph"):   # the sparse embedding in the graph, the dense rest on a PS or gloo
         rest = (PS("node1"),) if name.endswith("ps") else (AllReduce(backend="gloo", group=1),)
