@@ -126,6 +126,8 @@ def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
+    if steps and opt.use_ema:   # as Keras' fit ends
+        opt.finalize_variable_values(model.trainable_variables)
     return model.get_weights()
 
 

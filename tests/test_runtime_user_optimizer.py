@@ -32,6 +32,10 @@ OPTIMIZERS = {
     "sgd_accumulate": ("sgd", {"learning_rate": COSINE, "momentum": 0.9, "gradient_accumulation_steps": 2}),
     "adam_accumulate": ("adam", {"learning_rate": 0.05, "gradient_accumulation_steps": 3}),
     "sgd_accumulate_clip": ("sgd", {"learning_rate": 0.1, "global_clipnorm": 0.02, "gradient_accumulation_steps": 2}),
+    # the model ends with the moving averages, as Keras' fit ends (overwritten every 2 steps too)
+    "sgd_ema": ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "use_ema": True, "ema_momentum": 0.5,
+                        "ema_overwrite_frequency": 2}),
+    "adam_ema": ("adam", {"learning_rate": 0.05, "use_ema": True, "ema_momentum": 0.6}),
 }
 
 
@@ -74,7 +78,9 @@ def _strategy(name, spec):
     ("sgd_global_clip", s) for s in ("ps", "partitioned_ps", "parallax", "gloo", "mix_gloo", "mix", "graph")] + [
     ("adamw_global_clip", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")] + [
     ("sgd_accumulate", s) for s in ("ps", "parallax", "gloo", "mix")] + [
-    ("adam_accumulate", s) for s in ("graph", "emb_in_graph_ps")] + [("sgd_accumulate_clip", "mix_gloo")])
+    ("adam_accumulate", s) for s in ("graph", "emb_in_graph_ps")] + [("sgd_accumulate_clip", "mix_gloo")] + [
+    ("sgd_ema", s) for s in ("ps", "partitioned_ps", "parallax", "gloo", "mix")] + [
+    ("adam_ema", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")])
 def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
     kind, kw = OPTIMIZERS[optimizer]
     md = rm.model_def(kind, **kw)

@@ -333,7 +333,8 @@ class Session:
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only
-        limit = ps_chunk_limit() if plan.sync and not plan.node_aggregation() else 1
+        ema = desc["optimizer"].get("use_ema")   # Keras averages all its variables at each apply: one per step
+        limit = ps_chunk_limit() if plan.sync and not (plan.node_aggregation() or ema) else 1
         itemsize = [np.dtype(v["dtype"]).itemsize for v in desc["variables"]]
         plan = self.plan = segment_for(plan, desc, [m for g in numpy_groups for m in g.members], shapes, itemsize,
                                        limit, PS_CHUNK_MIN_BYTES)

@@ -19,6 +19,9 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   gives its part of the squared norm, the worker sums them and hands every channel the same
   scale), so the optimizer here is built without it and is given gradients already scaled. In
   the graph alone, Keras clips itself; ``check_global_clipnorm`` refuses staleness.
+- ``use_ema``: Keras updates the moving average of every variable the optimizer holds at each
+  ``apply``, so an actor under it applies one chunk per step (``engine``), and ``finalize`` at the
+  end of ``Trainer.fit`` gives every shard its average, as Keras' ``fit`` ends.
 - ``gradient_accumulation_steps`` (n): a worker draws n batches per step and sends the mean of
   their gradients (``worker._gradients_of``), so update ``t`` is applied here as Keras applies its
   (t+1)-th: the update rule sees ``iterations`` t (Keras counts updates there), a learning-rate
@@ -331,6 +334,17 @@ class KerasOptimizer:
         self._step_state = (None, [])
         return []
 
+    def finalize(self, params: dict) -> None:
+        """The end of ``fit`` under ``use_ema``: every shard takes its moving average (Keras'
+        ``finalize_variable_values``); ``params`` entries become placeholders until read."""
+        if not (self.variables and self.optimizer.use_ema):
+            return
+        self.optimizer.finalize_variable_values([self.variables[k] for k in self._order])
+        for key in self._order:
+            if key not in self._stale:
+                params[key] = _placeholder(params[key])
+                self._stale.add(key)
+
     def apply(self, iteration: int, params: dict, grads: dict) -> None:
         """One step of the Keras optimizer on the shards in ``grads`` (see ``NumpyOptimizer.apply``);
         ``params`` entries of the updated keys become placeholders until read (see the class doc)."""
@@ -351,7 +365,8 @@ class KerasOptimizer:
                 v.assign(value)
         else:
             self._step_state = (iteration, [v.numpy() for v in self._global])
-        for key in keys:
+        # (``ema_overwrite_frequency`` may overwrite every variable, not only those updated)
+        for key in self._order if self.optimizer.use_ema else keys:
             # drop this holder's view of the old value, so that TensorFlow updates the variable
             # in place unless a reader still holds it
             if key not in self._stale:

@@ -309,11 +309,9 @@ def keras_optimizer_config(optimizer) -> dict:
 
 # options that cannot be honoured where updates run, and why
 _REFUSED = {
-    "use_ema": ("the moving average would live on each shard and never reach the model AutoSync returns; "
-                "keep the average in your own code after training"),
     "loss_scale_factor": "loss scaling is for mixed precision on one device; the runtime trains in float32",
 }
-_REFUSED_DEFAULTS = {"use_ema": False, "loss_scale_factor": None}
+_REFUSED_DEFAULTS = {"loss_scale_factor": None}
 
 
 def numpy_rules(config: dict) -> bool:

@@ -259,6 +259,11 @@ class ParameterServerShard(HeldSteps, PooledShard):
     def _version(self, chunk) -> int:
         return self.version if chunk is None else self.chunk_version[chunk]
 
+    async def finalize(self) -> None:
+        """End of training under ``use_ema``: every shard takes its moving average."""
+        self.optimizer.finalize(self.params)
+        self._shared = {}   # a locally replicated snapshot of the same version is out of date now
+
     async def values(self) -> dict:
         """All shards now (for tests and final weights): snapshots no later update changes."""
         return {k: self.optimizer.snapshot(self.params, k) for k in self.params}

@@ -28,7 +28,7 @@ import numpy as np
 from autosync.model_def import ModelDef
 from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
 from autosync.runtime import session_state
-from autosync.runtime.engine import Session, TrialFailed, WorkerPool
+from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from autosync.runtime.runner import require_resolved, summarize_steps
@@ -218,7 +218,17 @@ class Trainer:
                 n = min(n, checkpoint_every - self.step % checkpoint_every)
             self._guarded(lambda: self._round_trip(n, callbacks, history, began, checkpoint_every, store),
                           store, failures, max_failures, history, first)
+        if self.step > first and self.session.pool.description["optimizer"].get("use_ema"):
+            self._take_averages()   # as Keras' fit ends: the model takes its moving averages
         return history
+
+    def _take_averages(self) -> None:
+        """Every parameter server's shards, then every worker's channels and model, take the
+        optimizer's moving averages (``use_ema``)."""
+        deadline = time.monotonic() + self.timeout_s
+        with _fails(self.session):
+            wait_all([a.finalize.remote() for a in self.session.ps_actors], deadline, "parameter server")
+            wait_all([w.finalize.remote() for w in self.session.workers], deadline, "worker")
 
     def _round_trip(self, n: int, callbacks, history: History, began: float, checkpoint_every, store) -> None:
         try:

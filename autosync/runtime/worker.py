@@ -278,6 +278,15 @@ class TrainingWorker:
         out["start"].append(time.time())
         return out
 
+    def finalize(self) -> None:
+        """The end of ``fit`` under the optimizer's ``use_ema``, after the parameter servers': the
+        channels take their moving averages and the model pulls every value again."""
+        for channel in self.channels:
+            channel.finalize()
+        none = {v: np.zeros(0, np.int64) for v in self.row_reads.outputs}
+        self._assign_pulled(self.step, fresh=True, rows=none)
+        self._partial = bool(none)
+
     def _next_batch(self):
         self.drawn += 1
         return next(self.batches)

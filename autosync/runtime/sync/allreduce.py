@@ -153,6 +153,10 @@ class AllReduceChannel(SyncChannel):
         s = np.float32(scale)
         self._update({k: (g[0], g[1] * s) if isinstance(g, tuple) else g * s for k, g in held.items()})
 
+    def finalize(self) -> None:
+        if self._optimizer is not None and hasattr(self._optimizer, "finalize"):   # the numpy rules hold no average
+            self._optimizer.finalize(self.params)
+
     def _update(self, reduced: dict) -> None:
         if self._optimizer is None:
             from autosync.runtime.optimizers import make_optimizer

@@ -95,6 +95,10 @@ class SyncChannel(abc.ABC):
         """Update with the held gradients of ``step`` times ``scale``."""
         raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
 
+    def finalize(self) -> None:
+        """The end of ``fit`` under the optimizer's ``use_ema``: the values held here take their
+        moving averages (parameter servers are finalized by the driver)."""
+
     def start_pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> Any:
         """Issue the pull of ``step`` (arguments as ``pull``); ``finish_pull`` of the result returns
         its values. Unless ``splits_pull``, this pulls at once."""

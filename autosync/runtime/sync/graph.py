@@ -110,6 +110,9 @@ class GraphAllReduceChannel(SyncChannel):
     def finish(self) -> None:
         """Collectives complete inside the step: nothing is outstanding."""
 
+    def finalize(self) -> None:
+        self._finalize()   # the variables reduced here are the model's own
+
     def checkpoint_state(self) -> dict:
         """The Keras optimizer's variables (iterations, slots) of the variables reduced here, as
         ``"keras/<i>" -> array``. Compressor memory (fp16 error feedback, PowerSGD) is each
@@ -142,6 +145,7 @@ class GraphAllReduceChannel(SyncChannel):
         owned = sorted({m.key[0] for g in self.groups for m in g.members})
         optimizer.build([variables[v] for v in owned])
         self._optimizer_variables = list(optimizer.variables)   # what a checkpoint keeps
+        self._finalize = lambda: optimizer.finalize_variable_values([variables[v] for v in owned])
         memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
                   for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
                   if comp is not None and comp.kind == "fp16" and comp.error_feedback for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}
@@ -151,8 +155,7 @@ class GraphAllReduceChannel(SyncChannel):
                     if comp is not None and comp.kind == "powersgd"}
         world, hint, base = self.world, communication_hint(), self.key_base
         chain = hint == "nccl"
-        groups = self.groups
-        held_vars: list = []
+        groups, held_vars = self.groups, []   # held_vars: see ``hold``
 
         @tf.function
         def step(x, y):
