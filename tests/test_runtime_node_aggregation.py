@@ -83,4 +83,5 @@ def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path, o
     assert [a["pulls_out"] for a in out["aggregators"]] == [2 * steps, 2 * steps]
     assert max(out["max_diff"]) < 5e-6, out["max_diff"]
     assert min(out["moved"]) > 1e-4
-    assert out.get("clip_effect", 1.0) > 1e-4
+    if "global_clipnorm" in kw:   # the clipping bit: without it the result differs
+        assert out["clip_effect"] > 1e-4

@@ -186,9 +186,12 @@ class KerasOptimizer:
         own = ("class", "global_clipnorm", "gradient_accumulation_steps")
         self.optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})
         accumulate = int(config.get("gradient_accumulation_steps") or 1)
-        if accumulate > 1 and callable(getattr(self.optimizer, "_learning_rate", None)):
+        import keras
+
+        schedule = getattr(self.optimizer, "_learning_rate", None)   # the property gives its value
+        if accumulate > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             # Keras evaluates a schedule at its count of batches (module doc)
-            self.optimizer._learning_rate = _at_batches(self.optimizer._learning_rate, accumulate)
+            self.optimizer.learning_rate = _at_batches(schedule, accumulate)
         self.variables: dict = {}
         self._order: list = []
         self._functions: dict = {}

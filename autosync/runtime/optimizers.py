@@ -95,6 +95,9 @@ class NumpyOptimizer(abc.ABC):
         """Create zero slots (momentum, velocity, ...) for the variable stored under ``key``."""
         self.slots[key] = {name: np.zeros_like(value) for name in self.slot_names}
 
+    def finalize(self, params: dict) -> None:
+        """The end of ``fit`` (``KerasOptimizer.finalize``): the numpy rules keep no moving average."""
+
     def adopt(self, params: dict, key) -> None:
         """``params[key]`` was allocated for this optimizer's variable alone (nobody else holds
         it): updates may write it in place from the first one."""

@@ -154,7 +154,7 @@ class AllReduceChannel(SyncChannel):
         self._update({k: (g[0], g[1] * s) if isinstance(g, tuple) else g * s for k, g in held.items()})
 
     def finalize(self) -> None:
-        if self._optimizer is not None and hasattr(self._optimizer, "finalize"):   # the numpy rules hold no average
+        if self._optimizer is not None:
             self._optimizer.finalize(self.params)
 
     def _update(self, reduced: dict) -> None:

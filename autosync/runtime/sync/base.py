@@ -82,18 +82,18 @@ class SyncChannel(abc.ABC):
     def push(self, step: int, grads: list) -> None:
         """Hand over this worker's gradients of ``step`` (all variables, model order)."""
 
+    @abc.abstractmethod
     def push_held(self, step: int, grads: list) -> Any:
         """Hand over this worker's gradients of ``step`` without updating (see the module doc);
         the result goes to ``held_sq``."""
-        raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
 
+    @abc.abstractmethod
     def held_sq(self, held: Any) -> float:
         """This channel's part of the step's squared global gradient norm (waits for it)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
 
+    @abc.abstractmethod
     def release(self, step: int, scale: float) -> None:
         """Update with the held gradients of ``step`` times ``scale``."""
-        raise NotImplementedError(f"{type(self).__name__} cannot hold a step for global_clipnorm")
 
     def finalize(self) -> None:
         """The end of ``fit`` under the optimizer's ``use_ema``: the values held here take their

@@ -95,11 +95,12 @@ class GraphAllReduceChannel(SyncChannel):
 
     # held steps (``global_clipnorm`` beside other channels; ``bind(..., hold=True)``): the step
     # returned the reduced gradients and their squared norm instead of applying them
-    def push_held(self, step: int, grads: list) -> None:
-        """The step already reduced this channel's gradients and kept them."""
+    def push_held(self, step: int, grads: list) -> tuple:
+        """The step already reduced this channel's gradients and kept them (and their norm)."""
+        return self._held
 
-    def held_sq(self, held) -> float:
-        return float(self._held[1])
+    def held_sq(self, held: tuple) -> float:
+        return float(held[1])
 
     def release(self, step: int, scale: float) -> None:
         import tensorflow as tf
