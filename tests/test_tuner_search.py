@@ -93,6 +93,20 @@ def test_select_diverse_skips_near_duplicates_and_measured():
     assert sorted(picked) == [0, 1, 2]  # the rest fills up when k is not reached
 
 
+def test_select_diverse_explores_only_where_allowed_and_fills_greedily():
+    space = StrategySpace(MODEL, CLUSTER)
+    rng = np.random.default_rng(5)
+    pool = Pool(space.sample_encoded(rng, 6), np.arange(1.0, 7.0))
+    allowed = np.array([True, False, False, False, False, True])
+    for seed in range(20):   # one greedy pick, one at random: always the allowed one
+        assert select_diverse(pool, 2, np.random.default_rng(seed), epsilon=0.5, min_distance=0,
+                              explorable=allowed) == [0, 5]
+    assert {select_diverse(pool, 2, np.random.default_rng(seed), epsilon=0.5, min_distance=0)[1]
+            for seed in range(20)} != {5}   # unmasked, the random pick ranges over the pool
+    none = np.zeros(6, dtype=bool)   # nothing to explore: the picks are the next best
+    assert select_diverse(pool, 3, rng, epsilon=0.5, min_distance=0, explorable=none) == [0, 1, 2]
+
+
 def test_pool_scores_are_the_scores_of_its_strategies():
     """Chains that end worse than they started (hot annealing) must not carry their start's score."""
     space = StrategySpace(MODEL, CLUSTER)

@@ -214,11 +214,13 @@ def decision_matrix(e: EncodedStrategies) -> np.ndarray:
 
 
 def select_diverse(pool: Pool, k: int, rng: np.random.Generator, *, epsilon: float = 0.0,
-                   exclude: set[bytes] | None = None, min_distance: int | None = None) -> list[int]:
+                   exclude: set[bytes] | None = None, min_distance: int | None = None,
+                   explorable: np.ndarray | None = None) -> list[int]:
     """Indices into ``pool`` of ``k`` strategies to measure: greedy best-first, skipping ones within
     ``min_distance`` differing decisions of an already chosen one, plus about ``epsilon * k``
-    picked at random from the rest of the pool (exploration). Rows in ``exclude`` (already
-    measured, by ``row_keys``) are never chosen."""
+    picked at random from the rest of the pool (exploration) where ``explorable`` (a mask over the
+    pool; None: every row) allows; picks exploration cannot make are made greedily (best-first
+    among the rest). Rows in ``exclude`` (already measured, by ``row_keys``) are never chosen."""
     exclude = exclude or set()
     keys = pool.encoded.row_keys()
     candidates = [i for i in range(len(pool)) if keys[i] not in exclude]
@@ -235,7 +237,9 @@ def select_diverse(pool: Pool, k: int, rng: np.random.Generator, *, epsilon: flo
         if all((D[i] != D[j]).sum() >= min_distance for j in chosen):
             chosen.append(i)
     rest = [i for i in candidates if i not in chosen]
-    if rest and len(chosen) < k:
-        extra = rng.choice(len(rest), size=min(len(rest), k - len(chosen)), replace=False)
-        chosen += [rest[int(j)] for j in extra]
+    wild = [i for i in rest if explorable is None or explorable[i]]
+    if wild and len(chosen) < k:
+        extra = rng.choice(len(wild), size=min(len(wild), k - len(chosen)), replace=False)
+        chosen += [wild[int(j)] for j in extra]
+    chosen += [i for i in rest if i not in chosen][: max(0, k - len(chosen))]
     return chosen
