@@ -307,7 +307,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     Raises:
         ConfigError: bad model, cluster, constraints or settings.
     """
-    from autosync.probe import resolve_stand_in
+    from autosync.probe import default_prober, resolve_stand_in
     from autosync.sources import load_cluster
 
     quiet_startup()
@@ -367,7 +367,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         with TrialStore(store_path) as trial_store:
             lossy_note = ""
             if quality == "goodput" and prober is None:
-                prober, lossy_note = _default_prober(model, runner, spec, trial_store, probe_steps, probe_seed,
+                prober, lossy_note = default_prober(model, runner, spec, trial_store, probe_steps, probe_seed,
                                                      stand_in)
             lossless = quality == "exact" or (quality == "goodput" and prober is None)
             if quality == "exact":
@@ -377,6 +377,11 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             # staleness and asynchrony depend on timing: offered only where probes train on the
             # target itself (real compute on the measured workers)
             timed = quality == "goodput" and prober is not None and getattr(prober, "on_target", False)
+            if timed and _clips_by_global_norm(runner):
+                timed = False
+                lossy_note = "; ".join(filter(None, [lossy_note, "staleness and asynchronous PS not proposed: the "
+                                                     "optimizer's global_clipnorm needs every gradient of a step "
+                                                     "before any update"]))
             tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings(),
                                     warm_start=warm_groups, lossless=lossless,
                                     staleness=STALENESS_OFFERED if timed else (0,), allow_async=timed)
@@ -400,33 +405,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                       lossy_note=lossy_note)
 
 
-def _default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int | None,
-                    stand_in=None) -> tuple[Prober | None, str]:
-    """The prober of a tuning run under ``goodput`` and what it rests on: the model trained on the
-    runner's own workers (with emulated compute, the trainable model, or the ``stand_in``
-    that ``autosync.probe.resolve_stand_in`` returned, with real compute on the same cluster); (None, why) when there
-    is nothing to train (a runner that is not the Ray runtime's, or a model-spec YAML)."""
-    from autosync.model_def import ModelDef
-    from autosync.probe import StandInProber, TrainingProber
-    from autosync.sources import is_trainable_source, load_model_def
-
-    if runner is None or not hasattr(runner, "pool"):
-        return None, ("lossy parts were not proposed: the given runner has no trainable model to probe their "
-                      "statistical efficiency with")
-    if stand_in is not None:
-        source, model_def, stand_in_spec = stand_in
-        inner = TrainingProber(model_def, stand_in_spec, runner.cluster, steps=steps, seed=seed, store=store,
-                               pool=runner.pool)
-        prober = StandInProber(inner, spec, stand_in_spec, source)
-        return prober, prober.note
-    if runner.compute == "real":
-        return TrainingProber(runner.model_def, spec, runner.cluster, steps=steps, seed=seed, store=store,
-                              pool=runner.pool, on_target=True), ""
-    if isinstance(model, ModelDef) or (isinstance(model, str) and is_trainable_source(model)):
-        note = (f"efficiencies probed with real compute of the trainable model on the same {len(runner.cluster.devices)} "
-                f"workers (step times are emulated; staleness, whose effect depends on timing, is not proposed)")
-        return TrainingProber(load_model_def(model), spec, runner.cluster, steps=steps, seed=seed, store=store,
-                              pool=runner.pool, note=note), note
-    return None, ("lossy parts were not proposed: a model-spec YAML has no code to train, so their statistical "
-                  "efficiency cannot be probed; give a trainable model (zoo:NAME or script.py:function) to have them, "
-                  "or a trainable stand-in with the same variables (--probe-model)")
+def _clips_by_global_norm(runner) -> bool:
+    """Whether the model's optimizer clips by the norm of all of a step's gradients: the runtime
+    refuses staleness and asynchronous PS under it (``keras_optimizer.check_global_clipnorm``), so
+    the search must not spend trials on them. A runner that cannot say (a fake) clips nothing."""
+    config = getattr(runner, "optimizer_config", None)
+    return config is not None and config().get("global_clipnorm") is not None

@@ -305,3 +305,34 @@ def probe_strategy(model_def, spec, strategy: Strategy, cluster: ClusterSpec, *,
     prober = TrainingProber(model_def, spec, cluster, steps=steps, seed=seed, store=store, timeout_s=timeout_s)
     result = prober.probe(strategy)
     return result, result.efficiency
+
+
+def default_prober(model, runner, spec: ModelSpec, store, steps: int, seed: int | None,
+                   stand_in=None) -> tuple[Prober | None, str]:
+    """The prober of a tuning run under ``goodput`` and what it rests on: the model trained on the
+    runner's own workers (with emulated compute, the trainable model, or the ``stand_in``
+    that ``autosync.probe.resolve_stand_in`` returned, with real compute on the same cluster); (None, why) when there
+    is nothing to train (a runner that is not the Ray runtime's, or a model-spec YAML)."""
+    from autosync.model_def import ModelDef
+    from autosync.sources import is_trainable_source, load_model_def
+
+    if runner is None or not hasattr(runner, "pool"):
+        return None, ("lossy parts were not proposed: the given runner has no trainable model to probe their "
+                      "statistical efficiency with")
+    if stand_in is not None:
+        source, model_def, stand_in_spec = stand_in
+        inner = TrainingProber(model_def, stand_in_spec, runner.cluster, steps=steps, seed=seed, store=store,
+                               pool=runner.pool)
+        prober = StandInProber(inner, spec, stand_in_spec, source)
+        return prober, prober.note
+    if runner.compute == "real":
+        return TrainingProber(runner.model_def, spec, runner.cluster, steps=steps, seed=seed, store=store,
+                              pool=runner.pool, on_target=True), ""
+    if isinstance(model, ModelDef) or (isinstance(model, str) and is_trainable_source(model)):
+        note = (f"efficiencies probed with real compute of the trainable model on the same {len(runner.cluster.devices)} "
+                f"workers (step times are emulated; staleness, whose effect depends on timing, is not proposed)")
+        return TrainingProber(load_model_def(model), spec, runner.cluster, steps=steps, seed=seed, store=store,
+                              pool=runner.pool, note=note), note
+    return None, ("lossy parts were not proposed: a model-spec YAML has no code to train, so their statistical "
+                  "efficiency cannot be probed; give a trainable model (zoo:NAME or script.py:function) to have them, "
+                  "or a trainable stand-in with the same variables (--probe-model)")

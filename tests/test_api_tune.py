@@ -197,3 +197,29 @@ def test_tune_command_takes_each_quality_and_says_it(tmp_path, monkeypatch, caps
     text = capsys.readouterr().out
     assert ("ranked by step time only" if quality == "step" else "ranked by goodput") in text
     assert ("in step time only" if quality == "step" else "in goodput") in text
+
+
+@pytest.mark.parametrize("clipnorm", [None, 1.0])
+def test_under_global_clipnorm_the_search_proposes_no_staleness(tmp_path, clipnorm):
+    """The runtime refuses staleness and asynchronous PS when the optimizer clips by the global
+    norm (every gradient of a step must be in first): tuning does not spend trials on them, and
+    says so. Without the option, the same run proposes them (stale steps are fast here)."""
+    from tests.test_tuner_goodput import LossyIsFast
+    from tuner.records.goodput import lossy_parts
+
+    class Timed(StoringProber):
+        on_target = True
+
+    class Clipping(LossyIsFast):
+        def optimizer_config(self):
+            return {"class": "SGD", "learning_rate": 0.1, "global_clipnorm": clipnorm}
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    db = tmp_path / "c.db"
+    result = autosync.tune("unused", cluster, trials=9, store=db, settings=FAST, warm_start="none",
+                           runner=Clipping(model, cluster, seed=3), prober=Timed(db, model, 1.0))
+    timing = [t for t in result.outcome.trials if lossy_parts(t.strategy).stale or lossy_parts(t.strategy).asynchronous]
+    if clipnorm is None:
+        assert timing and "global_clipnorm" not in result.lossy_note
+    else:
+        assert not timing and "global_clipnorm needs every gradient" in result.lossy_note

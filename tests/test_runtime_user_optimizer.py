@@ -158,3 +158,13 @@ def test_row_blocks_for_pipelining_only_where_the_optimizer_updates_them_alike(p
     assert (ran.layout[kernel][0] > 1) == cut and planned.layout[kernel] == (1, 0), ran.layout
     for got, want, var in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS), spec.variables):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
+
+
+def test_the_runner_says_what_optimizer_the_workers_built(pool):
+    """What tuning reads to keep staleness out of a search under global_clipnorm (``autosync.tune``)."""
+    from autosync.runtime.runner import RayRunner
+
+    kind, kw = OPTIMIZERS["adamw_global_clip"]
+    runner = RayRunner(rm.model_def(kind, **kw), PAIR, warmup=0, steps=1, pool=pool, trial_timeout_s=120)
+    config = runner.optimizer_config()
+    assert config["class"].endswith("AdamW") and config["global_clipnorm"] == 0.02

@@ -163,6 +163,12 @@ class RayRunner(Runner):
             self._model = given or built
         return self._model
 
+    def optimizer_config(self) -> dict:
+        """The model's optimizer as the workers built it (``keras_optimizer_config``; starts the
+        workers on first use)."""
+        self.model
+        return dict(self.pool.description["optimizer"])
+
     def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:
         if origins is not None and len(origins) != len(strategies):
             raise ValueError(f"origins has {len(origins)} entries for {len(strategies)} strategies")

@@ -16,7 +16,7 @@ trials (the baselines give the first few) by pairwise ranking accuracy —
   other groups and the training folds, the analytic model is refitted on the training folds).
 
 The seconds come from the winner between analytic and simulator; the ranker's order is fused in
-(mean rank position) when it scored at least as well as that winner.
+(``fuse_orders``) when it scored at least as well as that winner.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.encoding import EncodedStrategies
 
 from tuner.cost_models.analytic import AnalyticCostModel
-from tuner.cost_models.evaluation import pairwise_accuracy
+from tuner.cost_models.evaluation import fuse_orders, pairwise_accuracy
 from tuner.cost_models.ranker import RankedStepTime
 from tuner.cost_models.scoring import IncrementalScorer
 from tuner.cost_models.simulator import LearnedSimulator
@@ -145,10 +145,10 @@ class Predictor:
 
     def order(self, e: EncodedStrategies, X: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(indices best first, predicted seconds): simulator order, fused with the ranker's when
-        it is fitted (mean of the two rank positions). ``X``: ``e``'s feature rows, when computed."""
+        it is fitted (``fuse_orders``: the sum of the two rank positions, ties to the seconds).
+        ``X``: ``e``'s feature rows, when computed."""
         X = self.features(e) if X is None else X
         seconds = self.predict(e, X)
-        position = np.argsort(np.argsort(seconds, kind="stable"), kind="stable").astype(float)
-        if self.fuse_ranker_:
-            position += np.argsort(np.argsort(self.ranker_.predict(X), kind="stable"), kind="stable")
-        return np.argsort(position, kind="stable"), seconds
+        if not self.fuse_ranker_:
+            return np.argsort(seconds, kind="stable"), seconds
+        return np.argsort(fuse_orders(seconds, self.ranker_.predict(X)), kind="stable"), seconds
