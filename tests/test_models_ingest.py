@@ -118,6 +118,23 @@ def test_profile_measures_step_time_device_and_backward_ready_order():
 
 
 @pytest.mark.integration
+def test_under_gradient_accumulation_a_profiled_step_is_n_batches(monkeypatch):
+    import dataclasses
+
+    import keras
+
+    real = profile.profile_model
+    monkeypatch.setattr(profile, "profile_model",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), step_time_s=0.01))   # one batch: 10 ms
+    base = dict(name="lookup", model_fn=_lookup_model, loss_fn=_mse, dataset_fn=_ids_batches, batch_size=BATCH)
+    one = profile.profiled_model_spec(ModelDef(optimizer_fn=_sgd, **base), warmup_steps=1, timed_steps=1)
+    three = profile.profiled_model_spec(
+        ModelDef(optimizer_fn=lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=3), **base),
+        warmup_steps=1, timed_steps=1)
+    assert one.profile.step_time_s == 0.01 and three.profile.step_time_s == pytest.approx(0.03)
+
+
+@pytest.mark.integration
 def test_tied_embedding_is_ready_only_after_its_earliest_use():
     ids, y = next(_tied_batches(0, 1))
     model = TiedLM()

@@ -142,7 +142,9 @@ def gradient_ready_order(model, loss: Callable, inputs: Any, targets: Any) -> li
 
 def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10) -> ModelSpec:
     """``ingest.model_spec_from_def`` with the measured compute profile (step time, device and
-    gradient-ready order; see ``profile_model``) of the model it built.
+    gradient-ready order; see ``profile_model``) of the model it built. Under the optimizer's
+    ``gradient_accumulation_steps`` n a worker's step computes n batches before it synchronizes
+    once: the step time is n batches'.
 
     Raises:
         ConfigError: as ``model_spec_from_def``.
@@ -150,7 +152,8 @@ def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 
     """
     spec, model, loss, inputs, targets = built_model_spec(model_def)
     measured = profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps, timed_steps=timed_steps)
-    return replace(spec, profile=measured)
+    n = int(getattr(model_def.optimizer_fn(), "gradient_accumulation_steps", None) or 1)
+    return replace(spec, profile=replace(measured, step_time_s=n * measured.step_time_s))
 
 
 def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_steps: int = 3,
