@@ -192,14 +192,15 @@ class KerasOptimizer:
         if accumulate > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             # Keras evaluates a schedule at its count of batches (module doc)
             self.optimizer.learning_rate = _at_batches(schedule, accumulate)
-        self.variables: dict = {}
-        self._order: list = []
-        self._functions: dict = {}
+        self.variables, self._order, self._functions = {}, [], {}   # key -> keras.Variable; keys; traced calls
         self._stale: set = set()   # keys whose params entry is a placeholder: the variable holds the value
         self.copies = 0
 
     def add_variable(self, key, value: np.ndarray) -> None:
         self._order.append(key)
+
+    def update_ahead(self, iteration: int, params: dict, keys) -> None:
+        """Nothing is computed ahead (``update_ahead``): the Keras rule runs in one traced call."""
 
     def adopt(self, params: dict, key) -> None:
         """Nothing to do: the variables are this optimizer's own."""

@@ -25,6 +25,7 @@ import weakref
 
 import numpy as np
 
+from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
@@ -34,25 +35,6 @@ _UNSUPPORTED = {
 }
 # handled by every optimizer here (weight decay by the base class) or not part of the update rule
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency"}
-
-
-def _row_sums(grad, dtype, squares_needed: bool):
-    """A sparse gradient ``(indices, values[, squares])`` as its distinct rows (ascending), the sum
-    of the slices of each row and, if ``squares_needed``, the sum of their squared slices (Keras
-    squares each slice before repeated rows add up; ``squares`` given: the sender's sums).
-
-    Sums are taken in slice order from zero, as a dense scatter-add: bit for bit its touched rows."""
-    indices, values = grad[0], grad[1]
-    rows, inverse = np.unique(indices, return_inverse=True)
-    shape = (len(rows),) + values.shape[1:]
-    g = np.zeros(shape, dtype)
-    np.add.at(g, inverse, values)
-    if not squares_needed:
-        return rows, g, None
-    squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
-    g2 = np.zeros(shape, dtype)
-    np.add.at(g2, inverse, squares)
-    return rows, g, g2
 
 
 def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
@@ -65,7 +47,7 @@ def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
     return out
 
 
-class NumpyOptimizer(abc.ABC):
+class NumpyOptimizer(UpdateAhead, abc.ABC):
     """Base class: holds hyper-parameters and per-variable slots; ``apply`` updates one step.
 
     Updates write in place, a row-sparse one only the rows it touches, except where that could
@@ -74,6 +56,7 @@ class NumpyOptimizer(abc.ABC):
     value handed out by ``snapshot`` that is still alive (a parameter server's pull that Ray is
     still serializing: it does so on another thread after the coroutine returned, while later
     updates run). Such a variable is copied once, and that copy is updated (copy on write).
+    A parameter server may have a row-updated variable's step computed ahead (``update_ahead``).
     """
 
     slot_names: tuple[str, ...] = ()
@@ -89,6 +72,7 @@ class NumpyOptimizer(abc.ABC):
         self.slots: dict = {}
         self._owned: dict = {}  # key -> weak reference to the array it allocated for that variable
         self._readers: dict = {}  # key -> weak references to the snapshots handed out since
+        self._ahead, self._spare = {}, {}  # updates computed ahead (``update_ahead``)
         self.copies = 0  # copies made on write (a received value's first update, or a live snapshot)
 
     def add_variable(self, key, value: np.ndarray) -> None:
@@ -146,6 +130,8 @@ class NumpyOptimizer(abc.ABC):
                 keys absent are not updated (Keras skips variables whose gradient is None).
         """
         for key, grad in grads.items():
+            if self._finish_ahead(iteration, params, key, grad):
+                continue
             var = self._writable(params, key)
             self._decay(var)
             self._apply_one(iteration, key, var, grad)
@@ -168,10 +154,11 @@ class NumpyOptimizer(abc.ABC):
             var -= decay
 
     @abc.abstractmethod
-    def _update(self, iteration, key, var: np.ndarray, rows, g: np.ndarray, g2) -> None:
+    def _update(self, iteration, key, var: np.ndarray, rows, g: np.ndarray, g2, slots: dict | None = None) -> None:
         """Update ``var`` in place. ``rows`` None: ``g`` is the dense gradient; otherwise ``g``
         holds the summed gradient of each of ``rows`` (ascending, distinct) and the gradient is
-        zero elsewhere. ``g2``: the gradient squared as Keras squares it (optimizers that read it)."""
+        zero elsewhere. ``g2``: the gradient squared as Keras squares it (optimizers that read it).
+        ``slots``: the slot arrays to update with ``var`` (default: the variable's own)."""
 
 
 class SGD(NumpyOptimizer):
@@ -183,6 +170,7 @@ class SGD(NumpyOptimizer):
     def __init__(self, config):
         super().__init__(config)
         self.slot_names = ("momentum",) if self.options["momentum"] != 0 else ()
+        self.moves_untouched_rows = bool(self.slot_names)   # the momentum carries every row
 
     def _apply_one(self, iteration, key, var, grad):
         if self.slot_names:
@@ -194,12 +182,12 @@ class SGD(NumpyOptimizer):
         else:
             var -= np.asarray(grad) * lr
 
-    def _update(self, iteration, key, var, rows, g, g2):
+    def _update(self, iteration, key, var, rows, g, g2, slots=None):
         # momentum only (plain SGD is ``_apply_one``): m = m * momentum - g * lr, then var += m (or,
         # nesterov, var += m * momentum - g * lr); where g is zero that subtracts exactly 0
         lr = var.dtype.type(self.learning_rate)
         mom = var.dtype.type(self.options["momentum"])
-        m = self.slots[key]["momentum"]  # never handed out: updated in place
+        m = (slots or self.slots[key])["momentum"]  # never handed out: updated in place
         m *= mom
         step = g * lr
         if rows is None:
@@ -224,13 +212,14 @@ class Adam(NumpyOptimizer):
 
     keras_name = "adam"
     squares_slices = True
+    moves_untouched_rows = True
     _options = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False}
 
     def __init__(self, config):
         super().__init__(config)
         self.slot_names = ("m", "v", "v_hat") if self.options["amsgrad"] else ("m", "v")
 
-    def _update(self, iteration, key, var, rows, g, g2):
+    def _update(self, iteration, key, var, rows, g, g2, slots=None):
         f = var.dtype.type
         o = self.options
         lr = f(self.learning_rate)
@@ -238,7 +227,7 @@ class Adam(NumpyOptimizer):
         beta_1_power = np.power(f(o["beta_1"]), step)
         beta_2_power = np.power(f(o["beta_2"]), step)
         alpha = lr * np.sqrt(f(1) - beta_2_power) / (f(1) - beta_1_power)
-        s = self.slots[key]  # never handed out: updated in place
+        s = slots or self.slots[key]  # never handed out: updated in place
         scratch = np.empty_like(var)
         s["m"] += _scaled(_toward(s["m"], g, rows, scratch), f(1 - o["beta_1"]))
         s["v"] += _scaled(_toward(s["v"], g2, rows, scratch), f(1 - o["beta_2"]))
@@ -280,11 +269,11 @@ class Adagrad(NumpyOptimizer):
     def add_variable(self, key, value: np.ndarray) -> None:
         self.slots[key] = {"accumulator": np.full_like(value, self.options["initial_accumulator_value"])}
 
-    def _update(self, iteration, key, var, rows, g, g2):
+    def _update(self, iteration, key, var, rows, g, g2, slots=None):
         f = var.dtype.type
         lr = f(self.learning_rate)
         eps = f(self.options["epsilon"])
-        acc = self.slots[key]["accumulator"]  # never handed out: updated in place
+        acc = (slots or self.slots[key])["accumulator"]  # never handed out: updated in place
         if rows is None:
             acc += g2
             step = lr * g

@@ -19,8 +19,8 @@ values, ...)``: values laid out on those rows (``rows.align_rows``). So a step's
 network once, with the pull. Rows kept for a step whose push never used them (a variable without
 gradient) are dropped once every worker's push of that step is applied.
 
-Sparse shards move rows, never tables, in both directions; the optimizer update itself is the
-full Keras one (Adam's moments decay on every row), applied here.
+Sparse shards move rows, never tables; the update is the full Keras one (Adam's moments decay on
+every row), its rows without gradient computed as a step's first push arrives (``update_ahead``).
 
 ``version`` counts applied updates. Synchronous mode sums the pushes of step ``t`` from all
 workers and, once all are in and every earlier step is applied, applies their mean as update
@@ -104,15 +104,12 @@ class ParameterServerShard(HeldSteps, PooledShard):
             self.optimizer.add_variable(key, value)
             if key in made_here:
                 self.optimizer.adopt(self.params, key)
-        self.num_workers = num_workers
-        self.sync = sync
+        self.num_workers, self.sync = num_workers, sync
         self._setup_clip(optimizer_config)   # global_clipnorm: held steps (``ps_clip``)
         self.version = 0
         self._pending: dict[int, dict] = {}
-        self._error: str | None = None
-        self._cond: asyncio.Condition | None = None
+        self._error, self._cond = None, None   # a failed update's message; the condition pulls wait on
         self._shared: dict = {}  # keys -> (chunk versions, ObjectRef of their values)
-        # the kinds of keys held; a step is complete once each kind has all workers' gradients
         self.chunks = [tuple(tuple(k) for k in c) for c in chunks] if chunks else [tuple(self.params)]
         if sorted(k for c in self.chunks for k in c) != sorted(self.params):
             raise ValueError(f"{name}: chunks {self.chunks} do not split its keys {sorted(self.params)} exactly")
@@ -378,6 +375,9 @@ class ParameterServerShard(HeldSteps, PooledShard):
             else:
                 # to accumulate into; aligned: a Keras optimizer's TensorFlow reads it without a copy
                 entry["dense"][key] = aligned_copy(g)
+        for c in covered:   # a step waiting for more pushes: its update is computed ahead meanwhile
+            if step == self.chunk_version[c] and min(self._pending[(step, c)]["weight"].values()) < self.num_workers:
+                self.optimizer.update_ahead(step, self.params, [k for k in self.chunks[c] if k in self.sparse_keys])
 
     def _apply_complete_steps(self) -> bool:
         applied = False

@@ -1,0 +1,120 @@
+"""Updating ahead: the part of a parameter server's update that no gradient decides, computed while
+the server waits for the step's pushes.
+
+Adam's moments decay on every row of an embedding, and so does SGD's momentum: a step whose
+gradient touches a few hundred rows of a table still rewrites all of it (Keras' own rule, which the
+runtime keeps). On a synchronous parameter server that whole-table pass sat between the last push
+of a step and the pull that waits for it (ncf: 3.7-4.3 ms of a 10-11 ms step,
+``benchmarks/results/ps_step_profile_ncf_2x200mbit.json``). Yet every row the step's gradient does
+not touch moves as if its gradient were zero, which is known before any push arrives. So when a
+step's first push reaches a parameter server, a thread of the optimizer's own computes the step's
+update of each row-updated variable as if no row had a gradient, into new arrays; when the last
+push is in, only the touched rows are computed again, from their values before the step, with the
+same element-wise operations as the whole update (bit for bit its result), and the new arrays take
+the variable's place. Readers of the old value are untouched: the new arrays are new.
+
+The update ahead is used only where nothing changed the variable or its slots since it started
+(same arrays, same step); otherwise it is dropped and the update runs whole, as before. A variable
+updated ahead lives in two sets of arrays (value and slots) that take turns: the next update ahead
+writes into the arrays of the step before, once no pull still reads them (else into new ones);
+variables whose value and slots exceed ``AHEAD_MAX_BYTES`` are updated whole, in place, never
+doubled.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import weakref
+
+import numpy as np
+
+AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond which it is not doubled
+
+
+def row_sums(grad, dtype, squares_needed: bool):
+    """A sparse gradient ``(indices, values[, squares])`` as its distinct rows (ascending), the sum
+    of the slices of each row and, if ``squares_needed``, the sum of their squared slices (Keras
+    squares each slice before repeated rows add up; ``squares`` given: the sender's sums).
+
+    Sums are taken in slice order from zero, as a dense scatter-add: bit for bit its touched rows."""
+    indices, values = grad[0], grad[1]
+    rows, inverse = np.unique(indices, return_inverse=True)
+    shape = (len(rows),) + values.shape[1:]
+    g = np.zeros(shape, dtype)
+    np.add.at(g, inverse, values)
+    if not squares_needed:
+        return rows, g, None
+    squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
+    g2 = np.zeros(shape, dtype)
+    np.add.at(g2, inverse, squares)
+    return rows, g, g2
+
+
+class UpdateAhead:
+    """What ``optimizers.NumpyOptimizer`` mixes in (module doc). A rule whose update moves rows
+    that have no gradient sets ``moves_untouched_rows``; its ``_update`` takes the slots to update
+    (``slots``: a variable's slot arrays, or those of some of its rows)."""
+
+    moves_untouched_rows = False
+    _ahead: dict   # key -> (step, value and slots before it, the update ahead's future)
+    _spare: dict   # key -> (value, slots, readers of the value) of the step before, to write into
+    _pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def update_ahead(self, iteration: int, params: dict, keys) -> None:
+        """Start computing update ``iteration`` of each of ``keys`` (row-updated variables) as if no
+        row had a gradient, on the optimizer's own thread; ``apply`` finishes it."""
+        if not self.moves_untouched_rows:
+            return
+        for key in keys:
+            if key in self._ahead or key not in self.slots:
+                continue
+            before, slots = params[key], dict(self.slots[key])
+            if before.nbytes * (1 + len(slots)) > AHEAD_MAX_BYTES:
+                continue
+            spare = self._spare.pop(key, None)
+            if spare is not None and any(r() is not None for r in spare[2]):
+                spare = None   # a pull still reads the value of the step before
+            self.copies += spare is None
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="update-ahead")
+            self._ahead[key] = (iteration, before, slots,
+                                self._pool.submit(self._zero_step, iteration, key, before, slots, spare))
+
+    def _zero_step(self, iteration: int, key, var: np.ndarray, slots: dict, spare):
+        if spare is None:
+            var = np.array(var, copy=True, order="C")
+            slots = {name: np.array(a, copy=True, order="C") for name, a in slots.items()}
+        else:
+            for out, a in zip((spare[0],) + tuple(spare[1][n] for n in slots), (var,) + tuple(slots.values())):
+                np.copyto(out, a)
+            var, slots = spare[0], spare[1]
+        self._decay(var)
+        empty = np.zeros((0,) + var.shape[1:], var.dtype)
+        self._update(iteration, key, var, np.zeros(0, np.int64), empty, empty if self.squares_slices else None, slots)
+        return var, slots
+
+    def _finish_ahead(self, iteration: int, params: dict, key, grad) -> bool:
+        """Finish ``key``'s update from its update ahead (module doc); False when there is none
+        that holds (the caller updates whole). Waits for one still running."""
+        ahead = self._ahead.pop(key, None)
+        if ahead is None:
+            return False
+        it, before, before_slots, future = ahead
+        var, slots = future.result()
+        if (it != iteration or not isinstance(grad, tuple) or params[key] is not before
+                or any(self.slots[key].get(n) is not a for n, a in before_slots.items())):
+            return False
+        rows, g, g2 = row_sums(grad, var.dtype, self.squares_slices)
+        touched = before[rows]   # copies: the rows as they were before the step
+        touched_slots = {name: a[rows] for name, a in before_slots.items()}
+        self._decay(touched)
+        self._update(iteration, key, touched, None, g, g2, touched_slots)
+        var[rows] = touched
+        for name, a in slots.items():
+            a[rows] = touched_slots[name]
+        owned = self._owned.get(key)
+        readers = self._readers.pop(key, [])   # they read the value before, which no update writes while they do
+        if owned is not None and owned() is before:   # ours (not a received view): the next update ahead's arrays
+            self._spare[key] = (before, before_slots, readers)
+        params[key], self.slots[key] = var, slots
+        self._owned[key] = weakref.ref(var)
+        return True

@@ -1,0 +1,163 @@
+"""Updating ahead (``autosync.runtime.update_ahead``): a row-updated variable's step computed before
+its gradient is known, then finished on the touched rows, equals the whole update bit for bit;
+one that no longer holds is dropped; a parameter server starts it on a step's first push."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from autosync.runtime.optimizers import make_optimizer
+from autosync.runtime.ps_shard import ParameterServerShard
+
+CONFIGS = {
+    "adam": {"class": "Adam", "learning_rate": 0.01},
+    "adamw": {"class": "AdamW", "learning_rate": 0.01, "weight_decay": 0.004},
+    "amsgrad": {"class": "Adam", "learning_rate": 0.01, "amsgrad": True},
+    "momentum": {"class": "SGD", "learning_rate": 0.1, "momentum": 0.9},
+    "nesterov": {"class": "SGD", "learning_rate": 0.1, "momentum": 0.9, "nesterov": True},
+}
+
+
+def _grad(rng, step):
+    rows = rng.integers(0, 50, size=12)   # repeated rows among them
+    return rows, rng.standard_normal((12, 4)).astype(np.float32), None
+
+
+def _run(config, steps, ahead, disturb=None):
+    rng = np.random.default_rng(3)
+    params = {"emb": rng.standard_normal((50, 4)).astype(np.float32),
+              "w": rng.standard_normal(4).astype(np.float32)}
+    o = make_optimizer(config)
+    for k, v in params.items():
+        o.add_variable(k, v)
+    finished = []
+    finish = o._finish_ahead
+    o._finish_ahead = lambda *a: finished.append(finish(*a)) or finished[-1]
+    for step in range(steps):
+        if ahead:
+            o.update_ahead(step, params, ["emb"])
+        if disturb is not None:
+            disturb(step, params, o)
+        grads = {"emb": _grad(rng, step), "w": rng.standard_normal(4).astype(np.float32)}
+        o.apply(step, params, grads)
+    return params, o, sum(finished)   # the updates finished from an update ahead
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_an_update_computed_ahead_equals_the_whole_update_bit_for_bit(name):
+    whole, o_whole, _ = _run(CONFIGS[name], 6, ahead=False)
+    early, o_early, used = _run(CONFIGS[name], 6, ahead=True)
+    assert used == 6   # every step was finished from its update ahead
+    for k in whole:
+        np.testing.assert_array_equal(early[k], whole[k])
+    for k in o_whole.slots:
+        for slot in o_whole.slots[k]:
+            np.testing.assert_array_equal(o_early.slots[k][slot], o_whole.slots[k][slot])
+
+
+def test_readers_of_the_value_before_the_step_keep_it():
+    o = make_optimizer(CONFIGS["adam"])
+    params = {"emb": np.ones((8, 2), np.float32)}
+    o.add_variable("emb", params["emb"])
+    seen = o.snapshot(params, "emb")
+    o.update_ahead(0, params, ["emb"])
+    o.apply(0, params, {"emb": (np.array([1]), np.ones((1, 2), np.float32), None)})
+    assert np.all(seen == 1) and not np.all(params["emb"] == 1)
+
+
+def test_an_update_ahead_that_no_longer_holds_is_dropped():
+    def replace_value(step, params, o):   # e.g. a checkpoint loaded in between
+        if step == 2:
+            params["emb"] = params["emb"] + np.float32(1)
+
+    def another_step(step, params, o):   # asked ahead for a step other than the one applied
+        if "emb" in o._ahead:
+            o._ahead["emb"] = (step + 1,) + o._ahead["emb"][1:]
+
+    for disturb, expect_used in ((replace_value, 3), (another_step, 0)):
+        reference, _, _ = _run(CONFIGS["adam"], 4, ahead=False, disturb=disturb)
+        got, o, used = _run(CONFIGS["adam"], 4, ahead=True, disturb=disturb)
+        assert used == expect_used and not o._ahead
+        np.testing.assert_array_equal(got["emb"], reference["emb"])
+
+
+def test_rules_that_leave_untouched_rows_alone_compute_nothing_ahead():
+    for config in ({"class": "Adagrad", "learning_rate": 0.1}, {"class": "SGD", "learning_rate": 0.1}):
+        o = make_optimizer(config)
+        params = {"emb": np.ones((8, 2), np.float32)}
+        o.add_variable("emb", params["emb"])
+        o.update_ahead(0, params, ["emb"])
+        assert not o._ahead
+
+
+def test_a_parameter_server_starts_the_update_ahead_on_a_steps_first_push():
+    rng = np.random.default_rng(0)
+    values = {(0, 0): rng.standard_normal((30, 3)).astype(np.float32), (1, 0): rng.standard_normal(3).astype(np.float32)}
+    grads = [{(0, 0): (np.array([2, 5, 2]), rng.standard_normal((3, 3)).astype(np.float32)),
+              (1, 0): rng.standard_normal(3).astype(np.float32)} for _ in range(2)]
+
+    def run(ahead: bool):
+        ps = ParameterServerShard("ps@x", {k: v.copy() for k, v in values.items()}, [(0, 0)], [], CONFIGS["adam"],
+                                  num_workers=2, sync=True)
+        if not ahead:
+            ps.optimizer.update_ahead = lambda *a: None
+        started = []
+
+        async def go():
+            for step in range(3):
+                await ps.push(0, step, grads[0])
+                started.append((0, 0) in ps.optimizer._ahead)
+                await ps.push(1, step, grads[1])
+            return await ps.values()
+        return asyncio.run(go()), started
+
+    (got, started), (want, _) = run(True), run(False)
+    assert started == [True] * 3   # started by worker 0's push, finished by worker 1's
+    for k in values:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def _two_worker_ps(config=CONFIGS["adam"]):
+    rng = np.random.default_rng(1)
+    ps = ParameterServerShard("ps@x", {(0, 0): rng.standard_normal((40, 3)).astype(np.float32)}, [(0, 0)], [],
+                              config, num_workers=2, sync=True)
+    return ps, rng
+
+
+def _step(ps, rng, step):
+    async def go():
+        for w in range(2):
+            await ps.push(w, step, {(0, 0): (rng.integers(0, 40, 4), rng.standard_normal((4, 3)).astype(np.float32))})
+    asyncio.run(go())
+
+
+def test_a_variable_updated_ahead_takes_turns_between_two_sets_of_arrays():
+    ps, rng = _two_worker_ps()
+    arrays = []
+    for step in range(6):
+        _step(ps, rng, step)
+        arrays.append(id(ps.params[(0, 0)]))
+    assert len(set(arrays[1:])) == 2 and arrays[1] == arrays[3] == arrays[5]   # no new array after the second
+    assert ps.optimizer.copies == 2
+    # a pull that still reads the value of the step before: the next update ahead writes new arrays
+    held = asyncio.run(ps.pull(6))[1][(0, 0)]
+    kept = held.copy()
+    _step(ps, rng, 6)
+    _step(ps, rng, 7)
+    np.testing.assert_array_equal(held, kept)
+    assert ps.optimizer.copies == 3
+
+
+def test_a_variable_too_large_to_double_is_updated_whole(monkeypatch):
+    from autosync.runtime import update_ahead
+
+    monkeypatch.setattr(update_ahead, "AHEAD_MAX_BYTES", 40 * 3 * 4 * 3 - 1)   # value + two Adam slots, less a byte
+    ps, rng = _two_worker_ps()
+    tables = []
+    for step in range(3):
+        _step(ps, rng, step)
+        assert not ps.optimizer._ahead
+        tables.append(ps.params[(0, 0)])
+    assert tables[1] is tables[2] and ps.optimizer.copies == 1   # the received value copied once, then in place
