@@ -38,6 +38,8 @@ def _run(config, steps, ahead, disturb=None):
     for step in range(steps):
         if ahead:
             o.update_ahead(step, params, ["emb"])
+            for pending in o._ahead.values():   # the pushes take longer than the update ahead
+                pending[3].result()
         if disturb is not None:
             disturb(step, params, o)
         grads = {"emb": _grad(rng, step), "w": rng.standard_normal(4).astype(np.float32)}
@@ -109,6 +111,7 @@ def test_a_parameter_server_starts_the_update_ahead_on_a_steps_first_push():
             for step in range(3):
                 await ps.push(0, step, grads[0])
                 started.append((0, 0) in ps.optimizer._ahead)
+                _wait_ahead(ps)
                 await ps.push(1, step, grads[1])
             return await ps.values()
         return asyncio.run(go()), started
@@ -126,10 +129,17 @@ def _two_worker_ps(config=CONFIGS["adam"]):
     return ps, rng
 
 
+def _wait_ahead(ps):
+    """The second worker's push comes after the update ahead is done (as across a network)."""
+    for pending in getattr(ps.optimizer, "_ahead", {}).values():
+        pending[3].result()
+
+
 def _step(ps, rng, step):
     async def go():
         for w in range(2):
             await ps.push(w, step, {(0, 0): (rng.integers(0, 40, 4), rng.standard_normal((4, 3)).astype(np.float32))})
+            _wait_ahead(ps)
     asyncio.run(go())
 
 
@@ -161,3 +171,30 @@ def test_a_variable_too_large_to_double_is_updated_whole(monkeypatch):
         assert not ps.optimizer._ahead
         tables.append(ps.params[(0, 0)])
     assert tables[1] is tables[2] and ps.optimizer.copies == 1   # the received value copied once, then in place
+
+
+def test_updates_ahead_that_keep_their_step_waiting_are_tried_only_every_few_steps(monkeypatch):
+    import time
+
+    from autosync.runtime import update_ahead
+
+    o = make_optimizer(CONFIGS["adam"])
+    params = {"emb": np.ones((8, 2), np.float32)}
+    o.add_variable("emb", params["emb"])
+    slow = o._zero_step
+    o._zero_step = lambda *a: (time.sleep(0.05), slow(*a))[1]   # the last push comes before it is done
+    tried = []
+    for step in range(2 * update_ahead.AHEAD_PROBE + 1):
+        o.update_ahead(step, params, ["emb"])
+        tried.append("emb" in o._ahead)
+        o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 2), np.float32), None)})
+    assert [s for s, t in enumerate(tried) if t] == [0, update_ahead.AHEAD_PROBE, 2 * update_ahead.AHEAD_PROBE]
+    o._zero_step = slow   # on time again, from the next step that tries: every step
+    probe = 3 * update_ahead.AHEAD_PROBE
+    for step in range(2 * update_ahead.AHEAD_PROBE + 1, probe + 3):
+        o.update_ahead(step, params, ["emb"])
+        tried.append("emb" in o._ahead)
+        if tried[-1]:
+            o._ahead["emb"][3].result()
+        o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 2), np.float32), None)})
+    assert [s for s, t in enumerate(tried) if t][-4:] == [2 * update_ahead.AHEAD_PROBE, probe, probe + 1, probe + 2]

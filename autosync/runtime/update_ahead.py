@@ -18,16 +18,21 @@ The update ahead is used only where nothing changed the variable or its slots si
 updated ahead lives in two sets of arrays (value and slots) that take turns: the next update ahead
 writes into the arrays of the step before, once no pull still reads them (else into new ones);
 variables whose value and slots exceed ``AHEAD_MAX_BYTES`` are updated whole, in place, never
-doubled.
+doubled. Where the last push comes too soon after the first (the last update ahead was still
+running and the step waited more than half of it for it: copying the arrays and recomputing the
+touched rows then cost more than they hid), only every ``AHEAD_PROBE``-th step is updated ahead
+until one is on time again.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import weakref
 
 import numpy as np
 
 AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond which it is not doubled
+AHEAD_PROBE = 8   # while updates ahead come late, one step in this many still tries
 
 
 def row_sums(grad, dtype, squares_needed: bool):
@@ -58,11 +63,12 @@ class UpdateAhead:
     _ahead: dict   # key -> (step, value and slots before it, the update ahead's future)
     _spare: dict   # key -> (value, slots, readers of the value) of the step before, to write into
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
+    _late = False   # the last update ahead kept its step waiting (module doc)
 
     def update_ahead(self, iteration: int, params: dict, keys) -> None:
         """Start computing update ``iteration`` of each of ``keys`` (row-updated variables) as if no
         row had a gradient, on the optimizer's own thread; ``apply`` finishes it."""
-        if not self.moves_untouched_rows:
+        if not self.moves_untouched_rows or (self._late and iteration % AHEAD_PROBE):
             return
         for key in keys:
             if key in self._ahead or key not in self.slots:
@@ -80,6 +86,7 @@ class UpdateAhead:
                                 self._pool.submit(self._zero_step, iteration, key, before, slots, spare))
 
     def _zero_step(self, iteration: int, key, var: np.ndarray, slots: dict, spare):
+        t0 = time.perf_counter()
         if spare is None:
             var = np.array(var, copy=True, order="C")
             slots = {name: np.array(a, copy=True, order="C") for name, a in slots.items()}
@@ -90,7 +97,7 @@ class UpdateAhead:
         self._decay(var)
         empty = np.zeros((0,) + var.shape[1:], var.dtype)
         self._update(iteration, key, var, np.zeros(0, np.int64), empty, empty if self.squares_slices else None, slots)
-        return var, slots
+        return var, slots, time.perf_counter() - t0
 
     def _finish_ahead(self, iteration: int, params: dict, key, grad) -> bool:
         """Finish ``key``'s update from its update ahead (module doc); False when there is none
@@ -99,7 +106,9 @@ class UpdateAhead:
         if ahead is None:
             return False
         it, before, before_slots, future = ahead
-        var, slots = future.result()
+        t0 = time.perf_counter()
+        var, slots, took = future.result()
+        self._late = time.perf_counter() - t0 > took / 2
         if (it != iteration or not isinstance(grad, tuple) or params[key] is not before
                 or any(self.slots[key].get(n) is not a for n, a in before_slots.items())):
             return False
