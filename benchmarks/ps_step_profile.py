@@ -58,6 +58,7 @@ def _args(argv=None):
                         f"choices: {', '.join(VARIANTS)})")
     p.add_argument("--compute", choices=("real", "emulated"), default="real")
     p.add_argument("--step-time", type=float, default=None, metavar="S", help="emulated compute seconds per step")
+    p.add_argument("--optimizer", default="sgd", help="emulated compute's optimizer (sgd, momentum, adam, adagrad)")
     p.add_argument("--rounds", type=int, default=2, help="alternations of every contender (default 2)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
@@ -103,7 +104,7 @@ def measure_model(name: str, cluster, args) -> dict:
     # emulated compute runs on the cluster as the runner marks it: its pool is the runner's own
     pool = WorkerPool(ClusterBinding.bind(cluster)) if args.compute == "real" else None
     runner = make_runner(source_of(name), cluster, compute=args.compute, step_time_s=args.step_time,
-                         profile=args.compute == "real", warmup=args.warmup, steps=args.steps,
+                         optimizer=args.optimizer, profile=args.compute == "real", warmup=args.warmup, steps=args.steps,
                          trial_timeout_s=900, pool=pool)
     pool = runner.pool
     out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
@@ -162,7 +163,7 @@ def inside(args) -> int:
     from autosync.runtime.psnet import TRANSPORT
 
     meta = {"compute": args.compute, "step_time_s": args.step_time, "default_transport": TRANSPORT,
-            "variants": {v: VARIANTS[v] for v in args.variants},
+            "variants": {v: VARIANTS[v] for v in args.variants}, "optimizer": args.optimizer,
             "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}
     return measure_models("ps_step_profile", REPO, args.out, args.name + ".json", args.models,
                           lambda name, cluster: measure_model(name, cluster, args), meta)
