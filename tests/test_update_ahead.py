@@ -11,6 +11,14 @@ import pytest
 from autosync.runtime.optimizers import make_optimizer
 from autosync.runtime.ps_shard import ParameterServerShard
 
+@pytest.fixture(autouse=True)
+def small_tables_too(monkeypatch):
+    """These tests' tables are small: updated ahead all the same (``AHEAD_MIN_BYTES``)."""
+    from autosync.runtime import update_ahead
+
+    monkeypatch.setattr(update_ahead, "AHEAD_MIN_BYTES", 0)
+
+
 CONFIGS = {
     "adam": {"class": "Adam", "learning_rate": 0.01},
     "adamw": {"class": "AdamW", "learning_rate": 0.01, "weight_decay": 0.004},
@@ -83,6 +91,17 @@ def test_an_update_ahead_that_no_longer_holds_is_dropped():
         got, o, used = _run(CONFIGS["adam"], 4, ahead=True, disturb=disturb)
         assert used == expect_used and not o._ahead
         np.testing.assert_array_equal(got["emb"], reference["emb"])
+
+
+def test_a_small_table_is_updated_whole(monkeypatch):
+    from autosync.runtime import update_ahead
+
+    monkeypatch.setattr(update_ahead, "AHEAD_MIN_BYTES", 8 * 2 * 4 + 1)   # the table's bytes, plus one
+    o = make_optimizer(CONFIGS["adam"])
+    params = {"emb": np.ones((8, 2), np.float32)}
+    o.add_variable("emb", params["emb"])
+    o.update_ahead(0, params, ["emb"])
+    assert not o._ahead
 
 
 def test_rules_that_leave_untouched_rows_alone_compute_nothing_ahead():

@@ -2,12 +2,12 @@
 the server waits for the step's pushes.
 
 Adam's moments decay on every row of an embedding, and so does SGD's momentum: a step whose
-gradient touches a few hundred rows of a table still rewrites all of it (Keras' own rule, which the
-runtime keeps). On a synchronous parameter server that whole-table pass sat between the last push
-of a step and the pull that waits for it (ncf: 3.7-4.3 ms of a 10-11 ms step,
-``benchmarks/results/ps_step_profile_ncf_2x200mbit.json``). Yet every row the step's gradient does
-not touch moves as if its gradient were zero, which is known before any push arrives. So when a
-step's first push reaches a parameter server, a thread of the optimizer's own computes the step's
+gradient touches a few thousand rows of a table still rewrites all of it (Keras' own rule, which
+the runtime keeps). On a synchronous parameter server that whole-table pass sits between the last
+push of a step and the pull that waits for it: on ncf-full's shapes with Adam, an update of 99 ms,
+30 ms once the untouched rows are done (``benchmarks/update_ahead.py``). Yet every row the step's
+gradient does not touch moves as if its gradient were zero, which is known before any push
+arrives. So when a step's first push reaches a parameter server, a thread of the optimizer's own computes the step's
 update of each row-updated variable as if no row had a gradient, into new arrays; when the last
 push is in, only the touched rows are computed again, from their values before the step, with the
 same element-wise operations as the whole update (bit for bit its result), and the new arrays take
@@ -16,12 +16,13 @@ the variable's place. Readers of the old value are untouched: the new arrays are
 The update ahead is used only where nothing changed the variable or its slots since it started
 (same arrays, same step); otherwise it is dropped and the update runs whole, as before. A variable
 updated ahead lives in two sets of arrays (value and slots) that take turns: the next update ahead
-writes into the arrays of the step before, once no pull still reads them (else into new ones);
-variables whose value and slots exceed ``AHEAD_MAX_BYTES`` are updated whole, in place, never
-doubled. Where the last push comes too soon after the first (the last update ahead was still
-running and the step waited more than half of it for it: copying the arrays and recomputing the
-touched rows then cost more than they hid), only every ``AHEAD_PROBE``-th step is updated ahead
-until one is on time again.
+writes into the arrays of the step before, once no pull still reads them (else into new ones).
+Variables whose value and slots exceed ``AHEAD_MAX_BYTES`` are updated whole, in place, never
+doubled, and so are values under ``AHEAD_MIN_BYTES`` (cheaper whole than finished). Where the
+last push comes too soon after the first (the last update ahead was still running and the step
+waited more than half of it for it: copying the arrays and recomputing the touched rows then cost
+more than they hid), only every ``AHEAD_PROBE``-th step is updated ahead until one is on time
+again.
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ import weakref
 import numpy as np
 
 AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond which it is not doubled
+# a smaller value is updated whole: its whole update costs less than finishing one from an update
+# ahead (``benchmarks/update_ahead.py``: dlrm's small tables with momentum 0.88x, ncf's 0.96-1.08x)
+AHEAD_MIN_BYTES = 1 << 20
 AHEAD_PROBE = 8   # while updates ahead come late, one step in this many still tries
 
 
@@ -74,7 +78,7 @@ class UpdateAhead:
             if key in self._ahead or key not in self.slots:
                 continue
             before, slots = params[key], dict(self.slots[key])
-            if before.nbytes * (1 + len(slots)) > AHEAD_MAX_BYTES:
+            if not AHEAD_MIN_BYTES <= before.nbytes <= AHEAD_MAX_BYTES // (1 + len(slots)):
                 continue
             spare = self._spare.pop(key, None)
             if spare is not None and any(r() is not None for r in spare[2]):
