@@ -16,11 +16,11 @@ from autosync.model_def import ModelDef
 VOCAB, DIM, IDS = 40, 4, 3
 
 
-def build_model():
+def build_model(vocab: int = VOCAB):
     import keras
 
     ids = keras.Input((IDS,), dtype="int32", name="ids")
-    emb = keras.layers.Embedding(VOCAB, DIM, name="emb")(ids)
+    emb = keras.layers.Embedding(vocab, DIM, name="emb")(ids)
     x = keras.layers.Flatten()(emb)
     x = keras.layers.Dense(6, activation="tanh", name="hidden")(x)
     out = keras.layers.Dense(1, name="out")(x)
@@ -65,12 +65,12 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4):
+def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4, vocab: int = VOCAB):
     """``count`` fixed batches for this worker; the target is a smooth function of the ids."""
     rng = np.random.RandomState(1000 + 17 * worker + num_workers)
     out = []
     for _ in range(count):
-        x = rng.randint(0, VOCAB, size=(batch, IDS)).astype("int32")
+        x = rng.randint(0, vocab, size=(batch, IDS)).astype("int32")
         y = (np.sin(x.sum(axis=1, keepdims=True) / 7.0)).astype("float32")
         out.append((x, y))
     return out
@@ -98,11 +98,11 @@ def build_unseeded_model():
     return model
 
 
-def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, **opt_kw) -> ModelDef:
+def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, vocab: int = VOCAB, **opt_kw) -> ModelDef:
     return ModelDef(
-        name="tiny_emb", model_fn=build_model, loss_fn=mse,
-        optimizer_fn=functools.partial(make_optimizer, optimizer, **opt_kw),
-        dataset_fn=dataset or functools.partial(make_batches, batch=batch), batch_size=batch, seed=7)
+        name="tiny_emb" if vocab == VOCAB else f"emb_{vocab}", model_fn=functools.partial(build_model, vocab),
+        loss_fn=mse, optimizer_fn=functools.partial(make_optimizer, optimizer, **opt_kw),
+        dataset_fn=dataset or functools.partial(make_batches, batch=batch, vocab=vocab), batch_size=batch, seed=7)
 
 
 def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:

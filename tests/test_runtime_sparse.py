@@ -94,6 +94,25 @@ def test_row_sparse_ps_equals_single_process(pool, builder, optimizer):
     assert len(history.loss) == STEPS
 
 
+def test_a_table_updated_ahead_trains_as_one_process(pool):
+    """A table over ``AHEAD_MIN_BYTES`` with Adam on a PS of two workers: each step's first push
+    starts its untouched rows' update ahead (``update_ahead``), and training equals one process."""
+    from autosync.runtime.trainer import Trainer
+    from autosync.runtime.update_ahead import AHEAD_MIN_BYTES
+    from strategy_space.builders import get_builder
+
+    vocab = 70_000
+    md = rm.model_def("adam", vocab=vocab, learning_rate=0.05)
+    spec = _spec(pool, md)
+    assert spec.var("emb/embeddings").bytes >= AHEAD_MIN_BYTES
+    with Trainer(md, get_builder("ps").build(spec, PAIR), PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=STEPS, steps_per_call=2)
+        weights, stats = trainer.get_weights(), trainer.session.ps_stats()
+    assert sum(s["ahead"] for s in stats.values()) >= 1
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=5e-6), np.abs(got - want).max()
+
+
 def test_staleness_2_row_pulls_converge(pool):
     md = rm.multi_model_def("adam", learning_rate=0.05)
     strategy = _mixed(_spec(pool, md), staleness=2)

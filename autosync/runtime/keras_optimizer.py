@@ -178,6 +178,7 @@ class KerasOptimizer:
     """
 
     squares_slices = False  # Keras squares what it is given; the summed squares are of no use
+    ahead = 0   # updates finished from an update ahead: none (``update_ahead``)
 
     def __init__(self, config: dict):
         cls = optimizer_class(config)
@@ -193,8 +194,7 @@ class KerasOptimizer:
             # Keras evaluates a schedule at its count of batches (module doc)
             self.optimizer.learning_rate = _at_batches(schedule, accumulate)
         self.variables, self._order, self._functions = {}, [], {}   # key -> keras.Variable; keys; traced calls
-        self._stale: set = set()   # keys whose params entry is a placeholder: the variable holds the value
-        self.copies = 0
+        self._stale, self.copies = set(), 0   # keys whose params entry is a placeholder (the variable holds it)
 
     def add_variable(self, key, value: np.ndarray) -> None:
         self._order.append(key)

@@ -196,12 +196,12 @@ class ParameterServerShard(HeldSteps, PooledShard):
     async def stats(self) -> dict:
         """Calls received and time spent: ``pushes``, ``pulls`` (``data_plane_calls`` of all calls
         came over the PS data plane, ``psnet``; the others through Ray), ``apply_s`` (optimizer updates)
-        ``wait_s`` (per step, from its first push to its last: how long the step waited for
-        its slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
-        chunk's first push to its last, how long that chunk's update waited), ``copies`` (variables
-        copied before an update: each received value once, then only while a whole-value pull of
-        it was still being sent)."""
-        return {**self.stats_, "copies": self.optimizer.copies}
+        ``wait_s`` (per step, from its first push to its last: how long the step waited for its
+        slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
+        chunk's first push to its last), ``copies`` (variables copied before an update: each
+        received value once, then only while a whole-value pull of it was still being sent; a
+        variable updated ahead, its second arrays), ``ahead`` (updates finished from one ahead)."""
+        return {**self.stats_, "copies": self.optimizer.copies, "ahead": self.optimizer.ahead}
 
     async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None,
                    asker: tuple | None = None):

@@ -68,6 +68,7 @@ class UpdateAhead:
     _spare: dict   # key -> (value, slots, readers of the value) of the step before, to write into
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
     _late = False   # the last update ahead kept its step waiting (module doc)
+    ahead = 0   # updates finished from an update ahead
 
     def update_ahead(self, iteration: int, params: dict, keys) -> None:
         """Start computing update ``iteration`` of each of ``keys`` (row-updated variables) as if no
@@ -130,4 +131,5 @@ class UpdateAhead:
             self._spare[key] = (before, before_slots, readers)
         params[key], self.slots[key] = var, slots
         self._owned[key] = weakref.ref(var)
+        self.ahead += 1
         return True
