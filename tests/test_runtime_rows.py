@@ -112,3 +112,27 @@ def find_reads_on(model, variables, grads):
     from autosync.runtime.rows import find_row_reads
 
     return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
+
+
+@pytest.mark.parametrize("slices,rows,width,dtype", [
+    (512, 300, 8, np.float32),     # each row a few times: rounds
+    (300, 5, 3, np.float32),       # rows repeated far beyond ROUNDS_MAX: np.add.at itself
+    (64, 64 * 50, 4, np.float64),  # mostly once
+    (40, 7, 1, np.int64),
+    (0, 3, 2, np.float32),
+])
+def test_scatter_sum_is_np_add_at_bit_for_bit(slices, rows, width, dtype):
+    from autosync.runtime.rows import scatter_sum
+
+    rng = np.random.default_rng(slices + rows)
+    inverse = rng.integers(0, rows, slices)
+    values = (rng.standard_normal((slices, width)) * rng.choice([1e-4, 1.0, 1e4], (slices, 1)) * 100).astype(dtype)
+    want = np.zeros((rows, width), dtype)
+    np.add.at(want, inverse, values)
+    got = scatter_sum(inverse, values, rows)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    # summed in another dtype, as np.add.at into an array of it does
+    if dtype == np.float64:
+        want32 = np.zeros((rows, width), np.float32)
+        np.add.at(want32, inverse, values.astype(np.float32))
+        assert scatter_sum(inverse, values.astype(np.float32), rows, np.float32).tobytes() == want32.tobytes()

@@ -32,6 +32,8 @@ import weakref
 
 import numpy as np
 
+from autosync.runtime.rows import scatter_sum
+
 AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond which it is not doubled
 # a smaller value is updated whole: its whole update costs less than finishing one from an update
 # ahead (``benchmarks/update_ahead.py``: dlrm's small tables with momentum 0.88x, ncf's 0.96-1.08x)
@@ -47,15 +49,11 @@ def row_sums(grad, dtype, squares_needed: bool):
     Sums are taken in slice order from zero, as a dense scatter-add: bit for bit its touched rows."""
     indices, values = grad[0], grad[1]
     rows, inverse = np.unique(indices, return_inverse=True)
-    shape = (len(rows),) + values.shape[1:]
-    g = np.zeros(shape, dtype)
-    np.add.at(g, inverse, values)
+    g = scatter_sum(inverse, values, len(rows), dtype)
     if not squares_needed:
         return rows, g, None
     squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
-    g2 = np.zeros(shape, dtype)
-    np.add.at(g2, inverse, squares)
-    return rows, g, g2
+    return rows, g, scatter_sum(inverse, squares, len(rows), dtype)
 
 
 class UpdateAhead:
