@@ -217,3 +217,15 @@ def test_updates_ahead_that_keep_their_step_waiting_are_tried_only_every_few_ste
             o._ahead["emb"][3].result()
         o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 2), np.float32), None)})
     assert [s for s, t in enumerate(tried) if t][-4:] == [2 * update_ahead.AHEAD_PROBE, probe, probe + 1, probe + 2]
+
+
+def test_an_update_ahead_that_failed_leaves_the_whole_update_to_run():
+    reference, _, _ = _run(CONFIGS["adam"], 3, ahead=False)
+
+    def fail_once(step, params, o):
+        if step == 1:
+            o._ahead["emb"][3].result = lambda: (_ for _ in ()).throw(MemoryError("no room for a second table"))
+
+    got, o, used = _run(CONFIGS["adam"], 3, ahead=True, disturb=fail_once)
+    assert used == 2
+    np.testing.assert_array_equal(got["emb"], reference["emb"])

@@ -110,7 +110,10 @@ class UpdateAhead:
             return False
         it, before, before_slots, future = ahead
         t0 = time.perf_counter()
-        var, slots, took = future.result()
+        try:
+            var, slots, took = future.result()
+        except Exception:   # e.g. no memory for the second arrays: the whole update, in place, still runs
+            return False
         self._late = time.perf_counter() - t0 > took / 2
         if (it != iteration or not isinstance(grad, tuple) or params[key] is not before
                 or any(self.slots[key].get(n) is not a for n, a in before_slots.items())):
