@@ -14,10 +14,13 @@ from autosync.runtime.ps_shard import ParameterServerShard
 
 @pytest.fixture(autouse=True)
 def small_tables_too(monkeypatch):
-    """These tests' tables are small: updated ahead all the same (``AHEAD_MIN_BYTES``)."""
+    """These tests' tables are small: updated ahead all the same (``AHEAD_MIN_BYTES``), every
+    step (``AHEAD_PROBE`` 1: an update ahead of tens of microseconds counts as late on a loaded
+    machine when its result is fetched a little slowly)."""
     from autosync.runtime import update_ahead
 
     monkeypatch.setattr(update_ahead, "AHEAD_MIN_BYTES", 0)
+    monkeypatch.setattr(update_ahead, "AHEAD_PROBE", 1)
 
 
 CONFIGS = {
@@ -198,8 +201,10 @@ def test_updates_ahead_that_keep_their_step_waiting_are_tried_only_every_few_ste
 
     from autosync.runtime import update_ahead
 
+    monkeypatch.setattr(update_ahead, "AHEAD_PROBE", 8)
     o = make_optimizer(CONFIGS["adam"])
-    params = {"emb": np.ones((8, 2), np.float32)}
+    # 6.4 MB: its update ahead takes milliseconds, far more than fetching a finished one's result
+    params = {"emb": np.ones((400_000, 4), np.float32)}
     o.add_variable("emb", params["emb"])
     slow = o._zero_step
     o._zero_step = lambda *a: (time.sleep(0.05), slow(*a))[1]   # the last push comes before it is done
@@ -207,7 +212,7 @@ def test_updates_ahead_that_keep_their_step_waiting_are_tried_only_every_few_ste
     for step in range(2 * update_ahead.AHEAD_PROBE + 1):
         o.update_ahead(step, params, ["emb"])
         tried.append("emb" in o._ahead)
-        o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 2), np.float32), None)})
+        o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 4), np.float32), None)})
     assert [s for s, t in enumerate(tried) if t] == [0, update_ahead.AHEAD_PROBE, 2 * update_ahead.AHEAD_PROBE]
     o._zero_step = slow   # on time again, from the next step that tries: every step
     probe = 3 * update_ahead.AHEAD_PROBE
@@ -216,7 +221,7 @@ def test_updates_ahead_that_keep_their_step_waiting_are_tried_only_every_few_ste
         tried.append("emb" in o._ahead)
         if tried[-1]:
             o._ahead["emb"][3].result()
-        o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 2), np.float32), None)})
+        o.apply(step, params, {"emb": (np.array([1]), np.ones((1, 4), np.float32), None)})
     assert [s for s, t in enumerate(tried) if t][-4:] == [2 * update_ahead.AHEAD_PROBE, probe, probe + 1, probe + 2]
 
 
