@@ -20,9 +20,9 @@ writes into the arrays of the step before, once no pull still reads them (else i
 Variables whose value and slots exceed ``AHEAD_MAX_BYTES`` are updated whole, in place, never
 doubled, and so are values under ``AHEAD_MIN_BYTES`` (cheaper whole than finished). Where the
 last push comes too soon after the first (the last update ahead was still running and the step
-waited more than half of it for it: copying the arrays and recomputing the touched rows then cost
-more than they hid), only every ``AHEAD_PROBE``-th step is updated ahead until one is on time
-again.
+waited for it more than half of its time and over ``AHEAD_LATE_S``: copying the arrays and
+recomputing the touched rows then cost more than they hid), only every ``AHEAD_PROBE``-th step is
+updated ahead until one is on time again.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond wh
 # ahead (``benchmarks/update_ahead.py``: dlrm's small tables with momentum 0.88x, ncf's 0.96-1.08x)
 AHEAD_MIN_BYTES = 1 << 20
 AHEAD_PROBE = 8   # while updates ahead come late, one step in this many still tries
+AHEAD_LATE_S = 1e-3   # a wait for an update ahead under this is never late (a loaded machine's hiccup)
 
 
 def row_sums(grad, dtype, squares_needed: bool):
@@ -114,7 +115,7 @@ class UpdateAhead:
             var, slots, took = future.result()
         except Exception:   # e.g. no memory for the second arrays: the whole update, in place, still runs
             return False
-        self._late = time.perf_counter() - t0 > took / 2
+        self._late = time.perf_counter() - t0 > max(took / 2, AHEAD_LATE_S)
         if (it != iteration or not isinstance(grad, tuple) or params[key] is not before
                 or any(self.slots[key].get(n) is not a for n, a in before_slots.items())):
             return False
