@@ -377,7 +377,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             # staleness and asynchrony depend on timing: offered only where probes train on the
             # target itself (real compute on the measured workers)
             timed = quality == "goodput" and prober is not None and getattr(prober, "on_target", False)
-            if timed and _clips_by_global_norm(runner):
+            if timed and runner.optimizer_config().get("global_clipnorm") is not None:
+                # the runtime refuses staleness and asynchronous PS under it (``check_global_clipnorm``)
                 timed = False
                 lossy_note = "; ".join(filter(None, [lossy_note, "staleness and asynchronous PS not proposed: the "
                                                      "optimizer's global_clipnorm needs every gradient of a step "
@@ -403,11 +404,3 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                       cluster=cluster_spec, outcome=outcome, store_path=str(store_path),
                       warm_start_trials=sum(len(trials) for _, _, trials in warm_groups), quality=quality,
                       lossy_note=lossy_note)
-
-
-def _clips_by_global_norm(runner) -> bool:
-    """Whether the model's optimizer clips by the norm of all of a step's gradients: the runtime
-    refuses staleness and asynchronous PS under it (``keras_optimizer.check_global_clipnorm``), so
-    the search must not spend trials on them. A runner that cannot say (a fake) clips nothing."""
-    config = getattr(runner, "optimizer_config", None)
-    return config is not None and config().get("global_clipnorm") is not None

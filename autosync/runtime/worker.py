@@ -268,11 +268,7 @@ class TrainingWorker:
             for key, b, a in zip(("calls", "bytes_sent", "bytes_received"), before, counters()):
                 out[key].append(a - b)
             self.step += 1
-        # the final pull waits for every worker's last update: the model ends synchronized
-        # (row-pulled tables on no rows: get_weights pulls them whole when asked)
-        none = {v: np.zeros(0, np.int64) for v in self.row_reads.outputs}
-        self._assign_pulled(self.step, fresh=True, rows=none)
-        self._partial = bool(none)
+        self._pull_all()   # the final pull waits for every worker's last update: the model ends synchronized
         for channel in self.channels:
             channel.finish()
         out["start"].append(time.time())
@@ -283,6 +279,11 @@ class TrainingWorker:
         channels take their moving averages and the model pulls every value again."""
         for channel in self.channels:
             channel.finalize()
+        self._pull_all()
+
+    def _pull_all(self) -> None:
+        """Pull every value fresh (row-pulled tables on no rows: ``get_weights`` pulls them whole
+        when asked)."""
         none = {v: np.zeros(0, np.int64) for v in self.row_reads.outputs}
         self._assign_pulled(self.step, fresh=True, rows=none)
         self._partial = bool(none)

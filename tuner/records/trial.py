@@ -163,6 +163,11 @@ class Runner(abc.ABC):
         """Run each strategy (warm-up, then timed steps) and return one Trial per strategy, in
         order. Never raises for a strategy that fails: that Trial has status failed/timeout."""
 
+    def optimizer_config(self) -> dict:
+        """The model's optimizer as the trials run it (a Keras ``get_config()`` plus ``class``);
+        empty where the runner has none to say (fakes, emulated models without options)."""
+        return {}
+
     def close(self) -> None:
         """Release everything the runner holds (actors, processes)."""
 
