@@ -1,5 +1,6 @@
-"""GPU-class compute profiles: the committed model specs in ``configs/models/nvidia-h200`` are the
-committed H200 runs (``benchmarks/results/accelerator_step_time_h200.json``) turned into specs by
+"""GPU-class compute profiles: the committed model specs in ``configs/models/nvidia-h200`` and
+``configs/models/nvidia-h100`` are the committed runs on that GPU
+(``benchmarks/results/accelerator_step_time_h200.json``, ``..._h100.json``) turned into specs by
 ``benchmarks/accelerator_profiles.py``; the zoo runs on Keras' torch backend without TensorFlow
 (how the GPU runs measured it); emulated compute takes the GPU's step time from such a spec."""
 from __future__ import annotations
@@ -21,34 +22,40 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from accelerator_profiles import measured_times  # noqa: E402
 
 RESULT = os.path.join(REPO, "benchmarks", "results", "accelerator_step_time_h200.json")
-SPECS = sorted(glob.glob(os.path.join(CONFIGS, "models", "nvidia-h200", "*.yaml")))
+# each GPU's spec folder, the result file its specs come from, and the device name its runs give
+DEVICES = {"nvidia-h200": ("accelerator_step_time_h200.json", "gpu:NVIDIA H200"),
+           "nvidia-h100": ("accelerator_step_time_h100.json", "gpu:NVIDIA H100")}
+SPECS = sorted(glob.glob(os.path.join(CONFIGS, "models", "nvidia-h*", "*.yaml")))
 # the full sizes' specs shipped without a profile, by the name of the zoo model they were made from
 SHIPPED = {"bert-full": "bert_base", "dlrm-full": "dlrm", "lm1b-full": "lm1b_lstm", "ncf-full": "ncf",
            "resnet50-full": "resnet50", "vgg16-full": "vgg16"}
 
 
-def _runs() -> list[dict]:
-    with open(RESULT) as f:
+def _runs(result: str = RESULT) -> list[dict]:
+    with open(os.path.join(REPO, "benchmarks", "results", os.path.basename(result))) as f:
         return list(json.load(f)["runs"].values())
 
 
-def test_every_zoo_model_and_size_has_a_gpu_spec():
+@pytest.mark.parametrize("folder", sorted(DEVICES))
+def test_every_zoo_model_and_size_has_a_spec_for_each_gpu(folder):
     from autosync.models.zoo import list_models
 
     want = {f"{m.name}-{size}" for m in list_models() for size in m.sizes}
-    assert {os.path.basename(p)[:-5] for p in SPECS} == want
+    assert {os.path.basename(p)[:-5] for p in SPECS if os.path.basename(os.path.dirname(p)) == folder} == want
+    assert {os.path.basename(os.path.dirname(p)) for p in SPECS} == set(DEVICES)
 
 
-@pytest.mark.parametrize("path", SPECS, ids=os.path.basename)
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: "/".join(p.split(os.sep)[-2:]))
 def test_a_gpu_spec_is_the_median_device_busy_time_of_the_committed_runs(path):
     spec = load_model_spec(path)          # also checks that ready_order lists every variable once
     name, _, size = spec.name.rpartition("-")
     source = f"{name}?size={size}"
-    runs = _runs()
+    result, device = DEVICES[os.path.basename(os.path.dirname(path))]
+    runs = _runs(result)
     busy = [r["models"][source]["device_busy_s"] for r in runs if "device_busy_s" in r["models"].get(source, {})]
     assert len(busy) >= 2, f"{source}: fewer than two runs measured its device busy time"
     assert spec.profile.step_time_s == pytest.approx(statistics.median(busy), abs=6e-7)   # written to the microsecond
-    assert spec.profile.device == runs[-1]["meta"]["device"] and spec.profile.device.startswith("gpu:NVIDIA H200")
+    assert spec.profile.device == runs[-1]["meta"]["device"] and spec.profile.device.startswith(device)
     measured = runs[-1]["models"][source]
     assert measured["batch_size"] == spec.batch_size and measured["variables"] == len(spec.variables)
     assert measured["parameters"] == sum(int(np.prod(v.shape)) for v in spec.variables)
@@ -119,13 +126,15 @@ def test_emulated_compute_takes_the_gpu_step_time_from_a_gpu_spec(ray_session, t
 
 
 @pytest.mark.integration
-def test_the_spec_writer_rebuilds_a_committed_spec_from_the_committed_runs(tmp_path):
+@pytest.mark.parametrize("folder", sorted(DEVICES))
+def test_the_spec_writer_rebuilds_a_committed_spec_from_the_committed_runs(tmp_path, folder):
     """``accelerator_profiles.py`` on the committed runs writes what is committed (model spec,
     median device busy time, TensorFlow's traced ready order), byte for byte."""
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "accelerator_profiles.py"), RESULT,
+    result = os.path.join(REPO, "benchmarks", "results", DEVICES[folder][0])
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "accelerator_profiles.py"), result,
                            "--out-dir", str(tmp_path), "--only", "ncf?size=small"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [p.name for p in tmp_path.iterdir()] == ["ncf-small.yaml"]
-    with open(os.path.join(CONFIGS, "models", "nvidia-h200", "ncf-small.yaml")) as f:
+    with open(os.path.join(CONFIGS, "models", folder, "ncf-small.yaml")) as f:
         assert (tmp_path / "ncf-small.yaml").read_text() == f.read()
