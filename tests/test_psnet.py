@@ -14,12 +14,21 @@ def test_encode_decode_keeps_arrays_and_structure_without_copying_payload():
     big = np.arange(100_000, dtype=np.float32)
     msg = {"k": big, ("emb", 0): (np.array([3, 1], np.int32), np.ones((2, 4), np.float16)), "n": None}
     frames = psnet.encode(7, ("push", (0, 3, msg)))
-    # the big array travels as a frame of its own, not inside the pickle
-    assert len(frames) >= 3 and len(frames[1]) < big.nbytes
+    # the big array travels as a frame of its own, not inside the pickle; the small ones inside it
+    assert len(frames) == 3 and len(frames[1]) < big.nbytes and memoryview(frames[2]).nbytes == big.nbytes
     tag, (method, (source, step, got)) = psnet.decode(frames)
     assert (tag, method, source, step) == (7, "push", 0, 3)
     assert np.array_equal(got["k"], big) and got["n"] is None
     assert np.array_equal(got[("emb", 0)][0], [3, 1]) and got[("emb", 0)][1].dtype == np.float16
+
+
+def test_arrays_below_the_in_band_limit_travel_inside_the_pickle():
+    just_below = np.zeros(psnet.INBAND_MAX // 4 - 1, np.float32)
+    at_limit = np.ones(psnet.INBAND_MAX // 4, np.float32)
+    frames = psnet.encode(1, [just_below, at_limit, np.arange(3.0)])
+    assert len(frames) == 3 and memoryview(frames[2]).nbytes == at_limit.nbytes
+    got = psnet.decode(frames)[1]
+    assert [a.tolist() for a in got] == [just_below.tolist(), at_limit.tolist(), [0.0, 1.0, 2.0]]
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from functools import reduce
 import numpy as np
 
 from autosync.runtime.digest import weights_digest
+from autosync.runtime.fast_call import FlatFunction
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime.rows import find_row_reads
 from autosync.runtime.sync.base import clip_scale
@@ -156,7 +157,10 @@ class TrainingWorker:
         initial = [v.numpy() for v in self.variables]
         sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
         self.row_reads = find_row_reads(model, self.variables, sparse)
-        self._assign_rows = self._row_assigner()
+        # the per-step calls, past tf.function's per-call dispatch (``fast_call``)
+        self._gradients = FlatFunction(gradients, (x, y))
+        self._assign = FlatFunction(assign, (initial,))
+        self._assign_rows = self._row_assigner(initial)
         return {
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s}
                           for v, s in zip(self.variables, sparse)],
@@ -167,7 +171,7 @@ class TrainingWorker:
             "full_pull": dict(self.row_reads.full_pull),
         }
 
-    def _row_assigner(self):
+    def _row_assigner(self, initial: list):
         """One graph call that assigns whole variables and scatters the pulled rows of the
         row-pulled ones (row counts vary per step: their signature leaves them open)."""
         import tensorflow as tf
@@ -188,7 +192,9 @@ class TrainingWorker:
             for i, r, value in zip(row_vars, rows, row_values):
                 variables[i].value.scatter_update(tf.IndexedSlices(value, r))
 
-        return assign_rows
+        example = ([initial[i] for i in whole], [np.zeros(0, np.int64) for _ in row_vars],
+                   [initial[i][:0] for i in row_vars])
+        return FlatFunction(assign_rows, example, relaxed=[tuple(s.shape) for part in signature for s in part])
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
               description: dict | None = None) -> None:

@@ -1,0 +1,79 @@
+"""A worker's per-step TensorFlow functions called without ``tf.function``'s per-call dispatch.
+
+Each call of a ``tf.function`` binds its arguments to the function's type, canonicalizes them,
+builds their trace types and casts each one before it runs the traced graph. For ncf-small (in one
+process, TensorFlow 2.21) the gradient step took 0.62 ms through the tf.function and 0.44 ms here,
+the assignment of a pull's values and rows 0.71 ms against 0.30 ms, every step, in every worker
+(``benchmarks/results/worker_dispatch_2x200mbit.json`` has what it does to steps).
+
+``FlatFunction`` traces the function once for one flat list of arguments and calls the concrete
+function's flat entry point, checking only what the entry point trusts its caller with (the number
+of arguments, their dtypes and shapes); arguments it was not traced for go through the
+``tf.function`` as before (a retrace there, as ever).
+
+The flat entry point is TensorFlow's own (``ConcreteFunction._call_flat``, what its ``__call__``
+ends in); where a TensorFlow lacks it, the public ``__call__`` of the concrete function runs
+(``fast`` says which; a test holds it true for the TensorFlow this project pins).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class FlatFunction:
+    """``function(*args)`` over the nested arguments ``example`` has the structure of, traced for
+    their flat dtypes and shapes (``None`` where ``relaxed`` gives a dimension as None).
+
+    Args:
+        function: a ``tf.function`` (its Python function is traced here; the ``tf.function``
+            itself serves calls of other shapes).
+        example: arguments of one call, as nested lists, tuples and dicts of arrays.
+        relaxed: per flat argument, its shape with None where calls may differ (default: the
+            example's own shapes).
+    """
+
+    def __init__(self, function, example: tuple, relaxed: list | None = None):
+        import tensorflow as tf
+
+        self._function = function
+        flat = tf.nest.flatten(example)
+        self._structure = example
+        self._dtypes = [tf.as_dtype(np.asarray(a).dtype) for a in flat]
+        self._shapes = [tuple(s) for s in relaxed] if relaxed is not None else [tuple(np.shape(a)) for a in flat]
+        if len(self._shapes) != len(flat):
+            raise ValueError(f"{len(self._shapes)} relaxed shapes for {len(flat)} arguments")
+        specs = [tf.TensorSpec(shape, dtype) for shape, dtype in zip(self._shapes, self._dtypes)]
+        python = function.python_function
+        structure = example
+        self._concrete = tf.function(lambda tensors: python(*tf.nest.pack_sequence_as(structure, tensors)),
+                                     input_signature=[specs]).get_concrete_function()
+        entry = getattr(self._concrete, "_call_flat", None)
+        self.fast = callable(entry)
+        self.fallbacks = 0   # calls served by the tf.function (other shapes, dtypes or structure)
+
+    def _fits(self, flat: list) -> bool:
+        if len(flat) != len(self._shapes):
+            return False
+        for a, want, dtype in zip(flat, self._shapes, self._dtypes):
+            shape = np.shape(a)
+            if len(shape) != len(want) or getattr(a, "dtype", None) != dtype.as_numpy_dtype:
+                return False
+            if any(w is not None and w != s for w, s in zip(want, shape)):
+                return False
+        return True
+
+    def __call__(self, *args):
+        import tensorflow as tf
+
+        try:
+            flat = tf.nest.flatten(args)
+            tf.nest.assert_same_structure(args, self._structure)
+        except (TypeError, ValueError):
+            flat = None
+        if flat is None or not self._fits(flat):
+            self.fallbacks += 1
+            return self._function(*args)
+        tensors = [tf.convert_to_tensor(a) for a in flat]
+        if self.fast:
+            return self._concrete._call_flat(tensors, self._concrete.captured_inputs)
+        return self._concrete(tensors)

@@ -1,0 +1,96 @@
+"""A worker's per-step TensorFlow calls past tf.function's dispatch (``runtime.fast_call``): the
+same results as the tf.function, its own path only for the arguments it was traced for."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _function():
+    import tensorflow as tf
+
+    scale = tf.Variable(2.0)
+
+    @tf.function
+    def f(x, ys):
+        return x["a"] * scale + tf.reduce_sum(ys[0]), [tf.shape(y)[0] for y in ys]
+
+    return f
+
+
+def test_flat_calls_give_the_tf_functions_results_on_the_fast_path():
+    from autosync.runtime.fast_call import FlatFunction
+
+    f = _function()
+    x = {"a": np.arange(4, dtype=np.float32)}
+    ys = [np.ones((3, 2), np.float32), np.zeros(5, np.int64)]
+    flat = FlatFunction(f, (x, ys))
+    assert flat.fast   # the TensorFlow this project pins has the flat entry point
+    want, got = f(x, ys), flat(x, ys)
+    np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+    assert [int(n) for n in got[1]] == [3, 5] and flat.fallbacks == 0
+    # new values of the same shapes: the traced graph reads them (and the captured variable)
+    np.testing.assert_array_equal(flat({"a": np.ones(4, np.float32)}, ys)[0].numpy(), np.full(4, 2.0 + 6.0))
+    assert flat.fallbacks == 0
+
+
+@pytest.mark.parametrize("args", [
+    ({"a": np.arange(5, dtype=np.float32)}, [np.ones((3, 2), np.float32), np.zeros(5, np.int64)]),   # shape
+    ({"a": np.arange(4, dtype=np.float32)}, [np.ones((3, 2), np.float32), np.zeros(5, np.int32)]),   # dtype
+    ({"a": np.arange(4, dtype=np.float32)}, [np.ones((3, 2), np.float32)]),                          # structure
+], ids=["shape", "dtype", "structure"])
+def test_other_arguments_go_through_the_tf_function(args):
+    from autosync.runtime.fast_call import FlatFunction
+
+    f = _function()
+    flat = FlatFunction(f, ({"a": np.arange(4, dtype=np.float32)}, [np.ones((3, 2), np.float32),
+                                                                     np.zeros(5, np.int64)]))
+    want = f(*args)
+    got = flat(*args)
+    np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+    assert flat.fallbacks == 1
+
+
+def test_relaxed_dimensions_take_any_length_without_a_fallback():
+    import tensorflow as tf
+
+    from autosync.runtime.fast_call import FlatFunction
+
+    table = tf.Variable(np.zeros((6, 2), np.float32))
+
+    @tf.function
+    def scatter(rows, values):
+        table.scatter_update(tf.IndexedSlices(values, rows))
+
+    flat = FlatFunction(scatter, (np.zeros(0, np.int64), np.zeros((0, 2), np.float32)), relaxed=[(None,), (None, 2)])
+    flat(np.array([1, 4]), np.ones((2, 2), np.float32))
+    flat(np.array([0, 2, 5]), np.full((3, 2), 3.0, np.float32))
+    np.testing.assert_array_equal(table.numpy()[:, 0], [3, 1, 3, 0, 1, 3])
+    assert flat.fallbacks == 0
+    flat(np.array([3], np.int32), np.ones((1, 2), np.float32))   # other row ids' dtype: the tf.function's
+    assert flat.fallbacks == 1 and table.numpy()[3, 0] == 1
+    with pytest.raises(ValueError):
+        FlatFunction(scatter, (np.zeros(0, np.int64), np.zeros((0, 2), np.float32)), relaxed=[(None,)])
+
+
+def test_a_workers_steps_take_the_fast_path():
+    """A real worker (zoo ncf, row pulls) trains through its flat calls: no step falls back."""
+    from autosync.models.zoo import get_model_def
+    from autosync.runtime.worker import TrainingWorker
+
+    worker = TrainingWorker.__new__(TrainingWorker)
+    worker.load(get_model_def("ncf"), 0, 1, send_initial=False)
+    before = [v.numpy().copy() for v in worker.variables]
+    worker.reset(0, 1, [], [(1, 0)] * len(worker.variables))
+    for _ in range(3):
+        batches, rows = worker._draw()
+        worker._gradients_of(batches)
+    worker._assign([v + 1 for v in before])
+    np.testing.assert_array_equal(worker.variables[0].numpy(), before[0] + 1)
+    worker._assign_rows([before[i] for i in range(len(before)) if i not in worker.row_reads.outputs],
+                        [np.array([0, 2]) for _ in sorted(worker.row_reads.outputs)],
+                        [before[v][[0, 2]] for v in sorted(worker.row_reads.outputs)])
+    np.testing.assert_array_equal(worker.variables[0].numpy()[[0, 2]], before[0][[0, 2]])
+    assert (worker._gradients.fallbacks, worker._assign.fallbacks, worker._assign_rows.fallbacks) == (0, 0, 0)
