@@ -110,8 +110,41 @@ def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
         out.outputs[index] = [layer.name for layer, _ in uses]
         tensors.extend(feeds)
     if tensors:
-        out.ids = _ids_function(keras.Model(inputs, tensors), plan)
+        traced = _ids_function(keras.Model(inputs, tensors), plan)
+        direct = _input_positions(inputs, tensors, plan)
+        out.ids = _InputIds(direct, plan, len(inputs), traced) if direct is not None else traced
     return out
+
+
+def _input_positions(inputs: list, tensors: list, plan: dict) -> list | None:
+    """Per feed, the position of the model input it is (every reader an Embedding fed by a model
+    input itself, as recommenders' id inputs are); None where any is computed or declared."""
+    import keras
+
+    if any(not isinstance(layer, keras.layers.Embedding) for uses in plan.values() for layer, _, _ in uses):
+        return None
+    positions = [next((i for i, x in enumerate(inputs) if x is t), None) for t in tensors]
+    return None if any(p is None for p in positions) else positions
+
+
+class _InputIds:
+    """``ids(x)`` where every feed is a model input: read from the batch's own arrays (numpy),
+    without running TensorFlow; the same ids, in the same order, as ``traced`` (the
+    ``_ids_function``), which serves a batch given another way (a dict of inputs)."""
+
+    def __init__(self, positions: list, plan: dict, num_inputs: int, traced):
+        self.positions, self.plan, self.num_inputs, self.traced = positions, plan, num_inputs, traced
+
+    def __call__(self, x) -> dict:
+        if isinstance(x, (list, tuple)) and len(x) == self.num_inputs:
+            arrays = list(x)
+        elif self.num_inputs == 1 and not isinstance(x, (dict, list, tuple)):
+            arrays = [x]
+        else:
+            return self.traced(x)
+        return {index: np.concatenate([np.asarray(arrays[self.positions[pos[0]]]).reshape(-1).astype(np.int64)
+                                       for _, pos, _ in uses])
+                for index, uses in self.plan.items()}
 
 
 def _nested_reason(model, layers: list) -> str:

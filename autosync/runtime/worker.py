@@ -161,6 +161,8 @@ class TrainingWorker:
         self._gradients = FlatFunction(gradients, (x, y))
         self._assign = FlatFunction(assign, (initial,))
         self._assign_rows = self._row_assigner(initial)
+        if hasattr(self.row_reads.ids, "python_function"):   # a tf.function (``rows``: not where ids are inputs)
+            self.row_reads.ids = FlatFunction(self.row_reads.ids, (x,))
         return {
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s}
                           for v, s in zip(self.variables, sparse)],
@@ -376,7 +378,9 @@ class TrainingWorker:
         for v, ids in rows.items():
             g = grads[v]
             if isinstance(g, tuple):
-                missed = np.setdiff1d(g[0], ids)
+                # ``ids`` is sorted and unique: each touched row is found where it would sort
+                at = np.minimum(np.searchsorted(ids, g[0]), max(len(ids) - 1, 0))
+                missed = g[0] if not len(ids) else np.unique(g[0][ids[at] != g[0]])
                 if missed.size:
                     raise RuntimeError(
                         f"variable {self.variables[v].path}: the step read rows {missed[:5].tolist()} that the "
