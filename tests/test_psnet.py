@@ -84,6 +84,20 @@ def test_replies_match_their_requests_in_any_order_and_errors_reach_the_caller(s
         link.close()
 
 
+def test_both_ends_copy_frames_below_a_mebibyte_and_lend_larger_ones(server):
+    """A frame sent without a copy costs pyzmq's garbage-collector thread a wake-up when ZeroMQ
+    frees it: both ends copy frames under ``COPY_BELOW`` (pyzmq's own default is 64 KiB)."""
+    srv, _ = server
+    link = psnet.Link(srv.endpoint, actor=None)
+    try:
+        assert link.call("push", np.zeros(300_000, np.float32)).result() is None   # a frame of 1.2 MB
+        assert srv._sock.copy_threshold == psnet.COPY_BELOW
+        assert all(s is None or s.copy_threshold == psnet.COPY_BELOW for s in link._socks)
+        assert any(s is not None for s in link._socks)
+    finally:
+        link.close()
+
+
 def test_a_link_pickles_as_its_endpoint_and_reconnects(server):
     import pickle
 

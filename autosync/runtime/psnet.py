@@ -49,6 +49,10 @@ LANES = 2
 # arrays smaller than this travel inside the pickle, not as frames of their own (pyzmq, too, copies
 # frames below 64 KiB however it is asked to send them)
 INBAND_MAX = 64 * 1024
+# frames below this are copied when sent, larger ones lent to ZeroMQ without a copy: a lent frame
+# costs a wake-up of pyzmq's garbage-collector thread (and the GIL) when ZeroMQ is done with it,
+# more than copying a few hundred kilobytes
+COPY_BELOW = 1 << 20
 
 
 def lane_count() -> int:
@@ -117,6 +121,7 @@ class Server:
 
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.copy_threshold = COPY_BELOW
         for opt in (zmq.SNDHWM, zmq.RCVHWM):
             self._sock.setsockopt(opt, 0)   # never drop or stall a reply: the PS step bounds what is in flight
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -186,6 +191,7 @@ class Link:
             import zmq
 
             sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.copy_threshold = COPY_BELOW
             for opt in (zmq.SNDHWM, zmq.RCVHWM):
                 sock.setsockopt(opt, 0)
             sock.setsockopt(zmq.LINGER, 0)
