@@ -29,7 +29,8 @@ class RowReads:
     Attributes:
         outputs: variable index -> where its rows come from (for messages and tests).
         full_pull: variable path -> why its rows cannot be known before the step (a clause).
-        ids: ``ids(x) -> {variable index: int64 tensor of row ids}`` (None when none is predictable).
+        ids: ``ids(x) -> {variable index: int64 row ids}`` (a tensor, or an array where read from
+            the batch itself; None when none is predictable).
     """
 
     outputs: dict[int, list[str]] = field(default_factory=dict)

@@ -380,7 +380,7 @@ class TrainingWorker:
             if isinstance(g, tuple):
                 # ``ids`` is sorted and unique: each touched row is found where it would sort
                 at = np.minimum(np.searchsorted(ids, g[0]), max(len(ids) - 1, 0))
-                missed = g[0] if not len(ids) else np.unique(g[0][ids[at] != g[0]])
+                missed = np.unique(g[0] if not len(ids) else g[0][ids[at] != g[0]])
                 if missed.size:
                     raise RuntimeError(
                         f"variable {self.variables[v].path}: the step read rows {missed[:5].tolist()} that the "
