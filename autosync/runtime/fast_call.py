@@ -45,10 +45,8 @@ class FlatFunction:
         specs = [tf.TensorSpec(shape, dtype) for shape, dtype in zip(self._shapes, self._dtypes)]
         python = function.python_function
         structure = example
-        self._concrete = tf.function(lambda tensors: python(*tf.nest.pack_sequence_as(structure, tensors)),
-                                     input_signature=[specs]).get_concrete_function()
-        entry = getattr(self._concrete, "_call_flat", None)
-        self.fast = callable(entry)
+        self._call, self.fast = concrete_flat(lambda tensors: python(*tf.nest.pack_sequence_as(structure, tensors)),
+                                              specs)
         self.fallbacks = 0   # calls served by the tf.function (other shapes, dtypes or structure)
 
     def _fits(self, flat: list) -> bool:
@@ -73,7 +71,17 @@ class FlatFunction:
         if flat is None or not self._fits(flat):
             self.fallbacks += 1
             return self._function(*args)
-        tensors = [tf.convert_to_tensor(a) for a in flat]
-        if self.fast:
-            return self._concrete._call_flat(tensors, self._concrete.captured_inputs)
-        return self._concrete(tensors)
+        return self._call([tf.convert_to_tensor(a) for a in flat])
+
+
+def concrete_flat(function, specs: list) -> tuple:
+    """``function`` of one list of tensors, traced once for the flat ``specs``, as ``(call, fast)``:
+    ``call(tensors)`` runs the concrete function's flat entry point (``fast``), or its ``__call__``
+    where TensorFlow has none. ``call`` checks nothing: its caller passes tensors of ``specs``."""
+    import tensorflow as tf
+
+    concrete = tf.function(function, input_signature=[specs]).get_concrete_function()
+    entry = getattr(concrete, "_call_flat", None)
+    if not callable(entry):
+        return concrete, False
+    return (lambda tensors: entry(tensors, concrete.captured_inputs)), True

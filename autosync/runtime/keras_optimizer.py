@@ -256,12 +256,12 @@ class KerasOptimizer:
 
     @staticmethod
     def _concrete(function, specs: list):
-        """``function`` of one list of tensors traced once for ``specs``: the concrete function a
-        call runs without looking its arguments' types up (per argument, that costs more than
-        the update of a small shard)."""
-        import tensorflow as tf
+        """``function`` of one list of tensors traced once for ``specs``, called through the concrete
+        function's flat entry point (``fast_call``): tf.function's per-call binding of arguments
+        costs more than the update of a small shard."""
+        from autosync.runtime.fast_call import concrete_flat
 
-        return tf.function(function, input_signature=[specs]).get_concrete_function()
+        return concrete_flat(function, specs)[0]
 
     def _compiled(self, keys: tuple, sparse: tuple):
         """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
