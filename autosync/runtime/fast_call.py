@@ -1,10 +1,11 @@
-"""A worker's per-step TensorFlow functions called without ``tf.function``'s per-call dispatch.
+"""Per-step TensorFlow functions (a worker's step and pull assignments, a PS's Keras optimizer)
+called without ``tf.function``'s per-call dispatch.
 
-Each call of a ``tf.function`` binds its arguments to the function's type, canonicalizes them,
-builds their trace types and casts each one before it runs the traced graph. For ncf-small (in one
-process, TensorFlow 2.21) the gradient step took 0.62 ms through the tf.function and 0.44 ms here,
-the assignment of a pull's values and rows 0.71 ms against 0.30 ms, every step, in every worker
-(``benchmarks/results/worker_dispatch_2x200mbit.json`` has what it does to steps).
+Each call of a ``tf.function`` (and of a concrete function's ``__call__``) binds its arguments to
+the function's type, canonicalizes them, builds their trace types and casts each one before it runs
+the traced graph; on small models that is a large part of a step. What skipping it does to steps is
+measured in ``benchmarks/results/worker_dispatch_2x200mbit.json`` and, for the Keras optimizer on a
+PS, ``ps_apply_numpy_vs_keras.json``.
 
 ``FlatFunction`` traces the function once for one flat list of arguments and calls the concrete
 function's flat entry point, checking only what the entry point trusts its caller with (the number

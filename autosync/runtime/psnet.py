@@ -8,14 +8,13 @@ loop, each worker talks to it through a DEALER socket. Measured on the testbed
 point to point), and a request's round trip costs ~0.2 ms against ~1.4 ms for an actor call. This
 is the engine ps-lite (BytePS, MXNet's parameter server) moves its keys and values with.
 
-A message is ``[tag, pickle, *buffers]``: the call (method name and arguments) or its reply
-pickled with protocol 5, its arrays of ``INBAND_MAX`` bytes or more as frames of their own (sent
-without a copy; received arrays are read-only views of the frames), smaller ones inside the pickle
-(a copy of a few kilobytes costs less than a frame: ncf's pull reply of 10 arrays took 190 us from
-send to decoded over loopback as 12 frames, 135 us as 2). The tag matches a reply to its request, so a worker may
-have many calls to one actor in flight (pushes while it pulls) and collect each when it needs it.
-A reply is ``(True, result)`` or ``(False, error text)``; the worker raises the error where it
-collects the reply, as a Ray call raises in ``ray.get``.
+A message is ``[tag, pickle, *buffers]``: the call (method name and arguments) or its reply pickled
+with protocol 5, its arrays of ``INBAND_MAX`` bytes or more as frames of their own (received arrays
+are read-only views of the frames), smaller ones inside the pickle (a copy of a few kilobytes costs
+less than a frame; ``worker_dispatch_2x200mbit.json``). The tag matches a reply to its request, so a
+worker may have many calls to one actor in flight (pushes while it pulls) and collect each when it
+needs it. A reply is ``(True, result)`` or ``(False, error text)``; the worker raises the error
+where it collects the reply, as a Ray call raises in ``ray.get``.
 
 A link is two connections, two lanes: pushes on one, every other call (pulls above all) on the
 other. On one connection a pull request of step t+1, sent right after step t's push, would reach
@@ -46,8 +45,7 @@ LIVENESS_S = 2.0
 # a link's connections: pushes on the first, every other call on the second (see the module doc);
 # AUTOSYNC_PS_LANES=1 puts every call on one connection (the data plane before lanes, for comparison)
 LANES = 2
-# arrays smaller than this travel inside the pickle, not as frames of their own (pyzmq, too, copies
-# frames below 64 KiB however it is asked to send them)
+# arrays smaller than this travel inside the pickle, not as frames of their own
 INBAND_MAX = 64 * 1024
 # frames below this are copied when sent, larger ones lent to ZeroMQ without a copy: a lent frame
 # costs a wake-up of pyzmq's garbage-collector thread (and the GIL) when ZeroMQ is done with it,
