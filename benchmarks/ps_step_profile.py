@@ -56,6 +56,9 @@ def _args(argv=None):
     p.add_argument("--variants", nargs="+", default=["ray", "default"], choices=sorted(VARIANTS), metavar="NAME",
                    help=f"ways to run each PS builder, alternated (default: ray default; "
                         f"choices: {', '.join(VARIANTS)})")
+    p.add_argument("--staleness", nargs="+", type=int, default=[0], metavar="S",
+                   help="each PS builder at each of these staleness bounds (default 0; S>0 is labelled "
+                        "builder/sS)")
     p.add_argument("--compute", choices=("real", "emulated"), default="real")
     p.add_argument("--step-time", type=float, default=None, metavar="S", help="emulated compute seconds per step")
     p.add_argument("--optimizer", default="sgd", help="emulated compute's optimizer (sgd, momentum, adam, adagrad)")
@@ -111,13 +114,16 @@ def measure_model(name: str, cluster, args) -> dict:
     try:
         model = runner.model
         strategies = {"all_reduce": get_builder("all_reduce").build(model, cluster)}
-        strategies.update({b: get_builder(b).build(model, cluster) for b in args.builders})
+        builders = [b if s == 0 else f"{b}/s{s}" for b in args.builders for s in args.staleness]
+        for key in builders:
+            base, _, stale = key.partition("/s")
+            strategies[key] = get_builder(base, staleness=int(stale or 0)).build(model, cluster)
         for key, s in strategies.items():
             out["lower_bound"][key] = lower_bound(model, cluster, s)
         plan = []
         for _ in range(args.rounds):
             plan.append(("all_reduce", None))
-            plan += [(b, v) for b in args.builders for v in args.variants]
+            plan += [(b, v) for b in builders for v in args.variants]
         for builder, variant in plan:
             label = builder if builder == "all_reduce" else f"{builder}@{variant}"
             rec = {"label": label, "builder": builder, "env": VARIANTS[variant or "default"],
@@ -140,7 +146,7 @@ def measure_model(name: str, cluster, args) -> dict:
         lb = out["lower_bound"][builder]["serial_s"]
         summary[label] = {"median_s": statistics.median(meds), "repeat_medians_s": meds,
                           "vs_lower_bound": statistics.median(meds) / lb if lb else None}
-    for b in args.builders:
+    for b in builders:
         new_s = summary.get(f"{b}@default", {}).get("median_s")
         for v in args.variants:
             other_s = summary.get(f"{b}@{v}", {}).get("median_s")
@@ -172,8 +178,8 @@ def inside(args) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _args(argv)
-    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
-        print("ps_step_profile: --rounds and --steps must be >= 1, --warmup >= 0", file=sys.stderr)
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or min(args.staleness) < 0:
+        print("ps_step_profile: --rounds and --steps must be >= 1, --warmup and --staleness >= 0", file=sys.stderr)
         return 2
     if args.inside:
         return inside(args)

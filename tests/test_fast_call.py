@@ -77,7 +77,8 @@ def test_relaxed_dimensions_take_any_length_without_a_fallback():
 
 def test_a_workers_steps_take_the_fast_path():
     """A real worker (zoo dlrm, row pulls of ids sliced from an input) trains through its flat
-    calls: no step falls back."""
+    calls: no step falls back; its row ids, read from the batch in numpy, are the traced
+    function's."""
     from autosync.models.zoo import get_model_def
     from autosync.runtime.worker import TrainingWorker
 
@@ -88,7 +89,7 @@ def test_a_workers_steps_take_the_fast_path():
     for _ in range(3):
         batches, rows = worker._draw()
         worker._gradients_of(batches)
-        traced = worker.row_reads.ids._function(batches[0][0])   # the rows as the tf.function finds them
+        traced = worker.row_reads.ids.traced(batches[0][0])   # the rows as the tf.function finds them
         assert rows.keys() == traced.keys() and rows
         for v, ids in rows.items():
             np.testing.assert_array_equal(ids, np.unique(traced[v].numpy()))
@@ -98,15 +99,14 @@ def test_a_workers_steps_take_the_fast_path():
                         [np.array([0, 2]) for _ in sorted(worker.row_reads.outputs)],
                         [before[v][[0, 2]] for v in sorted(worker.row_reads.outputs)])
     np.testing.assert_array_equal(worker.variables[0].numpy()[[0, 2]], before[0][[0, 2]])
-    assert (worker._gradients.fallbacks, worker._assign.fallbacks, worker._assign_rows.fallbacks,
-            worker.row_reads.ids.fallbacks) == (0, 0, 0, 0)
+    assert (worker._gradients.fallbacks, worker._assign.fallbacks, worker._assign_rows.fallbacks) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("name", ["ncf", "dlrm"])
 def test_row_ids_read_from_inputs_are_the_traced_functions(name):
-    """Where every embedding is fed by a model input (ncf), its rows are read from the batch in
-    numpy; elsewhere (dlrm slices one input per table) the traced function runs; both give what
-    the traced function gives, also for a batch given as a dict."""
+    """Where every embedding is fed by a model input (ncf) or a basic slice of one (dlrm: one
+    column per table), its rows are read from the batch in numpy, as the traced function gives
+    them; a batch given as a dict goes to the traced function."""
     import tensorflow as tf
 
     from autosync.models.zoo import get_model_def
@@ -119,9 +119,8 @@ def test_row_ids_read_from_inputs_are_the_traced_functions(name):
         loss = model_def.loss()(y, model(x, training=True))
     grads = tape.gradient(loss, model.trainable_variables)
     reads = find_row_reads(model, model.trainable_variables, [isinstance(g, tf.IndexedSlices) for g in grads])
-    direct = hasattr(reads.ids, "traced")
-    assert direct == (name == "ncf")
-    traced = reads.ids.traced if direct else reads.ids
+    assert hasattr(reads.ids, "traced")
+    traced = reads.ids.traced
     for _ in range(3):
         x, _ = next(model_def.batches(0, 1))
         got, want = reads.ids(x), traced(x)
@@ -129,6 +128,5 @@ def test_row_ids_read_from_inputs_are_the_traced_functions(name):
         for v in got:
             np.testing.assert_array_equal(np.asarray(got[v]), want[v].numpy())
             assert np.asarray(got[v]).dtype == np.int64
-        if direct:   # a dict of inputs by name goes to the traced function
-            named = reads.ids({t.name: a for t, a in zip(model.inputs, x)})
-            assert all(np.array_equal(named[v].numpy(), want[v].numpy()) for v in want)
+        named = reads.ids({t.name: a for t, a in zip(model.inputs, x)})   # a dict: the traced function
+        assert all(np.array_equal(named[v].numpy(), want[v].numpy()) for v in want)

@@ -12,7 +12,7 @@ import pytest
 from autosync.runtime.optimizers import squares_slices
 from autosync.runtime.plan import PSActorPlan, ShardRef
 from autosync.runtime.ps_shard import ParameterServerShard
-from autosync.runtime.rows import align_rows, dedup_rows, index_dtype
+from autosync.runtime.rows import dedup_aligned, index_dtype
 from autosync.runtime.sync.ps import PSChannel
 
 ROWS, WIDTH = 1000, 8
@@ -97,17 +97,42 @@ def test_pushes_by_reference_update_as_explicit_rows_and_send_each_row_id_once(l
     assert by_ref._asked == {} and channel._asked == {}  # nothing kept once its push is in
 
 
-def test_align_rows_lays_values_on_the_rows_pulled():
+def test_dedup_aligned_lays_summed_values_on_the_rows_pulled():
     asked = np.array([2, 5, 9, 11], np.uint16)
     idx, vals = np.array([9, 2, 9]), np.arange(6, dtype=np.float32).reshape(3, 2)
-    rows, sums, pos, squares = dedup_rows(idx, vals, True, np.uint16)
-    none, laid, at, sq = align_rows(asked, (rows, sums, pos, squares))
+    none, laid, at, sq = dedup_aligned(asked, idx, vals, True)
     assert none is None and at.tolist() == [2] and at.dtype == np.uint16
     np.testing.assert_array_equal(laid, [[2, 3], [0, 0], [0 + 4, 1 + 5], [0, 0]])
-    np.testing.assert_array_equal(sq, squares)
-    assert align_rows(rows, (rows, sums))[0] is None  # every row pulled touched: values as they are
+    np.testing.assert_array_equal(sq, [[0 + 16, 1 + 25]])
+    assert len(dedup_aligned(asked, idx, vals, False)) == 2
+    none, laid = dedup_aligned(asked, np.array([11, 2]), vals[:2], True)  # nothing repeats: no squares
+    np.testing.assert_array_equal(laid, [[2, 3], [0, 0], [0, 0], [0, 1]])
     with pytest.raises(ValueError, match=r"rows \[3\] that were not pulled"):
-        align_rows(asked, dedup_rows(np.array([3, 9]), vals[:2], False, np.uint16))
+        dedup_aligned(asked, np.array([3, 9]), vals[:2], False)
+    with pytest.raises(ValueError, match=r"rows \[12\] that were not pulled"):   # past the last row pulled
+        dedup_aligned(asked, np.array([12]), vals[:1], False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dedup_aligned_is_summing_in_order_onto_the_pulled_rows_bit_for_bit(seed):
+    """Against the plain rule: every pulled row starts at zero and adds its slices in their order
+    (``np.add.at``), squares likewise, for the rows that repeat."""
+    rng = np.random.default_rng(seed)
+    asked = np.unique(rng.integers(0, 5000, 300)).astype(np.uint16)
+    idx = rng.choice(asked, size=int(rng.integers(1, 600))).astype(np.int64)
+    vals = rng.standard_normal((len(idx), 8)).astype(np.float32)
+    place = np.searchsorted(asked, idx)
+    want = np.zeros((len(asked), 8), np.float32)
+    np.add.at(want, place, vals)
+    squares = np.zeros((len(asked), 8), np.float32)
+    np.add.at(squares, place, np.square(vals))
+    repeated = np.flatnonzero(np.bincount(place, minlength=len(asked)) > 1)
+    got = dedup_aligned(asked, idx, vals, True)
+    assert got[0] is None and got[1].tobytes() == want.tobytes()
+    if len(repeated):
+        assert got[2].tolist() == repeated.tolist() and got[3].tobytes() == squares[repeated].tobytes()
+    else:
+        assert len(got) == 2
 
 
 def test_index_dtype_is_the_narrowest_that_numbers_the_rows():

@@ -155,3 +155,38 @@ def test_a_step_that_touches_rows_it_did_not_pull_fails_naming_them():
             worker._check_rows(pulled, [dense, (np.array(touched), np.ones((len(touched), 3)))])
     with pytest.raises(RuntimeError, match=r"read rows \[0\]"):
         worker._check_rows({1: np.zeros(0, np.int64)}, [dense, (np.array([0]), np.ones((1, 3)))])
+
+
+@pytest.mark.integration
+def test_ids_sliced_from_inputs_are_read_in_numpy_and_computed_ones_are_traced():
+    """Embeddings fed by basic slices of model inputs (a negative column, a column range, an
+    Ellipsis with a step) have their ids read from the batch in numpy, the traced function's ids
+    exactly; an id computed from an input (a modulo) keeps the traced function."""
+    import keras
+
+    from autosync.runtime.rows import find_row_reads
+
+    def model_of(feeds):
+        a = keras.Input((4,), dtype="int32", name="a")
+        b = keras.Input((3,), dtype="int32", name="b")
+        tables = [keras.layers.Embedding(20, 2, name=f"t{i}") for i in range(len(feeds(a, b)))]
+        pooled = [keras.ops.sum(t(f), axis=1) if len(f.shape) > 1 else t(f) for t, f in zip(tables, feeds(a, b))]
+        return keras.Model([a, b], keras.layers.Dense(1)(keras.layers.Concatenate()(pooled)))
+
+    rng = np.random.default_rng(0)
+    batch = [rng.integers(0, 20, (8, 4)).astype(np.int32), rng.integers(0, 20, (8, 3)).astype(np.int32)]
+    sliced = model_of(lambda a, b: [a[:, -1], a[:, 1:3], b[..., ::2], a])
+    reads = find_row_reads(sliced, sliced.trainable_variables, [v.path.endswith("embeddings")
+                                                                for v in sliced.trainable_variables])
+    assert hasattr(reads.ids, "traced") and len(reads.outputs) == 4
+    got, want = reads.ids(batch), reads.ids.traced(batch)
+    for v in want:
+        np.testing.assert_array_equal(got[v], want[v].numpy())
+    by_table = {reads.outputs[v][0]: got[v] for v in got}
+    assert np.array_equal(by_table["t0"], batch[0][:, -1]) and np.array_equal(by_table["t2"], batch[1][:, ::2].ravel())
+    computed = model_of(lambda a, b: [keras.ops.mod(a[:, 0], 7), b])
+    reads = find_row_reads(computed, computed.trainable_variables, [v.path.endswith("embeddings")
+                                                                    for v in computed.trainable_variables])
+    assert not hasattr(reads.ids, "traced") and len(reads.outputs) == 2   # the tf.function itself
+    modulo = next(v for v in reads.outputs if reads.outputs[v] == ["t0"])
+    np.testing.assert_array_equal(reads.ids(batch)[modulo].numpy(), batch[0][:, 0] % 7)

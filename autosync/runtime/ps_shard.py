@@ -15,7 +15,7 @@ Protocol, per worker and step ``t`` (one call each, whatever the number of shard
 
 A synchronous PS worker's pull may name itself and its step (``asker``); the actor then keeps the
 rows it asked for, and that worker's push of the same step may send a sparse shard as ``(None,
-values, ...)``: values laid out on those rows (``rows.align_rows``). So a step's row ids cross the
+values, ...)``: values laid out on those rows (``rows.dedup_aligned``). So a step's row ids cross the
 network once, with the pull. Rows kept for a step whose push never used them (a variable without
 gradient) are dropped once every worker's push of that step is applied.
 

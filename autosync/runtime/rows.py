@@ -118,23 +118,49 @@ def find_row_reads(model, variables: list, sparse: list[bool]) -> RowReads:
 
 
 def _input_positions(inputs: list, tensors: list, plan: dict) -> list | None:
-    """Per feed, the position of the model input it is (every reader an Embedding fed by a model
-    input itself, as recommenders' id inputs are); None where any is computed or declared."""
+    """Per feed, ``(position of the model input, numpy index or None)``: every reader an Embedding
+    fed by a model input itself (recommenders' id inputs), or by a basic slice of one taken in the
+    functional graph (``cats[:, t]``: one column per table, as DLRM's); None where any feed is
+    computed otherwise or a reader declares its reads."""
     import keras
 
     if any(not isinstance(layer, keras.layers.Embedding) for uses in plan.values() for layer, _, _ in uses):
         return None
-    positions = [next((i for i, x in enumerate(inputs) if x is t), None) for t in tensors]
-    return None if any(p is None for p in positions) else positions
+    feeds = [_input_feed(inputs, t) for t in tensors]
+    return None if any(f is None for f in feeds) else feeds
+
+
+def _input_feed(inputs: list, tensor) -> tuple | None:
+    """``(i, None)`` for ``inputs[i]`` itself, ``(i, key)`` for ``inputs[i][key]`` with a basic
+    index (ints, slices, None, Ellipsis: numpy gives what TensorFlow's strided slice does)."""
+    direct = next((i for i, x in enumerate(inputs) if x is tensor), None)
+    if direct is not None:
+        return direct, None
+    history = getattr(tensor, "_keras_history", None)
+    if history is None or type(history.operation).__name__ != "GetItem":
+        return None
+    node = history.operation._inbound_nodes[history.node_index]
+    args = node.arguments.args
+    if len(args) != 2 or node.arguments.kwargs:
+        return None
+    source, key = args
+    parts = key if isinstance(key, tuple) else (key,)
+    basic = all(p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool)) or
+                (isinstance(p, slice) and all(b is None or (isinstance(b, int) and not isinstance(b, bool))
+                                              for b in (p.start, p.stop, p.step)))
+                for p in parts)
+    position = next((i for i, x in enumerate(inputs) if x is source), None)
+    return (position, key) if basic and position is not None else None
 
 
 class _InputIds:
-    """``ids(x)`` where every feed is a model input: read from the batch's own arrays (numpy),
-    without running TensorFlow; the same ids, in the same order, as ``traced`` (the
-    ``_ids_function``), which serves a batch given another way (a dict of inputs)."""
+    """``ids(x)`` where every feed is a model input or a basic slice of one (``cats[:, t]``): read
+    from the batch's own arrays (numpy), without running TensorFlow; the same ids, in the same
+    order, as ``traced`` (the ``_ids_function``), which serves a batch given another way (a dict of
+    inputs)."""
 
-    def __init__(self, positions: list, plan: dict, num_inputs: int, traced):
-        self.positions, self.plan, self.num_inputs, self.traced = positions, plan, num_inputs, traced
+    def __init__(self, feeds: list, plan: dict, num_inputs: int, traced):
+        self.feeds, self.plan, self.num_inputs, self.traced = feeds, plan, num_inputs, traced
 
     def __call__(self, x) -> dict:
         if isinstance(x, (list, tuple)) and len(x) == self.num_inputs:
@@ -143,9 +169,16 @@ class _InputIds:
             arrays = [x]
         else:
             return self.traced(x)
-        return {index: np.concatenate([np.asarray(arrays[self.positions[pos[0]]]).reshape(-1).astype(np.int64)
-                                       for _, pos, _ in uses])
-                for index, uses in self.plan.items()}
+        cache: dict = {}
+
+        def feed(i):
+            if i not in cache:
+                position, key = self.feeds[i]
+                value = np.asarray(arrays[position])
+                cache[i] = (value if key is None else value[key]).reshape(-1).astype(np.int64)
+            return cache[i]
+
+        return {index: np.concatenate([feed(pos[0]) for _, pos, _ in uses]) for index, uses in self.plan.items()}
 
 
 def _nested_reason(model, layers: list) -> str:
@@ -243,11 +276,12 @@ def scatter_sum(inverse: np.ndarray, values: np.ndarray, n: int, dtype=None) -> 
     return out
 
 
-def align_rows(asked: np.ndarray, deduped: tuple) -> tuple:
-    """A deduplicated sparse gradient (``dedup_rows``) laid out on the rows ``asked``: the sorted
-    unique rows this worker pulled for the same step, which the parameter server remembers, so
-    the push need not name its rows again: ``(None, sums)`` or ``(None, sums, positions,
-    square_sums)``, positions indexing ``asked``.
+def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, with_squares: bool) -> tuple:
+    """A sparse gradient deduplicated (``dedup_rows``) and laid out on the rows ``asked``: the
+    sorted unique rows this worker pulled for the same step, which the parameter server
+    remembers, so the push need not name its rows again: ``(None, sums)`` or ``(None, sums,
+    positions, square_sums)``, positions (of the repeated rows) indexing ``asked``. One pass: each
+    slice's place among ``asked`` by binary search, repeated rows summed there in order.
 
     A row asked for but not in the gradient gets a zero sum. That is the same update bit for bit
     for every optimizer the runtime runs: a dense update adds the zero to nothing, the row-only
@@ -256,18 +290,21 @@ def align_rows(asked: np.ndarray, deduped: tuple) -> tuple:
     Raises:
         ValueError: the gradient touches a row that was not asked for.
     """
-    rows = deduped[0]
-    if len(rows) == len(asked) and np.array_equal(rows, asked):
-        return (None,) + tuple(deduped[1:])
-    place = np.searchsorted(asked, rows)
-    if len(rows) and (place[-1] >= len(asked) or not np.array_equal(asked[place], rows)):
-        raise ValueError(f"the gradient touches rows {np.setdiff1d(rows, asked)[:5].tolist()} that were not pulled "
-                         f"for this step")
-    sums = np.zeros((len(asked),) + deduped[1].shape[1:], dtype=deduped[1].dtype)
-    sums[place] = deduped[1]
-    if len(deduped) == 2:
+    indices, values = np.asarray(indices), np.asarray(values)
+    place = np.searchsorted(asked, indices)
+    if len(indices) and (place.max() >= len(asked) or not np.array_equal(asked[place], indices)):
+        raise ValueError(f"the gradient touches rows {np.setdiff1d(indices, asked)[:5].tolist()} that were not "
+                         f"pulled for this step")
+    counts = np.bincount(place, minlength=len(asked))
+    if not len(indices) or counts.max() == 1:   # no row repeats: every slice lands as it is
+        sums = np.zeros((len(asked),) + values.shape[1:], dtype=values.dtype)
+        sums[place] = values
         return None, sums
-    return None, sums, place[deduped[2]].astype(asked.dtype), deduped[3]
+    sums = scatter_sum(place, values, len(asked))
+    if not with_squares:
+        return None, sums
+    repeated = np.flatnonzero(counts > 1).astype(asked.dtype)
+    return None, sums, repeated, scatter_sum(place, np.square(values), len(asked))[repeated]
 
 
 def payload_bytes(obj) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from autosync.runtime.psnet import finished, gather
-from autosync.runtime.rows import align_rows, dedup_rows, index_dtype, payload_bytes
+from autosync.runtime.rows import dedup_aligned, dedup_rows, index_dtype, payload_bytes
 from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
@@ -61,7 +61,7 @@ class PSChannel(SyncChannel):
             actor's own ``chunks``); None or one chunk: one push and one pull call per actor.
         rows_by_reference: (synchronous PS) a push of a row-pulled sparse shard does not name its
             rows: they are the rows this worker pulled for the same step, which the actor keeps
-            from that pull (``rows.align_rows``), so each step's row ids cross the network once.
+            from that pull (``rows.dedup_aligned``), so each step's row ids cross the network once.
         links: per actor, its ZeroMQ ``psnet.Link`` (the PS data plane), or None where the actor's
             calls go through Ray (``psnet``: locally replicated shards); None: Ray for all.
 
@@ -188,10 +188,10 @@ class PSChannel(SyncChannel):
                 g = grads[ref.var_index]
                 if g is not None:
                     g = self._shard_grad(ref, g)
-                    if ref.sparse:
+                    if ref.sparse and ref.key in asked and not self._via_node(ref):  # the actor holds the rows
+                        g = dedup_aligned(asked[ref.key], g[0], g[1], self.squares)
+                    elif ref.sparse:
                         g = dedup_rows(g[0], g[1], self.squares, self._dtypes[ref.key])
-                        if ref.key in asked and not self._via_node(ref):  # the actor holds the rows
-                            g = align_rows(asked[ref.key], g)
                     (node_payload if self._via_node(ref) else payload)[ref.key] = g
             if self.aggregator is None:
                 kinds = None
