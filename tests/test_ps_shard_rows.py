@@ -67,3 +67,34 @@ def test_a_node_push_counts_for_its_workers():
     version, stats = asyncio.run(go())
     assert version == 1 and stats["pushes"] == 2
     np.testing.assert_allclose(ps.params[KEY], _reference(init, raws, 3), rtol=1e-5, atol=5e-6)
+
+
+DENSE = (1, 0)
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({DENSE: np.ones((1, 3), np.float32)}, r"shape \(1, 3\) .* pushed for \(1, 0\), whose shard is \(4, 3\)"),
+    ({DENSE: np.ones((4, 3), np.int64)}, r"dtype int64 .* \(4, 3\) of floats"),
+    ({KEY: (np.array([1, 2]), np.ones((2, 4), np.float32))}, r"values float32\[2, 4\] .* whose shard is \(10, 3\)"),
+    ({KEY: (np.array([1, 2, 3]), np.ones((2, 3), np.float32))}, r"one per row id"),
+    ({KEY: (np.array([[1], [2]]), np.ones((2, 3), np.float32))}, r"rows int64\[2, 1\]"),
+    ({KEY: (np.array([4, 10]), np.ones((2, 3), np.float32))}, r"row ids 4\.\.10 .* holds rows 0\.\.9"),
+    ({KEY: (np.array([-1]), np.ones((1, 3), np.float32))}, r"row ids -1\.\.-1"),
+])
+def test_a_push_of_the_wrong_shape_fails_naming_it_and_changes_nothing(bad, says):
+    """A pushed gradient that does not fit its shard (another shape, which numpy would broadcast,
+    rows the shard does not hold, not floats) fails the step with what is wrong; the shard keeps
+    its values, and a pull reports the failure instead of waiting."""
+    table = np.random.default_rng(0).standard_normal((10, 3)).astype(np.float32)
+    dense = np.ones((4, 3), np.float32)
+    ps = ParameterServerShard("ps@x", {KEY: table, DENSE: dense}, [KEY], [], ADAM, num_workers=1, sync=True)
+
+    async def go():
+        with pytest.raises(ValueError, match=says):
+            await ps.push(0, 0, bad)
+        with pytest.raises(RuntimeError, match="update for step 0 from worker 0 failed: ValueError"):
+            await ps.pull(1, {KEY: np.array([1], dtype=np.int32)})
+
+    asyncio.run(go())
+    np.testing.assert_array_equal(ps.params[KEY], table)
+    np.testing.assert_array_equal(ps.params[DENSE], dense)

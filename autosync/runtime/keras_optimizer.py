@@ -158,8 +158,8 @@ def check_global_clipnorm(config: dict, plan, graph_beside_others: bool) -> None
     if (config.get("gradient_accumulation_steps") or 1) > 1 and graph_beside_others:
         raise ConfigError(f"{head}, but with gradient_accumulation_steps the graph all-reduce backend accumulates "
                           f"inside the training step, which cannot wait for the other synchronizers' part of the "
-                          f"norm; all-reduce with backend gloo beside parameter servers, or put every variable "
-                          f"in the graph")
+                          f"norm; beside parameter servers use backend auto (nccl on GPUs there), nccl or gloo, "
+                          f"or put every variable in the graph")
 
 
 class KerasOptimizer:

@@ -158,17 +158,27 @@ class SyncPlan:
         return dataclasses.replace(self, ps_actors=tuple(actors), layout=tuple(layout))
 
     @classmethod
-    def build(cls, strategy: Strategy, model: ModelSpec, cluster) -> "SyncPlan":
+    def build(cls, strategy: Strategy, model: ModelSpec, cluster, optimizer: dict | None = None) -> "SyncPlan":
         """Plan a strategy that ``validate`` accepted.
+
+        Args:
+            optimizer: the model's ``keras_optimizer_config``, where known. Under
+                ``global_clipnorm`` with gradient accumulation the ``graph`` backend cannot hold
+                its part of a step beside other synchronizers (``check_global_clipnorm``): there
+                backend ``auto`` on GPUs resolves to ``nccl`` (outside the graph) instead.
 
         Raises:
             ConfigError: an all-reduce backend that cannot run here (e.g. gloo without torch).
         """
         gpus = any(n.gpus > 0 for n in cluster.nodes)
+        backends: dict[str, str] = {}
+        if gpus and _graph_cannot_hold(optimizer) and any(
+                not isinstance(s, AllReduce) or s.backend not in ("auto", "graph")
+                for c in strategy.variables for s in c.synchronizers):
+            backends["auto"] = "nccl"
         slots = strategy.resolved_replicas(cluster)
         # hierarchical all-reduce differs from flat only where a node holds several workers
         shared_nodes = len({s.rsplit(":", 1)[0] for s in slots}) < len(slots)
-        backends: dict[str, str] = {}
         by_node: dict[str, list[ShardRef]] = {}
         groups: dict[int, list[ARMember]] = {}
         modes = set()
@@ -206,6 +216,13 @@ class SyncPlan:
             ar_groups=tuple(ARGroup(g, tuple(groups[g])) for g in sorted(groups, key=lambda g: (position[g], g))),
             layout=tuple(layout),
         )
+
+
+def _graph_cannot_hold(optimizer: dict | None) -> bool:
+    """Whether the optimizer clips by the global norm over accumulated batches, which the graph
+    all-reduce cannot wait for beside other synchronizers (``check_global_clipnorm``)."""
+    return bool(optimizer) and optimizer.get("global_clipnorm") is not None and (
+        optimizer.get("gradient_accumulation_steps") or 1) > 1
 
 
 def model_spec_from_vars(name: str, variables: list[dict], batch_size: int) -> ModelSpec:

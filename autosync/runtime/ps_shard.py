@@ -49,6 +49,7 @@ from autosync.runtime.initial import initial_slice
 from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
 from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
+from autosync.runtime.rows import received_grad
 
 
 class ParameterServerShard(HeldSteps, PooledShard):
@@ -97,6 +98,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
         # (no second copy of the tables) until their first update, which writes a copy
         # (``NumpyOptimizer``: it updates in place only arrays it allocated and no live pull reads)
         self.params = dict(values)
+        self._shapes = {k: np.shape(v) for k, v in values.items()}
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
@@ -340,7 +342,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
         for key, g in grads.items():
             if key not in self.params:
                 raise KeyError(f"{self.name} holds no shard {key}; it holds {sorted(self.params)}")
-            out[key] = _sparse_grad(g) if key in self.sparse_keys else np.asarray(g)
+            out[key] = received_grad(key, g, self._shapes[key], key in self.sparse_keys)
         return out
 
     def _accumulate(self, source, step: int, grads: dict, weight: int, kinds: tuple, chunk) -> None:
@@ -428,13 +430,3 @@ def _concatenate(parts: list) -> np.ndarray:
     parts = [np.asarray(p) for p in parts]
     out = aligned_empty((sum(len(p) for p in parts),) + parts[0].shape[1:], np.result_type(*parts))
     return np.concatenate(parts, out=out)
-
-
-def _sparse_grad(g) -> tuple:
-    """A pushed sparse gradient as ``(indices, values, squares or None)`` for the optimizer."""
-    indices, values = np.asarray(g[0]), np.asarray(g[1])
-    if len(g) == 2:
-        return indices, values, None
-    squares = np.square(values)
-    squares[np.asarray(g[2])] = np.asarray(g[3])
-    return indices, values, squares

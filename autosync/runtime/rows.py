@@ -307,6 +307,37 @@ def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, wi
     return None, sums, repeated, scatter_sum(place, np.square(values), len(asked))[repeated]
 
 
+def received_grad(key, g, shape: tuple, sparse: bool):
+    """A pushed gradient of the shard ``key`` (of ``shape``) as a parameter server applies it: a
+    dense array, or ``(indices, values, squares or None)`` for a sparse one; checked against the
+    shard first, so that a gradient of another shape never broadcasts into it or reaches rows it
+    does not hold.
+
+    Raises:
+        ValueError: which shape, dtype or row is wrong, and what the shard holds.
+    """
+    if not sparse:
+        g = np.asarray(g)
+        if g.shape != shape or g.dtype.kind != "f":
+            raise ValueError(f"a gradient of shape {g.shape} and dtype {g.dtype} was pushed for {key}, whose shard is "
+                             f"{shape} of floats")
+        return g
+    indices, values = np.asarray(g[0]), np.asarray(g[1])
+    if (indices.ndim != 1 or indices.dtype.kind not in "iu" or values.shape != (len(indices),) + shape[1:]
+            or values.dtype.kind != "f"):
+        raise ValueError(f"sparse gradient rows {indices.dtype}{list(indices.shape)} with values "
+                         f"{values.dtype}{list(values.shape)} were pushed for {key}, whose shard is {shape}: values "
+                         f"must be (rows,) + {shape[1:]} floats, one per row id")
+    if len(indices) and (indices.min() < 0 or indices.max() >= shape[0]):
+        raise ValueError(f"row ids {int(indices.min())}..{int(indices.max())} were pushed for {key}, which holds rows "
+                         f"0..{shape[0] - 1}")
+    if len(g) == 2:
+        return indices, values, None
+    squares = np.square(values)
+    squares[np.asarray(g[2])] = np.asarray(g[3])
+    return indices, values, squares
+
+
 def payload_bytes(obj) -> int:
     """Bytes of the arrays in a (nested) payload: what crosses the network, less framing."""
     if isinstance(obj, np.ndarray):
