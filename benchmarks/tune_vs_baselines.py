@@ -114,8 +114,8 @@ def _warm_groups(source: str, model_name: str):
 
 
 def source_of(name: str) -> str:
-    """``zoo:NAME`` for a zoo name, the path itself for a model-spec YAML."""
-    return name if name.endswith((".yaml", ".yml")) else f"zoo:{name}"
+    """``zoo:NAME`` for a zoo name, the name itself for a model-spec YAML or a ``script.py:function``."""
+    return name if name.endswith((".yaml", ".yml")) or ".py:" in name else f"zoo:{name}"
 
 
 def stand_ins(pairs: list, models: list) -> dict:
