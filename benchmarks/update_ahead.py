@@ -60,8 +60,7 @@ def measure(shapes: list, rows: int, config: dict, steps: int, warmup: int) -> d
             if mode == "ahead":
                 t0 = time.perf_counter()
                 o.update_ahead(step, params, sparse)
-                for pending in o._ahead.values():
-                    pending[3].result()
+                o.wait_ahead()
                 ahead_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             o.apply(step, params, grads)

@@ -60,6 +60,8 @@ def test_numpy_rules_run_the_common_configs_and_keras_the_rest():
     from autosync.runtime.optimizers import numpy_rules
 
     assert numpy_rules(keras_optimizer_config(keras.optimizers.Adam(0.1)))
+    # the global norm's scale is applied before any rule: the numpy rules run it
+    assert numpy_rules(keras_optimizer_config(keras.optimizers.Adagrad(0.1, global_clipnorm=1.0)))
     for opt in (keras.optimizers.RMSprop(), keras.optimizers.SGD(clipnorm=1.0),
                 keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5))):
         config = keras_optimizer_config(opt)

@@ -311,7 +311,7 @@ class Session:
     def start(self, deadline: float | None = None) -> dict:
         """Create the PS actors with the initial values and point every worker at them. Returns the
         placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``."""
-        from autosync.runtime.keras_optimizer import check_keras_apply
+        from autosync.runtime.keras_optimizer import check_global_clipnorm, check_keras_apply
         from autosync.runtime.optimizers import check_optimizer_config, numpy_rules, squares_slices
 
         plan = self.plan
@@ -326,10 +326,11 @@ class Session:
         desc = self.pool.description
         check_optimizer_config(desc["optimizer"])
         graph_groups, numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))
+        outside = [r for p in plan.ps_actors for r in p.shards] + [m for g in numpy_groups for m in g.members]
         if not numpy_rules(desc["optimizer"]):   # before any PS starts: what shard-wise Keras cannot honour
-            names = [v["name"] for v in desc["variables"]]
-            check_keras_apply(desc["optimizer"], [r for p in plan.ps_actors for r in p.shards]
-                              + [m for g in numpy_groups for m in g.members], names, plan, bool(graph_groups))
+            check_keras_apply(desc["optimizer"], outside, [v["name"] for v in desc["variables"]], plan, bool(graph_groups))
+        else:
+            check_global_clipnorm(desc["optimizer"], plan, bool(graph_groups) and bool(outside))
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only

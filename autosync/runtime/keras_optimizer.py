@@ -128,8 +128,8 @@ def check_keras_apply(config: dict, shards, names, plan=None, in_graph: bool = F
                     else f"optimizer {config.get('class')!r} transforms (e.g. squares)")
             problems.append(f"{what} each slice of sparse variable {names[var]}, but outside the training graph "
                             f"its rows arrive summed per worker, so the update would differ from Keras'; "
-                            f"all-reduce it with the graph backend, or use SGD, Adam, AdamW or Adagrad "
-                            f"with a constant learning rate and no clipping")
+                            f"all-reduce it with the graph backend, or use SGD, Adam, AdamW or Adagrad with a "
+                            f"constant learning rate and no per-variable clipping (global_clipnorm is fine)")
     if problems:
         raise ConfigError(sorted(set(problems)))
 

@@ -6,8 +6,9 @@ Importing TensorFlow in a parameter-server process costs seconds (see
 fresh one per trial; these numpy versions of the Keras 3 formulas need no TensorFlow at all. The
 arithmetic follows Keras step by step in the variable's dtype (float32 scalars, same operation
 order), so results match a single-process Keras optimizer to float rounding. They run the common
-configurations (SGD, Adam, AdamW, Adagrad with a constant learning rate and no clipping); every
-other one (another Keras optimizer, a subclass, a schedule, clipping) runs the Keras optimizer
+configurations (SGD, Adam, AdamW, Adagrad with a constant learning rate, no per-variable clipping;
+``global_clipnorm``'s scale is applied before them); every other one (another Keras optimizer, a
+subclass, a schedule, clipnorm or clipvalue) runs the Keras optimizer
 object itself (``keras_optimizer``), and ``check_optimizer_config`` refuses, before Ray starts, the
 options no synchronizer can honour.
 
@@ -30,11 +31,14 @@ from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
 _UNSUPPORTED = {
-    "clipnorm": None, "global_clipnorm": None, "clipvalue": None,
+    "clipnorm": None, "clipvalue": None,
     "use_ema": False, "loss_scale_factor": None, "gradient_accumulation_steps": None,
 }
-# handled by every optimizer here (weight decay by the base class) or not part of the update rule
-_IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency"}
+# handled by every optimizer here (weight decay by the base class) or not part of the update rule;
+# global_clipnorm's scale is applied to the step's gradients before any rule sees them, on every
+# synchronizer alike (``ps_clip``, ``sync.base``'s held steps), so the rules run it exactly
+_IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency",
+            "global_clipnorm"}
 
 
 def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
@@ -308,8 +312,8 @@ _REFUSED_DEFAULTS = {"loss_scale_factor": None}
 
 def numpy_rules(config: dict) -> bool:
     """Whether the numpy rules above run ``config`` exactly (one of their optimizers, a constant
-    learning rate, no clipping, no option they do not implement); otherwise updates run the Keras
-    optimizer itself (``keras_optimizer.KerasOptimizer``)."""
+    learning rate, no per-variable clipping, no option they do not implement); otherwise updates
+    run the Keras optimizer itself (``keras_optimizer.KerasOptimizer``)."""
     name = _kind(config)
     if name not in OPTIMIZERS or not isinstance(config.get("learning_rate"), (int, float)):
         return False

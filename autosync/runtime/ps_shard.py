@@ -49,7 +49,7 @@ from autosync.runtime.initial import initial_slice
 from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
 from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
-from autosync.runtime.rows import received_grad
+from autosync.runtime.rows import merge_rows, received_grad
 
 
 class ParameterServerShard(HeldSteps, PooledShard):
@@ -98,7 +98,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
         # (no second copy of the tables) until their first update, which writes a copy
         # (``NumpyOptimizer``: it updates in place only arrays it allocated and no live pull reads)
         self.params = dict(values)
-        self._shapes = {k: np.shape(v) for k, v in values.items()}
+        self._shapes = {k: (np.shape(v), np.asarray(v).dtype) for k, v in values.items()}
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
@@ -342,7 +342,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
         for key, g in grads.items():
             if key not in self.params:
                 raise KeyError(f"{self.name} holds no shard {key}; it holds {sorted(self.params)}")
-            out[key] = received_grad(key, g, self._shapes[key], key in self.sparse_keys)
+            out[key] = received_grad(key, g, *self._shapes[key], key in self.sparse_keys)
         return out
 
     def _accumulate(self, source, step: int, grads: dict, weight: int, kinds: tuple, chunk) -> None:
@@ -412,6 +412,11 @@ class ParameterServerShard(HeldSteps, PooledShard):
         for key, parts in entry["sparse"].items():
             idx = _concatenate([p[0] for p in parts])
             vals = _concatenate([p[1] for p in parts])
+            if scale is not None and self.optimizer.squares_slices:
+                # Keras' global_clipnorm hands the rule a dense gradient (repeated rows summed): so
+                # is what a rule that squares gets here, its rows summed over the workers
+                idx, vals = merge_rows([(p[0], p[1]) for p in parts], False)
+                parts = [(idx, vals, None)]
             vals /= vals.dtype.type(n)
             squares = None
             if any(p[2] is not None for p in parts):

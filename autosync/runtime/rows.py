@@ -307,8 +307,8 @@ def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, wi
     return None, sums, repeated, scatter_sum(place, np.square(values), len(asked))[repeated]
 
 
-def received_grad(key, g, shape: tuple, sparse: bool):
-    """A pushed gradient of the shard ``key`` (of ``shape``) as a parameter server applies it: a
+def received_grad(key, g, shape: tuple, dtype, sparse: bool):
+    """A pushed gradient of the shard ``key`` (``shape`` and ``dtype``) as a parameter server applies it: a
     dense array, or ``(indices, values, squares or None)`` for a sparse one; checked against the
     shard first, so that a gradient of another shape never broadcasts into it or reaches rows it
     does not hold.
@@ -318,13 +318,13 @@ def received_grad(key, g, shape: tuple, sparse: bool):
     """
     if not sparse:
         g = np.asarray(g)
-        if g.shape != shape or g.dtype.kind != "f":
+        if g.shape != shape or (g.dtype.kind != "f" and g.dtype != dtype):
             raise ValueError(f"a gradient of shape {g.shape} and dtype {g.dtype} was pushed for {key}, whose shard is "
                              f"{shape} of floats")
         return g
     indices, values = np.asarray(g[0]), np.asarray(g[1])
     if (indices.ndim != 1 or indices.dtype.kind not in "iu" or values.shape != (len(indices),) + shape[1:]
-            or values.dtype.kind != "f"):
+            or (values.dtype.kind != "f" and values.dtype != dtype)):
         raise ValueError(f"sparse gradient rows {indices.dtype}{list(indices.shape)} with values "
                          f"{values.dtype}{list(values.shape)} were pushed for {key}, whose shard is {shape}: values "
                          f"must be (rows,) + {shape[1:]} floats, one per row id")

@@ -89,6 +89,12 @@ class UpdateAhead:
             self._ahead[key] = (iteration, before, slots,
                                 self._pool.submit(self._zero_step, iteration, key, before, slots, spare))
 
+    def wait_ahead(self) -> None:
+        """Block until every update ahead started so far is computed (a benchmark or a test that
+        times or checks the finish apart from the update ahead)."""
+        for pending in self._ahead.values():
+            pending[3].result()
+
     def _zero_step(self, iteration: int, key, var: np.ndarray, slots: dict, spare):
         t0 = time.perf_counter()
         if spare is None:
