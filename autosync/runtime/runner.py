@@ -189,11 +189,11 @@ class RayRunner(Runner):
             model = self.model
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
-            plan = SyncPlan.build(strategy, model, self.cluster, (self.pool.description or {}).get("optimizer"))
             doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
                                         limit_s=self.trial_timeout_s)
             if doomed:
                 return self._failed(common, "timeout", doomed, meta)
+            plan = SyncPlan.build(strategy, model, self.cluster, (self.pool.description or {}).get("optimizer"))
             before = set(self.pool.actors)
             self.pool.ensure(self.model_def, plan.replicas, deadline)
             if set(plan.replicas) - before:
