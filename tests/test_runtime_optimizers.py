@@ -57,11 +57,14 @@ def test_numpy_rules_run_the_common_configs_and_keras_the_rest():
     import keras
 
     from autosync.runtime.keras_optimizer import KerasOptimizer
-    from autosync.runtime.optimizers import numpy_rules
+    from autosync.runtime.optimizers import numpy_rules, squares_slices
 
     assert numpy_rules(keras_optimizer_config(keras.optimizers.Adam(0.1)))
     # the global norm's scale is applied before any rule: the numpy rules run it
-    assert numpy_rules(keras_optimizer_config(keras.optimizers.Adagrad(0.1, global_clipnorm=1.0)))
+    clipped = keras_optimizer_config(keras.optimizers.Adagrad(0.1, global_clipnorm=1.0))
+    # ... and is handed a dense gradient: no squared slices to send
+    assert numpy_rules(clipped) and not squares_slices(clipped)
+    assert squares_slices(keras_optimizer_config(keras.optimizers.Adagrad(0.1)))
     for opt in (keras.optimizers.RMSprop(), keras.optimizers.SGD(clipnorm=1.0),
                 keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5))):
         config = keras_optimizer_config(opt)

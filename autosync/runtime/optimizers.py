@@ -368,8 +368,9 @@ def check_model_optimizer(model_def) -> None:
 
 def squares_slices(config: dict) -> bool:
     """Whether the optimizer of ``config`` needs the sum of squared slices of repeated sparse rows
-    (a sender that sums repeated rows must then send those squares as well)."""
-    return numpy_rules(config) and OPTIMIZERS[_kind(config)].squares_slices
+    (a sender that sums repeated rows must then send those squares as well). Not under
+    ``global_clipnorm``: Keras' clipping hands the rule a dense gradient, repeated rows summed."""
+    return numpy_rules(config) and OPTIMIZERS[_kind(config)].squares_slices and config.get("global_clipnorm") is None
 
 
 def make_optimizer(config: dict):

@@ -412,9 +412,9 @@ class ParameterServerShard(HeldSteps, PooledShard):
         for key, parts in entry["sparse"].items():
             idx = _concatenate([p[0] for p in parts])
             vals = _concatenate([p[1] for p in parts])
-            if scale is not None and self.optimizer.squares_slices:
+            if scale is not None:
                 # Keras' global_clipnorm hands the rule a dense gradient (repeated rows summed): so
-                # is what a rule that squares gets here, its rows summed over the workers
+                # does this, its rows summed over the workers
                 idx, vals = merge_rows([(p[0], p[1]) for p in parts], False)
                 parts = [(idx, vals, None)]
             vals /= vals.dtype.type(n)

@@ -152,11 +152,7 @@ class AllReduceChannel(SyncChannel):
         held, self._held = self._held, None
         s = np.float32(scale)
         # Keras' global_clipnorm hands the rule a dense gradient (repeated rows summed): so does this
-        # for a rule that squares each slice
-        from autosync.runtime.optimizers import squares_slices
-
-        dense = squares_slices(self.optimizer_config)
-        held = {k: dedup_rows(g[0], g[1], False) if dense and isinstance(g, tuple) else g for k, g in held.items()}
+        held = {k: dedup_rows(g[0], g[1], False) if isinstance(g, tuple) else g for k, g in held.items()}
         self._update({k: (g[0], g[1] * s) if isinstance(g, tuple) else g * s for k, g in held.items()})
 
     def finalize(self) -> None:
