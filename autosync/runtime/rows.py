@@ -144,11 +144,10 @@ def _input_feed(inputs: list, tensor) -> tuple | None:
     if len(args) != 2 or node.arguments.kwargs:
         return None
     source, key = args
-    parts = key if isinstance(key, tuple) else (key,)
-    basic = all(p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool)) or
-                (isinstance(p, slice) and all(b is None or (isinstance(b, int) and not isinstance(b, bool))
-                                              for b in (p.start, p.stop, p.step)))
-                for p in parts)
+    whole = lambda b: isinstance(b, int) and not isinstance(b, bool)  # noqa: E731
+    basic = all(p is None or p is Ellipsis or whole(p) or
+                (isinstance(p, slice) and all(b is None or whole(b) for b in (p.start, p.stop, p.step)))
+                for p in (key if isinstance(key, tuple) else (key,)))
     position = next((i for i, x in enumerate(inputs) if x is source), None)
     return (position, key) if basic and position is not None else None
 
@@ -169,14 +168,11 @@ class _InputIds:
             arrays = [x]
         else:
             return self.traced(x)
-        cache: dict = {}
 
-        def feed(i):
-            if i not in cache:
-                position, key = self.feeds[i]
-                value = np.asarray(arrays[position])
-                cache[i] = (value if key is None else value[key]).reshape(-1).astype(np.int64)
-            return cache[i]
+        def feed(i):   # each feed is read by one use
+            position, key = self.feeds[i]
+            value = np.asarray(arrays[position])
+            return (value if key is None else value[key]).reshape(-1).astype(np.int64)
 
         return {index: np.concatenate([feed(pos[0]) for _, pos, _ in uses]) for index, uses in self.plan.items()}
 
