@@ -93,7 +93,7 @@ def linear_in_slices(config: dict) -> bool:
     return str(config.get("class", "")).lower() in _LINEAR_IN_SLICES
 
 
-def check_keras_apply(config: dict, shards, names, plan=None, in_graph: bool = False) -> None:
+def check_keras_apply(config: dict, shards, names) -> None:
     """Refuse what a Keras optimizer applied shard by shard cannot honour (see the module doc): for
     a configuration the numpy rules do not run (``optimizers.numpy_rules``).
 
@@ -102,15 +102,11 @@ def check_keras_apply(config: dict, shards, names, plan=None, in_graph: bool = F
         shards: the shards updated outside the training graph (parameter servers, the numpy
             all-reduce channel): objects with ``var_index``/``key``, ``num_shards`` and ``sparse``.
         names: variable names by index, for messages.
-        plan: the trial's ``SyncPlan``, for ``check_global_clipnorm``.
-        in_graph: some variables of the plan are all-reduced in the graph.
 
     Raises:
         ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable, or sparse shards with an optimizer
             that transforms each slice; see also ``check_global_clipnorm``.
     """
-    if plan is not None:
-        check_global_clipnorm(config, plan, in_graph and bool(shards))
     problems = []
     for s in shards:
         var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index

@@ -410,11 +410,9 @@ class ParameterServerShard(HeldSteps, PooledShard):
                 total *= total.dtype.type(scale)
             grads[key] = total
         for key, parts in entry["sparse"].items():
-            idx = _concatenate([p[0] for p in parts])
-            vals = _concatenate([p[1] for p in parts])
-            if scale is not None:
-                # Keras' global_clipnorm hands the rule a dense gradient (repeated rows summed): so
-                # does this, its rows summed over the workers
+            if scale is None:
+                idx, vals = _concatenate([p[0] for p in parts]), _concatenate([p[1] for p in parts])
+            else:   # Keras' global_clipnorm hands the rule a dense gradient: rows summed over the workers
                 idx, vals = merge_rows([(p[0], p[1]) for p in parts], False)
                 parts = [(idx, vals, None)]
             vals /= vals.dtype.type(n)
