@@ -167,4 +167,6 @@ def test_shard_wise_limits_are_refused_per_strategy():
     with pytest.raises(ConfigError, match=r"option clipvalue clips each slice of sparse variable emb"):
         check_keras_apply(keras_optimizer_config(keras.optimizers.Lion(clipvalue=1.0)), [rows], names)
     check_keras_apply(keras_optimizer_config(keras.optimizers.Lion()), [split, rows], names)
+    # global clipping hands every rule a dense gradient: summed rows are exact for any element-wise rule
+    check_keras_apply(keras_optimizer_config(keras.optimizers.RMSprop(global_clipnorm=1.0)), [rows, split], names)
     assert numpy_rules(keras_optimizer_config(keras.optimizers.Adam()))   # not asked: the numpy rules run it

@@ -27,6 +27,7 @@ OPTIMIZERS = {
     # global_clipnorm small enough that every step is clipped (checked below)
     "sgd_global_clip": ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "global_clipnorm": 0.02}),
     "adamw_global_clip": ("AdamW", {"learning_rate": COSINE, "global_clipnorm": 0.02}),
+    "rmsprop_global_clip": ("RMSprop", {"learning_rate": COSINE, "global_clipnorm": 0.02}),
     # a constant rate: the numpy rules, an embedding's rows with their summed squares, then scaled
     "adam_global_clip": ("adam", {"learning_rate": 0.05, "global_clipnorm": 0.02}),
     # a step draws n batches and syncs their mean; a schedule and Adam's bias correction see Keras'
@@ -79,6 +80,10 @@ def _strategy(name, spec):
     # the norm over every gradient of the step, whichever synchronizer carries it
     ("sgd_global_clip", s) for s in ("ps", "partitioned_ps", "parallax", "gloo", "mix_gloo", "mix", "graph")] + [
     ("adamw_global_clip", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")] + [
+    # a schedule: the Keras path, with the embedding's rows summed over the workers (Keras hands a
+    # globally clipped rule a dense gradient; the slices alone would be refused, as below)
+    ("adamw_global_clip", s) for s in ("ps", "partitioned_ps", "gloo")] + [
+    ("rmsprop_global_clip", s) for s in ("ps", "parallax")] + [
     ("adam_global_clip", s) for s in ("ps", "partitioned_ps", "gloo")] + [
     ("sgd_accumulate", s) for s in ("ps", "parallax", "gloo", "mix")] + [
     ("adam_accumulate", s) for s in ("graph", "emb_in_graph_ps")] + [("sgd_accumulate_clip", "mix_gloo")] + [

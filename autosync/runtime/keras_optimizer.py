@@ -30,7 +30,9 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   ``IndexedSlices``: exact for an optimizer linear in the slices until they are densified (SGD,
   Lion); one that transforms each slice first (Adam's square, Adamax's abs, clipping by value or
   by the slices' norm) would see a row's sum instead, so those are refused on sparse shards
-  outside the graph (the graph backend all-gathers the slices: exact there).
+  outside the graph (the graph backend all-gathers the slices: exact there); not under
+  ``global_clipnorm``, where Keras hands every rule a dense gradient (repeated rows summed): the PS
+  and the numpy all-reduce sum the rows over the workers, and unique rows make the dense update.
 """
 from __future__ import annotations
 
@@ -119,13 +121,15 @@ def check_keras_apply(config: dict, shards, names) -> None:
                             f"but {names[var]} is split into {s.num_shards} shards updated separately; "
                             f"do not partition it")
         clip = [k for k in ("clipnorm", "clipvalue") if config.get(k) is not None]
-        if s.sparse and (clip or not linear_in_slices(config)):
+        # under global_clipnorm Keras hands every rule a dense gradient, and so do we (rows summed)
+        if s.sparse and (clip or not linear_in_slices(config)) and config.get("global_clipnorm") is None:
             what = (f"option {clip[0]} clips" if clip
                     else f"optimizer {config.get('class')!r} transforms (e.g. squares)")
             problems.append(f"{what} each slice of sparse variable {names[var]}, but outside the training graph "
                             f"its rows arrive summed per worker, so the update would differ from Keras'; "
-                            f"all-reduce it with the graph backend, or use SGD, Adam, AdamW or Adagrad with a "
-                            f"constant learning rate and no per-variable clipping (global_clipnorm is fine)")
+                            f"all-reduce it with the graph backend, clip by global_clipnorm instead (Keras then "
+                            f"sums the rows itself), or use SGD, Adam, AdamW or Adagrad with a constant "
+                            f"learning rate and no per-variable clipping")
     if problems:
         raise ConfigError(sorted(set(problems)))
 
