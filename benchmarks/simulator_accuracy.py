@@ -34,7 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tuner.cost_models.evaluation import evaluate, format_table, score_groups, splits  # noqa: E402
+from tuner.cost_models.evaluation import evaluate, format_table, predictors, score_groups, search_order, splits  # noqa: E402
 from tuner.records.dataset import build_trial_set  # noqa: E402
 from tuner.synthetic.runner import make_dataset, noiseless_step_s  # noqa: E402
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     print(f"synthetic set: {len(data.keys)} groups, {len(set(data.model_names))} models, {len(data)} ok trials "
           f"({t1 - t0:.1f} s to simulate)")
     truth = noiseless_truth(groups, data)
-    rows = evaluate(data, seed=args.seed, tol=args.tol, truth=truth)
+    rows = evaluate(data, _methods(groups, args.seed), seed=args.seed, tol=args.tol, truth=truth)
     print(format_table(rows))
     # the ceiling: the noiseless truth itself as the prediction of the same held-out measurements
     (_, test), = splits(data, "within", args.seed)
@@ -98,6 +98,13 @@ def main(argv=None) -> int:
                   f"{'MET' if r[key] >= target else 'MISSED'}")
     print(f"total {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _methods(groups, seed: int) -> dict:
+    """The compared predictors, and ``search``: what the search follows (``Predictor.order``, its
+    scorers judged on the group's own training trials)."""
+    specs = {(m.fingerprint, c.fingerprint): (m, c) for m, c, _ in groups}
+    return predictors(seed=seed) | {"search": search_order(specs, seed)}
 
 
 def _se(values) -> float:
@@ -138,7 +145,8 @@ def real(args) -> int:
           f"{ceiling_tol:.3f} (the noiseless truth scored against one measurement with that noise)")
     rows = []
     for seed in range(args.splits):   # random within-group splits, averaged
-        rows.append(evaluate(data, seed=args.seed + seed, tol=args.tol, protocols=("within",)))
+        rows.append(evaluate(data, _methods(groups, args.seed + seed), seed=args.seed + seed, tol=args.tol,
+                             protocols=("within",)))
     keys = ("pairwise_acc", "pairwise_acc_tol", "kendall_tau", "top1_regret", "abs_error")
     within = [{**r, **{k: float(np.mean([rr[i][k] for rr in rows])) for k in keys},
                "splits": args.splits, "pairwise_acc_se": _se([rr[i]["pairwise_acc"] for rr in rows])}
@@ -146,7 +154,8 @@ def real(args) -> int:
     print(f"within: the mean of {args.splits} random splits (40 % of each group held out); standard error of "
           f"the pairwise mean over the splits: "
           + ", ".join(f"{r['method']} {r['pairwise_acc_se']:.3f}" for r in within))
-    table = within + evaluate(data, seed=args.seed, tol=args.tol, protocols=("lomo", "logo"))
+    table = within + evaluate(data, _methods(groups, args.seed), seed=args.seed, tol=args.tol,
+                              protocols=("lomo", "logo"))
     print(format_table(table))
     verdicts = []
     for p, target in (("within", 0.85), ("lomo", 0.80)):

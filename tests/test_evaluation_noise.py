@@ -53,31 +53,18 @@ def test_median_abs_error_and_order_only_methods():
     assert np.isnan(rows["ranker"]["abs_error"])   # a score, not seconds
 
 
-def test_fused_orders_sum_rank_positions_per_group_and_break_ties_by_the_seconds():
-    from tuner.cost_models.evaluation import fuse_orders
-
-    seconds = np.array([1.0, 2.0, 3.0, 9.0, 8.0])
-    scores = np.array([3.0, 2.0, 1.0, 5.0, 7.0])   # the opposite order in group 0, the same in group 1
-    fused = fuse_orders(seconds, scores, np.array([0, 0, 0, 1, 1]))
-    assert list(np.argsort(fused[:3])) == [0, 1, 2]   # every sum ties: the seconds decide
-    assert fused[4] < fused[3]                        # both say row 4 first
-    # one order fused with a quite different one: each row's sum of positions
-    f = fuse_orders([1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0])
-    assert list(np.argsort(f)) == [0, 1, 2, 3] and f[1] - f[0] < 1
-
-
-def test_the_predictor_follows_the_fused_order_when_the_ranker_judged_as_well():
+def test_the_predictor_follows_the_rankers_order_when_it_judged_as_well():
     from tests.fakes import three_node_cluster, tiny_model
     from tuner.cost_models.predictor import Predictor
 
     class Ranker:
         def predict(self, X):
-            return np.array([3.0, 1.0, 2.0, 4.0])   # the ranker's seconds: row 1 first
+            return np.array([3.0, 1.0, 3.0, 2.0])   # the ranker's seconds: row 1, then 3, then 0 and 2 tied
 
     p = Predictor(tiny_model(), three_node_cluster())
-    p.predict = lambda e, X=None: np.array([1.0, 2.0, 3.0, 4.0])
+    p.predict = lambda e, X=None: np.array([4.0, 2.0, 3.0, 1.0])
     X = np.zeros((4, 1))
-    assert list(p.order(None, X)[0]) == [0, 1, 2, 3]
-    p.ranker_, p.fuse_ranker_ = Ranker(), True
-    # positions 0+2, 1+0, 2+1, 3+3: row 1 first, then 0, 2, 3
-    assert list(p.order(None, X)[0]) == [1, 0, 2, 3]
+    assert list(p.order(None, X)[0]) == [3, 1, 2, 0]   # the seconds' order
+    p.ranker_, p.follow_ranker_ = Ranker(), True
+    # the ranker decides; its tie (rows 0 and 2) goes to the faster in seconds (row 2)
+    assert list(p.order(None, X)[0]) == [1, 3, 2, 0]

@@ -90,7 +90,7 @@ def test_predictor_transfers_from_prior_groups_alone(groups):
     p = Predictor(model, cluster).fit(build_trial_set(groups))
     assert p.n_groups_ == len(groups) and p.n_target_ == 0
     assert p.source_ == "simulator" and p.scores_ == {}     # nothing of the target to judge by: transfer
-    assert p.fuse_ranker_
+    assert p.follow_ranker_
 
 
 def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
@@ -107,7 +107,7 @@ def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
     many = Predictor(model, cluster).fit(training.trial_set())
     assert many.n_target_ == 12
     assert many.source_ == max(("simulator", "analytic"), key=lambda k: many.scores_[k])
-    assert many.fuse_ranker_ == (many.scores_["ranker"] >= many.scores_[many.source_])
+    assert many.follow_ranker_ == (many.scores_["ranker"] >= many.scores_[many.source_])
     for s in many.scores_.values():
         assert 0.0 <= s <= 1.0
     # on strategies of the target it never saw, the predictions follow the synthetic world's
@@ -128,3 +128,20 @@ def test_tuning_loop_learns_from_the_warm_start(groups, tmp_path):
         out = tune_loop(SyntheticRunner(model, cluster, seed=1), store, tuner, Budget(trials=3, patience=10))
         assert tuner.predictor.n_groups_ == len(groups) + 1
         assert len(store) == len(out.trials)        # the warm start is read, never copied in
+
+
+def test_search_order_scores_what_the_predictor_of_each_group_orders(groups):
+    """``evaluation.search_order`` (simulator_accuracy's ``search`` row) gives each held-out group
+    the positions of its own ``Predictor.order``, fitted on the training rows."""
+    from tuner.cost_models.evaluation import search_order, splits
+
+    data = build_trial_set(groups)
+    specs = {(m.fingerprint, c.fingerprint): (m, c) for m, c, _ in groups}
+    (tr, te), = splits(data, "within", seed=1)
+    train, test = data.subset(tr), data.subset(te)
+    got = search_order(specs, seed=0)(train, test)
+    for g in np.unique(test.group):
+        rows = np.nonzero(test.group == g)[0]
+        assert sorted(got[rows]) == list(range(len(rows)))
+        p = Predictor(*specs[test.keys[g]], seed=0).fit(train)
+        assert list(rows[np.argsort(got[rows])]) == list(rows[p.order(None, test.X[rows])[0]])

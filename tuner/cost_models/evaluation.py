@@ -90,30 +90,30 @@ def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
         r = StrategyRanker(n_jobs=n_jobs, random_state=seed).fit(train.X, train.y, train.group)
         return -r.predict(test.X, test.group)
 
-    def fused(train, test):   # what the search follows when the ranker judged as well (Predictor.order)
-        return fuse_orders(simulator("ratio")(train, test), ranker(train, test), test.group)
-
     return {"analytic (default)": analytic_default, "analytic (fitted)": analytic_fitted,
-            "simulator (ratio)": simulator("ratio"), "simulator (log)": simulator("log"), "ranker": ranker,
-            "fused": fused}
+            "simulator (ratio)": simulator("ratio"), "simulator (log)": simulator("log"), "ranker": ranker}
 
 
-ORDER_ONLY = frozenset({"ranker", "fused"})   # methods whose output is a score, not seconds
+def search_order(specs: dict, seed: int = 0) -> Predictor:
+    """What the search follows (``Predictor.order``), as a method: per group of the test rows, a
+    ``Predictor`` for that (model, cluster), fitted on the training rows (its own group's among
+    them, which it judges its scorers on), orders them. ``specs``: group key -> (ModelSpec,
+    ClusterSpec). Returns rank positions (an order, not seconds)."""
+    from tuner.cost_models.predictor import Predictor as SearchPredictor
+
+    def order(train, test):
+        out = np.zeros(len(test))
+        for g in np.unique(test.group):
+            rows = np.nonzero(test.group == g)[0]
+            model, cluster = specs[test.keys[g]]
+            p = SearchPredictor(model, cluster, seed=seed).fit(train)
+            out[rows[p.order(None, test.X[rows])[0]]] = np.arange(len(rows))
+        return out
+
+    return order
 
 
-def fuse_orders(seconds: np.ndarray, scores: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:
-    """One order from two (lower first) within each group: the sum of each row's rank positions
-    under ``seconds`` and under ``scores``, ties broken by ``seconds`` (a fraction of a position,
-    which never overturns a sum that differs)."""
-    seconds, scores = np.asarray(seconds, float), np.asarray(scores, float)
-    group = np.zeros(len(seconds), dtype=np.int64) if group is None else np.asarray(group)
-    out = np.empty(len(seconds))
-    for g in np.unique(group):
-        rows = np.nonzero(group == g)[0]
-        by_time = np.argsort(np.argsort(seconds[rows], kind="stable"), kind="stable")
-        by_score = np.argsort(np.argsort(scores[rows], kind="stable"), kind="stable")
-        out[rows] = by_time + by_score + by_time / (2.0 * len(rows))
-    return out
+ORDER_ONLY = frozenset({"ranker", "search"})   # methods whose output is a score or an order, not seconds
 
 
 def merge_repeats(data: TrialSet) -> tuple[TrialSet, np.ndarray]:
