@@ -34,7 +34,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tuner.cost_models.evaluation import evaluate, format_table, predictors, score_groups, search_order, splits  # noqa: E402
+from tuner.cost_models.evaluation import evaluate, format_table, predictors, score_groups, splits  # noqa: E402
+from tuner.cost_models.predictor import search_order  # noqa: E402
 from tuner.records.dataset import build_trial_set  # noqa: E402
 from tuner.synthetic.runner import make_dataset, noiseless_step_s  # noqa: E402
 

@@ -6,7 +6,8 @@ equal a measured one's, and when the analytic model's PS round trip became the d
 0.2 ms instead of a Ray call's 0.7 ms, and when the search gained its trust region — with 7
 baselines, fewer than the 12 own trials that can prove the predictor, both runs now search near
 the incumbents, without picks at random; ``open``, the cold run without the region, keeps the
-trials recorded before it: intended changes). A change that alters
+trials recorded before it; and ``warm``'s last three when the search followed the ranker's order
+alone instead of fusing it with the seconds' (2026-11-28): intended changes). A change that alters
 what the tuner proposes for the same seed fails here; re-record only for an intended change of
 behaviour, and say so in the commit."""
 from __future__ import annotations
@@ -69,9 +70,9 @@ PINNED = {
             ('search', 'search', '62ffbb7dfd8f0191'),
             ('search', 'search', '468d7300eaf477cf'),
             ('search', 'search', 'aadbcfd536d40635'),
-            ('search', 'search', '66d9de285cc4d520'),
-            ('search', 'search', 'aa0d955d3b762b61'),
-            ('search', 'search', 'd0fe370087f32a7c'),
+            ('search', 'search', 'd6cd797a06266d49'),
+            ('search', 'search', '922bc45447042d27'),
+            ('search', 'search', '84f0f4f3c768c112'),
             ('all_reduce', 'confirm', 'c5a79b2294178a38'),
             ('search', 'confirm', 'aadbcfd536d40635'),
         ],

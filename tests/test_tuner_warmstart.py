@@ -131,9 +131,10 @@ def test_tuning_loop_learns_from_the_warm_start(groups, tmp_path):
 
 
 def test_search_order_scores_what_the_predictor_of_each_group_orders(groups):
-    """``evaluation.search_order`` (simulator_accuracy's ``search`` row) gives each held-out group
+    """``predictor.search_order`` (simulator_accuracy's ``search`` row) gives each held-out group
     the positions of its own ``Predictor.order``, fitted on the training rows."""
-    from tuner.cost_models.evaluation import search_order, splits
+    from tuner.cost_models.evaluation import splits
+    from tuner.cost_models.predictor import search_order
 
     data = build_trial_set(groups)
     specs = {(m.fingerprint, c.fingerprint): (m, c) for m, c, _ in groups}

@@ -94,25 +94,6 @@ def predictors(n_jobs: int = 1, seed: int = 0) -> dict[str, Predictor]:
             "simulator (ratio)": simulator("ratio"), "simulator (log)": simulator("log"), "ranker": ranker}
 
 
-def search_order(specs: dict, seed: int = 0) -> Predictor:
-    """What the search follows (``Predictor.order``), as a method: per group of the test rows, a
-    ``Predictor`` for that (model, cluster), fitted on the training rows (its own group's among
-    them, which it judges its scorers on), orders them. ``specs``: group key -> (ModelSpec,
-    ClusterSpec). Returns rank positions (an order, not seconds)."""
-    from tuner.cost_models.predictor import Predictor as SearchPredictor
-
-    def order(train, test):
-        out = np.zeros(len(test))
-        for g in np.unique(test.group):
-            rows = np.nonzero(test.group == g)[0]
-            model, cluster = specs[test.keys[g]]
-            p = SearchPredictor(model, cluster, seed=seed).fit(train)
-            out[rows[p.order(None, test.X[rows])[0]]] = np.arange(len(rows))
-        return out
-
-    return order
-
-
 ORDER_ONLY = frozenset({"ranker", "search"})   # methods whose output is a score or an order, not seconds
 
 

@@ -155,3 +155,20 @@ class Predictor:
         if not self.follow_ranker_:
             return np.argsort(seconds, kind="stable"), seconds
         return np.lexsort((seconds, self.ranker_.predict(X))), seconds
+
+
+def search_order(specs: dict, seed: int = 0):
+    """What the search follows (``Predictor.order``) as a method of ``evaluation.evaluate``: per
+    group of the test rows, a ``Predictor`` for that (model, cluster), fitted on the training rows
+    (its own group's among them, which it judges its scorers on), orders them. ``specs``: group key -> (ModelSpec,
+    ClusterSpec). Returns rank positions (an order, not seconds)."""
+    def order(train, test):
+        out = np.zeros(len(test))
+        for g in np.unique(test.group):
+            rows = np.nonzero(test.group == g)[0]
+            model, cluster = specs[test.keys[g]]
+            p = Predictor(model, cluster, seed=seed).fit(train)
+            out[rows[p.order(None, test.X[rows])[0]]] = np.arange(len(rows))
+        return out
+
+    return order
