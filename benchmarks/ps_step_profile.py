@@ -101,7 +101,6 @@ def measure_model(name: str, cluster, args) -> dict:
     from autosync.api import make_runner
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
-    from strategy_space.builders import get_builder
     from tuner.cost_models.analytic import step_lower_bound as lower_bound
 
     # emulated compute runs on the cluster as the runner marks it: its pool is the runner's own
@@ -113,11 +112,8 @@ def measure_model(name: str, cluster, args) -> dict:
     out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
     try:
         model = runner.model
-        strategies = {"all_reduce": get_builder("all_reduce").build(model, cluster)}
-        builders = [b if s == 0 else f"{b}/s{s}" for b in args.builders for s in args.staleness]
-        for key in builders:
-            base, _, stale = key.partition("/s")
-            strategies[key] = get_builder(base, staleness=int(stale or 0)).build(model, cluster)
+        strategies = profiled_strategies(model, cluster, args.builders, args.staleness)
+        builders = [k for k in strategies if k != "all_reduce"]
         for key, s in strategies.items():
             out["lower_bound"][key] = lower_bound(model, cluster, s)
         plan = []
@@ -173,6 +169,18 @@ def inside(args) -> int:
             "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}
     return measure_models("ps_step_profile", REPO, args.out, args.name + ".json", args.models,
                           lambda name, cluster: measure_model(name, cluster, args), meta)
+
+
+def profiled_strategies(model, cluster, builders, staleness) -> dict:
+    """``all_reduce`` (the reference), then each PS builder at each staleness bound, keyed
+    ``builder`` (staleness 0) or ``builder/sS``."""
+    from strategy_space.builders import get_builder
+
+    out = {"all_reduce": get_builder("all_reduce").build(model, cluster)}
+    for b in builders:
+        for s in staleness:
+            out[b if s == 0 else f"{b}/s{s}"] = get_builder(b, staleness=int(s)).build(model, cluster)
+    return out
 
 
 def main(argv=None) -> int:

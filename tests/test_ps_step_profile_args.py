@@ -15,3 +15,16 @@ def test_bad_numbers_exit_2_naming_the_rule(monkeypatch, capsys, argv):
 
     assert ps_step_profile.main(argv) == 2
     assert "--warmup and --staleness >= 0" in capsys.readouterr().err
+
+
+def test_each_ps_builder_is_profiled_at_each_staleness_bound(monkeypatch):
+    monkeypatch.syspath_prepend(BENCHMARKS)
+    import ps_step_profile
+    from strategy_space import PS
+    from tests.fakes import three_node_cluster, tiny_model
+
+    got = ps_step_profile.profiled_strategies(tiny_model(), three_node_cluster(), ["ps", "partitioned_ps"], [0, 2])
+    assert list(got) == ["all_reduce", "ps", "ps/s2", "partitioned_ps", "partitioned_ps/s2"]
+    for key, strategy in got.items():
+        bounds = {p.staleness for v in strategy.variables for p in v.synchronizers if isinstance(p, PS)}
+        assert bounds == (set() if key == "all_reduce" else {2 if key.endswith("/s2") else 0}), key
