@@ -151,12 +151,18 @@ class ModelSpec:
         variables: in creation order.
         batch_size: per-worker batch size the sparse row counts and the profile refer to.
         profile: measured compute cost, or None (the simulator then estimates it).
+        global_clipnorm: the model's optimizer clips a step's gradients by the norm of all of them
+            (Keras ``global_clipnorm``): a step carried outside the graph (a synchronous PS, the
+            numpy all-reduce) is held until every shard agrees on the scale, which costs a round
+            trip and the overlap of its pushes with its pulls. Part of the fingerprint (and
+            written) only when true, so other specs keep theirs.
     """
 
     name: str
     variables: tuple[VariableSpec, ...]
     batch_size: int = 32
     profile: ComputeProfile | None = None
+    global_clipnorm: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "variables", tuple(self.variables))
@@ -171,6 +177,9 @@ class ModelSpec:
             seen.add(v.name)
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             problems.append(f"model {self.name}: batch_size must be an integer >= 1, got {short_repr(self.batch_size)}")
+        if not isinstance(self.global_clipnorm, bool):
+            problems.append(f"model {self.name}: global_clipnorm must be true or false, got "
+                            f"{short_repr(self.global_clipnorm)}")
         if self.profile is not None and self.profile.ready_order:
             order = self.profile.ready_order
             if sorted(order) != sorted(seen):
@@ -212,8 +221,12 @@ class ModelSpec:
 
     @functools.cached_property   # the spec is frozen: hashed once per object
     def fingerprint(self) -> str:
-        """Hash of what determines communication: variables and batch size, not the profile."""
-        return fingerprint({"variables": [v.to_dict() for v in self.variables], "batch_size": self.batch_size})
+        """Hash of what determines communication: variables, batch size and global clipping (only
+        when set), not the profile."""
+        body: dict[str, Any] = {"variables": [v.to_dict() for v in self.variables], "batch_size": self.batch_size}
+        if self.global_clipnorm:
+            body["global_clipnorm"] = True
+        return fingerprint(body)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {
@@ -223,13 +236,15 @@ class ModelSpec:
             "batch_size": self.batch_size,
             "variables": [v.to_dict() for v in self.variables],
         }
+        if self.global_clipnorm:
+            d["global_clipnorm"] = True
         if self.profile is not None:
             d["profile"] = self.profile.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ModelSpec":
-        check_keys(data, "model", {"name", "variables"}, {"kind", "version", "batch_size", "profile"})
+        check_keys(data, "model", {"name", "variables"}, {"kind", "version", "batch_size", "profile", "global_clipnorm"})
         check_header(data, "model")
         variables = parse_items(get_typed(data, "variables", list, "model"), VariableSpec.from_dict, "variables")
         profile = data.get("profile")
@@ -238,4 +253,5 @@ class ModelSpec:
             variables=tuple(variables),
             batch_size=get_typed(data, "batch_size", int, "model", 32),
             profile=ComputeProfile.from_dict(profile) if profile is not None else None,
+            global_clipnorm=get_typed(data, "global_clipnorm", bool, "model", False),
         )

@@ -96,6 +96,9 @@ CASES = {
     "wide, a node without workers": (wide_model(seed=1), _cluster([2, 0, 2, 1]), dict(num_groups=3)),
     "wide, one node one worker": (wide_model(seed=2), _cluster([1]), {}),
     "wide, calibrated all-reduce curve": (wide_model(seed=4), _calibrated(_cluster([2, 1, 2])), dict(num_groups=5)),
+    # global clipping: held steps (push and pull phases, one more round trip) where a sync PS is
+    "wide, global clipping, async and stale PS": (replace(wide_model(seed=5), global_clipnorm=True), _cluster([2, 1]),
+                                                  dict(staleness=(0, 2), allow_async=True)),
     "sparse rows that do not divide": (ModelSpec("sp", (VariableSpec("e1", (101, 4), sparse=True, rows_per_step=7),
                                                         VariableSpec("e2", (53, 3), sparse=True, rows_per_step=50),
                                                         VariableSpec("d", (10, 3)))), _cluster([1, 2]),

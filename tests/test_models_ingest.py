@@ -103,6 +103,21 @@ def test_model_spec_from_def_rejects_empty_dataset_and_non_pairs():
 
 
 @pytest.mark.integration
+def test_model_spec_says_whether_the_optimizer_clips_by_the_global_norm():
+    """The cost of a held step is the optimizer's to say: ``global_clipnorm`` marks the spec (its
+    own fingerprint); ``clipnorm`` (per variable) needs no agreement between shards and does not."""
+    import keras
+
+    base = dict(name="lookup", model_fn=_lookup_model, loss_fn=_mse, dataset_fn=_ids_batches, batch_size=BATCH)
+    plain, per_var, clipped = (
+        ingest.model_spec_from_def(ModelDef(optimizer_fn=lambda c=clip: keras.optimizers.Adam(**c), **base))
+        for clip in ({}, {"clipnorm": 1.0}, {"global_clipnorm": 1.0}))
+    assert (plain.global_clipnorm, per_var.global_clipnorm, clipped.global_clipnorm) == (False, False, True)
+    assert plain.fingerprint == per_var.fingerprint != clipped.fingerprint
+    assert clipped.variables == plain.variables
+
+
+@pytest.mark.integration
 def test_profile_measures_step_time_device_and_backward_ready_order():
     model_def = ModelDef(name="lookup", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=_sgd,
                          dataset_fn=_ids_batches, batch_size=BATCH)

@@ -176,3 +176,12 @@ def test_the_runner_says_what_optimizer_the_workers_built(pool):
     runner = RayRunner(rm.model_def(kind, **kw), PAIR, warmup=0, steps=1, pool=pool, trial_timeout_s=120)
     config = runner.optimizer_config()
     assert config["class"].endswith("AdamW") and config["global_clipnorm"] == 0.02
+    # trials are recorded against a spec that says the step is held (its own fingerprint), and a
+    # spec given for the same model that says otherwise is refused before any trial
+    assert runner.model.global_clipnorm
+    plain = RayRunner(rm.model_def("sgd"), PAIR, warmup=0, steps=1, pool=pool, trial_timeout_s=120).model
+    assert not plain.global_clipnorm
+    wrong = RayRunner(rm.model_def(kind, **kw), PAIR, warmup=0, steps=1, pool=pool, trial_timeout_s=120,
+                      model_spec=dataclasses.replace(runner.model, global_clipnorm=False))
+    with pytest.raises(ConfigError, match="says global_clipnorm false but the workers' optimizer clips"):
+        wrong.model

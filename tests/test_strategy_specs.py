@@ -39,7 +39,8 @@ def test_cluster_first_node_is_chief_by_default():
     assert c.devices == ("a:0", "b:0")
 
 
-@pytest.mark.parametrize("spec", [tiny_model(), tiny_model(profile=True), two_node_cluster(), three_node_cluster()])
+@pytest.mark.parametrize("spec", [tiny_model(), tiny_model(profile=True), two_node_cluster(), three_node_cluster(),
+                                  ModelSpec("clipped", tiny_model().variables, 64, global_clipnorm=True)])
 def test_yaml_round_trip_exact(spec):
     back = loads(dumps(spec))
     assert back == spec
@@ -57,6 +58,23 @@ def test_fingerprint_ignores_profile_and_is_stable():
     assert out.stdout.strip() == tiny_model().fingerprint
     other = ModelSpec("tiny", tiny_model().variables[:-1], batch_size=64)
     assert other.fingerprint != tiny_model().fingerprint
+
+
+def test_global_clipping_is_in_the_fingerprint_only_when_set():
+    """A held step costs what an unheld one does not, so a clipped model's trials form their own
+    group; every spec without it keeps the fingerprint (and YAML) it had before the field."""
+    plain = tiny_model()
+    clipped = ModelSpec(plain.name, plain.variables, plain.batch_size, global_clipnorm=True)
+    assert "global_clipnorm" not in dumps(plain)
+    assert "global_clipnorm: true" in dumps(clipped)
+    assert clipped.fingerprint != plain.fingerprint
+    from strategy_space.strict import fingerprint
+
+    assert plain.fingerprint == fingerprint({"variables": [v.to_dict() for v in plain.variables], "batch_size": 64})
+    with pytest.raises(ConfigError, match="global_clipnorm must be true or false"):
+        ModelSpec(plain.name, plain.variables, plain.batch_size, global_clipnorm="yes")
+    with pytest.raises(ConfigError, match="global_clipnorm"):
+        loads(dumps(plain).replace("batch_size: 64", "batch_size: 64\nglobal_clipnorm: 1.0"))
 
 
 def test_cluster_fingerprint_ignores_name_only():

@@ -266,3 +266,31 @@ def test_candidates_that_move_different_bytes_get_different_predictions(nodes, w
     ar = Strategy(tuple(VarConfig(v.name, (AllReduce(),)) for v in m.variables))
     t_ps, t_ar = AnalyticCostModel().predict_strategies(m, c, space.encode([ps, ar]))
     assert t_ps > 1.05 * t_ar
+
+
+def test_global_clipping_holds_a_sync_ps_step_push_phase_then_pull_phase():
+    """With ``global_clipnorm`` nothing is updated before every push of a step is in, so a pull
+    never overlaps a push: a PS on n0 serving n1 moves 440 bytes in (push) and then 440 out
+    (pull) through n0's NIC, 880 bytes of wire time instead of 440, plus one round trip (the
+    norm's parts and the scale, ``ps_clip``)."""
+    clipped = ModelSpec(MODEL.name, MODEL.variables, MODEL.batch_size, global_clipnorm=True)
+    ps = Strategy((VarConfig("a", (PS("n0"),)), VarConfig("b", (PS("n0"),))))
+    plain, held = _feat(MODEL, _cluster(), ps), _feat(clipped, _cluster(), ps)
+    assert plain["wire_s"] == pytest.approx(440 / GBIT)
+    assert held["wire_s"] == pytest.approx(880 / GBIT)
+    assert (plain["ps_latency_rounds"], held["ps_latency_rounds"]) == (2, 3)
+    assert held["analytic_s"] > plain["analytic_s"]
+    # the NICs carry the same bytes: only their order changed
+    assert (held["nic_in_s"], held["nic_out_s"]) == (plain["nic_in_s"], plain["nic_out_s"])
+
+
+def test_global_clipping_leaves_all_reduce_and_asynchronous_ps_unheld():
+    """An all-reduced step needs no scale from anyone (every worker holds the whole gradient), and
+    an asynchronous PS applies each push as it comes: neither is held (``ps_clip``)."""
+    clipped = ModelSpec(MODEL.name, MODEL.variables, MODEL.batch_size, global_clipnorm=True)
+    for s in (Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (AllReduce(),)))),
+              Strategy((VarConfig("a", (PS("n0", sync=False),)), VarConfig("b", (PS("n1", sync=False),))))):
+        assert _feat(clipped, _cluster(), s) == _feat(MODEL, _cluster(), s)
+    # one synchronous PS variable beside an all-reduced one holds the step
+    mixed = Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (PS("n0"),))))
+    assert _feat(clipped, _cluster(), mixed)["ps_latency_rounds"] == 3

@@ -11,6 +11,7 @@ that batch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import warnings
 from typing import Any, Callable, Sequence
@@ -160,6 +161,9 @@ def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
         loss = model_def.loss()
         spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name,
                                      batch_size=model_def.batch_size)
+        # the cost of a held step (``ModelSpec.global_clipnorm``) is the optimizer's to say
+        if getattr(model_def.optimizer_fn(), "global_clipnorm", None) is not None:
+            spec = dataclasses.replace(spec, global_clipnorm=True)
     return spec, model, loss, inputs, targets
 
 

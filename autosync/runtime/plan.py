@@ -225,11 +225,13 @@ def _graph_cannot_hold(optimizer: dict | None) -> bool:
         optimizer.get("gradient_accumulation_steps") or 1) > 1
 
 
-def model_spec_from_vars(name: str, variables: list[dict], batch_size: int) -> ModelSpec:
-    """A ModelSpec from the variable facts a worker reports (name, shape, dtype, sparse)."""
+def model_spec_from_vars(name: str, variables: list[dict], batch_size: int,
+                         optimizer: dict | None = None) -> ModelSpec:
+    """A ModelSpec from the variable facts a worker reports (name, shape, dtype, sparse) and, when
+    given, its optimizer's config (``global_clipnorm``)."""
     return ModelSpec(name=name, batch_size=batch_size, variables=tuple(
         VariableSpec(name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], sparse=v["sparse"])
-        for v in variables))
+        for v in variables), global_clipnorm=bool(optimizer) and optimizer.get("global_clipnorm") is not None)
 
 
 def segment_for(plan: SyncPlan, description: dict, numpy_members: list, shapes: list, itemsize: list,

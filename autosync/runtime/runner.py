@@ -152,13 +152,19 @@ class RayRunner(Runner):
         if self._model is None:
             self.pool.ensure(self.model_def, self.cluster.devices, time.monotonic() + self.trial_timeout_s)
             desc = self.pool.description
-            built = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
+            built = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
+                                         desc["optimizer"] if self.compute != "emulated" else None)
             given = self._given_spec
             if given is not None:
                 facts = lambda m: [(v.name, v.shape, v.dtype, v.sparse) for v in m.variables]  # noqa: E731
                 if facts(given) != facts(built) or given.batch_size != built.batch_size:
                     raise ConfigError(f"the model spec given for {self.model_def.name} does not match the variables "
                                       f"the workers built (names, shapes, dtypes, sparsity or batch size differ); "
+                                      f"build the spec from the same ModelDef")
+                if self.compute != "emulated" and given.global_clipnorm != built.global_clipnorm:
+                    raise ConfigError(f"the model spec given for {self.model_def.name} says global_clipnorm "
+                                      f"{str(given.global_clipnorm).lower()} but the workers' optimizer "
+                                      f"{'clips' if built.global_clipnorm else 'does not clip'} by the global norm; "
                                       f"build the spec from the same ModelDef")
             self._model = given or built
         return self._model

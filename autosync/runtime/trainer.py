@@ -145,7 +145,8 @@ class Trainer:
                                  not numpy_rules(self.pool.description["optimizer"]))
         self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
         desc = self.pool.description
-        self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size)
+        self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
+                                               desc["optimizer"])
         validate(self.strategy, self.model_spec, self.cluster)
         self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster, desc["optimizer"])
         self.session = Session(self.pool, self.plan)

@@ -35,6 +35,10 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
     shard (never more than the raw ``m n``; vectors are sent raw); sparse gradients are
     all-gathered, ``(W-1)`` x rows x (width + index) per worker, written as an equivalent ring
     buffer of ``W/2`` x the per-worker bytes.
+  * Held steps (``ModelSpec.global_clipnorm``, strategies with a synchronous PS variable): no
+    shard is updated before every push of the step is in, so the step's pulls follow its pushes
+    (wire time at least the push phase, with the collectives, plus the pull phase, each at its
+    busiest NIC) and the norm's parts and the scale add one round trip (``ps_latency_rounds``).
   * Overlap: gradient ``j`` (in ready order) is ready at ``tau_j`` x compute (forward = 1/3 of
     compute, then backward in proportion to parameters); communication is treated as a pipe,
     finishing at ``max_j(tau_j C + T_comm f_j)`` with ``f_j`` the share of wire bytes still to send
@@ -113,8 +117,10 @@ def assemble(t: FeatureTables, p: AlphaBeta, a: FeatureSums) -> np.ndarray:
     scalars = {n: a.scal[i] for n, i in SCALAR_ROWS.items()}
     ps = _PsNodes.of(t, a.hosted)
     ring = _Ring.of(t, a, scalars)
-    _traffic_columns(f, t, ps, ring)
-    _ps_columns(f, t, a, ps, ring)
+    # global clipping holds the step of every strategy with a synchronous PS variable (``ps_clip``)
+    held = scalars["sync"] > 0 if t.held else None
+    _traffic_columns(f, t, ps, ring, held)
+    _ps_columns(f, t, a, ps, ring, held)
     _cpu_columns(f, t, p, ps, ring, scalars)
     _allreduce_columns(f, t, a, ring, scalars)
     _overlap_columns(f, t, p, a, ring)
@@ -169,8 +175,11 @@ class _Ring:
         return cls(gather, wire_dense, wire_dense + gather * (W / 2), ring, hier, ring_n)
 
 
-def _traffic_columns(f: np.ndarray, t: FeatureTables, ps: _PsNodes, ring: _Ring) -> None:
-    """Seconds on the busiest NIC (in, out) and intra-node link, and the wire time."""
+def _traffic_columns(f: np.ndarray, t: FeatureTables, ps: _PsNodes, ring: _Ring, held: np.ndarray | None) -> None:
+    """Seconds on the busiest NIC (in, out) and intra-node link, and the wire time. A held step
+    (``held``: per strategy, or None) updates nothing before all of its pushes are in, so no pull
+    overlaps a push: its wire time is at least the push phase (with the collectives, which run
+    before the scale is known) plus the pull phase, each at its busiest NIC."""
     W, Nw = t.W, t.Nw
     wk, hw = t.workers[:, None], t.has_w[:, None]
     lr_extra = np.maximum(wk - 1, 0)             # workers of a node beyond the one that pushes its sum
@@ -196,9 +205,14 @@ def _traffic_columns(f: np.ndarray, t: FeatureTables, ps: _PsNodes, ring: _Ring)
     f[C["nic_out_s"]] = (nic_out / bw).max(0)
     f[C["intra_s"]] = intra.max(0) / t.intra_bw
     f[C["wire_s"]] = np.maximum(np.maximum(f[C["nic_in_s"]], f[C["nic_out_s"]]), f[C["intra_s"]])
+    if held is not None:
+        pushes = (np.maximum(srv_in, cli_out) + nic_ring) / bw
+        pulls = np.maximum(cli_in, srv_out) / bw
+        f[C["wire_s"]] = np.where(held, np.maximum(f[C["wire_s"]], pushes.max(0) + pulls.max(0)), f[C["wire_s"]])
 
 
-def _ps_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ps: _PsNodes, ring: _Ring) -> None:
+def _ps_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ps: _PsNodes, ring: _Ring,
+                held: np.ndarray | None) -> None:
     """The cluster's sizes and the parameter servers' bytes, balance and round trips."""
     N, W, V, Nw = t.N, t.W, t.V, t.Nw
     C = COL
@@ -223,7 +237,9 @@ def _ps_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ps: _PsNodes, r
     # a worker's push and pull round trips, every PS node at once; on a calibrated cluster each
     # counts as its measured round trip, in units of the default one (``AlphaBeta.alpha_ps_s``)
     rtt = 1.0 if t.ps_round_trip_s is None else t.ps_round_trip_s / DEFAULT_PARAMS.alpha_ps_s
-    f[C["ps_latency_rounds"]] = 2 * any_ps * rtt
+    # a held step adds one: every worker asks each PS actor its part of the norm once all pushes
+    # are in, then sends the scale (``ps_clip``)
+    f[C["ps_latency_rounds"]] = (2 * any_ps + (0 if held is None else held)) * rtt
     f[C["lr_saved_bytes"]] = 2 * ps.lr_total * (W - Nw)
     f[C["sparse_ps_bytes"]] = a.psum[1]
 

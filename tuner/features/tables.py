@@ -63,6 +63,7 @@ class FeatureTables:
     cpu_contention: float   # 1.0 when compute runs on the CPUs too (no GPU): CPU work cannot hide
     ar_curve: CostCurve | None = None   # the cluster's measured all-reduce seconds per message size
     ps_round_trip_s: float | None = None   # calibrated: the PS data plane's round trip of its smallest message
+    held: bool = False      # the model clips by the global norm: synchronous PS steps are held (``ModelSpec``)
     # derived in __post_init__ (float32 so that the per-strategy work stays in float32):
     # dim0, sv0, si0, cols0 (slices, value bytes, index bytes, values per axis-0 slice), dense_i,
     # val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), half_val (val_dense x half_m1),
@@ -137,6 +138,7 @@ class FeatureTables:
             cpu_contention=float(not gpu[workers > 0].any() and cluster.compute != "emulated"),
             ar_curve=_curve(cluster, float(workers.sum())),
             ps_round_trip_s=cluster.calibration.ps_round_trip[0][1] if cluster.calibration is not None else None,
+            held=model.global_clipnorm,
         )
 
 
