@@ -14,7 +14,8 @@ spec is a group it never saw). The model and cluster are the dataset's group of 
 model on the measured shape (``--model``, ``--cluster-nodes``, ``--bandwidth-gbps``). Nothing is
 measured again; the file records the commit and start of the measurement it reads.
 
-    python benchmarks/held_step_prediction.py [--measured F] [--json out.json]
+    python benchmarks/held_step_prediction.py [--measured F] [--compute real|emulated] [--model-spec YAML]
+        [--json out.json]
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ sys.path.insert(0, REPO)
 
 from strategy_space.builders import get_builder  # noqa: E402
 from strategy_space.space import StrategySpace  # noqa: E402
+from strategy_space.yaml_io import load  # noqa: E402
 from tuner.cost_models.analytic import AnalyticCostModel  # noqa: E402
 from tuner.cost_models.simulator import LearnedSimulator  # noqa: E402
 from tuner.features.batch import featurize  # noqa: E402
@@ -50,21 +52,33 @@ def measured_ratios(path: str) -> tuple[dict, list]:
     out, runs = {}, []
     for run in data["runs"].values():
         runs.append({"commit": run["commit"], "run_started": run["run_started"]})
+        kinds = sorted("clipped" in os.path.basename(n) for n in run["models"])
+        if kinds != [False, True]:
+            raise SystemExit(f"{path}: a run must hold one plain model and its clipped copy (a name with "
+                             f"'clipped'), got {sorted(run['models'])}")
         for name, model in run["models"].items():
-            kind = "clipped" if "clipped_models" in name else "plain"   # benchmarks/clipped_models.py
+            # benchmarks/clipped_models.py, or a model-spec YAML named *clipped*
+            kind = "clipped" if "clipped" in os.path.basename(name) else "plain"
             for t in model["trials"]:
                 if t["status"] == "ok" and t["builder"] != "all_reduce":
                     out.setdefault(t["builder"], {"plain": [], "clipped": []})[kind].append(t["median_s"] * 1e3)
     return out, runs
 
 
-def predicted_ratios(builders: list[str], model_name: str, nodes: int, gbps: float) -> dict:
+def predicted_ratios(builders: list[str], model_name: str, nodes: int, gbps: float, compute: str = "real",
+                     spec_path: str | None = None) -> dict:
+    """Predicted plain and clipped step times per builder. The cluster is the dataset's testbed
+    group of ``model_name`` on ``nodes`` nodes at ``gbps`` with real compute (marked ``compute``);
+    the model is that group's, or the model-spec YAML ``spec_path`` (without global clipping)."""
     groups = load_warm_start("builtin")
     match = [(m, c) for m, c, _ in groups if m.name == model_name and len(c.nodes) == nodes
              and all(n.bandwidth_gbps == gbps for n in c.nodes) and c.compute == "real"]
     if not match:
         raise SystemExit(f"the warm-start dataset has no group of {model_name} on {nodes} nodes at {gbps} Gbit/s")
     model, cluster = match[0]
+    cluster = dataclasses.replace(cluster, compute=compute)
+    if spec_path:
+        model = dataclasses.replace(load(spec_path), global_clipnorm=False)
     clipped = dataclasses.replace(model, global_clipnorm=True)
     data = build_trial_set(groups)
     simulator = LearnedSimulator(random_state=0).fit(data.X, data.y)
@@ -84,13 +98,17 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="ncf-small", help="the warm-start group's model name")
     ap.add_argument("--cluster-nodes", type=int, default=2)
     ap.add_argument("--bandwidth-gbps", type=float, default=0.2)
+    ap.add_argument("--compute", choices=("real", "emulated"), default="real", help="the measurement's compute")
+    ap.add_argument("--model-spec", help="predict for this model-spec YAML (the measured plain one) instead of "
+                                         "the dataset group's model")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
                             text=True).stdout.strip()
     measured, runs = measured_ratios(args.measured)
-    pred = predicted_ratios(sorted(measured), args.model, args.cluster_nodes, args.bandwidth_gbps)
+    pred = predicted_ratios(sorted(measured), args.model, args.cluster_nodes, args.bandwidth_gbps, args.compute,
+                            args.model_spec)
     print(f"{pred['model']} on {pred['cluster']}; measured: {os.path.relpath(args.measured, REPO)} "
           f"({', '.join(r['commit'] + ' ' + r['run_started'] for r in runs)})")
     print(f"  {'builder':<16} {'measured plain -> clipped ms':>30} {'ratio':>6}   {'analytic ratio':>14} "
@@ -107,6 +125,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": __doc__.split("\n\n")[0], "commit": commit, "run_started": started,
+                       "compute": args.compute, "model_spec": args.model_spec,
                        "measured_file": os.path.relpath(args.measured, REPO), "measured_runs": runs,
                        "model": pred["model"], "cluster": pred["cluster"], "builders": rows}, f, indent=1)
     return 0

@@ -56,3 +56,21 @@ def test_a_held_single_ps_is_predicted_slower_than_a_held_partitioned_one(tmp_pa
         assert rows["ps"][kind] > rows["partitioned_ps"][kind] >= 1.0, kind
         assert rows["ps"][kind] > 1.1, kind
     assert "ncf-small on testbed, 2 nodes at 0.2 Gbit/s" in capsys.readouterr().out
+
+
+def test_emulated_measurements_of_a_model_spec_and_runs_without_a_clipped_copy(tmp_path):
+    """With ``--compute emulated --model-spec``: the spec's own (GPU-measured) compute, no CPU
+    contention; a single PS's held step is still predicted dearer than a partitioned one's. A run
+    that does not pair a plain model with a clipped copy is refused, not silently averaged."""
+    spec = os.path.join(REPO, "configs", "models", "nvidia-h200", "ncf-small.yaml")
+    out = tmp_path / "o.json"
+    assert H.main(["--measured", _measured(tmp_path), "--compute", "emulated", "--model-spec", spec,
+                   "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["compute"] == "emulated" and got["builders"]["ps"]["analytic_ratio"] > 1.5
+    data = json.loads(open(_measured(tmp_path)).read())
+    data["runs"]["run_1"]["models"].pop("/x/benchmarks/clipped_models.py:ncf")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="one plain model and its clipped copy"):
+        H.measured_ratios(str(bad))

@@ -136,35 +136,55 @@ PAIR = ClusterSpec(name="pair", nodes=(
 OPTIONS = {"ps": {}, "partitioned_ps": {"min_partition_bytes": 1}, "all_reduce": {}}
 
 
-def numpy_reference(spec, seed, workers, steps, lr):
-    """Synchronous SGD on the mean of every worker's synthetic gradients, from zeros."""
+def numpy_reference(spec, seed, workers, steps, lr, clipnorm=None):
+    """Synchronous SGD on the mean of every worker's synthetic gradients, from zeros; with
+    ``clipnorm``, scaled as Keras' ``global_clipnorm`` scales the global batch's gradient (its norm
+    over the dense means and every worker's sparse slices, each slice squared on its own)."""
     params = [np.zeros(v.shape, dtype=v.dtype) for v in spec.variables]
     for t in range(steps):
+        grads = [synthetic_gradients(spec, seed, w, t) for w in range(workers)]
+        scale = 1.0
+        if clipnorm is not None:
+            sq = 0.0
+            for v in range(len(spec.variables)):
+                parts = [g[v] for g in grads if g[v] is not None]
+                if parts and isinstance(parts[0], tuple):
+                    sq += sum(float(np.square(p[1].astype(np.float64) / workers).sum()) for p in parts)
+                elif parts:
+                    sq += float(np.square(sum(p.astype(np.float64) for p in parts) / workers).sum())
+            scale = min(1.0, clipnorm / np.sqrt(sq))
+            assert scale < 0.9   # the clipping is felt
         for w in range(workers):
-            for v, g in enumerate(synthetic_gradients(spec, seed, w, t)):
+            for v, g in enumerate(grads[w]):
                 if g is None:
                     continue
                 if isinstance(g, tuple):
-                    np.subtract.at(params[v], g[0], g[1] * params[v].dtype.type(lr / workers))
+                    np.subtract.at(params[v], g[0], g[1] * params[v].dtype.type(lr * scale / workers))
                 else:
-                    params[v] = params[v] - g * params[v].dtype.type(lr / workers)
+                    params[v] = params[v] - g * params[v].dtype.type(lr * scale / workers)
     return params
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("builder", sorted(OPTIONS))
-def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder):
+@pytest.mark.parametrize("builder,clipped", [(b, False) for b in sorted(OPTIONS)] + [("ps", True), ("all_reduce", True)])
+def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder, clipped):
+    """... and a spec whose model clips by the global norm holds its steps as a TensorFlow worker
+    does: the parameter servers and the numpy all-reduce apply the global batch's gradient scaled by
+    ``CLIPNORM`` over its norm."""
     from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.emulated import CLIPNORM
     from autosync.runtime.engine import Session, WorkerPool
     from autosync.runtime.plan import SyncPlan
     from strategy_space.builders import get_builder
 
-    spec = dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=ComputeProfile(0.005))
+    spec = dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=ComputeProfile(0.005),
+                               global_clipnorm=clipped)
     md = EmulatedModelDef(spec, 0.005, "sgd", seed=7)
     pool = WorkerPool(ClusterBinding.bind(PAIR))
     try:
         pool.ensure(md, PAIR.devices, time.monotonic() + 120)
-        plan = SyncPlan.build(get_builder(builder, **OPTIONS[builder]).build(spec, PAIR), spec, PAIR)
+        plan = SyncPlan.build(get_builder(builder, **OPTIONS[builder]).build(spec, PAIR), spec, PAIR,
+                              pool.description["optimizer"])
         session = Session(pool, plan)
         session.start(time.monotonic() + 120)
         session.run(3, time.monotonic() + 120)
@@ -173,7 +193,8 @@ def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder):
         session.close()
     finally:
         pool.kill_all()
-    for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 5, 0.01), spec.variables):
+    for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 5, 0.01, CLIPNORM if clipped else None),
+                              spec.variables):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
     assert any(np.abs(w).max() > 0 for w in weights)
 

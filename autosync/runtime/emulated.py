@@ -27,7 +27,10 @@ a worker holds only what it sends (each dense variable's gradient, each sparse o
 rows) and the whole values it pulls.
 
 Parameter servers, collectives, compression and optimizer updates are the real ones. The
-optimizer is chosen by name (``OPTIMIZERS``; default ``sgd``), since a ModelSpec names none.
+optimizer is chosen by name (``OPTIMIZERS``; default ``sgd``), since a ModelSpec names none; a
+spec whose model clips by the global norm (``ModelSpec.global_clipnorm``) gets it with
+``global_clipnorm`` = ``CLIPNORM``, and its steps are held as a TensorFlow worker's are
+(``sync.base``): the parameter servers wait for the norm's parts and the scale.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import numpy as np
 
 from autosync.runtime.digest import zeros_digest
 from autosync.runtime.initial import ZeroInitial
+from autosync.runtime.sync.base import clip_scale
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.builders import ready_order
 from strategy_space.errors import ConfigError
@@ -50,6 +54,10 @@ OPTIMIZERS = {
     "adam": {"class": "Adam", "learning_rate": 0.001},
     "adagrad": {"class": "Adagrad", "learning_rate": 0.01},
 }
+# the emulated ``global_clipnorm`` (a spec says only whether its model clips): below the norm of the
+# synthetic gradients of any spec (``_GRAD_SCALE`` per value: about 0.2 for a few hundred values),
+# so every held step is really scaled
+CLIPNORM = 0.05
 COMPUTE_MODES = ("real", "emulated")
 _GRAD_SCALE = 0.01
 
@@ -90,6 +98,15 @@ class EmulatedModelDef:
     @property
     def batch_size(self) -> int:
         return self.spec.batch_size
+
+
+def emulated_optimizer(model_def: EmulatedModelDef) -> dict:
+    """The Keras optimizer config the channels of an emulated model apply: ``OPTIMIZERS``' entry,
+    with ``global_clipnorm`` = ``CLIPNORM`` where the spec's model clips by the global norm."""
+    config = dict(OPTIMIZERS[model_def.optimizer])
+    if model_def.spec.global_clipnorm:
+        config["global_clipnorm"] = CLIPNORM
+    return config
 
 
 def emulated_model_def(spec: ModelSpec, cluster: ClusterSpec, step_time_s: float | None = None,
@@ -198,7 +215,7 @@ class EmulatedWorker:
         return {
             "variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype, "sparse": v.sparse}
                           for v in spec.variables],
-            "optimizer": dict(OPTIMIZERS[model_def.optimizer]),
+            "optimizer": emulated_optimizer(model_def),
             "initial": [ZeroInitial(tuple(v.shape), v.dtype) for v in spec.variables] if send_initial else None,
             "initial_digest": zeros_digest([(v.shape, v.dtype) for v in spec.variables]),
         }
@@ -240,8 +257,7 @@ class EmulatedWorker:
             if left > 0:
                 time.sleep(left)
             compute = time.perf_counter() - t1
-            for channel in self.channels:
-                channel.push(self.step, grads)
+            self._hand_over(grads)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(0.0)
@@ -255,6 +271,19 @@ class EmulatedWorker:
             channel.finish()
         out["start"].append(time.time())
         return out
+
+    def _hand_over(self, grads: list) -> None:
+        """Push to every channel; under ``global_clipnorm`` (outside the graph) as held steps, as
+        ``TrainingWorker._hand_over`` does."""
+        clip = emulated_optimizer(self.model_def).get("global_clipnorm")
+        if clip is None or all(c.in_graph for c in self.channels):
+            for channel in self.channels:
+                channel.push(self.step, grads)
+            return
+        held = [c.push_held(self.step, grads) for c in self.channels]
+        scale = clip_scale(sum(c.held_sq(h) for c, h in zip(self.channels, held)), clip)
+        for channel in self.channels:
+            channel.release(self.step, scale)
 
     def get_weights(self) -> list:
         """The trainable variables' last pulled values, model order (row-pulled tables are

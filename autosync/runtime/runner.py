@@ -153,7 +153,7 @@ class RayRunner(Runner):
             self.pool.ensure(self.model_def, self.cluster.devices, time.monotonic() + self.trial_timeout_s)
             desc = self.pool.description
             built = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
-                                         desc["optimizer"] if self.compute != "emulated" else None)
+                                         desc["optimizer"])
             given = self._given_spec
             if given is not None:
                 facts = lambda m: [(v.name, v.shape, v.dtype, v.sparse) for v in m.variables]  # noqa: E731
@@ -161,7 +161,7 @@ class RayRunner(Runner):
                     raise ConfigError(f"the model spec given for {self.model_def.name} does not match the variables "
                                       f"the workers built (names, shapes, dtypes, sparsity or batch size differ); "
                                       f"build the spec from the same ModelDef")
-                if self.compute != "emulated" and given.global_clipnorm != built.global_clipnorm:
+                if given.global_clipnorm != built.global_clipnorm:
                     raise ConfigError(f"the model spec given for {self.model_def.name} says global_clipnorm "
                                       f"{str(given.global_clipnorm).lower()} but the workers' optimizer "
                                       f"{'clips' if built.global_clipnorm else 'does not clip'} by the global norm; "
