@@ -52,11 +52,15 @@ def test_format_rate_round_trips():
     assert format_rate(parse_rate("1000mbit")) == "1gbit"
 
 
-def test_burst_is_at_least_128_kib():
-    from autosync.testbed.config import burst_bytes
+def test_burst_is_half_a_millisecond_and_super_packets_half_the_burst():
+    """A bucket lets its size through at once after an idle moment: half a millisecond of the
+    rate at most (8 KiB at least), with GSO super-packets half of it (64 KiB at most)."""
+    from autosync.testbed.config import burst_bytes, gso_bytes
 
-    assert burst_bytes(200 * 10**6) == 131072
-    assert burst_bytes(10**10) == 10**10 // 8 // 500
+    assert burst_bytes(200 * 10**6) == 12500 and gso_bytes(200 * 10**6) == 6250
+    assert burst_bytes(100 * 10**6) == 8192 and gso_bytes(100 * 10**6) == 4096
+    assert burst_bytes(10**9) == 62500 and gso_bytes(10**9) == 31250
+    assert burst_bytes(10**10) == 625000 and gso_bytes(10**10) == 65536
 
 
 def test_config_collects_every_problem_and_normalises_rate():
@@ -366,6 +370,70 @@ def test_shaping_limits_bandwidth(testbed, monkeypatch):
     assert 150 < slow < 230
     assert fast > 2.5 * slow
     assert tb.cluster_spec.nodes[0].bandwidth_gbps == 1.0
+
+
+_ECHO = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.77.0.1", 5302)); s.listen(1); s.settimeout(20)
+print("ready", flush=True)
+c, _ = s.accept(); c.settimeout(20); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+want, back = int(sys.argv[1]), bytes(int(sys.argv[2]))
+while True:
+    got = 0
+    while got < want:
+        b = c.recv(1 << 20)
+        if not b:
+            sys.exit(0)
+        got += len(b)
+    c.sendall(back)
+"""
+_ROUNDS = r"""
+import socket, sys, time
+out, back, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+c = socket.create_connection(("10.77.0.1", 5302), timeout=20); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+payload, times = bytes(out), []
+for _ in range(rounds):
+    t = time.perf_counter(); c.sendall(payload); got = 0
+    while got < back:
+        got += len(c.recv(1 << 20))
+    times.append(time.perf_counter() - t)
+print(sorted(times)[len(times) // 2])
+"""
+
+
+def _round_s(out: int, back: int, rounds: int) -> float:
+    """Median seconds of a round: host1 sends ``out`` bytes to host0, which answers ``back`` bytes
+    once all are in (a PS step's push, then its pull)."""
+    echo = subprocess.Popen(ray_nodes.in_namespace("host0", [sys.executable, "-c", _ECHO, str(out), str(back)]),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([echo.stdout], [], [], 20)
+        assert ready and echo.stdout.readline().strip() == "ready", "echo server did not start"
+        res = subprocess.run(ray_nodes.in_namespace("host1", [sys.executable, "-c", _ROUNDS, str(out), str(back),
+                                                              str(rounds)]), check=True, timeout=60,
+                             capture_output=True, text=True)
+    finally:
+        echo.kill()
+        echo.wait(timeout=10)
+    return float(res.stdout)
+
+
+@pytest.mark.multinode
+def test_a_push_then_a_pull_cross_at_the_link_rate_not_in_a_burst(testbed, monkeypatch):
+    """A physical link serializes every byte; a token bucket lets its size through at once after an
+    idle moment. With the 128 KiB bucket of before, a 93 KB push answered by a 91 KB pull took
+    3.9 ms a round at 200mbit where the link needs 7.4 ms; now each phase may gain at most the
+    half-millisecond bucket."""
+    tb, _ = testbed
+    assert _cli(["testbed", "shape", "--bandwidth", "200mbit"], monkeypatch) == 0
+    try:
+        seconds = _round_s(93_000, 91_000, 30)
+    finally:
+        tb.shape("1gbit")
+    wire = (93_000 + 91_000) * 8 / 200e6
+    print(f"\n93 KB then 91 KB at 200mbit: {seconds * 1e3:.2f} ms a round, the link needs {wire * 1e3:.2f} ms")
+    assert seconds > wire - 2 * 0.5e-3 - 0.4e-3   # two phases' buckets, some slack for timer granularity
 
 
 @pytest.mark.multinode

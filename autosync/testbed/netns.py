@@ -20,7 +20,7 @@ from typing import Sequence
 
 from strategy_space.errors import ConfigError
 
-from .config import BRIDGE, SUBNET_PREFIX, TestbedError, burst_bytes, host_address, host_ns
+from .config import BRIDGE, GSO_MAX, SUBNET_PREFIX, TestbedError, burst_bytes, gso_bytes, host_address, host_ns
 
 NETNS_DIR = Path("/run/netns")
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
@@ -146,6 +146,8 @@ def shape(switch: str, nodes: int, bps: int | None) -> None:
 def _shape_device(ns: str, dev: str, bps: int | None) -> None:
     # a veth starts with no root qdisc ("noqueue"); deleting it then fails, which is fine
     run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+    # super-packets small enough for the bucket (``config.gso_bytes``); unshaped: the kernel's most
+    run(["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size", str(GSO_MAX if bps is None else gso_bytes(bps))])
     if bps is None:
         return
     burst = str(burst_bytes(bps))
