@@ -157,3 +157,52 @@ def test_nothing_is_cut_where_pipelining_cannot_use_it():
     agg = _plan([dataclasses.replace(_ref(0, 2048), local_replication=True), _ref(1, 1024)], [(1, 0), (1, 0)],
                 replicas=("a:0", "a:1"))
     assert agg.node_aggregation() and agg.segmented(shapes, itemsize, max_chunks=4, min_bytes=1) is agg
+
+
+def test_sparse_keys_split_by_their_step_bytes_where_given():
+    """An embedding model's actor: with its tables' step bytes, the sparse keys split into the
+    chunks the (small, unsplit) dense keys leave, by bytes; without them, one call as before."""
+    from autosync.runtime.sync.ps import sparse_step_bytes
+
+    shapes = [[64, 8], [8], [1000, 16], [500, 16], [2000, 8], [300, 32]]
+    itemsize = [4] * 6
+    refs = [_ref(0, 64), _ref(1, 8)] + [_ref(v, shapes[v][0], sparse=True) for v in range(2, 6)]
+    rows = (0, 0, 100, 100, 100, 50)
+    sizes = sparse_step_bytes(refs, rows, shapes, itemsize)
+    assert sizes == {(2, 0): 100 * (64 + 8), (3, 0): 100 * (64 + 8), (4, 0): 100 * (32 + 8), (5, 0): 50 * (128 + 8)}
+    assert ps_chunks(refs, shapes, itemsize, max_chunks=4, min_bytes=1 << 20) is None
+    chunks = ps_chunks(refs, shapes, itemsize, max_chunks=4, min_bytes=1 << 20, sparse_bytes=sizes)
+    assert chunks[0] == [(0, 0), (1, 0)] and len(chunks) == 4
+    assert sorted(k for c in chunks[1:] for k in c) == sorted(sizes)
+    assert chunks[1:] == [[(2, 0)], [(3, 0), (4, 0)], [(5, 0)]]   # runs of about a third of the bytes
+    # no budget left (pipelining off), or one table: nothing splits
+    assert ps_chunks(refs, shapes, itemsize, max_chunks=1, min_bytes=1, sparse_bytes=sizes) is None
+    assert ps_chunks(refs[:3], shapes, itemsize, max_chunks=4, min_bytes=1 << 20, sparse_bytes=sizes) is None
+    # a shard of a table partitioned in two carries half its rows; across columns, every row's id
+    half = [_ref(2, 500, sparse=True, shards=2), _ref(5, 16, sparse=True, shards=2, axis=1)]
+    assert sparse_step_bytes(half, rows, shapes, itemsize) == {(2, 0): 50 * (64 + 8), (5, 0): 50 * 64 + 50 * 8}
+
+
+def test_sparse_keys_are_pipelined_only_where_a_step_crosses_a_slow_link():
+    """Each chunk costs a call: the split pays where the actor serves a worker on another node and
+    a step's rows take at least a millisecond on the slowest link."""
+    from autosync.runtime.sync.ps import SPARSE_CHUNK_MIN_S, pipelined_sparse
+    from strategy_space import ClusterSpec, NodeSpec
+
+    shapes, itemsize = [[1000, 16], [500, 16]], [4, 4]
+    refs = (_ref(0, 1000, sparse=True), _ref(1, 500, sparse=True))
+    step_bytes = 2 * 100 * (64 + 8)
+
+    def cluster(gbps):
+        return ClusterSpec("c", (NodeSpec("a", workers=1, bandwidth_gbps=gbps), NodeSpec("b", workers=1,
+                                                                                       bandwidth_gbps=gbps)))
+
+    slow = step_bytes * 8 / SPARSE_CHUNK_MIN_S / 1e9 / 2   # a step's rows take 2 ms
+    plan = dataclasses.replace(_plan(refs, [(1, 0)] * 2), rows_per_step=(100, 100))
+    assert pipelined_sparse(plan, plan.ps_actors[0], cluster(slow), shapes, itemsize) == {
+        (0, 0): 100 * 72, (1, 0): 100 * 72}
+    assert pipelined_sparse(plan, plan.ps_actors[0], cluster(slow * 4), shapes, itemsize) is None   # 0.5 ms
+    local = dataclasses.replace(plan, replicas=("a:0", "a:1"))
+    assert pipelined_sparse(local, local.ps_actors[0], cluster(slow), shapes, itemsize) is None
+    unknown = dataclasses.replace(plan, rows_per_step=())
+    assert pipelined_sparse(unknown, unknown.ps_actors[0], cluster(slow), shapes, itemsize) is None

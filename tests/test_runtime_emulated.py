@@ -200,6 +200,38 @@ def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder, cli
 
 
 @pytest.mark.integration
+def test_an_embedding_models_tables_pipelined_across_a_slow_link_train_as_one_process(ray_session):
+    """Where a step's rows take long on the link, a PS actor's tables go in several chunks (each
+    pushed and pulled by its own call, applied when all workers' chunk is in): training is the
+    same, to float tolerance, as single-process SGD."""
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import Session, WorkerPool
+    from autosync.runtime.plan import SyncPlan
+    from strategy_space.builders import get_builder
+
+    tables = tuple(VariableSpec(f"emb{i}", (300 + 50 * i, 4), sparse=True, rows_per_step=20) for i in range(4))
+    spec = ModelSpec("tables", tables + (VariableSpec("dense/kernel", (4, 3)),), batch_size=8,
+                     profile=ComputeProfile(0.002))
+    slow = dataclasses.replace(PAIR, nodes=tuple(dataclasses.replace(n, bandwidth_gbps=0.001) for n in PAIR.nodes))
+    md = EmulatedModelDef(spec, 0.002, "sgd", seed=5)
+    pool = WorkerPool(ClusterBinding.bind(slow))
+    try:
+        pool.ensure(md, slow.devices, time.monotonic() + 120)
+        plan = SyncPlan.build(get_builder("ps").build(spec, slow), spec, slow, pool.description["optimizer"])
+        session = Session(pool, plan)
+        session.start(time.monotonic() + 120)
+        session.run(4, time.monotonic() + 120)
+        weights = session.weights(time.monotonic() + 60)
+        chunks = session.chunks
+        session.close()
+    finally:
+        pool.kill_all()
+    assert len(chunks[0]) == 4 and sum(len(c) for c in chunks[0]) == 5, chunks
+    for got, want, var in zip(weights, numpy_reference(spec, 5, 2, 4, 0.01), spec.variables):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
+
+
+@pytest.mark.integration
 def test_starting_an_all_reduce_session_ships_no_copy_of_the_model(ray_session):
     """The driver used to make every all-reduced variable's initial value and send it to each
     worker with its channel: a full-size dlrm (2 GB) then crossed each 100 Mbit/s link before the

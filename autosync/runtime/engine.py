@@ -19,7 +19,7 @@ from autosync.runtime.ps_shard import ParameterServerShard
 from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
-from autosync.runtime.sync.ps import PSChannel, ps_chunks
+from autosync.runtime.sync.ps import PSChannel, pipelined_sparse, ps_chunks
 from strategy_space.errors import ConfigError
 
 
@@ -338,7 +338,8 @@ class Session:
         itemsize = [np.dtype(v["dtype"]).itemsize for v in desc["variables"]]
         plan = self.plan = segment_for(plan, desc, [m for g in numpy_groups for m in g.members], shapes, itemsize,
                                        limit, PS_CHUNK_MIN_BYTES)
-        self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES) for p in plan.ps_actors]
+        self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES,
+                                 pipelined_sparse(plan, p, binding.cluster, shapes, itemsize)) for p in plan.ps_actors]
         self.ps_actors, ready = self.pool.ps.start(plan, desc["optimizer"], self.chunks, self.pool.description_ref)
         ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in self.plan.ps_actors])
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))

@@ -79,6 +79,9 @@ class SyncPlan:
         num_vars: number of model variables.
         ar_groups: all-reduce fusion groups in gradient-ready order (backends resolved).
         layout: per variable, (number of shards, partition axis), to reassemble pulled parts.
+        rows_per_step: per variable, the distinct rows one worker's step touches where the model
+            spec says (sparse variables; 0 where unknown): what a sparse shard's push and pull
+            weigh (``sync.ps.sparse_step_bytes``).
     """
 
     replicas: tuple[str, ...]
@@ -88,6 +91,7 @@ class SyncPlan:
     num_vars: int
     ar_groups: tuple[ARGroup, ...] = ()
     layout: tuple[tuple[int, int], ...] = ()
+    rows_per_step: tuple[int, ...] = ()
 
     @property
     def num_workers(self) -> int:
@@ -215,6 +219,7 @@ class SyncPlan:
             sync=sync_mode, staleness=staleness if sync_mode else 0, num_vars=len(model.variables),
             ar_groups=tuple(ARGroup(g, tuple(groups[g])) for g in sorted(groups, key=lambda g: (position[g], g))),
             layout=tuple(layout),
+            rows_per_step=tuple((v.rows_per_step or 0) if v.sparse else 0 for v in model.variables),
         )
 
 

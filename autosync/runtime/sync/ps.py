@@ -17,10 +17,17 @@ from autosync.runtime.rows import dedup_aligned, dedup_rows, index_dtype, payloa
 from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
-def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: int) -> list | None:
+def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: int,
+              sparse_bytes: dict | None = None) -> list | None:
     """Split one PS actor's keys into at most ``max_chunks`` chunks of similar bytes, none under
     ``min_bytes`` (so a small actor keeps one call); where the dense shards split, the sparse
     ones (rows move, not the table) form one chunk of their own. None: one chunk (no split).
+
+    With ``sparse_bytes`` (sparse key -> bytes a step moves of it each way; the caller gives it
+    where they are worth pipelining) the sparse keys split too, into the chunks the dense ones
+    leave (the dense keys then one chunk, where they do not split): an embedding model's step
+    then pulls its first tables' rows while the others' pushes are still crossing the link,
+    instead of pulling nothing until every table is pushed.
 
     Args:
         shards: the actor's ``ShardRef`` s, in plan order.
@@ -32,18 +39,61 @@ def ps_chunks(shards, shapes: list, itemsize: list, max_chunks: int, min_bytes: 
     sparse = [r.key for r in shards if r.sparse]
     total = sum(b for _, b in dense)
     count = min(max_chunks - (1 if sparse else 0), total // max(1, min_bytes))
-    if count < 2:
-        return None
+    chunks = _split(dense, count) if count >= 2 else [[k for k, _ in dense]] if dense else []
+    budget = max_chunks - len(chunks)
+    if sparse_bytes and budget >= 2 and len(sparse) >= 2:
+        chunks += _split([(k, sparse_bytes.get(k, 0)) for k in sparse], min(budget, len(sparse)))
+    elif count < 2:
+        return None   # nothing splits: one call per actor
+    elif sparse:
+        chunks.append(sparse)
+    return chunks if len(chunks) > 1 else None
+
+
+def _split(sized: list, count: int) -> list:
+    """Keys (with their bytes) in order, cut into at most ``count`` runs of similar bytes."""
+    total = sum(b for _, b in sized)
     chunks, current, filled = [], [], 0
-    for key, b in dense:
+    for key, b in sized:
         # a key whose middle lies past the current chunk's share of the total starts the next chunk
         if current and filled + b / 2 > total * (len(chunks) + 1) / count and len(chunks) < count - 1:
             chunks.append(current)
             current = []
         current.append(key)
         filled += b
-    chunks += [c for c in (current, sparse) if c]
-    return chunks if len(chunks) > 1 else None
+    return chunks + [current] if current else chunks
+
+
+# a PS actor's sparse keys split into chunks too where a step's rows of them take this long on the
+# slowest link (and cross one): pipelining then saves more than the calls it adds cost
+SPARSE_CHUNK_MIN_S = 1e-3
+
+
+def pipelined_sparse(plan, actor, cluster, shapes: list, itemsize: list) -> dict | None:
+    """What ``ps_chunks`` splits ``actor``'s sparse keys by (``sparse_step_bytes``), where that
+    pays: the actor serves a worker on another node, and a step's rows of it take at least
+    ``SPARSE_CHUNK_MIN_S`` to cross the cluster's slowest link (each chunk costs a call)."""
+    if not any(plan.replica_node(slot) != actor.node for slot in plan.replicas):
+        return None
+    sizes = sparse_step_bytes(actor.shards, plan.rows_per_step, shapes, itemsize)
+    link = min(n.bandwidth_gbps for n in cluster.nodes) * 1e9 / 8
+    return sizes if sum(sizes.values()) >= link * SPARSE_CHUNK_MIN_S else None
+
+
+def sparse_step_bytes(shards, rows_per_step: tuple, shapes: list, itemsize: list) -> dict:
+    """Sparse key -> the bytes one worker's step moves of that shard each way (its rows' values and
+    int64 ids), from the spec's rows per step (rows spread evenly over a partitioned table's
+    shards); keys whose rows are not known are left out."""
+    out = {}
+    for r in shards:
+        rows = rows_per_step[r.var_index] if r.sparse and r.var_index < len(rows_per_step) else 0
+        if not rows:
+            continue
+        shape = shapes[r.var_index]
+        share = (r.stop - r.start) / shape[r.axis]
+        width = int(np.prod(shape[1:], dtype=np.int64)) * itemsize[r.var_index]
+        out[r.key] = rows * share * (width + (8 if r.axis == 0 else 8 / share))
+    return out
 
 
 class PSChannel(SyncChannel):
