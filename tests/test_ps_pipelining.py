@@ -204,5 +204,14 @@ def test_sparse_keys_are_pipelined_only_where_a_step_crosses_a_slow_link():
     assert pipelined_sparse(plan, plan.ps_actors[0], cluster(slow * 4), shapes, itemsize) is None   # 0.5 ms
     local = dataclasses.replace(plan, replicas=("a:0", "a:1"))
     assert pipelined_sparse(local, local.ps_actors[0], cluster(slow), shapes, itemsize) is None
+    # actors on both worker nodes send and receive at once already; one on a node without
+    # workers (a dedicated server) pushes and pulls one way at a time
+    from autosync.runtime.plan import PSActorPlan
+
+    both = dataclasses.replace(plan, ps_actors=(PSActorPlan("a", refs[:1]), PSActorPlan("b", refs[1:])))
+    assert pipelined_sparse(both, both.ps_actors[0], cluster(slow), shapes, itemsize) is None
+    server = dataclasses.replace(plan, replicas=("b:0", "c:0"),
+                                 ps_actors=(PSActorPlan("a", refs[:1]), PSActorPlan("d", refs[1:])))
+    assert pipelined_sparse(server, server.ps_actors[0], cluster(slow), shapes, itemsize) == {(0, 0): 100 * 72}
     unknown = dataclasses.replace(plan, rows_per_step=())
     assert pipelined_sparse(unknown, unknown.ps_actors[0], cluster(slow), shapes, itemsize) is None
