@@ -45,16 +45,16 @@ def test_measured_ratios_pair_each_builder_plain_with_clipped(tmp_path):
 
 
 def test_a_held_single_ps_is_predicted_slower_than_a_held_partitioned_one(tmp_path, capsys):
-    """On the shipped dataset's ncf group (2 nodes at 200 Mbit/s): one PS node serializes the whole
-    step's pushes and pulls through one NIC, so global clipping costs it more than a PS partitioned
-    over both nodes (whose pushes and pulls are spread over two NICs); both ratios are above 1."""
+    """On the shipped dataset's ncf group (2 nodes at 200 Mbit/s): a held step pipelines nothing, so
+    global clipping costs the one PS node (whose tables pipelined) more than a PS partitioned over
+    both nodes (whose pushes and pulls use both directions of each link at once already)."""
     out = tmp_path / "o.json"
     assert H.main(["--measured", _measured(tmp_path), "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["builders"]
     assert rows["ps"]["measured_ratio"] == pytest.approx(9.5 / 6.5)
+    assert rows["ps"]["analytic_ratio"] > 1.2 and rows["partitioned_ps"]["analytic_ratio"] > 1.0
     for kind in ("analytic_ratio", "simulator_ratio"):
-        assert rows["ps"][kind] > rows["partitioned_ps"][kind] >= 1.0, kind
-        assert rows["ps"][kind] > 1.1, kind
+        assert rows["ps"][kind] > rows["partitioned_ps"][kind] + 0.1, kind
     assert "ncf-small on testbed, 2 nodes at 0.2 Gbit/s" in capsys.readouterr().out
 
 
@@ -67,7 +67,7 @@ def test_emulated_measurements_of_a_model_spec_and_runs_without_a_clipped_copy(t
     assert H.main(["--measured", _measured(tmp_path), "--compute", "emulated", "--model-spec", spec,
                    "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["compute"] == "emulated" and got["builders"]["ps"]["analytic_ratio"] > 1.5
+    assert got["compute"] == "emulated" and got["builders"]["ps"]["analytic_ratio"] > 1.2
     data = json.loads(open(_measured(tmp_path)).read())
     data["runs"]["run_1"]["models"].pop("/x/benchmarks/clipped_models.py:ncf")
     bad = tmp_path / "bad.json"

@@ -268,20 +268,38 @@ def test_candidates_that_move_different_bytes_get_different_predictions(nodes, w
     assert t_ps > 1.05 * t_ar
 
 
-def test_global_clipping_holds_a_sync_ps_step_push_phase_then_pull_phase():
-    """With ``global_clipnorm`` nothing is updated before every push of a step is in, so a pull
-    never overlaps a push: a PS on n0 serving n1 moves 440 bytes in (push) and then 440 out
-    (pull) through n0's NIC, 880 bytes of wire time instead of 440, plus one round trip (the
-    norm's parts and the scale, ``ps_clip``)."""
+def test_a_sync_ps_step_pulls_after_it_pushes_unless_pipelined_and_global_clipping_holds_it():
+    """A synchronous PS updates nothing before a step's pushes are in, so its pulls follow: a PS on
+    n0 serving n1 moves 440 bytes in (push) and then 440 out (pull) through n0's NIC, 880 bytes of
+    wire time, not the 440 a link moving both at once would need. Where an actor holds enough
+    dense bytes to pipeline in chunks, the shorter phase overlaps all but a chunk; a held step
+    (``global_clipnorm``) pipelines nothing and adds a round trip (the norm's parts, the scale)."""
     clipped = ModelSpec(MODEL.name, MODEL.variables, MODEL.batch_size, global_clipnorm=True)
     ps = Strategy((VarConfig("a", (PS("n0"),)), VarConfig("b", (PS("n0"),))))
     plain, held = _feat(MODEL, _cluster(), ps), _feat(clipped, _cluster(), ps)
-    assert plain["wire_s"] == pytest.approx(440 / GBIT)
-    assert held["wire_s"] == pytest.approx(880 / GBIT)
+    assert (plain["nic_in_s"], plain["nic_out_s"]) == pytest.approx((440 / GBIT, 440 / GBIT))
+    assert plain["wire_s"] == pytest.approx(880 / GBIT) and held["wire_s"] == pytest.approx(880 / GBIT)
     assert (plain["ps_latency_rounds"], held["ps_latency_rounds"]) == (2, 3)
     assert held["analytic_s"] > plain["analytic_s"]
-    # the NICs carry the same bytes: only their order changed
-    assert (held["nic_in_s"], held["nic_out_s"]) == (plain["nic_in_s"], plain["nic_out_s"])
+    # an asynchronous PS applies each push as it comes: its pulls need not wait
+    free = Strategy((VarConfig("a", (PS("n0", sync=False),)), VarConfig("b", (PS("n0", sync=False),))))
+    assert _feat(MODEL, _cluster(), free)["wire_s"] == pytest.approx(440 / GBIT)
+    # 16 MiB of dense bytes on one actor: 4 chunks (the runtime's most), a quarter of the pull exposed
+    big = ModelSpec("big", (VariableSpec("k", (1024, 4096)),), batch_size=4)
+    one = Strategy((VarConfig("k", (PS("n0"),)),))
+    nbytes = 1024 * 4096 * 4
+    assert _feat(big, _cluster(), one)["wire_s"] == pytest.approx(nbytes * 1.25 / GBIT, rel=1e-6)
+    big_clipped = ModelSpec("big", big.variables, 4, global_clipnorm=True)
+    assert _feat(big_clipped, _cluster(), one)["wire_s"] == pytest.approx(nbytes * 2 / GBIT, rel=1e-6)
+
+
+def test_ps_actors_on_every_worker_node_push_and_pull_both_ways_at_once():
+    """Each actor serves the other node's worker: in each phase a NIC sends and receives, so the
+    phases cost no more than both directions at once."""
+    spread = Strategy((VarConfig("a", (PS("n0"),)), VarConfig("b", (PS("n1"),))))
+    f = _feat(ModelSpec("m2", (VariableSpec("a", (10, 10)), VariableSpec("b", (10, 10))), batch_size=4), _cluster(),
+              spread)
+    assert f["wire_s"] == pytest.approx(max(f["nic_in_s"], f["nic_out_s"])) == pytest.approx(800 / GBIT)
 
 
 def test_global_clipping_leaves_all_reduce_and_asynchronous_ps_unheld():
@@ -294,3 +312,13 @@ def test_global_clipping_leaves_all_reduce_and_asynchronous_ps_unheld():
     # one synchronous PS variable beside an all-reduced one holds the step
     mixed = Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (PS("n0"),))))
     assert _feat(clipped, _cluster(), mixed)["ps_latency_rounds"] == 3
+
+
+@pytest.mark.integration
+def test_the_features_pipeline_ps_steps_as_the_runtime_does():
+    from autosync.runtime import engine
+    from autosync.runtime.sync import ps
+    from tuner.features import batch
+
+    assert (batch.PS_CHUNKS, batch.PS_CHUNK_MIN_BYTES, batch.SPARSE_CHUNK_MIN_S) == (
+        engine.PS_CHUNKS, engine.PS_CHUNK_MIN_BYTES, ps.SPARSE_CHUNK_MIN_S)

@@ -7,7 +7,8 @@ equal a measured one's, and when the analytic model's PS round trip became the d
 baselines, fewer than the 12 own trials that can prove the predictor, both runs now search near
 the incumbents, without picks at random; ``open``, the cold run without the region, keeps the
 trials recorded before it; and ``warm``'s last three when the search followed the ranker's order
-alone instead of fusing it with the seconds' (2026-11-28): intended changes). A change that alters
+alone instead of fusing it with the seconds' (2026-11-28), and all three when a synchronous PS
+step's pulls were counted after its pushes unless pipelined (2026-11-28): intended changes). A change that alters
 what the tuner proposes for the same seed fails here; re-record only for an intended change of
 behaviour, and say so in the commit."""
 from __future__ import annotations
@@ -40,15 +41,15 @@ PINNED = {
         'trials': [
             *BASELINES,
             ('search', 'search', '9909a4a669b09827'),
-            ('search', 'search', 'dd8049e81ca14b0c'),
-            ('explore', 'search', 'aa56141c17af005a'),
-            ('search', 'search', '45e82173a1584f3e'),
-            ('search', 'search', '9ba3278c9a3f0bd2'),
-            ('explore', 'search', 'ce7079cc6de0f316'),
+            ('search', 'search', 'bcb8354f79a5f716'),
+            ('explore', 'search', '558a17767cc9348c'),
+            ('search', 'search', 'eb1080acd0061731'),
+            ('search', 'search', '7565ad944cbdaf73'),
+            ('explore', 'search', '9d44e895330a50dd'),
             ('all_reduce', 'confirm', 'c5a79b2294178a38'),
-            ('explore', 'confirm', 'aa56141c17af005a'),
+            ('explore', 'confirm', '558a17767cc9348c'),
         ],
-        'best': 'aa56141c17af005a', 'stop': 'trials',
+        'best': '558a17767cc9348c', 'stop': 'trials',
     },
     'cold': {
         'trials': [
@@ -56,9 +57,9 @@ PINNED = {
             ('search', 'search', '62ffbb7dfd8f0191'),
             ('search', 'search', '468d7300eaf477cf'),
             ('search', 'search', 'aadbcfd536d40635'),
+            ('search', 'search', '2ab7386e6df24c7c'),
             ('search', 'search', '66d9de285cc4d520'),
             ('search', 'search', 'aa0d955d3b762b61'),
-            ('search', 'search', 'b1faf42045ff458b'),
             ('all_reduce', 'confirm', 'c5a79b2294178a38'),
             ('search', 'confirm', 'aadbcfd536d40635'),
         ],
@@ -70,9 +71,9 @@ PINNED = {
             ('search', 'search', '62ffbb7dfd8f0191'),
             ('search', 'search', '468d7300eaf477cf'),
             ('search', 'search', 'aadbcfd536d40635'),
-            ('search', 'search', 'd6cd797a06266d49'),
-            ('search', 'search', '922bc45447042d27'),
-            ('search', 'search', '84f0f4f3c768c112'),
+            ('search', 'search', 'e5304df86295f65b'),
+            ('search', 'search', 'b5a704d84fe3b43c'),
+            ('search', 'search', 'ff80c2fa6643e30f'),
             ('all_reduce', 'confirm', 'c5a79b2294178a38'),
             ('search', 'confirm', 'aadbcfd536d40635'),
         ],

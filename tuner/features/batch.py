@@ -35,10 +35,11 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
     shard (never more than the raw ``m n``; vectors are sent raw); sparse gradients are
     all-gathered, ``(W-1)`` x rows x (width + index) per worker, written as an equivalent ring
     buffer of ``W/2`` x the per-worker bytes.
-  * Held steps (``ModelSpec.global_clipnorm``, strategies with a synchronous PS variable): no
-    shard is updated before every push of the step is in, so the step's pulls follow its pushes
-    (wire time at least the push phase, with the collectives, plus the pull phase, each at its
-    busiest NIC) and the norm's parts and the scale add one round trip (``ps_latency_rounds``).
+  * Phases of a synchronous PS step: no shard (chunk) is updated before every push of it is in,
+    so the step's pulls follow its pushes: wire time at least the longer phase (the pushes, with
+    the collectives, or the pulls, each at its busiest NIC) plus the shorter one over the chunks
+    the runtime pipelines them in (``_pipeline_chunks``). Held steps (``ModelSpec.global_clipnorm``)
+    pipeline nothing, and the norm's parts and the scale add one round trip (``ps_latency_rounds``).
   * Overlap: gradient ``j`` (in ready order) is ready at ``tau_j`` x compute (forward = 1/3 of
     compute, then backward in proportion to parameters); communication is treated as a pipe,
     finishing at ``max_j(tau_j C + T_comm f_j)`` with ``f_j`` the share of wire bytes still to send
@@ -76,6 +77,9 @@ _EMPTY_BYTES = 1e-3
 # passes over a parameter's bytes when a parameter server applies its update (gradient, parameter,
 # Adam's two moments: read and write); ModelSpec does not name the optimizer, so Adam's
 UPDATE_PASSES = 4.0
+# the runtime's PS pipelining (``autosync.runtime.engine``, ``autosync.runtime.sync.ps``): a test
+# holds these equal to the runtime's
+PS_CHUNKS, PS_CHUNK_MIN_BYTES, SPARSE_CHUNK_MIN_S = 4, 1 << 20, 1e-3
 DEFAULT_PARAMS = AlphaBeta()   # frozen; building one validates it, which costs more than small batches
 
 
@@ -117,9 +121,10 @@ def assemble(t: FeatureTables, p: AlphaBeta, a: FeatureSums) -> np.ndarray:
     scalars = {n: a.scal[i] for n, i in SCALAR_ROWS.items()}
     ps = _PsNodes.of(t, a.hosted)
     ring = _Ring.of(t, a, scalars)
+    sync_ps = scalars["sync"] > 0
     # global clipping holds the step of every strategy with a synchronous PS variable (``ps_clip``)
-    held = scalars["sync"] > 0 if t.held else None
-    _traffic_columns(f, t, ps, ring, held)
+    held = sync_ps if t.held else None
+    _traffic_columns(f, t, ps, ring, sync_ps, _pipeline_chunks(t, a, ps, held))
     _ps_columns(f, t, a, ps, ring, held)
     _cpu_columns(f, t, p, ps, ring, scalars)
     _allreduce_columns(f, t, a, ring, scalars)
@@ -175,11 +180,30 @@ class _Ring:
         return cls(gather, wire_dense, wire_dense + gather * (W / 2), ring, hier, ring_n)
 
 
-def _traffic_columns(f: np.ndarray, t: FeatureTables, ps: _PsNodes, ring: _Ring, held: np.ndarray | None) -> None:
-    """Seconds on the busiest NIC (in, out) and intra-node link, and the wire time. A held step
-    (``held``: per strategy, or None) updates nothing before all of its pushes are in, so no pull
-    overlaps a push: its wire time is at least the push phase (with the collectives, which run
-    before the scale is known) plus the pull phase, each at its busiest NIC."""
+def _pipeline_chunks(t: FeatureTables, a: FeatureSums, ps: _PsNodes, held: np.ndarray | None) -> np.ndarray:
+    """Chunks a synchronous PS step's pushes and pulls pipeline in, per strategy, as the runtime
+    cuts them (``autosync.runtime.engine``): up to 4 per actor where it holds 2 MiB or more of
+    dense bytes (one per MiB), and an actor's sparse tables apart where it is the only PS node and
+    a step's rows take a millisecond or more on the slowest link; 1 (no overlap) for a held step."""
+    used = np.maximum((ps.hosted > _EMPTY_BYTES).sum(0), 1)
+    dense = np.floor(a.psum[3] / used / PS_CHUNK_MIN_BYTES)
+    k = np.where(dense >= 2, np.minimum(dense, PS_CHUNKS), 1.0)
+    tables = float(t.sparse.sum())
+    if tables >= 2:
+        rows = (used == 1) & (a.psum[1] >= float(t.bw.min()) * SPARSE_CHUNK_MIN_S)
+        k = np.where(rows, np.maximum(k, min(tables, PS_CHUNKS - 1)), k)
+    return np.where(held, 1.0, k) if held is not None else k
+
+
+def _traffic_columns(f: np.ndarray, t: FeatureTables, ps: _PsNodes, ring: _Ring, sync_ps: np.ndarray,
+                     chunks: np.ndarray) -> None:
+    """Seconds on the busiest NIC (in, out) and intra-node link, and the wire time. A synchronous
+    PS updates nothing before all of a step's pushes (of a chunk) are in, so its pulls follow its
+    pushes: the wire time is at least the push phase (with the collectives) and the pull phase
+    one after the other, each at its busiest NIC, less what ``chunks`` pipelined chunks overlap
+    (the shorter phase over their number). Strategies whose PS actors sit on every worker node
+    move bytes both ways in each phase and lose little; one PS node serving the others, or a held
+    step (``_pipeline_chunks``), pays both phases in full."""
     W, Nw = t.W, t.Nw
     wk, hw = t.workers[:, None], t.has_w[:, None]
     lr_extra = np.maximum(wk - 1, 0)             # workers of a node beyond the one that pushes its sum
@@ -205,10 +229,10 @@ def _traffic_columns(f: np.ndarray, t: FeatureTables, ps: _PsNodes, ring: _Ring,
     f[C["nic_out_s"]] = (nic_out / bw).max(0)
     f[C["intra_s"]] = intra.max(0) / t.intra_bw
     f[C["wire_s"]] = np.maximum(np.maximum(f[C["nic_in_s"]], f[C["nic_out_s"]]), f[C["intra_s"]])
-    if held is not None:
-        pushes = (np.maximum(srv_in, cli_out) + nic_ring) / bw
-        pulls = np.maximum(cli_in, srv_out) / bw
-        f[C["wire_s"]] = np.where(held, np.maximum(f[C["wire_s"]], pushes.max(0) + pulls.max(0)), f[C["wire_s"]])
+    pushes = ((np.maximum(srv_in, cli_out) + nic_ring) / bw).max(0)
+    pulls = (np.maximum(cli_in, srv_out) / bw).max(0)
+    phased = np.maximum(pushes, pulls) + np.minimum(pushes, pulls) / chunks
+    f[C["wire_s"]] = np.where(sync_ps, np.maximum(f[C["wire_s"]], phased), f[C["wire_s"]])
 
 
 def _ps_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ps: _PsNodes, ring: _Ring,
