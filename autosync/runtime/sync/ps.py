@@ -76,9 +76,10 @@ def pipelined_sparse(plan, actor, cluster, shapes: list, itemsize: list) -> dict
     without workers: actors on several worker nodes already send and receive at once, each
     serving the others' workers, and more calls only cost); and a step's rows of it take at
     least ``SPARSE_CHUNK_MIN_S`` to cross the cluster's slowest link (each chunk costs a call).
-    Measured on the testbed (2 nodes at 200mbit, emulated compute, before and after): one PS
-    actor 9.0 -> 7.9 ms a step on ncf-small, 12.9 -> 11.1 on dlrm-small; actors on both nodes
-    5.0 -> 8.1 ms (ncf, ps_lb), hence the rule."""
+    Measured on the testbed (2 nodes at 200mbit, emulated compute, before and after,
+    ``benchmarks/results/ps_testbed_shaping_emulated.json``): one PS actor 9.0 -> 6.9 ms a step
+    on ncf-small, 12.9 -> 11.1 on dlrm-small; cut on every actor, ps_lb's actors on both nodes
+    went 5.1 -> 8.1 ms (ncf), hence the rule."""
     nodes = {plan.replica_node(slot) for slot in plan.replicas}
     if nodes <= {actor.node} or (len(plan.ps_actors) > 1 and actor.node in nodes):
         return None
