@@ -215,3 +215,17 @@ def test_sparse_keys_are_pipelined_only_where_a_step_crosses_a_slow_link():
     assert pipelined_sparse(server, server.ps_actors[0], cluster(slow), shapes, itemsize) == {(0, 0): 100 * 72}
     unknown = dataclasses.replace(plan, rows_per_step=())
     assert pipelined_sparse(unknown, unknown.ps_actors[0], cluster(slow), shapes, itemsize) is None
+
+
+def test_a_plan_takes_rows_per_step_from_the_spec_else_from_the_workers_description():
+    from autosync.runtime.plan import SyncPlan
+    from strategy_space import ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+    from strategy_space import PS as PSSync
+
+    cluster = ClusterSpec("c", (NodeSpec("a", workers=1), NodeSpec("b", workers=1)))
+    strategy = Strategy((VarConfig("e", (PSSync("a"),)), VarConfig("f", (PSSync("a"),)), VarConfig("d", (PSSync("b"),))))
+    described = [{"name": "e", "rows": 7}, {"name": "f", "rows": 9}, {"name": "d", "rows": None}]
+    spec = ModelSpec("m", (VariableSpec("e", (50, 4), sparse=True, rows_per_step=30),
+                           VariableSpec("f", (60, 4), sparse=True), VariableSpec("d", (4, 2))))
+    assert SyncPlan.build(strategy, spec, cluster).rows_per_step == (30, 0, 0)
+    assert SyncPlan.build(strategy, spec, cluster, None, described).rows_per_step == (30, 9, 0)

@@ -144,6 +144,32 @@ def test_pipelined_chunks_equal_single_process(pool, monkeypatch, staleness):
         assert np.mean(history.loss[-5:]) < 0.5 * np.mean(history.loss[:5])
 
 
+def test_a_trainer_pipelines_one_ps_nodes_tables_by_the_rows_its_workers_read(pool, monkeypatch):
+    """``Trainer`` plans from the workers' description, whose ``rows`` (a sparse variable's distinct
+    rows in a worker's first batch) weigh each table: one PS node holding two shards of the
+    embedding pipelines them as two chunks beside the dense one (the link threshold set to 0 here:
+    the pair's loopback link is fast), and trains as one process."""
+    from autosync.runtime.sync import ps
+    from autosync.runtime.trainer import Trainer
+
+    monkeypatch.setattr(ps, "SPARSE_CHUNK_MIN_S", 0.0)
+    md = rm.model_def("sgd", learning_rate=0.1)
+    strategy = Strategy((
+        VarConfig("emb/embeddings", (PS("node0"), PS("node0"))),
+        VarConfig("hidden/kernel", (PS("node0"),)), VarConfig("hidden/bias", (PS("node0"),)),
+        VarConfig("out/kernel", (PS("node0"),)), VarConfig("out/bias", (PS("node0"),)),
+    ))
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=STEPS, steps_per_call=STEPS)
+        weights = trainer.get_weights()
+        chunks = trainer.session.chunks
+        rows = trainer.plan.rows_per_step
+    assert rows[0] > 0 and not any(rows[1:]), rows
+    assert chunks == [[[(1, 0), (2, 0), (3, 0), (4, 0)], [(0, 0)], [(0, 1)]]], chunks   # one actor, three chunks
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_whole_variables_cut_into_row_blocks_train_as_one_process(pool, monkeypatch):
     """A whole variable holding most of a PS actor's bytes is cut into row blocks on that actor
     (``SyncPlan.segmented``) so its chunks pipeline; the workers reassemble it, and training

@@ -213,8 +213,8 @@ class EmulatedWorker:
         names = ready_order(spec)
         self.order = [spec.index(n) for n in names]
         return {
-            "variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype, "sparse": v.sparse}
-                          for v in spec.variables],
+            "variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype, "sparse": v.sparse,
+                           "rows": v.rows_per_step if v.sparse else None} for v in spec.variables],
             "optimizer": emulated_optimizer(model_def),
             "initial": [ZeroInitial(tuple(v.shape), v.dtype) for v in spec.variables] if send_initial else None,
             "initial_digest": zeros_digest([(v.shape, v.dtype) for v in spec.variables]),

@@ -162,10 +162,14 @@ class SyncPlan:
         return dataclasses.replace(self, ps_actors=tuple(actors), layout=tuple(layout))
 
     @classmethod
-    def build(cls, strategy: Strategy, model: ModelSpec, cluster, optimizer: dict | None = None) -> "SyncPlan":
+    def build(cls, strategy: Strategy, model: ModelSpec, cluster, optimizer: dict | None = None,
+              described: list | None = None) -> "SyncPlan":
         """Plan a strategy that ``validate`` accepted.
 
         Args:
+            described: the workers' description of the variables, whose ``rows`` (a sparse
+                variable's distinct rows in a worker's first batch) stand in for rows per step
+                the spec does not give (a spec built from the description has none).
             optimizer: the model's ``keras_optimizer_config``, where known. Under
                 ``global_clipnorm`` with gradient accumulation the ``graph`` backend cannot hold
                 its part of a step beside other synchronizers (``check_global_clipnorm``): there
@@ -209,6 +213,7 @@ class SyncPlan:
                     start=start, stop=stop, axis=axis, sparse=var.sparse,
                     local_replication=sync.local_replication))
         (sync_mode, staleness), = modes or {(True, 0)}  # validate() guarantees one PS mode per strategy
+        seen = [d.get("rows") or 0 for d in described] if described else [0] * len(model.variables)
         order = [n for n in cluster.node_names if n in by_node]
         # groups are issued in the order their last gradient becomes ready
         ready = {name: i for i, name in enumerate(ready_order(model))}
@@ -219,7 +224,7 @@ class SyncPlan:
             sync=sync_mode, staleness=staleness if sync_mode else 0, num_vars=len(model.variables),
             ar_groups=tuple(ARGroup(g, tuple(groups[g])) for g in sorted(groups, key=lambda g: (position[g], g))),
             layout=tuple(layout),
-            rows_per_step=tuple((v.rows_per_step or 0) if v.sparse else 0 for v in model.variables),
+            rows_per_step=tuple((v.rows_per_step or seen[i]) if v.sparse else 0 for i, v in enumerate(model.variables)),
         )
 
 

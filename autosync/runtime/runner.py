@@ -199,7 +199,8 @@ class RayRunner(Runner):
                                         limit_s=self.trial_timeout_s)
             if doomed:
                 return self._failed(common, "timeout", doomed, meta)
-            plan = SyncPlan.build(strategy, model, self.cluster, (self.pool.description or {}).get("optimizer"))
+            desc = self.pool.description or {}
+            plan = SyncPlan.build(strategy, model, self.cluster, desc.get("optimizer"), desc.get("variables"))
             before = set(self.pool.actors)
             self.pool.ensure(self.model_def, plan.replicas, deadline)
             if set(plan.replicas) - before:

@@ -148,7 +148,7 @@ class Trainer:
         self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
                                                desc["optimizer"])
         validate(self.strategy, self.model_spec, self.cluster)
-        self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster, desc["optimizer"])
+        self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster, desc["optimizer"], desc["variables"])
         self.session = Session(self.pool, self.plan)
         with _fails(self.session):
             self.session.start(deadline)

@@ -164,8 +164,11 @@ class TrainingWorker:
         if hasattr(self.row_reads.ids, "python_function"):   # a tf.function (``rows``: not where ids are inputs)
             self.row_reads.ids = FlatFunction(self.row_reads.ids, (x,))
         return {
-            "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s}
-                          for v, s in zip(self.variables, sparse)],
+            # a sparse variable's distinct rows in this first batch: what its shard's push and pull
+            # weigh per step, for PS pipelining (``sync.ps.pipelined_sparse``)
+            "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s,
+                           "rows": int(np.unique(g.indices.numpy()).size) if s else None}
+                          for v, s, g in zip(self.variables, sparse, grads)],
             "optimizer": keras_optimizer_config(optimizer),
             "initial": initial if send_initial else None,
             "initial_digest": weights_digest(initial),
