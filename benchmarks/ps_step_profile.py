@@ -179,7 +179,9 @@ def profiled_strategies(model, cluster, builders, staleness) -> dict:
     out = {"all_reduce": get_builder("all_reduce").build(model, cluster)}
     for b in builders:
         for s in staleness:
-            out[b if s == 0 else f"{b}/s{s}"] = get_builder(b, staleness=int(s)).build(model, cluster)
+            # a builder without the option (parallax) keeps its synchronous PS at staleness 0
+            options = {"staleness": int(s)} if s else {}
+            out[b if s == 0 else f"{b}/s{s}"] = get_builder(b, **options).build(model, cluster)
     return out
 
 
@@ -188,6 +190,19 @@ def main(argv=None) -> int:
     args = _args(argv)
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or min(args.staleness) < 0:
         print("ps_step_profile: --rounds and --steps must be >= 1, --warmup and --staleness >= 0", file=sys.stderr)
+        return 2
+    from strategy_space.builders import BUILDERS, builder_options
+
+    ps_builders = [b for b in BUILDERS if "all_reduce" not in b]
+    wrong = [b for b in args.builders if b not in ps_builders]
+    if wrong:
+        print(f"ps_step_profile: --builders takes builders with parameter servers ({', '.join(ps_builders)}), got "
+              f"{', '.join(wrong)}; all_reduce is measured beside them as the reference", file=sys.stderr)
+        return 2
+    fixed = [b for b in args.builders if "staleness" not in builder_options(b)]
+    if max(args.staleness) > 0 and fixed:
+        print(f"ps_step_profile: --staleness above 0 needs builders with a staleness option; {', '.join(fixed)} "
+              f"has none", file=sys.stderr)
         return 2
     if args.inside:
         return inside(args)

@@ -17,6 +17,31 @@ def test_bad_numbers_exit_2_naming_the_rule(monkeypatch, capsys, argv):
     assert "--warmup and --staleness >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("builders", [["all_reduce"], ["ps", "nope"]])
+def test_builders_that_are_not_ps_builders_exit_2_naming_them(monkeypatch, capsys, builders):
+    """all_reduce is the reference, always measured: asked for as a PS builder it used to replace
+    the reference's entry and fail on the staleness option; an unknown name failed with a traceback."""
+    monkeypatch.syspath_prepend(BENCHMARKS)
+    import ps_step_profile
+
+    assert ps_step_profile.main(["--builders", *builders]) == 2
+    err = capsys.readouterr().err
+    assert f"got {builders[-1]}" in err and "ps_lb" in err and "Traceback" not in err
+    assert ps_step_profile.main(["--builders", "parallax", "ps", "--staleness", "0", "2"]) == 2
+    assert "parallax has none" in capsys.readouterr().err
+
+
+def test_the_default_builders_build_parallax_included(monkeypatch):
+    """parallax has no staleness option; at staleness 0 it is built as it is (the default
+    ``--builders`` failed on it once the staleness bounds came in)."""
+    monkeypatch.syspath_prepend(BENCHMARKS)
+    import ps_step_profile
+    from tests.fakes import three_node_cluster, tiny_model
+
+    got = ps_step_profile.profiled_strategies(tiny_model(), three_node_cluster(), list(ps_step_profile.BUILDERS), [0])
+    assert list(got) == ["all_reduce", *ps_step_profile.BUILDERS]
+
+
 def test_each_ps_builder_is_profiled_at_each_staleness_bound(monkeypatch):
     monkeypatch.syspath_prepend(BENCHMARKS)
     import ps_step_profile
