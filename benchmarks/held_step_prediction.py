@@ -45,20 +45,20 @@ DEFAULT_MEASURED = os.path.join(REPO, "benchmarks", "results", "ps_held_step_2x2
 
 
 def measured_ratios(path: str) -> tuple[dict, list]:
-    """Per ``builder@variant``: the plain and clipped medians (ms) of every run in the file, and
-    the runs' (commit, start)."""
+    """Per builder: the plain and clipped medians (ms) of every run in the file, and the runs'
+    (commit, start). A run holds one plain model and its clipped copy (``clipped`` in its name:
+    ``benchmarks/clipped_models.py``, or a model-spec YAML named so)."""
     with open(path) as f:
         data = json.load(f)
     out, runs = {}, []
     for run in data["runs"].values():
         runs.append({"commit": run["commit"], "run_started": run["run_started"]})
-        kinds = sorted("clipped" in os.path.basename(n) for n in run["models"])
-        if kinds != [False, True]:
+        kinds = {name: "clipped" if "clipped" in os.path.basename(name) else "plain" for name in run["models"]}
+        if sorted(kinds.values()) != ["clipped", "plain"]:
             raise SystemExit(f"{path}: a run must hold one plain model and its clipped copy (a name with "
                              f"'clipped'), got {sorted(run['models'])}")
         for name, model in run["models"].items():
-            # benchmarks/clipped_models.py, or a model-spec YAML named *clipped*
-            kind = "clipped" if "clipped" in os.path.basename(name) else "plain"
+            kind = kinds[name]
             for t in model["trials"]:
                 if t["status"] == "ok" and t["builder"] != "all_reduce":
                     out.setdefault(t["builder"], {"plain": [], "clipped": []})[kind].append(t["median_s"] * 1e3)

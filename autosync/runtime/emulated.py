@@ -42,7 +42,7 @@ import numpy as np
 
 from autosync.runtime.digest import zeros_digest
 from autosync.runtime.initial import ZeroInitial
-from autosync.runtime.sync.base import clip_scale
+from autosync.runtime.sync.base import hand_over
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.builders import ready_order
 from strategy_space.errors import ConfigError
@@ -227,6 +227,9 @@ class EmulatedWorker:
             self.base = base_gradients(self.model_def.spec, self.model_def.seed, worker_index)
             self.worker_index = worker_index
         self.channels = channels
+        # under global clipping a step is held unless the graph carries all of it (as a TensorFlow worker)
+        clip = emulated_optimizer(self.model_def).get("global_clipnorm")
+        self._clip = clip if clip is not None and channels and not all(c.in_graph for c in channels) else None
         self.layout = [tuple(x) for x in layout]
         self.step = 0
         self._parts = {}
@@ -257,7 +260,7 @@ class EmulatedWorker:
             if left > 0:
                 time.sleep(left)
             compute = time.perf_counter() - t1
-            self._hand_over(grads)
+            hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(0.0)
@@ -271,19 +274,6 @@ class EmulatedWorker:
             channel.finish()
         out["start"].append(time.time())
         return out
-
-    def _hand_over(self, grads: list) -> None:
-        """Push to every channel; under ``global_clipnorm`` (outside the graph) as held steps, as
-        ``TrainingWorker._hand_over`` does."""
-        clip = emulated_optimizer(self.model_def).get("global_clipnorm")
-        if clip is None or all(c.in_graph for c in self.channels):
-            for channel in self.channels:
-                channel.push(self.step, grads)
-            return
-        held = [c.push_held(self.step, grads) for c in self.channels]
-        scale = clip_scale(sum(c.held_sq(h) for c, h in zip(self.channels, held)), clip)
-        for channel in self.channels:
-            channel.release(self.step, scale)
 
     def get_weights(self) -> list:
         """The trainable variables' last pulled values, model order (row-pulled tables are

@@ -167,13 +167,13 @@ class SyncPlan:
         """Plan a strategy that ``validate`` accepted.
 
         Args:
-            described: the workers' description of the variables, whose ``rows`` (a sparse
-                variable's distinct rows in a worker's first batch) stand in for rows per step
-                the spec does not give (a spec built from the description has none).
             optimizer: the model's ``keras_optimizer_config``, where known. Under
                 ``global_clipnorm`` with gradient accumulation the ``graph`` backend cannot hold
                 its part of a step beside other synchronizers (``check_global_clipnorm``): there
                 backend ``auto`` on GPUs resolves to ``nccl`` (outside the graph) instead.
+            described: the workers' description of the variables, whose ``rows`` (a sparse
+                variable's distinct rows in a worker's first batch) stand in for rows per step
+                the spec does not give (a spec built from the description has none).
 
         Raises:
             ConfigError: an all-reduce backend that cannot run here (e.g. gloo without torch).

@@ -20,7 +20,7 @@ from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime.rows import find_row_reads
-from autosync.runtime.sync.base import clip_scale
+from autosync.runtime.sync.base import hand_over
 
 
 def _add(a, b):
@@ -272,7 +272,7 @@ class TrainingWorker:
             loss, grads = self._gradients_of(batches)
             compute = time.perf_counter() - t1
             self._check_rows(rows, grads)
-            self._hand_over(grads)
+            hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(float(loss))
@@ -322,18 +322,6 @@ class TrainingWorker:
         if len(batches) > 1:
             total = [_divide(g, len(batches)) for g in total]
         return float(np.mean(losses)), total
-
-    def _hand_over(self, grads: list) -> None:
-        """Give every channel this step's gradients; under ``global_clipnorm`` (outside the
-        graph alone) as held steps scaled by the norm of all of them (``sync.base``)."""
-        if self._clip is None:
-            for channel in self.channels:
-                channel.push(self.step, grads)
-            return
-        held = [c.push_held(self.step, grads) for c in self.channels]
-        scale = clip_scale(sum(c.held_sq(h) for c, h in zip(self.channels, held)), self._clip)
-        for channel in self.channels:
-            channel.release(self.step, scale)
 
     def checkpoint_state(self, with_weights: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``

@@ -176,3 +176,17 @@ class CollectiveBackend(abc.ABC):
 
     def close(self) -> None:
         """Leave the group."""
+
+
+def hand_over(channels: list, step: int, grads: list, clipnorm: float | None) -> None:
+    """Give every channel a step's gradients: pushed, or under ``global_clipnorm`` (``clipnorm``
+    given) as a held step, every channel's part of the squared norm summed into the scale each
+    then releases its update with (what a TensorFlow or an emulated worker does)."""
+    if clipnorm is None:
+        for channel in channels:
+            channel.push(step, grads)
+        return
+    held = [c.push_held(step, grads) for c in channels]
+    scale = clip_scale(sum(c.held_sq(h) for c, h in zip(channels, held)), clipnorm)
+    for channel in channels:
+        channel.release(step, scale)
