@@ -293,6 +293,27 @@ def test_a_sync_ps_step_pulls_after_it_pushes_unless_pipelined_and_global_clippi
     assert _feat(big_clipped, _cluster(), one)["wire_s"] == pytest.approx(nbytes * 2 / GBIT, rel=1e-6)
 
 
+def test_embedding_tables_pipeline_where_the_runtime_cuts_them():
+    """The runtime cuts a PS actor's tables into chunks (``sync.ps.pipelined_sparse``) where its
+    node's link would carry a step's pushes and then its pulls: the only PS node, or one on a node
+    without workers; actors spread over the worker nodes already move bytes both ways in each
+    phase. A held step (``global_clipnorm``) pipelines nothing, so it shows what the cut saves."""
+    tables = tuple(VariableSpec(n, (100_000, 64), sparse=True, rows_per_step=2000) for n in ("u", "i"))
+    plain = ModelSpec("emb", tables, batch_size=64)
+    held = ModelSpec("emb", tables, batch_size=64, global_clipnorm=True)
+    c = ClusterSpec("c", (NodeSpec("n0", workers=1, bandwidth_gbps=1.0), NodeSpec("n1", workers=1, bandwidth_gbps=1.0),
+                          NodeSpec("n2", workers=0, bandwidth_gbps=1.0)))
+
+    def saved(u: str, i: str) -> float:
+        s = Strategy((VarConfig("u", (PS(u),)), VarConfig("i", (PS(i),))))
+        return _feat(held, c, s)["wire_s"] - _feat(plain, c, s)["wire_s"]
+
+    assert saved("n0", "n1") == pytest.approx(0.0, abs=1e-9)   # both worker nodes: not cut
+    assert saved("n2", "n2") > 0.0                            # the worker-less node, alone
+    assert saved("n0", "n2") > 0.0                            # with a second PS node: still cut
+    assert saved("n0", "n0") > 0.0                            # the only PS node
+
+
 def test_ps_actors_on_every_worker_node_push_and_pull_both_ways_at_once():
     """Each actor serves the other node's worker: in each phase a NIC sends and receives, so the
     phases cost no more than both directions at once."""

@@ -183,14 +183,20 @@ class _Ring:
 def _pipeline_chunks(t: FeatureTables, a: FeatureSums, ps: _PsNodes, held: np.ndarray | None) -> np.ndarray:
     """Chunks a synchronous PS step's pushes and pulls pipeline in, per strategy, as the runtime
     cuts them (``autosync.runtime.engine``): up to 4 per actor where it holds 2 MiB or more of
-    dense bytes (one per MiB), and an actor's sparse tables apart where it is the only PS node and
-    a step's rows take a millisecond or more on the slowest link; 1 (no overlap) for a held step."""
-    used = np.maximum((ps.hosted > _EMPTY_BYTES).sum(0), 1)
+    dense bytes (one per MiB), and an actor's sparse tables apart where it serves a worker on
+    another node, its node's link would carry a step's pushes and then its pulls (it is the only
+    PS node, or its node runs no worker: ``sync.ps.pipelined_sparse``), and a step's rows take a
+    millisecond or more on the slowest link; 1 (no overlap) for a held step."""
+    hosts = ps.hosted > _EMPTY_BYTES
+    used = np.maximum(hosts.sum(0), 1)
     dense = np.floor(a.psum[3] / used / PS_CHUNK_MIN_BYTES)
     k = np.where(dense >= 2, np.minimum(dense, PS_CHUNKS), 1.0)
     tables = float(t.sparse.sum())
     if tables >= 2:
-        rows = (used == 1) & (a.psum[1] >= float(t.bw.min()) * SPARSE_CHUNK_MIN_S)
+        with_w = t.has_w[:, None] > 0
+        remote = (t.Nw - with_w) > 0            # a worker on a node other than this one
+        cut = (hosts & remote & ((used == 1) | ~with_w)).any(0)
+        rows = cut & (a.psum[1] >= float(t.bw.min()) * SPARSE_CHUNK_MIN_S)
         k = np.where(rows, np.maximum(k, min(tables, PS_CHUNKS - 1)), k)
     return np.where(held, 1.0, k) if held is not None else k
 
