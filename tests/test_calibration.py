@@ -11,7 +11,7 @@ from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeS
 from strategy_space.calibration import Calibration, CostCurve
 from strategy_space.space import StrategySpace
 from tuner.cost_models.analytic import AnalyticCostModel
-from tuner.features.batch import COL, featurize
+from tuner.features.batch import COL, UPDATE_PASSES, featurize
 from tuner.features.tables import FeatureTables
 
 CAL = Calibration("gloo", 2, ((4096, 3e-4), (65536, 5e-4), (1 << 20, 4e-3)), ((4096, 1.1e-3), (1 << 20, 9e-3)))
@@ -72,8 +72,10 @@ def test_the_analytic_model_reads_all_reduce_time_off_the_calibrated_curve():
     # two buffers: each pays the curve's latency
     assert X[1, COL["ar_curve_s"]] == pytest.approx(CostCurve(CAL.allreduce).seconds(
         np.array([262144.0, 1024.0])).sum(), rel=1e-6)
-    # in the curve, not twice: no ring bytes on the NICs, no ring steps, no CPU collective work
-    assert X[0, COL["ring_steps"]] == 0 and X[0, COL["nic_out_s"]] == 0 and X[0, COL["cpu_bytes_max"]] == 0
+    # in the curve, not twice: no ring bytes on the NICs, no ring steps, no CPU collective work (the
+    # CPU bytes are each worker's update of its copy alone)
+    assert X[0, COL["ring_steps"]] == 0 and X[0, COL["nic_out_s"]] == 0
+    assert X[0, COL["cpu_bytes_max"]] == pytest.approx(UPDATE_PASSES * 263168)
     assert featurize(FeatureTables.from_specs(m, plain), space.encode([s]))[0, COL["ar_curve_s"]] == 0
     # a slower measured curve predicts a slower all-reduce
     slow = replace(CAL, allreduce=tuple((b, 10 * t) for b, t in CAL.allreduce))

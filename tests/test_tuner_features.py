@@ -7,7 +7,7 @@ import pytest
 from strategy_space import PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
 from strategy_space.space import StrategySpace
 from strategy_space.strategy import shard_bounds
-from tuner.features.batch import COL, featurize
+from tuner.features.batch import COL, UPDATE_PASSES, featurize
 from tuner.features.tables import FeatureTables
 
 GBIT = 1e9 / 8
@@ -312,6 +312,24 @@ def test_embedding_tables_pipeline_where_the_runtime_cuts_them():
     assert saved("n2", "n2") > 0.0                            # the worker-less node, alone
     assert saved("n0", "n2") > 0.0                            # with a second PS node: still cut
     assert saved("n0", "n0") > 0.0                            # the only PS node
+
+
+def test_a_worker_updates_its_copy_of_every_all_reduced_table_whole():
+    """All-reduced, a table's gradient rows are all-gathered, and then every worker updates its own
+    copy of all of it (Keras' Adam decays both moments on every row): CPU work on the CPUs the
+    worker computes on, counted from the table's bytes, not its rows. On a PS only the server
+    updates it; on GPU nodes the device does; emulated compute applies no Adam to tables."""
+    table = VariableSpec("t", (100_000, 64), sparse=True, rows_per_step=100)   # 25.6 MB, 25.6 KB a step
+    m = ModelSpec("emb", (table,), batch_size=64)
+    ar, ps = Strategy((VarConfig("t", (AllReduce(),)),)), Strategy((VarConfig("t", (PS("n0"),)),))
+    whole = UPDATE_PASSES * 100_000 * 64 * 4
+    assert _feat(m, _cluster(), ar)["cpu_bytes_max"] >= whole
+    assert _feat(m, _cluster(), ps)["cpu_bytes_max"] < whole / 100
+    gpu = ClusterSpec("g", tuple(NodeSpec(f"n{i}", gpus=1, bandwidth_gbps=1.0) for i in range(2)))
+    emulated = ClusterSpec("e", _cluster().nodes, compute="emulated")
+    assert _feat(m, gpu, ar)["cpu_bytes_max"] < whole / 100
+    assert _feat(m, emulated, ar)["cpu_bytes_max"] < whole / 100
+    assert _feat(m, _cluster(), ar)["analytic_s"] > _feat(m, _cluster(), ps)["analytic_s"]
 
 
 def test_ps_actors_on_every_worker_node_push_and_pull_both_ways_at_once():

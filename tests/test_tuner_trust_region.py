@@ -39,15 +39,15 @@ class Backwards(Predictor):
 
 
 def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3, backwards: bool = True,
-         trust_trials: int = 6, explore_ratio: float | None = 1.25):
+         trust_trials: int = 6, explore_ratio: float | None = 1.25, model=MODEL):
     settings = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, trust_radius=radius,
                               trust_trials=trust_trials, explore_ratio=explore_ratio, seed=5)
-    tuner = ModelBasedTuner(MODEL, CLUSTER, settings=settings)
-    tuner.predictor = Backwards(MODEL, CLUSTER)
+    tuner = ModelBasedTuner(model, CLUSTER, settings=settings)
+    tuner.predictor = Backwards(model, CLUSTER)
     tuner.predictor.accuracy, tuner.predictor.backwards = accuracy, backwards
     radii = []
     with TrialStore(tmp_path / f"r{radius}-{accuracy}-{backwards}-{trust_trials}-{explore_ratio}.db") as store:
-        out = tune_loop(SyntheticRunner(MODEL, CLUSTER, seed=7), store, tuner,
+        out = tune_loop(SyntheticRunner(model, CLUSTER, seed=7), store, tuner,
                         Budget(trials=trials, patience=10, confirm=0),
                         on_trial=lambda t, o: radii.append(tuner.last_radius) if t.role == "search" else None)
     return tuner, out, radii
@@ -103,9 +103,17 @@ def test_the_radius_grows_each_unproven_round_and_the_space_opens_once_proven(tm
 def test_exploration_draws_only_among_candidates_predicted_near_the_incumbent(tmp_path):
     """A pick at random is one the predictor could be wrong about, not one it predicts twice as
     slow as the best measured strategy (on one node such picks measured 1.6-1.8x the slowest
-    baseline, round after round)."""
+    baseline, round after round). The embedding here has most of its rows touched each step, so the
+    pool holds strategies predicted well above the incumbent (with a few touched rows, every
+    all-reduce of the table pays the workers' update of all of it, and the search's pool holds
+    none such)."""
+    from strategy_space import ModelSpec, VariableSpec
+
+    busy = ModelSpec(MODEL.name, tuple(VariableSpec(v.name, v.shape, v.dtype, v.sparse, 30_000 if v.sparse else None)
+                                       for v in MODEL.variables), MODEL.batch_size, profile=MODEL.profile)
+
     def explored(ratio):
-        _, out, _ = _run(tmp_path, radius=0, accuracy=0.9, trials=12, backwards=False, explore_ratio=ratio)
+        _, out, _ = _run(tmp_path, radius=0, accuracy=0.9, trials=12, backwards=False, explore_ratio=ratio, model=busy)
         picks = [t for t in out.trials if t.role == "search" and t.origin == "explore"]
         assert len(picks) == 4   # one per round of three
         return np.array([t.meta["predicted_vs_incumbent"] for t in picks])

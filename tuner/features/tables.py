@@ -69,7 +69,7 @@ class FeatureTables:
     # val_dense, sparse_cols, half_m1 (fp16 bytes / raw - 1), half_val (val_dense x half_m1),
     # sums (V, 4): [1, sparse bytes, value bytes, dense value bytes], ps_right ([sums | PS wire
     # bytes at or after each breakpoint]), ones, after / tau_bp / sparse_after
-    # (overlap breakpoints)
+    # (overlap breakpoints), sparse_whole (table bytes per step byte of the sparse variables)
 
     def __post_init__(self):
         dim0 = self.dims[:, 0].astype(np.float32)
@@ -94,6 +94,9 @@ class FeatureTables:
             sums=sums,
             after=after, tau_bp=self.tau[bp],
             sparse_after=sparse_step @ after / max(float(sparse_step.sum()), 1e-30),
+            # whole-table bytes per byte a step moves of the tables (a worker updating an
+            # all-reduced table updates all of it)
+            sparse_whole=float((self.size * self.elem_bytes * (1.0 - dense)).sum() / max(float(sparse_step.sum()), 1e-30)),
         )
         for name, value in derived.items():
             object.__setattr__(self, name, value)

@@ -5,7 +5,7 @@ each NIC direction by max-min fairness as they come and go (not a sum of bytes o
 a parameter server serves push calls one at a time in arrival order (fan-in queue) before it
 updates and answers pulls, each node's compute jitters and some nodes straggle, messages pay
 serialization and per-call latency, collectives run one after another in ready order as ring
-steps (hierarchical ones among node leaders after a reduce on the node), workers with local
+steps (then each worker updates its copy of the all-reduced variables, whole tables too) (hierarchical ones among node leaders after a reduce on the node), workers with local
 replication sum on their node and push once, PowerSGD does two all-reduces plus its matrix
 products, fp16 pays the cast, and the
 backward pass's cost per variable is not proportional to its size. Only plain data goes in
@@ -40,6 +40,7 @@ class Truth:
     serialize_bps: float = 2.5e9
     server_agg_bps: float = 3e9
     update_bps: float = 6e9
+    update_passes: float = 4.0   # a worker's local update of an all-reduced variable (Adam: 2 moments)
     fp16_cast_bps: float = 4e9
     psgd_flops: float = 8e9
     node_jitter: float = 0.04
@@ -141,7 +142,7 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
                   rng: np.random.Generator, truth: Truth = Truth()) -> tuple[float, dict]:
     """Seconds of one synchronous step of ``strategy`` (steady state) and a phase breakdown."""
     net = _Network.of(cluster, truth, compute_s, rng)
-    servers, buffers, gathers = _strategy_work(model, cluster, strategy)
+    servers, buffers, gathers, ar_whole = _strategy_work(model, cluster, strategy)
     ps_end = _schedule_parameter_servers(net, servers, truth)
     ar_end = _schedule_collectives(net, _collectives(net, buffers, gathers, truth), truth)
     net.fluid.run()
@@ -153,7 +154,8 @@ def simulate_step(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, co
     ps_wait = max(ps_end[0] - end_c, 0.0)
     hide = 0.0 if asyn else 1.0 / (1.0 + stale) ** 1.5
     busy = max(ps_end[0] - float(net.comp_end.min()), 0.0) * (1.0 - hide) * 0.8
-    step = max(end_c + ps_wait * hide, ar_end[0], busy)
+    ar_update = truth.update_passes * ar_whole / truth.update_bps
+    step = max(end_c + ps_wait * hide, ar_end[0] + ar_update, busy)
     return step, {"compute": end_c, "ps_wait": ps_wait * hide, "all_reduce_end": ar_end[0]}
 
 
@@ -212,13 +214,14 @@ class _ServerWork:
 
 def _strategy_work(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy):
     """The strategy's work: per server node (``_ServerWork``), per all-reduce buffer (group,
-    backend, compressor, hierarchy) -> [bytes, ready, PowerSGD matrices], and the all-gathers
-    (bytes, ready)."""
+    backend, compressor, hierarchy) -> [bytes, ready, PowerSGD matrices], the all-gathers
+    (bytes, ready), and the bytes of the all-reduced variables each worker updates (whole)."""
     ready = _backward_profile(model)
     index = {n: i for i, n in enumerate(cluster.node_names)}
     srv: dict[int, _ServerWork] = {}
     bufs: dict = {}
     gathers = []
+    ar_whole = 0.0
     for cfg in strategy.variables:
         v = model.var(cfg.name)
         vals = step_bytes(v)
@@ -237,7 +240,9 @@ def _strategy_work(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy):
                 e.staleness, e.asynchronous = max(e.staleness, s.staleness), e.asynchronous or not s.sync
             elif v.sparse:
                 gathers.append(((vals + idx) * frac, ready[v.name]))
+                ar_whole += v.bytes * frac
             else:
+                ar_whole += v.bytes * frac
                 codec = s.codec
                 b = bufs.setdefault((s.group, s.backend, codec, s.hierarchical), [0.0, 0.0, []])
                 b[1] = max(b[1], ready[v.name])
@@ -246,7 +251,7 @@ def _strategy_work(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy):
                     b[2].append(low_rank + (codec.rank, v.bytes // v.size))
                 else:
                     b[0] += vals * frac * (0.5 if codec.kind == "fp16" and v.bytes // v.size == 4 else 1.0)
-    return srv, bufs, gathers
+    return srv, bufs, gathers, ar_whole
 
 
 def _schedule_parameter_servers(net: _Network, srv: dict[int, _ServerWork], truth: Truth) -> list[float]:
