@@ -28,9 +28,8 @@ Traffic accounting (W workers, ``w_n`` on node ``n``, ``Nw`` nodes that have wor
     locally replicated gradients, cast (fp16) or project (PowerSGD) their all-reduced values,
     and, where they compute on the CPUs (no GPU, real compute), update their own copy of every
     all-reduced variable (``UPDATE_PASSES`` over its whole bytes, a table's too: Keras' Adam
-    decays both moments on every row; on the warm-start dataset this took the analytic model's
-    within-group order from 0.786 to 0.870 of the pairs apart by 5 %, all-reduce of the
-    embedding models on the testbed from 2.3-3.4x under its measured step to 1.3-2.0x);
+    decays both moments on every row: ``benchmarks/results/simulator_accuracy_builtin.json`` and
+    ``analytic_by_builder_builtin.json`` say what counting it changed);
     collectives run on the CPU where a node has no GPU (no NCCL). A node's communication runs on
     as many cores as it has actors (workers + a PS), at most its CPUs. ``ps_calls_max``: the calls
     the busiest PS actor serves one after another (a push and a pull per worker, per node for

@@ -5,7 +5,8 @@ each NIC direction by max-min fairness as they come and go (not a sum of bytes o
 a parameter server serves push calls one at a time in arrival order (fan-in queue) before it
 updates and answers pulls, each node's compute jitters and some nodes straggle, messages pay
 serialization and per-call latency, collectives run one after another in ready order as ring
-steps (then each worker updates its copy of the all-reduced variables, whole tables too) (hierarchical ones among node leaders after a reduce on the node), workers with local
+steps (hierarchical ones among node leaders after a reduce on the node) and then each worker
+updates its copy of the all-reduced variables (whole tables too), workers with local
 replication sum on their node and push once, PowerSGD does two all-reduces plus its matrix
 products, fp16 pays the cast, and the
 backward pass's cost per variable is not proportional to its size. Only plain data goes in
