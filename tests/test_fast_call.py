@@ -36,6 +36,27 @@ def test_flat_calls_give_the_tf_functions_results_on_the_fast_path():
     assert flat.fallbacks == 0
 
 
+def test_fast_calls_take_tensors_and_strided_arrays_as_the_tf_function_does():
+    """Arguments are made tensors by the eager tensor's own constructor: a tensor passes as it
+    is, a strided view and a read-only array are read right."""
+    import tensorflow as tf
+
+    from autosync.runtime.fast_call import FlatFunction
+
+    f = _function()
+    flat = FlatFunction(f, ({"a": np.arange(4, dtype=np.float32)}, [np.ones((3, 2), np.float32),
+                                                                     np.zeros(5, np.int64)]))
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    frozen = np.arange(5, dtype=np.int64)
+    frozen.flags.writeable = False
+    for x in ({"a": tf.constant([1.0, 2.0, 3.0, 4.0])}, {"a": np.arange(8, dtype=np.float32)[::2]}):
+        args = (x, [strided, frozen])
+        got, want = flat(*args), f(*args)
+        np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+        assert [int(n) for n in got[1]] == [3, 5]
+    assert flat.fallbacks == 0
+
+
 @pytest.mark.parametrize("args", [
     ({"a": np.arange(5, dtype=np.float32)}, [np.ones((3, 2), np.float32), np.zeros(5, np.int64)]),   # shape
     ({"a": np.arange(4, dtype=np.float32)}, [np.ones((3, 2), np.float32), np.zeros(5, np.int32)]),   # dtype

@@ -12,7 +12,7 @@ import pytest
 from autosync.runtime.optimizers import squares_slices
 from autosync.runtime.plan import PSActorPlan, ShardRef
 from autosync.runtime.ps_shard import ParameterServerShard
-from autosync.runtime.rows import dedup_aligned, index_dtype
+from autosync.runtime.rows import dedup_aligned, dedup_aligned_many, index_dtype
 from autosync.runtime.sync.ps import PSChannel
 
 ROWS, WIDTH = 1000, 8
@@ -133,6 +133,35 @@ def test_dedup_aligned_is_summing_in_order_onto_the_pulled_rows_bit_for_bit(seed
         assert got[2].tolist() == repeated.tolist() and got[3].tobytes() == squares[repeated].tobytes()
     else:
         assert len(got) == 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dedup_aligned_many_gives_each_gradient_what_dedup_aligned_gives_it(seed):
+    """Tables of two widths and two dtypes, some with repeated rows, one with none, one empty, one
+    alone in its width: each result equals ``dedup_aligned``'s for it (the same dtypes, the same
+    values; a no-repeat table's zero rows may be +0 where the single call writes nothing)."""
+    rng = np.random.default_rng(seed)
+    items = []
+    for t, (width, dtype, draws) in enumerate([(8, np.float32, 40), (8, np.float32, 0), (8, np.float32, 300),
+                                               (4, np.float32, 50), (8, np.float64, 30), (8, np.float32, 10)]):
+        asked = np.unique(rng.integers(0, 3000, 120)).astype(np.uint16 if t % 2 else np.uint32)
+        idx = rng.choice(asked, size=draws).astype(np.int64)
+        if t == 5:
+            idx = np.unique(idx)   # no row repeats
+        items.append((asked, idx, rng.standard_normal((len(idx), width)).astype(dtype)))
+    for squares in (True, False):
+        got = dedup_aligned_many(items, squares)
+        for item, g in zip(items, got):
+            want = dedup_aligned(*item, squares)
+            assert len(g) == len(want) and g[0] is None
+            assert g[1].dtype == want[1].dtype and np.array_equal(g[1], want[1])
+            if len(want) == 4:
+                assert g[2].dtype == want[2].dtype and g[2].tolist() == want[2].tolist()
+                assert g[3].tobytes() == want[3].tobytes()
+    bad = items[:3] + [(items[3][0], np.array([int(items[3][0].max()) + 1]), items[3][2][:1])]
+    with pytest.raises(ValueError, match="that were not pulled"):
+        dedup_aligned_many(bad, False)
+    assert dedup_aligned_many([], True) == []
 
 
 def test_index_dtype_is_the_narrowest_that_numbers_the_rows():

@@ -122,12 +122,23 @@ def find_reads_on(model, variables, grads):
     (64, 64 * 50, 4, np.float64),  # mostly once
     (40, 7, 1, np.int64),
     (0, 3, 2, np.float32),
+    (900, 400, 4, np.float32),     # a few hot rows beside many rare ones: each the way it needs
+    (700, 200, None, np.float32),  # values of one element per row (a 1-D variable)
 ])
 def test_scatter_sum_is_np_add_at_bit_for_bit(slices, rows, width, dtype):
     from autosync.runtime.rows import scatter_sum
 
     rng = np.random.default_rng(slices + rows)
     inverse = rng.integers(0, rows, slices)
+    if slices >= 700:   # the first rows take a third of the slices: tens each
+        inverse[: slices // 3] = rng.integers(0, 5, slices // 3)
+        rng.shuffle(inverse)
+    if width is None:
+        values = (rng.standard_normal(slices) * rng.choice([1e-4, 1.0, 1e4], slices) * 100).astype(dtype)
+        want = np.zeros(rows, dtype)
+        np.add.at(want, inverse, values)
+        assert scatter_sum(inverse, values, rows).tobytes() == want.tobytes()
+        return
     values = (rng.standard_normal((slices, width)) * rng.choice([1e-4, 1.0, 1e4], (slices, 1)) * 100).astype(dtype)
     want = np.zeros((rows, width), dtype)
     np.add.at(want, inverse, values)

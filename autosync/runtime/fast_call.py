@@ -49,6 +49,7 @@ class FlatFunction:
         self._call, self.fast = concrete_flat(lambda tensors: python(*tf.nest.pack_sequence_as(structure, tensors)),
                                               specs)
         self.fallbacks = 0   # calls served by the tf.function (other shapes, dtypes or structure)
+        self._tensors = _tensor_maker(self._dtypes)
 
     def _fits(self, flat: list) -> bool:
         if len(flat) != len(self._shapes):
@@ -72,7 +73,30 @@ class FlatFunction:
         if flat is None or not self._fits(flat):
             self.fallbacks += 1
             return self._function(*args)
-        return self._call([tf.convert_to_tensor(a) for a in flat])
+        return self._call(self._tensors(flat))
+
+
+def _tensor_maker(dtypes: list):
+    """``tensors(flat)``: the arrays of one call as eager tensors of ``dtypes``, each made by the
+    eager tensor's own constructor, as ``tf.convert_to_tensor`` ends up doing after ~4 us of
+    Python per argument (a step that pulls dozens of tables converts ~60); tensors pass as they
+    are. Where a TensorFlow lacks that constructor, ``tf.convert_to_tensor``."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework.ops import EagerTensor
+
+        context.ensure_initialized()
+        enums = [d.as_datatype_enum for d in dtypes]
+    except (ImportError, AttributeError):
+        return lambda flat: [tf.convert_to_tensor(a) for a in flat]
+
+    def tensors(flat: list) -> list:
+        device = context.context().device_name
+        return [a if isinstance(a, tf.Tensor) else EagerTensor(a, device, e) for a, e in zip(flat, enums)]
+
+    return tensors
 
 
 def concrete_flat(function, specs: list) -> tuple:

@@ -26,7 +26,7 @@ import weakref
 
 import numpy as np
 
-from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums
+from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
@@ -133,6 +133,10 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
             grads: key -> dense ndarray, or ``(indices, values)`` / ``(indices, values, squares)``;
                 keys absent are not updated (Keras skips variables whose gradient is None).
         """
+        if type(self)._apply_one is NumpyOptimizer._apply_one:   # rules that sum repeated rows first
+            sparse = {k: g for k, g in grads.items() if isinstance(g, tuple)}
+            if len(sparse) > 1:
+                grads = {**grads, **row_sums_many(sparse, {k: params[k].dtype for k in sparse}, self.squares_slices)}
         for key, grad in grads.items():
             if self._finish_ahead(iteration, params, key, grad):
                 continue

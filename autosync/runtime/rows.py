@@ -256,14 +256,21 @@ ROUNDS_MAX = 8   # slices of one row beyond which ``scatter_sum`` leaves the sum
 def scatter_sum(inverse: np.ndarray, values: np.ndarray, n: int, dtype=None) -> np.ndarray:
     """``np.add.at`` of ``values`` into ``n`` zero rows at ``inverse``, bit for bit (each row is
     0 plus its slices in their order), faster: the k-th slice of every row is added in round k,
-    an indexed add over distinct rows (2-9x faster than ``np.add.at`` on the zoo's batches, where
-    a row repeats a few times); a row with more than ``ROUNDS_MAX`` slices: ``np.add.at`` itself."""
+    an indexed add over distinct rows (2-9x faster than ``np.add.at`` where rows repeat a few
+    times); the slices of rows with more than ``ROUNDS_MAX``: ``np.add.at`` itself."""
     values = np.asarray(values)
     out = np.zeros((n,) + values.shape[1:], dtype or values.dtype)
-    counts = np.bincount(inverse, minlength=n)
-    if not len(inverse) or counts.max() > ROUNDS_MAX:
-        np.add.at(out, inverse, values)
+    if not len(inverse):
         return out
+    counts = np.bincount(inverse, minlength=n)
+    hot = counts > ROUNDS_MAX
+    if hot.any():   # those rows' slices by ``np.add.at``, in order; the others in rounds
+        slices = hot[inverse]
+        np.add.at(out, inverse[slices], values[slices])
+        if slices.all():
+            return out
+        inverse, values = inverse[~slices], values[~slices]
+        counts = np.where(hot, 0, counts)
     order = np.argsort(inverse, kind="stable")
     rank = np.arange(len(order)) - (np.cumsum(counts) - counts)[inverse[order]]
     for k in range(int(counts.max())):
@@ -301,6 +308,53 @@ def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, wi
         return None, sums
     repeated = np.flatnonzero(counts > 1).astype(asked.dtype)
     return None, sums, repeated, scatter_sum(place, np.square(values), len(asked))[repeated]
+
+
+def dedup_aligned_many(items: list, with_squares: bool) -> list:
+    """``dedup_aligned`` of each ``(asked, indices, values)`` of ``items``, the same results, in
+    fewer numpy calls (dozens of tables otherwise pay a dozen per table and step): the gradients
+    whose values share a row shape and dtype are laid end to end (each one's places moved past the
+    rows asked before it), one ``scatter_sum`` sums them all, each result a view of its part.
+
+    Raises:
+        ValueError: as ``dedup_aligned``, for the first gradient that touches a row not asked for.
+    """
+    out = [None] * len(items)
+    groups: dict = {}
+    for i, (asked, indices, values) in enumerate(items):
+        values = np.asarray(values)
+        groups.setdefault((values.shape[1:], values.dtype.str), []).append(i)
+    for members in groups.values():
+        if len(members) == 1:
+            i = members[0]
+            out[i] = dedup_aligned(*items[i], with_squares)
+            continue
+        places, values, starts, base = [], [], [], 0
+        for i in members:
+            asked, indices, vals = items[i]
+            indices = np.asarray(indices)
+            place = np.searchsorted(asked, indices)
+            if len(indices) and (place.max() >= len(asked) or not np.array_equal(asked[place], indices)):
+                dedup_aligned(asked, indices, vals, False)   # raises, naming the rows
+            places.append(place + base)
+            values.append(np.asarray(vals))
+            starts.append(base)
+            base += len(asked)
+        place, vals = np.concatenate(places), np.concatenate(values)
+        counts = np.bincount(place, minlength=base)
+        sums = scatter_sum(place, vals, base)
+        squares = None
+        for i, start in zip(members, starts):
+            asked = items[i][0]
+            end = start + len(asked)
+            repeated = np.flatnonzero(counts[start:end] > 1).astype(asked.dtype)
+            if not (with_squares and len(repeated)):
+                out[i] = (None, sums[start:end])
+                continue
+            if squares is None:
+                squares = scatter_sum(place, np.square(vals), base)
+            out[i] = (None, sums[start:end], repeated, squares[start + repeated.astype(np.int64)])
+    return out
 
 
 def received_grad(key, g, shape: tuple, dtype, sparse: bool):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from autosync.runtime.psnet import finished, gather
-from autosync.runtime.rows import dedup_aligned, dedup_rows, index_dtype, payload_bytes
+from autosync.runtime.rows import dedup_aligned_many, dedup_rows, index_dtype, payload_bytes
 from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
@@ -240,6 +240,7 @@ class PSChannel(SyncChannel):
         asked = self._asked.pop(step, {})
         for old in [s for s in self._asked if s < step]:  # pulls whose step pushed nothing for them
             del self._asked[old]
+        aligned, payloads = [], []   # (payload, key, the actor's rows of it, indices, values): laid out in one go
         for a, (actor, plan) in enumerate(self.actors):
             payload, node_payload = {}, {}
             for ref in plan.shards:
@@ -247,10 +248,15 @@ class PSChannel(SyncChannel):
                 if g is not None:
                     g = self._shard_grad(ref, g)
                     if ref.sparse and ref.key in asked and not self._via_node(ref):  # the actor holds the rows
-                        g = dedup_aligned(asked[ref.key], g[0], g[1], self.squares)
+                        aligned.append((payload, ref.key, asked[ref.key], g[0], g[1]))
                     elif ref.sparse:
                         g = dedup_rows(g[0], g[1], self.squares, self._dtypes[ref.key])
                     (node_payload if self._via_node(ref) else payload)[ref.key] = g
+            payloads.append((payload, node_payload))
+        laid = dedup_aligned_many([item[2:] for item in aligned], self.squares)
+        for (payload, key, *_), g in zip(aligned, laid):
+            payload[key] = g
+        for a, ((actor, plan), (payload, node_payload)) in enumerate(zip(self.actors, payloads)):
             if self.aggregator is None:
                 kinds = None
             elif any(not r.local_replication for r in plan.shards):
