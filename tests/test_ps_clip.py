@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autosync.runtime.ps_shard import ParameterServerShard
-from autosync.runtime.rows import dedup_rows
+from autosync.runtime.slices import dedup_rows
 from autosync.runtime.sync.base import clip_scale
 
 A, B, E = (0, 0), (1, 0), (2, 0)  # two dense keys, one sparse

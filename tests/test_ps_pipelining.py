@@ -12,7 +12,7 @@ import pytest
 from autosync.runtime.sync.ps import ps_chunks
 from autosync.runtime.plan import ShardRef
 from autosync.runtime.ps_shard import ParameterServerShard
-from autosync.runtime.rows import dedup_rows
+from autosync.runtime.slices import dedup_rows
 
 A, B, E = (0, 0), (1, 0), (2, 0)  # two dense keys, one sparse
 CHUNKS = [[A], [B], [E]]

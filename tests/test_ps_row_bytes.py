@@ -12,7 +12,8 @@ import pytest
 from autosync.runtime.optimizers import squares_slices
 from autosync.runtime.plan import PSActorPlan, ShardRef
 from autosync.runtime.ps_shard import ParameterServerShard
-from autosync.runtime.rows import dedup_aligned, dedup_aligned_many, index_dtype
+from autosync.runtime.rows import index_dtype
+from autosync.runtime.slices import dedup_aligned, dedup_aligned_many
 from autosync.runtime.sync.ps import PSChannel
 
 ROWS, WIDTH = 1000, 8

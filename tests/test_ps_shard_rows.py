@@ -9,7 +9,7 @@ import pytest
 
 from autosync.runtime.optimizers import make_optimizer
 from autosync.runtime.ps_shard import ParameterServerShard
-from autosync.runtime.rows import dedup_rows, merge_rows
+from autosync.runtime.slices import dedup_rows, merge_rows
 
 ADAM = {"class": "Adam", "learning_rate": 0.05}
 KEY = (0, 0)

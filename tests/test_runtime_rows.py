@@ -6,7 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from autosync.runtime.rows import dedup_rows, payload_bytes
+from autosync.runtime.rows import payload_bytes
+from autosync.runtime.slices import dedup_rows
 from tests import runtime_models as rm
 
 
@@ -71,7 +72,7 @@ def test_a_gather_in_a_custom_layer_is_pulled_whole_and_says_why():
 
 
 def test_merge_rows_sums_senders_and_keeps_every_squared_slice():
-    from autosync.runtime.rows import merge_rows
+    from autosync.runtime.slices import merge_rows
 
     rng = np.random.default_rng(3)
     idx = [np.array([0, 4, 4, 7]), np.array([4, 9, 9])]
@@ -126,7 +127,7 @@ def find_reads_on(model, variables, grads):
     (700, 200, None, np.float32),  # values of one element per row (a 1-D variable)
 ])
 def test_scatter_sum_is_np_add_at_bit_for_bit(slices, rows, width, dtype):
-    from autosync.runtime.rows import scatter_sum
+    from autosync.runtime.slices import scatter_sum
 
     rng = np.random.default_rng(slices + rows)
     inverse = rng.integers(0, rows, slices)

@@ -4,7 +4,7 @@ through it, so the node sends one push and one pull per parameter-server actor p
 One asyncio Ray actor per node that holds several workers (synchronous PS only). A worker's
 ``push(worker, step, payloads)`` hands over its gradients of the locally replicated shards,
 ``{ps_index: {key: gradient}}``; once all the node's workers have pushed step ``t`` their
-gradients are summed (dense: added; sparse: rows merged, see ``rows.merge_rows``) and pushed to
+gradients are summed (dense: added; sparse: rows merged, see ``slices.merge_rows``) and pushed to
 each PS actor as one gradient of weight ``len(workers)``. ``pull(worker, step, min_version, rows)``
 waits until all the node's workers asked for step ``t``, pulls once from each PS actor (the union
 of the rows they read, for row-pulled shards) and hands every worker the same reply:
@@ -16,7 +16,7 @@ import asyncio
 
 import numpy as np
 
-from autosync.runtime.rows import merge_rows
+from autosync.runtime.slices import merge_rows
 
 
 class NodeAggregator:

@@ -26,7 +26,7 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   their gradients (``worker._gradients_of``), so update ``t`` is applied here as Keras applies its
   (t+1)-th: the update rule sees ``iterations`` t (Keras counts updates there), a learning-rate
   schedule the batch count ``(t + 1) n - 1`` (Keras evaluates it at every batch's count).
-- Sparse rows arrive summed per worker (``rows.dedup_rows``) and are applied as one
+- Sparse rows arrive summed per worker (``slices.dedup_rows``) and are applied as one
   ``IndexedSlices``: exact for an optimizer linear in the slices until they are densified (SGD,
   Lion); one that transforms each slice first (Adam's square, Adamax's abs, clipping by value or
   by the slices' norm) would see a row's sum instead, so those are refused on sparse shards

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autosync.runtime.rows import dedup_rows
+from autosync.runtime.slices import dedup_rows
 
 
 class HeldSteps:

@@ -8,14 +8,14 @@ asyncio Ray actor: ``pull`` may wait for a version without blocking ``push`` cal
 Protocol, per worker and step ``t`` (one call each, whatever the number of shards held):
     ``push(worker, t, grads)``  grads: key -> dense ndarray, or for a sparse shard
                                 ``(rows, values)`` or ``(rows, values, positions, square_sums)``
-                                (repeated rows summed by the sender; see ``rows.dedup_rows``);
+                                (repeated rows summed by the sender; see ``slices.dedup_rows``);
     ``pull(min_version, rows)`` waits until ``version >= min_version``, returns the values: whole
                                 shards, except the keys in ``rows`` (key -> shard-local row ids),
                                 for which only those rows are returned, in that order.
 
 A synchronous PS worker's pull may name itself and its step (``asker``); the actor then keeps the
 rows it asked for, and that worker's push of the same step may send a sparse shard as ``(None,
-values, ...)``: values laid out on those rows (``rows.dedup_aligned``). So a step's row ids cross the
+values, ...)``: values laid out on those rows (``slices.dedup_aligned``). So a step's row ids cross the
 network once, with the pull. Rows kept for a step whose push never used them (a variable without
 gradient) are dropped once every worker's push of that step is applied.
 
@@ -49,7 +49,8 @@ from autosync.runtime.initial import initial_slice
 from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
 from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
-from autosync.runtime.rows import merge_rows, received_grad
+from autosync.runtime.rows import received_grad
+from autosync.runtime.slices import merge_rows
 
 
 class ParameterServerShard(HeldSteps, PooledShard):

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from autosync.runtime.rows import scatter_sum
+from autosync.runtime.slices import scatter_sum
 
 AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond which it is not doubled
 # a smaller value is updated whole: its whole update costs less than finishing one from an update

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autosync.runtime.rows import dedup_rows
+from autosync.runtime.slices import dedup_rows
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
 from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise

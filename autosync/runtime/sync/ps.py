@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from autosync.runtime.psnet import finished, gather
-from autosync.runtime.rows import dedup_aligned_many, dedup_rows, index_dtype, payload_bytes
+from autosync.runtime.rows import index_dtype, payload_bytes
+from autosync.runtime.slices import dedup_aligned_many, dedup_rows
 from autosync.runtime.sync.base import SyncChannel, shard_gradient
 
 
@@ -119,7 +120,7 @@ class PSChannel(SyncChannel):
             actor's own ``chunks``); None or one chunk: one push and one pull call per actor.
         rows_by_reference: (synchronous PS) a push of a row-pulled sparse shard does not name its
             rows: they are the rows this worker pulled for the same step, which the actor keeps
-            from that pull (``rows.dedup_aligned``), so each step's row ids cross the network once.
+            from that pull (``slices.dedup_aligned``), so each step's row ids cross the network once.
         links: per actor, its ZeroMQ ``psnet.Link`` (the PS data plane), or None where the actor's
             calls go through Ray (``psnet``: locally replicated shards); None: Ray for all.
 
