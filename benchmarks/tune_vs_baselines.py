@@ -113,6 +113,15 @@ def _warm_groups(source: str, model_name: str):
     return load_warm_start(source)
 
 
+def store_label(store_path: str, out: str) -> str:
+    """How a result's meta names its trial store: the file name alone where the store lies in the
+    result's own folder (the two travel together, e.g. from a scratch folder into
+    ``benchmarks/results``), else the path as given."""
+    if os.path.dirname(os.path.abspath(store_path)) == os.path.abspath(out):
+        return os.path.basename(store_path)
+    return store_path
+
+
 def source_of(name: str) -> str:
     """``zoo:NAME`` for a zoo name, the name itself for a model-spec YAML or a ``script.py:function``."""
     return name if name.endswith((".yaml", ".yml")) or ".py:" in name else f"zoo:{name}"
@@ -503,7 +512,7 @@ def inside(args) -> int:
                         "cpus_per_node": cluster.nodes[0].cpus, "compute": args.compute, "warm_start": args.warm_start, "trials": args.trials,
                         "patience": args.patience, "confirm": args.confirm, "warmup": args.warmup, "steps": args.steps,
                         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                        "ray": ray.__version__, "store": store_path,
+                        "ray": ray.__version__, "store": store_label(store_path, args.out),
                         "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", "")},
                "models": {}}
     path = os.path.join(args.out, f"{args.name}.json")

@@ -98,3 +98,14 @@ def test_the_lower_bound_verdict_holds_real_compute_to_1_5x_and_emulated_to_1_3x
 
     assert verdict("real", 1.4).endswith("1.40x -> MET") and "<= 1.5x" in verdict("real", 1.4)
     assert verdict("emulated", 1.4).endswith("1.40x -> MISSED") and "<= 1.3x" in verdict("emulated", 1.4)
+
+
+def test_a_results_meta_names_a_store_beside_it_by_its_file_name(tmp_path):
+    """The result file and its trial store travel together (a scratch folder, then
+    ``benchmarks/results``): the meta names the store by its file name, not a scratch path."""
+    tvb = importlib.import_module("tune_vs_baselines")
+    out = tmp_path / "out"
+    assert tvb.store_label(str(out / "run.db"), str(out)) == "run.db"
+    assert tvb.store_label(os.path.join(str(out), "..", "out", "run.db"), str(out) + "/") == "run.db"
+    elsewhere = str(tmp_path / "stores" / "run.db")
+    assert tvb.store_label(elsewhere, str(out)) == elsewhere
