@@ -30,6 +30,19 @@ def git_commit(repo: str) -> str:
     return r.stdout.strip() or "unknown"
 
 
+def warm_start_groups(store: str, prog: str):
+    """The (model, cluster, trials) groups of ``store`` (builtin: the shipped dataset, or a trial
+    store file), or None after saying on stderr, as ``prog``, why it cannot be read."""
+    from strategy_space.errors import ConfigError
+    from tuner.records.warmstart import load_warm_start
+
+    try:
+        return load_warm_start(store)
+    except ConfigError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+
+
 def strip_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
     """``argv`` without ``flags`` and their values (``--flag v`` or ``--flag=v``; flags that take
     several values, ``--flag a b``, lose all of them)."""

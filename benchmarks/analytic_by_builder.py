@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _testbed import git_commit, write_json  # noqa: E402
+from _testbed import git_commit, warm_start_groups, write_json  # noqa: E402
 from tuner.features.batch import COL  # noqa: E402
 from tuner.records.dataset import featurize_trials  # noqa: E402
 
@@ -59,14 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--store", default="builtin", help="builtin (the shipped dataset) or a trial store file")
     ap.add_argument("--out", help="add this run to this JSON file")
     args = ap.parse_args(argv)
-    from strategy_space.errors import ConfigError
-    from tuner.records.warmstart import load_warm_start
-
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    try:
-        groups = load_warm_start(args.store)
-    except ConfigError as e:
-        print(f"analytic_by_builder: {e}", file=sys.stderr)
+    groups = warm_start_groups(args.store, "analytic_by_builder")
+    if groups is None:
         return 2
     got = ratios(groups)
     print("measured / analytic step time, median per group (all trials, then per builder):")

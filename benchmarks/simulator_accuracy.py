@@ -117,16 +117,13 @@ def _se(values) -> float:
 def real(args) -> int:
     import datetime
 
-    from strategy_space.errors import ConfigError
+    from _testbed import warm_start_groups
     from tuner.cost_models.evaluation import merge_repeats, noise_ceiling, repeat_noise
-    from tuner.records.warmstart import load_warm_start
 
     t0 = time.perf_counter()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    try:
-        groups = load_warm_start(args.store)
-    except ConfigError as e:
-        print(f"simulator_accuracy: {e}", file=sys.stderr)
+    groups = warm_start_groups(args.store, "simulator_accuracy")
+    if groups is None:
         return 2
     raw = build_trial_set(groups)
     # repeats of one strategy pooled into one row: identical features, so a repeat on both sides of a

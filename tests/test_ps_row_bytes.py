@@ -122,25 +122,30 @@ def test_dedup_aligned_is_summing_in_order_onto_the_pulled_rows_bit_for_bit(seed
     asked = np.unique(rng.integers(0, 5000, 300)).astype(np.uint16)
     idx = rng.choice(asked, size=int(rng.integers(1, 600))).astype(np.int64)
     vals = rng.standard_normal((len(idx), 8)).astype(np.float32)
+    _assert_plain_sums(dedup_aligned(asked, idx, vals, True), asked, idx, vals, True)
+
+
+def _assert_plain_sums(got, asked, idx, vals, squares: bool):
+    """``got`` is what the plain rule gives: every pulled row from zero plus its slices in order
+    (``np.add.at``), and for the rows that repeat (with ``squares``) their squares likewise."""
     place = np.searchsorted(asked, idx)
-    want = np.zeros((len(asked), 8), np.float32)
+    want = np.zeros((len(asked),) + vals.shape[1:], vals.dtype)
     np.add.at(want, place, vals)
-    squares = np.zeros((len(asked), 8), np.float32)
-    np.add.at(squares, place, np.square(vals))
+    square_sums = np.zeros_like(want)
+    np.add.at(square_sums, place, np.square(vals))
     repeated = np.flatnonzero(np.bincount(place, minlength=len(asked)) > 1)
-    got = dedup_aligned(asked, idx, vals, True)
-    assert got[0] is None and got[1].tobytes() == want.tobytes()
-    if len(repeated):
-        assert got[2].tolist() == repeated.tolist() and got[3].tobytes() == squares[repeated].tobytes()
+    assert got[0] is None and got[1].dtype == want.dtype and got[1].tobytes() == want.tobytes()
+    if squares and len(repeated):
+        assert got[2].dtype == asked.dtype and got[2].tolist() == repeated.tolist()
+        assert got[3].tobytes() == square_sums[repeated].tobytes()
     else:
         assert len(got) == 2
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_dedup_aligned_many_gives_each_gradient_what_dedup_aligned_gives_it(seed):
+def test_dedup_aligned_many_gives_each_table_the_plain_sums_of_its_own(seed):
     """Tables of two widths and two dtypes, some with repeated rows, one with none, one empty, one
-    alone in its width: each result equals ``dedup_aligned``'s for it (the same dtypes, the same
-    values; a no-repeat table's zero rows may be +0 where the single call writes nothing)."""
+    alone in its width, laid end to end: each result is the plain rule's for that table alone."""
     rng = np.random.default_rng(seed)
     items = []
     for t, (width, dtype, draws) in enumerate([(8, np.float32, 40), (8, np.float32, 0), (8, np.float32, 300),
@@ -151,14 +156,8 @@ def test_dedup_aligned_many_gives_each_gradient_what_dedup_aligned_gives_it(seed
             idx = np.unique(idx)   # no row repeats
         items.append((asked, idx, rng.standard_normal((len(idx), width)).astype(dtype)))
     for squares in (True, False):
-        got = dedup_aligned_many(items, squares)
-        for item, g in zip(items, got):
-            want = dedup_aligned(*item, squares)
-            assert len(g) == len(want) and g[0] is None
-            assert g[1].dtype == want[1].dtype and np.array_equal(g[1], want[1])
-            if len(want) == 4:
-                assert g[2].dtype == want[2].dtype and g[2].tolist() == want[2].tolist()
-                assert g[3].tobytes() == want[3].tobytes()
+        for item, got in zip(items, dedup_aligned_many(items, squares)):
+            _assert_plain_sums(got, *item, squares)
     bad = items[:3] + [(items[3][0], np.array([int(items[3][0].max()) + 1]), items[3][2][:1])]
     with pytest.raises(ValueError, match="that were not pulled"):
         dedup_aligned_many(bad, False)

@@ -135,8 +135,7 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
         """
         if type(self)._apply_one is NumpyOptimizer._apply_one:   # rules that sum repeated rows first
             sparse = {k: g for k, g in grads.items() if isinstance(g, tuple)}
-            if len(sparse) > 1:
-                grads = {**grads, **row_sums_many(sparse, {k: params[k].dtype for k in sparse}, self.squares_slices)}
+            grads = {**grads, **row_sums_many(sparse, {k: params[k].dtype for k in sparse}, self.squares_slices)}
         for key, grad in grads.items():
             if self._finish_ahead(iteration, params, key, grad):
                 continue

@@ -82,49 +82,32 @@ def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, wi
     Raises:
         ValueError: the gradient touches a row that was not asked for.
     """
-    indices, values = np.asarray(indices), np.asarray(values)
-    place = np.searchsorted(asked, indices)
-    if len(indices) and (place.max() >= len(asked) or not np.array_equal(asked[place], indices)):
-        raise ValueError(f"the gradient touches rows {np.setdiff1d(indices, asked)[:5].tolist()} that were not "
-                         f"pulled for this step")
-    counts = np.bincount(place, minlength=len(asked))
-    if not len(indices) or counts.max() == 1:   # no row repeats: every slice lands as it is
-        sums = np.zeros((len(asked),) + values.shape[1:], dtype=values.dtype)
-        sums[place] = values
-        return None, sums
-    sums = scatter_sum(place, values, len(asked))
-    if not with_squares:
-        return None, sums
-    repeated = np.flatnonzero(counts > 1).astype(asked.dtype)
-    return None, sums, repeated, scatter_sum(place, np.square(values), len(asked))[repeated]
+    return dedup_aligned_many([(asked, indices, values)], with_squares)[0]
 
 
 def dedup_aligned_many(items: list, with_squares: bool) -> list:
-    """``dedup_aligned`` of each ``(asked, indices, values)`` of ``items``, the same results, in
-    fewer numpy calls (dozens of tables otherwise pay a dozen per table and step): the gradients
-    whose values share a row shape and dtype are laid end to end (each one's places moved past the
-    rows asked before it), one ``scatter_sum`` sums them all, each result a view of its part.
+    """``dedup_aligned`` of each ``(asked, indices, values)`` of ``items``, in fewer numpy calls
+    (dozens of tables otherwise pay a dozen per table and step): the gradients whose values share
+    a row shape and dtype are laid end to end (each one's places moved past the rows asked before
+    it), one ``scatter_sum`` sums them all, each result a view of its part.
 
     Raises:
-        ValueError: as ``dedup_aligned``, for the first gradient that touches a row not asked for.
+        ValueError: for the first gradient that touches a row not asked for.
     """
     out = [None] * len(items)
     groups: dict = {}
-    for i, (asked, indices, values) in enumerate(items):
+    for i, (_, _, values) in enumerate(items):
         values = np.asarray(values)
         groups.setdefault((values.shape[1:], values.dtype.str), []).append(i)
     for members in groups.values():
-        if len(members) == 1:
-            i = members[0]
-            out[i] = dedup_aligned(*items[i], with_squares)
-            continue
         places, values, starts, base = [], [], [], 0
         for i in members:
             asked, indices, vals = items[i]
             indices = np.asarray(indices)
             place = np.searchsorted(asked, indices)
             if len(indices) and (place.max() >= len(asked) or not np.array_equal(asked[place], indices)):
-                dedup_aligned(asked, indices, vals, False)   # raises, naming the rows
+                raise ValueError(f"the gradient touches rows {np.setdiff1d(indices, asked)[:5].tolist()} that were "
+                                 f"not pulled for this step")
             places.append(place + base)
             values.append(np.asarray(vals))
             starts.append(base)

@@ -51,13 +51,7 @@ def row_sums(grad, dtype, squares_needed: bool):
     A ``Summed`` gradient (``row_sums_many``) is returned as it is."""
     if isinstance(grad, Summed):
         return grad
-    indices, values = grad[0], grad[1]
-    rows, inverse = np.unique(indices, return_inverse=True)
-    g = scatter_sum(inverse, values, len(rows), dtype)
-    if not squares_needed:
-        return rows, g, None
-    squares = grad[2] if len(grad) > 2 and grad[2] is not None else np.square(values)
-    return rows, g, scatter_sum(inverse, squares, len(rows), dtype)
+    return row_sums_many({None: grad}, {None: dtype}, squares_needed)[None]
 
 
 class Summed(tuple):
@@ -77,10 +71,6 @@ def row_sums_many(grads: dict, dtypes: dict, squares_needed: bool) -> dict:
         groups.setdefault((values.shape[1:], values.dtype.str, np.dtype(dtypes[key]).str), []).append(key)
     out = {}
     for members in groups.values():
-        if len(members) == 1:
-            key = members[0]
-            out[key] = Summed(row_sums(grads[key], dtypes[key], squares_needed))
-            continue
         ids, values, squares, starts, base = [], [], [], [], 0
         for key in members:
             grad = grads[key]
@@ -96,7 +86,7 @@ def row_sums_many(grads: dict, dtypes: dict, squares_needed: bool) -> dict:
         dtype = dtypes[members[0]]
         g = scatter_sum(inverse, np.concatenate(values), len(rows), dtype)
         g2 = scatter_sum(inverse, np.concatenate(squares), len(rows), dtype) if squares_needed else None
-        cuts = np.searchsorted(rows, starts + [base])
+        cuts = [0, *np.searchsorted(rows, starts[1:]), len(rows)]
         for key, start, a, b in zip(members, starts, cuts[:-1], cuts[1:]):
             index_dtype = np.asarray(grads[key][0]).dtype
             out[key] = Summed(((rows[a:b] - start).astype(index_dtype), g[a:b], None if g2 is None else g2[a:b]))

@@ -242,7 +242,7 @@ class PSChannel(SyncChannel):
         for old in [s for s in self._asked if s < step]:  # pulls whose step pushed nothing for them
             del self._asked[old]
         aligned, payloads = [], []   # (payload, key, the actor's rows of it, indices, values): laid out in one go
-        for a, (actor, plan) in enumerate(self.actors):
+        for _, plan in self.actors:
             payload, node_payload = {}, {}
             for ref in plan.shards:
                 g = grads[ref.var_index]
