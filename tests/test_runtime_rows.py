@@ -152,6 +152,55 @@ def test_scatter_sum_is_np_add_at_bit_for_bit(slices, rows, width, dtype):
         assert scatter_sum(inverse, values.astype(np.float32), rows, np.float32).tobytes() == want32.tobytes()
 
 
+def _add_at(inverse, values, rows, dtype=None):
+    want = np.zeros((rows,) + values.shape[1:], dtype or values.dtype)
+    np.add.at(want, inverse, values)
+    return want
+
+
+@pytest.mark.parametrize("layout", ["hot", "one_hot_scalar", "all_rows", "permutation", "wide_tail", "many_rows"])
+def test_scatter_plan_is_np_add_at_bit_for_bit_on_every_path(layout):
+    """Each way a plan adds slices: rounds over every row at once, a padded tail of rows repeated
+    past ROUNDS_MAX (one hot row of scalars: the pairwise-summed column), np.add.at where that
+    tail would be large, the sort for more rows than 16 bits hold; signed zeros included, values
+    of many magnitudes (an order change shows in the last bits); one plan for several arrays."""
+    from autosync.runtime.slices import ROUNDS_MAX, ScatterPlan
+
+    rng = np.random.default_rng(7)
+    rows, width = 50, (3,)
+    if layout == "hot":
+        inverse = np.minimum(rng.geometric(0.08, 600) - 1, rows - 1)
+    elif layout == "one_hot_scalar":
+        rows, width = 4, ()
+        inverse = np.r_[np.zeros(200, np.int64), 1, 2, 2, 3]
+    elif layout == "all_rows":
+        inverse = np.r_[np.arange(rows), rng.integers(0, rows, 60)]
+    elif layout == "permutation":
+        inverse = rng.permutation(rows)
+    elif layout == "wide_tail":   # one row very hot beside many just past the rounds: np.add.at for the tail
+        inverse = np.r_[np.zeros(3000, np.int64), np.repeat(np.arange(1, rows), ROUNDS_MAX + 1)]
+    else:
+        rows = 70_000
+        inverse = rng.integers(0, 300, 2000) * 233
+    rng.shuffle(inverse)
+    plan = ScatterPlan(inverse, rows)
+    if layout == "hot":
+        assert plan.tail is not None and plan.tail[2] is not None
+    if layout == "wide_tail":
+        assert plan.tail is not None and plan.tail[2] is None
+    if layout == "one_hot_scalar":
+        assert list(plan.tail[1]) == [0]
+    for dtype in (np.float32, np.float64):
+        values = (rng.standard_normal((len(inverse),) + width)
+                  * 10.0 ** rng.integers(-6, 6, (len(inverse),) + width)).astype(dtype)
+        values[rng.random(values.shape) < 0.2] = -0.0
+        for v in (values, np.square(values)):
+            assert plan.sum(v).tobytes() == _add_at(inverse, v, rows).tobytes()
+    # summed in another dtype than the values': np.add.at into an array of it
+    values = rng.standard_normal((len(inverse),) + width)
+    assert plan.sum(values, np.float32).tobytes() == _add_at(inverse, values, rows, np.float32).tobytes()
+
+
 def test_a_step_that_touches_rows_it_did_not_pull_fails_naming_them():
     from types import SimpleNamespace
 

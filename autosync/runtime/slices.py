@@ -28,44 +28,101 @@ def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool, dtyp
     if len(rows) == len(indices):
         order = np.argsort(indices, kind="stable")
         return rows, values[order]
-    sums = scatter_sum(inverse, values, len(rows))
+    plan = ScatterPlan(inverse, len(rows))
+    sums = plan.sum(values)
     if not with_squares:
         return rows, sums
     repeated = np.flatnonzero(counts > 1).astype(dtype)
-    squares = scatter_sum(inverse, np.square(values), len(rows))
+    squares = plan.sum(np.square(values))
     return rows, sums, repeated, squares[repeated]
 
 
-ROUNDS_MAX = 8   # slices of one row beyond which ``scatter_sum`` leaves the sum to ``np.add.at``
+ROUNDS_MAX = 8   # rounds of ``scatter_sum``; a row's slices past them are added in one pass
+TAIL_MAX = 4     # the padded block of those slices may hold this many times the values' elements
 
 
 def scatter_sum(inverse: np.ndarray, values: np.ndarray, n: int, dtype=None) -> np.ndarray:
     """``np.add.at`` of ``values`` into ``n`` zero rows at ``inverse``, bit for bit (each row is
-    0 plus its slices in their order), faster: the k-th slice of every row is added in round k,
-    an indexed add over distinct rows (2-9x faster than ``np.add.at`` where rows repeat a few
-    times); the slices of rows with more than ``ROUNDS_MAX``: ``np.add.at`` itself."""
-    values = np.asarray(values)
-    out = np.zeros((n,) + values.shape[1:], dtype or values.dtype)
-    if not len(inverse):
-        return out
-    counts = np.bincount(inverse, minlength=n)
-    hot = counts > ROUNDS_MAX
-    if hot.any():   # those rows' slices by ``np.add.at``, in order; the others in rounds
-        slices = hot[inverse]
-        np.add.at(out, inverse[slices], values[slices])
-        if slices.all():
+    0 plus its slices in their order), faster (``ScatterPlan``)."""
+    return ScatterPlan(inverse, n).sum(values, dtype)
+
+
+def stable_order(values: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` of integers in [0, bound): by a radix sort where they
+    fit 16 bits (numpy sorts those so, several times faster)."""
+    if bound <= 1 << 16:
+        values = values.astype(np.uint16)
+    return np.argsort(values, kind="stable")
+
+
+class ScatterPlan:
+    """How ``scatter_sum`` adds slices at ``inverse`` into ``n`` zero rows, found once for every
+    array of values laid on the same slices (a gradient's values and their squares).
+
+    The k-th slice of every row is added in round k (an indexed add over distinct rows, 2-9x
+    faster than ``np.add.at`` where rows repeat a few times), for the first ``ROUNDS_MAX`` rounds;
+    the slices of rows repeated more follow in one sequential sum over a padded block (row sum so
+    far, then its next slices, then zeros), or ``np.add.at`` where that block would be large or
+    the sum is taken in another dtype. Every row is summed in its slices' order, as ``np.add.at``
+    sums (a trailing zero changes no sum: a sum that starts at +0 never becomes -0).
+    """
+
+    def __init__(self, inverse: np.ndarray, n: int, order: np.ndarray | None = None):
+        """``order``: a stable argsort of ``inverse``, where the caller has one."""
+        inverse = np.asarray(inverse)
+        self.n, self.inverse = int(n), inverse
+        self.rounds: list = []   # (positions of the round's slices or None for all, their rows)
+        self.tail = None         # (positions in slice order, hot rows, block of positions or None)
+        if not len(inverse):
+            return
+        counts = np.bincount(inverse, minlength=self.n)
+        top = int(counts.max())
+        if top == 1:   # no row repeats: one round, no order to find
+            self.rounds = [(None if len(inverse) < self.n else np.argsort(inverse), inverse)]
+            return
+        order = stable_order(inverse, self.n) if order is None else order
+        rank = np.arange(len(order)) - (np.cumsum(counts) - counts)[inverse[order]]
+        by_round = order[stable_order(rank, top)]   # slice positions by (round, row)
+        bounds = np.cumsum(np.bincount(rank))
+        for a, b in zip([0, *bounds[:ROUNDS_MAX - 1]], bounds[:ROUNDS_MAX]):
+            self.rounds.append((by_round[a:b], inverse[by_round[a:b]]))
+        if top <= ROUNDS_MAX:
+            return
+        late = rank >= ROUNDS_MAX   # over ``order``: the slices past the rounds, row by row
+        positions = np.sort(order[late])
+        hot = np.flatnonzero(counts > ROUNDS_MAX)
+        block = None
+        if len(hot) * (top - ROUNDS_MAX + 1) <= TAIL_MAX * len(inverse):
+            block = np.full((top - ROUNDS_MAX, len(hot)), -1, np.int64)
+            block[rank[late] - ROUNDS_MAX, np.searchsorted(hot, inverse[order[late]])] = order[late]
+        self.tail = (positions, hot, block)
+
+    def sum(self, values: np.ndarray, dtype=None) -> np.ndarray:
+        """The slices ``values`` summed into their rows (in ``dtype``, default the values')."""
+        values = np.asarray(values)
+        out = np.zeros((self.n,) + values.shape[1:], dtype or values.dtype)
+        for take, rows in self.rounds:
+            part = values if take is None else values[take]
+            if len(rows) == self.n:   # every row, in order (a round's rows are distinct and sorted)
+                np.add(out, part, out=out)
+            else:
+                out[rows] += part
+        if self.tail is None:
             return out
-        inverse, values = inverse[~slices], values[~slices]
-        counts = np.where(hot, 0, counts)
-    if counts.max() == 1:   # no row repeats: one round, no order to find
-        out[inverse] += values
+        positions, hot, block = self.tail
+        if block is None or out.dtype != values.dtype:
+            np.add.at(out, self.inverse[positions], values[positions])
+            return out
+        first = out[hot]
+        # a reduction over the first axis adds its sub-arrays one after another, in order, where
+        # they hold two elements or more (one element each: numpy sums the column pairwise)
+        flat = np.zeros((1 + len(block), max(first.size, 2)), out.dtype)
+        padded = flat[:, :first.size].reshape((1 + len(block),) + first.shape)
+        padded[0] = first
+        filled = block >= 0
+        padded[1:][filled] = values[block[filled]]
+        out[hot] = np.add.reduce(flat, axis=0)[:first.size].reshape(first.shape)
         return out
-    order = np.argsort(inverse, kind="stable")
-    rank = np.arange(len(order)) - (np.cumsum(counts) - counts)[inverse[order]]
-    for k in range(int(counts.max())):
-        take = order[rank == k]
-        out[inverse[take]] += values[take]
-    return out
 
 
 def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, with_squares: bool) -> tuple:
@@ -86,13 +143,14 @@ def dedup_aligned(asked: np.ndarray, indices: np.ndarray, values: np.ndarray, wi
 
 
 def dedup_aligned_many(items: list, with_squares: bool) -> list:
-    """``dedup_aligned`` of each ``(asked, indices, values)`` of ``items``, in fewer numpy calls
-    (dozens of tables otherwise pay a dozen per table and step): the gradients whose values share
-    a row shape and dtype are laid end to end (each one's places moved past the rows asked before
-    it), one ``scatter_sum`` sums them all, each result a view of its part.
+    """``dedup_aligned`` of each ``(asked, indices, values)`` of ``items``, in a few numpy calls
+    for all of them (dozens of tables otherwise pay a dozen each per step): the gradients whose
+    values share a row shape and dtype are laid end to end, each table's rows keyed past the rows
+    of the tables before it, so one binary search places every slice, one ``ScatterPlan`` sums
+    them all, and each result is a view of its part.
 
     Raises:
-        ValueError: for the first gradient that touches a row not asked for.
+        ValueError: for the first gradient (of the first row shape) that touches a row not asked for.
     """
     out = [None] * len(items)
     groups: dict = {}
@@ -100,32 +158,39 @@ def dedup_aligned_many(items: list, with_squares: bool) -> list:
         values = np.asarray(values)
         groups.setdefault((values.shape[1:], values.dtype.str), []).append(i)
     for members in groups.values():
-        places, values, starts, base = [], [], [], 0
-        for i in members:
-            asked, indices, vals = items[i]
-            indices = np.asarray(indices)
-            place = np.searchsorted(asked, indices)
-            if len(indices) and (place.max() >= len(asked) or not np.array_equal(asked[place], indices)):
-                raise ValueError(f"the gradient touches rows {np.setdiff1d(indices, asked)[:5].tolist()} that were "
-                                 f"not pulled for this step")
-            places.append(place + base)
-            values.append(np.asarray(vals))
-            starts.append(base)
-            base += len(asked)
-        place, vals = np.concatenate(places), np.concatenate(values)
-        counts = np.bincount(place, minlength=base)
-        sums = scatter_sum(place, vals, base)
-        squares = None
-        for i, start in zip(members, starts):
-            asked = items[i][0]
-            end = start + len(asked)
-            repeated = np.flatnonzero(counts[start:end] > 1).astype(asked.dtype)
-            if not (with_squares and len(repeated)):
-                out[i] = (None, sums[start:end])
+        asked = [np.asarray(items[i][0]) for i in members]
+        indices = [np.asarray(items[i][1]) for i in members]
+        starts = np.cumsum([0] + [len(a) for a in asked])
+        # keys: a row plus its table's offset (the rows of the tables before it), sorted over all tables
+        offsets = np.cumsum([0] + [int(a[-1]) + 1 if len(a) else 0 for a in asked[:-1]])
+        keys = np.concatenate([a.astype(np.int64) + o for a, o in zip(asked, offsets)])
+        table = np.repeat(np.arange(len(members)), [len(x) for x in indices])
+        wanted = np.concatenate(indices).astype(np.int64) + offsets[table]
+        # the slices in key order (a stable sort, so also in place order: the plan's), searched in
+        # that order (a search of sorted keys is several times faster)
+        order = np.argsort(wanted, kind="stable")
+        place = np.empty(len(wanted), np.int64)
+        place[order] = np.searchsorted(keys, wanted[order])
+        # a slice belongs where it lands only if its own table holds its row
+        bad = (place < starts[table]) | (place >= starts[table + 1])
+        bad |= keys[np.minimum(place, max(len(keys) - 1, 0))] != wanted if len(keys) else True
+        if bad.any():
+            j = int(table[np.argmax(bad)])
+            raise ValueError(f"the gradient touches rows {np.setdiff1d(indices[j], asked[j])[:5].tolist()} that "
+                             f"were not pulled for this step")
+        vals = np.concatenate([np.asarray(items[i][2]) for i in members])
+        plan = ScatterPlan(place, int(starts[-1]), order)
+        sums = plan.sum(vals)
+        repeated = np.flatnonzero(np.bincount(place, minlength=int(starts[-1])) > 1)
+        cuts = np.searchsorted(repeated, starts)
+        squares = plan.sum(np.square(vals)) if with_squares and len(repeated) else None
+        for j, i in enumerate(members):
+            a, b = starts[j], starts[j + 1]
+            if squares is None or cuts[j] == cuts[j + 1]:
+                out[i] = (None, sums[a:b])
                 continue
-            if squares is None:
-                squares = scatter_sum(place, np.square(vals), base)
-            out[i] = (None, sums[start:end], repeated, squares[start + repeated.astype(np.int64)])
+            mine = repeated[cuts[j]:cuts[j + 1]]
+            out[i] = (None, sums[a:b], (mine - a).astype(asked[j].dtype), squares[mine])
     return out
 
 
@@ -135,7 +200,8 @@ def merge_rows(parts: list, with_squares: bool):
     rows = np.concatenate([p[0] for p in parts])
     values = np.concatenate([p[1] for p in parts])
     unique, inverse, counts = np.unique(rows, return_inverse=True, return_counts=True)
-    sums = scatter_sum(inverse, values, len(unique))
+    plan = ScatterPlan(inverse, len(unique))
+    sums = plan.sum(values)
     if not with_squares:
         return unique, sums
     squares, repeated = [], []
@@ -147,8 +213,8 @@ def merge_rows(parts: list, with_squares: bool):
             flag[p[2]] = True
         squares.append(sq)
         repeated.append(flag)
-    total = scatter_sum(inverse, np.concatenate(squares), len(unique), sums.dtype)
-    flags = scatter_sum(inverse, np.concatenate(repeated).astype(np.int64), len(unique))
+    total = plan.sum(np.concatenate(squares), sums.dtype)
+    flags = plan.sum(np.concatenate(repeated).astype(np.int64))
     pos = np.flatnonzero((counts > 1) | (flags > 0)).astype(rows.dtype)
     if not len(pos):
         return unique, sums

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from autosync.runtime.slices import scatter_sum
+from autosync.runtime.slices import ScatterPlan
 
 AHEAD_MAX_BYTES = 512 << 20   # a variable's value and slots together, beyond which it is not doubled
 # a smaller value is updated whole: its whole update costs less than finishing one from an update
@@ -63,7 +63,7 @@ def row_sums_many(grads: dict, dtypes: dict, squares_needed: bool) -> dict:
     ``dtypes``: key -> the variable's dtype) as ``Summed``, the same arrays bit for bit, in fewer
     numpy calls: the gradients whose values share a row shape and dtypes are laid end to end (each
     one's row ids moved past the rows of those before it), so one ``np.unique`` and one
-    ``scatter_sum`` serve them all (a parameter server holding dozens of tables otherwise pays a
+    ``ScatterPlan`` serve them all (a parameter server holding dozens of tables otherwise pays a
     dozen numpy calls per table and step). The row ids must be >= 0 (``rows.received_grad``)."""
     groups: dict = {}
     for key, grad in grads.items():
@@ -84,8 +84,9 @@ def row_sums_many(grads: dict, dtypes: dict, squares_needed: bool) -> dict:
             base += int(indices.max()) + 1 if len(indices) else 0
         rows, inverse = np.unique(np.concatenate(ids), return_inverse=True)
         dtype = dtypes[members[0]]
-        g = scatter_sum(inverse, np.concatenate(values), len(rows), dtype)
-        g2 = scatter_sum(inverse, np.concatenate(squares), len(rows), dtype) if squares_needed else None
+        plan = ScatterPlan(inverse, len(rows))
+        g = plan.sum(np.concatenate(values), dtype)
+        g2 = plan.sum(np.concatenate(squares), dtype) if squares_needed else None
         cuts = [0, *np.searchsorted(rows, starts[1:]), len(rows)]
         for key, start, a, b in zip(members, starts, cuts[:-1], cuts[1:]):
             index_dtype = np.asarray(grads[key][0]).dtype
