@@ -76,6 +76,53 @@ class FlatFunction:
         return self._call(self._tensors(flat))
 
 
+class RowAssign:
+    """One graph call that assigns whole variables and scatters pulled rows into the row-pulled
+    ones, the rows of every table of one row shape and dtype passed as one array (joined here,
+    split in the graph): a step that pulls dozens of tables makes a few tensors, not two per table.
+
+    Called as ``(whole values, row ids, row values)``: ``whole`` in ``whole``'s order, the other
+    two one array per variable of ``row_vars``, in its order (row counts vary per step).
+    """
+
+    def __init__(self, variables: list, whole: list[int], row_vars: list[int], initial: list):
+        import tensorflow as tf
+
+        groups: dict = {}
+        for j, i in enumerate(row_vars):
+            groups.setdefault((tuple(variables[i].shape[1:]), variables[i].dtype), []).append(j)
+        self.groups = list(groups.values())
+        targets = [[variables[row_vars[j]] for j in g] for g in self.groups]
+        signature = [
+            [tf.TensorSpec(variables[i].shape, variables[i].dtype) for i in whole],
+            [tf.TensorSpec([None], tf.int64) for _ in targets],
+            [tf.TensorSpec([None] + list(t[0].shape[1:]), t[0].dtype) for t in targets],
+            [tf.TensorSpec([len(t)], tf.int64) for t in targets],
+        ]
+
+        @tf.function(input_signature=signature)
+        def assign(values, ids, rows, sizes):
+            for i, value in zip(whole, values):
+                variables[i].assign(value)
+            for tables, gi, gv, gs in zip(targets, ids, rows, sizes):
+                parts = zip(tf.split(gi, gs, num=len(tables)), tf.split(gv, gs, num=len(tables)))
+                for table, (r, value) in zip(tables, parts):
+                    table.value.scatter_update(tf.IndexedSlices(value, r))
+
+        example = ([initial[i] for i in whole], [np.zeros(0, np.int64) for _ in targets],
+                   [initial[row_vars[g[0]]][:0] for g in self.groups], [np.zeros(len(g), np.int64) for g in self.groups])
+        self._flat = FlatFunction(assign, example, relaxed=[tuple(s.shape) for part in signature for s in part])
+
+    @property
+    def fallbacks(self) -> int:
+        return self._flat.fallbacks
+
+    def __call__(self, whole: list, ids: list, values: list):
+        return self._flat(whole, [np.concatenate([ids[j] for j in g]).astype(np.int64, copy=False) for g in self.groups],
+                          [np.concatenate([values[j] for j in g]) for g in self.groups],
+                          [np.array([len(ids[j]) for j in g], np.int64) for g in self.groups])
+
+
 def _tensor_maker(dtypes: list):
     """``tensors(flat)``: the arrays of one call as eager tensors of ``dtypes``, each made by the
     eager tensor's own constructor, as ``tf.convert_to_tensor`` ends up doing after ~4 us of

@@ -17,7 +17,7 @@ from functools import reduce
 import numpy as np
 
 from autosync.runtime.digest import weights_digest
-from autosync.runtime.fast_call import FlatFunction
+from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime.rows import find_row_reads
 from autosync.runtime.sync.base import hand_over
@@ -176,30 +176,12 @@ class TrainingWorker:
             "full_pull": dict(self.row_reads.full_pull),
         }
 
-    def _row_assigner(self, initial: list):
+    def _row_assigner(self, initial: list) -> RowAssign:
         """One graph call that assigns whole variables and scatters the pulled rows of the
-        row-pulled ones (row counts vary per step: their signature leaves them open)."""
-        import tensorflow as tf
-
-        variables = self.variables
-        row_vars = sorted(self.row_reads.outputs)
-        whole = [i for i in range(len(variables)) if i not in self.row_reads.outputs]
-        signature = [
-            [tf.TensorSpec(variables[i].shape, variables[i].dtype) for i in whole],
-            [tf.TensorSpec([None], tf.int64) for _ in row_vars],
-            [tf.TensorSpec([None] + list(variables[i].shape[1:]), variables[i].dtype) for i in row_vars],
-        ]
-
-        @tf.function(input_signature=signature)
-        def assign_rows(values, rows, row_values):
-            for i, value in zip(whole, values):
-                variables[i].assign(value)
-            for i, r, value in zip(row_vars, rows, row_values):
-                variables[i].value.scatter_update(tf.IndexedSlices(value, r))
-
-        example = ([initial[i] for i in whole], [np.zeros(0, np.int64) for _ in row_vars],
-                   [initial[i][:0] for i in row_vars])
-        return FlatFunction(assign_rows, example, relaxed=[tuple(s.shape) for part in signature for s in part])
+        row-pulled ones (``fast_call.RowAssign``)."""
+        rows = sorted(self.row_reads.outputs)
+        return RowAssign(self.variables, [i for i in range(len(self.variables)) if i not in self.row_reads.outputs],
+                         rows, initial)
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
               description: dict | None = None) -> None:
@@ -391,7 +373,9 @@ class TrainingWorker:
             got = [parts.get((v, i)) for i in range(shards)]
             if any(p is None for p in got):
                 continue
-            if any(isinstance(p, tuple) for p in got):
+            if shards == 1 and isinstance(got[0], tuple):
+                pulled[v] = got[0]   # views of the received buffer, joined with their kind by the assign
+            elif any(isinstance(p, tuple) for p in got):
                 # rows of a table (whole shards held elsewhere, e.g. all-reduced, become rows too)
                 bounds = shard_bounds(self.variables[v].shape[0], shards)
                 got = [p if isinstance(p, tuple) else (np.arange(a, b), p) for p, (a, b) in zip(got, bounds)]
@@ -408,7 +392,7 @@ class TrainingWorker:
         elif all(isinstance(pulled[v], tuple) for v in by_rows):
             order = sorted(by_rows)
             self._assign_rows([pulled[i] for i in range(len(self.variables)) if i not in by_rows],
-                              [pulled[v][0].astype(np.int64) for v in order], [pulled[v][1] for v in order])
+                              [pulled[v][0] for v in order], [pulled[v][1] for v in order])
         else:
             self._assign_each(pulled)
 
