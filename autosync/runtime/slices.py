@@ -104,7 +104,7 @@ class ScatterPlan:
         for take, rows in self.rounds:
             part = values if take is None else values[take]
             if len(rows) == self.n:   # every row, in order (a round's rows are distinct and sorted)
-                np.add(out, part, out=out)
+                np.add(out, part, out=out)   # cast as ``out[rows] += part`` casts (same kind)
             else:
                 out[rows] += part
         if self.tail is None:
