@@ -127,14 +127,14 @@ def test_a_whole_value_pulled_before_an_update_keeps_its_values(optimizer, sync)
 
 
 class _Probe:
-    """Pickled (by Ray, as a task's return value) only once ``poked`` is set, or after 120 s (generous:
-    a loaded machine may start the later call late)."""
+    """Pickled (by Ray, as a task's return value) only once ``poked`` is set, or after ``wait_s``
+    (generous: a loaded machine may start the later call late)."""
 
-    def __init__(self, poked: threading.Event):
-        self.poked = poked
+    def __init__(self, poked: threading.Event, wait_s: float):
+        self.poked, self.wait_s = poked, wait_s
 
     def __reduce__(self):
-        return str, ("after a later call ran" if self.poked.wait(120) else "before any later call",)
+        return str, ("after a later call ran" if self.poked.wait(self.wait_s) else "before any later call",)
 
 
 @pytest.mark.integration
@@ -142,7 +142,9 @@ def test_ray_serializes_an_async_actors_reply_while_later_calls_run(ray_session)
     """Why a pull's whole values must not change later: Ray runs an async actor's coroutine on
     the actor's event loop thread, but serializes its return value afterwards, on the task's own
     thread, while the event loop runs the next calls (here: the reply is pickled only after a later
-    call has run; were it pickled on the event loop first, the later call could not run before)."""
+    call has run; were it pickled on the event loop first, the later call could not run before).
+    Ray does not promise when it pickles: one CI run of 2026-11-28 saw the reply pickled before the
+    later call ran, so the hazard is shown by any of three tries (each a fresh actor)."""
     import ray
 
     @ray.remote
@@ -153,18 +155,23 @@ def test_ray_serializes_an_async_actors_reply_while_later_calls_run(ray_session)
 
         async def reply(self):
             self.replied = True
-            return _Probe(self.poked)
+            return _Probe(self.poked, 20.0)
 
         async def poke(self):
-            for _ in range(12000):  # runs once reply's coroutine has returned (at most 120 s)
+            for _ in range(2000):  # runs once reply's coroutine has returned (at most 20 s)
                 if self.replied:
                     break
                 await asyncio.sleep(0.01)
             self.poked.set()
             return self.replied
 
-    actor = Actor.remote()
-    reply = actor.reply.remote()
-    assert ray.get(actor.poke.remote(), timeout=240) is True
-    assert ray.get(reply, timeout=240) == "after a later call ran"
-    ray.kill(actor)
+    seen = []
+    for _ in range(3):
+        actor = Actor.remote()
+        reply = actor.reply.remote()
+        assert ray.get(actor.poke.remote(), timeout=120) is True
+        seen.append(ray.get(reply, timeout=120))
+        ray.kill(actor)
+        if seen[-1] == "after a later call ran":
+            break
+    assert "after a later call ran" in seen, seen
