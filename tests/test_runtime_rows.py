@@ -119,15 +119,18 @@ def find_reads_on(model, variables, grads):
 
 @pytest.mark.parametrize("slices,rows,width,dtype", [
     (512, 300, 8, np.float32),     # each row a few times: rounds
-    (300, 5, 3, np.float32),       # rows repeated far beyond ROUNDS_MAX: np.add.at itself
+    (300, 5, 3, np.float32),       # rows repeated far beyond ROUNDS_MAX: the padded tail
     (64, 64 * 50, 4, np.float64),  # mostly once
     (40, 7, 1, np.int64),
     (0, 3, 2, np.float32),
     (900, 400, 4, np.float32),     # a few hot rows beside many rare ones: each the way it needs
     (700, 200, None, np.float32),  # values of one element per row (a 1-D variable)
 ])
-def test_scatter_sum_is_np_add_at_bit_for_bit(slices, rows, width, dtype):
-    from autosync.runtime.slices import scatter_sum
+def test_scatter_plan_sum_is_np_add_at_bit_for_bit(slices, rows, width, dtype):
+    from autosync.runtime.slices import ScatterPlan
+
+    def scatter_sum(inverse, values, n, dtype=None):
+        return ScatterPlan(inverse, n).sum(values, dtype)
 
     rng = np.random.default_rng(slices + rows)
     inverse = rng.integers(0, rows, slices)

@@ -37,14 +37,8 @@ def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool, dtyp
     return rows, sums, repeated, squares[repeated]
 
 
-ROUNDS_MAX = 8   # rounds of ``scatter_sum``; a row's slices past them are added in one pass
+ROUNDS_MAX = 8   # rounds of a ``ScatterPlan``; a row's slices past them are added in one pass
 TAIL_MAX = 4     # the padded block of those slices may hold this many times the values' elements
-
-
-def scatter_sum(inverse: np.ndarray, values: np.ndarray, n: int, dtype=None) -> np.ndarray:
-    """``np.add.at`` of ``values`` into ``n`` zero rows at ``inverse``, bit for bit (each row is
-    0 plus its slices in their order), faster (``ScatterPlan``)."""
-    return ScatterPlan(inverse, n).sum(values, dtype)
 
 
 def stable_order(values: np.ndarray, bound: int) -> np.ndarray:
@@ -56,8 +50,9 @@ def stable_order(values: np.ndarray, bound: int) -> np.ndarray:
 
 
 class ScatterPlan:
-    """How ``scatter_sum`` adds slices at ``inverse`` into ``n`` zero rows, found once for every
-    array of values laid on the same slices (a gradient's values and their squares).
+    """How slices at ``inverse`` add up into ``n`` zero rows, found once for every array of values
+    laid on the same slices (a gradient's values and their squares): ``sum`` is ``np.add.at`` of
+    them into zeros, bit for bit (each row is 0 plus its slices in their order), faster.
 
     The k-th slice of every row is added in round k (an indexed add over distinct rows, 2-9x
     faster than ``np.add.at`` where rows repeat a few times), for the first ``ROUNDS_MAX`` rounds;

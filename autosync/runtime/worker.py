@@ -374,7 +374,7 @@ class TrainingWorker:
             if any(p is None for p in got):
                 continue
             if shards == 1 and isinstance(got[0], tuple):
-                pulled[v] = got[0]   # views of the received buffer, joined with their kind by the assign
+                pulled[v] = got[0]   # (row ids, values) as received: the assign joins tables of one row shape
             elif any(isinstance(p, tuple) for p in got):
                 # rows of a table (whole shards held elsewhere, e.g. all-reduced, become rows too)
                 bounds = shard_bounds(self.variables[v].shape[0], shards)
