@@ -10,6 +10,7 @@ benchmark's training function only, never by AutoSync itself.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -154,6 +155,7 @@ def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_
     world = cluster.num_workers
     collector_name = f"autosync-peer-collector-{time.time_ns()}"
     collector = ray.remote(num_cpus=0)(_Collector).options(name=collector_name).remote()
+    storage = tempfile.mkdtemp(prefix="autosync-peer-")   # Ray Train's run records: not kept
     one_per_node = all((n.workers or 0) <= 1 for n in cluster.nodes) and len(cluster.nodes) > 1
     trainer = TensorflowTrainer(
         _train_loop,
@@ -161,7 +163,7 @@ def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_
                            "target": target, "window": window, "cap": cap},
         scaling_config=ScalingConfig(num_workers=world, use_gpu=False, resources_per_worker={"CPU": 1},
                                      placement_strategy="STRICT_SPREAD" if one_per_node else "PACK"),
-        run_config=RunConfig(name=f"peer-{int(time.time())}", storage_path=tempfile.mkdtemp(prefix="autosync-peer-")),
+        run_config=RunConfig(name=f"peer-{int(time.time())}", storage_path=storage),
     )
     try:
         trainer.fit()
@@ -170,6 +172,7 @@ def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_
         return {"status": "failed", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     finally:
         ray.kill(collector)
+        shutil.rmtree(storage, ignore_errors=True)
     chief = results.get(0, {})
     times = chief.get("step_times") or []
     if not times:

@@ -5,9 +5,11 @@ worker's batch over all replicas (half the global batch a step), and a data stre
 Keras' build pass and its training pass lost batches."""
 from __future__ import annotations
 
+import glob
 import importlib
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -48,9 +50,12 @@ def test_ray_train_peer_makes_the_one_process_update_on_the_global_batch(ray_ses
     cloudpickle.register_pickle_by_value(peer)
     cluster = load_cluster("local")
     assert cluster.num_workers == 2
+    runs = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "autosync-peer-*")))  # noqa: E731
+    before = runs()
     got = peer.measure_peer("zoo:ncf", cluster, warmup=0, steps=0, target=float("-inf"), window=20, cap=4,
                             timeout_s=300)
     assert got["status"] == "ok", got.get("error")
+    assert runs() <= before, "Ray Train's run records were left in the temporary directory"
     want = _one_process_losses(load_model_def("zoo:ncf"), 4)
     # the first loss checks the batch each worker trains on, the later ones the updates and the stream
     assert got["losses"] == pytest.approx(want, rel=1e-4, abs=1e-5)
