@@ -108,6 +108,21 @@ def test_the_text_token_law_is_the_streams():
     assert np.abs(law[0] - law[5]).sum() > 0.1
 
 
+def test_click_logs_draw_each_tables_ids_in_turn():
+    """The click-log stream's ids are one Zipf-like draw per table, table after table, from the
+    worker's generator: drawn for every table at once, the same stream bit for bit."""
+    sizes, batch, dense = (7, 1000, 3, 50_000), 16, 5
+    stream = B.click_log_batches(1, 2, dense_features=dense, table_sizes=sizes, batch_size=batch, seed=3)
+    r = B.worker_rng(3, 1, 2)
+    for (x, c), _ in itertools.islice(stream, 3):
+        want_dense = np.log1p(r.lognormal(1.0, 1.0, size=(batch, dense))).astype(np.float32)
+        want = np.stack([B.zipf_ids(r, t, (batch,)) for t in sizes], axis=1)
+        np.testing.assert_array_equal(x, want_dense)
+        assert c.dtype == want.dtype and c.flags.c_contiguous
+        np.testing.assert_array_equal(c, want)
+        assert all(0 <= c[:, j].min() and c[:, j].max() < t for j, t in enumerate(sizes))
+
+
 def test_the_full_size_streams_build_no_tables():
     """A full-size vocabulary (lm1b's 800k, Criteo's tables) costs nothing to set up: the teachers'
     parameters are hashes, so the first batch comes at once."""

@@ -64,8 +64,9 @@ def zipf_ids(rng: np.random.Generator, vocab: int, size) -> np.ndarray:
     return zipf_from_uniform(rng.random(size), vocab)
 
 
-def zipf_from_uniform(u: np.ndarray, vocab: int) -> np.ndarray:
-    """``zipf_ids``'s law applied to uniforms ``u`` in [0, 1) (a deterministic inverse CDF)."""
+def zipf_from_uniform(u: np.ndarray, vocab) -> np.ndarray:
+    """``zipf_ids``'s law applied to uniforms ``u`` in [0, 1) (a deterministic inverse CDF);
+    ``vocab`` an int or an array that broadcasts against ``u`` (a vocabulary per row, say)."""
     ids = np.floor(np.exp(u * np.log(vocab + 1.0))).astype(np.int64) - 1
     return np.clip(ids, 0, vocab - 1).astype(np.int32)
 
@@ -213,7 +214,9 @@ def click_log_batches(worker_index: int, num_workers: int, *, dense_features: in
 
     def draw(r, n):
         dense = np.log1p(r.lognormal(1.0, 1.0, size=(n, dense_features))).astype(np.float32)
-        cats = np.stack([zipf_ids(r, t, (n,)) for t in table_sizes], axis=1)
+        # one uniform draw for every table, table after table: the stream of a draw per table
+        u = r.random((len(table_sizes), n))
+        cats = np.ascontiguousarray(zipf_from_uniform(u, np.asarray(table_sizes, np.int64)[:, None]).T)
         return dense, cats
 
     threshold = _quantile_threshold(lambda r, n: click_score(*draw(r, n), seed), seed)
