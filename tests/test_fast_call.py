@@ -151,3 +151,33 @@ def test_row_ids_read_from_inputs_are_the_traced_functions(name):
             assert np.asarray(got[v]).dtype == np.int64
         named = reads.ids({t.name: a for t, a in zip(model.inputs, x)})   # a dict: the traced function
         assert all(np.array_equal(named[v].numpy(), want[v].numpy()) for v in want)
+
+
+def test_without_the_eager_tensor_constructor_arguments_are_converted_as_tensorflow_converts_them(monkeypatch):
+    """A TensorFlow whose ``EagerTensor`` is not where ``_tensor_maker`` looks: each argument goes
+    through ``tf.convert_to_tensor`` (tensors as they are), and a flat call gives the same results."""
+    import tensorflow as tf
+    from tensorflow.python.framework import ops
+
+    from autosync.runtime import fast_call
+
+    monkeypatch.delattr(ops, "EagerTensor")
+    maker = fast_call._tensor_maker([tf.float32, tf.int64])
+    monkeypatch.undo()
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    given = tf.constant([7, 8], tf.int64)
+    got = maker([strided, given])
+    assert got[1] is given and got[0].dtype == tf.float32
+    np.testing.assert_array_equal(got[0].numpy(), strided)
+
+    f = _function()
+    x, ys = {"a": np.arange(4, dtype=np.float32)}, [np.ones((3, 2), np.float32), np.zeros(5, np.int64)]
+    flat = fast_call.FlatFunction(f, (x, ys))
+    monkeypatch.delattr(ops, "EagerTensor")
+    flat._tensors = fast_call._tensor_maker(flat._dtypes)
+    monkeypatch.undo()
+    for args in ((x, ys), ({"a": np.arange(8, dtype=np.float32)[::2]}, [strided, ys[1]])):
+        got, want = flat(*args), f(*args)
+        np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+        assert [int(n) for n in got[1]] == [int(n) for n in want[1]]
+    assert flat.fallbacks == 0
