@@ -157,15 +157,15 @@ def measure_peer(model: str, cluster, warmup: int = 3, steps: int = 10, timeout_
     collector = ray.remote(num_cpus=0)(_Collector).options(name=collector_name).remote()
     storage = tempfile.mkdtemp(prefix="autosync-peer-")   # Ray Train's run records: not kept
     one_per_node = all((n.workers or 0) <= 1 for n in cluster.nodes) and len(cluster.nodes) > 1
-    trainer = TensorflowTrainer(
-        _train_loop,
-        train_loop_config={"model": model, "warmup": warmup, "steps": steps, "collector": collector_name,
-                           "target": target, "window": window, "cap": cap},
-        scaling_config=ScalingConfig(num_workers=world, use_gpu=False, resources_per_worker={"CPU": 1},
-                                     placement_strategy="STRICT_SPREAD" if one_per_node else "PACK"),
-        run_config=RunConfig(name=f"peer-{int(time.time())}", storage_path=storage),
-    )
     try:
+        trainer = TensorflowTrainer(
+            _train_loop,
+            train_loop_config={"model": model, "warmup": warmup, "steps": steps, "collector": collector_name,
+                               "target": target, "window": window, "cap": cap},
+            scaling_config=ScalingConfig(num_workers=world, use_gpu=False, resources_per_worker={"CPU": 1},
+                                         placement_strategy="STRICT_SPREAD" if one_per_node else "PACK"),
+            run_config=RunConfig(name=f"peer-{int(time.time())}", storage_path=storage),
+        )
         trainer.fit()
         results = ray.get(collector.get.remote())
     except Exception as e:  # the peer failing is a result to report, not a crash of the benchmark
