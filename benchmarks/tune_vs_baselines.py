@@ -79,6 +79,9 @@ def _args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="first batch of timed steps per trial (default 10; then "
                    "more until the median's 95 %% interval is within +-3 %%, at most --max-steps)")
     p.add_argument("--max-steps", type=int, default=60)
+    p.add_argument("--trial-timeout", type=float, default=300.0, metavar="S",
+                   help="limit for one trial, start-up included (default %(default)g s; a full-size dense model "
+                        "at 100mbit needs a minute a step)")
     p.add_argument("--no-peer", action="store_true", help="skip Ray Train's TensorflowTrainer")
     p.add_argument("--nodes", type=int, default=2, help="testbed nodes (default 2)")
     p.add_argument("--bandwidth", default="200mbit", help="testbed link rate (default 200mbit)")
@@ -218,7 +221,7 @@ def measure_model(name: str, cluster, args, store_path: str, say) -> dict:
 
     step_time = spec_step_time(name, args)
     # real compute: the profiled spec, as ``tune`` builds it (the workers' own description has no profile)
-    runner = make_runner(source_of(name), cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=300.0,
+    runner = make_runner(source_of(name), cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.trial_timeout,
                          precision=0.03, max_steps=args.max_steps, compute=args.compute, profile=True,
                          step_time_s=step_time["s"] if step_time else None)
     try:
@@ -511,6 +514,7 @@ def inside(args) -> int:
     results = {"meta": {"nodes": len(cluster.nodes), "bandwidth": format_rate(round(cluster.nodes[0].bandwidth_gbps * 1e9)),
                         "cpus_per_node": cluster.nodes[0].cpus, "compute": args.compute, "warm_start": args.warm_start, "trials": args.trials,
                         "patience": args.patience, "confirm": args.confirm, "warmup": args.warmup, "steps": args.steps,
+                        "trial_timeout_s": args.trial_timeout,
                         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                         "ray": ray.__version__, "store": store_label(store_path, args.out),
                         "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", "")},
@@ -564,6 +568,9 @@ def main(argv=None) -> int:
     if args.time_to_target < 0 or args.ttt_repeats < 1 or args.ttt_window < 1 or args.ttt_cap < 1:
         print("bad arguments: --time-to-target STEPS >= 0, --ttt-repeats >= 1, --ttt-window >= 1, --ttt-cap >= 1",
               file=sys.stderr)
+        return 2
+    if not args.trial_timeout > 0:
+        print(f"bad arguments: --trial-timeout must be > 0 seconds, got {args.trial_timeout:g}", file=sys.stderr)
         return 2
     try:
         stand_ins(args.probe_model, args.models)

@@ -103,6 +103,7 @@ def test_the_benchmark_refuses_a_stand_in_it_cannot_use_before_the_testbed_comes
     assert tvb.stand_ins([f"{spec}=zoo:lm1b"], [spec]) == {spec: "zoo:lm1b"}
     for argv, message in [(["--probe-model", "zoo:lm1b"], "takes NAME=MODEL"),
                           (["--probe-model", "nope=zoo:lm1b"], "nope is not among --models"),
-                          (["--models", "lm1b", "--probe-model", "lm1b=zoo:lm1b"], "needs --compute emulated")]:
+                          (["--models", "lm1b", "--probe-model", "lm1b=zoo:lm1b"], "needs --compute emulated"),
+                          (["--trial-timeout", "0"], "--trial-timeout must be > 0 seconds, got 0")]:
         assert tvb.main(argv) == 2
         assert message in capsys.readouterr().err
