@@ -174,3 +174,38 @@ def test_a_push_without_rows_needs_the_pull_of_its_step(local_ray):
     shard = _shard({"class": "SGD", "learning_rate": 0.1}, _values())
     with pytest.raises(RuntimeError, match="pulled no rows of it for that step"):
         local_ray.run_until_complete(shard.push(0, 0, {TABLE: (None, np.zeros((2, WIDTH), np.float32))}))
+
+
+@pytest.mark.integration
+def test_an_optimizer_that_transforms_each_slice_gets_every_slice_as_keras_does(local_ray):
+    """RMSprop squares each slice before repeated rows add up (``optimizers.sparse_form``): the
+    channel pushes every slice with its row id (no summing, no rows by reference) and the shard
+    updates as Keras updates the variable with the ``IndexedSlices`` itself."""
+    import keras
+    import tensorflow as tf
+
+    from autosync.runtime.optimizers import sparse_form
+
+    optimizer = {"class": "RMSprop", "learning_rate": 0.05, "rho": 0.8}
+    assert sparse_form(optimizer) == "slices"
+    values = _values()
+    shard = _shard(optimizer, values)
+    refs = (ShardRef(0, 0, 1, 0, ROWS, 0, True, False), ShardRef(1, 0, 1, 0, 3, 0, False, False))
+    channel = PSChannel(0, [(_Local(shard, local_ray), PSActorPlan("x", refs))], SHAPES, staleness=0,
+                        squares=squares_slices(optimizer), rows_by_reference=False, keep_slices=True)
+    ref, table = keras.optimizers.RMSprop(0.05, rho=0.8), keras.Variable(values[TABLE].copy())
+    bias = keras.Variable(values[BIAS].copy())
+    for step in range(3):
+        rng = np.random.default_rng(step)
+        lookups = rng.integers(0, 50, 60)   # rows repeat: summing them would change the update
+        read = np.unique(lookups)
+        grads = [(lookups, rng.standard_normal((60, WIDTH)).astype(np.float32)), rng.standard_normal(3).astype(np.float32)]
+        channel.pull(step, rows={0: read})
+        sent = channel.bytes_sent
+        channel.push(step, grads)
+        assert channel.bytes_sent - sent == len(grads[0][0]) * (WIDTH * 4 + 2) + 12   # every slice, 2-byte ids
+        ref.apply([tf.IndexedSlices(grads[0][1], grads[0][0], (ROWS, WIDTH)), tf.constant(grads[1])], [table, bias])
+    pulled = channel.pull(3, fresh=True, rows={0: np.arange(ROWS)})
+    np.testing.assert_allclose(pulled[TABLE][1], table.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pulled[BIAS], bias.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(pulled[TABLE][1], values[TABLE])

@@ -98,3 +98,35 @@ def test_a_push_of_the_wrong_shape_fails_naming_it_and_changes_nothing(bad, says
     asyncio.run(go())
     np.testing.assert_array_equal(ps.params[KEY], table)
     np.testing.assert_array_equal(ps.params[DENSE], dense)
+
+
+@pytest.mark.parametrize("slices", [False, True])
+def test_a_node_aggregator_keeps_every_slice_for_an_optimizer_that_transforms_each(slices):
+    """A node's sparse push: the workers' rows merged (summed where they repeat), or, for an
+    optimizer that transforms each slice (``optimizers.sparse_form``), their slices side by side
+    as they came (a repeated row stays repeated)."""
+    from autosync.runtime.aggregator import NodeAggregator
+
+    sent = []
+
+    class _Actor:
+        class push:   # noqa: N801 - an actor method's ``.remote``
+            @staticmethod
+            async def remote(*args):
+                sent.append(args)
+
+    agg = NodeAggregator("n0", 2, [_Actor()], [KEY], squares=False, slices=slices)
+    parts = [(np.array([1, 4, 1], np.int32), np.ones((3, 3), np.float32)),
+             (np.array([4, 7], np.int32), np.full((2, 3), 2.0, np.float32))]
+
+    async def go():
+        await asyncio.gather(agg.push(0, 0, {0: {KEY: parts[0]}}), agg.push(1, 0, {0: {KEY: parts[1]}}))
+
+    asyncio.run(go())
+    (node, step, grads, weight, kinds), = sent
+    assert (node, step, weight, kinds) == ("n0", 0, 2, ("shared",))
+    rows, values = grads[KEY][:2]
+    if slices:
+        assert rows.tolist() == [1, 4, 1, 4, 7] and values[:, 0].tolist() == [1, 1, 1, 2, 2]
+    else:
+        assert rows.tolist() == [1, 4, 7] and values[:, 0].tolist() == [2, 3, 2]

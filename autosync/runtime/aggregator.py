@@ -4,7 +4,8 @@ through it, so the node sends one push and one pull per parameter-server actor p
 One asyncio Ray actor per node that holds several workers (synchronous PS only). A worker's
 ``push(worker, step, payloads)`` hands over its gradients of the locally replicated shards,
 ``{ps_index: {key: gradient}}``; once all the node's workers have pushed step ``t`` their
-gradients are summed (dense: added; sparse: rows merged, see ``slices.merge_rows``) and pushed to
+gradients are summed (dense: added; sparse: rows merged, see ``slices.merge_rows``, or every slice
+kept for an optimizer that transforms each) and pushed to
 each PS actor as one gradient of weight ``len(workers)``. ``pull(worker, step, min_version, rows)``
 waits until all the node's workers asked for step ``t``, pulls once from each PS actor (the union
 of the rows they read, for row-pulled shards) and hands every worker the same reply:
@@ -28,14 +29,17 @@ class NodeAggregator:
         actors: PS actor handles, in plan order (indices are the ``ps_index`` of the payloads).
         sparse_keys: keys whose gradients are row-sparse.
         squares: the PS optimizer needs the squared slices of repeated rows.
+        slices: the PS optimizer transforms each slice (``optimizers.sparse_form``): the workers'
+            slices are put together as they are, repeated rows not summed.
     """
 
-    def __init__(self, node: str, workers: int, actors: list, sparse_keys, squares: bool):
+    def __init__(self, node: str, workers: int, actors: list, sparse_keys, squares: bool, slices: bool = False):
         self.node = node
         self.workers = workers
         self.actors = actors
         self.sparse_keys = frozenset(tuple(k) for k in sparse_keys)
         self.squares = squares
+        self.slices = slices
         self._pushes: dict[int, dict] = {}
         self._pulls: dict[int, dict] = {}
         self.stats_ = {"pushes_out": 0, "pulls_out": 0}
@@ -61,11 +65,16 @@ class NodeAggregator:
             for p in entry.values():
                 for key, g in p.get(ps, {}).items():
                     parts.setdefault(key, []).append(g)
-            summed = {key: merge_rows(gs, self.squares) if key in self.sparse_keys else _add(gs)
-                      for key, gs in parts.items()}
+            summed = {key: self._sparse_sum(gs) if key in self.sparse_keys else _add(gs) for key, gs in parts.items()}
             refs.append(self.actors[ps].push.remote(self.node, step, summed, self.workers, ("shared",)))
             self.stats_["pushes_out"] += 1
         await asyncio.gather(*refs)
+
+    def _sparse_sum(self, parts: list) -> tuple:
+        """The node's sparse gradient of one shard from its workers' ``(rows, values[, ...])``."""
+        if not self.slices:
+            return merge_rows(parts, self.squares)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     async def pull(self, worker: int, step: int, min_version: int, rows: dict):
         entry = self._pulls.get(step)

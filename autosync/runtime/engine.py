@@ -312,7 +312,7 @@ class Session:
         """Create the PS actors with the initial values and point every worker at them. Returns the
         placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``."""
         from autosync.runtime.keras_optimizer import check_global_clipnorm, check_keras_apply
-        from autosync.runtime.optimizers import check_optimizer_config, numpy_rules, squares_slices
+        from autosync.runtime.optimizers import check_optimizer_config, numpy_rules, sparse_form, squares_slices
 
         plan = self.plan
         # graph first: forming its cluster may restart the workers, which ends their gloo world
@@ -355,14 +355,14 @@ class Session:
             setups["hierarchical"] = hierarchy
         # members reduced in the graph are updated there; the numpy channel holds only the others
         in_graph, ar_groups = split_groups(list(plan.ar_groups), list(plan.layout))
-
-        squares = squares_slices(desc["optimizer"])
-        aggregators = self._start_aggregators(squares)
+        squares, slices = squares_slices(desc["optimizer"]), sparse_form(desc["optimizer"]) == "slices"
+        aggregators = self._start_aggregators(squares, slices)
         node_of = {i: node for node, workers in plan.node_aggregation().items() for i in workers}
 
         def channels(i: int) -> list:
             out = [PSChannel(i, pairs, shapes, plan.staleness, squares, aggregators.get(node_of.get(i)),
-                             self.chunks, rows_by_reference=plan.sync, links=links)] if pairs else []
+                             self.chunks, rows_by_reference=plan.sync and not slices, links=links,
+                             keep_slices=slices)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 # its initial values: each worker reads them from its node's copy of the description
                 out.append(AllReduceChannel(i, n, ar_groups, setups, self.pool.description_ref, desc["optimizer"],
@@ -393,7 +393,7 @@ class Session:
             links[i] = psnet.Link(endpoint, self.ps_actors[i])
         return links
 
-    def _start_aggregators(self, squares: bool) -> dict:
+    def _start_aggregators(self, squares: bool, slices: bool) -> dict:
         """One NodeAggregator per node whose workers aggregate (see ``SyncPlan.node_aggregation``)."""
         import ray
 
@@ -403,7 +403,7 @@ class Session:
         out = {}
         for node, workers in self.plan.node_aggregation().items():
             actor = ray.remote(NodeAggregator).options(**self.pool.binding.actor_options(node), max_concurrency=1000)
-            out[node] = actor.remote(node, len(workers), self.ps_actors, sparse, squares)
+            out[node] = actor.remote(node, len(workers), self.ps_actors, sparse, squares, slices)
             self.helpers.append(out[node])
         return out
 

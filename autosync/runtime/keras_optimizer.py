@@ -26,13 +26,14 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   their gradients (``worker._gradients_of``), so update ``t`` is applied here as Keras applies its
   (t+1)-th: the update rule sees ``iterations`` t (Keras counts updates there), a learning-rate
   schedule the batch count ``(t + 1) n - 1`` (Keras evaluates it at every batch's count).
-- Sparse rows arrive summed per worker (``slices.dedup_rows``) and are applied as one
-  ``IndexedSlices``: exact for an optimizer linear in the slices until they are densified (SGD,
-  Lion); one that transforms each slice first (Adam's square, Adamax's abs, clipping by value or
-  by the slices' norm) would see a row's sum instead, so those are refused on sparse shards
-  outside the graph (the graph backend all-gathers the slices: exact there); not under
-  ``global_clipnorm``, where Keras hands every rule a dense gradient (repeated rows summed): the PS
-  and the numpy all-reduce sum the rows over the workers, and unique rows make the dense update.
+- A sparse gradient is applied as one ``IndexedSlices`` in the form the rule reads it
+  (``optimizers.sparse_form``): rows summed per worker (``slices.dedup_rows``) for an optimizer
+  linear in its slices (SGD, Lion); every slice as the workers' tapes made it, repeated rows not
+  summed, for one that transforms each slice first (RMSprop's or Adam's square, Adamax's abs,
+  Ftrl, clipping by value or by the slices' norm), as Keras applies the ``IndexedSlices`` of the
+  global batch (the numpy all-reduce gathers the slices as they are too); rows summed over every
+  worker under ``global_clipnorm`` or gradient accumulation, where Keras hands the rule a dense
+  gradient, and unique rows make the dense update.
 """
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ def check_keras_apply(config: dict, shards, names) -> None:
         names: variable names by index, for messages.
 
     Raises:
-        ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable, or sparse shards with an optimizer
-            that transforms each slice; see also ``check_global_clipnorm``.
+        ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable; see also
+            ``check_global_clipnorm``.
     """
     problems = []
     for s in shards:
@@ -120,16 +121,6 @@ def check_keras_apply(config: dict, shards, names) -> None:
             problems.append(f"optimizer {config.get('class')!r} reads whole variables (norms or factors), "
                             f"but {names[var]} is split into {s.num_shards} shards updated separately; "
                             f"do not partition it")
-        clip = [k for k in ("clipnorm", "clipvalue") if config.get(k) is not None]
-        # under global_clipnorm Keras hands every rule a dense gradient, and so do we (rows summed)
-        if s.sparse and (clip or not linear_in_slices(config)) and config.get("global_clipnorm") is None:
-            what = (f"option {clip[0]} clips" if clip
-                    else f"optimizer {config.get('class')!r} transforms (e.g. squares)")
-            problems.append(f"{what} each slice of sparse variable {names[var]}, but outside the training graph "
-                            f"its rows arrive summed per worker, so the update would differ from Keras'; "
-                            f"all-reduce it with the graph backend, clip by global_clipnorm instead (Keras then "
-                            f"sums the rows itself), or use SGD, Adam, AdamW or Adagrad with a constant "
-                            f"learning rate and no per-variable clipping")
     if problems:
         raise ConfigError(sorted(set(problems)))
 

@@ -376,6 +376,28 @@ def squares_slices(config: dict) -> bool:
     return numpy_rules(config) and OPTIMIZERS[_kind(config)].squares_slices and config.get("global_clipnorm") is None
 
 
+def sparse_form(config: dict) -> str:
+    """How the update rule of ``config`` reads a sparse (``IndexedSlices``) gradient, so in what
+    form a sparse gradient travels to where the update runs:
+
+    - ``"dense"``: Keras hands the rule a dense gradient (under ``global_clipnorm``, or gradient
+      accumulation into its dense accumulators): a row's slices summed over every worker;
+    - ``"slices"``: the Keras rule transforms each slice before repeated rows add up (RMSprop's
+      square, Adamax's abs, Ftrl, clipping by value or by the slices' norm): every slice travels
+      as it is, never summed with another (more bytes where rows repeat, the same update as Keras);
+    - ``"rows"``: a row's summed slices give the rule the same update (the numpy rules, with the
+      summed squares where they need them; a Keras optimizer linear in its slices: SGD, Lion).
+    """
+    from autosync.runtime.keras_optimizer import linear_in_slices
+
+    if config.get("global_clipnorm") is not None or int(config.get("gradient_accumulation_steps") or 1) > 1:
+        return "dense"
+    if numpy_rules(config):
+        return "rows"
+    clipped = any(config.get(k) is not None for k in ("clipnorm", "clipvalue"))
+    return "rows" if linear_in_slices(config) and not clipped else "slices"
+
+
 def make_optimizer(config: dict):
     """The optimizer for a Keras optimizer config: the numpy rules where they apply exactly, the
     Keras optimizer itself otherwise (``keras_optimizer.KerasOptimizer``).

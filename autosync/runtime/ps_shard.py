@@ -85,7 +85,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
 
     def _setup(self, name: str, values: dict, sparse_keys, shared_keys, optimizer_config: dict,
                num_workers: int, sync: bool, chunks=None, description: dict | None = None) -> None:
-        from autosync.runtime.optimizers import make_optimizer
+        from autosync.runtime.optimizers import make_optimizer, sparse_form
 
         self.keras_ready = "keras" in sys.modules
         self.name = name
@@ -103,6 +103,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
+        self._dense_rule = sparse_form(optimizer_config) == "dense"   # rows summed over the workers in ``_apply``
         for key, value in self.params.items():
             self.optimizer.add_variable(key, value)
             if key in made_here:
@@ -411,9 +412,9 @@ class ParameterServerShard(HeldSteps, PooledShard):
                 total *= total.dtype.type(scale)
             grads[key] = total
         for key, parts in entry["sparse"].items():
-            if scale is None:
+            if scale is None and not self._dense_rule:
                 idx, vals = _concatenate([p[0] for p in parts]), _concatenate([p[1] for p in parts])
-            else:   # Keras' global_clipnorm hands the rule a dense gradient: rows summed over the workers
+            else:   # Keras hands the rule a dense gradient (global_clipnorm, accumulation): rows summed
                 idx, vals = merge_rows([(p[0], p[1]) for p in parts], False)
                 parts = [(idx, vals, None)]
             vals /= vals.dtype.type(n)

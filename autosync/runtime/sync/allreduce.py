@@ -132,7 +132,17 @@ class AllReduceChannel(SyncChannel):
         return {k: self._optimizer.value(self.params, k) for k in self.params}
 
     def push(self, step: int, grads: list) -> None:
-        self._update(self.reduce(step, grads))
+        self._update(self._as_read(self.reduce(step, grads)))
+
+    def _as_read(self, reduced: dict) -> dict:
+        """The reduced gradients in the form the update rule reads them: a sparse member's gathered
+        slices summed row by row where Keras hands the rule a dense gradient (``global_clipnorm``,
+        gradient accumulation: ``optimizers.sparse_form``), as they are otherwise."""
+        from autosync.runtime.optimizers import sparse_form
+
+        if sparse_form(self.optimizer_config) != "dense":
+            return reduced
+        return {k: dedup_rows(g[0], g[1], False) if isinstance(g, tuple) else g for k, g in reduced.items()}
 
     def push_held(self, step: int, grads: list) -> dict:
         """The reduced gradients, kept for ``release`` (``base``'s held steps)."""
@@ -151,8 +161,7 @@ class AllReduceChannel(SyncChannel):
     def release(self, step: int, scale: float) -> None:
         held, self._held = self._held, None
         s = np.float32(scale)
-        # Keras' global_clipnorm hands the rule a dense gradient (repeated rows summed): so does this
-        held = {k: dedup_rows(g[0], g[1], False) if isinstance(g, tuple) else g for k, g in held.items()}
+        held = self._as_read(held)   # global_clipnorm: Keras hands the rule a dense gradient
         self._update({k: (g[0], g[1] * s) if isinstance(g, tuple) else g * s for k, g in held.items()})
 
     def finalize(self) -> None:

@@ -21,7 +21,8 @@ returned whole. A channel that holds its values locally (all-reduce) ignores ``r
 
 Gradients are given per model variable: a dense ndarray, ``(indices, values)`` for a sparse
 (IndexedSlices) gradient, or None (no gradient: nothing is sent). The PS channel sums the
-slices of repeated rows before sending (``slices.dedup_rows``).
+slices of repeated rows before sending (``slices.dedup_rows``), except for an optimizer that
+transforms each slice (``optimizers.sparse_form``), whose slices travel as they are.
 
 With the optimizer's ``global_clipnorm`` the worker runs a step in three parts instead of
 ``push`` (``clip_scale`` below): ``held = push_held(step, grads)`` hands the gradients over

@@ -123,6 +123,9 @@ class PSChannel(SyncChannel):
             from that pull (``slices.dedup_aligned``), so each step's row ids cross the network once.
         links: per actor, its ZeroMQ ``psnet.Link`` (the PS data plane), or None where the actor's
             calls go through Ray (``psnet``: locally replicated shards); None: Ray for all.
+        keep_slices: the PS optimizer transforms each sparse slice (``optimizers.sparse_form``): a
+            sparse gradient is pushed slice by slice, repeated rows not summed (nor laid on the
+            rows pulled: ``rows_by_reference`` does not apply to it).
 
     Row ids travel in the narrowest integer dtype that numbers the shard's rows (``index_dtype``).
     """
@@ -131,7 +134,7 @@ class PSChannel(SyncChannel):
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
                  squares: bool = True, aggregator=None, chunks: list | None = None,
-                 rows_by_reference: bool = False, links: list | None = None):
+                 rows_by_reference: bool = False, links: list | None = None, keep_slices: bool = False):
         self.worker_index = worker_index
         self.actors = actors
         self.links = list(links) if links is not None else [None] * len(actors)
@@ -140,6 +143,7 @@ class PSChannel(SyncChannel):
         self.shapes = [tuple(s) for s in shapes]
         self.staleness = staleness
         self.squares = squares
+        self.keep_slices = keep_slices
         self.aggregator = aggregator
         if chunks is not None and aggregator is not None and any(c and len(c) > 1 for c in chunks):
             raise ValueError("chunked PS calls do not go through a node aggregator")
@@ -248,7 +252,9 @@ class PSChannel(SyncChannel):
                 g = grads[ref.var_index]
                 if g is not None:
                     g = self._shard_grad(ref, g)
-                    if ref.sparse and ref.key in asked and not self._via_node(ref):  # the actor holds the rows
+                    if ref.sparse and self.keep_slices:
+                        g = (np.asarray(g[0]).astype(self._dtypes[ref.key]), g[1])
+                    elif ref.sparse and ref.key in asked and not self._via_node(ref):  # the actor holds the rows
                         aligned.append((payload, ref.key, asked[ref.key], g[0], g[1]))
                     elif ref.sparse:
                         g = dedup_rows(g[0], g[1], self.squares, self._dtypes[ref.key])
