@@ -24,6 +24,8 @@ def _optimizers():
         "lion": lambda: keras.optimizers.Lion(0.01),
         "lamb": lambda: keras.optimizers.Lamb(0.05),
         "adafactor": lambda: keras.optimizers.Adafactor(0.05),
+        "muon": lambda: keras.optimizers.Muon(0.05),
+        "schedule_free_adamw": lambda: keras.optimizers.ScheduleFreeAdamW(0.05, warmup_steps=2),
         "sgd_schedule": lambda: keras.optimizers.SGD(sched, momentum=0.9),
         "adam_clipnorm": lambda: keras.optimizers.Adam(0.05, clipnorm=0.5),
         "adagrad_clipvalue": lambda: keras.optimizers.Adagrad(0.2, clipvalue=0.1),
@@ -32,7 +34,8 @@ def _optimizers():
 
 
 # named here, not by calling _optimizers(): collecting the fast suite must not import Keras
-NAMES = ("rmsprop", "adadelta", "adamax", "nadam", "ftrl", "lion", "lamb", "adafactor", "sgd_schedule",
+NAMES = ("rmsprop", "adadelta", "adamax", "nadam", "ftrl", "lion", "lamb", "adafactor", "muon", "schedule_free_adamw",
+         "sgd_schedule",
          "adam_clipnorm", "adagrad_clipvalue", "subclass")
 
 
