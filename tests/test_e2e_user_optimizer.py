@@ -1,5 +1,6 @@
 """`autosync tune` end to end on `local` on a user's script whose optimizer is RMSprop with a
-cosine-decay schedule (run by the Keras optimizer itself wherever updates happen)."""
+cosine-decay schedule (run by the Keras optimizer itself wherever updates happen), with an
+embedding whose repeated rows' slices RMSprop squares one by one (sent unsummed)."""
 from __future__ import annotations
 
 import json
@@ -17,9 +18,10 @@ import numpy as np
 from autosync.model_def import ModelDef
 
 def make_model():
-    x = keras.Input((8,))
-    h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
-    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+    x, ids = keras.Input((8,)), keras.Input((4,), dtype="int32")
+    e = keras.layers.Flatten()(keras.layers.Embedding(30, 4, name="emb")(ids))
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(keras.layers.Concatenate()([x, e]))
+    return keras.Model([x, ids], keras.layers.Dense(1, name="out")(h))
 
 def make_optimizer():
     schedule = keras.optimizers.schedules.CosineDecay(0.01, decay_steps=100, warmup_target=0.02, warmup_steps=5)
@@ -29,7 +31,8 @@ def batches(worker_index, num_workers):
     rng = np.random.default_rng(worker_index)
     while True:
         x = rng.normal(size=(16, 8)).astype("float32")
-        yield x, x.sum(axis=1, keepdims=True)
+        ids = rng.integers(0, 30, size=(16, 4)).astype("int32")   # rows repeat in a batch
+        yield (x, ids), x.sum(axis=1, keepdims=True) + ids.mean(axis=1, keepdims=True) / 30
 
 def build():
     return ModelDef(name="rms_cosine", model_fn=make_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
