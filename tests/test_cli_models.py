@@ -51,6 +51,8 @@ def test_inspect_zoo_model_prints_sparse_rows():
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("gmf_user_embedding/embeddings"))
     assert "6040x16" in line and "yes" in line
     assert "model ncf-small: batch size 256 per worker" in r.stdout
+    # Adam at a constant rate (the numpy rules, with the summed squares): rows summed per worker
+    assert "parameter-server pushes: a sparse gradient's repeated rows summed by each worker" in r.stdout
 
 
 def test_models_lists_the_zoo_without_building():

@@ -59,3 +59,16 @@ def test_tune_on_a_script_with_rmsprop_and_a_cosine_schedule(tmp_path):
         trials = store.trials()
     # every trial ran, the baselines' parameter servers and all-reduce alike
     assert trials and all(t.status == "ok" for t in trials), [t.error for t in trials if t.status != "ok"]
+
+
+def test_inspect_says_the_embedding_is_pushed_slice_by_slice(tmp_path, capsys):
+    import re
+
+    from autosync.cli import main
+
+    (tmp_path / "rms_model.py").write_text(SCRIPT)
+    assert main(["inspect", "--model", f"{tmp_path / 'rms_model.py'}:build"]) == 0
+    out = capsys.readouterr().out
+    assert "parameter-server pushes: every slice of a sparse gradient" in out and "(RMSprop)" in out, out
+    slices, rows = map(int, re.search(r"emb/embeddings: (\d+) slices for (\d+) rows", out).groups())
+    assert slices == 16 * 4 and rows < slices   # a batch of 16 reads 4 ids each, of 30 rows

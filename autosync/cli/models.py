@@ -83,16 +83,46 @@ def cmd_inspect(args) -> int:
 
 def print_row_reads(source: str) -> None:
     """Which sparse variables parameter servers can serve by rows (lookups known before the
-    step) and which are pulled whole every step, with the reason."""
-    from autosync.runtime.rows import row_reads_of
+    step) and which are pulled whole every step, with the reason; and in what form their
+    gradients are pushed under the model's optimizer (``optimizers.sparse_form``)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from autosync.models.ingest import variable_names
+    from autosync.runtime.optimizers import keras_optimizer_config, sparse_form
+    from autosync.runtime.rows import first_gradient, row_reads_of
     from autosync.sources import load_model_def
 
-    reads = row_reads_of(load_model_def(source))
+    model_def = load_model_def(source)
+    gradient = first_gradient(model_def)
+    reads = row_reads_of(model_def, gradient)
     whole = reads.full_pull
     print(f"\nparameter-server pulls: {len(reads.outputs)} sparse variable(s) by rows (lookups known before the step)"
           + (f", {len(whole)} whole every step:" if whole else ""))
     for name, why in whole.items():
         print(f"  {name}: whole table, because {why}")
+    try:
+        config = keras_optimizer_config(model_def.optimizer_fn())
+    except Exception:  # noqa: BLE001 - the optimizer check above has already warned
+        return
+    form = sparse_form(config)
+    print(f"parameter-server pushes: {_PUSH_FORMS[form].format(config.get('class'))}")
+    if form == "slices":
+        for name, g in zip(variable_names(gradient[1]), gradient[2]):
+            if isinstance(g, tf.IndexedSlices):
+                slices, rows = len(g.indices), len(np.unique(g.indices.numpy()))
+                print(f"  {name}: {slices} slices for {rows} rows in the first batch ({slices / max(rows, 1):.2f}x "
+                      f"the values of its rows)")
+
+
+# what a worker pushes of a sparse gradient, by ``optimizers.sparse_form``
+_PUSH_FORMS = {
+    "rows": "a sparse gradient's repeated rows summed by each worker (the optimizer's rule updates alike)",
+    "slices": "every slice of a sparse gradient as the tape made it, repeated rows not summed: the optimizer "
+              "({}) transforms each slice before repeated rows add up, as Keras applies IndexedSlices",
+    "dense": "a sparse gradient's rows summed over every worker (the optimizer's global_clipnorm or gradient "
+             "accumulation hands its rule a dense gradient, as Keras does)",
+}
 
 
 def register(sub) -> None:

@@ -263,11 +263,10 @@ def payload_bytes(obj) -> int:
     return 0
 
 
-def row_reads_of(model_def) -> RowReads:
-    """Build ``model_def``'s model, take one gradient on its first batch and find its row reads
-    (what ``autosync inspect`` reports; workers do the same in ``load``)."""
+def first_gradient(model_def) -> tuple:
+    """Build ``model_def``'s model and take one gradient on its first batch: ``(model, variables,
+    grads)``, grads as the tape gives them (``tf.IndexedSlices`` for a sparse variable)."""
     import keras
-    import tensorflow as tf
 
     from autosync.models import ingest
 
@@ -275,4 +274,13 @@ def row_reads_of(model_def) -> RowReads:
     inputs, targets = ingest.first_batch(model_def)
     model = model_def.model_fn()
     variables, grads = ingest.compute_gradients(model, model_def.loss(), inputs, targets)
+    return model, variables, grads
+
+
+def row_reads_of(model_def, gradient: tuple | None = None) -> RowReads:
+    """Find ``model_def``'s row reads from one gradient on its first batch (``first_gradient``,
+    or the one given): what ``autosync inspect`` reports; workers do the same in ``load``."""
+    import tensorflow as tf
+
+    model, variables, grads = gradient or first_gradient(model_def)
     return find_row_reads(model, variables, [isinstance(g, tf.IndexedSlices) for g in grads])
