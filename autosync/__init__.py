@@ -16,6 +16,8 @@ _LAZY = {
     "make_runner": "autosync.api",
     "make_trainer": "autosync.api",
     "TuneResult": "autosync.api",
+    "plan": "autosync.planning",
+    "Plan": "autosync.planning",
     "load_cluster": "autosync.sources",
     "load_model_def": "autosync.sources",
     "load_model_spec": "autosync.sources",

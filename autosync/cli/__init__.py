@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "testbed",   # up, shape, status, down, exec
     "runtime",   # run, baselines (Ray)
     "simulate",  # predicted step time of a strategy; evaluation of the predictors
+    "plan",      # the strategies predicted best for a model on a cluster, nothing run
     "calibrate",  # measured collective and PS costs of a cluster, into its spec
     "probe",     # statistical efficiency of a strategy's lossy parts
     "tune",      # tune (the main job), report

@@ -1,0 +1,240 @@
+"""Planning for a cluster before renting it (``autosync plan``, ``autosync.plan``): the strategies
+the cost model predicts best for a model on a cluster described by its spec, with nothing run.
+
+The predictor is the one ``tune`` starts from (``tuner.cost_models.predictor.Predictor``): fitted on
+the warm-start dataset and the trial store, it scores every baseline builder's strategy and a
+whole-space annealing search (lossless strategies only: a lossy part's cost to convergence is
+measured by probes, which need the model to train). Every figure is a prediction: beside the
+learned one, the untouched analytic model's and the physical lower bound (the larger of compute
+and the busiest NIC's time for the bytes a strategy moves) bound what to expect; how well such
+predictions held on clusters the model was never fitted on is in ``benchmarks/published_tables.py
+--leave-one-out``. Compute per step comes from the model spec's profile (measure it on the
+target's accelerator: ``autosync inspect --profile`` there, or a spec of ``configs/models/nvidia-*``),
+else it is estimated from the parameters.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strategy_space import Strategy
+from strategy_space.errors import ConfigError
+
+
+@dataclass
+class PlannedStrategy:
+    """One strategy with its predictions.
+
+    Attributes:
+        origin: the builder (``ps``, ``all_reduce``, ...) or ``search``.
+        strategy: the strategy.
+        predicted_s: the learned predictor's step time (the analytic model's when nothing was learned).
+        analytic_s: the analytic (alpha-beta) model's, untouched by any fit.
+        lower_bound_s: the larger of compute and the busiest NIC's time (``step_lower_bound``).
+        busiest_nic_s: the least time the busiest NIC needs for the bytes of one step.
+        aliases: other builders that build the same strategy.
+    """
+
+    origin: str
+    strategy: Strategy
+    predicted_s: float
+    analytic_s: float
+    lower_bound_s: float
+    busiest_nic_s: float
+    aliases: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"origin": self.origin, "aliases": self.aliases, "predicted_s": self.predicted_s,
+                "analytic_s": self.analytic_s, "lower_bound_s": self.lower_bound_s,
+                "busiest_nic_s": self.busiest_nic_s}
+
+
+@dataclass
+class Plan:
+    """What ``plan`` predicts: ``ranked`` is every strategy scored, best first (the predictor's
+    order), baselines and searched ones alike.
+
+    Attributes:
+        predictor: ``learned`` (fitted on ``trained_on`` trials of ``groups`` other (model, cluster)
+            groups, ``target_trials`` of them this model on this cluster) or ``analytic``.
+        compute_s, compute_source: the compute per step the predictions assume, and where it comes from.
+    """
+
+    model: str
+    cluster: str
+    ranked: list[PlannedStrategy]
+    predictor: str
+    trained_on: int
+    groups: int
+    target_trials: int
+    compute_s: float
+    compute_source: str
+
+    @property
+    def best(self) -> PlannedStrategy:
+        return self.ranked[0]
+
+    @property
+    def best_baseline(self) -> PlannedStrategy:
+        return min((p for p in self.ranked if p.origin != "search"), key=lambda p: p.predicted_s)
+
+    def to_dict(self) -> dict:
+        best, base = self.best, self.best_baseline
+        return {"model": self.model, "cluster": self.cluster, "predictor": self.predictor,
+                "trained_on_trials": self.trained_on, "groups": self.groups, "target_trials": self.target_trials,
+                "compute_s": self.compute_s, "compute_source": self.compute_source,
+                "best": best.to_dict(), "best_baseline": base.to_dict(),
+                "predicted_speedup_over_best_baseline": base.predicted_s / best.predicted_s,
+                "ranked": [p.to_dict() for p in self.ranked]}
+
+    def save(self, path: str) -> None:
+        """Write the recommended strategy as a strategy YAML (``autosync run --strategy``)."""
+        from strategy_space import save
+
+        save(self.best.strategy, path)
+
+
+def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", constraints=None,
+         seed: int = 0) -> Plan:
+    """Predict the best strategies for ``model`` on ``cluster`` without running anything (module doc).
+
+    Args:
+        model: a model source (``zoo:NAME``, ``script.py:fn``, a model-spec YAML) or a ModelSpec.
+        cluster: a cluster name or spec YAML (``local``, ``testbed``, a file) or a ClusterSpec.
+        top: searched strategies to return besides the baselines.
+        store: a trial store whose measured trials the predictor also learns from.
+        warm_start: ``builtin``, ``none`` or a path (see ``tune``).
+        constraints: pinned decisions (a path or ``Constraints``) every searched strategy keeps.
+
+    Raises:
+        ConfigError: bad input, said before any work.
+    """
+    from autosync.sources import load_cluster, load_model_spec
+    from strategy_space.builders import BUILDERS, get_builder
+    from tuner.cost_models.analytic import AnalyticCostModel, step_lower_bound
+    from tuner.features.tables import estimate_compute_s
+    from tuner.records.history import History
+    from tuner.records.warmstart import load_warm_start
+    from tuner.search.constraints import load_constraints
+    from tuner.search.model_based import ModelBasedTuner, SearchSettings
+
+    if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= 100:
+        raise ConfigError(f"top must be an integer from 1 to 100 (searched strategies to list), got {top!r}")
+    spec = model if hasattr(model, "variables") else load_model_spec(model)
+    cluster_spec = cluster if hasattr(cluster, "nodes") else load_cluster(cluster)
+    if isinstance(constraints, str):
+        constraints = load_constraints(constraints)
+    if constraints is not None and constraints.cluster_problems(cluster_spec):
+        raise ConfigError(constraints.cluster_problems(cluster_spec))
+    groups = load_warm_start(warm_start)
+    tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, warm_start=groups, lossless=True,
+                            settings=SearchSettings(batch=top, seed=seed))
+    if store is not None:
+        from tuner.records.dataset import store_groups
+        from tuner.records.store import open_existing_store
+
+        with open_existing_store(str(store)) as opened:
+            tuner.load_groups(store_groups(opened))
+    searched = tuner.next_batch(top, History(spec, cluster_spec))   # refits the predictor on everything
+    predictor = tuner.predictor
+    candidates: list[tuple[str, Strategy, list]] = []
+    seen: dict[str, list] = {}
+    for name in BUILDERS:
+        try:
+            strategy = get_builder(name).build(spec, cluster_spec)
+        except ConfigError:
+            continue   # a builder this cluster cannot have (e.g. no GPUs for its backend)
+        key = strategy.canonical().fingerprint
+        if key in seen:
+            seen[key].append(name)
+            continue
+        seen[key] = []
+        candidates.append((name, strategy, seen[key]))
+    for p in searched:
+        if p.strategy.canonical().fingerprint not in seen:
+            candidates.append(("search", p.strategy, []))
+    encoded = tuner.space.encode([s for _, s, _ in candidates])
+    X = predictor.features(encoded)
+    # by predicted step time: a plan quotes times (the search's ranker only picks what to measure)
+    seconds = predictor.predict(encoded, X)
+    order = np.argsort(seconds, kind="stable")
+    analytic = AnalyticCostModel().predict(X)
+    ranked, searched_outlines = [], {}
+    for i in order:
+        name, strategy, aliases = candidates[i]
+        if name == "search":   # searched strategies alike in outline and time within 1 %: the first stands for all
+            alike = searched_outlines.setdefault(outline(strategy), [])
+            if any(abs(seconds[i] / s - 1) < 0.01 for s in alike):
+                continue
+            alike.append(float(seconds[i]))
+        bound = step_lower_bound(spec, cluster_spec, strategy)
+        ranked.append(PlannedStrategy(name, dataclasses.replace(strategy, origin=name), float(seconds[i]),
+                                      float(analytic[i]), bound["overlapped_s"], bound["busiest_nic_s"], aliases))
+    learned = getattr(predictor, "n_trials_", 0)
+    profile = spec.profile is not None and spec.profile.step_time_s > 0
+    return Plan(model=spec.name, cluster=cluster_spec.name, ranked=ranked,
+                predictor="learned" if learned and predictor.source_ == "simulator" else "analytic",
+                trained_on=int(learned), groups=int(getattr(predictor, "n_groups_", 0)),
+                target_trials=int(getattr(predictor, "n_target_", 0)),
+                compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
+                compute_source="the model spec's profile" if profile else
+                "estimated from the parameters (no profile in the model spec)")
+
+
+def outline(strategy: Strategy) -> str:
+    """A strategy in a few words: what goes to parameter servers and what is all-reduced."""
+    from strategy_space import PS
+
+    ps_vars = ar_vars = shards = 0
+    hosts, groups, extras = set(), set(), set()
+    for vc in strategy.variables:
+        kinds = {isinstance(s, PS) for s in vc.synchronizers}
+        ps_vars += True in kinds
+        ar_vars += False in kinds
+        for s in vc.synchronizers:
+            if isinstance(s, PS):
+                shards += 1
+                hosts.add(s.destination)
+                if s.local_replication:
+                    extras.add("local replication")
+            else:
+                groups.add(s.group)
+                if s.hierarchical:
+                    extras.add("hierarchical")
+    parts = []
+    if ps_vars:
+        parts.append(f"PS: {ps_vars} var{'s' * (ps_vars > 1)}, {shards} shard{'s' * (shards > 1)} on {len(hosts)} "
+                     f"node{'s' * (len(hosts) > 1)}")
+    if ar_vars:
+        parts.append(f"AR: {ar_vars} var{'s' * (ar_vars > 1)} in {len(groups)} group{'s' * (len(groups) > 1)}")
+    return "; ".join(parts + sorted(extras))
+
+
+def format_plan(p: Plan) -> str:
+    """The plan as the command prints it."""
+    from autosync.formatting import table
+
+    def ms(s: float) -> str:
+        return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.2f} s"
+
+    best = p.best_baseline.predicted_s
+    rows = [(("best: " if i == 0 else "") + r.origin + (f" (= {', '.join(r.aliases)})" if r.aliases else ""),
+             outline(r.strategy), ms(r.predicted_s), ms(r.analytic_s), ms(r.lower_bound_s), f"{best / r.predicted_s:.2f}x")
+            for i, r in enumerate(p.ranked)]
+    learned = (f"learned, fitted on {p.trained_on} measured trials of {p.groups} (model, cluster) groups, "
+               f"{p.target_trials} of them this model on this cluster" if p.predictor == "learned"
+               else "the analytic model (nothing measured to learn from)")
+    return "\n".join([
+        f"{p.model} on {p.cluster}: predicted, nothing run (compute {ms(p.compute_s)} a step, {p.compute_source})",
+        table(("strategy", "outline", "predicted step", "analytic", "lower bound", "vs best baseline"), rows,
+              right=(2, 3, 4, 5)),
+        f"predictor: {learned}; lossless strategies only (a lossy part's cost to convergence needs the model "
+        f"to train: `autosync tune`); measure before trusting a gain (`autosync run`)",
+    ])
+
+
+def plan_json(p: Plan) -> str:
+    return json.dumps(p.to_dict(), indent=2)

@@ -1,0 +1,73 @@
+"""``autosync plan`` (planning for a cluster before renting it): every baseline and the best of a
+search scored by the cost model, nothing run; bad input refused with exit code 2. Model and
+cluster specs are YAML here, so nothing imports TensorFlow or Ray."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autosync.cli import main
+from autosync.planning import outline
+from strategy_space import load_cluster_spec, load_model_spec, load_strategy, validate
+from strategy_space.builders import BUILDERS
+from tests.conftest import REPO
+
+MODEL = f"{REPO}/configs/models/nvidia-h200/bert-full.yaml"
+CLUSTER = f"{REPO}/configs/clusters/paper_4x4t4_50gbit.yaml"
+
+
+def test_plan_prints_json_and_writes_the_best_predicted_strategy(tmp_path, capsys):
+    out = tmp_path / "best.yaml"
+    assert main(["plan", "--model", MODEL, "--cluster", CLUSTER, "--top", "3", "--json", "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ranked = result["ranked"]
+    times = [r["predicted_s"] for r in ranked]
+    assert times == sorted(times) and result["best"] == ranked[0]
+    # every builder is there, once or as an alias of one that builds the same strategy
+    named = {r["origin"] for r in ranked} | {a for r in ranked for a in r["aliases"]}
+    assert set(BUILDERS) <= named
+    assert 1 <= sum(r["origin"] == "search" for r in ranked) <= 3
+    assert result["predicted_speedup_over_best_baseline"] == pytest.approx(
+        result["best_baseline"]["predicted_s"] / result["best"]["predicted_s"])
+    assert result["predictor"] == "learned" and result["trained_on_trials"] > 100 and result["target_trials"] == 0
+    assert result["compute_s"] == pytest.approx(load_model_spec(MODEL).profile.step_time_s)
+    for r in ranked:   # no strategy's bytes fit its busiest NIC in less time than that
+        assert 0 < r["busiest_nic_s"] <= r["lower_bound_s"] and r["lower_bound_s"] >= result["compute_s"]
+    model, cluster = load_model_spec(MODEL), load_cluster_spec(CLUSTER)
+    best = validate(load_strategy(str(out)), model, cluster)
+    import autosync
+
+    again = autosync.plan(model, cluster, top=3)   # the Python API: the same plan again
+    assert isinstance(again, autosync.Plan) and best.fingerprint == again.best.strategy.fingerprint
+
+
+def test_plan_table_says_what_it_predicted_from(capsys):
+    assert main(["plan", "--model", MODEL, "--cluster", CLUSTER, "--top", "2", "--warm-start", "none"]) == 0
+    text = capsys.readouterr().out
+    assert "bert-full on paper_4x4t4_50gbit: predicted, nothing run" in text and "the model spec's profile" in text
+    assert "the analytic model (nothing measured to learn from)" in text   # no warm start, no store
+    lines = text.splitlines()
+    assert lines[3].startswith("best: ") and any(ln.startswith("ps ") and "PS: " in ln for ln in lines)
+
+
+def test_outline_counts_what_goes_where():
+    from strategy_space import PS, AllReduce, Strategy, VarConfig
+
+    s = Strategy((VarConfig("a", (PS("n0"), PS("n1", local_replication=True))), VarConfig("b", (AllReduce(group=1),)),
+                  VarConfig("c", (AllReduce(group=2),))))
+    assert outline(s) == "PS: 1 var, 2 shards on 2 nodes; AR: 2 vars in 2 groups; local replication"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--top", "0"], "top must be an integer from 1 to 100"),
+    (["--cluster", "nope.yaml"], "nope.yaml"),
+    (["--warm-start", "missing.db"], "missing.db"),
+])
+def test_plan_refuses_bad_input_with_one_message(argv, says, capsys):
+    base = {"--model": MODEL, "--cluster": CLUSTER}
+    for k in range(0, len(argv), 2):
+        base[argv[k]] = argv[k + 1]
+    assert main(["plan"] + [x for kv in base.items() for x in kv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autosync plan: error: ") and says in err and "Traceback" not in err
