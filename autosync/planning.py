@@ -115,7 +115,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     from autosync.sources import load_cluster, load_model_spec
     from strategy_space.builders import BUILDERS, get_builder
     from tuner.cost_models.analytic import AnalyticCostModel, step_lower_bound
-    from tuner.features.tables import estimate_compute_s
+    from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
     from tuner.records.history import History
     from tuner.records.warmstart import load_warm_start
     from tuner.search.constraints import load_constraints
@@ -181,7 +181,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 target_trials=int(getattr(predictor, "n_target_", 0)),
                 compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
                 compute_source="the model spec's profile" if profile else
-                "estimated from the parameters (no profile in the model spec)")
+                f"estimated from the parameters at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s: the model spec has no profile; "
+                f"measure one on the cluster's accelerator, `autosync inspect --profile --out`")
 
 
 def outline(strategy: Strategy) -> str:
