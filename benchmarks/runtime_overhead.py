@@ -141,12 +141,17 @@ def main() -> None:
     ap.add_argument("--pool-startup", action="store_true",
                     help="only trial start-up of consecutive trials on a warm pool, numpy rules vs Keras path")
     ap.add_argument("--trials", type=int, default=3, help="consecutive trials per model and path with --pool-startup")
-    ap.add_argument("--models", nargs="+", choices=SPARSE_ZOO, default=None,
-                    help="zoo models of the bytes-per-step table (default: all) or of --checkpoint "
-                         "(default: ncf dlrm lm1b)")
-    ap.add_argument("--out", help="also write the sparse bytes-per-step table as JSON to FILE "
+    ap.add_argument("--models", nargs="+", default=None, metavar="M",
+                    help=f"zoo models ({', '.join(SPARSE_ZOO)}) of the bytes-per-step table (default: all) or of "
+                         f"--checkpoint (default: ncf dlrm lm1b; there also NAME?size=full)")
+    ap.add_argument("--out", help="also write the sparse bytes-per-step table (or with --checkpoint, --apply, "
+                                  "--pool-startup their figures) as JSON to FILE "
                                   "(e.g. benchmarks/results/runtime_overhead_sparse_bytes.json)")
     args = ap.parse_args()
+    bad = [m for m in args.models or () if m.split("?")[0] not in SPARSE_ZOO
+           or ("?" in m and not args.checkpoint)]
+    if bad:
+        ap.error(f"--models: {bad} are not among {list(SPARSE_ZOO)} (NAME?size=full only with --checkpoint)")
     if args.single:
         single_process(args.steps, args.warmup)
         return
@@ -154,7 +159,15 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.checkpoint:
-        checkpoint_cost(args.repeat, args.models or list(CHECKPOINT_ZOO))
+        from _testbed import git_commit, write_json
+
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        result = checkpoint_cost(args.repeat, args.models or list(CHECKPOINT_ZOO))
+        if args.out:   # one run: its commit and start at the top (tests/test_results_provenance.py)
+            write_json(args.out, {"commit": git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                  "run_started": started, "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""),
+                                  "meta": {"repeat": args.repeat, "strategy": "ps", "workers": WORKERS},
+                                  "checkpoint": result})
         return
     args.models = args.models or list(SPARSE_ZOO)
     if args.bytes_only:
