@@ -30,7 +30,13 @@ def test_plan_prints_json_and_writes_the_best_predicted_strategy(tmp_path, capsy
     assert 1 <= sum(r["origin"] == "search" for r in ranked) <= 3
     assert result["predicted_speedup_over_best_baseline"] == pytest.approx(
         result["best_baseline"]["predicted_s"] / result["best"]["predicted_s"])
-    assert result["predictor"] == "learned" and result["trained_on_trials"] > 100 and result["target_trials"] == 0
+    assert result["trained_on_trials"] > 100 and result["target_trials"] == 0
+    # a model no warm-start group holds: whichever of the analytic model and the simulator ranked
+    # held-out models better in the warm start quotes the times (planning._transfer_scorer)
+    assert "leave one model out on the trials learned from" in result["predictor"], result["predictor"]
+    scorer = result["predictor"].split(" (")[0]
+    quoted = [r["analytic_s"] for r in ranked] if scorer == "analytic" else None
+    assert quoted is None or quoted == times
     assert result["compute_s"] == pytest.approx(load_model_spec(MODEL).profile.step_time_s)
     for r in ranked:   # no strategy's bytes fit its busiest NIC in less time than that
         assert 0 < r["busiest_nic_s"] <= r["lower_bound_s"] and r["lower_bound_s"] >= result["compute_s"]
@@ -46,7 +52,7 @@ def test_plan_table_says_what_it_predicted_from(capsys):
     assert main(["plan", "--model", MODEL, "--cluster", CLUSTER, "--top", "2", "--warm-start", "none"]) == 0
     text = capsys.readouterr().out
     assert "bert-full on paper_4x4t4_50gbit: predicted, nothing run" in text and "the model spec's profile" in text
-    assert "the analytic model (nothing measured to learn from)" in text   # no warm start, no store
+    assert "predictor: analytic (nothing measured to learn from)" in text   # no warm start, no store
     lines = text.splitlines()
     assert lines[3].startswith("best: ") and any(ln.startswith("ps ") and "PS: " in ln for ln in lines)
 
@@ -71,3 +77,27 @@ def test_plan_refuses_bad_input_with_one_message(argv, says, capsys):
     assert main(["plan"] + [x for kv in base.items() for x in kv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("autosync plan: error: ") and says in err and "Traceback" not in err
+
+
+def test_a_plan_quotes_the_scorer_asked_for():
+    model, cluster = load_model_spec(MODEL), load_cluster_spec(CLUSTER)
+    import autosync
+
+    analytic = autosync.plan(model, cluster, top=1, scorer="analytic")
+    learned = autosync.plan(model, cluster, top=1, scorer="learned")
+    assert analytic.predictor == "analytic" and learned.predictor == "learned"
+    assert all(p.predicted_s == p.analytic_s for p in analytic.ranked)
+    assert any(p.predicted_s != p.analytic_s for p in learned.ranked)
+    with pytest.raises(Exception, match="scorer must be auto, learned or analytic"):
+        autosync.plan(model, cluster, scorer="best")
+
+
+def test_a_model_seen_on_other_clusters_is_judged_by_leaving_one_cluster_out():
+    from tuner.records.warmstart import load_warm_start
+
+    import autosync
+
+    groups = load_warm_start("builtin")
+    seen = next(m for m, _, _ in groups if m.name == "ncf-small")
+    p = autosync.plan(seen, load_cluster_spec(CLUSTER), top=1, warm_start=groups)
+    assert "leave one cluster out on the trials learned from" in p.predictor and p.target_trials == 0
