@@ -115,7 +115,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         ConfigError: bad input, said before any work.
     """
     from autosync.sources import load_cluster, load_model_spec
-    from strategy_space.builders import BUILDERS, get_builder
+    from tuner.search.baseline_tuner import BaselineTuner
     from tuner.cost_models.analytic import AnalyticCostModel, step_lower_bound
     from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
     from tuner.records.history import History
@@ -133,6 +133,10 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         constraints = load_constraints(constraints)
     if constraints is not None and constraints.cluster_problems(cluster_spec):
         raise ConfigError(constraints.cluster_problems(cluster_spec))
+    if constraints is not None and constraints.lossy_pins():
+        raise ConfigError(f"the constraints pin lossy parts ({'; '.join(constraints.lossy_pins())}) but a plan "
+                          f"proposes lossless strategies only (a lossy part's cost to convergence is measured by "
+                          f"training: autosync tune); drop those pins to plan")
     groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
     tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, warm_start=groups, lossless=True,
                             settings=SearchSettings(batch=top, seed=seed))
@@ -144,19 +148,11 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
             tuner.load_groups(store_groups(opened))
     searched = tuner.next_batch(top, History(spec, cluster_spec))   # refits the predictor on everything
     predictor = tuner.predictor
-    candidates: list[tuple[str, Strategy, list]] = []
-    seen: dict[str, list] = {}
-    for name in BUILDERS:
-        try:
-            strategy = get_builder(name).build(spec, cluster_spec)
-        except ConfigError:
-            continue   # a builder this cluster cannot have (e.g. no GPUs for its backend)
-        key = strategy.canonical().fingerprint
-        if key in seen:
-            seen[key].append(name)
-            continue
-        seen[key] = []
-        candidates.append((name, strategy, seen[key]))
+    # every builder's strategy once, projected onto the pins (``NAME+pins`` where they change it)
+    candidates: list[tuple[str, Strategy, list]] = [
+        (b.origin, b.strategy, list(b.aliases))
+        for b in BaselineTuner(spec, cluster_spec, constraints=constraints, lossless=True).proposals()]
+    seen = {s.canonical().fingerprint for _, s, _ in candidates}
     for p in searched:
         if p.strategy.canonical().fingerprint not in seen:
             candidates.append(("search", p.strategy, []))

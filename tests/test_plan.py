@@ -101,3 +101,15 @@ def test_a_model_seen_on_other_clusters_is_judged_by_leaving_one_cluster_out():
     seen = next(m for m, _, _ in groups if m.name == "ncf-small")
     p = autosync.plan(seen, load_cluster_spec(CLUSTER), top=1, warm_start=groups)
     assert "leave one cluster out on the trials learned from" in p.predictor and p.target_trials == 0
+
+
+def test_a_plan_keeps_the_pins_and_refuses_lossy_ones(tmp_path, capsys):
+    pins = tmp_path / "pins.yaml"
+    pins.write_text('kind: constraints\nversion: 1\nvariables:\n- match: "*embeddings*"\n  sync: ps\n  shards: 2\n')
+    model = f"{REPO}/configs/models/ncf.yaml"
+    assert main(["plan", "--model", model, "--cluster", CLUSTER, "--constraints", str(pins), "--json", "--top", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert all(r["origin"] == "search" or r["origin"].endswith("+pins") for r in result["ranked"])
+    pins.write_text("kind: constraints\nversion: 1\nvariables:\n- sparse: false\n  compressor: fp16\n")
+    assert main(["plan", "--model", model, "--cluster", CLUSTER, "--constraints", str(pins)]) == 2
+    assert "a plan proposes lossless strategies only" in capsys.readouterr().err
