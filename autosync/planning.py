@@ -188,6 +188,9 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 f"measure one on the cluster's accelerator, `autosync inspect --profile --out`")
 
 
+_JUDGED: dict = {}   # (training data, protocol, seed) -> pairwise accuracy of each scorer
+
+
 def _transfer_scorer(data, spec, predictor) -> str:
     """Whose step times a plan quotes: with trials of this model on this cluster, the scorer the
     predictor chose on them (``Predictor.fit``); without, the analytic model or the learned
@@ -204,9 +207,13 @@ def _transfer_scorer(data, spec, predictor) -> str:
     protocol = "lomo" if spec.name not in set(data.model_names) else "logo"
     if len(set(data.model_names if protocol == "lomo" else [k[1] for k in data.keys])) < 2:
         return "learned"
-    methods = predictors(seed=predictor.seed)
-    rows = evaluate(data, {k: methods[k] for k in ("analytic (default)", "simulator (ratio)")}, protocols=(protocol,))
-    acc = {r["method"]: r["pairwise_acc"] for r in rows}
+    key = (tuple(data.keys), len(data), float(np.sum(data.y)), protocol, predictor.seed)
+    acc = _JUDGED.get(key)
+    if acc is None:   # a few seconds (a simulator fit per held-out model or cluster): once per process
+        methods = predictors(seed=predictor.seed)
+        rows = evaluate(data, {k: methods[k] for k in ("analytic (default)", "simulator (ratio)")},
+                        protocols=(protocol,))
+        acc = _JUDGED[key] = {r["method"]: r["pairwise_acc"] for r in rows}
     held = "leave one model out" if protocol == "lomo" else "leave one cluster out"
     why = (f"{acc['analytic (default)']:.3f} against {acc['simulator (ratio)']:.3f} pairwise ({held} on the "
            f"trials learned from)")
