@@ -97,7 +97,8 @@ def one(name: str, path: str, r: dict, meta: dict, groups: list, top: int) -> di
              "learned": plan(spec, cluster, top=top, warm_start=unseen, scorer="learned"),
              "analytic": plan(spec, cluster, top=top, warm_start=[])}
     tuned = r["tune"]["best_step_time_s"]
-    out = {"file": os.path.basename(path), "run_started": r["run_started"], "commit": r["commit"],
+    # the measured run's own commit and start (this file's run is at its top)
+    out = {"file": os.path.basename(path), "measured_run_started": r["run_started"], "measured_commit": r["commit"],
            "model": spec.name, "cluster": cluster.name, "compute_s": plans["plan"].compute_s,
            "warm_start_groups": len(unseen), "measured": measured}
     for label, p in plans.items():
