@@ -149,8 +149,11 @@ def main(argv=None) -> int:
         o = overall[label]
         print(f"overall {label}: order {o['order']:.3f} over {pairs} pairs, median ratio error "
               f"{o['median_ratio_error']:.3f}, best baseline picked {o['best_hits']}/{len(models)}")
+    commit = git_commit(REPO)
+    for m in models.values():   # every entry is this run's (the measured run's own: measured_*)
+        m.update(commit=commit, run_started=started)
     if args.out:
-        write_json(args.out, {"commit": git_commit(REPO), "run_started": started,
+        write_json(args.out, {"commit": commit, "run_started": started,
                               "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""),
                               "meta": {"files": [os.path.basename(p) for p in args.files], "top": args.top,
                                        "min_gap": MIN_GAP, "warm_start": "builtin less the model's own groups"},
