@@ -148,21 +148,29 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
             tuner.load_groups(store_groups(opened))
     searched = tuner.next_batch(top, History(spec, cluster_spec))   # refits the predictor on everything
     predictor = tuner.predictor
+    if scorer == "auto":
+        scorer = _transfer_scorer(tuner.training.trial_set(), spec, predictor)
+    elif scorer == "learned" and predictor.source_ != "simulator":
+        scorer = "analytic (nothing learned)"
+    if scorer.startswith("analytic") and tuner.training.trial_set() is not None:
+        # the times quoted are the analytic model's: its own search proposes too (the learned
+        # predictor's picks are what it would have measured, not what the analytic model ranks best)
+        own = ModelBasedTuner(spec, cluster_spec, constraints=constraints, lossless=True,
+                              settings=SearchSettings(batch=top, seed=seed))
+        searched += own.next_batch(top, History(spec, cluster_spec))
     # every builder's strategy once, projected onto the pins (``NAME+pins`` where they change it)
     candidates: list[tuple[str, Strategy, list]] = [
         (b.origin, b.strategy, list(b.aliases))
         for b in BaselineTuner(spec, cluster_spec, constraints=constraints, lossless=True).proposals()]
     seen = {s.canonical().fingerprint for _, s, _ in candidates}
     for p in searched:
-        if p.strategy.canonical().fingerprint not in seen:
+        key = p.strategy.canonical().fingerprint
+        if key not in seen:
+            seen.add(key)
             candidates.append(("search", p.strategy, []))
     encoded = tuner.space.encode([s for _, s, _ in candidates])
     X = predictor.features(encoded)
     analytic = AnalyticCostModel().predict(X)
-    if scorer == "auto":
-        scorer = _transfer_scorer(tuner.training.trial_set(), spec, predictor)
-    elif scorer == "learned" and predictor.source_ != "simulator":
-        scorer = "analytic (nothing learned)"
     # by predicted step time: a plan quotes times (the search's ranker only picks what to measure)
     seconds = analytic if scorer.startswith("analytic") else predictor.predict(encoded, X)
     order = np.argsort(seconds, kind="stable")

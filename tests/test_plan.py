@@ -113,3 +113,15 @@ def test_a_plan_keeps_the_pins_and_refuses_lossy_ones(tmp_path, capsys):
     pins.write_text("kind: constraints\nversion: 1\nvariables:\n- sparse: false\n  compressor: fp16\n")
     assert main(["plan", "--model", model, "--cluster", CLUSTER, "--constraints", str(pins)]) == 2
     assert "a plan proposes lossless strategies only" in capsys.readouterr().err
+
+
+def test_quoting_the_analytic_model_its_own_search_proposes_too():
+    """Where the analytic model's times are quoted, the plan's best is at least as good, by them,
+    as the best of a plan that knows nothing but the analytic model."""
+    import autosync
+
+    model, cluster = load_model_spec(MODEL), load_cluster_spec(CLUSTER)
+    auto = autosync.plan(model, cluster, top=2)
+    assert auto.predictor.startswith("analytic")
+    alone = autosync.plan(model, cluster, top=2, warm_start="none")
+    assert auto.best.predicted_s <= alone.best.predicted_s * (1 + 1e-6)
