@@ -5,10 +5,10 @@ The predictor is the one ``tune`` starts from (``tuner.cost_models.predictor.Pre
 the warm-start dataset and the trial store, it scores every baseline builder's strategy and a
 whole-space annealing search (lossless strategies only: a lossy part's cost to convergence is
 measured by probes, which need the model to train). Every figure is a prediction: beside the
-learned one, the untouched analytic model's and the physical lower bound (the larger of compute
+times quoted, the untouched analytic model's and the physical lower bound (the larger of compute
 and the busiest NIC's time for the bytes a strategy moves) bound what to expect; how well such
-predictions held on clusters the model was never fitted on is in ``benchmarks/published_tables.py
---leave-one-out``. Compute per step comes from the model spec's profile (measure it on the
+predictions held on models and clusters never fitted on is in ``benchmarks/plan_vs_measured.py``
+and ``benchmarks/published_tables.py --leave-one-out``. Compute per step comes from the model spec's profile (measure it on the
 target's accelerator: ``autosync inspect --profile`` there, or a spec of ``configs/models/nvidia-*``),
 else it is estimated from the parameters.
 """
@@ -31,7 +31,7 @@ class PlannedStrategy:
     Attributes:
         origin: the builder (``ps``, ``all_reduce``, ...) or ``search``.
         strategy: the strategy.
-        predicted_s: the learned predictor's step time (the analytic model's when nothing was learned).
+        predicted_s: the step time the plan quotes (``Plan.predictor`` says whose).
         analytic_s: the analytic (alpha-beta) model's, untouched by any fit.
         lower_bound_s: the larger of compute and the busiest NIC's time (``step_lower_bound``).
         busiest_nic_s: the least time the busiest NIC needs for the bytes of one step.
@@ -54,8 +54,8 @@ class PlannedStrategy:
 
 @dataclass
 class Plan:
-    """What ``plan`` predicts: ``ranked`` is every strategy scored, best first (the predictor's
-    order), baselines and searched ones alike.
+    """What ``plan`` predicts: ``ranked`` is every strategy scored, by the step time quoted, best
+    first, baselines and searched ones alike.
 
     Attributes:
         predictor: whose step times ``ranked`` quotes and why (``learned``: the predictor fitted on
@@ -116,7 +116,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     """
     from autosync.sources import load_cluster, load_model_spec
     from tuner.search.baseline_tuner import BaselineTuner
-    from tuner.cost_models.analytic import AnalyticCostModel, step_lower_bound
+    from tuner.cost_models.analytic import AnalyticCostModel, lower_bound_of_row
     from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
     from tuner.records.history import History
     from tuner.records.warmstart import load_warm_start
@@ -182,7 +182,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
             if any(abs(seconds[i] / s - 1) < 0.01 for s in alike):
                 continue
             alike.append(float(seconds[i]))
-        bound = step_lower_bound(spec, cluster_spec, strategy)
+        bound = lower_bound_of_row(X[i])
         ranked.append(PlannedStrategy(name, dataclasses.replace(strategy, origin=name), float(seconds[i]),
                                       float(analytic[i]), bound["overlapped_s"], bound["busiest_nic_s"], aliases))
     learned = getattr(predictor, "n_trials_", 0)
@@ -203,9 +203,9 @@ def _transfer_scorer(data, spec, predictor) -> str:
     """Whose step times a plan quotes: with trials of this model on this cluster, the scorer the
     predictor chose on them (``Predictor.fit``); without, the analytic model or the learned
     simulator, whichever ordered held-out groups better in the training data, held out as this
-    target stands: leave one model out for a model no group holds, else leave one cluster out
-    (on the built-in warm start the analytic model 0.80 against 0.77 for an unseen model, the
-    simulator 0.80 against 0.80 for a seen model on another cluster). Returns the scorer with why."""
+    target stands: leave one model out for a model no group holds, else leave one cluster out (the
+    same protocols as ``benchmarks/simulator_accuracy.py``). Returns the scorer with why, the
+    accuracies it was judged by included."""
     from tuner.cost_models.evaluation import evaluate, predictors
 
     if data is None or not len(data):

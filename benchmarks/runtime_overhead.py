@@ -159,31 +159,21 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.checkpoint:
-        from _testbed import git_commit, write_json
-
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         result = checkpoint_cost(args.repeat, args.models or list(CHECKPOINT_ZOO))
-        if args.out:   # one run: its commit and start at the top (tests/test_results_provenance.py)
-            write_json(args.out, {"commit": git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                  "run_started": started, "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""),
-                                  "meta": {"repeat": args.repeat, "strategy": "ps", "workers": WORKERS},
-                                  "checkpoint": result})
+        if args.out:
+            _write_run(args.out, started, {"repeat": args.repeat, "strategy": "ps", "workers": WORKERS},
+                       {"checkpoint": result})
         return
     args.models = args.models or list(SPARSE_ZOO)
     if args.bytes_only:
         sparse_bytes(args.steps, args.warmup, args.out, args.models)
         return
     if args.apply or args.pool_startup:
-        from _testbed import git_commit, write_json
-
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         result = apply_cost(args.steps, args.warmup) if args.apply else pool_startup(args.trials, args.models)
         if args.out:
-            # one run: its commit and start at the top (tests/test_results_provenance.py)
-            write_json(args.out, {"commit": commit, "run_started": started,
-                                  "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""),
-                                  "meta": {"steps": args.steps, "warmup": args.warmup}, **result})
+            _write_run(args.out, started, {"steps": args.steps, "warmup": args.warmup}, result)
         return
 
     tf_import = fresh_import_s("tensorflow")
@@ -478,6 +468,15 @@ def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_
         if out:
             write_json(out, results)
     pool.kill_all()
+
+
+def _write_run(path: str, started: str, meta: dict, result: dict) -> None:
+    """One run's figures as JSON: its commit and start at the top (tests/test_results_provenance.py)."""
+    from _testbed import git_commit, write_json
+
+    write_json(path, {"commit": git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "run_started": started, "what_else_ran": os.environ.get("AUTOSYNC_BENCH_NOTE", ""),
+                      "meta": meta, **result})
 
 
 CHECKPOINT_ZOO = ("ncf", "dlrm", "lm1b")

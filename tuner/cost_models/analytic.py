@@ -113,9 +113,15 @@ def step_lower_bound(model: ModelSpec, cluster: ClusterSpec, strategy) -> dict:
     bound); ``serial_s`` (their sum) is what a step costs with no overlap at all, for reference.
     ``busiest_nic_s`` alone depends on nothing but bytes and the cluster's bandwidths."""
     from strategy_space.space import StrategySpace
+
+    return lower_bound_of_row(featurize(FeatureTables.from_specs(model, cluster),
+                                        StrategySpace(model, cluster).encode([strategy]))[0])
+
+
+def lower_bound_of_row(x: np.ndarray) -> dict:
+    """``step_lower_bound`` of a strategy whose feature row (``featurize``) is already at hand."""
     from tuner.features.batch import COL
 
-    x = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))[0]
     nic = float(max(x[COL["nic_in_s"]], x[COL["nic_out_s"]]))
     compute = float(x[COL["compute_s"]])
     return {"compute_s": compute, "busiest_nic_s": nic, "serial_s": compute + nic, "overlapped_s": max(compute, nic)}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autosync.runtime.optimizers import sparse_form
 from autosync.runtime.slices import dedup_rows
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
@@ -88,6 +89,8 @@ class AllReduceChannel(SyncChannel):
         self._initial_ref = None if isinstance(values, dict) else values
         self._params = dict(values) if isinstance(values, dict) else None
         self.optimizer_config = optimizer_config
+        # Keras hands the rule a dense gradient (``optimizers.sparse_form``): ``_as_read`` sums rows
+        self._dense_rule = sparse_form(optimizer_config) == "dense"
         self.seed = seed
         self.calls = 0
         self.bytes_sent = 0
@@ -138,9 +141,7 @@ class AllReduceChannel(SyncChannel):
         """The reduced gradients in the form the update rule reads them: a sparse member's gathered
         slices summed row by row where Keras hands the rule a dense gradient (``global_clipnorm``,
         gradient accumulation: ``optimizers.sparse_form``), as they are otherwise."""
-        from autosync.runtime.optimizers import sparse_form
-
-        if sparse_form(self.optimizer_config) != "dense":
+        if not self._dense_rule:
             return reduced
         return {k: dedup_rows(g[0], g[1], False) if isinstance(g, tuple) else g for k, g in reduced.items()}
 
