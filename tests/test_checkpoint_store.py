@@ -51,7 +51,7 @@ def test_write_read_and_replace(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["manifest.json", "step-00000002"]
 
 
-@pytest.mark.parametrize("crash", ["weights", "state", "commit"])
+@pytest.mark.parametrize("crash", ["weights", "state", "reading", "commit"])
 def test_a_crash_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch, crash):
     store = ck.CheckpointStore(tmp_path / "ckpt")
     _write(store, 1)
@@ -64,20 +64,27 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, monkey
             f.write(b"half")
         raise Crash("disk gone while writing the weights")
 
-    def half_written_state(f, **arrays):
-        f.write(b"PK\x03\x04 half a zip")
+    def half_written_state(path, items):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 half a zip")
         raise Crash("disk gone while writing the state")
+
+    def actor_dies_while_read():
+        yield "ps/ps@node0/0.0/m", np.full(3, 2, np.float32)
+        raise Crash("a parameter server died while its state was read")
 
     def no_commit(src, dst):
         raise Crash("power cut before the manifest was replaced")
 
     if crash == "state":
-        monkeypatch.setattr(ck.np, "savez", half_written_state)
+        monkeypatch.setattr(ck, "_write_npz", half_written_state)
     elif crash == "commit":
         monkeypatch.setattr(ck.os, "replace", no_commit)
     with pytest.raises(Crash):
         if crash == "weights":
             store.write(_manifest(2), half_written_weights, {})
+        elif crash == "reading":
+            store.write(_manifest(2), lambda path: open(path, "wb").close(), actor_dies_while_read())
         else:
             _write(store, 2)
     monkeypatch.undo()
@@ -86,6 +93,63 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, monkey
     _write(store, 3)
     _assert_step(store, 3)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["manifest.json", "step-00000003"]
+
+
+def test_arrays_stream_in_and_out_one_at_a_time(tmp_path):
+    """``write`` takes (name, array) pairs as they come (a save reads the actors a batch at a
+    time) and ``arrays`` reads an array only when asked: what np.savez/np.load would hold whole."""
+    store = ck.CheckpointStore(tmp_path / "ckpt")
+    produced, made = [], {"ps/a/0.0/m": np.arange(6, dtype=np.float32).reshape(2, 3),
+                          "ps/a/0.0/v": np.ones(5, np.float64), "channel0/version": np.array(7)}
+
+    def one_by_one():
+        for name, array in made.items():
+            produced.append(name)
+            yield name, array
+
+    store.write(_manifest(4), lambda path: open(path, "wb").close(), one_by_one())
+    assert produced == list(made)
+    manifest, info = store.read()
+    with np.load(tmp_path / "ckpt" / manifest.directory / "state.npz") as plain:   # what np.load reads
+        assert sorted(plain.files) == sorted(made)
+    arrays = store.arrays(manifest)
+    read = []
+    real = arrays._npz.__class__.__getitem__
+    try:
+        arrays._npz.__class__.__getitem__ = lambda npz, k: read.append(k) or real(npz, k)
+        assert sorted(arrays) == sorted(made) and len(arrays) == 3 and not read   # listing reads nothing
+        for name, array in made.items():
+            got = arrays[name]
+            assert got.dtype == array.dtype and np.array_equal(got, array)
+        assert read == list(made)
+    finally:
+        arrays._npz.__class__.__getitem__ = real
+        arrays.close()
+    with pytest.raises(KeyError):
+        store.arrays(manifest)["ps/nothing"]
+
+
+def test_a_damaged_state_file_is_refused_when_read(tmp_path):
+    store = ck.CheckpointStore(tmp_path / "ckpt")
+    _write(store, 1)
+    manifest, _ = store.read()
+    state = tmp_path / "ckpt" / manifest.directory / "state.npz"
+    good = state.read_bytes()
+    state.write_bytes(good[: len(good) // 3])   # cut: the archive's directory is gone
+    with pytest.raises(ConfigError, match=r"restore: .*state.npz cannot be read .*the checkpoint is damaged"):
+        store.arrays(manifest)
+    state.write_bytes(b"not an archive at all")
+    with pytest.raises(ConfigError, match=r"state.npz cannot be read .*damaged"):
+        store.arrays(manifest)
+    np.save(state.with_suffix(".npy"), np.zeros(3))
+    state.write_bytes(state.with_suffix(".npy").read_bytes())   # an array, not an archive
+    with pytest.raises(ConfigError, match=r"state.npz is not an .npz archive; the checkpoint is damaged"):
+        store.arrays(manifest)
+    header = good.index(b"\x93NUMPY")   # the array's header inside the archive, garbled
+    state.write_bytes(good[:header] + b"\x00" * 10 + good[header + 10:])
+    with pytest.raises(ConfigError, match=r"state.npz cannot be read .*damaged"):
+        arrays = store.arrays(manifest)
+        arrays["ps/ps@node0/0.0/m"]
 
 
 def test_missing_damaged_and_foreign_checkpoints_are_refused(tmp_path):
@@ -139,3 +203,12 @@ def test_mismatches_say_what_differs():
     assert "the strategy trains 3 workers but the checkpoint has 2" in text
     assert "the strategy differs" in text and "dense/bias: checkpoint" in text and "all_reduce" in text
     assert "keras.Model.load_weights" in text
+
+
+def test_a_save_reads_the_actors_in_bounded_batches():
+    from autosync.runtime.session_state import BATCH_BYTES, batches
+
+    sizes = {"a": 100, "b": 200, "c": 50, "d": 400, "e": 1}
+    assert batches(sizes, 300) == [["a", "b"], ["c"], ["d"], ["e"]]   # d alone: bigger than the limit
+    assert batches(sizes, 1) == [[k] for k in sizes] and batches({}, 300) == []
+    assert batches(sizes) == [list(sizes)] and BATCH_BYTES >= 2 ** 20

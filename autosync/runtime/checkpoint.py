@@ -27,6 +27,9 @@ import os
 import shutil
 import time
 import uuid
+import zipfile
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -160,6 +163,7 @@ class CheckpointInfo:
         weights_path: its ``model.weights.h5`` (for ``keras.Model.load_weights``).
         bytes: bytes of its files.
         seconds: time the write took (0 for a read).
+        read_seconds: of ``seconds``, the time spent reading the actors' state (a save).
     """
 
     path: str
@@ -167,6 +171,7 @@ class CheckpointInfo:
     weights_path: str
     bytes: int
     seconds: float = 0.0
+    read_seconds: float = 0.0
 
 
 def _fsync_file(path: Path) -> None:
@@ -208,7 +213,8 @@ class CheckpointStore:
         Args:
             manifest: its manifest (``directory`` is filled in here).
             write_weights: writes the model's weights to the ``.weights.h5`` path it is given.
-            arrays: name -> array for ``state.npz``.
+            arrays: name -> array for ``state.npz``, or ``(name, array)`` pairs: each is written
+                as it comes, so a generator that reads them a batch at a time bounds the memory.
 
         Raises:
             ConfigError: ``path`` is not a place to write a checkpoint (``check_writable``).
@@ -220,8 +226,7 @@ class CheckpointStore:
         tmp.mkdir()
         try:
             write_weights(str(tmp / WEIGHTS))
-            with open(tmp / STATE, "wb") as f:
-                np.savez(f, **arrays)
+            _write_npz(tmp / STATE, arrays.items() if isinstance(arrays, dict) else arrays)
             for name in (WEIGHTS, STATE):
                 _fsync_file(tmp / name)
             _fsync_dir(tmp)
@@ -288,15 +293,54 @@ class CheckpointStore:
         size = sum(f.stat().st_size for f in folder.iterdir())
         return manifest, CheckpointInfo(str(p), manifest.step, str(folder / WEIGHTS), size)
 
-    def arrays(self, manifest: Manifest) -> dict:
-        """``state.npz`` of the committed checkpoint, loaded (name -> array).
+    def arrays(self, manifest: Manifest) -> "StateFile":
+        """``state.npz`` of the committed checkpoint (name -> array, each read when asked).
 
         Raises:
             ConfigError: the file cannot be read.
         """
-        path = self.path / manifest.directory / STATE
+        return StateFile(self.path / manifest.directory / STATE)
+
+
+class StateFile(Mapping):
+    """A ``state.npz`` as a read-only mapping that reads an array when it is asked for (a restore
+    holds one parameter server's state at a time, not the whole file). Close it when done.
+
+    Raises (on opening and on each read):
+        ConfigError: the file cannot be read (the checkpoint is damaged).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._npz = self._read(lambda: np.load(path, allow_pickle=False))
+        if not isinstance(self._npz, np.lib.npyio.NpzFile):
+            raise ConfigError(f"restore: {path} is not an .npz archive; the checkpoint is damaged")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._npz.files:
+            raise KeyError(name)
+        return self._read(lambda: self._npz[name])
+
+    def __iter__(self):
+        return iter(self._npz.files)
+
+    def __len__(self) -> int:
+        return len(self._npz.files)
+
+    def close(self) -> None:
+        self._npz.close()
+
+    def _read(self, read):
         try:
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"restore: {path} cannot be read ({e}); the checkpoint is damaged") from None
+            return read()
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise ConfigError(f"restore: {self.path} cannot be read ({e}); the checkpoint is damaged") from None
+
+
+def _write_npz(path: Path, items) -> None:
+    """Write ``(name, array)`` pairs to an ``.npz`` archive ``np.load`` reads, one array at a time
+    (what ``np.savez`` writes, without holding every array at once)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in items:
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)

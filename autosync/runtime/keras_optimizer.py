@@ -41,6 +41,7 @@ import importlib
 
 import numpy as np
 
+from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
 from strategy_space.errors import ConfigError
 
 # built-in optimizers whose update reads a sparse gradient only through linear operations before
@@ -297,12 +298,14 @@ class KerasOptimizer:
                         if v is not self.optimizer.iterations and not v.name.startswith("shard")]
         self._step_state = (None, [])
 
-    def state(self) -> dict:
+    def state(self, names=None) -> dict:
         """The optimizer's variables (iterations, slots, ...) as ``"keras/<i>" -> array``, in the
-        optimizer's order; empty before its first update built them."""
-        if not self.variables:
-            return {}
-        return {f"keras/{i}": np.array(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
+        optimizer's order (only ``names`` when given); empty before its first update built them."""
+        return keras_state(self.optimizer.variables if self.variables else (), names)
+
+    def state_sizes(self) -> dict:
+        """name -> bytes of each array ``state`` returns."""
+        return keras_state_sizes(self.optimizer.variables if self.variables else ())
 
     def load_state(self, params: dict, arrays: dict) -> list[str]:
         """Set the variables to ``params`` and the optimizer's state to ``state()``'s arrays (none:
@@ -429,3 +432,4 @@ def _placeholder(value: np.ndarray) -> np.ndarray:
     dtype = np.asarray(value).dtype
     fill = np.array(np.nan if np.issubdtype(dtype, np.inexact) else 0, dtype=dtype)
     return np.broadcast_to(fill, np.shape(value))
+

@@ -30,12 +30,23 @@ def state_problems(want: dict, arrays: dict) -> list[str]:
     return problems
 
 
-def save(optimizer) -> dict:
-    """The state of ``optimizer`` (``make_optimizer``'s result) as name -> array (copies)."""
-    if hasattr(optimizer, "slots"):
-        return {f"{key_text(key)}/{name}": np.array(a) for key, slots in optimizer.slots.items()
-                for name, a in slots.items()}
-    return optimizer.state()
+def save(optimizer, names=None) -> dict:
+    """The state of ``optimizer`` (``make_optimizer``'s result) as name -> array (copies); only
+    the arrays ``names`` lists when given (a checkpoint reads a large state a batch at a time)."""
+    if not hasattr(optimizer, "slots"):
+        return optimizer.state(names)
+    return {n: np.array(a) for n, a in _named(optimizer) if names is None or n in names}
+
+
+def sizes(optimizer) -> dict:
+    """name -> bytes of each array ``save`` returns, without copying any."""
+    if not hasattr(optimizer, "slots"):
+        return optimizer.state_sizes()
+    return {n: int(a.nbytes) for n, a in _named(optimizer)}
+
+
+def _named(optimizer):
+    return ((f"{key_text(key)}/{name}", a) for key, slots in optimizer.slots.items() for name, a in slots.items())
 
 
 def load(optimizer, params: dict, arrays: dict) -> list[str]:
@@ -50,3 +61,15 @@ def load(optimizer, params: dict, arrays: dict) -> list[str]:
             for name in slots:
                 slots[name] = np.array(arrays[f"{key_text(key)}/{name}"], dtype=slots[name].dtype, copy=True)
     return problems
+
+
+def keras_state(variables, names=None) -> dict:
+    """Keras variables as ``"keras/<i>" -> array`` (copies), only ``names`` when given."""
+    return {f"keras/{i}": np.array(v.numpy()) for i, v in enumerate(variables)
+            if names is None or f"keras/{i}" in names}
+
+
+def keras_state_sizes(variables) -> dict:
+    """name -> bytes of each array ``keras_state`` returns."""
+    return {f"keras/{i}": int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+            for i, v in enumerate(variables)}

@@ -269,9 +269,10 @@ class ParameterServerShard(HeldSteps, PooledShard):
         """All shards now (for tests and final weights): snapshots no later update changes."""
         return {k: self.optimizer.snapshot(self.params, k) for k in self.params}
 
-    async def checkpoint_state(self) -> dict:
+    async def checkpoint_state(self, names=None) -> dict:
         """What a checkpoint needs of this actor besides the values (the model's weights hold
-        them): ``{"version", "chunk_version", "slots": name -> array}``.
+        them): ``{"version", "chunk_version", "sizes": name -> bytes, "slots": name -> array}``,
+        the slots only those ``names`` lists when given (read a bounded batch at a time).
 
         Raises:
             RuntimeError: updates are pending (a checkpoint is taken between round trips, when
@@ -283,7 +284,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
             steps = sorted({s for s, _ in self._pending})
             raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
         return {"version": self.version, "chunk_version": list(self.chunk_version),
-                "slots": optimizer_state.save(self.optimizer)}
+                "sizes": optimizer_state.sizes(self.optimizer), "slots": optimizer_state.save(self.optimizer, names)}
 
     async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
         """Continue from a checkpoint: shard values (key -> array), the optimizer's slots and the

@@ -8,32 +8,106 @@ between round trips, when no step is in flight.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from autosync.runtime.engine import Session, wait_all
 
 
+# a checkpoint reads the actors' arrays in batches of about this many bytes (a bigger array alone):
+# what it holds at once, in the actor, the object store and the driver, stays bounded whatever
+# the size of the model (a 2 GB embedding table with its Adagrad slots is not copied whole)
+BATCH_BYTES = 256 * 2 ** 20
+
+
 @dataclass
 class SessionState:
-    """What ``gather`` read.
+    """A training state to load (``load``), as read from a checkpoint.
 
     Attributes:
         weights: worker 0's ``model.get_weights()``.
         positions: per worker (replica order), batches drawn from its data iterator.
-        arrays: name -> array (see the module doc).
+        arrays: name -> array (see the module doc); a mapping read on access is enough.
         ps_versions: PS actor name -> ``{"version", "chunk_version"}``.
     """
 
     weights: list
     positions: tuple
-    arrays: dict
+    arrays: Mapping
     ps_versions: dict
 
 
-def gather(session: Session, deadline: float | None) -> SessionState:
-    """Read the state of every actor of ``session``.
+@dataclass
+class Snapshot:
+    """The state of a running session as ``snapshot`` found it: counters and positions read,
+    arrays read on demand (``weights``, ``arrays``), ``BATCH_BYTES`` at a time.
+
+    Attributes:
+        positions: per worker (replica order), batches drawn from its data iterator.
+        ps_versions: PS actor name -> ``{"version", "chunk_version"}``.
+        read_s: seconds spent waiting for the actors' arrays so far.
+    """
+
+    session: Session
+    deadline: float | None
+    positions: tuple
+    ps_versions: dict
+    weight_sizes: list
+    ps_sizes: dict = field(default_factory=dict)
+    channel_sizes: list = field(default_factory=list)
+    read_s: float = 0.0
+
+    def weights(self):
+        """``(index, array)`` of each of worker 0's model weights (``get_weights`` order)."""
+        for batch in batches(dict(enumerate(self.weight_sizes))):
+            yield from self._worker0(batch, {})["weights"].items()
+
+    def arrays(self):
+        """``(name, array)`` of every optimizer state array (names as in the module doc)."""
+        plan, labels = self.session.plan, self.session.actor_labels()
+        for actor, p in zip(self.session.ps_actors, plan.ps_actors):
+            for batch in batches(self.ps_sizes[p.name]):
+                reply = self._timed(lambda: wait_all([actor.checkpoint_state.remote(batch)], self.deadline,
+                                                     "parameter server", [p.name], actors=labels)[0])
+                yield from ((f"ps/{p.name}/{k}", reply["slots"][k]) for k in batch)
+        for c, sizes in enumerate(self.channel_sizes):
+            for batch in batches(sizes or {}):
+                yield from ((f"channel{c}/{k}", a) for k, a in self._worker0([], {c: batch})["channels"][c].items())
+
+    def _worker0(self, weights: list, channels: dict) -> dict:
+        session = self.session
+        return self._timed(lambda: wait_all([session.workers[0].checkpoint_part.remote(weights, channels)],
+                                            self.deadline, "worker", [session.plan.replicas[0]],
+                                            actors=session.actor_labels())[0])
+
+    def _timed(self, read):
+        t0 = time.perf_counter()
+        try:
+            return read()
+        finally:
+            self.read_s += time.perf_counter() - t0
+
+
+def batches(sizes: dict, limit: int | None = None) -> list[list]:
+    """The keys of ``sizes`` (key -> bytes) in order, grouped so that a group holds at most
+    ``limit`` bytes (``BATCH_BYTES``), or one key bigger than that alone."""
+    limit = BATCH_BYTES if limit is None else limit
+    out, total = [], 0
+    for key, size in sizes.items():
+        if not out or total + size > limit:
+            out.append([])
+            total = 0
+        out[-1].append(key)
+        total += size
+    return out
+
+
+def snapshot(session: Session, deadline: float | None) -> Snapshot:
+    """Read the counters and positions of every actor of ``session`` and the sizes of its arrays
+    (``Snapshot`` reads the arrays themselves when asked). Between round trips only.
 
     Raises:
         TrialFailed: a worker or parameter server failed or died.
@@ -42,16 +116,13 @@ def gather(session: Session, deadline: float | None) -> SessionState:
     states = wait_all([w.checkpoint_state.remote(i == 0) for i, w in enumerate(session.workers)], deadline,
                       "worker", list(plan.replicas), actors=labels)
     names = [p.name for p in plan.ps_actors]
-    ps_states = wait_all([a.checkpoint_state.remote() for a in session.ps_actors], deadline, "parameter server",
+    ps_states = wait_all([a.checkpoint_state.remote([]) for a in session.ps_actors], deadline, "parameter server",
                          names, actors=labels)
-    arrays = {}
-    for name, state in zip(names, ps_states):
-        arrays.update({f"ps/{name}/{k}": v for k, v in state["slots"].items()})
-    for c, state in enumerate(states[0]["channels"]):
-        arrays.update({f"channel{c}/{k}": v for k, v in (state or {}).items()})
-    return SessionState(weights=states[0]["weights"], positions=tuple(s["position"] for s in states), arrays=arrays,
-                        ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
-                                     for n, s in zip(names, ps_states)})
+    return Snapshot(session, deadline, positions=tuple(s["position"] for s in states),
+                    ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
+                                 for n, s in zip(names, ps_states)},
+                    weight_sizes=states[0]["weights"], ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)},
+                    channel_sizes=states[0]["channels"])
 
 
 def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None) -> list[str]:
@@ -80,7 +151,7 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         prefix = f"ps/{p.name}/"
         shards = {r.key: np.ascontiguousarray(values[r.var_index][r.slicer(values[r.var_index].ndim)])
                   for r in p.shards}
-        slots = {k[len(prefix):]: a for k, a in state.arrays.items() if k.startswith(prefix)}
+        slots = {k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)}
         refs.append(actor.load_checkpoint.remote(shards, slots, counters["version"], counters["chunk_version"]))
     for found in wait_all(refs, deadline, "parameter server", None, actors=labels):
         problems += found
@@ -88,7 +159,7 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     channels = []
     for c in range(max(used, default=-1) + 1):
         prefix = f"channel{c}/"
-        channels.append({k[len(prefix):]: a for k, a in state.arrays.items() if k.startswith(prefix)} or None)
+        channels.append({k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)} or None)
     shared = ray.put(state.weights)   # one copy in the object store for every worker
     refs = [w.restore_checkpoint.remote(shared, state.positions[i], step, channels)
             for i, w in enumerate(session.workers)]

@@ -334,17 +334,18 @@ class Trainer:
         store = CheckpointStore(path)
         store.check_writable()
         with _fails(self.session):
-            state = session_state.gather(self.session, time.monotonic() + self.timeout_s)
-        manifest = self._manifest(step=self.step, positions=state.positions, ps_versions=state.ps_versions)
-        weights, arrays = state.weights, state.arrays
+            snap = session_state.snapshot(self.session, time.monotonic() + self.timeout_s)
+        manifest = self._manifest(step=self.step, positions=snap.positions, ps_versions=snap.ps_versions)
 
         def write_weights(file: str) -> None:
-            model = self._model()
-            model.set_weights(weights)
-            model.save_weights(file)
+            every = self._model().weights
+            for i, value in snap.weights():   # a batch at a time: the model is not copied whole
+                every[i].assign(value)
+            self._model().save_weights(file)
 
-        info = store.write(manifest, write_weights, arrays)
-        return dataclasses.replace(info, seconds=time.perf_counter() - t0)
+        with _fails(self.session):
+            info = store.write(manifest, write_weights, snap.arrays())
+        return dataclasses.replace(info, seconds=time.perf_counter() - t0, read_seconds=snap.read_s)
 
     def _manifest(self, step: int = 0, positions: tuple | None = None, ps_versions: dict | None = None,
                   variables: tuple | None = None) -> Manifest:
@@ -384,7 +385,6 @@ class Trainer:
         problems = manifest.mismatches(self._manifest())
         if problems:
             raise ConfigError(problems, source=f"restore {store.path}")
-        arrays = store.arrays(manifest)
         model = self._model()
         try:
             model.load_weights(info.weights_path)
@@ -394,9 +394,13 @@ class Trainer:
         weights = model.get_weights()
         position = {id(w): i for i, w in enumerate(model.weights)}
         values = [weights[position[id(v)]] for v in model.trainable_variables]
+        arrays = store.arrays(manifest)
         state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
-        with _fails(self.session):
-            problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        try:
+            with _fails(self.session):
+                problems = session_state.load(self.session, state, values, manifest.step, deadline)
+        finally:
+            arrays.close()
         if problems:
             self.session.failed = True   # refused part-way: likewise
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")

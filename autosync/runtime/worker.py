@@ -305,16 +305,26 @@ class TrainingWorker:
             total = [_divide(g, len(batches)) for g in total]
         return float(np.mean(losses)), total
 
-    def checkpoint_state(self, with_weights: bool) -> dict:
+    def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
-        (batches drawn), and with ``with_weights`` the model's ``weights`` (``get_weights``) and
-        per channel its state (``checkpoint_state()`` of channels that keep state, else None)."""
+        (batches drawn), and with ``with_sizes`` the bytes of each model weight (``weights``,
+        ``get_weights`` order) and per channel of each array of its state (``channels``: None
+        for a channel that keeps none); ``checkpoint_part`` then reads them a batch at a time."""
         out = {"step": self.step, "position": self.drawn}
-        if with_weights:
-            out["weights"] = self.get_weights()
-            out["channels"] = [c.checkpoint_state() if hasattr(c, "checkpoint_state") else None
-                               for c in self.channels]
+        if with_sizes:
+            self._pull_whole()
+            out["weights"] = [int(np.prod(w.shape, dtype=np.int64)) * np.dtype(w.dtype).itemsize
+                              for w in self.model.weights]
+            out["channels"] = [c.checkpoint_sizes() if hasattr(c, "checkpoint_state") else None for c in self.channels]
         return out
+
+    def checkpoint_part(self, weights: list, channels: dict) -> dict:
+        """Model weights by index (``{"weights": {i: array}}``) and channel state by channel
+        and name (``{"channels": {c: {name: array}}}``), as ``checkpoint_state`` listed them."""
+        self._pull_whole()
+        every = self.model.weights
+        return {"weights": {i: np.array(every[i].numpy()) for i in weights},
+                "channels": {c: self.channels[c].checkpoint_state(names) for c, names in channels.items()}}
 
     def restore_checkpoint(self, weights: list, position: int, step: int, channels: list) -> list[str]:
         """Continue from a checkpoint (after ``reset``): the model's weights, the data iterator
@@ -341,10 +351,14 @@ class TrainingWorker:
 
     def get_weights(self) -> list:
         """All model weights (``model.get_weights()`` order), row-pulled tables pulled whole."""
+        self._pull_whole()
+        return self.model.get_weights()
+
+    def _pull_whole(self) -> None:
+        """Pull the row-pulled tables whole (a step pulls only the rows it reads)."""
         if self._partial:
             self._assign_pulled(self.step, fresh=True)
             self._partial = False
-        return self.model.get_weights()
 
     def _check_rows(self, rows: dict, grads: list) -> None:
         """The gradient of a row-pulled variable touches only rows that were pulled."""

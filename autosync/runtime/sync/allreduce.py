@@ -202,14 +202,20 @@ class AllReduceChannel(SyncChannel):
     def finish(self) -> None:
         """Collectives are synchronous: nothing is outstanding."""
 
-    def checkpoint_state(self) -> dict:
-        """The local optimizer's slots and update count (name -> array); the values are the
-        model's. Compressor memory (error feedback, PowerSGD's Q) is each worker's own and is
-        not kept: a restored run starts it afresh."""
+    def checkpoint_state(self, names=None) -> dict:
+        """The local optimizer's slots and update count (name -> array; only ``names`` when
+        given); the values are the model's. Compressor memory (error feedback, PowerSGD's Q) is
+        each worker's own and is not kept: a restored run starts it afresh."""
         from autosync.runtime import optimizer_state
 
-        state = optimizer_state.save(self._optimizer) if self._optimizer is not None else {}
-        return {**state, "version": np.array(self._version)}
+        state = optimizer_state.save(self._optimizer, names) if self._optimizer is not None else {}
+        return {**state, **({"version": np.array(self._version)} if names is None or "version" in names else {})}
+
+    def checkpoint_sizes(self) -> dict:
+        """name -> bytes of each array ``checkpoint_state`` returns."""
+        from autosync.runtime import optimizer_state
+
+        return {**(optimizer_state.sizes(self._optimizer) if self._optimizer is not None else {}), "version": 8}
 
     def load_checkpoint(self, values: list, state: dict) -> list[str]:
         """Continue from ``checkpoint_state``'s arrays; ``values``: every trainable variable's

@@ -114,11 +114,19 @@ class GraphAllReduceChannel(SyncChannel):
     def finalize(self) -> None:
         self._finalize()   # the variables reduced here are the model's own
 
-    def checkpoint_state(self) -> dict:
+    def checkpoint_state(self, names=None) -> dict:
         """The Keras optimizer's variables (iterations, slots) of the variables reduced here, as
-        ``"keras/<i>" -> array``. Compressor memory (fp16 error feedback, PowerSGD) is each
-        worker's own and is not kept: a restored run starts it afresh."""
-        return {f"keras/{i}": np.array(v.numpy()) for i, v in enumerate(getattr(self, "_optimizer_variables", ()))}
+        ``"keras/<i>" -> array`` (only ``names`` when given). Compressor memory (fp16 error
+        feedback, PowerSGD) is each worker's own and is not kept: a restored run starts it afresh."""
+        from autosync.runtime.optimizer_state import keras_state
+
+        return keras_state(getattr(self, "_optimizer_variables", ()), names)
+
+    def checkpoint_sizes(self) -> dict:
+        """name -> bytes of each array ``checkpoint_state`` returns."""
+        from autosync.runtime.optimizer_state import keras_state_sizes
+
+        return keras_state_sizes(getattr(self, "_optimizer_variables", ()))
 
     def load_checkpoint(self, values: list, state: dict) -> list[str]:
         """Set the optimizer's variables from ``checkpoint_state``'s arrays (the model's own
