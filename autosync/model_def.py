@@ -26,8 +26,9 @@ class ModelDef:
             it to the batch mean as Keras does.
         optimizer_fn: ``() -> keras.optimizers.Optimizer``.
         dataset_fn: ``(worker_index, num_workers) -> iterable of (inputs, targets)`` batches of
-            ``batch_size`` examples for that worker (its shard of the data). It may be infinite;
-            the runtime cycles a finite one.
+            ``batch_size`` examples for that worker (its shard of the data), or of
+            ``(inputs, targets, sample_weight)`` as ``keras.Model.fit`` takes them. It may be
+            infinite; the runtime cycles a finite one.
         batch_size: per-worker batch size.
         seed: initial-weight seed.
         metadata: free-form facts shown by ``autosync inspect`` (e.g. the zoo variant).
@@ -72,12 +73,15 @@ class ModelDef:
         return as_keras_loss(self.loss_fn(), f"ModelDef {self.name}: loss_fn()")
 
     def batches(self, worker_index: int, num_workers: int) -> Iterator[Batch]:
-        """Endless iterator over this worker's batches (a finite dataset is cycled)."""
+        """Endless iterator over this worker's (inputs, targets) batches (a finite dataset is
+        cycled; sample weights ride in the targets, see ``ingest.split_batch``)."""
+        from autosync.models.ingest import split_batch
+
         while True:
             empty = True
             for batch in self.dataset_fn(worker_index, num_workers):
                 empty = False
-                yield batch
+                yield split_batch(batch, f"ModelDef {self.name}")
             if empty:
                 from strategy_space.errors import ConfigError
 

@@ -76,6 +76,14 @@ def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4, 
     return out
 
 
+def weighted_batches(worker: int, num_workers: int, count: int = 4):
+    """``make_batches`` with a weight per example, as ``keras.Model.fit`` takes them:
+    ``(inputs, targets, sample_weight)``."""
+    rng = np.random.RandomState(500 + worker)
+    return [(x, y, rng.uniform(0.0, 2.0, size=(len(x),)).astype("float32"))
+            for x, y in make_batches(worker, num_workers, count=count)]
+
+
 def faulty_batches(worker: int, num_workers: int, flag: str, at: int = 3):
     """Like ``make_batches``, but worker 1 misbehaves at batch ``at`` while file ``flag`` exists:
     it raises if the file says ``raise`` and hangs if it says ``hang``."""

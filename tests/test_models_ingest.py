@@ -1,6 +1,8 @@
 """Ingestion: sparse detection from a real gradient, rows per step, names, ready order, profile."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,7 +100,8 @@ def test_model_spec_from_def_rejects_empty_dataset_and_non_pairs():
     base = dict(name="m", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=_sgd, batch_size=BATCH)
     with pytest.raises(ConfigError, match=r"dataset_fn\(0, 1\) yielded no batches"):
         ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [], **base))
-    with pytest.raises(ConfigError, match=r"must yield \(inputs, targets\) pairs, got ndarray"):
+    with pytest.raises(ConfigError, match=r"must yield \(inputs, targets\) pairs or \(inputs, targets, "
+                                          r"sample_weight\) triples, got ndarray"):
         ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [np.zeros((BATCH, WIDTH), np.int32)], **base))
 
 
@@ -228,3 +231,24 @@ def keras_compiled_loss(loss_fn, y_pred, replicas):
     strategy = mock.Mock(num_replicas_in_sync=replicas)
     with mock.patch.object(tf.distribute, "get_strategy", return_value=strategy):
         return compiled(tf.zeros_like(y_pred), y_pred)
+
+
+def test_batches_carry_sample_weights_in_their_targets():
+    """(inputs, targets, sample_weight) as keras.Model.fit takes it: the weights ride in the
+    targets (every path that carries a pair carries them); None weights are no weights; anything
+    else is refused with what it got."""
+    x, y, w = np.zeros((2, 3)), np.ones((2, 1)), np.array([0.5, 2.0])
+    assert ingest.split_batch((x, y), "m") == (x, y)
+    got_x, got_y = ingest.split_batch([x, y, w], "m")
+    assert got_x is x and got_y == {ingest.TARGETS: y, ingest.SAMPLE_WEIGHT: w}
+    assert ingest.split_batch((x, y, None), "m") == (x, y)
+    for bad, what in [((x,), "tuple of length 1"), ((x, y, w, w), "tuple of length 4"), (x, "got ndarray")]:
+        with pytest.raises(ConfigError, match=f"m: dataset_fn must yield .*{what}"):
+            ingest.split_batch(bad, "m")
+    md = ModelDef(name="m", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=_sgd, batch_size=2,
+                  dataset_fn=lambda i, n: [(x, y, w), (x, y)])
+    stream = md.batches(0, 1)
+    assert [sorted(b[1]) if isinstance(b[1], dict) else "plain" for b in (next(stream), next(stream), next(stream))] \
+        == [sorted([ingest.TARGETS, ingest.SAMPLE_WEIGHT]), "plain", sorted([ingest.TARGETS, ingest.SAMPLE_WEIGHT])]
+    with pytest.raises(ConfigError, match="ModelDef m: dataset_fn must yield"):
+        next(dataclasses.replace(md, dataset_fn=lambda i, n: [x]).batches(0, 1))

@@ -12,6 +12,7 @@ from typing import Any
 
 import keras
 
+from autosync.models.ingest import SAMPLE_WEIGHT, TARGETS
 from strategy_space.errors import ConfigError
 
 
@@ -37,7 +38,7 @@ def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:
             names what produced it.
     """
     if isinstance(loss, keras.losses.Loss):
-        return loss
+        return SampleWeighted(loss)
     if isinstance(loss, str):
         try:
             loss = keras.losses.get(loss)
@@ -45,8 +46,23 @@ def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:
             raise ConfigError(f"{where} returned {loss!r}, which is not a Keras loss name; return a "
                               f"keras.losses.Loss, a function (y_true, y_pred) or a name such as 'mse'") from None
         if isinstance(loss, keras.losses.Loss):
-            return loss
+            return SampleWeighted(loss)
     if not callable(loss):
         raise ConfigError(f"{where} returned {type(loss).__name__}, not a loss; return a keras.losses.Loss, "
                           f"a function (y_true, y_pred) or a Keras loss name such as 'mse'")
-    return FunctionLoss(loss)
+    return SampleWeighted(FunctionLoss(loss))
+
+
+class SampleWeighted(keras.losses.Loss):
+    """``loss`` called with the batch's sample weights where its targets carry them
+    (``ingest.split_batch``), as ``keras.Model.fit`` calls its compiled loss: per-example values
+    times their weights, summed and divided by the number of values (Keras' default reduction)."""
+
+    def __init__(self, loss: keras.losses.Loss):
+        super().__init__(name=loss.name, reduction=loss.reduction)
+        self.loss = loss
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if isinstance(y_true, dict) and SAMPLE_WEIGHT in y_true:
+            y_true, sample_weight = y_true[TARGETS], y_true[SAMPLE_WEIGHT]
+        return self.loss(y_true, y_pred, sample_weight=sample_weight)

@@ -1,0 +1,47 @@
+"""Datasets that yield ``(inputs, targets, sample_weight)``, as ``keras.Model.fit`` takes them,
+train on every synchronizer to the weights of one process that weighs the global batch's loss
+with Keras' own loss object (real Ray + TF)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests import runtime_models as rm
+from tests.test_runtime_ps import _model_spec, _train, pool  # noqa: F401 - pytest fixture
+from tests.test_runtime_user_optimizer import _strategy
+
+pytestmark = pytest.mark.integration
+STEPS = 3
+
+
+def _weighted_reference(md, num_workers: int, steps: int) -> list:
+    """One process on the global batch: Keras' MeanSquaredError called with the weights, as
+    ``fit`` calls it (independent of how the runtime carries them)."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(md.seed)
+    model, opt, loss = md.model_fn(), md.optimizer_fn(), keras.losses.MeanSquaredError()
+    data = [list(md.dataset_fn(i, num_workers)) for i in range(num_workers)]
+    for step in range(steps):
+        x, y, w = (np.concatenate(part) for part in zip(*[d[step % len(d)] for d in data]))
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True), sample_weight=w)
+        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("optimizer,strategy", [
+    ("adam", "ps"), ("adam", "partitioned_ps"), ("sgd", "parallax"), ("adam", "gloo"), ("sgd", "graph")])
+def test_sample_weights_train_as_keras_weighs_them(pool, optimizer, strategy):
+    md = dataclasses.replace(rm.model_def(optimizer, learning_rate=0.05), dataset_fn=rm.weighted_batches)
+    spec = _model_spec(pool, md)
+    _, _, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
+    expected = _weighted_reference(md, num_workers=2, steps=STEPS)
+    for got, want, var in zip(weights, expected, spec.variables):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
+    # the weights changed the result: the same data unweighted ends elsewhere
+    unweighted = rm.reference_weights(rm.model_def(optimizer, learning_rate=0.05), num_workers=2, steps=STEPS)
+    assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unweighted))
