@@ -1,6 +1,7 @@
 """`autosync tune` end to end on `local` on a user's script whose optimizer is RMSprop with a
 cosine-decay schedule (run by the Keras optimizer itself wherever updates happen), with an
-embedding whose repeated rows' slices RMSprop squares one by one (sent unsummed)."""
+embedding whose repeated rows' slices RMSprop squares one by one (sent unsummed), and a dataset
+that weighs its examples ((inputs, targets, sample_weight) batches)."""
 from __future__ import annotations
 
 import json
@@ -32,7 +33,8 @@ def batches(worker_index, num_workers):
     while True:
         x = rng.normal(size=(16, 8)).astype("float32")
         ids = rng.integers(0, 30, size=(16, 4)).astype("int32")   # rows repeat in a batch
-        yield (x, ids), x.sum(axis=1, keepdims=True) + ids.mean(axis=1, keepdims=True) / 30
+        y = x.sum(axis=1, keepdims=True) + ids.mean(axis=1, keepdims=True) / 30
+        yield (x, ids), y, rng.uniform(0.5, 2.0, size=16).astype("float32")   # weighted, as fit takes it
 
 def build():
     return ModelDef(name="rms_cosine", model_fn=make_model, loss_fn=lambda: keras.losses.MeanSquaredError(),
