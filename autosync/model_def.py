@@ -21,9 +21,9 @@ class ModelDef:
         model_fn: ``() -> keras.Model``; builds the model. Weights are created with the seed
             that the runtime sets before calling it, so every worker starts identical.
         loss_fn: ``() -> loss``: a ``keras.losses.Loss`` instance, a Keras loss name (``"mse"``)
-            or a function ``(y_true, y_pred)`` returning per-example values or their mean, as
-            ``keras.Model.compile`` takes it. The runtime uses ``ModelDef.loss()``, which reduces
-            it to the batch mean as Keras does.
+            or a function ``(y_true, y_pred)`` returning per-example values or their mean, or a
+            list or dict of them (one per model output), as ``keras.Model.compile`` takes it. The
+            runtime uses ``ModelDef.loss()``, which reduces it as ``fit`` does.
         optimizer_fn: ``() -> keras.optimizers.Optimizer``.
         dataset_fn: ``(worker_index, num_workers) -> iterable of (inputs, targets)`` batches of
             ``batch_size`` examples for that worker (its shard of the data), or of

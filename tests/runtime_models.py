@@ -84,6 +84,29 @@ def weighted_batches(worker: int, num_workers: int, count: int = 4):
             for x, y in make_batches(worker, num_workers, count=count)]
 
 
+def build_two_output_model():
+    """``build_model`` with two heads, ``score`` and ``pair`` (a dict of outputs)."""
+    import keras
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    x = keras.layers.Dense(6, activation="tanh", name="hidden")(x)
+    return keras.Model(ids, {"score": keras.layers.Dense(1, name="score")(x),
+                             "pair": keras.layers.Dense(2, name="pair")(x)})
+
+
+def two_output_losses():
+    import keras
+
+    return {"score": "mse", "pair": keras.losses.Huber()}
+
+
+def two_output_batches(worker: int, num_workers: int):
+    """``weighted_batches`` with a target per head."""
+    return [(x, {"score": y, "pair": np.concatenate([y, -y], axis=1)}, w)
+            for x, y, w in weighted_batches(worker, num_workers)]
+
+
 def faulty_batches(worker: int, num_workers: int, flag: str, at: int = 3):
     """Like ``make_batches``, but worker 1 misbehaves at batch ``at`` while file ``flag`` exists:
     it raises if the file says ``raise`` and hangs if it says ``hang``."""

@@ -1,9 +1,10 @@
 """Datasets that yield ``(inputs, targets, sample_weight)``, as ``keras.Model.fit`` takes them,
-train on every synchronizer to the weights of one process that weighs the global batch's loss
-with Keras' own loss object (real Ray + TF)."""
+and models with several outputs and a loss per output train on every synchronizer to the weights
+of one process that weighs the global batch's loss as Keras does (real Ray + TF)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -45,3 +46,30 @@ def test_sample_weights_train_as_keras_weighs_them(pool, optimizer, strategy):
     # the weights changed the result: the same data unweighted ends elsewhere
     unweighted = rm.reference_weights(rm.model_def(optimizer, learning_rate=0.05), num_workers=2, steps=STEPS)
     assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unweighted))
+
+
+@pytest.mark.parametrize("strategy", ["ps", "gloo", "graph"])
+def test_a_model_with_two_outputs_trains_as_keras_fit_trains_it(pool, strategy):
+    """A dict of outputs, a dict of losses (one per output) and sample weights: the reference is
+    Keras' own ``compile`` + ``train_on_batch`` on the global batch."""
+    import keras
+
+    md = rm.ModelDef(name="two_heads", model_fn=rm.build_two_output_model, loss_fn=rm.two_output_losses,
+                     optimizer_fn=functools.partial(rm.make_optimizer, "sgd", learning_rate=0.1),
+                     dataset_fn=rm.two_output_batches, batch_size=8, seed=7)
+    spec = _model_spec(pool, md)
+    _, history, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
+    keras.utils.set_random_seed(md.seed)
+    model = md.model_fn()
+    model.compile(loss=md.loss_fn(), optimizer=md.optimizer_fn())
+    data = [md.dataset_fn(i, 2) for i in range(2)]
+    losses = []
+    for step in range(STEPS):
+        (x0, y0, w0), (x1, y1, w1) = (d[step] for d in data)
+        y = {k: np.concatenate([y0[k], y1[k]]) for k in y0}
+        total, *_ = model.train_on_batch(np.concatenate([x0, x1]), y, sample_weight=np.concatenate([w0, w1]))
+        losses.append(total)   # the sum of the heads' losses
+    for got, want in zip(weights, model.get_weights()):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    # the workers' mean loss is fit's (each worker's loss of its half of the global batch, averaged)
+    assert np.allclose(history.loss, losses, rtol=1e-4), (history.loss, losses)

@@ -31,14 +31,24 @@ class FunctionLoss(keras.losses.Loss):
 
 
 def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:
-    """``loss`` as a ``keras.losses.Loss`` whose call returns the batch mean.
+    """``loss`` as the ``keras.losses.Loss`` the runtime calls, reduced as ``keras.Model.compile``
+    reduces it (``ModelLoss``): a ``Loss``, a Keras loss name or a function ``(y_true, y_pred)``,
+    or a list or dict of them, one per model output, as ``compile(loss=...)`` takes them.
 
     Raises:
-        ConfigError: ``loss`` is neither a ``Loss``, a Keras loss name nor a callable; ``where``
-            names what produced it.
+        ConfigError: ``loss`` (or one of its parts) is neither a ``Loss``, a Keras loss name nor a
+            callable; ``where`` names what produced it.
     """
+    if isinstance(loss, dict) and loss:
+        return ModelLoss({k: _one(v, f"{where}[{k!r}]") for k, v in loss.items()})
+    if isinstance(loss, (list, tuple)) and loss:
+        return ModelLoss([_one(v, f"{where}[{i}]") for i, v in enumerate(loss)])
+    return ModelLoss(_one(loss, where))
+
+
+def _one(loss: Any, where: str) -> keras.losses.Loss:
     if isinstance(loss, keras.losses.Loss):
-        return SampleWeighted(loss)
+        return loss
     if isinstance(loss, str):
         try:
             loss = keras.losses.get(loss)
@@ -46,23 +56,70 @@ def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:
             raise ConfigError(f"{where} returned {loss!r}, which is not a Keras loss name; return a "
                               f"keras.losses.Loss, a function (y_true, y_pred) or a name such as 'mse'") from None
         if isinstance(loss, keras.losses.Loss):
-            return SampleWeighted(loss)
+            return loss
     if not callable(loss):
         raise ConfigError(f"{where} returned {type(loss).__name__}, not a loss; return a keras.losses.Loss, "
-                          f"a function (y_true, y_pred) or a Keras loss name such as 'mse'")
-    return SampleWeighted(FunctionLoss(loss))
+                          f"a function (y_true, y_pred), a Keras loss name such as 'mse', or a list or dict "
+                          f"of them (one per model output)")
+    return FunctionLoss(loss)
 
 
-class SampleWeighted(keras.losses.Loss):
-    """``loss`` called with the batch's sample weights where its targets carry them
-    (``ingest.split_batch``), as ``keras.Model.fit`` calls its compiled loss: per-example values
-    times their weights, summed and divided by the number of values (Keras' default reduction)."""
+class ModelLoss(keras.losses.Loss):
+    """The model's loss as ``keras.Model.fit`` computes it from ``compile(loss=...)``:
 
-    def __init__(self, loss: keras.losses.Loss):
-        super().__init__(name=loss.name, reduction=loss.reduction)
-        self.loss = loss
+    - the batch's sample weights taken from its targets where they ride (``ingest.split_batch``):
+      per-example values times their weights, summed and divided by their number;
+    - a model with several outputs (a list or dict of them): one loss per output, by position
+      or by output name (one loss given: the same for every output), their values summed; the
+      targets have the outputs' structure; sample weights, one array for all outputs or one per
+      output.
+    """
+
+    def __init__(self, losses):
+        one = isinstance(losses, keras.losses.Loss)
+        super().__init__(name=losses.name if one else "model_loss")
+        self.losses = losses
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         if isinstance(y_true, dict) and SAMPLE_WEIGHT in y_true:
             y_true, sample_weight = y_true[TARGETS], y_true[SAMPLE_WEIGHT]
-        return self.loss(y_true, y_pred, sample_weight=sample_weight)
+        if not isinstance(y_pred, (list, tuple, dict)):
+            if not isinstance(self.losses, keras.losses.Loss):
+                raise ValueError(f"loss_fn returned {len(self.losses)} losses, but the model has one output; "
+                                 f"return one loss")
+            return self.losses(y_true, y_pred, sample_weight=sample_weight)
+        names = list(y_pred) if isinstance(y_pred, dict) else list(range(len(y_pred)))
+        total = 0.0
+        for position, name in enumerate(names):
+            total = total + self._loss_of(name, position, len(names))(
+                _part(y_true, name, position, names, "targets"), y_pred[name],
+                sample_weight=_part(sample_weight, name, position, names, "sample weights", whole=True))
+        return total
+
+    def _loss_of(self, name, position: int, count: int) -> keras.losses.Loss:
+        losses = self.losses
+        if isinstance(losses, keras.losses.Loss):
+            return losses
+        if isinstance(losses, dict):
+            if name not in losses:
+                raise ValueError(f"loss_fn's losses are for outputs {sorted(losses)}, the model has no loss for "
+                                 f"output {name!r}; key the losses by the model's output names")
+            return losses[name]
+        if len(losses) != count:
+            raise ValueError(f"loss_fn returned {len(losses)} losses for a model with {count} outputs; return one "
+                             f"per output")
+        return losses[position]
+
+
+def _part(value, name, position: int, names: list, what: str, whole: bool = False):
+    """Output ``name``'s part of the targets (or sample weights) of a multi-output model."""
+    if value is None or (whole and not isinstance(value, (list, tuple, dict))):
+        return value
+    if isinstance(value, dict):
+        if name in value:
+            return value[name]
+        raise ValueError(f"the {what} have keys {sorted(value)}, but the model's outputs are {names}")
+    if isinstance(value, (list, tuple)) and len(value) == len(names):
+        return value[position]
+    raise ValueError(f"the model has {len(names)} outputs; give its {what} as a list of {len(names)} or a dict "
+                     f"keyed by output name")

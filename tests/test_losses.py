@@ -1,0 +1,82 @@
+"""The loss the runtime calls (``ModelDef.loss()``) equals the loss ``keras.Model.fit`` computes from
+``compile(loss=...)``: sample weights, several outputs (a list or dict of them) with one loss for
+all or one per output; a loss that does not fit the model's outputs is refused with what to fix."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autosync.models.ingest import split_batch
+from strategy_space.errors import ConfigError
+
+pytestmark = pytest.mark.integration
+RNG = np.random.default_rng(0)
+X = RNG.random((8, 3)).astype("float32")
+Y1, Y2, Y3 = (RNG.random((8, k)).astype("float32") for k in (1, 2, 1))
+W = RNG.uniform(0.5, 2.0, 8).astype("float32")
+
+
+def _outputs():
+    import keras
+
+    x = keras.Input((3,))
+    h = keras.layers.Dense(4)(x)
+    return x, {n: keras.layers.Dense(k, name=n)(h) for n, k in (("o1", 1), ("o2", 2), ("o3", 1))}
+
+
+def _halved_abs(y_true, y_pred):   # a plain per-example function
+    import keras
+
+    return 0.5 * keras.ops.mean(keras.ops.abs(y_true - y_pred), axis=-1)
+
+
+def _cases():
+    import keras
+
+    x, o = _outputs()
+    return [
+        # two outputs of one shape and one loss: Keras sums the two losses (stacking them into one
+        # tensor and averaging would halve the gradients silently)
+        (keras.Model(x, [o["o1"], o["o3"]]), "mse", [Y1, Y3], None),
+        (keras.Model(x, [o["o1"], o["o2"]]), ["mse", _halved_abs], [Y1, Y2], W),
+        (keras.Model(x, {"o1": o["o1"], "o2": o["o2"]}), {"o2": keras.losses.Huber(), "o1": "mse"},
+         {"o1": Y1, "o2": Y2}, {"o1": W, "o2": W[::-1].copy()}),
+        (keras.Model(x, {"o1": o["o1"], "o2": o["o2"]}), "mse", [Y1, Y2], W),
+        (keras.Model(x, o["o1"]), keras.losses.MeanAbsoluteError(), Y1, W),
+        (keras.Model(x, o["o1"]), _halved_abs, Y1, None),
+    ]
+
+
+def test_the_runtime_loss_is_the_loss_fit_computes():
+    from autosync.models.losses import as_keras_loss
+
+    for model, loss, y, w in _cases():
+        model.compile(loss=loss, optimizer="sgd")
+        pred = model(X)
+        want = float(model.compute_loss(x=X, y=y, y_pred=pred, sample_weight=w))
+        _, targets = split_batch((X, y, w), "test")
+        got = float(as_keras_loss(loss, "loss_fn()")(targets, pred))
+        assert got == pytest.approx(want, rel=1e-6), (loss, got, want)
+
+
+def test_losses_that_do_not_fit_the_outputs_are_refused():
+    import keras
+
+    from autosync.models.losses import as_keras_loss
+
+    x, o = _outputs()
+    pair = keras.Model(x, [o["o1"], o["o2"]])
+    named = keras.Model(x, {"o1": o["o1"], "o2": o["o2"]})
+    for model, loss, y, match in [
+        (pair, ["mse", "mse", "mse"], [Y1, Y2], r"returned 3 losses for a model with 2 outputs"),
+        (named, {"o1": "mse", "o9": "mse"}, {"o1": Y1, "o2": Y2}, r"no loss for output 'o2'"),
+        (keras.Model(x, o["o1"]), ["mse", "mse"], Y1, r"returned 2 losses, but the model has one output"),
+        (named, "mse", {"o1": Y1, "other": Y2}, r"targets have keys \['o1', 'other'\], but the model's outputs"),
+        (pair, "mse", [Y1], r"has 2 outputs; give its targets as a list of 2"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            as_keras_loss(loss, "loss_fn()")(y, model(X))
+    for bad, match in [(["mse", 3], r"loss_fn\(\)\[1\] returned int, not a loss"),
+                       ({"o1": "no_such"}, r"loss_fn\(\)\['o1'\] returned 'no_such', which is not a Keras loss name")]:
+        with pytest.raises(ConfigError, match=match):
+            as_keras_loss(bad, "loss_fn()")
