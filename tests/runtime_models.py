@@ -95,6 +95,18 @@ def build_two_output_model():
                              "pair": keras.layers.Dense(2, name="pair")(x)})
 
 
+def build_regularized_model():
+    """``build_model`` with an L2 weight regularizer on the hidden kernel and an L1 activity
+    regularizer on its output (the losses ``fit`` adds to the compiled loss)."""
+    import keras
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    x = keras.layers.Dense(6, activation="tanh", name="hidden", kernel_regularizer=keras.regularizers.L2(0.05),
+                           activity_regularizer=keras.regularizers.L1(0.01))(x)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
 def two_output_losses():
     import keras
 

@@ -81,9 +81,10 @@ def compute_gradients(model, loss: Callable, inputs: Any, targets: Any):
     built by the call if it was not, and variables created inside the tape are watched."""
     import tensorflow as tf
 
+    from autosync.models.losses import batch_loss
+
     with tf.GradientTape() as tape:
-        predictions = model(inputs, training=True)
-        value = loss(targets, predictions)
+        value = batch_loss(model, loss, inputs, targets)
     variables = list(model.trainable_variables)
     if not variables:
         raise ConfigError(f"model {model.name} has no trainable variables; nothing to synchronize")

@@ -30,6 +30,18 @@ class FunctionLoss(keras.losses.Loss):
         return self.fn(y_true, y_pred)
 
 
+def batch_loss(model, loss: keras.losses.Loss, inputs, targets):
+    """What ``keras.Model.fit`` minimizes on a batch (``Model.compute_loss``): ``loss`` of the
+    model's outputs in training mode plus every loss the model adds itself (weight and activity
+    regularizers, ``add_loss``), each summed. Averaged over the workers, a weight regularizer's
+    gradient counts once, as under a ``tf.distribute`` strategy, where Keras scales it by the
+    number of replicas."""
+    value = loss(targets, model(inputs, training=True))
+    for extra in model.losses:
+        value = value + keras.ops.sum(keras.ops.cast(extra, value.dtype))
+    return value
+
+
 def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:
     """``loss`` as the ``keras.losses.Loss`` the runtime calls, reduced as ``keras.Model.compile``
     reduces it (``ModelLoss``): a ``Loss``, a Keras loss name or a function ``(y_true, y_pred)``,

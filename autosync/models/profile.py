@@ -75,12 +75,14 @@ def train_step(model, loss: Callable, optimizer) -> Callable:
     checked against, and what a single-process baseline runs)."""
     import tensorflow as tf
 
+    from autosync.models.losses import batch_loss
+
     variables = list(model.trainable_variables)
 
     @tf.function
     def step(inputs, targets):
         with tf.GradientTape() as tape:
-            value = loss(targets, model(inputs, training=True))
+            value = batch_loss(model, loss, inputs, targets)
         optimizer.apply_gradients(zip(tape.gradient(value, variables), variables))
         return value
 

@@ -113,6 +113,8 @@ class TrainingWorker:
         import keras
         import tensorflow as tf
 
+        from autosync.models.losses import batch_loss
+
         self.model_def = model_def
         keras.utils.set_random_seed(model_def.seed)
         self.model = model_def.model_fn()
@@ -123,7 +125,7 @@ class TrainingWorker:
         @tf.function
         def gradients(x, y):
             with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
+                loss = batch_loss(model, loss_fn, x, y)
             return loss, tape.gradient(loss, model.trainable_variables)
 
         @tf.function

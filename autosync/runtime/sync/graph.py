@@ -150,6 +150,8 @@ class GraphAllReduceChannel(SyncChannel):
         ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again."""
         import tensorflow as tf
 
+        from autosync.models.losses import batch_loss
+
         variables = list(model.trainable_variables)
         owned = sorted({m.key[0] for g in self.groups for m in g.members})
         optimizer.build([variables[v] for v in owned])
@@ -169,7 +171,7 @@ class GraphAllReduceChannel(SyncChannel):
         @tf.function
         def step(x, y):
             with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
+                loss = batch_loss(model, loss_fn, x, y)
             grads = tape.gradient(loss, variables)
             shards: dict = {}
             last = None

@@ -1,6 +1,7 @@
-"""Datasets that yield ``(inputs, targets, sample_weight)``, as ``keras.Model.fit`` takes them,
-and models with several outputs and a loss per output train on every synchronizer to the weights
-of one process that weighs the global batch's loss as Keras does (real Ray + TF)."""
+"""The loss ``keras.Model.fit`` minimizes, on every synchronizer (real Ray + TF): datasets that
+yield ``(inputs, targets, sample_weight)``, models with several outputs and a loss per output,
+and the losses a model adds itself (regularizers) train to the weights of one process on the
+global batch, weighed and summed as Keras does."""
 from __future__ import annotations
 
 import dataclasses
@@ -48,15 +49,21 @@ def test_sample_weights_train_as_keras_weighs_them(pool, optimizer, strategy):
     assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unweighted))
 
 
-@pytest.mark.parametrize("strategy", ["ps", "gloo", "graph"])
-def test_a_model_with_two_outputs_trains_as_keras_fit_trains_it(pool, strategy):
-    """A dict of outputs, a dict of losses (one per output) and sample weights: the reference is
-    Keras' own ``compile`` + ``train_on_batch`` on the global batch."""
+@pytest.mark.parametrize("model,strategy", [("two_heads", "ps"), ("two_heads", "gloo"), ("two_heads", "graph"),
+                                            ("regularized", "partitioned_ps"), ("regularized", "graph")])
+def test_what_keras_fit_minimizes_is_what_trains(pool, model, strategy):
+    """A dict of outputs, a dict of losses (one per output) and sample weights; a weight and an
+    activity regularizer: the reference is Keras' own ``compile`` + ``train_on_batch`` on the
+    global batch."""
     import keras
 
-    md = rm.ModelDef(name="two_heads", model_fn=rm.build_two_output_model, loss_fn=rm.two_output_losses,
-                     optimizer_fn=functools.partial(rm.make_optimizer, "sgd", learning_rate=0.1),
-                     dataset_fn=rm.two_output_batches, batch_size=8, seed=7)
+    if model == "two_heads":
+        md = rm.ModelDef(name="two_heads", model_fn=rm.build_two_output_model, loss_fn=rm.two_output_losses,
+                         optimizer_fn=functools.partial(rm.make_optimizer, "sgd", learning_rate=0.1),
+                         dataset_fn=rm.two_output_batches, batch_size=8, seed=7)
+    else:
+        md = dataclasses.replace(rm.model_def("sgd", learning_rate=0.1), name="regularized",
+                                 model_fn=rm.build_regularized_model, dataset_fn=rm.weighted_batches)
     spec = _model_spec(pool, md)
     _, history, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
     keras.utils.set_random_seed(md.seed)
@@ -66,10 +73,14 @@ def test_a_model_with_two_outputs_trains_as_keras_fit_trains_it(pool, strategy):
     losses = []
     for step in range(STEPS):
         (x0, y0, w0), (x1, y1, w1) = (d[step] for d in data)
-        y = {k: np.concatenate([y0[k], y1[k]]) for k in y0}
-        total, *_ = model.train_on_batch(np.concatenate([x0, x1]), y, sample_weight=np.concatenate([w0, w1]))
-        losses.append(total)   # the sum of the heads' losses
+        y = {k: np.concatenate([y0[k], y1[k]]) for k in y0} if isinstance(y0, dict) else np.concatenate([y0, y1])
+        total = model.train_on_batch(np.concatenate([x0, x1]), y, sample_weight=np.concatenate([w0, w1]))
+        losses.append(total[0] if isinstance(total, list) else total)   # two heads: the sum of their losses
     for got, want in zip(weights, model.get_weights()):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
     # the workers' mean loss is fit's (each worker's loss of its half of the global batch, averaged)
     assert np.allclose(history.loss, losses, rtol=1e-4), (history.loss, losses)
+    if model == "regularized":   # the regularizers changed the result: they were not left out
+        plain = dataclasses.replace(md, model_fn=rm.build_model)
+        unregularized = _weighted_reference(plain, num_workers=2, steps=STEPS)
+        assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unregularized))
