@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autosync.models.ingest import split_batch
+from autosync.models.fit_batch import split_batch
 from strategy_space.errors import ConfigError
 
 pytestmark = pytest.mark.integration

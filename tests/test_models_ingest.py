@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autosync.model_def import ModelDef
-from autosync.models import ingest, profile
+from autosync.models import fit_batch, ingest, profile
 from strategy_space.errors import ConfigError
 
 VOCAB, DIM, BATCH, WIDTH = 50, 4, 8, 3
@@ -238,17 +238,18 @@ def test_batches_carry_sample_weights_in_their_targets():
     targets (every path that carries a pair carries them); None weights are no weights; anything
     else is refused with what it got."""
     x, y, w = np.zeros((2, 3)), np.ones((2, 1)), np.array([0.5, 2.0])
-    assert ingest.split_batch((x, y), "m") == (x, y)
-    got_x, got_y = ingest.split_batch([x, y, w], "m")
-    assert got_x is x and got_y == {ingest.TARGETS: y, ingest.SAMPLE_WEIGHT: w}
-    assert ingest.split_batch((x, y, None), "m") == (x, y)
+    assert fit_batch.split_batch((x, y), "m") == (x, y)
+    got_x, got_y = fit_batch.split_batch([x, y, w], "m")
+    assert got_x is x and got_y == {fit_batch.TARGETS: y, fit_batch.SAMPLE_WEIGHT: w}
+    assert fit_batch.split_batch((x, y, None), "m") == (x, y)
     for bad, what in [((x,), "tuple of length 1"), ((x, y, w, w), "tuple of length 4"), (x, "got ndarray")]:
         with pytest.raises(ConfigError, match=f"m: dataset_fn must yield .*{what}"):
-            ingest.split_batch(bad, "m")
+            fit_batch.split_batch(bad, "m")
     md = ModelDef(name="m", model_fn=_lookup_model, loss_fn=_mse, optimizer_fn=_sgd, batch_size=2,
                   dataset_fn=lambda i, n: [(x, y, w), (x, y)])
     stream = md.batches(0, 1)
+    weighted = sorted([fit_batch.TARGETS, fit_batch.SAMPLE_WEIGHT])
     assert [sorted(b[1]) if isinstance(b[1], dict) else "plain" for b in (next(stream), next(stream), next(stream))] \
-        == [sorted([ingest.TARGETS, ingest.SAMPLE_WEIGHT]), "plain", sorted([ingest.TARGETS, ingest.SAMPLE_WEIGHT])]
+        == [weighted, "plain", weighted]
     with pytest.raises(ConfigError, match="ModelDef m: dataset_fn must yield"):
         next(dataclasses.replace(md, dataset_fn=lambda i, n: [x]).batches(0, 1))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from autosync.models.fit_batch import batch_loss, split_batch
 from strategy_space import ModelSpec, VariableSpec
 from strategy_space.errors import ConfigError
 
@@ -39,30 +40,6 @@ def variable_names(variables: Sequence[Any]) -> list[str]:
     return names
 
 
-# A batch's sample weights ride inside its targets, ``{TARGETS: targets, SAMPLE_WEIGHT: weights}``:
-# every path of the runtime that carries (inputs, targets) carries them too, and the loss
-# ``ModelDef.loss()`` returns hands them to the user's loss as ``keras.Model.fit`` does.
-TARGETS, SAMPLE_WEIGHT = "autosync/targets", "autosync/sample_weight"
-
-
-def split_batch(batch: Any, where: str) -> tuple[Any, Any]:
-    """(inputs, targets) of one batch from ``dataset_fn``: an (inputs, targets) pair, or an
-    (inputs, targets, sample_weight) triple as ``keras.Model.fit`` takes it (the weights packed
-    into the targets, see ``SAMPLE_WEIGHT``; None: unweighted).
-
-    Raises:
-        ConfigError: the batch is neither.
-    """
-    if isinstance(batch, (tuple, list)) and len(batch) == 3:
-        x, y, weights = batch
-        return (x, y) if weights is None else (x, {TARGETS: y, SAMPLE_WEIGHT: weights})
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-        raise ConfigError(f"{where}: dataset_fn must yield (inputs, targets) pairs or (inputs, targets, "
-                          f"sample_weight) triples, got {type(batch).__name__}"
-                          + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
-    return batch[0], batch[1]
-
-
 def first_batch(model_def, worker_index: int = 0, num_workers: int = 1) -> tuple[Any, Any]:
     """The first (inputs, targets) batch of ``model_def.dataset_fn(worker_index, num_workers)``.
 
@@ -80,8 +57,6 @@ def compute_gradients(model, loss: Callable, inputs: Any, targets: Any):
     """One eager forward and backward pass. Returns (trainable variables, gradients); the model is
     built by the call if it was not, and variables created inside the tape are watched."""
     import tensorflow as tf
-
-    from autosync.models.losses import batch_loss
 
     with tf.GradientTape() as tape:
         value = batch_loss(model, loss, inputs, targets)

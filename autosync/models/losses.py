@@ -12,7 +12,7 @@ from typing import Any
 
 import keras
 
-from autosync.models.ingest import SAMPLE_WEIGHT, TARGETS
+from autosync.models.fit_batch import SAMPLE_WEIGHT, TARGETS
 from strategy_space.errors import ConfigError
 
 
@@ -28,18 +28,6 @@ class FunctionLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return self.fn(y_true, y_pred)
-
-
-def batch_loss(model, loss: keras.losses.Loss, inputs, targets):
-    """What ``keras.Model.fit`` minimizes on a batch (``Model.compute_loss``): ``loss`` of the
-    model's outputs in training mode plus every loss the model adds itself (weight and activity
-    regularizers, ``add_loss``), each summed. Averaged over the workers, a weight regularizer's
-    gradient counts once, as under a ``tf.distribute`` strategy, where Keras scales it by the
-    number of replicas."""
-    value = loss(targets, model(inputs, training=True))
-    for extra in model.losses:
-        value = value + keras.ops.sum(keras.ops.cast(extra, value.dtype))
-    return value
 
 
 def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:

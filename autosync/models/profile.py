@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from strategy_space import ComputeProfile, ModelSpec
 
+from .fit_batch import batch_loss
 from .ingest import built_model_spec, variable_names
 
 
@@ -74,8 +75,6 @@ def train_step(model, loss: Callable, optimizer) -> Callable:
     over the model's trainable variables, applied by ``optimizer`` (what the runtime's results are
     checked against, and what a single-process baseline runs)."""
     import tensorflow as tf
-
-    from autosync.models.losses import batch_loss
 
     variables = list(model.trainable_variables)
 

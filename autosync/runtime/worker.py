@@ -16,6 +16,7 @@ from functools import reduce
 
 import numpy as np
 
+from autosync.models.fit_batch import batch_loss
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
@@ -105,15 +106,13 @@ class TrainingWorker:
 
         Returns:
             ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]
-            or None, "initial_digest": str,
-            "row_pull": [names], "full_pull": {name: reason}}`` (trainable variables in model order;
+            or None, "initial_digest": str, "row_pull": [names], "full_pull": {name: reason}}``
+            (trainable variables in model order;
             ``row_pull``: sparse variables whose rows each step reads are known before it runs and
             pulled alone from parameter servers; ``full_pull``: sparse ones pulled whole, and why).
         """
         import keras
         import tensorflow as tf
-
-        from autosync.models.losses import batch_loss
 
         self.model_def = model_def
         keras.utils.set_random_seed(model_def.seed)

@@ -33,6 +33,7 @@ import zlib
 
 import numpy as np
 
+from autosync.models.fit_batch import batch_loss
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
 from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.compression import orthogonalize
@@ -149,8 +150,6 @@ class GraphAllReduceChannel(SyncChannel):
         ``IndexedSlices`` values one by one) for ``release``, which applies them times the
         ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again."""
         import tensorflow as tf
-
-        from autosync.models.losses import batch_loss
 
         variables = list(model.trainable_variables)
         owned = sorted({m.key[0] for g in self.groups for m in g.members})
