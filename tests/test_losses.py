@@ -80,3 +80,36 @@ def test_losses_that_do_not_fit_the_outputs_are_refused():
                        ({"o1": "no_such"}, r"loss_fn\(\)\['o1'\] returned 'no_such', which is not a Keras loss name")]:
         with pytest.raises(ConfigError, match=match):
             as_keras_loss(bad, "loss_fn()")
+
+
+def _own_step_model(method: str):
+    import keras
+
+    class OwnLoss(keras.Model):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            return keras.ops.mean(keras.ops.abs(y - y_pred))
+
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    cls = {"compute_loss": OwnLoss, "train_step": OwnStep}[method]
+    x = keras.Input((3,))
+    return cls(x, keras.layers.Dense(1)(x))
+
+
+@pytest.mark.parametrize("method", ["compute_loss", "train_step"])
+def test_a_model_that_changes_what_fit_does_is_refused(method):
+    """Its own train_step or compute_loss would not run: refused before anything trains, saying
+    where the logic can go."""
+    import functools
+
+    from autosync.model_def import ModelDef
+    from autosync.models import ingest
+
+    md = ModelDef(name="own", model_fn=functools.partial(_own_step_model, method), loss_fn=lambda: "mse",
+                  optimizer_fn=lambda: __import__("keras").optimizers.SGD(), batch_size=8,
+                  dataset_fn=lambda i, n: [(X, Y1)])
+    with pytest.raises(ConfigError, match=rf"ModelDef own: model class Own\w+ overrides {method}; .*Move it into "
+                                          rf"loss_fn .*add_loss"):
+        ingest.model_spec_from_def(md)

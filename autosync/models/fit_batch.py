@@ -47,3 +47,22 @@ def batch_loss(model, loss, inputs, targets):
     for extra in model.losses:
         value = value + keras.ops.sum(keras.ops.cast(extra, value.dtype))
     return value
+
+
+def check_model(model, where: str) -> None:
+    """Refuse a model whose class changes what ``fit`` does with a batch (``train_step`` or
+    ``compute_loss`` of its own): the runtime differentiates ``batch_loss``, so such a model would
+    train differently here than under ``fit``, silently.
+
+    Raises:
+        ConfigError: which method, and where its logic can go instead.
+    """
+    import keras
+
+    own = [m for m in ("train_step", "compute_loss") if getattr(type(model), m, None) is not getattr(keras.Model, m)]
+    if own:
+        raise ConfigError(f"{where}: model class {type(model).__name__} overrides {' and '.join(own)}; AutoSync "
+                          f"computes each worker's gradient of loss_fn on the model's outputs plus the losses the "
+                          f"model adds (regularizers, add_loss) itself, so that logic would not run. Move it into "
+                          f"loss_fn (a loss per output is allowed), the model's call() with self.add_loss(...), or "
+                          f"the optimizer")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from autosync.models.fit_batch import batch_loss, split_batch
+from autosync.models.fit_batch import batch_loss, check_model, split_batch
 from strategy_space import ModelSpec, VariableSpec
 from strategy_space.errors import ConfigError
 
@@ -146,6 +146,7 @@ def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
         if not hasattr(model, "trainable_variables") or not callable(model):
             raise ConfigError(f"ModelDef {model_def.name}: model_fn returned {type(model).__name__}, not a "
                               f"keras.Model; make model_fn build and return the model")
+        check_model(model, f"ModelDef {model_def.name}")
         loss = model_def.loss()
         spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name,
                                      batch_size=model_def.batch_size)

@@ -16,7 +16,7 @@ from functools import reduce
 
 import numpy as np
 
-from autosync.models.fit_batch import batch_loss
+from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
@@ -117,6 +117,7 @@ class TrainingWorker:
         self.model_def = model_def
         keras.utils.set_random_seed(model_def.seed)
         self.model = model_def.model_fn()
+        check_model(self.model, f"ModelDef {model_def.name}")
         self.loss = model_def.loss()
         optimizer = model_def.optimizer_fn()
         model, loss_fn = self.model, self.loss
