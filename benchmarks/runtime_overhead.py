@@ -35,8 +35,10 @@ For small models on this machine it measures, in one run:
   - with --checkpoint: ``Trainer.save`` time per GiB of state (weights + optimizer slots) on ncf,
     dlrm and lm1b ('ps' strategy, 2 workers as 2 nodes, after one training step so the slots
     exist): median of --repeat saves into one directory (each replaces the last, fsynced), split
-    into waiting for the actors' state (read a bounded batch at a time) and writing the files, and
-    the driver's peak resident memory.
+    into waiting for the actors' state (read a bounded batch at a time) and writing the files; then
+    one restore (a trainer started from the checkpoint: its ``_restore``, loading the started
+    actors); and the
+    driver's peak resident memory.
 
 Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
                                             [--pool-startup [--trials N]]
@@ -45,6 +47,7 @@ Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import resource
@@ -484,6 +487,25 @@ def _write_run(path: str, started: str, meta: dict, result: dict) -> None:
 CHECKPOINT_ZOO = ("ncf", "dlrm", "lm1b")
 
 
+@contextlib.contextmanager
+def _timing(owner, name: str, seconds: list):
+    """Append the duration of every call of ``owner.name`` to ``seconds`` inside the block."""
+    real = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
 def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
     """``Trainer.save`` seconds per GiB of state, per zoo model (see the module doc)."""
     import tempfile
@@ -499,28 +521,37 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
     print(f"Trainer.save ('ps' strategy, {WORKERS} workers as 2 nodes, median of {repeat} saves, actors read "
           f"{BATCH_BYTES / 2 ** 20:.0f} MiB at a time)")
     print(" | ".join(("model", "optimizer", "state MiB", "save s", "read actors s", "write files s", "s per GiB",
-                      "peak RSS MiB")))
+                      "restore s", "peak RSS MiB")))
     try:
         for name in models:
             md = zoo.get_model_def(name)
             pool.ensure(md, pair.devices)
             spec = model_spec_from_vars(md.name, pool.description["variables"], md.batch_size)
-            with Trainer(md, get_builder("ps").build(spec, pair), pair, pool=pool) as trainer, \
-                    tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
-                trainer.fit(steps=1)
-                rows = []
-                for _ in range(repeat):
-                    info = trainer.save(os.path.join(tmp, "ckpt"))
-                    rows.append((info.seconds, info.read_seconds, info.seconds - info.read_seconds))
-                seconds, read_s, write_s = (statistics.median(c) for c in zip(*rows))
-                gib = info.bytes / 2 ** 30
-                # the driver's high-water mark (it writes the files): bounded by the batch, not the model
-                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
-                out[name] = {"bytes": info.bytes, "save_s": seconds, "read_s": read_s, "write_s": write_s,
-                             "s_per_gib": seconds / gib, "driver_peak_rss_mib": peak}
-                print(" | ".join([name, pool.description["optimizer"]["class"], f"{info.bytes / 2 ** 20:.1f}",
-                                  f"{seconds:.3f}", f"{read_s:.3f}", f"{write_s:.3f}", f"{seconds / gib:.2f}",
-                                  f"{peak:.0f}"]))
+            strategy = get_builder("ps").build(spec, pair)
+            with tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
+                path = os.path.join(tmp, "ckpt")
+                with Trainer(md, strategy, pair, pool=pool) as trainer:
+                    trainer.fit(steps=1)
+                    rows = []
+                    for _ in range(repeat):
+                        info = trainer.save(path)
+                        rows.append((info.seconds, info.read_seconds, info.seconds - info.read_seconds))
+                # a restore: the started actors loaded from the checkpoint (``Trainer._restore``)
+                timed = []
+                with _timing(Trainer, "_restore", timed), Trainer(md, strategy, pair, pool=pool, restore=path) as again:
+                    assert again.step == 1, again.step
+                restore_s = timed[0]
+            seconds, read_s, write_s = (statistics.median(c) for c in zip(*rows))
+            gib = info.bytes / 2 ** 30
+            # the driver's high-water mark (it writes and reads the files): bounded by the batch and
+            # the model's weights, not the optimizer state
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
+            out[name] = {"bytes": info.bytes, "save_s": seconds, "read_s": read_s, "write_s": write_s,
+                         "s_per_gib": seconds / gib, "restore_s": restore_s,
+                         "driver_peak_rss_mib": peak}
+            print(" | ".join([name, pool.description["optimizer"]["class"], f"{info.bytes / 2 ** 20:.1f}",
+                              f"{seconds:.3f}", f"{read_s:.3f}", f"{write_s:.3f}", f"{seconds / gib:.2f}",
+                              f"{restore_s:.2f}", f"{peak:.0f}"]))
     finally:
         pool.kill_all()
     return out
