@@ -96,11 +96,11 @@ def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, t
 
     from autosync.runtime import session_state
 
+    # restored and saved again one array per call (the weights, the PS's and the channels' state)
+    monkeypatch.setattr(session_state, "BATCH_BYTES", 1)
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120, restore=ckpt) as again:
         assert again.step == 2 and _equal(again.get_weights(), saved)
-        # the optimizer state as the restored actors hold it, read one array per call this time
-        monkeypatch.setattr(session_state, "BATCH_BYTES", 1)
-        info = again.save(tmp_path / "again")
+        info = again.save(tmp_path / "again")   # the optimizer state as the restored actors hold it
         monkeypatch.undo()
         resumed = _state(tmp_path / "again")
         assert resumed.keys() == state.keys() and all(np.array_equal(resumed[k], state[k]) for k in state)

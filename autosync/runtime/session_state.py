@@ -28,7 +28,8 @@ class SessionState:
     """A training state to load (``load``), as read from a checkpoint.
 
     Attributes:
-        weights: worker 0's ``model.get_weights()``.
+        weights: the model's weights in ``get_weights`` order: arrays, or the variables of a
+            Keras model holding them (``model.weights``: each read when it is sent).
         positions: per worker (replica order), batches drawn from its data iterator.
         arrays: name -> array (see the module doc); a mapping read on access is enough.
         ps_versions: PS actor name -> ``{"version", "chunk_version"}``.
@@ -126,11 +127,14 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
 
 
 def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None) -> list[str]:
-    """Write ``state`` into the (freshly started) actors of ``session``.
+    """Write ``state`` into the (freshly started) actors of ``session``: the workers' weights
+    ``BATCH_BYTES`` at a time, one parameter server at a time.
 
     Args:
-        state: as ``gather`` returned it, or as read from a checkpoint.
-        values: every trainable variable's value (model order), sliced into the PS shards.
+        state: as read from a checkpoint; its ``weights`` may be arrays or the variables of a
+            Keras model holding them (read when sent).
+        values: every trainable variable's value (model order; arrays or variables), sliced into
+            the PS shards.
         step: the global step the state is at.
 
     Returns:
@@ -142,27 +146,44 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     import ray
 
     plan, labels = session.plan, session.actor_labels()
-    refs, problems = [], []
+    problems = []
     for actor, p in zip(session.ps_actors, plan.ps_actors):
         counters = state.ps_versions.get(p.name)
         if counters is None:
             problems.append(f"the checkpoint has no state of parameter server {p.name}")
             continue
         prefix = f"ps/{p.name}/"
-        shards = {r.key: np.ascontiguousarray(values[r.var_index][r.slicer(values[r.var_index].ndim)])
-                  for r in p.shards}
+        shards = {}
+        for r in p.shards:
+            value = _array(values[r.var_index])
+            shards[r.key] = np.ascontiguousarray(value[r.slicer(value.ndim)])
         slots = {k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)}
-        refs.append(actor.load_checkpoint.remote(shards, slots, counters["version"], counters["chunk_version"]))
-    for found in wait_all(refs, deadline, "parameter server", None, actors=labels):
-        problems += found
+        ref = actor.load_checkpoint.remote(shards, slots, counters["version"], counters["chunk_version"])
+        del shards, slots   # in the object store now: the driver holds one PS's state at a time
+        problems += wait_all([ref], deadline, "parameter server", [p.name], actors=labels)[0]
     used = [int(k.split("/")[0][len("channel"):]) for k in state.arrays if k.startswith("channel")]
     channels = []
     for c in range(max(used, default=-1) + 1):
         prefix = f"channel{c}/"
         channels.append({k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)} or None)
-    shared = ray.put(state.weights)   # one copy in the object store for every worker
-    refs = [w.restore_checkpoint.remote(shared, state.positions[i], step, channels)
+    names = list(plan.replicas)
+    for batch in batches({i: _nbytes(w) for i, w in enumerate(state.weights)}):
+        part = ray.put({i: _array(state.weights[i]) for i in batch})   # one copy for every worker
+        wait_all([w.assign_weights.remote(part) for w in session.workers], deadline, "worker", names, actors=labels)
+        del part
+    refs = [w.restore_checkpoint.remote(None, state.positions[i], step, channels)
             for i, w in enumerate(session.workers)]
-    for found in wait_all(refs, deadline, "worker", list(plan.replicas), actors=labels):
+    for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found
     return problems
+
+
+def _array(value) -> np.ndarray:
+    """An array, or a Keras variable's value."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(value.dtype).itemsize

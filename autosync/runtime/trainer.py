@@ -391,9 +391,8 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - h5py and Keras raise many kinds
             raise ConfigError(f"restore {store.path}: {info.weights_path} cannot be loaded into model "
                               f"{self.model_def.name} ({type(e).__name__}: {e})") from None
-        weights = model.get_weights()
-        position = {id(w): i for i, w in enumerate(model.weights)}
-        values = [weights[position[id(v)]] for v in model.trainable_variables]
+        # the variables themselves: each is read when it is sent (a model's weights are not copied whole)
+        weights, values = list(model.weights), list(model.trainable_variables)
         arrays = store.arrays(manifest)
         state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
         try:

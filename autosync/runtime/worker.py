@@ -328,16 +328,25 @@ class TrainingWorker:
         return {"weights": {i: np.array(every[i].numpy()) for i in weights},
                 "channels": {c: self.channels[c].checkpoint_state(names) for c, names in channels.items()}}
 
-    def restore_checkpoint(self, weights: list, position: int, step: int, channels: list) -> list[str]:
-        """Continue from a checkpoint (after ``reset``): the model's weights, the data iterator
-        advanced to ``position`` batches, the step counter, and each channel's state (as
-        ``checkpoint_state`` gave them). Returns the problems found."""
+    def assign_weights(self, part: dict) -> None:
+        """Set model weights by index (``get_weights`` order): a restore sends them in batches."""
+        every = self.model.weights
+        for i, value in part.items():
+            every[i].assign(value)
+
+    def restore_checkpoint(self, weights: list | None, position: int, step: int, channels: list) -> list[str]:
+        """Continue from a checkpoint (after ``reset``): the model's weights (None: assigned
+        already, ``assign_weights``), the data iterator advanced to ``position`` batches, the step
+        counter, and each channel's state (as ``checkpoint_state`` gave them). Returns the
+        problems found."""
         if len(channels) > len(self.channels):
             return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
                     f"{len(self.channels)}"]
         channels = list(channels) + [None] * (len(self.channels) - len(channels))
-        self.model.set_weights(weights)
-        values = [v.numpy() for v in self.variables]
+        if weights is not None:
+            self.model.set_weights(weights)
+        keep = any(hasattr(c, "load_checkpoint") for c in self.channels)   # all-reduced variables' optimizer
+        values = [v.numpy() for v in self.variables] if keep else []
         problems = []
         for channel, state in zip(self.channels, channels):
             if hasattr(channel, "load_checkpoint"):
