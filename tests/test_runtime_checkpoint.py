@@ -22,6 +22,11 @@ pytestmark = pytest.mark.integration
 def _strategy(pool, md, name: str):
     from strategy_space.builders import get_builder
 
+    if name == "mix":   # a variable's shards on a PS and all-reduced, the graph and gloo beside PSs
+        from tests.test_runtime_user_optimizer import _strategy as mixed
+
+        return mixed("mix", _model_spec(pool, md))
+
     options = {"partitioned_ps": {"min_partition_bytes": 1}, "ps": {},
                "all_reduce": {"backend": "objectstore", "chunk_bytes": 64}}[name]
     return get_builder(name, **options).build(_model_spec(pool, md), PAIR)
@@ -58,7 +63,7 @@ def _equal(a, b) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("builder", ["partitioned_ps", "all_reduce"])
+@pytest.mark.parametrize("builder", ["partitioned_ps", "all_reduce", "mix"])
 def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, tmp_path, monkeypatch, builder):
     import keras
 

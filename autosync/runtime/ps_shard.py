@@ -269,10 +269,10 @@ class ParameterServerShard(HeldSteps, PooledShard):
         """All shards now (for tests and final weights): snapshots no later update changes."""
         return {k: self.optimizer.snapshot(self.params, k) for k in self.params}
 
-    async def checkpoint_state(self, names=None) -> dict:
-        """What a checkpoint needs of this actor besides the values (the model's weights hold
-        them): ``{"version", "chunk_version", "sizes": name -> bytes, "slots": name -> array}``,
-        the slots only those ``names`` lists when given (read a bounded batch at a time).
+    async def checkpoint_state(self, names=None, values=()) -> dict:
+        """What a checkpoint reads of this actor, a bounded batch at a time: ``{"version",
+        "chunk_version", "sizes": name -> bytes, "slots": name -> array, "values": key -> array}``,
+        the slots only those ``names`` lists when given, the values of the shard keys ``values``.
 
         Raises:
             RuntimeError: updates are pending (a checkpoint is taken between round trips, when
@@ -284,7 +284,8 @@ class ParameterServerShard(HeldSteps, PooledShard):
             steps = sorted({s for s, _ in self._pending})
             raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
         return {"version": self.version, "chunk_version": list(self.chunk_version),
-                "sizes": optimizer_state.sizes(self.optimizer), "slots": optimizer_state.save(self.optimizer, names)}
+                "sizes": optimizer_state.sizes(self.optimizer), "slots": optimizer_state.save(self.optimizer, names),
+                "values": self.optimizer.snapshots(self.params, [tuple(k) for k in values])}
 
     async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
         """Continue from a checkpoint: shard values (key -> array), the optimizer's slots and the

@@ -56,15 +56,41 @@ class Snapshot:
     deadline: float | None
     positions: tuple
     ps_versions: dict
-    weight_sizes: list
+    weight_specs: list
+    trainable: list
     ps_sizes: dict = field(default_factory=dict)
     channel_sizes: list = field(default_factory=list)
     read_s: float = 0.0
 
     def weights(self):
-        """``(index, array)`` of each of worker 0's model weights (``get_weights`` order)."""
-        for batch in batches(dict(enumerate(self.weight_sizes))):
-            yield from self._worker0(batch, {})["weights"].items()
+        """``(index, array)`` of each model weight (``get_weights`` order): worker 0's, but the
+        parts its parameter servers hold read from them (a worker's row-pulled tables are fresh
+        only in the rows it last read), one variable at a time."""
+        held: dict = {}   # model weight index -> [(PS actor, its name, shard)]
+        for actor, p in zip(self.session.ps_actors, self.session.plan.ps_actors):
+            for r in p.shards:
+                held.setdefault(self.trainable[r.var_index], []).append((actor, p.name, r))
+        whole = {i for i, refs in held.items() if len(refs) == refs[0][2].num_shards}
+        rest = {i: _spec_bytes(spec) for i, spec in enumerate(self.weight_specs) if i not in whole}
+        for batch in batches(rest):
+            part = self._worker0(batch, {})["weights"]
+            for i in batch:
+                value = part.pop(i)
+                yield i, (self._from_servers(held[i], np.array(value)) if i in held else value)
+        for i in sorted(whole):
+            shape, dtype = self.weight_specs[i]
+            yield i, self._from_servers(held[i], np.empty(shape, dtype))
+
+    def _from_servers(self, refs: list, value: np.ndarray) -> np.ndarray:
+        """``value`` with the shards ``refs`` lists read from their parameter servers."""
+        labels = self.session.actor_labels()
+        for name in dict.fromkeys(n for _, n, _ in refs):
+            mine = [(a, r) for a, n, r in refs if n == name]
+            got = self._timed(lambda: wait_all([mine[0][0].checkpoint_state.remote([], [r.key for _, r in mine])],
+                                               self.deadline, "parameter server", [name], actors=labels)[0])
+            for _, r in mine:
+                value[r.slicer(value.ndim)] = got["values"][r.key]
+        return value
 
     def arrays(self):
         """``(name, array)`` of every optimizer state array (names as in the module doc)."""
@@ -122,8 +148,8 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
     return Snapshot(session, deadline, positions=tuple(s["position"] for s in states),
                     ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
                                  for n, s in zip(names, ps_states)},
-                    weight_sizes=states[0]["weights"], ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)},
-                    channel_sizes=states[0]["channels"])
+                    weight_specs=states[0]["weights"], trainable=states[0]["trainable"],
+                    ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)}, channel_sizes=states[0]["channels"])
 
 
 def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None) -> list[str]:
@@ -187,3 +213,8 @@ def _nbytes(value) -> int:
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(value.dtype).itemsize
+
+
+def _spec_bytes(spec) -> int:
+    shape, dtype = spec
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

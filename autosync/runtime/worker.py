@@ -309,21 +309,22 @@ class TrainingWorker:
 
     def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
-        (batches drawn), and with ``with_sizes`` the bytes of each model weight (``weights``,
-        ``get_weights`` order) and per channel of each array of its state (``channels``: None
+        (batches drawn), and with ``with_sizes`` each model weight's shape and dtype
+        (``weights``, ``get_weights`` order), the index there of each trainable variable
+        (``trainable``) and per channel the bytes of each array of its state (``channels``: None
         for a channel that keeps none); ``checkpoint_part`` then reads them a batch at a time."""
         out = {"step": self.step, "position": self.drawn}
         if with_sizes:
-            self._pull_whole()
-            out["weights"] = [int(np.prod(w.shape, dtype=np.int64)) * np.dtype(w.dtype).itemsize
-                              for w in self.model.weights]
+            where = {id(w): i for i, w in enumerate(self.model.weights)}
+            out["weights"] = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in self.model.weights]
+            out["trainable"] = [where[id(v)] for v in self.variables]
             out["channels"] = [c.checkpoint_sizes() if hasattr(c, "checkpoint_state") else None for c in self.channels]
         return out
 
     def checkpoint_part(self, weights: list, channels: dict) -> dict:
         """Model weights by index (``{"weights": {i: array}}``) and channel state by channel
-        and name (``{"channels": {c: {name: array}}}``), as ``checkpoint_state`` listed them."""
-        self._pull_whole()
+        and name (``{"channels": {c: {name: array}}}``), as ``checkpoint_state`` listed them. A
+        row-pulled table is read as it is here (its parameter servers hold it whole)."""
         every = self.model.weights
         return {"weights": {i: np.array(every[i].numpy()) for i in weights},
                 "channels": {c: self.channels[c].checkpoint_state(names) for c, names in channels.items()}}
