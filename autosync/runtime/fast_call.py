@@ -38,14 +38,15 @@ class FlatFunction:
 
         self._function = function
         flat = tf.nest.flatten(example)
-        self._structure = example
+        # the nesting alone: keeping the example would keep its arrays (a model's initial values,
+        # as big as the model) alive as long as the function
+        self._structure = structure = tf.nest.map_structure(lambda _: 0, example)
         self._dtypes = [tf.as_dtype(np.asarray(a).dtype) for a in flat]
         self._shapes = [tuple(s) for s in relaxed] if relaxed is not None else [tuple(np.shape(a)) for a in flat]
         if len(self._shapes) != len(flat):
             raise ValueError(f"{len(self._shapes)} relaxed shapes for {len(flat)} arguments")
         specs = [tf.TensorSpec(shape, dtype) for shape, dtype in zip(self._shapes, self._dtypes)]
         python = function.python_function
-        structure = example
         self._call, self.fast = concrete_flat(lambda tensors: python(*tf.nest.pack_sequence_as(structure, tensors)),
                                               specs)
         self.fallbacks = 0   # calls served by the tf.function (other shapes, dtypes or structure)
