@@ -79,15 +79,21 @@ class Snapshot:
                 yield i, (self._from_servers(held[i], np.array(value)) if i in held else value)
         for i in sorted(whole):
             shape, dtype = self.weight_specs[i]
-            yield i, self._from_servers(held[i], np.empty(shape, dtype))
+            if len(held[i]) == 1:   # one shard: the server's array itself, not a copy of it
+                yield i, self._from_servers(held[i], None)
+            else:
+                yield i, self._from_servers(held[i], np.empty(shape, dtype))
 
-    def _from_servers(self, refs: list, value: np.ndarray) -> np.ndarray:
-        """``value`` with the shards ``refs`` lists read from their parameter servers."""
+    def _from_servers(self, refs: list, value: np.ndarray | None) -> np.ndarray:
+        """``value`` with the shards ``refs`` lists read from their parameter servers (None: one
+        shard that is the whole variable, returned as read)."""
         labels = self.session.actor_labels()
         for name in dict.fromkeys(n for _, n, _ in refs):
             mine = [(a, r) for a, n, r in refs if n == name]
             got = self._timed(lambda: wait_all([mine[0][0].checkpoint_state.remote([], [r.key for _, r in mine])],
                                                self.deadline, "parameter server", [name], actors=labels)[0])
+            if value is None:
+                return got["values"][mine[0][1].key]
             for _, r in mine:
                 value[r.slicer(value.ndim)] = got["values"][r.key]
         return value
