@@ -74,7 +74,7 @@ class ModelDef:
 
     def batches(self, worker_index: int, num_workers: int) -> Iterator[Batch]:
         """Endless iterator over this worker's (inputs, targets) batches (a finite dataset is
-        cycled; sample weights ride in the targets, see ``ingest.split_batch``)."""
+        cycled; sample weights ride in the targets, see ``fit_batch.split_batch``)."""
         from autosync.models.fit_batch import split_batch
 
         while True:

@@ -8,9 +8,9 @@ measured by probes, which need the model to train). Every figure is a prediction
 times quoted, the untouched analytic model's and the physical lower bound (the larger of compute
 and the busiest NIC's time for the bytes a strategy moves) bound what to expect; how well such
 predictions held on models and clusters never fitted on is in ``benchmarks/plan_vs_measured.py``
-and ``benchmarks/published_tables.py --leave-one-out``. Compute per step comes from the model spec's profile (measure it on the
-target's accelerator: ``autosync inspect --profile`` there, or a spec of ``configs/models/nvidia-*``),
-else it is estimated from the parameters.
+and ``benchmarks/published_tables.py --leave-one-out``. Compute per step comes from the model
+spec's profile (measure it on the target's accelerator: ``autosync inspect --profile`` there, or a
+spec of ``configs/models/nvidia-*``), else it is estimated from the parameters.
 """
 from __future__ import annotations
 

@@ -37,8 +37,7 @@ For small models on this machine it measures, in one run:
     exist): median of --repeat saves into one directory (each replaces the last, fsynced), split
     into waiting for the actors' state (read a bounded batch at a time) and writing the files; then
     one restore (a trainer started from the checkpoint: its ``_restore``, loading the started
-    actors); and the
-    driver's peak resident memory.
+    actors); and the driver's peak resident memory.
 
 Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
                                             [--pool-startup [--trials N]]

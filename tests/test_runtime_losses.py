@@ -67,16 +67,16 @@ def test_what_keras_fit_minimizes_is_what_trains(pool, model, strategy):
     spec = _model_spec(pool, md)
     _, history, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
     keras.utils.set_random_seed(md.seed)
-    model = md.model_fn()
-    model.compile(loss=md.loss_fn(), optimizer=md.optimizer_fn())
+    fitted = md.model_fn()
+    fitted.compile(loss=md.loss_fn(), optimizer=md.optimizer_fn())
     data = [md.dataset_fn(i, 2) for i in range(2)]
     losses = []
     for step in range(STEPS):
         (x0, y0, w0), (x1, y1, w1) = (d[step] for d in data)
         y = {k: np.concatenate([y0[k], y1[k]]) for k in y0} if isinstance(y0, dict) else np.concatenate([y0, y1])
-        total = model.train_on_batch(np.concatenate([x0, x1]), y, sample_weight=np.concatenate([w0, w1]))
+        total = fitted.train_on_batch(np.concatenate([x0, x1]), y, sample_weight=np.concatenate([w0, w1]))
         losses.append(total[0] if isinstance(total, list) else total)   # two heads: the sum of their losses
-    for got, want in zip(weights, model.get_weights()):
+    for got, want in zip(weights, fitted.get_weights()):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
     # the workers' mean loss is fit's (each worker's loss of its half of the global batch, averaged)
     assert np.allclose(history.loss, losses, rtol=1e-4), (history.loss, losses)

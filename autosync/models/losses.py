@@ -67,7 +67,7 @@ def _one(loss: Any, where: str) -> keras.losses.Loss:
 class ModelLoss(keras.losses.Loss):
     """The model's loss as ``keras.Model.fit`` computes it from ``compile(loss=...)``:
 
-    - the batch's sample weights taken from its targets where they ride (``ingest.split_batch``):
+    - the batch's sample weights taken from its targets where they ride (``fit_batch.split_batch``):
       per-example values times their weights, summed and divided by their number;
     - a model with several outputs (a list or dict of them): one loss per output, by position
       or by output name (one loss given: the same for every output), their values summed; the

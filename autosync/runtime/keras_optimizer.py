@@ -432,4 +432,3 @@ def _placeholder(value: np.ndarray) -> np.ndarray:
     dtype = np.asarray(value).dtype
     fill = np.array(np.nan if np.issubdtype(dtype, np.inexact) else 0, dtype=dtype)
     return np.broadcast_to(fill, np.shape(value))
-

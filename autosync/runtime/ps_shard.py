@@ -285,7 +285,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
             raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
         return {"version": self.version, "chunk_version": list(self.chunk_version),
                 "sizes": optimizer_state.sizes(self.optimizer), "slots": optimizer_state.save(self.optimizer, names),
-                "values": self.optimizer.snapshots(self.params, [tuple(k) for k in values])}
+                "values": self.optimizer.snapshots(self.params, list(values))}
 
     async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
         """Continue from a checkpoint: shard values (key -> array), the optimizer's slots and the

@@ -71,32 +71,34 @@ class Snapshot:
             for r in p.shards:
                 held.setdefault(self.trainable[r.var_index], []).append((actor, p.name, r))
         whole = {i for i, refs in held.items() if len(refs) == refs[0][2].num_shards}
-        rest = {i: _spec_bytes(spec) for i, spec in enumerate(self.weight_specs) if i not in whole}
+        rest = {i: _nbytes(*spec) for i, spec in enumerate(self.weight_specs) if i not in whole}
         for batch in batches(rest):
             part = self._worker0(batch, {})["weights"]
             for i in batch:
                 value = part.pop(i)
                 yield i, (self._from_servers(held[i], np.array(value)) if i in held else value)
         for i in sorted(whole):
-            shape, dtype = self.weight_specs[i]
             if len(held[i]) == 1:   # one shard: the server's array itself, not a copy of it
-                yield i, self._from_servers(held[i], None)
+                (_, name, r), = held[i]
+                yield i, self._read_shards(name, held[i])[r.key]
             else:
-                yield i, self._from_servers(held[i], np.empty(shape, dtype))
+                yield i, self._from_servers(held[i], np.empty(*self.weight_specs[i]))
 
-    def _from_servers(self, refs: list, value: np.ndarray | None) -> np.ndarray:
-        """``value`` with the shards ``refs`` lists read from their parameter servers (None: one
-        shard that is the whole variable, returned as read)."""
-        labels = self.session.actor_labels()
+    def _from_servers(self, refs: list, value: np.ndarray) -> np.ndarray:
+        """``value`` with the shards ``refs`` lists read from their parameter servers."""
         for name in dict.fromkeys(n for _, n, _ in refs):
-            mine = [(a, r) for a, n, r in refs if n == name]
-            got = self._timed(lambda: wait_all([mine[0][0].checkpoint_state.remote([], [r.key for _, r in mine])],
-                                               self.deadline, "parameter server", [name], actors=labels)[0])
-            if value is None:
-                return got["values"][mine[0][1].key]
-            for _, r in mine:
-                value[r.slicer(value.ndim)] = got["values"][r.key]
+            mine = [ref for ref in refs if ref[1] == name]
+            got = self._read_shards(name, mine)
+            for _, _, r in mine:
+                value[r.slicer(value.ndim)] = got[r.key]
         return value
+
+    def _read_shards(self, name: str, refs: list) -> dict:
+        """Shard key -> value of the shards ``refs`` lists, all on parameter server ``name``."""
+        actor = refs[0][0]
+        return self._timed(lambda: wait_all([actor.checkpoint_state.remote([], [r.key for _, _, r in refs])],
+                                            self.deadline, "parameter server", [name],
+                                            actors=self.session.actor_labels())[0])["values"]
 
     def arrays(self):
         """``(name, array)`` of every optimizer state array (names as in the module doc)."""
@@ -199,11 +201,11 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         prefix = f"channel{c}/"
         channels.append({k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)} or None)
     names = list(plan.replicas)
-    for batch in batches({i: _nbytes(w) for i, w in enumerate(state.weights)}):
+    for batch in batches({i: _nbytes(w.shape, w.dtype) for i, w in enumerate(state.weights)}):
         part = ray.put({i: _array(state.weights[i]) for i in batch})   # one copy for every worker
         wait_all([w.assign_weights.remote(part) for w in session.workers], deadline, "worker", names, actors=labels)
         del part
-    refs = [w.restore_checkpoint.remote(None, state.positions[i], step, channels)
+    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels)
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found
@@ -215,12 +217,5 @@ def _array(value) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
 
 
-def _nbytes(value) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(value.dtype).itemsize
-
-
-def _spec_bytes(spec) -> int:
-    shape, dtype = spec
+def _nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

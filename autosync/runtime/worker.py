@@ -107,9 +107,9 @@ class TrainingWorker:
         Returns:
             ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]
             or None, "initial_digest": str, "row_pull": [names], "full_pull": {name: reason}}``
-            (trainable variables in model order;
-            ``row_pull``: sparse variables whose rows each step reads are known before it runs and
-            pulled alone from parameter servers; ``full_pull``: sparse ones pulled whole, and why).
+            (trainable variables in model order; ``row_pull``: sparse variables whose rows each
+            step reads are known before it runs and pulled alone from parameter servers;
+            ``full_pull``: sparse ones pulled whole, and why).
         """
         import keras
         import tensorflow as tf
@@ -335,17 +335,14 @@ class TrainingWorker:
         for i, value in part.items():
             every[i].assign(value)
 
-    def restore_checkpoint(self, weights: list | None, position: int, step: int, channels: list) -> list[str]:
-        """Continue from a checkpoint (after ``reset``): the model's weights (None: assigned
-        already, ``assign_weights``), the data iterator advanced to ``position`` batches, the step
-        counter, and each channel's state (as ``checkpoint_state`` gave them). Returns the
-        problems found."""
+    def restore_checkpoint(self, position: int, step: int, channels: list) -> list[str]:
+        """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
+        the data iterator advanced to ``position`` batches, the step counter, and each channel's
+        state (as ``checkpoint_state`` gave them). Returns the problems found."""
         if len(channels) > len(self.channels):
             return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
                     f"{len(self.channels)}"]
         channels = list(channels) + [None] * (len(self.channels) - len(channels))
-        if weights is not None:
-            self.model.set_weights(weights)
         keep = any(hasattr(c, "load_checkpoint") for c in self.channels)   # all-reduced variables' optimizer
         values = [v.numpy() for v in self.variables] if keep else []
         problems = []
@@ -363,14 +360,10 @@ class TrainingWorker:
 
     def get_weights(self) -> list:
         """All model weights (``model.get_weights()`` order), row-pulled tables pulled whole."""
-        self._pull_whole()
-        return self.model.get_weights()
-
-    def _pull_whole(self) -> None:
-        """Pull the row-pulled tables whole (a step pulls only the rows it reads)."""
         if self._partial:
             self._assign_pulled(self.step, fresh=True)
             self._partial = False
+        return self.model.get_weights()
 
     def _check_rows(self, rows: dict, grads: list) -> None:
         """The gradient of a row-pulled variable touches only rows that were pulled."""

@@ -215,7 +215,8 @@ class AllReduceChannel(SyncChannel):
         """name -> bytes of each array ``checkpoint_state`` returns."""
         from autosync.runtime import optimizer_state
 
-        return {**(optimizer_state.sizes(self._optimizer) if self._optimizer is not None else {}), "version": 8}
+        return {**(optimizer_state.sizes(self._optimizer) if self._optimizer is not None else {}),
+                "version": np.array(self._version).nbytes}
 
     def load_checkpoint(self, values: list, state: dict) -> list[str]:
         """Continue from ``checkpoint_state``'s arrays; ``values``: every trainable variable's
