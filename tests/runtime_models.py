@@ -141,6 +141,22 @@ def build_unseeded_model():
     return model
 
 
+def build_copy_saving_model():
+    """``build_model`` whose hidden layer saves copies of its weights, not the variables (as a
+    layer that saves a computed value does): the weights file's layout is Keras' alone to know."""
+    import keras
+
+    class CopySaving(keras.layers.Dense):
+        def save_own_variables(self, store):
+            for i, v in enumerate(self.trainable_variables):
+                store[str(i)] = np.array(v.numpy())
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    x = CopySaving(6, activation="tanh", name="hidden")(x)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
 def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, vocab: int = VOCAB, **opt_kw) -> ModelDef:
     return ModelDef(
         name="tiny_emb" if vocab == VOCAB else f"emb_{vocab}", model_fn=functools.partial(build_model, vocab),

@@ -4,6 +4,7 @@ and then a parameter server ends with the weights of an uninterrupted run; the w
 Keras' own; a crash mid-write and foreign or damaged checkpoints are handled."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -76,6 +77,7 @@ def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, t
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
         trainer.fit(steps=2, steps_per_call=1)
         info = trainer.save(ckpt)
+        assert trainer._keras_model is None   # the weights file written with no model in the driver
         saved = trainer.get_weights()
         trainer.fit(steps=3)
         straight = trainer.get_weights()
@@ -104,7 +106,7 @@ def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, t
     # restored and saved again one array per call (the weights, the PS's and the channels' state)
     monkeypatch.setattr(session_state, "BATCH_BYTES", 1)
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120, restore=ckpt) as again:
-        assert again.step == 2 and _equal(again.get_weights(), saved)
+        assert again.step == 2 and _equal(again.get_weights(), saved) and again._keras_model is None
         info = again.save(tmp_path / "again")   # the optimizer state as the restored actors hold it
         monkeypatch.undo()
         resumed = _state(tmp_path / "again")
@@ -117,6 +119,37 @@ def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, t
         assert np.allclose(got, want, rtol=1e-6, atol=1e-7), np.abs(got - want).max()
     for got, want in zip(continued, rm.reference_weights(md, num_workers=2, steps=5)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
+def test_a_weights_file_only_keras_can_lay_out_goes_through_a_driver_model_and_damage_is_named(pool, tmp_path):
+    import functools
+
+    from autosync.runtime.trainer import Trainer
+
+    md = dataclasses.replace(rm.model_def("sgd", learning_rate=0.1, momentum=0.9), name="tiny_copy_saving",
+                             model_fn=rm.build_copy_saving_model)
+    strategy = _strategy(pool, md, "ps")
+    make = functools.partial(Trainer, md, strategy, PAIR, pool=pool, timeout_s=120)
+    with make() as trainer:
+        trainer.fit(steps=2, steps_per_call=1)
+        info = trainer.save(tmp_path / "ckpt")
+        assert trainer._keras_model is not None   # a layer saves copies: Keras' own save_weights wrote it
+        saved = trainer.get_weights()
+    with make(restore=tmp_path / "ckpt") as again:
+        assert again.step == 2 and _equal(again.get_weights(), saved) and again._keras_model is not None
+    fresh = rm.build_copy_saving_model()
+    fresh.load_weights(info.weights_path)
+    assert _equal(fresh.get_weights(), saved)
+
+    # a damaged weights file is named, on both paths (the driver's model, and the layout's reader)
+    for model_def, where in [(md, "copy"), (rm.model_def("sgd", learning_rate=0.1, momentum=0.9), "layout")]:
+        with Trainer(model_def, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+            trainer.fit(steps=1)
+            info = trainer.save(tmp_path / where)
+        with open(info.weights_path, "r+b") as f:
+            f.truncate(200)
+        with pytest.raises(ConfigError, match=r"restore .*: .*model.weights.h5 cannot be (read|loaded)"):
+            Trainer(model_def, strategy, PAIR, pool=pool, timeout_s=120, restore=tmp_path / where)
 
 
 def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_path):

@@ -8,13 +8,16 @@ between round trips, when no step is in flight.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from autosync.runtime import weights_file
 from autosync.runtime.engine import Session, wait_all
+from strategy_space.errors import ConfigError
 
 
 # a checkpoint reads the actors' arrays in batches of about this many bytes (a bigger array alone):
@@ -28,8 +31,9 @@ class SessionState:
     """A training state to load (``load``), as read from a checkpoint.
 
     Attributes:
-        weights: the model's weights in ``get_weights`` order: arrays, or the variables of a
-            Keras model holding them (``model.weights``: each read when it is sent).
+        weights: the model's weights in ``get_weights`` order: arrays, the variables of a Keras
+            model holding them (``model.weights``) or a weights file's datasets, each read when
+            it is sent.
         positions: per worker (replica order), batches drawn from its data iterator.
         arrays: name -> array (see the module doc); a mapping read on access is enough.
         ps_versions: PS actor name -> ``{"version", "chunk_version"}``.
@@ -50,6 +54,8 @@ class Snapshot:
         positions: per worker (replica order), batches drawn from its data iterator.
         ps_versions: PS actor name -> ``{"version", "chunk_version"}``.
         read_s: seconds spent waiting for the actors' arrays so far.
+        layout: the weights file's layout as worker 0 walked it (``weights_file.layout``: None
+            when Keras could not say).
     """
 
     session: Session
@@ -58,6 +64,7 @@ class Snapshot:
     ps_versions: dict
     weight_specs: list
     trainable: list
+    layout: list | None = None
     ps_sizes: dict = field(default_factory=dict)
     channel_sizes: list = field(default_factory=list)
     read_s: float = 0.0
@@ -156,8 +163,53 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
     return Snapshot(session, deadline, positions=tuple(s["position"] for s in states),
                     ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
                                  for n, s in zip(names, ps_states)},
-                    weight_specs=states[0]["weights"], trainable=states[0]["trainable"],
+                    weight_specs=states[0]["weights"], trainable=states[0]["trainable"], layout=states[0]["layout"],
                     ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)}, channel_sizes=states[0]["channels"])
+
+
+def write_weights(snap: Snapshot, path: str, model) -> None:
+    """Write the model weights of ``snap`` to ``path`` (a ``.weights.h5``) as they are read: in the
+    layout worker 0 reported, with no Keras model here, or where it reported none with the
+    Keras model ``model()`` returns, by its own ``save_weights``."""
+    if snap.layout is not None:
+        weights_file.write(path, snap.layout, snap.weight_specs, snap.weights())
+        return
+    keras_model = model()
+    every = keras_model.weights
+    for i, value in snap.weights():   # a batch at a time: the model is not copied whole
+        every[i].assign(value)
+    keras_model.save_weights(path)
+
+
+@contextlib.contextmanager
+def saved_weights(session: Session, path: str, deadline: float | None, model, where: str):
+    """``(weights, values)`` of the weights file ``path`` for ``load``, read when sent: through
+    the layout worker 0 of ``session`` reports (no Keras model here), or where it reports none
+    loaded into the Keras model ``model()`` returns, by its own ``load_weights``.
+
+    Raises:
+        ConfigError: the file does not hold this model's weights, or cannot be read.
+    """
+    state = wait_all([session.workers[0].checkpoint_state.remote(True)], deadline, "worker",
+                     [session.plan.replicas[0]], actors=session.actor_labels())[0]
+    if state["layout"] is None:
+        keras_model = model()
+        try:
+            keras_model.load_weights(path)
+        except Exception as e:  # noqa: BLE001 - h5py and Keras raise many kinds
+            raise ConfigError(f"{path} cannot be loaded into the model ({type(e).__name__}: {e})",
+                              source=where) from None
+        yield list(keras_model.weights), list(keras_model.trainable_variables)
+        return
+    try:
+        saved = weights_file.Weights(path, state["layout"], state["weights"])
+    except OSError as e:   # not an HDF5 file, or a damaged one
+        raise ConfigError(f"{path} cannot be read ({e})", source=where) from None
+    with saved:
+        if saved.problems:
+            raise ConfigError(saved.problems, source=where)
+        weights = [saved[i] for i in range(len(state["weights"]))]
+        yield weights, [weights[i] for i in state["trainable"]]
 
 
 def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None) -> list[str]:
@@ -165,10 +217,10 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     ``BATCH_BYTES`` at a time, one parameter server at a time.
 
     Args:
-        state: as read from a checkpoint; its ``weights`` may be arrays or the variables of a
-            Keras model holding them (read when sent).
-        values: every trainable variable's value (model order; arrays or variables), sliced into
-            the PS shards.
+        state: as read from a checkpoint; its ``weights`` may be arrays, the variables of a
+            Keras model holding them or a weights file's datasets (read when sent).
+        values: every trainable variable's value (model order; as ``weights``), sliced into the
+            PS shards.
         step: the global step the state is at.
 
     Returns:
@@ -189,8 +241,7 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         prefix = f"ps/{p.name}/"
         shards = {}
         for r in p.shards:
-            value = _array(values[r.var_index])
-            shards[r.key] = np.ascontiguousarray(value[r.slicer(value.ndim)])
+            shards[r.key] = _part(values[r.var_index], r.slicer(len(values[r.var_index].shape)))
         slots = {k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)}
         ref = actor.load_checkpoint.remote(shards, slots, counters["version"], counters["chunk_version"])
         del shards, slots   # in the object store now: the driver holds one PS's state at a time
@@ -213,8 +264,15 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
 
 
 def _array(value) -> np.ndarray:
-    """An array, or a Keras variable's value."""
-    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
+    """An array, a Keras variable's value, or an HDF5 dataset's."""
+    if isinstance(value, np.ndarray):
+        return value
+    return np.asarray(value.numpy() if hasattr(value, "numpy") else value[()])
+
+
+def _part(value, index: tuple) -> np.ndarray:
+    """A contiguous copy of ``value[index]`` (see ``_array``): of a dataset, only that part is read."""
+    return np.ascontiguousarray((value.numpy() if hasattr(value, "numpy") else value)[index])
 
 
 def _nbytes(shape, dtype) -> int:

@@ -312,7 +312,8 @@ class Trainer:
         """Write a checkpoint of the training state to the directory ``path``, atomically.
 
         It holds the model's weights (worker 0's, as ``get_weights``) in ``model.weights.h5``,
-        written by the model's own ``save_weights`` (so ``keras.Model.load_weights`` reads it),
+        the file the model's own ``save_weights`` writes (``keras.Model.load_weights`` reads it;
+        written as the weights stream in, without a model in the driver: ``weights_file``),
         every parameter server's optimizer slots and update counters and the all-reduced
         variables' optimizer state in ``state.npz``, and the global step and each worker's data
         position in ``manifest.json`` (see ``autosync.runtime.checkpoint`` for the layout). A
@@ -337,14 +338,9 @@ class Trainer:
             snap = session_state.snapshot(self.session, time.monotonic() + self.timeout_s)
         manifest = self._manifest(step=self.step, positions=snap.positions, ps_versions=snap.ps_versions)
 
-        def write_weights(file: str) -> None:
-            every = self._model().weights
-            for i, value in snap.weights():   # a batch at a time: the model is not copied whole
-                every[i].assign(value)
-            self._model().save_weights(file)
-
         with _fails(self.session):
-            info = store.write(manifest, write_weights, snap.arrays())
+            info = store.write(manifest, lambda file: session_state.write_weights(snap, file, self._model),
+                               snap.arrays())
         return dataclasses.replace(info, seconds=time.perf_counter() - t0, read_seconds=snap.read_s)
 
     def _manifest(self, step: int = 0, positions: tuple | None = None, ps_versions: dict | None = None,
@@ -366,7 +362,8 @@ class Trainer:
 
     def _model(self):
         """A Keras model of this ModelDef in the driver, to write and read the weights file with
-        the model's own ``save_weights``/``load_weights``."""
+        the model's own ``save_weights``/``load_weights`` where its layout is unknown
+        (``weights_file``)."""
         if self._keras_model is None:
             model = self.model_def.model_fn()
             if not model.built:   # a subclassed model: build it on one batch
@@ -385,21 +382,13 @@ class Trainer:
         problems = manifest.mismatches(self._manifest())
         if problems:
             raise ConfigError(problems, source=f"restore {store.path}")
-        model = self._model()
-        try:
-            model.load_weights(info.weights_path)
-        except Exception as e:  # noqa: BLE001 - h5py and Keras raise many kinds
-            raise ConfigError(f"restore {store.path}: {info.weights_path} cannot be loaded into model "
-                              f"{self.model_def.name} ({type(e).__name__}: {e})") from None
-        # the variables themselves: each is read when it is sent (a model's weights are not copied whole)
-        weights, values = list(model.weights), list(model.trainable_variables)
-        arrays = store.arrays(manifest)
-        state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
-        try:
-            with _fails(self.session):
-                problems = session_state.load(self.session, state, values, manifest.step, deadline)
-        finally:
-            arrays.close()
+        with contextlib.ExitStack() as opened, _fails(self.session):
+            # each weight is read when it is sent (a model's weights are not copied whole)
+            weights, values = opened.enter_context(session_state.saved_weights(
+                self.session, info.weights_path, deadline, self._model, f"restore {store.path}"))
+            arrays = opened.enter_context(contextlib.closing(store.arrays(manifest)))
+            state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
+            problems = session_state.load(self.session, state, values, manifest.step, deadline)
         if problems:
             self.session.failed = True   # refused part-way: likewise
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")

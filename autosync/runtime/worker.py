@@ -20,6 +20,7 @@ from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
+from autosync.runtime import weights_file
 from autosync.runtime.rows import find_row_reads
 from autosync.runtime.sync.base import hand_over
 
@@ -311,14 +312,16 @@ class TrainingWorker:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
         (batches drawn), and with ``with_sizes`` each model weight's shape and dtype
         (``weights``, ``get_weights`` order), the index there of each trainable variable
-        (``trainable``) and per channel the bytes of each array of its state (``channels``: None
-        for a channel that keeps none); ``checkpoint_part`` then reads them a batch at a time."""
+        (``trainable``), per channel the bytes of each array of its state (``channels``: None
+        for a channel that keeps none) and the weights file's layout (``layout``, see
+        ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
         out = {"step": self.step, "position": self.drawn}
         if with_sizes:
             where = {id(w): i for i, w in enumerate(self.model.weights)}
             out["weights"] = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in self.model.weights]
             out["trainable"] = [where[id(v)] for v in self.variables]
             out["channels"] = [c.checkpoint_sizes() if hasattr(c, "checkpoint_state") else None for c in self.channels]
+            out["layout"] = weights_file.layout(self.model)   # a walk of the model: milliseconds
         return out
 
     def checkpoint_part(self, weights: list, channels: dict) -> dict:

@@ -1,0 +1,130 @@
+"""A checkpoint's ``model.weights.h5`` written and read in Keras' own layout without a Keras model
+in the driver.
+
+``keras.Model.save_weights`` needs a built model holding every weight: for a model of a few GB the
+driver would hold a second copy of it (more, while its initializers run) beside the workers and
+parameter servers. The layout of the file is Keras' to decide, so it is not written down here:
+worker 0, which holds the model, walks it as ``save_weights`` does with a store that writes nothing
+and records, per entry, the group path, its attributes and which model weight each dataset holds
+(``layout``). The driver then writes the weights into that layout as they stream in
+(``write``), and reads them back by the same layout (``read``); the file is the one
+``save_weights`` would write, and ``keras.Model.load_weights`` reads it (tested against Keras' own).
+
+Where the walk cannot say (a Keras without this private walk, a layer that saves a computed value
+instead of a weight, a dtype h5py stores differently) ``layout`` returns None and the driver uses a
+model of its own, as before.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class _NotAWeight(Exception):
+    """A layer saved something that is not one of the model's weights."""
+
+
+def layout(model) -> list | None:
+    """How ``model.save_weights`` lays out ``model.weights``: ``[(group path, attributes,
+    [(dataset name, model weight index), ...]), ...]`` in the order Keras writes them, or None when
+    this Keras or this model cannot say (see the module doc)."""
+    try:
+        from keras.src.saving import saving_lib
+        store_class = saving_lib.H5IOStore
+        walk = saving_lib._save_state
+    except (ImportError, AttributeError):
+        return None
+    weights = list(model.weights)
+    index = {id(w): i for i, w in enumerate(weights)}
+    entries: list = []
+
+    class Recorder(store_class):   # the walk insists on a store of Keras' own classes
+        def __init__(self):   # no file: nothing is written
+            pass
+
+        def __bool__(self):
+            return True
+
+        def make(self, path, metadata=None):
+            entries.append((path, dict(metadata or {}), []))
+            return self
+
+        def __setitem__(self, key, value):
+            if id(value) not in index:
+                raise _NotAWeight(key)
+            entries[-1][2].append((str(key), index[id(value)]))
+
+    try:
+        walk(model, weights_store=Recorder(), assets_store=None, inner_path="", visited_saveables=set())
+    except (_NotAWeight, TypeError, ValueError):
+        return None
+    held = {i for _, _, items in entries for _, i in items}   # a shared weight may be saved twice
+    if held != set(range(len(weights))) or any(np.dtype(w.dtype).kind not in "fiub" for w in weights):
+        return None   # a weight not saved, or one h5py stores with attributes of its own
+    return [(path, attrs, items) for path, attrs, items in entries if items or attrs]
+
+
+def write(path: str, entries: list, specs: list, weights) -> None:
+    """Write ``path`` (a ``.weights.h5``) in the layout ``entries`` (``layout``'s): the groups and
+    empty datasets first (``specs``: each weight's shape and dtype), then each ``(index, array)``
+    of ``weights`` as it comes, in any order. Raises ValueError when one does not fit its spec."""
+    import h5py
+
+    datasets = {}
+    with h5py.File(path, "w") as f:
+        for where, attrs, items in entries:
+            group = f.create_group(f"{where}/vars" if where else "vars")
+            for k, v in attrs.items():
+                group.attrs[k] = v
+            for name, i in items:
+                shape, dtype = specs[i]
+                datasets.setdefault(i, []).append(group.create_dataset(name, shape=tuple(shape), dtype=np.dtype(dtype)))
+        written = set()
+        for i, value in weights:
+            value = np.asarray(value)
+            for ds in datasets[i]:
+                if value.shape != ds.shape:
+                    raise ValueError(f"weight {i} has shape {value.shape}, its layout {ds.shape}")
+                if value.size:
+                    ds.write_direct(np.ascontiguousarray(value, dtype=ds.dtype))
+            written.add(i)
+        if written != set(datasets):
+            raise ValueError(f"weights {sorted(set(datasets) - written)} were never written")
+
+
+class Weights:
+    """The weights of a ``.weights.h5`` by model weight index, read through ``layout``'s entries:
+    ``weights[i]`` is an array-like with ``shape`` and ``dtype`` read when indexed (``[()]``).
+    Use as a context manager (closes the file)."""
+
+    def __init__(self, path: str, entries: list, specs: list):
+        import h5py
+
+        self._file = h5py.File(path, "r")
+        self._datasets, self.problems = {}, []
+        for where, _, items in entries:
+            for name, i in items:
+                at = f"{where}/vars/{name}" if where else f"vars/{name}"
+                ds = self._file.get(at)
+                shape = tuple(specs[i][0])
+                if not isinstance(ds, h5py.Dataset):
+                    self.problems.append(f"the weights file has no {at} (model weight {i}, shape {shape})")
+                elif tuple(ds.shape) != shape:
+                    self.problems.append(f"the weights file's {at} has shape {tuple(ds.shape)}, "
+                                         f"model weight {i} {shape}")
+                else:
+                    self._datasets[i] = ds
+
+    def __len__(self) -> int:
+        return len(self._datasets)
+
+    def __getitem__(self, i: int):
+        return self._datasets[i]
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
