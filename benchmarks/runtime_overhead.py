@@ -542,8 +542,9 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
                 restore_s = timed[0]
             seconds, read_s, write_s = (statistics.median(c) for c in zip(*rows))
             gib = info.bytes / 2 ** 30
-            # the driver's high-water mark (it writes and reads the files): bounded by the batch and
-            # the model's weights, not the optimizer state
+            # the driver's high-water mark (it writes and reads the files): bounded by the batch,
+            # not the model's weights or the optimizer state (no Keras model in the driver where
+            # worker 0 lays the weights file out: ``weights_file``)
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
             out[name] = {"bytes": info.bytes, "save_s": seconds, "read_s": read_s, "write_s": write_s,
                          "s_per_gib": seconds / gib, "restore_s": restore_s,
