@@ -326,7 +326,9 @@ class KerasOptimizer:
         if not built_now:
             for key in self._order:
                 self.variables[key].assign(params[key])
-        self._stale.clear()
+        for key in self._order:   # the variables hold the values: the arrays given are let go
+            params[key] = _placeholder(params[key])
+        self._stale = set(self._order)
         for i, v in enumerate(self.optimizer.variables if arrays else ()):
             v.assign(arrays[f"keras/{i}"])
         self._step_state = (None, [])

@@ -59,8 +59,17 @@ def load(optimizer, params: dict, arrays: dict) -> list[str]:
     if not problems:
         for key, slots in optimizer.slots.items():
             for name in slots:
-                slots[name] = np.array(arrays[f"{key_text(key)}/{name}"], dtype=slots[name].dtype, copy=True)
+                slots[name] = owned(arrays[f"{key_text(key)}/{name}"], slots[name].dtype)
     return problems
+
+
+def owned(array, dtype) -> np.ndarray:
+    """``array`` as an array of ``dtype`` this process may update in place: itself when it is a
+    writeable array of that dtype (a copy made here, handed over), else a copy (a read-only view
+    of the object store)."""
+    if isinstance(array, np.ndarray) and array.dtype == dtype and array.flags.writeable and array.flags.c_contiguous:
+        return array
+    return np.array(array, dtype=dtype, copy=True)
 
 
 def keras_state(variables, names=None) -> dict:

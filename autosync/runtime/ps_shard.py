@@ -47,13 +47,14 @@ import numpy as np
 from autosync.runtime import optimizer_state
 from autosync.runtime.initial import initial_slice
 from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
+from autosync.runtime.ps_checkpoint import Checkpointed
 from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
 from autosync.runtime.rows import received_grad
 from autosync.runtime.slices import merge_rows
 
 
-class ParameterServerShard(HeldSteps, PooledShard):
+class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
     """State and update logic of one PS actor (wrapped with ``ray.remote`` by the runtime; made
     with no arguments, it holds nothing until ``reset``: see ``ps_pool``).
 
@@ -125,6 +126,7 @@ class ParameterServerShard(HeldSteps, PooledShard):
         self.chunk_version = [0] * len(self.chunks)
         self._chunk_of = {k: c for c, keys in enumerate(self.chunks) for k in keys}
         self._asked: dict[tuple, dict] = {}  # (worker, step) -> {key: rows that worker pulled for it}
+        self._staged = ({}, {})   # a restore's values and slots sent so far (``Checkpointed``)
         self._first_push: dict[int, float] = {}  # step -> time of its first push (any chunk)
         self._last_push: dict[int, float] = {}
         self.stats_ = {"pushes": 0, "pulls": 0, "data_plane_calls": 0, "apply_s": 0.0, "wait_s": 0.0, "chunks": len(self.chunks),
@@ -268,48 +270,6 @@ class ParameterServerShard(HeldSteps, PooledShard):
     async def values(self) -> dict:
         """All shards now (for tests and final weights): snapshots no later update changes."""
         return {k: self.optimizer.snapshot(self.params, k) for k in self.params}
-
-    async def checkpoint_state(self, names=None, values=()) -> dict:
-        """What a checkpoint reads of this actor, a bounded batch at a time: ``{"version",
-        "chunk_version", "sizes": name -> bytes, "slots": name -> array, "values": key -> array}``,
-        the slots only those ``names`` lists when given, the values of the shard keys ``values``.
-
-        Raises:
-            RuntimeError: updates are pending (a checkpoint is taken between round trips, when
-                every push of the steps run is applied).
-        """
-        if self._error:
-            raise RuntimeError(self._error)
-        if self._pending:
-            steps = sorted({s for s, _ in self._pending})
-            raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
-        return {"version": self.version, "chunk_version": list(self.chunk_version),
-                "sizes": optimizer_state.sizes(self.optimizer), "slots": optimizer_state.save(self.optimizer, names),
-                "values": self.optimizer.snapshots(self.params, list(values))}
-
-    async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
-        """Continue from a checkpoint: shard values (key -> array), the optimizer's slots and the
-        update counters. Returns the problems found (nothing is changed then)."""
-        problems = [f"{self.name}: the checkpoint has no value for shard {k}" for k in self.params if k not in values]
-        problems += [f"{self.name}: shard {k} has shape {np.shape(values[k])} in the checkpoint, "
-                     f"{np.shape(self.params[k])} here" for k in self.params
-                     if k in values and np.shape(values[k]) != np.shape(self.params[k])]
-        if len(chunk_version) != len(self.chunks):
-            problems.append(f"{self.name}: the checkpoint has {len(chunk_version)} chunk counters, this actor "
-                            f"{len(self.chunks)} chunks")
-        if problems:
-            return problems
-        old = self.params
-        self.params = {k: np.array(values[k], dtype=old[k].dtype, copy=True) for k in old}
-        problems = optimizer_state.load(self.optimizer, self.params, slots)
-        if problems:
-            self.params = old
-            return [f"{self.name}: {p}" for p in problems]
-        for key in self.params:
-            self.optimizer.adopt(self.params, key)
-        self.version, self.chunk_version = int(version), [int(v) for v in chunk_version]
-        self._shared, self._asked = {}, {}
-        return []
 
     def _shared_snapshot(self, keys: frozenset):
         if not keys:

@@ -213,8 +213,8 @@ def saved_weights(session: Session, path: str, deadline: float | None, model, wh
 
 
 def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None) -> list[str]:
-    """Write ``state`` into the (freshly started) actors of ``session``: the workers' weights
-    ``BATCH_BYTES`` at a time, one parameter server at a time.
+    """Write ``state`` into the (freshly started) actors of ``session``: the workers' weights and
+    each parameter server's values and slots ``BATCH_BYTES`` at a time (``ps_checkpoint``).
 
     Args:
         state: as read from a checkpoint; its ``weights`` may be arrays, the variables of a
@@ -239,12 +239,13 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
             problems.append(f"the checkpoint has no state of parameter server {p.name}")
             continue
         prefix = f"ps/{p.name}/"
-        shards = {}
-        for r in p.shards:
-            shards[r.key] = _part(values[r.var_index], r.slicer(len(values[r.var_index].shape)))
-        slots = {k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)}
-        ref = actor.load_checkpoint.remote(shards, slots, counters["version"], counters["chunk_version"])
-        del shards, slots   # in the object store now: the driver holds one PS's state at a time
+        reads = [(0, r.key, lambda r=r: _part(values[r.var_index], r.slicer(len(values[r.var_index].shape))))
+                 for r in p.shards]
+        reads += [(1, k[len(prefix):], lambda k=k: state.arrays[k]) for k in state.arrays if k.startswith(prefix)]
+        for part in _read_batches(reads):   # one batch in the driver and the object store at a time
+            wait_all([actor.stage_checkpoint.remote(*part)], deadline, "parameter server", [p.name], actors=labels)
+            del part
+        ref = actor.load_checkpoint.remote({}, {}, counters["version"], counters["chunk_version"])
         problems += wait_all([ref], deadline, "parameter server", [p.name], actors=labels)[0]
     used = [int(k.split("/")[0][len("channel"):]) for k in state.arrays if k.startswith("channel")]
     channels = []
@@ -268,6 +269,22 @@ def _array(value) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     return np.asarray(value.numpy() if hasattr(value, "numpy") else value[()])
+
+
+def _read_batches(reads: list):
+    """``(values, slots)`` dicts of about ``BATCH_BYTES`` (a bigger array alone), from ``reads``:
+    ``(0 for a value or 1 for a slot, its name, a function that reads the array)``, each read
+    when its batch is built."""
+    batch, total = ({}, {}), 0
+    for kind, name, read in reads:
+        array = read()
+        if total and total + array.nbytes > BATCH_BYTES:
+            yield batch
+            batch, total = ({}, {}), 0
+        batch[kind][name] = array
+        total += array.nbytes
+    if total or any(batch):
+        yield batch
 
 
 def _part(value, index: tuple) -> np.ndarray:
