@@ -487,6 +487,34 @@ CHECKPOINT_ZOO = ("ncf", "dlrm", "lm1b")
 
 
 @contextlib.contextmanager
+def _peak_private(found: list):
+    """Append the highest private (anonymous) memory of this process inside the block, MiB,
+    sampled every 20 ms from ``/proc/self/status``: ``ru_maxrss`` also counts the object
+    store's shared pages the driver mapped while it wrote or read them."""
+    import threading
+
+    stop, peak = threading.Event(), [0.0]
+
+    def sample():
+        while True:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        peak[0] = max(peak[0], int(line.split()[1]) / 1024)
+            if stop.wait(0.02):
+                return
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        found.append(peak[0])
+
+
+@contextlib.contextmanager
 def _timing(owner, name: str, seconds: list):
     """Append the duration of every call of ``owner.name`` to ``seconds`` inside the block."""
     real = getattr(owner, name)
@@ -520,14 +548,15 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
     print(f"Trainer.save ('ps' strategy, {WORKERS} workers as 2 nodes, median of {repeat} saves, actors read "
           f"{BATCH_BYTES / 2 ** 20:.0f} MiB at a time)")
     print(" | ".join(("model", "optimizer", "state MiB", "save s", "read actors s", "write files s", "s per GiB",
-                      "restore s", "peak RSS MiB")))
+                      "restore s", "peak RSS MiB", "peak private MiB")))
     try:
         for name in models:
             md = zoo.get_model_def(name)
             pool.ensure(md, pair.devices)
             spec = model_spec_from_vars(md.name, pool.description["variables"], md.batch_size)
             strategy = get_builder("ps").build(spec, pair)
-            with tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
+            private = []
+            with _peak_private(private), tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
                 path = os.path.join(tmp, "ckpt")
                 with Trainer(md, strategy, pair, pool=pool) as trainer:
                     trainer.fit(steps=1)
@@ -548,10 +577,10 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
             out[name] = {"bytes": info.bytes, "save_s": seconds, "read_s": read_s, "write_s": write_s,
                          "s_per_gib": seconds / gib, "restore_s": restore_s,
-                         "driver_peak_rss_mib": peak}
+                         "driver_peak_rss_mib": peak, "driver_peak_private_mib": private[0]}
             print(" | ".join([name, pool.description["optimizer"]["class"], f"{info.bytes / 2 ** 20:.1f}",
                               f"{seconds:.3f}", f"{read_s:.3f}", f"{write_s:.3f}", f"{seconds / gib:.2f}",
-                              f"{restore_s:.2f}", f"{peak:.0f}"]))
+                              f"{restore_s:.2f}", f"{peak:.0f}", f"{private[0]:.0f}"]))
     finally:
         pool.kill_all()
     return out
