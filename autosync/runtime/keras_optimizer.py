@@ -257,21 +257,22 @@ class KerasOptimizer:
 
     def _compiled(self, keys: tuple, sparse: tuple):
         """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
-        per operation. It takes the gradients flat (a sparse one as its row ids then its values,
-        any number of rows) and builds the ``IndexedSlices`` inside."""
+        per operation. It takes the step's iteration, then the gradients flat (a sparse one as its
+        row ids then its values, any number of rows) and builds the ``IndexedSlices`` inside."""
         import tensorflow as tf
 
         fn = self._functions.get((keys, sparse))
         if fn is None:
             variables = [self.variables[k] for k in keys]
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
-            specs = []
+            specs = [_spec((), np.int64)]   # the step's iteration, set inside (an eager assign costs 0.1 ms)
             for var, is_sparse in zip(variables, sparse):
                 specs += ([_spec((None,), np.int64), _spec((None,) + tuple(var.shape[1:]), var.dtype)] if is_sparse
                           else [_spec(tuple(var.shape), var.dtype)])
 
             def update(flat):
-                grads, at = [], 0
+                self.optimizer.iterations.assign(flat[0])
+                grads, at = [], 1
                 for is_sparse, shape in zip(sparse, shapes):
                     if is_sparse:
                         grads.append(tf.IndexedSlices(flat[at + 1], flat[at], shape))
@@ -352,14 +353,13 @@ class KerasOptimizer:
             self._build(params)
         keys = tuple(k for k in self._order if k in grads)
         sparse = tuple(isinstance(grads[k], tuple) for k in keys)
-        flat = []
+        flat = [_tensor(np.array(iteration, np.int64), np.int64)]
         for key, is_sparse in zip(keys, sparse):
             g, dtype = grads[key], self.variables[key].dtype
             if is_sparse:
                 flat += [_tensor(g[0], np.int64), _tensor(g[1], dtype)]
             else:
                 flat.append(_tensor(g, dtype))
-        self.optimizer.iterations.assign(iteration)
         if self._step_state[0] == iteration:   # another chunk of the same step
             for v, value in zip(self._global, self._step_state[1]):
                 v.assign(value)
