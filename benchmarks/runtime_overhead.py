@@ -169,13 +169,19 @@ def main() -> None:
             _write_run(args.out, started, {"repeat": args.repeat, "strategy": "ps", "workers": WORKERS},
                        {"checkpoint": result})
         return
+    if args.apply:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        result = apply_cost(args.steps, args.warmup, args.models or list(APPLY_ZOO))
+        if args.out:
+            _write_run(args.out, started, {"steps": args.steps, "warmup": args.warmup}, result)
+        return
     args.models = args.models or list(SPARSE_ZOO)
     if args.bytes_only:
         sparse_bytes(args.steps, args.warmup, args.out, args.models)
         return
-    if args.apply or args.pool_startup:
+    if args.pool_startup:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        result = apply_cost(args.steps, args.warmup) if args.apply else pool_startup(args.trials, args.models)
+        result = pool_startup(args.trials, args.models)
         if args.out:
             _write_run(args.out, started, {"steps": args.steps, "warmup": args.warmup}, result)
         return
