@@ -59,6 +59,15 @@ def _subclassed():
     return model
 
 
+def _compiled():
+    """Compiled and trained a step: ``save_weights`` also writes the optimizer's and the metrics'
+    variables, which are not the model's weights."""
+    model = _sequential()
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    model.fit(np.ones((4, 6), "float32"), np.ones((4, 1), "float32"), verbose=0)
+    return model
+
+
 def _tree(path) -> dict:
     import h5py
 
@@ -76,7 +85,7 @@ def _randomized(model):
     return model
 
 
-@pytest.mark.parametrize("build", [_functional, _sequential, _subclassed])
+@pytest.mark.parametrize("build", [_functional, _sequential, _subclassed, _compiled])
 def test_the_file_is_the_one_save_weights_writes_and_load_weights_reads(tmp_path, build):
     model = _randomized(build())
     layout = weights_file.layout(model)
@@ -99,7 +108,7 @@ def test_the_file_is_the_one_save_weights_writes_and_load_weights_reads(tmp_path
         assert all(np.array_equal(saved[i][()], w.numpy()) for i, w in enumerate(model.weights))
 
 
-def test_a_layer_that_saves_something_else_leaves_it_to_keras():
+def test_a_layer_that_saves_something_else_or_more_leaves_it_to_keras():
     import keras
 
     class Scaled(keras.layers.Dense):
@@ -107,8 +116,13 @@ def test_a_layer_that_saves_something_else_leaves_it_to_keras():
             store["0"] = self.kernel.numpy() * 2
             store["1"] = self.bias
 
-    model = keras.Sequential([keras.Input((3,)), Scaled(2)])
-    assert weights_file.layout(model) is None
+    class Summed(keras.layers.Dense):
+        def save_own_variables(self, store):   # its weights, and a value computed from them beside
+            super().save_own_variables(store)
+            store["2"] = np.array(self.kernel.numpy().sum())
+
+    for layer in (Scaled(2), Summed(2)):
+        assert weights_file.layout(keras.Sequential([keras.Input((3,)), layer])) is None
 
 
 def test_a_file_that_does_not_fit_is_named_and_a_missing_weight_refused(tmp_path):

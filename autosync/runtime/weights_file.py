@@ -10,9 +10,11 @@ and records, per entry, the group path, its attributes and which model weight ea
 (``write``), and reads them back by the same layout (``read``); the file is the one
 ``save_weights`` would write, and ``keras.Model.load_weights`` reads it (tested against Keras' own).
 
-Where the walk cannot say (a Keras without this private walk, a layer that saves a computed value
-instead of a weight, a dtype h5py stores differently) ``layout`` returns None and the driver uses a
-model of its own, as before.
+What a compiled model saves besides its weights (its optimizer's counters and slots, its metrics'
+totals: ``EXTRA_BYTES`` at most) is written as worker 0's model holds it, as ``save_weights`` on
+that model would. Where the walk cannot say (a Keras without this private walk, a layer that saves
+a computed value instead of a weight or beside its weights, a dtype h5py stores differently)
+``layout`` returns None and the driver uses a model of its own, as before.
 """
 from __future__ import annotations
 
@@ -20,13 +22,20 @@ import numpy as np
 
 
 class _NotAWeight(Exception):
-    """A layer saved something that is not one of the model's weights."""
+    """A layer saved something that is not one of the model's weights, or too much beside them."""
+
+
+# what a walk may record besides the model's weights, as values: the state ``compile`` adds
+# (the optimizer's counters, the metrics' totals), written as the walk found it
+EXTRA_BYTES = 1 << 20
 
 
 def layout(model) -> list | None:
     """How ``model.save_weights`` lays out ``model.weights``: ``[(group path, attributes,
     [(dataset name, model weight index), ...]), ...]`` in the order Keras writes them, or None when
-    this Keras or this model cannot say (see the module doc)."""
+    this Keras or this model cannot say (see the module doc). What a compiled model saves besides
+    its weights (its optimizer's and metrics' variables, up to ``EXTRA_BYTES`` in all) is listed
+    by value, an array in place of the index."""
     try:
         from keras.src.saving import saving_lib
         store_class = saving_lib.H5IOStore
@@ -36,6 +45,7 @@ def layout(model) -> list | None:
     weights = list(model.weights)
     index = {id(w): i for i, w in enumerate(weights)}
     entries: list = []
+    extra = [0]
 
     class Recorder(store_class):   # the walk insists on a store of Keras' own classes
         def __init__(self):   # no file: nothing is written
@@ -49,17 +59,24 @@ def layout(model) -> list | None:
             return self
 
         def __setitem__(self, key, value):
-            if id(value) not in index:
+            if id(value) in index:
+                entries[-1][2].append((str(key), index[id(value)]))
+                return
+            array = np.array(value.numpy() if hasattr(value, "numpy") else value)
+            extra[0] += array.nbytes
+            if extra[0] > EXTRA_BYTES or array.dtype.kind not in "fiub":
                 raise _NotAWeight(key)
-            entries[-1][2].append((str(key), index[id(value)]))
+            entries[-1][2].append((str(key), array))
 
     try:
         walk(model, weights_store=Recorder(), assets_store=None, inner_path="", visited_saveables=set())
     except (_NotAWeight, TypeError, ValueError):
         return None
-    held = {i for _, _, items in entries for _, i in items}   # a shared weight may be saved twice
+    held = {i for _, _, items in entries for _, i in items if isinstance(i, int)}   # a shared one may be twice
     if held != set(range(len(weights))) or any(np.dtype(w.dtype).kind not in "fiub" for w in weights):
-        return None   # a weight not saved, or one h5py stores with attributes of its own
+        return None   # a weight not saved (a layer saved a computed value), or one h5py stores its own way
+    if any(len({isinstance(i, int) for _, i in items}) > 1 for _, _, items in entries):
+        return None   # a layer saves a value beside its weights: as of now, not as the walk found it
     return [(path, attrs, items) for path, attrs, items in entries if items or attrs]
 
 
@@ -76,6 +93,9 @@ def write(path: str, entries: list, specs: list, weights) -> None:
             for k, v in attrs.items():
                 group.attrs[k] = v
             for name, i in items:
+                if not isinstance(i, int):   # a compiled model's extra state, as the walk found it
+                    group[name] = i
+                    continue
                 shape, dtype = specs[i]
                 datasets.setdefault(i, []).append(group.create_dataset(name, shape=tuple(shape), dtype=np.dtype(dtype)))
         written = set()
@@ -102,7 +122,7 @@ class Weights:
         self._file = h5py.File(path, "r")
         self._datasets, self.problems = {}, []
         for where, _, items in entries:
-            for name, i in items:
+            for name, i in ((n, i) for n, i in items if isinstance(i, int)):
                 at = f"{where}/vars/{name}" if where else f"vars/{name}"
                 ds = self._file.get(at)
                 shape = tuple(specs[i][0])
