@@ -146,3 +146,12 @@ def test_a_file_that_does_not_fit_is_named_and_a_missing_weight_refused(tmp_path
     with weights_file.Weights(path, layout, specs) as saved:
         assert saved.problems == ["the weights file has no layers/dense_1/vars/1 (model weight 8, shape (2,))"], \
             saved.problems
+
+
+def test_a_keras_without_the_walk_leaves_it_to_keras(monkeypatch):
+    from keras.src.saving import saving_lib
+
+    model = _sequential()
+    assert weights_file.layout(model) is not None
+    monkeypatch.delattr(saving_lib, "_save_state")   # another Keras: the private walk is gone
+    assert weights_file.layout(model) is None
