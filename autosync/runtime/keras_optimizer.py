@@ -265,7 +265,7 @@ class KerasOptimizer:
         if fn is None:
             variables = [self.variables[k] for k in keys]
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
-            specs = [_spec((), np.int64)]   # the step's iteration, set inside (an eager assign costs 0.1 ms)
+            specs = [_spec((), np.int64)]   # the step's iteration, set inside (an eager assign: 0.05-0.1 ms)
             for var, is_sparse in zip(variables, sparse):
                 specs += ([_spec((None,), np.int64), _spec((None,) + tuple(var.shape[1:]), var.dtype)] if is_sparse
                           else [_spec(tuple(var.shape), var.dtype)])

@@ -264,11 +264,14 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     return problems
 
 
+def _readable(value):
+    """What indexing reads ``value`` from: an array or an HDF5 dataset itself, a Keras variable's value."""
+    return value.numpy() if hasattr(value, "numpy") else value
+
+
 def _array(value) -> np.ndarray:
-    """An array, a Keras variable's value, or an HDF5 dataset's."""
-    if isinstance(value, np.ndarray):
-        return value
-    return np.asarray(value.numpy() if hasattr(value, "numpy") else value[()])
+    """An array, a Keras variable's value, or an HDF5 dataset's (read whole)."""
+    return value if isinstance(value, np.ndarray) else np.asarray(_readable(value)[()])
 
 
 def _read_batches(reads: list):
@@ -289,7 +292,7 @@ def _read_batches(reads: list):
 
 def _part(value, index: tuple) -> np.ndarray:
     """A contiguous copy of ``value[index]`` (see ``_array``): of a dataset, only that part is read."""
-    return np.ascontiguousarray((value.numpy() if hasattr(value, "numpy") else value)[index])
+    return np.ascontiguousarray(_readable(value)[index])
 
 
 def _nbytes(shape, dtype) -> int:

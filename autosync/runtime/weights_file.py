@@ -7,7 +7,7 @@ parameter servers. The layout of the file is Keras' to decide, so it is not writ
 worker 0, which holds the model, walks it as ``save_weights`` does with a store that writes nothing
 and records, per entry, the group path, its attributes and which model weight each dataset holds
 (``layout``). The driver then writes the weights into that layout as they stream in
-(``write``), and reads them back by the same layout (``read``); the file is the one
+(``write``), and reads them back by the same layout (``Weights``); the file is the one
 ``save_weights`` would write, and ``keras.Model.load_weights`` reads it (tested against Keras' own).
 
 What a compiled model saves besides its weights (its optimizer's counters and slots, its metrics'
