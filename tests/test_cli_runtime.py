@@ -88,3 +88,56 @@ def test_bad_strategy_file_exits_2_with_message(tmp_path):
 
     missing = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "file not found" in missing.stderr
+
+
+MIXED = '''kind: strategy
+version: 1
+variables:
+  - {var: emb/embeddings, ps: {destination: node0}}
+  - {var: out/kernel, all_reduce: {backend: gloo}}
+  - {var: out/bias, all_reduce: {backend: gloo}}
+'''
+
+
+@pytest.mark.integration
+def test_run_writes_timeline(tmp_path):
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    (tmp_path / "s.yaml").write_text(MIXED)
+    trace_path = tmp_path / "trace.json"
+    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"),
+                     "--steps", "8", "--precision", "0", "--warmup", "1", "--timeline", str(trace_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    trace = json.loads(trace_path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert sorted(names.values()) == ["ps@node0", "worker 0 (node0)", "worker 1 (node0)"]
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    by_actor = {label: {e["name"] for e in spans if names[e["pid"]] == label} for label in names.values()}
+    assert {"pull", "compute", "ps push", "allreduce", "collective"} <= by_actor["worker 0 (node0)"]
+    assert {"push", "pushes in", "apply", "serve pull"} <= by_actor["ps@node0"]
+    # 1 warm-up + 8 timed steps + the untimed last one: a compute span each, in step order, after
+    # that step's pull and before its push
+    w0 = sorted((e for e in spans if names[e["pid"]] == "worker 0 (node0)"), key=lambda e: e["ts"])
+    computes = [e for e in w0 if e["name"] == "compute"]
+    assert [e["args"]["step"] for e in computes] == list(range(10))
+    for c in computes:
+        step = c["args"]["step"]
+        pull = next(e for e in w0 if e["name"] == "pull" and e["args"]["step"] == step)
+        push = next(e for e in w0 if e["name"] == "ps push" and e["args"]["step"] == step)
+        assert pull["ts"] + pull["dur"] <= c["ts"] + 1 and c["ts"] + c["dur"] <= push["ts"] + 1
+    applies = [e for e in spans if names[e["pid"]] == "ps@node0" and e["name"] == "apply"]
+    assert sorted(e["args"]["step"] for e in applies) == list(range(10))   # one update per step
+    # the printed phases: per actor and span, no more per step than the whole step takes
+    phases = out["timeline"]["phases"]
+    median_ms = out["step_time_s"]["median"] * 1e3
+    compute = next(r for r in phases if r["actor"] == "worker 1 (node0)" and r["span"] == "compute")
+    assert compute["count"] == 10 and 0 < compute["ms_per_step"] < median_ms
+    assert trace["otherData"]["model"] == "tiny" and out["timeline"]["path"] == str(trace_path)
+
+
+def test_timeline_to_a_missing_folder_exits_2_before_ray(tmp_path):
+    (tmp_path / "s.yaml").write_text(STRATEGY)
+    proc = _autosync("run", "--model", "zoo:ncf", "--strategy", str(tmp_path / "s.yaml"),
+                     "--timeline", str(tmp_path / "no" / "trace.json"), timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--timeline" in proc.stderr and "folder does not exist" in proc.stderr

@@ -88,11 +88,11 @@ def _prepare(args):
     return model_def, load_model_spec(model_def), cluster
 
 
-def _runner(args, model_def, spec, cluster):
+def _runner(args, model_def, spec, cluster, **settings):
     from autosync.runtime.runner import RayRunner
 
     return RayRunner(model_def, cluster, warmup=args.warmup, steps=args.steps, trial_timeout_s=args.timeout,
-                     model_spec=spec, **precision_settings(args), **compute_settings(args))
+                     model_spec=spec, **precision_settings(args), **compute_settings(args), **settings)
 
 
 def _record(trial) -> dict:
@@ -111,15 +111,21 @@ def cmd_run(args) -> int:
     from strategy_space.yaml_io import load_strategy
 
     strategy = load_strategy(args.strategy)
+    if args.timeline:
+        _check_writable(args.timeline, "--timeline")
     model_def, spec, cluster = _prepare(args)
     try:   # a strategy for another model or cluster fails here, before Ray starts
         validate(strategy, spec, cluster)
     except ConfigError as e:
         raise e.with_source(args.strategy) from None
-    with ray_output_to_log("run") as log, _runner(args, model_def, spec, cluster) as runner:
+    with ray_output_to_log("run") as log, _runner(args, model_def, spec, cluster,
+                                                  timeline=bool(args.timeline)) as runner:
         trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
+        streams = runner.last_timeline
+    phases = _write_timeline(args.timeline, streams, trial, spec, cluster) if args.timeline and streams else None
     if args.json:
-        print(json.dumps(_record(trial) | {"ray_log": log.path}, indent=2))
+        extra = {"timeline": {"path": args.timeline, "phases": phases}} if phases is not None else {}
+        print(json.dumps(_record(trial) | {"ray_log": log.path} | extra, indent=2))
     elif trial.ok:
         ci = trial.median_ci
         rows = [("median step", _fmt(trial.median)),
@@ -130,9 +136,35 @@ def cmd_run(args) -> int:
                 ("ray calls per step per worker", f"{trial.meta['ray_calls_per_step_per_worker']:g}"),
                 ("start-up", f"{trial.meta['startup_s']:.2f} s")]
         print(table(["measure", "value"], rows))
+        if phases is not None:
+            print(f"\ntimeline written to {args.timeline} (open it in ui.perfetto.dev or chrome://tracing); "
+                  f"per step (median over steps):")
+            print(table(["actor", "span", "spans", "ms per step"],
+                        [(r["actor"], r["span"], str(r["count"]), f"{r['ms_per_step']:.2f}") for r in phases],
+                        right=(2, 3)))
     else:
         print(f"autosync run: trial {trial.status}: {trial.error}", file=sys.stderr)
     return 0 if trial.ok else 1
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """Refuse, before Ray starts, an output path whose folder does not exist or cannot be written."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ConfigError(f"{flag} {path!r}: {'is a folder' if os.path.isdir(path) else 'its folder does not exist or cannot be written'}; "
+                          f"give a file path in a writable folder, e.g. {flag} timeline.json")
+
+
+def _write_timeline(path: str, streams: dict, trial, spec, cluster) -> list[dict]:
+    """Write the trial's timeline as a Chrome trace to ``path``; returns its per-step phase table."""
+    from autosync.runtime import timeline
+
+    meta = {"model": spec.name, "cluster": cluster.name, "strategy_origin": trial.origin, "status": trial.status,
+            "median_step_s": trial.median if trial.ok else None}
+    timeline.write(path, timeline.chrome_trace(streams, meta))
+    return timeline.phase_table(streams)
 
 
 def cmd_baselines(args) -> int:
@@ -180,6 +212,10 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run one strategy on Ray and measure its step time")
     _add_common(p)
     p.add_argument("--strategy", required=True, metavar="FILE", help="strategy YAML file")
+    p.add_argument("--timeline", metavar="FILE",
+                   help="record what every worker and parameter server does each step (pull, compute, push, "
+                        "all-reduce, apply, ...) and write it to FILE as a Chrome trace (ui.perfetto.dev, "
+                        "chrome://tracing); the time per step of each is printed too")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("baselines", help="run every baseline builder's strategy on Ray, fastest first (builders "
                                          "with the same strategy share one measurement; a failed one is retried once)")

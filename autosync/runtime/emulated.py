@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autosync.runtime import timeline
 from autosync.runtime.digest import zeros_digest
 from autosync.runtime.initial import ZeroInitial
 from autosync.runtime.sync.base import hand_over
@@ -198,6 +199,10 @@ class EmulatedWorker:
         self._parts: dict = {}
         self._partial = False
 
+    def timeline(self, record: bool) -> dict | None:
+        """Start recording this worker's timeline, or stop and return it (``timeline.toggle``)."""
+        return timeline.toggle(record)
+
     def info(self) -> dict:
         import ray
 
@@ -253,13 +258,16 @@ class EmulatedWorker:
             out["start"].append(t0)
             # the rows this step reads and writes, known before its pull: only they are pulled
             self.rows = step_rows(md.spec, md.seed, self.worker_index, self.step)
-            self._pull(self.step, rows=self.rows)
+            timeline.at_step(self.step)
+            with timeline.span("pull", step=self.step):
+                self._pull(self.step, rows=self.rows)
             t1 = time.perf_counter()
             grads = self._gradients()
             left = md.step_time_s - (time.perf_counter() - t1)
             if left > 0:
                 time.sleep(left)
             compute = time.perf_counter() - t1
+            timeline.add("compute", t1, t1 + compute, step=self.step)
             hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)

@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-from autosync.runtime import optimizer_state
+from autosync.runtime import timeline
 from autosync.runtime.initial import initial_slice
 from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
 from autosync.runtime.ps_checkpoint import Checkpointed
@@ -181,6 +181,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         if self._error:
             raise RuntimeError(self._error)
         self.stats_["pushes"] += 1
+        t0 = time.perf_counter()
         try:
             grads = self._with_rows(source, step, grads)
             if self.sync:
@@ -195,9 +196,14 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
             applied = True
             raise
         finally:
+            timeline.add("push", t0, time.perf_counter(), step=step, source=source, chunk=chunk)
             if applied or self.clip is not None:   # held steps: a clip_norm may wait for this push
                 async with self._condition():
                     self._condition().notify_all()
+
+    async def timeline(self, record: bool) -> dict | None:
+        """Start recording this actor's timeline, or stop and return it (``timeline.toggle``)."""
+        return timeline.toggle(record)
 
     async def stats(self) -> dict:
         """Calls received and time spent: ``pushes``, ``pulls`` (``data_plane_calls`` of all calls
@@ -238,6 +244,11 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         if self._error:
             raise RuntimeError(self._error)
         self.stats_["pulls"] += 1
+        served = timeline.span("serve pull", step=self._version(chunk), chunk=chunk, asker=asker)
+        with served:
+            return self._serve_pull(chunk, rows, which)
+
+    def _serve_pull(self, chunk, rows, which: str):
         if self.sync:
             # every push of a step before ``version`` is applied: rows kept for them are unused
             for old in [a for a in self._asked if a[1] < self.version]:
@@ -353,7 +364,9 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
                 step = self.chunk_version[c]
                 entry = self._pending.pop((step, c))
                 self.stats_["chunk_wait_s"][c] += entry["last"] - entry["first"]
-                self._apply(step, entry)
+                timeline.add("pushes in", entry["first"], entry["last"], step=step, chunk=c)
+                with timeline.span("apply", step=step, chunk=c):
+                    self._apply(step, entry)
                 self.chunk_version[c] += 1
                 applied = True
         while self.version < min(self.chunk_version):

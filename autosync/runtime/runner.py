@@ -19,7 +19,7 @@ import numpy as np
 
 from autosync.model_def import ModelDef
 from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
-from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool
+from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool, wait_all
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
 from strategy_space.errors import ConfigError, short_repr
@@ -104,6 +104,9 @@ class RayRunner(Runner):
             the runner starts its own and kills them on ``close``.
         model_spec: the ModelSpec trials are recorded against (e.g. one with a measured profile);
             it must describe the variables the workers build (checked on first use).
+        timeline: record every worker's and PS actor's timeline while each trial is measured
+            (``autosync.runtime.timeline``): the last trial's is ``last_timeline``, actor label
+            -> its events (None: none recorded).
 
     Raises:
         TypeError: a model or cluster that is not one of the objects above (a name or a path).
@@ -113,7 +116,8 @@ class RayRunner(Runner):
     def __init__(self, model_def, cluster: ClusterSpec, *, warmup: int = 2, steps: int = 10,
                  trial_timeout_s: float = 300.0, pool: WorkerPool | None = None, model_spec=None,
                  precision: float | None = None, max_steps: int = 200, max_measure_s: float = 60.0,
-                 compute: str = "real", step_time_s: float | None = None, optimizer: str = "sgd"):
+                 compute: str = "real", step_time_s: float | None = None, optimizer: str = "sgd",
+                 timeline: bool = False):
         if not (isinstance(steps, int) and steps >= 1 and isinstance(warmup, int) and warmup >= 0):
             raise ConfigError(f"steps must be an integer >= 1 and warmup >= 0, got steps={steps!r}, warmup={warmup!r}")
         if not trial_timeout_s > 0:
@@ -139,6 +143,7 @@ class RayRunner(Runner):
         self.binding = self.pool.binding
         self._model = None
         self._given_spec = model_spec
+        self.timeline, self.last_timeline = bool(timeline), None
 
     @property
     def given_spec(self):
@@ -208,7 +213,12 @@ class RayRunner(Runner):
             session = Session(self.pool, plan)
             placement = session.start(deadline)
             meta["placement"] = placement
+            self.last_timeline = None
+            if self.timeline:
+                session_timeline(session, True, deadline)
             summary = self._measure(session, deadline)
+            if self.timeline:
+                self.last_timeline = session_timeline(session, False, deadline)
             meta["ps_stats"] = session.ps_stats(deadline)
             session.close(clean=True)   # its PS actors serve the next trial
         except ConfigError as e:
@@ -355,6 +365,17 @@ def emulated_setup(model, cluster: ClusterSpec, model_spec, step_time_s, optimiz
                              ready_order=base.ready_order if base else ())
     spec = dataclasses.replace(model_spec, profile=profile)
     return dataclasses.replace(md, spec=spec), cluster, spec
+
+
+def session_timeline(session: Session, record: bool, deadline: float) -> dict:
+    """Turn the timeline of every worker and PS actor of ``session`` on, or off: then actor label
+    (``worker I (NODE)``, ``ps@NODE``) -> its events (``timeline.toggle``)."""
+    plan = session.plan
+    labels = [f"worker {i} ({plan.replica_node(slot)})" for i, slot in enumerate(plan.replicas)]
+    labels += [p.name for p in plan.ps_actors]
+    actors = list(session.workers) + list(session.ps_actors)
+    got = wait_all([a.timeline.remote(record) for a in actors], deadline, "worker or parameter server", labels)
+    return dict(zip(labels, got))
 
 
 def session_abort(session: Session | None, pool: WorkerPool) -> None:

@@ -20,7 +20,7 @@ from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
-from autosync.runtime import weights_file
+from autosync.runtime import timeline, weights_file
 from autosync.runtime.rows import find_row_reads
 from autosync.runtime.sync.base import hand_over
 
@@ -76,6 +76,10 @@ class TrainingWorker:
         self.channels: list = []
         self.step = 0
         self._partial = False  # some row-pulled tables are current only on the rows last read
+
+    def timeline(self, record: bool) -> dict | None:
+        """Start recording this worker's timeline, or stop and return it (``timeline.toggle``)."""
+        return timeline.toggle(record)
 
     def info(self) -> dict:
         """Where this worker runs."""
@@ -243,19 +247,22 @@ class TrainingWorker:
             before = counters()
             t0 = time.time()
             out["start"].append(t0)
-            if ahead is None:
-                batches, rows = self._draw()
-                self._assign_pulled(self.step, rows=rows)
-            else:
-                batches, rows, pending = ahead
-                self._assign_pulled(self.step, rows=rows, pending=pending)
-                ahead = None
+            timeline.at_step(self.step)
+            with timeline.span("pull", step=self.step):
+                if ahead is None:
+                    batches, rows = self._draw()
+                    self._assign_pulled(self.step, rows=rows)
+                else:
+                    batches, rows, pending = ahead
+                    self._assign_pulled(self.step, rows=rows, pending=pending)
+                    ahead = None
             if prefetch and i + 1 < steps:
                 nbatches, nrows = self._draw()
                 ahead = (nbatches, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
             t1 = time.perf_counter()
             loss, grads = self._gradients_of(batches)
             compute = time.perf_counter() - t1
+            timeline.add("compute", t1, t1 + compute, step=self.step)
             self._check_rows(rows, grads)
             hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autosync.runtime import timeline
 from autosync.runtime.optimizers import sparse_form
 from autosync.runtime.slices import dedup_rows
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
@@ -80,6 +81,8 @@ class AllReduceChannel(SyncChannel):
         backends: collective backends already connected, by the name the members use (ranks in one
             process: ``autosync.runtime.sync.inprocess``); the others connect when first used.
     """
+
+    phase = "allreduce"
 
     def __init__(self, rank: int, world: int, groups: list[ARGroup], setups: dict, values: dict,
                  optimizer_config: dict, seed: int = 0, backends: dict[str, CollectiveBackend] | None = None):
@@ -247,7 +250,8 @@ class AllReduceChannel(SyncChannel):
         self.calls += 1
         self.bytes_sent += buf.nbytes
         self.bytes_received += buf.nbytes
-        return self._backend(backend).allreduce(buf, tag)
+        with timeline.span("collective", tag=tag, bytes=int(buf.nbytes)):
+            return self._backend(backend).allreduce(buf, tag)
 
     def _reduce_dense(self, backend, comp, ms, parts, tag) -> dict:
         scale = np.float32(1.0 / self.world)

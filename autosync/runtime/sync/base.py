@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from autosync.runtime import timeline
+
 
 class SyncChannel(abc.ABC):
     """The synchronization of some variables, seen from one worker.
@@ -71,6 +73,7 @@ class SyncChannel(abc.ABC):
     staleness: int = 0
     splits_pull: bool = False
     in_graph: bool = False
+    phase: str = "sync"   # the name of its hand-over on a timeline (``timeline``)
 
     @abc.abstractmethod
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict:
@@ -185,9 +188,15 @@ def hand_over(channels: list, step: int, grads: list, clipnorm: float | None) ->
     then releases its update with (what a TensorFlow or an emulated worker does)."""
     if clipnorm is None:
         for channel in channels:
-            channel.push(step, grads)
+            with timeline.span(getattr(channel, "phase", "sync"), step=step):
+                channel.push(step, grads)
         return
-    held = [c.push_held(step, grads) for c in channels]
-    scale = clip_scale(sum(c.held_sq(h) for c, h in zip(channels, held)), clipnorm)
+    held = []
     for channel in channels:
-        channel.release(step, scale)
+        with timeline.span(f"{getattr(channel, 'phase', 'sync')} (held)", step=step):
+            held.append(channel.push_held(step, grads))
+    with timeline.span("global norm", step=step):
+        scale = clip_scale(sum(c.held_sq(h) for c, h in zip(channels, held)), clipnorm)
+    for channel in channels:
+        with timeline.span(f"{getattr(channel, 'phase', 'sync')} release", step=step):
+            channel.release(step, scale)

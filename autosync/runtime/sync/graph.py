@@ -75,6 +75,7 @@ class GraphAllReduceChannel(SyncChannel):
     """
 
     in_graph = True
+    phase = "graph"
 
     def __init__(self, rank: int, world: int, groups: list[ARGroup], setup: dict, seed: int = 0):
         self.rank, self.world, self.seed = rank, world, seed

@@ -131,6 +131,7 @@ class PSChannel(SyncChannel):
     """
 
     splits_pull = True
+    phase = "ps push"
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
                  squares: bool = True, aggregator=None, chunks: list | None = None,
