@@ -295,6 +295,31 @@ def test_a_keras_path_session_on_a_reused_pool_imports_nothing(pool):
         assert startup[1] < startup[0] / 2, startup
 
 
+def test_a_fit_records_its_timeline_and_trains_the_same(pool, tmp_path):
+    """``fit(timeline=...)`` writes every worker's and PS actor's spans of those steps, and what it
+    records changes nothing about the training."""
+    import json
+
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("adam", learning_rate=0.05)
+    strategy = _strategy("partitioned_ps", _model_spec(pool, md))
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=1, steps_per_call=1)
+        trainer.fit(steps=STEPS - 1, steps_per_call=2, timeline=tmp_path / "fit.json")
+        weights = trainer.get_weights()
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    trace = json.loads((tmp_path / "fit.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    spans = [(names[e["pid"]], e["name"], e["args"].get("step")) for e in trace["traceEvents"] if e["ph"] == "X"]
+    for worker in ("worker 0 (node0)", "worker 1 (node1)"):
+        assert sorted(s for a, n, s in spans if a == worker and n == "compute") == list(range(1, STEPS))
+    applied = [(a, s) for a, n, s in spans if n == "apply"]
+    assert {a for a, _ in applied} == {"ps@node0", "ps@node1"} and {s for _, s in applied} == set(range(1, STEPS))
+    assert trace["otherData"]["steps"] == [1, STEPS]
+
+
 def test_a_failed_sessions_ps_actors_are_killed_not_reused(pool, tmp_path):
     """A session whose worker raised never gives its PS actors back, even when closed as clean
     (last in this module: the failed worker's PS is gone under it)."""

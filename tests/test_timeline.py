@@ -105,3 +105,13 @@ def test_write_is_atomic_json(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
     with pytest.raises(OSError):
         timeline.write(tmp_path / "missing" / "t.json", trace)
+
+
+def test_a_path_nothing_can_be_written_to_is_refused(tmp_path):
+    from strategy_space.errors import ConfigError
+
+    timeline.check_path(tmp_path / "t.json", "timeline")
+    with pytest.raises(ConfigError, match="--timeline '.*no.*': its folder does not exist or cannot be written"):
+        timeline.check_path(tmp_path / "no" / "t.json", "--timeline")
+    with pytest.raises(ConfigError, match="timeline .* is a folder"):
+        timeline.check_path(tmp_path, "timeline")

@@ -112,7 +112,9 @@ def cmd_run(args) -> int:
 
     strategy = load_strategy(args.strategy)
     if args.timeline:
-        _check_writable(args.timeline, "--timeline")
+        from autosync.runtime import timeline
+
+        timeline.check_path(args.timeline, "--timeline")
     model_def, spec, cluster = _prepare(args)
     try:   # a strategy for another model or cluster fails here, before Ray starts
         validate(strategy, spec, cluster)
@@ -147,24 +149,12 @@ def cmd_run(args) -> int:
     return 0 if trial.ok else 1
 
 
-def _check_writable(path: str, flag: str) -> None:
-    """Refuse, before Ray starts, an output path whose folder does not exist or cannot be written."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise ConfigError(f"{flag} {path!r}: {'is a folder' if os.path.isdir(path) else 'its folder does not exist or cannot be written'}; "
-                          f"give a file path in a writable folder, e.g. {flag} timeline.json")
-
-
 def _write_timeline(path: str, streams: dict, trial, spec, cluster) -> list[dict]:
     """Write the trial's timeline as a Chrome trace to ``path``; returns its per-step phase table."""
     from autosync.runtime import timeline
 
-    meta = {"model": spec.name, "cluster": cluster.name, "strategy_origin": trial.origin, "status": trial.status,
-            "median_step_s": trial.median if trial.ok else None}
-    timeline.write(path, timeline.chrome_trace(streams, meta))
-    return timeline.phase_table(streams)
+    return timeline.save(path, streams, {"model": spec.name, "cluster": cluster.name, "strategy_origin": trial.origin,
+                                         "status": trial.status, "median_step_s": trial.median if trial.ok else None})
 
 
 def cmd_baselines(args) -> int:

@@ -154,6 +154,28 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
+def check_path(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before anything runs, a timeline path whose folder does not exist or cannot be
+    written, or that is a folder.
+
+    Raises:
+        ConfigError: saying which, and naming ``what`` (the flag or argument).
+    """
+    from strategy_space.errors import ConfigError
+
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        problem = "is a folder" if os.path.isdir(path) else "its folder does not exist or cannot be written"
+        raise ConfigError(f"{what} {path!r}: {problem}; give a file path in a writable folder, e.g. timeline.json")
+
+
+def save(path: str | os.PathLike, streams: dict, meta: dict | None = None) -> list[dict]:
+    """Write ``streams`` to ``path`` as a Chrome trace (``write``); returns their ``phase_table``."""
+    write(path, chrome_trace(streams, meta))
+    return phase_table(streams)
+
+
 def write(path: str | os.PathLike, trace: dict) -> None:
     """Write ``trace`` as JSON to ``path`` atomically (a temporary file beside it, then renamed).
 

@@ -27,11 +27,11 @@ import numpy as np
 
 from autosync.model_def import ModelDef
 from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
-from autosync.runtime import session_state
+from autosync.runtime import session_state, timeline as record
 from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
-from autosync.runtime.runner import require_resolved, summarize_steps
+from autosync.runtime.runner import require_resolved, session_timeline, summarize_steps
 from strategy_space import ClusterSpec, Strategy, validate
 from strategy_space.errors import ConfigError
 
@@ -155,7 +155,8 @@ class Trainer:
         self.step = 0
 
     def fit(self, steps: int, callbacks=(), steps_per_call: int = 10, *, checkpoint_every: int | None = None,
-            checkpoint_dir: str | os.PathLike | None = None, max_failures: int = 0) -> History:
+            checkpoint_dir: str | os.PathLike | None = None, max_failures: int = 0,
+            timeline: str | os.PathLike | None = None) -> History:
         """Train ``steps`` steps.
 
         Args:
@@ -174,6 +175,9 @@ class Trainer:
                 the actors are started again from the last checkpoint in ``checkpoint_dir`` (one is
                 written when ``fit`` starts) and training goes on, as Ray Train's
                 ``FailureConfig(max_failures)``. Needs ``checkpoint_dir``.
+            timeline: write what every worker and parameter server did in these steps to this file
+                as a Chrome trace (``autosync.runtime.timeline``; actors started again after a
+                failure are not recorded).
 
         Returns:
             the History of these steps (``restarts`` lists the recoveries).
@@ -198,6 +202,9 @@ class Trainer:
                               f"{'and restarts continue from' if max_failures else ''}".rstrip())
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
+        if timeline is not None:
+            record.check_path(timeline, "timeline")
+            session_timeline(self.session, True, time.monotonic() + self.timeout_s)
         store = CheckpointStore(checkpoint_dir) if checkpoint_dir is not None else None
         if store is not None:
             store.check_writable()
@@ -221,6 +228,9 @@ class Trainer:
                           store, failures, max_failures, history, first)
         if self.step > first and self.session.pool.description["optimizer"].get("use_ema"):
             self._take_averages()   # as Keras' fit ends: the model takes its moving averages
+        if timeline is not None and self.session is not None:
+            record.save(timeline, session_timeline(self.session, False, time.monotonic() + self.timeout_s),
+                        {"model": self.model_spec.name, "steps": [first, self.step]})
         return history
 
     def _take_averages(self) -> None:
