@@ -14,6 +14,8 @@ waiting for the other workers' pushes, the PS's apply, the reply and deserializi
 actors spent (``apply_s`` per step: the optimizer update; ``wait_s`` per step: between a step's
 first and last push, i.e. waiting for the slowest sender), calls and bytes per step and worker, and
 the analytic lower bound (compute plus the least time the busiest NIC needs for the step's bytes).
+With ``--timeline`` each trial also records every actor's timeline (``autosync.runtime.timeline``)
+and keeps its ``phases``: per actor and span, milliseconds per step (the median over the steps).
 
     sudo flock /tmp/autosync-testbed.lock python benchmarks/ps_step_profile.py --models ncf dlrm
     sudo flock /tmp/autosync-testbed.lock python benchmarks/ps_step_profile.py --models configs/models/lm1b_full.yaml \\
@@ -67,6 +69,8 @@ def _args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--nodes", type=int, default=2, help="testbed nodes (default 2)")
     p.add_argument("--bandwidth", default="200mbit", help="testbed link rate (default 200mbit)")
+    p.add_argument("--timeline", action="store_true",
+                   help="record every actor's timeline and keep each span's milliseconds per step (phases)")
     p.add_argument("--name", default="ps_step_profile", help="result file name without .json")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
     return p.parse_args(argv)
@@ -92,7 +96,20 @@ def _trial(runner, strategy, label: str, variant: str | None, warmup: int) -> di
             "median_ci95_s": list(trial.median_ci) if trial.ok and trial.median_ci else None,
             "step_times_s": [round(t, 5) for t in trial.step_times], "breakdown_s": trial.breakdown or None,
             "calls_per_step_per_worker": trial.meta.get("ray_calls_per_step_per_worker"),
-            "bytes_per_step_per_worker": trial.meta.get("bytes_per_step_per_worker"), "ps": per_step}
+            "bytes_per_step_per_worker": trial.meta.get("bytes_per_step_per_worker"), "ps": per_step,
+            "phases": _phases(runner.last_timeline)}
+
+
+def _phases(streams) -> dict | None:
+    """``{actor: {span: ms per step}}`` of a trial's timeline (None: not recorded)."""
+    from autosync.runtime.timeline import phase_table
+
+    if not streams:
+        return None
+    out: dict = {}
+    for row in phase_table(streams):
+        out.setdefault(row["actor"], {})[row["span"]] = round(row["ms_per_step"], 3)
+    return out
 
 
 def measure_model(name: str, cluster, args) -> dict:
@@ -107,7 +124,7 @@ def measure_model(name: str, cluster, args) -> dict:
     pool = WorkerPool(ClusterBinding.bind(cluster)) if args.compute == "real" else None
     runner = make_runner(source_of(name), cluster, compute=args.compute, step_time_s=args.step_time,
                          optimizer=args.optimizer, profile=args.compute == "real", warmup=args.warmup, steps=args.steps,
-                         trial_timeout_s=900, pool=pool)
+                         trial_timeout_s=900, pool=pool, timeline=args.timeline)
     pool = runner.pool
     out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
     try:
@@ -130,6 +147,8 @@ def measure_model(name: str, cluster, args) -> dict:
             ps = {k: (round(v["apply_s"] * 1e3, 1), round(v["wait_s"] * 1e3, 1)) for k, v in rec["ps"].items()}
             print(f"  {label}: {med}, phases ms {bd}, calls/step {rec['calls_per_step_per_worker']}, "
                   f"PS (apply, wait) ms/step {ps}", flush=True)
+            for actor, spans in (rec["phases"] or {}).items():
+                print(f"    {actor}: " + ", ".join(f"{k} {v:.2f}" for k, v in spans.items()), flush=True)
     finally:
         pool.kill_all()
     summary = {}
@@ -166,7 +185,7 @@ def inside(args) -> int:
 
     meta = {"compute": args.compute, "step_time_s": args.step_time, "default_transport": TRANSPORT,
             "variants": {v: VARIANTS[v] for v in args.variants}, "optimizer": args.optimizer,
-            "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}
+            "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds, "timeline": args.timeline}
     return measure_models("ps_step_profile", REPO, args.out, args.name + ".json", args.models,
                           lambda name, cluster: measure_model(name, cluster, args), meta)
 
