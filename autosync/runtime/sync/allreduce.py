@@ -179,7 +179,8 @@ class AllReduceChannel(SyncChannel):
             self._optimizer = make_optimizer(self.optimizer_config)
             for key, value in self.params.items():
                 self._optimizer.add_variable(key, value)
-        self._optimizer.apply(self._version, self.params, reduced)
+        with timeline.span("update"):
+            self._optimizer.apply(self._version, self.params, reduced)
         self._version += 1
 
     def reduce(self, step: int, grads: list) -> dict:
@@ -315,8 +316,10 @@ class AllReduceChannel(SyncChannel):
         val_buf = np.concatenate([np.asarray(vals, dtype=wire).ravel() for _, vals in parts])
         self.calls += 2
         self.bytes_sent += idx_buf.nbytes + val_buf.nbytes
-        all_idx = b.allgather(idx_buf, f"{tag}/i")
-        all_val = b.allgather(val_buf, f"{tag}/v")
+        with timeline.span("collective", tag=f"{tag}/i", bytes=int(idx_buf.nbytes)):
+            all_idx = b.allgather(idx_buf, f"{tag}/i")
+        with timeline.span("collective", tag=f"{tag}/v", bytes=int(val_buf.nbytes)):
+            all_val = b.allgather(val_buf, f"{tag}/v")
         self.bytes_received += sum(a.nbytes for a in all_idx) + sum(a.nbytes for a in all_val)
         gathered: list[tuple[list, list]] = [([], []) for _ in ms]
         for w_idx, w_val in zip(all_idx, all_val):
