@@ -20,7 +20,7 @@ from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
-from autosync.runtime import timeline, weights_file
+from autosync.runtime import prefetch, timeline, weights_file
 from autosync.runtime.rows import find_row_reads
 from autosync.runtime.sync.base import hand_over
 
@@ -210,7 +210,7 @@ class TrainingWorker:
             raise ValueError("reset needs the model's initial values (the pool's description) once it has trained")
         for weight, value in self._fixed:
             weight.assign(value)
-        self.batches = self.model_def.batches(worker_index, num_workers)
+        self.batches = prefetch.restart(getattr(self, "batches", None), self.model_def.batches(worker_index, num_workers))
         self._data = (worker_index, num_workers)
         self.drawn = 0   # batches drawn from ``batches`` (the data position a checkpoint keeps)
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
@@ -359,7 +359,7 @@ class TrainingWorker:
         for channel, state in zip(self.channels, channels):
             if hasattr(channel, "load_checkpoint"):
                 problems += channel.load_checkpoint(values, state or {})
-        self.batches = self.model_def.batches(*self._data)
+        self.batches = prefetch.restart(self.batches, self.model_def.batches(*self._data))
         self.drawn = 0
         for _ in range(int(position)):   # iterators cannot seek: draw and drop
             self._next_batch()
