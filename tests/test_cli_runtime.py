@@ -141,3 +141,15 @@ def test_timeline_to_a_missing_folder_exits_2_before_ray(tmp_path):
                      "--timeline", str(tmp_path / "no" / "trace.json"), timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--timeline" in proc.stderr and "folder does not exist" in proc.stderr
+
+
+@pytest.mark.integration
+def test_a_trial_that_fails_says_no_timeline_was_written(tmp_path):
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    (tmp_path / "s.yaml").write_text(STRATEGY)
+    trace_path = tmp_path / "trace.json"
+    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"),
+                     "--timeout", "0.001", "--timeline", str(trace_path))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "trial timeout" in proc.stderr and f"no timeline written to {trace_path}" in proc.stderr
+    assert not trace_path.exists()

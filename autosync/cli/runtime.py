@@ -146,6 +146,9 @@ def cmd_run(args) -> int:
                         right=(2, 3)))
     else:
         print(f"autosync run: trial {trial.status}: {trial.error}", file=sys.stderr)
+    if args.timeline and phases is None:
+        print(f"autosync run: no timeline written to {args.timeline}: the trial {trial.status} before its steps "
+              f"were collected", file=sys.stderr)
     return 0 if trial.ok else 1
 
 
