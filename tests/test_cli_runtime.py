@@ -153,3 +153,23 @@ def test_a_trial_that_fails_says_no_timeline_was_written(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "trial timeout" in proc.stderr and f"no timeline written to {trace_path}" in proc.stderr
     assert not trace_path.exists()
+
+
+@pytest.mark.integration
+def test_run_writes_timeline_with_emulated_compute(tmp_path):
+    """The emulated worker records its spans too: its compute is the step time it was given."""
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    (tmp_path / "s.yaml").write_text(STRATEGY)
+    trace_path = tmp_path / "trace.json"
+    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"),
+                     "--compute", "emulated", "--step-time", "0.02", "--steps", "6", "--precision", "0",
+                     "--warmup", "1", "--timeline", str(trace_path), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    phases = {(r["actor"], r["span"]): r for r in json.loads(proc.stdout)["timeline"]["phases"]}
+    for w in ("worker 0 (node0)", "worker 1 (node0)"):
+        assert phases[(w, "compute")]["count"] == 8 and 19 <= phases[(w, "compute")]["ms_per_step"] < 30
+        assert phases[(w, "ps push")]["count"] == 8 and phases[(w, "pull")]["count"] == 8
+    assert phases[("ps@node0", "apply")]["count"] == 8
+    trace = json.loads(trace_path.read_text())
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"} == {
+        "ps@node0", "worker 0 (node0)", "worker 1 (node0)"}

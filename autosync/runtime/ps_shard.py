@@ -244,8 +244,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         if self._error:
             raise RuntimeError(self._error)
         self.stats_["pulls"] += 1
-        served = timeline.span("serve pull", step=self._version(chunk), chunk=chunk, asker=asker)
-        with served:
+        with timeline.span("serve pull", step=self._version(chunk), chunk=chunk, asker=asker):
             return self._serve_pull(chunk, rows, which)
 
     def _serve_pull(self, chunk, rows, which: str):

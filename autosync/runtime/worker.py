@@ -241,7 +241,7 @@ class TrainingWorker:
         self._trained = True
         # with staleness >= 1 on every channel, step t+1's batch is drawn and its pull issued
         # before step t computes, so the pull overlaps the step (never across run calls)
-        prefetch = bool(self.channels) and all(c.splits_pull and c.staleness >= 1 for c in self.channels)
+        pull_ahead = bool(self.channels) and all(c.splits_pull and c.staleness >= 1 for c in self.channels)
         ahead = None
         for i in range(steps):
             before = counters()
@@ -256,7 +256,7 @@ class TrainingWorker:
                     batches, rows, pending = ahead
                     self._assign_pulled(self.step, rows=rows, pending=pending)
                     ahead = None
-            if prefetch and i + 1 < steps:
+            if pull_ahead and i + 1 < steps:
                 nbatches, nrows = self._draw()
                 ahead = (nbatches, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
             t1 = time.perf_counter()
