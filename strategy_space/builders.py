@@ -59,11 +59,34 @@ class PlacementLedger:
         return first
 
 
+# share of a step's compute the forward pass takes: no gradient is ready before it
+FORWARD_SHARE = 1.0 / 3.0
+
+
 def ready_order(model: ModelSpec) -> list[str]:
     """Variables in the order their gradients become ready (measured, else reverse creation)."""
     if model.profile is not None and model.profile.ready_order:
         return list(model.profile.ready_order)
     return [v.name for v in reversed(model.variables)]
+
+
+def ready_times(model: ModelSpec) -> dict[str, float]:
+    """When each variable's gradient is ready, as a share of one step's compute: after the
+    forward pass (``FORWARD_SHARE``), the backward pass in ``ready_order`` with work per variable
+    proportional to its parameters (a sparse one's: the rows a step touches). The cost model's
+    overlap bound (``tuner.features``) and the emulated worker (``autosync.runtime.emulated``)
+    both read these times."""
+    order = ready_order(model)
+    work = []
+    for name in order:
+        v = model.var(name)
+        rows = min(v.rows_per_step or v.shape[0], v.shape[0]) if v.sparse else 0
+        work.append(rows * v.size / v.shape[0] if v.sparse else float(v.size))
+    total, done, out = max(sum(work), 1.0), 0.0, {}
+    for name, w in zip(order, work):
+        done += w
+        out[name] = FORWARD_SHARE + (1.0 - FORWARD_SHARE) * done / total
+    return out
 
 
 def fusion_groups(model: ModelSpec, names: Iterable[str], chunk_bytes: int, first_group: int = 0) -> dict[str, int]:

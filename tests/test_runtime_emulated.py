@@ -129,6 +129,31 @@ def test_cluster_compute_fields_round_trip_and_keep_old_fingerprints():
         ClusterSpec("c", (NodeSpec("a"),), compute="gpu")
 
 
+def test_early_collectives_are_the_groups_gpu_workers_reduce_in_their_step_in_issue_order():
+    from autosync.runtime.emulated import early_collectives
+    from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
+    from strategy_space import Compressor
+    from strategy_space.builders import ready_times
+
+    def member(v, in_step, shard=0, shards=1, sparse=False):
+        return ARMember((v, shard), 0, 1, 0, shards, sparse, Compressor(), "gloo", in_step)
+
+    groups = [ARGroup(0, (member(2, True),)),                     # in the step: early
+              ARGroup(1, (member(1, True, 0, 2),)),                # a split variable with a shard outside
+              ARGroup(2, (member(1, False, 1, 2),)),
+              ARGroup(3, (member(3, True), member(4, False))),     # mixed with another backend: at hand-over
+              ARGroup(4, (member(0, True, 0, 2, True),)),          # a split sparse one: never in the graph
+              ARGroup(5, (member(0, True, 1, 2, True),))]
+    channel = AllReduceChannel(0, 2, groups, {}, {}, {"class": "SGD", "learning_rate": 0.1})
+    layout = [(2, 0), (2, 0), (1, 0), (1, 0), (1, 0)]
+    times = ready_times(SPEC)
+    assert early_collectives(SPEC, [RecordingChannel(None), channel], layout) == [(times["dense/bias"], channel, 0)]
+    whole = [ARGroup(0, (member(2, True),)), ARGroup(1, (member(1, True),))]
+    channel = AllReduceChannel(0, 2, whole, {}, {}, {"class": "SGD", "learning_rate": 0.1})
+    assert [(t, i) for t, _, i in early_collectives(SPEC, [channel], [(1, 0)] * 5)] == [
+        (times["dense/bias"], 0), (times["dense/kernel"], 1)]
+
+
 PAIR = ClusterSpec(name="pair", nodes=(
     NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1, chief=True),
     NodeSpec(name="node1", address="127.0.0.1", cpus=1, workers=1),
@@ -197,6 +222,56 @@ def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder, cli
                               spec.variables):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
     assert any(np.abs(w).max() > 0 for w in weights)
+
+
+@pytest.mark.integration
+def test_collectives_gpu_workers_reduce_in_their_step_overlap_the_emulated_compute(ray_session):
+    """A collective of ``in_step`` members (backend auto) is issued during the compute, once its
+    gradients are ready; the others (gloo, the PS) wait for the hand-over; training is unchanged."""
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.engine import Session, WorkerPool
+    from autosync.runtime.plan import SyncPlan
+    from autosync.runtime.runner import session_timeline
+    from strategy_space import PS, AllReduce, Strategy, VarConfig, validate
+    from strategy_space.builders import ready_times
+
+    compute = 0.06
+    spec = dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=ComputeProfile(compute))
+    strategy = Strategy((VarConfig("emb", (PS("node0"),)),
+                         VarConfig("dense/kernel", (AllReduce(backend="auto", group=0),)),
+                         VarConfig("dense/bias", (AllReduce(backend="gloo", group=1),))))
+    validate(strategy, spec, PAIR)
+    md = EmulatedModelDef(spec, compute, "sgd", seed=7)
+    pool = WorkerPool(ClusterBinding.bind(PAIR))
+    try:
+        pool.ensure(md, PAIR.devices, time.monotonic() + 120)
+        session = Session(pool, SyncPlan.build(strategy, spec, PAIR, pool.description["optimizer"]))
+        session.start(time.monotonic() + 120)
+        session_timeline(session, True, time.monotonic() + 60)
+        session.run(4, time.monotonic() + 120)
+        streams = session_timeline(session, False, time.monotonic() + 60)
+        weights = session.weights(time.monotonic() + 60)
+        session.close()
+    finally:
+        pool.kill_all()
+    for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 4, 0.01), spec.variables):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
+    ready = ready_times(spec)["dense/kernel"]
+    for label, stream in streams.items():
+        if not label.startswith("worker"):
+            continue
+        events = stream["events"]
+        computes = {e[4]["step"]: (e[1], e[1] + e[2]) for e in events if e[0] == "compute"}
+        early = {e[4]["step"]: e[1] for e in events if e[0] == "allreduce (in step)"}
+        assert sorted(early) == sorted(computes) == [0, 1, 2, 3], label
+        for step, start in early.items():
+            c0, c1 = computes[step]
+            # issued once the kernel's gradient is ready, before the compute ends (microseconds)
+            assert c0 + 0.9 * ready * compute * 1e6 <= start < c1, (label, step)
+        # the gloo group and the PS push wait for the hand-over, after the compute
+        for e in events:
+            if e[0] in ("allreduce", "ps push"):
+                assert e[1] >= computes[e[4]["step"]][1] - 1e3, (label, e[0])
 
 
 @pytest.mark.integration

@@ -46,3 +46,32 @@ def test_auto_on_gpus_leaves_the_graph_only_where_it_cannot_hold_the_step(monkey
 def test_auto_on_cpus_is_unchanged_by_the_optimizer():
     plans = [SyncPlan.build(_strategy(PS("a")), MODEL, _cluster(gpus=0), o) for o in (HOLDING, None)]
     assert _backend_of(plans[0], 0) == _backend_of(plans[1], 0) in ("gloo", "objectstore")
+
+
+@pytest.mark.parametrize("optimizer, embedding, want", [
+    (HOLDING, PS("a"), "nccl"),
+    (HOLDING, AllReduce(backend="gloo", group=1), "nccl"),
+    (HOLDING, AllReduce(backend="auto", group=1), "graph"),
+    (None, PS("a"), "graph"),
+])
+def test_in_step_marks_on_any_cluster_what_gpu_workers_reduce_in_their_step(monkeypatch, optimizer, embedding, want):
+    """An emulated worker overlaps its collectives with its compute exactly where GPU workers
+    would reduce them in the graph: the flag does not depend on the cluster having GPUs."""
+    from autosync.runtime.sync import backends
+
+    monkeypatch.setattr(backends, "graph_available", lambda: True)
+    for gpus in (1, 0):
+        plan = SyncPlan.build(_strategy(embedding), MODEL, _cluster(gpus=gpus), optimizer)
+        flags = {m.key[0]: m.in_step for g in plan.ar_groups for m in g.members}
+        assert flags[0] is (want == "graph")
+        if 1 in flags:   # the embedding's own all-reduce: in the step only where it asked for auto
+            assert flags[1] is (embedding.backend == "auto" and want == "graph")
+
+
+def test_in_step_is_off_for_comparison_when_asked(monkeypatch):
+    monkeypatch.setenv("AUTOSYNC_IN_STEP", "0")
+    plan = SyncPlan.build(_strategy(AllReduce(backend="auto", group=1)), MODEL, _cluster(gpus=0), None)
+    assert [m.in_step for g in plan.ar_groups for m in g.members] == [False, False]
+    monkeypatch.delenv("AUTOSYNC_IN_STEP")
+    plan = SyncPlan.build(_strategy(AllReduce(backend="auto", group=1)), MODEL, _cluster(gpus=0), None)
+    assert [m.in_step for g in plan.ar_groups for m in g.members] == [True, True]

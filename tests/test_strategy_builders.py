@@ -90,3 +90,22 @@ def test_unknown_option_lists_accepted():
 def test_bad_option_value():
     with pytest.raises(ConfigError, match="compressor 'gzip' is not one of"):
         get_builder("all_reduce", compressor="gzip")
+
+
+def test_ready_times_follow_the_backward_pass_after_the_forward_third():
+    import dataclasses
+
+    from strategy_space import ComputeProfile, ModelSpec, VariableSpec
+    from strategy_space.builders import FORWARD_SHARE, ready_order, ready_times
+
+    spec = ModelSpec("r", (VariableSpec("emb", (1000, 4), sparse=True, rows_per_step=10),
+                           VariableSpec("a", (10, 10)), VariableSpec("b", (30,))), batch_size=4,
+                     profile=ComputeProfile(0.1, "t", ("b", "a", "emb")))
+    times = ready_times(spec)
+    assert list(times) == ready_order(spec) == ["b", "a", "emb"]
+    # backward work per variable ~ its parameters, a sparse one's touched rows only: 30, 100, 40 of 170
+    want = [FORWARD_SHARE + (1 - FORWARD_SHARE) * w / 170 for w in (30, 130, 170)]
+    assert list(times.values()) == pytest.approx(want)
+    assert times["emb"] == pytest.approx(1.0)
+    unprofiled = ready_times(dataclasses.replace(spec, profile=None))   # reverse creation order
+    assert list(unprofiled) == ["b", "a", "emb"]

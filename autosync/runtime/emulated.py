@@ -14,9 +14,16 @@ interface (``load``/``reset``/``run``/``get_weights``/``info``) but each step it
 3. waits the profiled compute time (``profile.step_time_s`` x the cluster's ``compute_dilation``,
    or ``--step-time``) asleep, using no CPU;
 4. hands gradients of the ModelSpec's exact names, shapes, dtypes and sparsity to its channels,
-   in gradient-ready order. Today's channels take one step's gradients at once
-   (``push(step, grads)``), so they are handed over when the last one is ready, as the
-   TensorFlow worker does; the order is kept for channels that start work per gradient.
+   in gradient-ready order. A channel takes one step's gradients at once (``push(step, grads)``),
+   when the last one is ready, as the TensorFlow worker does; except the all-reduce groups a
+   GPU worker reduces inside its training step (``ARMember.in_step``: backend ``auto`` or
+   ``graph``, whose collectives TensorFlow issues in the plan's order, each as soon as its
+   gradients are ready, while the backward pass goes on: ``sync.graph``). Those are reduced
+   while the compute still runs (``early_collectives``), each when its gradients are ready by
+   ``strategy_space.builders.ready_times`` (the cost model's overlap assumption: backward work
+   proportional to parameters after a forward third) and its predecessor is done; the rest of
+   the step and the update follow as before. A group mixing such members with others waits
+   for the hand-over, and a step held for ``global_clipnorm`` overlaps nothing.
 
 Gradient values are synthetic and cheap: each worker draws a fixed dense gradient per variable
 and a fixed block of row values per sparse variable at ``load`` (from (seed, worker, variable));
@@ -45,7 +52,7 @@ from autosync.runtime.digest import zeros_digest
 from autosync.runtime.initial import ZeroInitial
 from autosync.runtime.sync.base import hand_over
 from strategy_space import ClusterSpec, ModelSpec
-from strategy_space.builders import ready_order
+from strategy_space.builders import ready_order, ready_times
 from strategy_space.errors import ConfigError
 
 # name -> Keras optimizer config the numpy optimizers on parameter servers and all-reduce apply
@@ -198,6 +205,7 @@ class EmulatedWorker:
         self.step = 0
         self._parts: dict = {}
         self._partial = False
+        self._early_collectives: list = []
 
     def timeline(self, record: bool) -> dict | None:
         """Start recording this worker's timeline, or stop and return it (``timeline.toggle``)."""
@@ -240,6 +248,7 @@ class EmulatedWorker:
         self._parts = {}
         self._partial = False
         self.rows: dict[int, np.ndarray] = {}
+        self._early_collectives = early_collectives(self.model_def.spec, channels, self.layout) if self._clip is None else []
 
     def run(self, steps: int) -> dict:
         """Run ``steps`` steps (see the module doc), then pull the final values.
@@ -263,10 +272,17 @@ class EmulatedWorker:
                 self._pull(self.step, rows=self.rows)
             t1 = time.perf_counter()
             grads = self._gradients()
+            for at, channel, index in self._early_collectives:   # while the compute runs
+                wait = t1 + at * md.step_time_s - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                with timeline.span("allreduce (in step)", step=self.step):
+                    channel.reduce_early(self.step, grads, index)
             left = md.step_time_s - (time.perf_counter() - t1)
             if left > 0:
                 time.sleep(left)
-            compute = time.perf_counter() - t1
+            # the compute's own time, also when a collective issued during it ran past its end
+            compute = time.perf_counter() - t1 if left > 0 else md.step_time_s
             timeline.add("compute", t1, t1 + compute, step=self.step)
             hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
@@ -317,6 +333,26 @@ class EmulatedWorker:
                     self._partial = True
                 else:
                     self._parts[key] = part
+
+
+def early_collectives(spec: ModelSpec, channels: list, layout: list) -> list[tuple[float, object, int]]:
+    """The collectives an emulated worker issues while its compute runs (module doc, step 4), in
+    issue order: ``(ready time as a share of the compute, all-reduce channel, group index)`` for
+    each fusion group whose members a GPU worker reduces inside its step."""
+    from autosync.runtime.sync.allreduce import AllReduceChannel, split_by
+
+    times = ready_times(spec)
+    names = [v.name for v in spec.variables]
+    out = []
+    for channel in channels:
+        if not isinstance(channel, AllReduceChannel):
+            continue
+        inside, _ = split_by(list(channel.groups), list(layout), lambda m: m.in_step)
+        early = {m.key for g in inside for m in g.members}
+        for index, g in enumerate(channel.groups):
+            if all(m.key in early for m in g.members):
+                out.append((max(times[names[m.key[0]]] for m in g.members), channel, index))
+    return out
 
 
 def worker_class(model_def) -> type:

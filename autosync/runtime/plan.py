@@ -180,10 +180,16 @@ class SyncPlan:
         """
         gpus = any(n.gpus > 0 for n in cluster.nodes)
         backends: dict[str, str] = {}
-        if gpus and _graph_cannot_hold(optimizer) and any(
+        # with GPUs, backend auto is the graph (reduced inside the step) unless it cannot hold;
+        # AUTOSYNC_IN_STEP=0 (read per plan) marks nothing, so emulated workers overlap nothing,
+        # for comparison
+        graph_on_gpus = ("auto", "graph") if os.environ.get("AUTOSYNC_IN_STEP", "").strip() != "0" else ()
+        if _graph_cannot_hold(optimizer) and any(
                 not isinstance(s, AllReduce) or s.backend not in ("auto", "graph")
                 for c in strategy.variables for s in c.synchronizers):
-            backends["auto"] = "nccl"
+            graph_on_gpus = tuple(b for b in graph_on_gpus if b == "graph")
+            if gpus:
+                backends["auto"] = "nccl"
         slots = strategy.resolved_replicas(cluster)
         # hierarchical all-reduce differs from flat only where a node holds several workers
         shared_nodes = len({s.rsplit(":", 1)[0] for s in slots}) < len(slots)
@@ -205,7 +211,8 @@ class SyncPlan:
                     groups.setdefault(sync.group, []).append(ARMember(
                         key=(var_index, shard_index), start=start, stop=stop, axis=axis,
                         num_shards=cfg.num_shards, sparse=var.sparse,
-                        compressor=Compressor() if var.sparse else sync.codec, backend=backend))
+                        compressor=Compressor() if var.sparse else sync.codec, backend=backend,
+                        in_step=sync.backend in graph_on_gpus and backend != "hierarchical"))
                     continue
                 modes.add((sync.sync, sync.staleness))
                 by_node.setdefault(sync.destination, []).append(ShardRef(

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
+from strategy_space.builders import ready_times
 from strategy_space.calibration import CostCurve
 from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
 from strategy_space.encoding import BACKEND_ID
 
 INDEX_BYTES = 8            # int64 row indices of sparse gradients
 DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
-FORWARD_SHARE = 1.0 / 3.0  # forward pass share of compute; gradients appear after it
 ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
 BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
 
@@ -116,8 +116,8 @@ class FeatureTables:
         ready = model.profile.ready_order if model.profile is not None and model.profile.ready_order else names[::-1]
         order = np.array([model.index(n) for n in ready], dtype=np.int64)
         # backward work per variable ~ its parameters (sparse: touched rows only)
-        work = np.array([r * v.size / v.shape[0] if v.sparse else v.size for r, v in zip(rows, vs)])[order]
-        tau = FORWARD_SHARE + (1 - FORWARD_SHARE) * np.cumsum(work) / max(work.sum(), 1.0)
+        times = ready_times(model)
+        tau = np.array([times[n] for n in ready], dtype=np.float64)
         intra = (cluster.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS) * 1e9 / 8
         bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes], dtype=np.float32)
         multi = (workers > 0).sum() > 1

@@ -40,6 +40,9 @@ class ARMember:
         compressor: the setting, parsed once when the plan is made (``none`` for sparse).
         backend: resolved backend name (``gloo``, ``nccl``, ``objectstore``), or
             ``hierarchical`` (reduce on the node, leaders all-reduce, broadcast on the node).
+        in_step: reduced inside the training step where workers have GPUs (``graph``, which
+            ``auto`` is there: ``sync.graph``), each collective as soon as its gradients are
+            ready; an emulated worker reduces it while its compute runs (``reduce_early``).
     """
 
     key: tuple[int, int]
@@ -50,6 +53,7 @@ class ARMember:
     sparse: bool
     compressor: Compressor
     backend: str
+    in_step: bool = False
 
     def take(self, grad):
         """This member's part of a full-variable gradient."""
@@ -62,6 +66,27 @@ class ARGroup:
 
     group: int
     members: tuple[ARMember, ...]
+
+
+def split_by(groups: list[ARGroup], layout: list[tuple[int, int]], inside) -> tuple[list[ARGroup], list[ARGroup]]:
+    """(groups of the members of variables a step reduces in the graph, groups of the others),
+    order kept, empty ones dropped: a variable goes inside when ``inside(member)`` holds for every
+    one of its ``layout[v][0]`` shards and, if sparse, it is not split (``sync.graph``)."""
+    members: dict[int, list[ARMember]] = {}
+    for g in groups:
+        for m in g.members:
+            members.setdefault(m.key[0], []).append(m)
+    whole = {v for v, ms in members.items()
+             if len(ms) == layout[v][0] and all(inside(m) for m in ms) and not (ms[0].sparse and layout[v][0] > 1)}
+    graph, rest = [], []
+    for g in groups:
+        mine = tuple(m for m in g.members if m.key[0] in whole)
+        other = tuple(m for m in g.members if m.key[0] not in whole)
+        if mine:
+            graph.append(ARGroup(g.group, mine))
+        if other:
+            rest.append(ARGroup(g.group, other))
+    return graph, rest
 
 
 class AllReduceChannel(SyncChannel):
@@ -104,6 +129,7 @@ class AllReduceChannel(SyncChannel):
         self._powersgd: dict[Compressor, PowerSGDState] = {}
         self._version = 0
         self._held: dict | None = None   # a step's reduced gradients awaiting ``release``
+        self._early: tuple[int, set, dict] = (-1, set(), {})   # (step, groups, reduced) by ``reduce_early``
 
     def __getstate__(self):
         # shipped to the worker before first use: connections are made there, lazily
@@ -138,7 +164,23 @@ class AllReduceChannel(SyncChannel):
         return {k: self._optimizer.value(self.params, k) for k in self.params}
 
     def push(self, step: int, grads: list) -> None:
-        self._update(self._as_read(self.reduce(step, grads)))
+        self._update(self._as_read(self._reduce_rest(step, grads)))
+
+    def reduce_early(self, step: int, grads: list, index: int) -> None:
+        """Reduce ``groups[index]`` of this step before ``push``, which reduces the other groups
+        and applies them all in one update: an emulated worker's collectives of ``in_step``
+        members, issued while its compute still runs (``emulated``)."""
+        if self._early[0] != step:
+            self._early = (step, set(), {})
+        self._early[2].update(self.reduce(step, grads, (index,)))
+        self._early[1].add(index)
+
+    def _reduce_rest(self, step: int, grads: list) -> dict:
+        """This step's reduced gradients: those ``reduce_early`` reduced, and the other groups'."""
+        done, early = self._early[1:] if self._early[0] == step else (set(), {})
+        self._early = (-1, set(), {})
+        rest = [i for i in range(len(self.groups)) if i not in done]
+        return {**early, **self.reduce(step, grads, rest)} if early else self.reduce(step, grads)
 
     def _as_read(self, reduced: dict) -> dict:
         """The reduced gradients in the form the update rule reads them: a sparse member's gathered
@@ -150,7 +192,7 @@ class AllReduceChannel(SyncChannel):
 
     def push_held(self, step: int, grads: list) -> dict:
         """The reduced gradients, kept for ``release`` (``base``'s held steps)."""
-        self._held = self.reduce(step, grads)
+        self._held = self._reduce_rest(step, grads)
         return self._held
 
     def held_sq(self, held: dict) -> float:
@@ -183,13 +225,14 @@ class AllReduceChannel(SyncChannel):
             self._optimizer.apply(self._version, self.params, reduced)
         self._version += 1
 
-    def reduce(self, step: int, grads: list) -> dict:
+    def reduce(self, step: int, grads: list, indices=None) -> dict:
         """The mean over workers of every member's gradient, as this step's collectives deliver it
         (compressed where the member's compressor says): key -> dense array, or (indices, values)
-        for a sparse member. ``push`` applies it; alone it is the synchronization without an
-        update (``benchmarks/accelerator_efficiency.py`` trains on it with the model's framework)."""
+        for a sparse member; only the groups at ``indices`` of ``groups`` where given. ``push``
+        applies it; alone it is the synchronization without an update
+        (``benchmarks/accelerator_efficiency.py`` trains on it with the model's framework)."""
         reduced: dict = {}
-        for g in self.groups:
+        for g in self.groups if indices is None else [self.groups[i] for i in indices]:
             members = [m for m in g.members if grads[m.key[0]] is not None]
             by_kind: dict[tuple[str, str], list[ARMember]] = {}
             for m in members:

@@ -34,7 +34,7 @@ import zlib
 import numpy as np
 
 from autosync.models.fit_batch import batch_loss
-from autosync.runtime.sync.allreduce import ARGroup, ARMember
+from autosync.runtime.sync.allreduce import ARGroup, ARMember, split_by
 from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.compression import orthogonalize
 from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
@@ -44,23 +44,7 @@ from strategy_space.compressor import Compressor, matrix_dims, powersgd_compress
 def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
     """(groups reduced in the graph, groups left to the numpy channel), order kept, empty ones
     dropped. ``layout[v]`` is variable v's (number of shards, axis)."""
-    members: dict[int, list[ARMember]] = {}
-    for g in groups:
-        for m in g.members:
-            members.setdefault(m.key[0], []).append(m)
-    inside = {v for v, ms in members.items()
-              if len(ms) == layout[v][0]
-              and all(m.backend == "graph" for m in ms)
-              and not (ms[0].sparse and layout[v][0] > 1)}
-    graph, rest = [], []
-    for g in groups:
-        mine = tuple(m for m in g.members if m.key[0] in inside)
-        other = tuple(m for m in g.members if m.key[0] not in inside)
-        if mine:
-            graph.append(ARGroup(g.group, mine))
-        if other:
-            rest.append(ARGroup(g.group, other))
-    return graph, rest
+    return split_by(groups, layout, lambda m: m.backend == "graph")
 
 
 class GraphAllReduceChannel(SyncChannel):
