@@ -9,7 +9,9 @@ strategy runs with the collectives issued during the compute (``in_step``, as sh
 it (``after``, ``AUTOSYNC_IN_STEP=0``: every gradient handed over when the last is ready, as
 before). Strategies: the ``all_reduce`` and ``parallax`` builders, and all-reduce of every
 variable in ``--groups`` fusion groups of about equal bytes in gradient-ready order, uncompressed
-(``all_reduce/gN``) and in fp16 (``fp16/gN``). Per trial: the median step, its interval, compute
+(``all_reduce/gN``), in fp16 (``fp16/gN``), and with PowerSGD of rank 4 (error feedback) on
+the matrices and fp16 (error feedback) on the rest (``powersgd/gN``, as the dense models' tuned
+strategies). Per trial: the median step, its interval, compute
 and sync per step; per strategy the analytic bounds (``overlapped_s``: compute and the busiest
 NIC overlapped; ``serial_s``: their sum).
 
@@ -30,6 +32,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODES = {"in_step": {}, "after": {"AUTOSYNC_IN_STEP": "0"}}
+KINDS = ("all_reduce", "parallax", "all_reduce/g", "fp16/g", "powersgd/g")   # strategy labels less the group count
 
 
 def _args(argv=None):
@@ -37,6 +40,8 @@ def _args(argv=None):
     p.add_argument("--inside", action="store_true", help="measure only (inside host0 of an existing testbed)")
     p.add_argument("--models", nargs="+", default=["resnet50", "vgg16", "bert"], metavar="NAME",
                    help="zoo models or model-spec YAML files (default resnet50 vgg16 bert)")
+    p.add_argument("--only", nargs="+", metavar="KIND", choices=KINDS,
+                   help=f"measure only these strategies ({', '.join(KINDS)}; default all)")
     p.add_argument("--groups", type=int, default=4, help="fusion groups of the grouped strategies (default 4)")
     p.add_argument("--step-time", type=float, default=None, metavar="S", help="emulated compute seconds per step")
     p.add_argument("--rounds", type=int, default=2, help="alternations of both modes (default 2)")
@@ -58,14 +63,20 @@ def strategies(model, cluster, groups: int) -> dict:
     chunk = sum(v.bytes for v in model.variables) // groups + 1
     fused = fusion_groups(model, names, chunk)
 
-    def grouped(compressor: str) -> Strategy:
-        # a sparse variable's gradient is all-gathered whatever the setting: no compressor
-        return Strategy(tuple(VarConfig(n, (AllReduce(compressor="none" if model.var(n).sparse else compressor,
-                                                      group=fused[n]),)) for n in names), origin="search")
+    def grouped(compressor: str, matrices: str | None = None) -> Strategy:
+        # a sparse variable's gradient is all-gathered whatever the setting: no compressor;
+        # ``matrices``: the compressor of the dense variables of two dimensions or more
+        def codec(n):
+            v = model.var(n)
+            return "none" if v.sparse else (matrices if matrices and len(v.shape) >= 2 else compressor)
+
+        return Strategy(tuple(VarConfig(n, (AllReduce(compressor=codec(n), group=fused[n]),)) for n in names),
+                        origin="search")
 
     return {"all_reduce": get_builder("all_reduce").build(model, cluster),
             "parallax": get_builder("parallax").build(model, cluster),
-            f"all_reduce/g{groups}": grouped("none"), f"fp16/g{groups}": grouped("fp16")}
+            f"all_reduce/g{groups}": grouped("none"), f"fp16/g{groups}": grouped("fp16"),
+            f"powersgd/g{groups}": grouped("fp16_ef", "powersgd_ef(4)")}
 
 
 def _trial(runner, strategy, label: str, mode: str) -> dict:
@@ -93,7 +104,8 @@ def measure_model(name: str, cluster, args) -> dict:
     out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
     try:
         model = runner.model
-        chosen = strategies(model, cluster, args.groups)
+        chosen = {k: s for k, s in strategies(model, cluster, args.groups).items()
+                  if not args.only or k.rstrip("0123456789") in args.only}
         out["lower_bound"] = {k: step_lower_bound(model, cluster, s) for k, s in chosen.items()}
         for _ in range(args.rounds):
             for label, strategy in chosen.items():
@@ -135,7 +147,7 @@ def inside(args) -> int:
     from _testbed import measure_models
 
     meta = {"compute": "emulated", "step_time_s": args.step_time, "groups": args.groups, "modes": MODES,
-            "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds}
+            "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds, "only": args.only}
     return measure_models("in_step_overlap", REPO, args.out, args.name + ".json", args.models,
                           lambda name, cluster: measure_model(name, cluster, args), meta)
 
