@@ -64,11 +64,12 @@ def strategies(model, cluster, groups: int) -> dict:
     fused = fusion_groups(model, names, chunk)
 
     def grouped(compressor: str, matrices: str | None = None) -> Strategy:
-        # a sparse variable's gradient is all-gathered whatever the setting: no compressor;
         # ``matrices``: the compressor of the dense variables of two dimensions or more
         def codec(n):
             v = model.var(n)
-            return "none" if v.sparse else (matrices if matrices and len(v.shape) >= 2 else compressor)
+            if v.sparse or "float" not in v.dtype:   # all-gathered rows, or not a float: nothing to compress
+                return "none"
+            return matrices if matrices and len(v.shape) >= 2 else compressor
 
         return Strategy(tuple(VarConfig(n, (AllReduce(compressor=codec(n), group=fused[n]),)) for n in names),
                         origin="search")
