@@ -43,13 +43,16 @@ def tiny():
     return ModelDef(name="tiny", model_fn=build, loss_fn=loss, optimizer_fn=opt, dataset_fn=data, batch_size=8)
 '''
 
-STRATEGY = '''kind: strategy
-version: 1
-variables:
-  - {var: emb/embeddings, ps: {destination: node0}}
-  - {var: out/kernel, ps: {destination: node0}}
-  - {var: out/bias, ps: {destination: node0}}
-'''
+
+
+def _strategy(dense: str) -> str:
+    """The tiny model's table on a PS of node0, its dense layer synchronized by ``dense``."""
+    return ("kind: strategy\nversion: 1\nvariables:\n  - {var: emb/embeddings, ps: {destination: node0}}\n"
+            + "".join(f"  - {{var: out/{v}, {dense}}}\n" for v in ("kernel", "bias")))
+
+
+STRATEGY = _strategy("ps: {destination: node0}")
+MIXED = _strategy("all_reduce: {backend: gloo}")
 
 
 def _autosync(*args, timeout=300):
@@ -59,12 +62,17 @@ def _autosync(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _run_tiny(tmp_path, strategy: str, *args, timeout=300):
+    """``autosync run`` of the tiny script model with ``strategy`` (YAML text) and ``args``."""
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    (tmp_path / "s.yaml").write_text(strategy)
+    return _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"), *args,
+                     timeout=timeout)
+
+
 @pytest.mark.integration
 def test_run_prints_measurement_json(tmp_path):
-    (tmp_path / "tiny.py").write_text(SCRIPT)
-    (tmp_path / "s.yaml").write_text(STRATEGY)
-    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--cluster", "local",
-                     "--strategy", str(tmp_path / "s.yaml"), "--steps", "6", "--max-steps", "30", "--warmup", "1",
+    proc = _run_tiny(tmp_path, STRATEGY, "--cluster", "local", "--steps", "6", "--max-steps", "30", "--warmup", "1",
                      "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
@@ -90,22 +98,11 @@ def test_bad_strategy_file_exits_2_with_message(tmp_path):
     assert missing.returncode == 2 and "file not found" in missing.stderr
 
 
-MIXED = '''kind: strategy
-version: 1
-variables:
-  - {var: emb/embeddings, ps: {destination: node0}}
-  - {var: out/kernel, all_reduce: {backend: gloo}}
-  - {var: out/bias, all_reduce: {backend: gloo}}
-'''
-
-
 @pytest.mark.integration
 def test_run_writes_timeline(tmp_path):
-    (tmp_path / "tiny.py").write_text(SCRIPT)
-    (tmp_path / "s.yaml").write_text(MIXED)
     trace_path = tmp_path / "trace.json"
-    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"),
-                     "--steps", "8", "--precision", "0", "--warmup", "1", "--timeline", str(trace_path), "--json")
+    proc = _run_tiny(tmp_path, MIXED, "--steps", "8", "--precision", "0", "--warmup", "1", "--timeline", str(trace_path),
+                     "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     trace = json.loads(trace_path.read_text())
@@ -145,11 +142,8 @@ def test_timeline_to_a_missing_folder_exits_2_before_ray(tmp_path):
 
 @pytest.mark.integration
 def test_a_trial_that_fails_says_no_timeline_was_written(tmp_path):
-    (tmp_path / "tiny.py").write_text(SCRIPT)
-    (tmp_path / "s.yaml").write_text(STRATEGY)
     trace_path = tmp_path / "trace.json"
-    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"),
-                     "--timeout", "0.001", "--timeline", str(trace_path))
+    proc = _run_tiny(tmp_path, STRATEGY, "--timeout", "0.001", "--timeline", str(trace_path))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "trial timeout" in proc.stderr and f"no timeline written to {trace_path}" in proc.stderr
     assert not trace_path.exists()
@@ -157,18 +151,17 @@ def test_a_trial_that_fails_says_no_timeline_was_written(tmp_path):
 
 @pytest.mark.integration
 def test_run_writes_timeline_with_emulated_compute(tmp_path):
-    """The emulated worker records its spans too: its compute is the step time it was given."""
-    (tmp_path / "tiny.py").write_text(SCRIPT)
-    (tmp_path / "s.yaml").write_text(STRATEGY)
+    """The emulated worker records its spans too: its compute is the step time it was given, and
+    the dense layer's all-reduce (backend auto: in the step on GPU workers) runs during it."""
     trace_path = tmp_path / "trace.json"
-    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "s.yaml"),
-                     "--compute", "emulated", "--step-time", "0.02", "--steps", "6", "--precision", "0",
-                     "--warmup", "1", "--timeline", str(trace_path), "--json")
+    proc = _run_tiny(tmp_path, _strategy("all_reduce: {backend: auto}"), "--compute", "emulated", "--step-time", "0.02",
+                     "--steps", "6", "--precision", "0", "--warmup", "1", "--timeline", str(trace_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     phases = {(r["actor"], r["span"]): r for r in json.loads(proc.stdout)["timeline"]["phases"]}
     for w in ("worker 0 (node0)", "worker 1 (node0)"):
         assert phases[(w, "compute")]["count"] == 8 and 19 <= phases[(w, "compute")]["ms_per_step"] < 30
         assert phases[(w, "ps push")]["count"] == 8 and phases[(w, "pull")]["count"] == 8
+        assert phases[(w, "allreduce (in step)")]["count"] == 8 and phases[(w, "update")]["count"] == 8
     assert phases[("ps@node0", "apply")]["count"] == 8
     trace = json.loads(trace_path.read_text())
     assert {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"} == {

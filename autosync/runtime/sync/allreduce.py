@@ -179,8 +179,7 @@ class AllReduceChannel(SyncChannel):
         """This step's reduced gradients: those ``reduce_early`` reduced, and the other groups'."""
         done, early = self._early[1:] if self._early[0] == step else (set(), {})
         self._early = (-1, set(), {})
-        rest = [i for i in range(len(self.groups)) if i not in done]
-        return {**early, **self.reduce(step, grads, rest)} if early else self.reduce(step, grads)
+        return {**early, **self.reduce(step, grads, [i for i in range(len(self.groups)) if i not in done])}
 
     def _as_read(self, reduced: dict) -> dict:
         """The reduced gradients in the form the update rule reads them: a sparse member's gathered
