@@ -181,3 +181,81 @@ def test_without_the_eager_tensor_constructor_arguments_are_converted_as_tensorf
         np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
         assert [int(n) for n in got[1]] == [int(n) for n in want[1]]
     assert flat.fallbacks == 0
+
+
+def _grads_function():
+    import tensorflow as tf
+
+    table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+    dense = tf.Variable(np.ones((2, 1), np.float32))
+    unused = tf.Variable(1.0)
+
+    @tf.function
+    def grads(ids, x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(tf.gather(table, ids) * x, dense))
+        return loss, tape.gradient(loss, [dense, table, unused])
+
+    return grads
+
+
+def test_outputs_are_packed_below_tensorflows_own_packing_with_the_same_values():
+    """A gradient step's outputs (a loss, a dense gradient, IndexedSlices, None) come back from
+    the graph's flat outputs in their structure and values, call after call."""
+    import tensorflow as tf
+
+    from autosync.runtime.fast_call import FlatFunction
+
+    grads = _grads_function()
+    example = (np.array([0, 3, 3], np.int64), np.ones((3, 2), np.float32))
+    flat = FlatFunction(grads, example)
+    assert flat.lowest
+    for ids in ([0, 3, 3], [5, 1, 2]):
+        args = (np.array(ids, np.int64), np.full((3, 2), 0.5, np.float32))
+        (loss, got), (want_loss, want) = flat(*args), grads(*args)
+        assert isinstance(got, list) and got[2] is None and isinstance(got[1], tf.IndexedSlices)
+        assert float(loss) == float(want_loss)
+        np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+        np.testing.assert_array_equal(got[1].indices.numpy(), ids)
+        np.testing.assert_array_equal(got[1].values.numpy(), want[1].values.numpy())
+        np.testing.assert_array_equal(got[1].dense_shape.numpy(), [6, 2])
+    assert flat.fallbacks == 0
+
+
+def test_under_a_recording_tape_calls_take_tensorflows_path_and_differentiate():
+    """The lowest path does not record on a tape: where one may record, the call goes through
+    TensorFlow's entry point, so a gradient through it is still there."""
+    import tensorflow as tf
+
+    from autosync.runtime.fast_call import FlatFunction
+
+    @tf.function
+    def square(x):
+        return [x * x]
+
+    flat = FlatFunction(square, (np.ones(3, np.float32),))
+    assert flat.lowest
+    x = tf.constant([1.0, 2.0, 3.0])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        (y,) = flat(x)
+    np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(flat(np.array([2.0, 2.0, 2.0], np.float32))[0].numpy(), [4.0, 4.0, 4.0])
+
+
+def test_outputs_it_does_not_pack_keep_tensorflows_packing():
+    """A dict of outputs is not rebuilt below TensorFlow's packing: the call gives it as the
+    tf.function does."""
+    import tensorflow as tf
+
+    from autosync.runtime.fast_call import FlatFunction
+
+    @tf.function
+    def named(x):
+        return {"double": 2 * x, "half": x / 2}
+
+    flat = FlatFunction(named, (np.ones(2, np.float32),))
+    assert flat.fast and not flat.lowest
+    got = flat(np.array([2.0, 4.0], np.float32))
+    assert sorted(got) == ["double", "half"]
+    np.testing.assert_array_equal(got["half"].numpy(), [1.0, 2.0])
