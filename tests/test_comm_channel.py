@@ -88,8 +88,8 @@ def test_uncompressed_equals_mean_gradient_sgd(ray_session, backend):
     for values, calls in results:
         for i in range(4):
             np.testing.assert_allclose(values[i], want[i], rtol=1e-5, atol=1e-6)
-        # one collective per (group, kind) and step; the sparse member is two all-gathers
-        assert calls == steps * (1 + 2 + 1 + 1)
+        # one collective per (group, kind) and step; the sparse member one all-gather
+        assert calls == steps * (1 + 1 + 1 + 1)
 
 
 @pytest.mark.parametrize("backend", ["objectstore", "gloo"])

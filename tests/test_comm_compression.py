@@ -110,35 +110,60 @@ def test_elementwise_compressor_of_a_setting():
         Compressor.parse("powersgd")
 
 
-def test_sparse_members_of_a_group_cost_two_collectives_in_all():
-    """However many sparse variables share a group, a step all-gathers them with two calls (a
-    call per variable would be one Ray round trip per variable per step)."""
+def test_sparse_members_of_a_group_cost_one_collective_in_all():
+    """However many sparse variables share a group, a step all-gathers them with one call (a
+    call per variable would be one round trip per variable per step), row ids in the narrowest
+    dtype that numbers the members' rows."""
+    from autosync.runtime.slices import sparse_frame
     from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
-
-    class Recorder:
-        """A two-worker backend: the peer sends the same rows, doubled."""
-        calls = 0
-
-        def allgather(self, arr, tag):
-            Recorder.calls += 1
-            peer = arr.copy()
-            if tag.endswith("/v"):
-                peer *= 2
-            return [arr, peer]
 
     shapes = [(10, 3), (7, 2), (5,)]
     members = tuple(ARMember((v, 0), 0, s[0], 0, 1, True, Compressor(), "objectstore") for v, s in enumerate(shapes))
-    values = {(v, 0): np.zeros(s, np.float32) for v, s in enumerate(shapes)}
-    ch = AllReduceChannel(0, 2, [ARGroup(0, members)], {"objectstore": None}, values,
-                          {"name": "SGD", "learning_rate": 1.0, "class": "SGD"})
-    ch._backends["objectstore"] = Recorder()
     rng = np.random.default_rng(0)
     grads = [(np.array([1, 3, 1]), rng.standard_normal((3, 3)).astype(np.float32)),
              (np.array([6]), rng.standard_normal((1, 2)).astype(np.float32)),
              (np.array([0, 4]), rng.standard_normal(2).astype(np.float32))]
+
+    class Recorder:
+        """A two-worker backend: the peer sends the same rows, doubled."""
+        calls, sent = 0, None
+
+        def allgather(self, arr, tag):
+            Recorder.calls += 1
+            Recorder.sent = arr
+            return [arr, sparse_frame([(i, 2 * v) for i, v in grads], members)[0]]
+
+    values = {(v, 0): np.zeros(s, np.float32) for v, s in enumerate(shapes)}
+    ch = AllReduceChannel(0, 2, [ARGroup(0, members)], {"objectstore": None}, values,
+                          {"name": "SGD", "learning_rate": 1.0, "class": "SGD"})
+    ch._backends["objectstore"] = Recorder()
     ch.push(0, grads)
-    assert Recorder.calls == 2 and ch.calls == 2
+    assert Recorder.calls == 1 and ch.calls == 1
+    # 3 counts (4 bytes each), 6 ids of one byte (padded to 8), 9 + 2 + 2 float32 values
+    assert Recorder.sent.nbytes == 12 + 8 + 4 * 13
     for v, (idx, vals) in enumerate(grads):
         want = np.zeros(shapes[v], np.float32)
         np.add.at(want, idx, -(vals + 2 * vals) / 2)  # SGD lr 1 on the mean of both workers
         np.testing.assert_allclose(ch.pull(1)[(v, 0)], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sparse_frame_reads_back_every_members_rows_and_values():
+    """Members of several row shapes and precisions, one with no rows this step, ids past 255
+    (two-byte ids): each worker's frame gives back its rows and values exactly (narrower values
+    widened to the group's widest dtype on the wire)."""
+    from autosync.runtime.slices import read_sparse_frame, sparse_frame
+    from autosync.runtime.sync.allreduce import ARMember
+
+    shapes = [(300, 2, 3), (40, 4), (9,)]
+    members = [ARMember((v, 0), 0, s[0], 0, 1, True, Compressor(), "gloo") for v, s in enumerate(shapes)]
+    rng = np.random.default_rng(1)
+    parts = [(np.array([299, 0, 17, 299]), rng.standard_normal((4, 2, 3)).astype(np.float32)),
+             (np.zeros(0, np.int64), np.zeros((0, 4), np.float16)),
+             (np.array([8, 2]), rng.standard_normal(2).astype(np.float16))]
+    frame, layout = sparse_frame(parts, members)
+    assert frame.dtype == np.int32 and layout[0] == np.uint16 and layout[1] == np.float32
+    back = read_sparse_frame(frame.copy(), layout)
+    for (idx, vals), (got_idx, got_vals) in zip(parts, back):
+        np.testing.assert_array_equal(got_idx, idx)
+        assert got_vals.shape == vals.shape
+        np.testing.assert_array_equal(got_vals.astype(vals.dtype), vals)

@@ -325,3 +325,39 @@ def test_a_held_step_gives_its_squared_norm_and_applies_the_scale_given(request,
         for got, w in zip(values, want):
             np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
     assert not np.allclose(want[0], reference(WORLD, STEPS)[0])
+
+
+def test_all_reduced_tables_are_pulled_by_the_rows_a_step_reads(monkeypatch):
+    """A pull given the rows a step reads hands back a sparse member's rows, ``(ids within the
+    shard, rows)``, as a parameter server does, and every other member whole; the rows are the
+    values the channel holds, before its first update and after (Adam moves every row)."""
+    monkeypatch.setitem(backends.BACKENDS, "thread", ThreadBackend)
+    none = Compressor.parse("none")
+    # the table split in two shards along axis 0 (rows [0, 5) and [5, 10)), a dense bias beside it
+    table = [ARMember((0, k), a, b, 0, 2, True, none, "thread") for k, (a, b) in enumerate([(0, 5), (5, 10)])]
+    groups = [ARGroup(0, (*table, ARMember((1, 0), 0, 4, 0, 1, False, none, "thread")))]
+    rng = np.random.default_rng(3)
+    full = rng.standard_normal((10, 3)).astype(np.float32)
+    values = {(0, 0): full[:5].copy(), (0, 1): full[5:].copy(), (1, 0): np.ones(4, np.float32)}
+    adam = {"name": "Adam", "learning_rate": 0.01, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False}
+    ids = np.array([1, 4, 6, 9], np.int64)
+    setup = ThreadBackend.prepare(2, "rows")
+
+    def rank(r):
+        ch = AllReduceChannel(r, 2, groups, {"thread": setup}, dict(values), adam)
+        seen = [ch.pull(0, rows={0: ids})]
+        ch.push(0, [(np.array([2, 6], np.int64), np.ones((2, 3), np.float32) * (r + 1)), np.ones(4, np.float32)])
+        seen.append(ch.pull(1, rows={0: ids}))
+        whole = ch.pull(1)
+        return seen, whole
+
+    for seen, whole in run_ranks(2, rank):
+        for got, table_now in zip(seen, (full, np.concatenate([whole[(0, 0)], whole[(0, 1)]]))):
+            (low, low_rows), (high, high_rows) = got[(0, 0)], got[(0, 1)]
+            np.testing.assert_array_equal(low, [1, 4])
+            np.testing.assert_array_equal(high, [6, 9])
+            np.testing.assert_array_equal(np.concatenate([low_rows, high_rows]), table_now[ids])
+            assert not isinstance(got[(1, 0)], tuple) and got[(1, 0)].shape == (4,)
+        # the update moved every row with a moment (rows 2 and 6), a row never pushed did not move
+        moved = np.concatenate([whole[(0, 0)], whole[(0, 1)]]) != full
+        assert moved[[2, 6]].all() and not moved[[1, 4, 9]].any()

@@ -205,20 +205,17 @@ def test_scatter_plan_is_np_add_at_bit_for_bit_on_every_path(layout):
 
 
 def test_a_step_that_touches_rows_it_did_not_pull_fails_naming_them():
-    from types import SimpleNamespace
+    from autosync.runtime.rows import check_pulled_rows
 
-    from autosync.runtime.worker import TrainingWorker
-
-    worker = TrainingWorker.__new__(TrainingWorker)
-    worker.variables = [SimpleNamespace(path="dense/kernel"), SimpleNamespace(path="user_embedding/embeddings")]
+    paths = ["dense/kernel", "user_embedding/embeddings"]
     pulled = {1: np.array([2, 5, 9], np.int64)}
     dense = np.zeros((2, 2), np.float32)
-    worker._check_rows(pulled, [dense, (np.array([9, 2, 2, 5]), np.ones((4, 3)))])   # all pulled: fine
+    check_pulled_rows(paths, pulled, [dense, (np.array([9, 2, 2, 5]), np.ones((4, 3)))])   # all pulled: fine
     for touched, missed in (([9, 3, 11, 3], [3, 11]), ([1], [1]), ([10], [10])):
         with pytest.raises(RuntimeError, match=re.escape(f"user_embedding/embeddings: the step read rows {missed} ")):
-            worker._check_rows(pulled, [dense, (np.array(touched), np.ones((len(touched), 3)))])
+            check_pulled_rows(paths, pulled, [dense, (np.array(touched), np.ones((len(touched), 3)))])
     with pytest.raises(RuntimeError, match=r"read rows \[0\]"):
-        worker._check_rows({1: np.zeros(0, np.int64)}, [dense, (np.array([0]), np.ones((1, 3)))])
+        check_pulled_rows(paths, {1: np.zeros(0, np.int64)}, [dense, (np.array([0]), np.ones((1, 3)))])
 
 
 @pytest.mark.integration

@@ -212,6 +212,26 @@ def _ids_function(feeds_model, plan: dict):
     return tf.function(ids)
 
 
+def check_pulled_rows(paths: list, rows: dict, grads: list) -> None:
+    """The gradient of a row-pulled variable (``rows``: variable index -> the sorted, unique row
+    ids pulled for the step) touches only rows that were pulled; ``paths`` names the variables.
+
+    Raises:
+        RuntimeError: naming the variable and rows read but not pulled.
+    """
+    for v, ids in rows.items():
+        g = grads[v]
+        if isinstance(g, tuple):
+            # ``ids`` is sorted and unique: each touched row is found where it would sort
+            at = np.minimum(np.searchsorted(ids, g[0]), max(len(ids) - 1, 0))
+            missed = np.unique(g[0] if not len(ids) else g[0][ids[at] != g[0]])
+            if missed.size:
+                raise RuntimeError(
+                    f"variable {paths[v]}: the step read rows {missed[:5].tolist()} that the "
+                    f"lookup-id function did not predict (a model that reads it outside its Embedding "
+                    f"layer?); the prediction is wrong for this model, so row pulls cannot be used")
+
+
 def index_dtype(rows: int) -> np.dtype:
     """The narrowest integer dtype that numbers ``rows`` rows: what row ids cross the network in
     (a 20,000-row table's ids take 2 bytes, not 4 or 8)."""

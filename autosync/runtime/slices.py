@@ -1,10 +1,13 @@
 """Summing a sparse gradient's slices row by row, bit for bit as ``np.add.at`` (Keras' dense
 scatter-add) sums them: what a parameter-server worker sends for a table (``dedup_rows``,
 ``dedup_aligned`` on the rows it pulled, ``dedup_aligned_many`` for all its tables at once) and
-how a parameter server adds up several senders' (``merge_rows``)."""
+how a parameter server adds up several senders' (``merge_rows``); and the buffer an all-reduce
+worker all-gathers a group's sparse gradients in (``sparse_frame``, ``read_sparse_frame``)."""
 from __future__ import annotations
 
 import numpy as np
+
+from autosync.runtime.rows import index_dtype
 
 
 def dedup_rows(indices: np.ndarray, values: np.ndarray, with_squares: bool, dtype=np.int32):
@@ -214,3 +217,46 @@ def merge_rows(parts: list, with_squares: bool):
     if not len(pos):
         return unique, sums
     return unique, sums, pos, total[pos]
+
+
+def sparse_frame(parts: list, members: list) -> tuple[np.ndarray, tuple]:
+    """One worker's sparse gradients of a group as one int32 buffer for an all-gather, and the
+    layout every worker reads the others' by (the same on every worker: it depends only on the
+    members and their dtypes): the row count of each member, then every member's row ids in
+    the narrowest integer dtype numbering the largest member's rows, then their values in one
+    dtype wide enough for all, each part padded to 4 bytes."""
+    ids_dtype = index_dtype(max(m.stop - m.start for m in members))
+    wire = np.result_type(*[vals.dtype for _, vals in parts])
+    widths = tuple(int(np.prod(np.shape(vals)[1:], dtype=np.int64)) for _, vals in parts)
+    rows = tuple(tuple(np.shape(vals)[1:]) for _, vals in parts)
+    counts = np.array([len(idx) for idx, _ in parts], dtype=np.int32)
+    ids = np.concatenate([np.asarray(idx).astype(ids_dtype, copy=False) for idx, _ in parts])
+    values = np.concatenate([np.asarray(vals, dtype=wire).ravel() for _, vals in parts])
+    frame = b"".join(_padded(a.tobytes()) for a in (counts, ids, values))
+    return np.frombuffer(frame, dtype=np.int32), (ids_dtype, wire, widths, rows)
+
+
+def read_sparse_frame(frame: np.ndarray, layout: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(row ids, values)`` of each member from one worker's ``sparse_frame``."""
+    ids_dtype, wire, widths, rows = layout
+    raw = np.ascontiguousarray(frame).view(np.uint8)
+    counts = raw[:4 * len(widths)].view(np.int32)
+    at = _pad_to(4 * len(widths))
+    total = int(counts.sum())
+    ids = raw[at:at + total * ids_dtype.itemsize].view(ids_dtype)
+    at += _pad_to(total * ids_dtype.itemsize)
+    n_values = int(np.dot(counts.astype(np.int64), np.array(widths, dtype=np.int64))) if widths else 0
+    values = raw[at:at + n_values * wire.itemsize].view(wire)
+    out, i, v = [], 0, 0
+    for n, width, row in zip(counts.tolist(), widths, rows):
+        out.append((ids[i:i + n], values[v:v + n * width].reshape((n,) + row)))
+        i, v = i + n, v + n * width
+    return out
+
+
+def _pad_to(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+def _padded(data: bytes) -> bytes:
+    return data + bytes(_pad_to(len(data)) - len(data))

@@ -21,7 +21,7 @@ from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime import prefetch, timeline, weights_file
-from autosync.runtime.rows import find_row_reads
+from autosync.runtime.rows import check_pulled_rows, find_row_reads
 from autosync.runtime.sync.base import hand_over
 
 
@@ -263,7 +263,7 @@ class TrainingWorker:
             loss, grads = self._gradients_of(batches)
             compute = time.perf_counter() - t1
             timeline.add("compute", t1, t1 + compute, step=self.step)
-            self._check_rows(rows, grads)
+            check_pulled_rows([v.path for v in self.variables], rows, grads)
             hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
@@ -334,10 +334,29 @@ class TrainingWorker:
     def checkpoint_part(self, weights: list, channels: dict) -> dict:
         """Model weights by index (``{"weights": {i: array}}``) and channel state by channel
         and name (``{"channels": {c: {name: array}}}``), as ``checkpoint_state`` listed them. A
-        row-pulled table is read as it is here (its parameter servers hold it whole)."""
+        row-pulled table is read whole: from its parameter servers, which hold it whole (this
+        model is current only on the rows last read), or written whole here first where a
+        channel of this worker holds it (all-reduced)."""
+        if self._partial:
+            self._assign_held_whole()
         every = self.model.weights
         return {"weights": {i: np.array(every[i].numpy()) for i in weights},
                 "channels": {c: self.channels[c].checkpoint_state(names) for c, names in channels.items()}}
+
+    def _assign_held_whole(self) -> None:
+        """Write whole into the model the row-pulled tables that a channel holding its values
+        here (``holds_values``: all-reduce) pulled by rows."""
+        parts: dict = {}
+        for channel in self.channels:
+            if getattr(channel, "holds_values", False):
+                parts.update(channel.pull(self.step, fresh=True))
+        whole = {}
+        for v in self.row_reads.outputs:
+            shards, axis = self.layout[v]
+            got = [parts.get((v, i)) for i in range(shards)]
+            if all(isinstance(p, np.ndarray) for p in got):
+                whole[v] = got[0] if shards == 1 else np.concatenate(got, axis=axis)
+        self._assign_each(whole)
 
     def assign_weights(self, part: dict) -> None:
         """Set model weights by index (``get_weights`` order): a restore sends them in batches."""
@@ -374,20 +393,6 @@ class TrainingWorker:
             self._assign_pulled(self.step, fresh=True)
             self._partial = False
         return self.model.get_weights()
-
-    def _check_rows(self, rows: dict, grads: list) -> None:
-        """The gradient of a row-pulled variable touches only rows that were pulled."""
-        for v, ids in rows.items():
-            g = grads[v]
-            if isinstance(g, tuple):
-                # ``ids`` is sorted and unique: each touched row is found where it would sort
-                at = np.minimum(np.searchsorted(ids, g[0]), max(len(ids) - 1, 0))
-                missed = np.unique(g[0] if not len(ids) else g[0][ids[at] != g[0]])
-                if missed.size:
-                    raise RuntimeError(
-                        f"variable {self.variables[v].path}: the step read rows {missed[:5].tolist()} that the "
-                        f"lookup-id function did not predict (a model that reads it outside its Embedding "
-                        f"layer?); the prediction is wrong for this model, so row pulls cannot be used")
 
     def _assign_pulled(self, step: int, fresh: bool = False, rows: dict | None = None, pending=None) -> None:
         """Pull (or, given ``pending``, finish the pulls each channel started) and assign."""

@@ -8,7 +8,8 @@ state. A step's ``push`` reduces the gradients group by group, in gradient-ready
   collective call, decompressed and unpacked (PowerSGD: one call for the P matrices plus the
   uncompressible members, one for the Q matrices);
 * sparse members are all-gathered as (indices, values), exactly what TensorFlow does for
-  ``IndexedSlices`` under all-reduce (duplicates add up when applied);
+  ``IndexedSlices`` under all-reduce (duplicates add up when applied): one exchange for all of a
+  group's sparse members, row ids in the narrowest integer dtype (``sparse_frame``);
 
 then applies the local optimizer (the same numpy Keras rules the parameter servers use), so every
 worker holds identical values. ``pull`` hands back those values.
@@ -21,7 +22,7 @@ import numpy as np
 
 from autosync.runtime import timeline
 from autosync.runtime.optimizers import sparse_form
-from autosync.runtime.slices import dedup_rows
+from autosync.runtime.slices import dedup_rows, read_sparse_frame, sparse_frame
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
 from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise
@@ -108,6 +109,7 @@ class AllReduceChannel(SyncChannel):
     """
 
     phase = "allreduce"
+    holds_values = True   # a pull reads what this worker holds: no network
 
     def __init__(self, rank: int, world: int, groups: list[ARGroup], setups: dict, values: dict,
                  optimizer_config: dict, seed: int = 0, backends: dict[str, CollectiveBackend] | None = None):
@@ -130,6 +132,7 @@ class AllReduceChannel(SyncChannel):
         self._version = 0
         self._held: dict | None = None   # a step's reduced gradients awaiting ``release``
         self._early: tuple[int, set, dict] = (-1, set(), {})   # (step, groups, reduced) by ``reduce_early``
+        self._members = {m.key: m for g in groups for m in g.members}
 
     def __getstate__(self):
         # shipped to the worker before first use: connections are made there, lazily
@@ -157,11 +160,32 @@ class AllReduceChannel(SyncChannel):
 
     # ---- SyncChannel -------------------------------------------------------------------
     def pull(self, step: int, fresh: bool = False, rows: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
-        """Values per (var, shard): every worker applied the same reduced gradients. They are
-        held here, so ``rows`` (what the step reads of sparse variables) changes nothing."""
-        if self._optimizer is None:
-            return self.params
-        return {k: self._optimizer.value(self.params, k) for k in self.params}
+        """Values per (var, shard): every worker applied the same reduced gradients and holds
+        them here. A variable in ``rows`` (what the step reads of a row-read table) comes as
+        ``(row ids, those rows)``, its ids within the shard's bounds, as a parameter server sends
+        rows: the worker writes only those into its model, not the whole table every step (an
+        update rule that moves every row, as Adam's does, would otherwise cost a full copy of
+        each table a step); the rest whole."""
+        params = self.params
+        rows = rows or {}
+        out, wanted = {}, {}
+        for key in params:
+            m = self._members[key]
+            if m.sparse and key[0] in rows and m.axis == 0:
+                ids = np.asarray(rows[key[0]], dtype=np.int64)
+                if m.num_shards > 1:
+                    ids = ids[(ids >= m.start) & (ids < m.stop)]
+                wanted[key] = ids
+            elif self._optimizer is None:
+                out[key] = params[key]
+            else:
+                out[key] = self._optimizer.value(params, key)
+        if wanted:
+            local = {k: ids - self._members[k].start for k, ids in wanted.items()}
+            got = (self._optimizer.gather(params, local) if self._optimizer is not None
+                   else {k: params[k][i] for k, i in local.items()})
+            out.update({k: (wanted[k], got[k]) for k in wanted})
+        return out
 
     def push(self, step: int, grads: list) -> None:
         self._update(self._as_read(self._reduce_rest(step, grads)))
@@ -348,35 +372,23 @@ class AllReduceChannel(SyncChannel):
         return out
 
     def _gather_sparse(self, backend, ms, parts, tag) -> dict:
-        """All-gather every sparse member of the group with two collectives in all, whatever the
-        number of members: one of the indices (each worker's row counts first), one of the values
-        (flattened; members of lower precision are widened on the wire and narrowed back)."""
+        """All-gather every sparse member of the group in one exchange (``sparse_frame``): each
+        worker's row counts, row ids (shard-local, in the narrowest integer dtype that numbers the
+        members' rows) and values (members of lower precision widened on the wire, narrowed
+        back) in one buffer, whatever the number of members."""
         b = self._backend(backend)
-        counts = np.array([len(idx) for idx, _ in parts], dtype=np.int64)
-        idx_buf = np.concatenate([counts] + [np.asarray(idx, dtype=np.int64) for idx, _ in parts])
-        wire = np.result_type(*[vals.dtype for _, vals in parts])
-        val_buf = np.concatenate([np.asarray(vals, dtype=wire).ravel() for _, vals in parts])
-        self.calls += 2
-        self.bytes_sent += idx_buf.nbytes + val_buf.nbytes
-        with timeline.span("collective", tag=f"{tag}/i", bytes=int(idx_buf.nbytes)):
-            all_idx = b.allgather(idx_buf, f"{tag}/i")
-        with timeline.span("collective", tag=f"{tag}/v", bytes=int(val_buf.nbytes)):
-            all_val = b.allgather(val_buf, f"{tag}/v")
-        self.bytes_received += sum(a.nbytes for a in all_idx) + sum(a.nbytes for a in all_val)
-        gathered: list[tuple[list, list]] = [([], []) for _ in ms]
-        for w_idx, w_val in zip(all_idx, all_val):
-            n_idx, n_val = len(ms), 0
-            for k, (_, vals) in enumerate(parts):
-                n = int(w_idx[k])
-                row = vals.shape[1:]
-                width = int(np.prod(row)) if row else 1
-                gathered[k][0].append(w_idx[n_idx:n_idx + n])
-                gathered[k][1].append(w_val[n_val:n_val + n * width].reshape((n,) + row))
-                n_idx, n_val = n_idx + n, n_val + n * width
+        frame, layout = sparse_frame(parts, ms)
+        self.calls += 1
+        self.bytes_sent += frame.nbytes
+        with timeline.span("collective", tag=f"{tag}/rows", bytes=int(frame.nbytes)):
+            frames = b.allgather(frame, f"{tag}/rows")
+        self.bytes_received += sum(f.nbytes for f in frames)
+        gathered = [read_sparse_frame(f, layout) for f in frames]
         out = {}
-        for m, (_, vals), (idx_list, val_list) in zip(ms, parts, gathered):
-            v = np.concatenate(val_list).astype(vals.dtype, copy=False)
-            out[m.key] = (np.concatenate(idx_list), v / v.dtype.type(self.world))
+        for k, (m, (_, vals)) in enumerate(zip(ms, parts)):
+            ids = np.concatenate([g[k][0] for g in gathered]).astype(np.int64)
+            v = np.concatenate([g[k][1] for g in gathered]).astype(vals.dtype, copy=False)
+            out[m.key] = (ids, v / v.dtype.type(self.world))
         return out
 
     @staticmethod
@@ -387,3 +399,4 @@ class AllReduceChannel(SyncChannel):
             out[m.key] = total[offset:offset + n].reshape(np.shape(p))
             offset += n
         return out
+
