@@ -7,7 +7,7 @@ next step reads. For each model, on one warm worker pool, alternating for ``--ro
 drift hits all alike: the ``all_reduce``, ``parallax`` and ``ps_lb`` builders' strategies (``ps_lb``
 is the embedding models' best baseline: the ratios are against it, measured in the same run).
 Per trial: the median step, its interval, compute and sync per step; per strategy the analytic
-bounds. The code measured is the checkout's: run it from two commits to compare them.
+bounds (with the model's compute measured at the start of the run). The code measured is the checkout's: run it from two commits to compare them.
 
     sudo flock /tmp/autosync-testbed.lock python benchmarks/sparse_allreduce.py --models ncf dlrm
 
@@ -63,8 +63,9 @@ def measure_model(name: str, cluster, args) -> dict:
     from strategy_space.builders import get_builder
     from tuner.cost_models.analytic import step_lower_bound
 
-    runner = make_runner(source_of(name), cluster, compute=args.compute, warmup=args.warmup, steps=args.steps,
-                         trial_timeout_s=600)
+    # profile: the bounds' compute is the model's, measured here (as the headline measures it)
+    runner = make_runner(source_of(name), cluster, compute=args.compute, profile=True, warmup=args.warmup,
+                         steps=args.steps, trial_timeout_s=600)
     out: dict = {"source": source_of(name), "trials": [], "lower_bound": {}}
     try:
         model = runner.model
