@@ -113,7 +113,7 @@ def test_elementwise_compressor_of_a_setting():
 def test_sparse_members_of_a_group_cost_one_collective_in_all():
     """However many sparse variables share a group, a step all-gathers them with one call (a
     call per variable would be one round trip per variable per step), row ids in the narrowest
-    dtype that numbers the members' rows."""
+    dtype that numbers the members' rows, a worker's repeated rows summed (SGD updates alike)."""
     from autosync.runtime.slices import sparse_frame
     from autosync.runtime.sync.allreduce import AllReduceChannel, ARGroup, ARMember
 
@@ -139,8 +139,8 @@ def test_sparse_members_of_a_group_cost_one_collective_in_all():
     ch._backends["objectstore"] = Recorder()
     ch.push(0, grads)
     assert Recorder.calls == 1 and ch.calls == 1
-    # 3 counts (4 bytes each), 6 ids of one byte (padded to 8), 9 + 2 + 2 float32 values
-    assert Recorder.sent.nbytes == 12 + 8 + 4 * 13
+    # 3 counts (4 bytes each), 5 ids of one byte (row 1 summed; padded to 8), 6 + 2 + 2 float32 values
+    assert Recorder.sent.nbytes == 12 + 8 + 4 * 10
     for v, (idx, vals) in enumerate(grads):
         want = np.zeros(shapes[v], np.float32)
         np.add.at(want, idx, -(vals + 2 * vals) / 2)  # SGD lr 1 on the mean of both workers
@@ -167,3 +167,22 @@ def test_a_sparse_frame_reads_back_every_members_rows_and_values():
         np.testing.assert_array_equal(got_idx, idx)
         assert got_vals.shape == vals.shape
         np.testing.assert_array_equal(got_vals.astype(vals.dtype), vals)
+
+
+def test_a_sparse_frame_carries_the_summed_squares_of_repeated_rows():
+    """A part summed by ``dedup_rows`` with squares: read back, each row's square is the sum of
+    its slices' squares where it repeated, its value's square where it did not."""
+    from autosync.runtime.slices import dedup_rows, read_sparse_frame, sparse_frame
+    from autosync.runtime.sync.allreduce import ARMember
+
+    members = [ARMember((v, 0), 0, 50, 0, 1, True, Compressor(), "gloo") for v in range(2)]
+    rng = np.random.default_rng(2)
+    raw = [(np.array([4, 9, 4, 4, 30]), rng.standard_normal((5, 2)).astype(np.float32)),
+           (np.array([3, 8]), rng.standard_normal(2).astype(np.float32))]
+    parts = [dedup_rows(i, v, True) for i, v in raw]
+    assert len(parts[0]) == 4 and len(parts[1]) == 2   # rows repeat in the first only
+    frame, layout = sparse_frame(parts, members, squares=True)
+    for (idx, vals), (ids, sums, squares) in zip(raw, read_sparse_frame(frame, layout)):
+        for row, s, sq in zip(ids.tolist(), sums, squares):
+            np.testing.assert_allclose(s, vals[idx == row].sum(axis=0), rtol=1e-6)
+            np.testing.assert_allclose(sq, np.square(vals[idx == row]).sum(axis=0), rtol=1e-6)

@@ -361,3 +361,36 @@ def test_all_reduced_tables_are_pulled_by_the_rows_a_step_reads(monkeypatch):
         # the update moved every row with a moment (rows 2 and 6), a row never pushed did not move
         moved = np.concatenate([whole[(0, 0)], whole[(0, 1)]]) != full
         assert moved[[2, 6]].all() and not moved[[1, 4, 9]].any()
+
+
+@pytest.mark.parametrize("optimizer", [
+    {"name": "Adam", "learning_rate": 0.01, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False},
+    {"name": "Adagrad", "learning_rate": 0.1, "initial_accumulator_value": 0.1, "epsilon": 1e-7},
+    SGD])
+def test_repeated_rows_summed_before_the_gather_update_as_every_slice_would(monkeypatch, optimizer):
+    """Each worker sums its repeated rows before the all-gather (with their summed squared slices
+    where the rule squares each slice: Adam, Adagrad): the update is the one the rule makes of
+    every worker's slices as they are."""
+    from autosync.runtime.optimizers import make_optimizer
+
+    monkeypatch.setitem(backends.BACKENDS, "thread", ThreadBackend)
+    member = ARMember((0, 0), 0, 10, 0, 1, True, Compressor.parse("none"), "thread")
+    table = np.random.default_rng(5).standard_normal((10, 3)).astype(np.float32)
+    grads = [(np.array([1, 7, 1, r, 1]), np.random.default_rng([9, r]).standard_normal((5, 3)).astype(np.float32))
+             for r in range(2)]
+    setup = ThreadBackend.prepare(2, "summed")
+
+    def rank(r):
+        ch = AllReduceChannel(r, 2, [ARGroup(0, (member,))], {"thread": setup}, {(0, 0): table.copy()}, optimizer)
+        ch.push(0, [grads[r]])
+        return ch.pull(1)[(0, 0)], ch.bytes_sent
+
+    want = {(0, 0): table.copy()}
+    rule = make_optimizer(optimizer)
+    rule.add_variable((0, 0), want[(0, 0)])
+    rule.apply(0, want, {(0, 0): (np.concatenate([g[0] for g in grads]), np.concatenate([g[1] for g in grads]) / 2)})
+    for got, sent in run_ranks(2, rank):
+        np.testing.assert_allclose(got, want[(0, 0)], rtol=1e-6, atol=1e-7)
+        # three distinct rows went (and one repeated row's squares), not five slices: a count, five
+        # one-byte ids (padded to 8) and 15 float32 values would be 72 bytes
+        assert sent < 4 + 8 + 5 * 3 * 4

@@ -219,38 +219,68 @@ def merge_rows(parts: list, with_squares: bool):
     return unique, sums, pos, total[pos]
 
 
-def sparse_frame(parts: list, members: list) -> tuple[np.ndarray, tuple]:
+def sparse_frame(parts: list, members: list, squares: bool = False) -> tuple[np.ndarray, tuple]:
     """One worker's sparse gradients of a group as one int32 buffer for an all-gather, and the
     layout every worker reads the others' by (the same on every worker: it depends only on the
-    members and their dtypes): the row count of each member, then every member's row ids in
-    the narrowest integer dtype numbering the largest member's rows, then their values in one
-    dtype wide enough for all, each part padded to 4 bytes."""
+    members, their dtypes and ``squares``).
+
+    A part is ``(row ids, values)``, or with ``squares`` as ``dedup_rows`` gives it where rows
+    repeated, ``(rows, sums, positions of the repeated rows, their summed squared slices)``. The
+    buffer holds, each padded to 4 bytes: the row count of each member (and with ``squares`` its
+    count of repeated rows), every member's row ids in the narrowest integer dtype numbering the
+    largest member's rows (then the repeated rows' positions, in it too), every member's values
+    in one dtype wide enough for all (then the squares)."""
     ids_dtype = index_dtype(max(m.stop - m.start for m in members))
-    wire = np.result_type(*[vals.dtype for _, vals in parts])
-    widths = tuple(int(np.prod(np.shape(vals)[1:], dtype=np.int64)) for _, vals in parts)
-    rows = tuple(tuple(np.shape(vals)[1:]) for _, vals in parts)
-    counts = np.array([len(idx) for idx, _ in parts], dtype=np.int32)
-    ids = np.concatenate([np.asarray(idx).astype(ids_dtype, copy=False) for idx, _ in parts])
-    values = np.concatenate([np.asarray(vals, dtype=wire).ravel() for _, vals in parts])
-    frame = b"".join(_padded(a.tobytes()) for a in (counts, ids, values))
-    return np.frombuffer(frame, dtype=np.int32), (ids_dtype, wire, widths, rows)
+    wire = np.result_type(*[p[1].dtype for p in parts])
+    widths = tuple(int(np.prod(np.shape(p[1])[1:], dtype=np.int64)) for p in parts)
+    rows = tuple(tuple(np.shape(p[1])[1:]) for p in parts)
+    repeated = [(p[2], p[3]) if len(p) > 2 else (np.zeros(0, ids_dtype), np.zeros((0,) + r, wire))
+                for p, r in zip(parts, rows)] if squares else []
+    counts = np.array([len(p[0]) for p in parts] + [len(pos) for pos, _ in repeated], dtype=np.int32)
+    sections = [counts, np.concatenate([np.asarray(p[0]).astype(ids_dtype, copy=False) for p in parts])]
+    if squares:
+        sections.append(np.concatenate([np.asarray(pos).astype(ids_dtype, copy=False) for pos, _ in repeated]))
+    sections.append(np.concatenate([np.asarray(p[1], dtype=wire).ravel() for p in parts]))
+    if squares:
+        sections.append(np.concatenate([np.asarray(sq, dtype=wire).ravel() for _, sq in repeated]))
+    frame = b"".join(_padded(a.tobytes()) for a in sections)
+    return np.frombuffer(frame, dtype=np.int32), (ids_dtype, wire, widths, rows, squares)
 
 
-def read_sparse_frame(frame: np.ndarray, layout: tuple) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(row ids, values)`` of each member from one worker's ``sparse_frame``."""
-    ids_dtype, wire, widths, rows = layout
+def read_sparse_frame(frame: np.ndarray, layout: tuple) -> list[tuple]:
+    """Each member's part of one worker's ``sparse_frame``: ``(row ids, values)``, and with squares
+    ``(row ids, values, squared slices summed per row)`` (a row's square of its value where it
+    did not repeat)."""
+    ids_dtype, wire, widths, rows, squares = layout
     raw = np.ascontiguousarray(frame).view(np.uint8)
-    counts = raw[:4 * len(widths)].view(np.int32)
-    at = _pad_to(4 * len(widths))
-    total = int(counts.sum())
-    ids = raw[at:at + total * ids_dtype.itemsize].view(ids_dtype)
-    at += _pad_to(total * ids_dtype.itemsize)
-    n_values = int(np.dot(counts.astype(np.int64), np.array(widths, dtype=np.int64))) if widths else 0
-    values = raw[at:at + n_values * wire.itemsize].view(wire)
-    out, i, v = [], 0, 0
-    for n, width, row in zip(counts.tolist(), widths, rows):
-        out.append((ids[i:i + n], values[v:v + n * width].reshape((n,) + row)))
-        i, v = i + n, v + n * width
+    n = len(widths)
+    header = 4 * n * (2 if squares else 1)
+    counts = raw[:header].view(np.int32).astype(np.int64)
+    at = header
+
+    def take(count: int, dtype) -> np.ndarray:
+        nonlocal at
+        out = raw[at:at + count * dtype.itemsize].view(dtype)
+        at += _pad_to(count * dtype.itemsize)
+        return out
+
+    width = np.array(widths, dtype=np.int64)
+    ids = take(int(counts[:n].sum()), ids_dtype)
+    positions = take(int(counts[n:].sum()), ids_dtype) if squares else None
+    values = take(int(np.dot(counts[:n], width)), wire)
+    squared = take(int(np.dot(counts[n:], width)), wire) if squares else None
+    out, i, v, r, q = [], 0, 0, 0, 0
+    for k, (c, w, row) in enumerate(zip(counts[:n].tolist(), widths, rows)):
+        vals = values[v:v + c * w].reshape((c,) + row)
+        if squares:
+            sq = np.square(vals)
+            reps = int(counts[n + k])
+            sq[positions[r:r + reps].astype(np.int64)] = squared[q:q + reps * w].reshape((reps,) + row)
+            out.append((ids[i:i + c], vals, sq))
+            r, q = r + reps, q + reps * w
+        else:
+            out.append((ids[i:i + c], vals))
+        i, v = i + c, v + c * w
     return out
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autosync.runtime import timeline
-from autosync.runtime.optimizers import sparse_form
+from autosync.runtime.optimizers import sparse_form, squares_slices
+from autosync.runtime.rows import index_dtype
 from autosync.runtime.slices import dedup_rows, read_sparse_frame, sparse_frame
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
@@ -121,6 +122,9 @@ class AllReduceChannel(SyncChannel):
         self.optimizer_config = optimizer_config
         # Keras hands the rule a dense gradient (``optimizers.sparse_form``): ``_as_read`` sums rows
         self._dense_rule = sparse_form(optimizer_config) == "dense"
+        # a row's summed slices give the rule the same update: repeated rows summed before the gather
+        self._sum_rows = sparse_form(optimizer_config) == "rows"
+        self._squares = squares_slices(optimizer_config)
         self.seed = seed
         self.calls = 0
         self.bytes_sent = 0
@@ -214,8 +218,13 @@ class AllReduceChannel(SyncChannel):
         return {k: dedup_rows(g[0], g[1], False) if isinstance(g, tuple) else g for k, g in reduced.items()}
 
     def push_held(self, step: int, grads: list) -> dict:
-        """The reduced gradients, kept for ``release`` (``base``'s held steps)."""
-        self._held = self._reduce_rest(step, grads)
+        """The reduced gradients, kept for ``release`` (``base``'s held steps): every sparse slice
+        as it is (the norm squares each one, as Keras does)."""
+        self._sum_rows, keep = False, self._sum_rows
+        try:
+            self._held = self._reduce_rest(step, grads)
+        finally:
+            self._sum_rows = keep
         return self._held
 
     def held_sq(self, held: dict) -> float:
@@ -375,20 +384,30 @@ class AllReduceChannel(SyncChannel):
         """All-gather every sparse member of the group in one exchange (``sparse_frame``): each
         worker's row counts, row ids (shard-local, in the narrowest integer dtype that numbers the
         members' rows) and values (members of lower precision widened on the wire, narrowed
-        back) in one buffer, whatever the number of members."""
+        back) in one buffer, whatever the number of members. Where the update rule reads a row's
+        summed slices alike (``sparse_form`` "rows"), each worker sums its repeated rows first, as
+        it does for a parameter server (with the summed squared slices where the rule needs them:
+        ``squares_slices``); otherwise every slice travels as it is."""
         b = self._backend(backend)
-        frame, layout = sparse_frame(parts, ms)
+        if self._sum_rows:
+            parts = [dedup_rows(idx, vals, self._squares, index_dtype(m.stop - m.start)) for m, (idx, vals) in zip(ms, parts)]
+        squares = self._sum_rows and self._squares
+        frame, layout = sparse_frame(parts, ms, squares)
         self.calls += 1
         self.bytes_sent += frame.nbytes
         with timeline.span("collective", tag=f"{tag}/rows", bytes=int(frame.nbytes)):
             frames = b.allgather(frame, f"{tag}/rows")
         self.bytes_received += sum(f.nbytes for f in frames)
         gathered = [read_sparse_frame(f, layout) for f in frames]
-        out = {}
-        for k, (m, (_, vals)) in enumerate(zip(ms, parts)):
+        out, world = {}, self.world
+        for k, (m, part) in enumerate(zip(ms, parts)):
             ids = np.concatenate([g[k][0] for g in gathered]).astype(np.int64)
-            v = np.concatenate([g[k][1] for g in gathered]).astype(vals.dtype, copy=False)
-            out[m.key] = (ids, v / v.dtype.type(self.world))
+            v = np.concatenate([g[k][1] for g in gathered]).astype(part[1].dtype, copy=False)
+            if squares:   # each slice was divided by the workers: its square by their square
+                sq = np.concatenate([g[k][2] for g in gathered]).astype(v.dtype, copy=False)
+                out[m.key] = (ids, v / v.dtype.type(world), sq / v.dtype.type(world * world))
+            else:
+                out[m.key] = (ids, v / v.dtype.type(world))
         return out
 
     @staticmethod
