@@ -59,6 +59,27 @@ def strip_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
     return out
 
 
+def trial_record(trial) -> dict:
+    """What a benchmark keeps of one measured trial: status, error, median and its interval, the
+    step times and the phases per step."""
+    return {"status": trial.status, "error": trial.error or None, "median_s": trial.median if trial.ok else None,
+            "median_ci95_s": list(trial.median_ci) if trial.ok and trial.median_ci else None,
+            "step_times_s": [round(t, 5) for t in trial.step_times], "breakdown_s": trial.breakdown or None}
+
+
+def say_trial(label: str, rec: dict) -> None:
+    """Print one ``trial_record``: its median (or error) and phases in ms."""
+    phases = {k: round(v * 1e3, 1) for k, v in (rec["breakdown_s"] or {}).items()}
+    med = f"{rec['median_s'] * 1e3:.1f} ms" if rec["median_s"] else rec["error"]
+    print(f"  {label}: {med}, phases ms {phases}", flush=True)
+
+
+def say_summary(summary: dict) -> None:
+    """Print a per-strategy summary, one line each."""
+    for label, s in summary.items():
+        print(f"  {label}: " + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)
+
+
 def run_in_testbed(script: str, argv: Sequence[str], *, nodes: int, bandwidth: str, outer_flags: set[str],
                    extra: Sequence[str] = (), name: str = "benchmark") -> int:
     """Bring a testbed of ``nodes`` x ``bandwidth`` (1 CPU each) up, run ``script --inside`` with
@@ -74,6 +95,16 @@ def run_in_testbed(script: str, argv: Sequence[str], *, nodes: int, bandwidth: s
     except ConfigError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
+
+
+def testbed_main(script: str, argv: Sequence[str], args, inside, name: str) -> int:
+    """The end of a per-model testbed benchmark's ``main``: ``inside(args)`` with ``--inside``, else
+    the script run inside a testbed it brings up (``--nodes``, ``--bandwidth``; ``--out`` made
+    absolute for the inner half)."""
+    if args.inside:
+        return inside(args)
+    return run_in_testbed(script, argv, nodes=args.nodes, bandwidth=args.bandwidth, name=name,
+                          outer_flags={"--nodes", "--bandwidth", "--out"}, extra=["--out", os.path.abspath(args.out)])
 
 
 def measure_models(name: str, repo: str, out_dir: str, json_name: str, models, measure, meta: dict) -> int:

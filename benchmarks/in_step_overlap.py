@@ -31,6 +31,8 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from _testbed import say_summary, say_trial, testbed_main, trial_record  # noqa: E402 (a sibling script module)
+
 MODES = {"in_step": {}, "after": {"AUTOSYNC_IN_STEP": "0"}}
 KINDS = ("all_reduce", "parallax", "all_reduce/g", "fp16/g", "powersgd/g")   # strategy labels less the group count
 
@@ -89,9 +91,7 @@ def _trial(runner, strategy, label: str, mode: str) -> dict:
     finally:
         for key in MODES["after"]:
             os.environ.pop(key, None)
-    return {"status": trial.status, "error": trial.error or None, "median_s": trial.median if trial.ok else None,
-            "median_ci95_s": list(trial.median_ci) if trial.ok and trial.median_ci else None,
-            "step_times_s": [round(t, 5) for t in trial.step_times], "breakdown_s": trial.breakdown or None}
+    return trial_record(trial)
 
 
 def measure_model(name: str, cluster, args) -> dict:
@@ -113,14 +113,11 @@ def measure_model(name: str, cluster, args) -> dict:
                 for mode in MODES:
                     rec = {"label": label, "mode": mode, **_trial(runner, strategy, f"{label}@{mode}", mode)}
                     out["trials"].append(rec)
-                    bd = {k: round(v * 1e3, 1) for k, v in (rec["breakdown_s"] or {}).items()}
-                    med = f"{rec['median_s'] * 1e3:.1f} ms" if rec["median_s"] else rec["error"]
-                    print(f"  {label}@{mode}: {med}, phases ms {bd}", flush=True)
+                    say_trial(f"{label}@{mode}", rec)
     finally:
         runner.pool.kill_all()
     out["summary"] = summarize(out)
-    for label, s in out["summary"].items():
-        print(f"  {label}: " + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)
+    say_summary(out["summary"])
     return out
 
 
@@ -159,12 +156,7 @@ def main(argv=None) -> int:
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.groups < 1:
         print("in_step_overlap: --rounds, --steps and --groups must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
-    if args.inside:
-        return inside(args)
-    from _testbed import run_in_testbed
-
-    return run_in_testbed(__file__, argv, nodes=args.nodes, bandwidth=args.bandwidth, name="in_step_overlap",
-                          outer_flags={"--nodes", "--bandwidth", "--out"}, extra=["--out", os.path.abspath(args.out)])
+    return testbed_main(__file__, argv, args, inside, "in_step_overlap")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from _testbed import say_summary, say_trial, testbed_main, trial_record  # noqa: E402 (a sibling script module)
+
 BUILDERS = ("all_reduce", "parallax", "ps_lb")
 REFERENCE = "ps_lb"
 
@@ -48,14 +50,6 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _trial(runner, strategy, label: str) -> dict:
-    trial = runner.run_one(strategy, label)
-    return {"label": label, "status": trial.status, "error": trial.error or None,
-            "median_s": trial.median if trial.ok else None,
-            "median_ci95_s": list(trial.median_ci) if trial.ok and trial.median_ci else None,
-            "breakdown_s": trial.breakdown or None}
-
-
 def measure_model(name: str, cluster, args) -> dict:
     from tune_vs_baselines import source_of
 
@@ -73,16 +67,13 @@ def measure_model(name: str, cluster, args) -> dict:
         out["lower_bound"] = {b: step_lower_bound(model, cluster, s) for b, s in chosen.items()}
         for _ in range(args.rounds):
             for label, strategy in chosen.items():
-                rec = _trial(runner, strategy, label)
+                rec = {"label": label, **trial_record(runner.run_one(strategy, label))}
                 out["trials"].append(rec)
-                bd = {k: round(v * 1e3, 1) for k, v in (rec["breakdown_s"] or {}).items()}
-                med = f"{rec['median_s'] * 1e3:.1f} ms" if rec["median_s"] else rec["error"]
-                print(f"  {label}: {med}, phases ms {bd}", flush=True)
+                say_trial(label, rec)
     finally:
         runner.pool.kill_all()
     out["summary"] = summarize(out)
-    for label, s in out["summary"].items():
-        print(f"  {label}: " + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)
+    say_summary(out["summary"])
     return out
 
 
@@ -144,12 +135,7 @@ def main(argv=None) -> int:
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         print("sparse_allreduce: --rounds and --steps must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
-    if args.inside:
-        return inside(args)
-    from _testbed import run_in_testbed
-
-    return run_in_testbed(__file__, argv, nodes=args.nodes, bandwidth=args.bandwidth, name="sparse_allreduce",
-                          outer_flags={"--nodes", "--bandwidth", "--out"}, extra=["--out", os.path.abspath(args.out)])
+    return testbed_main(__file__, argv, args, inside, "sparse_allreduce")
 
 
 if __name__ == "__main__":

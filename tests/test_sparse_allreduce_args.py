@@ -43,3 +43,23 @@ def test_summary_compares_each_strategy_with_the_reference_and_the_bounds(monkey
     assert row["vs_ps_lb"] == pytest.approx(20 / 11, abs=1e-3)
     assert row["vs_lower_bound"] == pytest.approx(5.0) and row["vs_serial_bound"] == pytest.approx(4.0)
     assert got["parallax"] == {"failed": True}
+
+
+def test_a_trial_is_kept_and_printed_with_its_median_or_its_error(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(BENCHMARKS)
+    from _testbed import say_trial, trial_record
+
+    ok = SimpleNamespace(status="ok", error="", ok=True, median=0.0123, median_ci=(0.012, 0.0126),
+                         step_times=[0.0121234, 0.0125], breakdown={"compute": 0.001, "sync": 0.0113})
+    rec = trial_record(ok)
+    assert rec["median_s"] == 0.0123 and rec["median_ci95_s"] == [0.012, 0.0126] and rec["error"] is None
+    assert rec["step_times_s"] == [0.01212, 0.0125]
+    failed = trial_record(SimpleNamespace(status="failed", error="worker died", ok=False, median=None, median_ci=None,
+                                          step_times=[], breakdown={}))
+    assert failed["median_s"] is None and failed["breakdown_s"] is None
+    say_trial("ps_lb", rec)
+    say_trial("all_reduce", failed)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  ps_lb: 12.3 ms, phases ms {'compute': 1.0, 'sync': 11.3}", "  all_reduce: worker died, phases ms {}"]
