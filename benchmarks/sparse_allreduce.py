@@ -121,7 +121,10 @@ def inside(args) -> int:
         print(f"{model}:", flush=True)
         run["models"][model] = {"commit": commit, "run_started": started, **measure_model(model, cluster, args)}
         # earlier runs (other commits) stay as they were: each run is kept under its own start
-        data = json.load(open(path)) if os.path.exists(path) else {"what": __doc__.split("\n\n")[0], "runs": {}}
+        data = {"what": __doc__.split("\n\n")[0], "runs": {}}
+        if os.path.exists(path):
+            with open(path) as f:
+                data = json.load(f)
         data["runs"][started] = run
         write_json(path, data)
     ray.shutdown()

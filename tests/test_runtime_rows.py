@@ -205,9 +205,11 @@ def test_scatter_plan_is_np_add_at_bit_for_bit_on_every_path(layout):
 
 
 def test_a_step_that_touches_rows_it_did_not_pull_fails_naming_them():
+    from types import SimpleNamespace
+
     from autosync.runtime.rows import check_pulled_rows
 
-    paths = ["dense/kernel", "user_embedding/embeddings"]
+    paths = [SimpleNamespace(path="dense/kernel"), SimpleNamespace(path="user_embedding/embeddings")]
     pulled = {1: np.array([2, 5, 9], np.int64)}
     dense = np.zeros((2, 2), np.float32)
     check_pulled_rows(paths, pulled, [dense, (np.array([9, 2, 2, 5]), np.ones((4, 3)))])   # all pulled: fine

@@ -212,9 +212,10 @@ def _ids_function(feeds_model, plan: dict):
     return tf.function(ids)
 
 
-def check_pulled_rows(paths: list, rows: dict, grads: list) -> None:
+def check_pulled_rows(variables: list, rows: dict, grads: list) -> None:
     """The gradient of a row-pulled variable (``rows``: variable index -> the sorted, unique row
-    ids pulled for the step) touches only rows that were pulled; ``paths`` names the variables.
+    ids pulled for the step) touches only rows that were pulled; ``variables`` (each with a
+    ``path``) name them in the error.
 
     Raises:
         RuntimeError: naming the variable and rows read but not pulled.
@@ -227,7 +228,7 @@ def check_pulled_rows(paths: list, rows: dict, grads: list) -> None:
             missed = np.unique(g[0] if not len(ids) else g[0][ids[at] != g[0]])
             if missed.size:
                 raise RuntimeError(
-                    f"variable {paths[v]}: the step read rows {missed[:5].tolist()} that the "
+                    f"variable {variables[v].path}: the step read rows {missed[:5].tolist()} that the "
                     f"lookup-id function did not predict (a model that reads it outside its Embedding "
                     f"layer?); the prediction is wrong for this model, so row pulls cannot be used")
 

@@ -263,7 +263,7 @@ class TrainingWorker:
             loss, grads = self._gradients_of(batches)
             compute = time.perf_counter() - t1
             timeline.add("compute", t1, t1 + compute, step=self.step)
-            check_pulled_rows([v.path for v in self.variables], rows, grads)
+            check_pulled_rows(self.variables, rows, grads)
             hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)

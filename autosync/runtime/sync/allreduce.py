@@ -203,11 +203,12 @@ class AllReduceChannel(SyncChannel):
         self._early[2].update(self.reduce(step, grads, (index,)))
         self._early[1].add(index)
 
-    def _reduce_rest(self, step: int, grads: list) -> dict:
+    def _reduce_rest(self, step: int, grads: list, sum_rows: bool = True) -> dict:
         """This step's reduced gradients: those ``reduce_early`` reduced, and the other groups'."""
         done, early = self._early[1:] if self._early[0] == step else (set(), {})
         self._early = (-1, set(), {})
-        return {**early, **self.reduce(step, grads, [i for i in range(len(self.groups)) if i not in done])}
+        rest = [i for i in range(len(self.groups)) if i not in done]
+        return {**early, **self.reduce(step, grads, rest, sum_rows)}
 
     def _as_read(self, reduced: dict) -> dict:
         """The reduced gradients in the form the update rule reads them: a sparse member's gathered
@@ -220,11 +221,7 @@ class AllReduceChannel(SyncChannel):
     def push_held(self, step: int, grads: list) -> dict:
         """The reduced gradients, kept for ``release`` (``base``'s held steps): every sparse slice
         as it is (the norm squares each one, as Keras does)."""
-        self._sum_rows, keep = False, self._sum_rows
-        try:
-            self._held = self._reduce_rest(step, grads)
-        finally:
-            self._sum_rows = keep
+        self._held = self._reduce_rest(step, grads, sum_rows=False)
         return self._held
 
     def held_sq(self, held: dict) -> float:
@@ -257,10 +254,11 @@ class AllReduceChannel(SyncChannel):
             self._optimizer.apply(self._version, self.params, reduced)
         self._version += 1
 
-    def reduce(self, step: int, grads: list, indices=None) -> dict:
+    def reduce(self, step: int, grads: list, indices=None, sum_rows: bool = True) -> dict:
         """The mean over workers of every member's gradient, as this step's collectives deliver it
         (compressed where the member's compressor says): key -> dense array, or (indices, values)
-        for a sparse member; only the groups at ``indices`` of ``groups`` where given. ``push``
+        for a sparse member (with ``sum_rows``, its rows summed where the rule allows:
+        ``_gather_sparse``); only the groups at ``indices`` of ``groups`` where given. ``push``
         applies it; alone it is the synchronization without an update
         (``benchmarks/accelerator_efficiency.py`` trains on it with the model's framework)."""
         reduced: dict = {}
@@ -273,7 +271,7 @@ class AllReduceChannel(SyncChannel):
                 tag = f"{step}/{g.group}/{backend}/{comp}"
                 parts = [m.take(grads[m.key[0]]) for m in ms]
                 if comp == "sparse":
-                    reduced.update(self._gather_sparse(backend, ms, parts, tag))
+                    reduced.update(self._gather_sparse(backend, ms, parts, tag, sum_rows and self._sum_rows))
                 else:
                     reduced.update(self._reduce_dense(backend, comp, ms, parts, tag))
         return reduced
@@ -380,18 +378,18 @@ class AllReduceChannel(SyncChannel):
                 out[ms[i].key] = state.finish(ms[i].key, p_hat, q_mean, np.shape(parts[i]))
         return out
 
-    def _gather_sparse(self, backend, ms, parts, tag) -> dict:
+    def _gather_sparse(self, backend, ms, parts, tag, sum_rows: bool) -> dict:
         """All-gather every sparse member of the group in one exchange (``sparse_frame``): each
         worker's row counts, row ids (shard-local, in the narrowest integer dtype that numbers the
         members' rows) and values (members of lower precision widened on the wire, narrowed
-        back) in one buffer, whatever the number of members. Where the update rule reads a row's
-        summed slices alike (``sparse_form`` "rows"), each worker sums its repeated rows first, as
+        back) in one buffer, whatever the number of members. With ``sum_rows`` (the update rule
+        reads a row's summed slices alike: ``sparse_form`` "rows"), each worker sums its repeated rows first, as
         it does for a parameter server (with the summed squared slices where the rule needs them:
         ``squares_slices``); otherwise every slice travels as it is."""
         b = self._backend(backend)
-        if self._sum_rows:
+        if sum_rows:
             parts = [dedup_rows(idx, vals, self._squares, index_dtype(m.stop - m.start)) for m, (idx, vals) in zip(ms, parts)]
-        squares = self._sum_rows and self._squares
+        squares = sum_rows and self._squares
         frame, layout = sparse_frame(parts, ms, squares)
         self.calls += 1
         self.bytes_sent += frame.nbytes
@@ -418,4 +416,3 @@ class AllReduceChannel(SyncChannel):
             out[m.key] = total[offset:offset + n].reshape(np.shape(p))
             offset += n
         return out
-
