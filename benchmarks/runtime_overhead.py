@@ -22,8 +22,10 @@ For small models on this machine it measures, in one run:
   - with --apply: a parameter server's optimizer apply time per step, in one process, on the
     shapes of ncf, dlrm and lm1b (all variables on one PS; sparse ones get the rows of one global
     batch): the update and the reads of the pull that follows (dense values whole, the batch's
-    rows of sparse ones), for SGD, Adam and Adagrad: the numpy rules against the Keras optimizer object
-    (``keras_optimizer.KerasOptimizer``, what every other configuration runs), and the start-up
+    rows of sparse ones, distinct, as workers that sum repeated rows push them), for SGD, Adam and
+    Adagrad: the numpy rules against the Keras optimizer object (``keras_optimizer.KerasOptimizer``,
+    what every other configuration runs) compiled by XLA as it runs, and traced without XLA as it
+    ran before (``keras_traced``); each path's first update (tracing, compiling) and the start-up
     cost of each in a fresh process (import and first build).
 
   - with --pool-startup: trial start-up (RayRunner's ``startup_s``: from "run this strategy" to
@@ -287,9 +289,12 @@ def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
 
 
 def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
-    """Apply time per step, numpy rules vs the Keras optimizer, on the zoo models' shapes: the
-    update and then the reads of the pull that follows it (every dense value whole, the rows of
-    the step's batch of every sparse one), as a parameter server serves them."""
+    """Apply time per step, numpy rules vs the Keras optimizer (compiled by XLA, as it runs, and
+    traced, as it ran before), on the zoo models' shapes: the update and then the reads of the pull
+    that follows it (every dense value whole, the rows of the step's batch of every sparse one), as
+    a parameter server serves them; and each path's first update (tracing, compiling)."""
+    import functools
+
     import keras
 
     from autosync.models import zoo
@@ -297,14 +302,19 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
     from autosync.runtime.optimizers import keras_optimizer_config, make_optimizer
 
     rng = np.random.default_rng(0)
-    out = {"startup_s": {}, "apply_ms": {}, "update_ms": {}, "read_ms": {}}
+    # keras: compiled from the first update (what a long run reaches after ``XLA_AFTER`` updates)
+    paths = {"numpy": make_optimizer, "keras": functools.partial(KerasOptimizer, xla_after=0),
+             "keras_traced": functools.partial(KerasOptimizer, xla_after=None)}
+    out = {"startup_s": {}, "apply_ms": {}, "update_ms": {}, "read_ms": {}, "first_update_s": {}}
     print("\nstart-up in a fresh process, first import to first applied update (s)")
     for name, opt in APPLY_OPTIMIZERS.items():
         numpy_s, keras_s = _startup_s(opt, False), _startup_s(opt, True)
         out["startup_s"][name] = {"numpy": numpy_s, "keras": keras_s}
         print(f"{name} | numpy {numpy_s:.2f} | keras {keras_s:.2f} | +{keras_s - numpy_s:.2f}")
-    print("\nPS apply time per step, all variables on one PS: update + the pull's reads (ms, median)")
-    print("model | optimizer | numpy | keras | keras / numpy | keras update + read")
+    print("\nPS apply time per step, all variables on one PS: update + the pull's reads (ms, median); "
+          "keras: compiled by XLA; traced: without XLA")
+    print("model | optimizer | numpy | keras | keras / numpy | keras update + read | traced | traced / numpy | "
+          "first update s (keras, traced)")
     for model_name in models:
         md = zoo.get_model_def(model_name)
         model = md.model_fn()
@@ -313,20 +323,22 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
         rows = md.batch_size * WORKERS
         for name, opt in APPLY_OPTIMIZERS.items():
             config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
-            times = {}
-            for kind, make in (("numpy", make_optimizer), ("keras", KerasOptimizer)):
-                times[kind] = _time_apply(make(config), shapes, rows, steps, warmup, rng)
+            times = {kind: _time_apply(make(config), shapes, rows, steps, warmup, rng) for kind, make in paths.items()}
             key = f"{model_name}/{name}"
             for part, field in (("total", "apply_ms"), ("update", "update_ms"), ("read", "read_ms")):
                 out[field][key] = {kind: t[part] for kind, t in times.items()}
-            n, k = times["numpy"], times["keras"]
+            out["first_update_s"][key] = {kind: t["first"] for kind, t in times.items()}
+            n, k, t = times["numpy"], times["keras"], times["keras_traced"]
             print(f"{model_name} | {name} | {n['total']:.2f} | {k['total']:.2f} | {k['total'] / n['total']:.2f}x | "
-                  f"{k['update']:.2f} + {k['read']:.2f}")
+                  f"{k['update']:.2f} + {k['read']:.2f} | {t['total']:.2f} | {t['total'] / n['total']:.2f}x | "
+                  f"{k['first']:.2f}, {t['first']:.2f}")
     return out
 
 
 def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
-    """Median ms per step of ``o``'s update and of the reads a pull makes next."""
+    """Median ms per step of ``o``'s update and of the reads a pull makes next, and the seconds of
+    its first update. A sparse variable gets the distinct rows of ``rows`` draws, summed (what a
+    parameter server receives from workers that sum repeated rows: a count that varies by step)."""
     params = {i: rng.standard_normal(s).astype(np.float32) for i, (s, _) in enumerate(shapes)}
     for k, v in params.items():
         o.add_variable(k, v)
@@ -335,13 +347,18 @@ def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
     except ImportError:   # code before 4afce9a: plain copies
         own = np.array
     samples = {"update": [], "read": [], "total": []}
+    first = None
     for step in range(warmup + steps):
-        grads = {i: ((own(np.sort(rng.integers(0, s[0], rows))), own(rng.standard_normal((rows,) + s[1:])
-                      .astype(np.float32)), None) if is_sparse else
+        grads = {i: ((own(np.unique(rng.integers(0, s[0], rows))), None, None) if is_sparse else
                      own(rng.standard_normal(s).astype(np.float32))) for i, (s, is_sparse) in enumerate(shapes)}
+        for i, (s, is_sparse) in enumerate(shapes):
+            if is_sparse:
+                ids = grads[i][0]
+                grads[i] = (ids, own(rng.standard_normal((len(ids),) + s[1:]).astype(np.float32)), None)
         t0 = time.perf_counter()
         o.apply(step, params, grads)
         t1 = time.perf_counter()
+        first = t1 - t0 if first is None else first
         wanted = {i: grads[i][0] for i, (_, is_sparse) in enumerate(shapes) if is_sparse}
         # (code before 4afce9a: no ``gather``, a PS read rows from its own arrays)
         reply = (o.gather(params, wanted) if hasattr(o, "gather") else {i: params[i][r] for i, r in wanted.items()})
@@ -353,7 +370,7 @@ def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
             samples["update"].append(t1 - t0)
             samples["read"].append(t2 - t1)
             samples["total"].append(t2 - t0)
-    return {part: statistics.median(v) * 1e3 for part, v in samples.items()}
+    return {**{part: statistics.median(v) * 1e3 for part, v in samples.items()}, "first": first}
 
 
 def sgd_constant():

@@ -243,3 +243,129 @@ def test_shard_wise_limits_are_refused_per_strategy():
         check_keras_apply(keras_optimizer_config(ok), [rows], names)
     check_keras_apply(keras_optimizer_config(keras.optimizers.Lion()), [split, rows], names)
     assert numpy_rules(keras_optimizer_config(keras.optimizers.Adam()))   # not asked: the numpy rules run it
+
+
+def _compiled_cases():
+    """Keras' own optimizers under the options users give them, by name (built when called)."""
+    import keras
+
+    cosine = keras.optimizers.schedules.CosineDecay(0.1, decay_steps=4, warmup_target=0.2, warmup_steps=2)
+    cases = {n: (lambda c=c: c()) for n, c in _builtin_optimizers().items()}
+    cases.update({
+        "SGD_momentum_cosine": lambda: keras.optimizers.SGD(cosine, momentum=0.9, nesterov=True),
+        "Adam_clipnorm_decay": lambda: keras.optimizers.Adam(0.05, clipnorm=0.5, weight_decay=0.01),
+        "Adagrad_clipvalue": lambda: keras.optimizers.Adagrad(0.2, clipvalue=0.1),
+        "RMSprop_ema": lambda: keras.optimizers.RMSprop(0.01, use_ema=True, ema_overwrite_frequency=2),
+        "Nadam_accumulate": lambda: keras.optimizers.Nadam(0.05, gradient_accumulation_steps=2),
+    })
+    return cases
+
+
+COMPILED_CASES = BUILTIN + ("SGD_momentum_cosine", "Adam_clipnorm_decay", "Adagrad_clipvalue", "RMSprop_ema",
+                            "Nadam_accumulate")
+
+
+def test_every_compiled_case_is_listed():
+    assert sorted(_compiled_cases()) == sorted(COMPILED_CASES)
+
+
+@pytest.mark.parametrize("name", COMPILED_CASES)
+def test_the_compiled_update_of_keras_own_optimizers_is_the_traced_one(name):
+    """XLA's update (sparse rows padded to a few shapes with zero slices) gives the traced update's
+    values, chunk by chunk, for every built-in optimizer, and really runs compiled."""
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+
+    config = keras_optimizer_config(_compiled_cases()[name]())
+    rng = np.random.default_rng(5)
+    shapes = {"e": (40, 3), "w": (5, 3), "b": (4,)}
+    init = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    ours = {xla: KerasOptimizer(config, xla_after=0 if xla else None) for xla in (True, False)}
+    params = {xla: {k: v.copy() for k, v in init.items()} for xla in ours}
+    for xla, o in ours.items():
+        for k, v in init.items():
+            o.add_variable(k, v)
+    for step in range(5):
+        n = int(rng.integers(1, 12))   # rows vary from step to step, as a push's do
+        ids = np.sort(rng.choice(40, n, replace=False))
+        grads = {"e": (ids, rng.standard_normal((n, 3)).astype(np.float32), None),
+                 "w": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+        for xla, o in ours.items():
+            o.apply(step, params[xla], {"e": grads["e"], "w": grads["w"]})   # two chunks of one step
+            o.apply(step, params[xla], {"b": grads["b"]})
+    assert ours[True].xla_fallbacks == 0
+    assert any(key[-1] is True for key in ours[True]._functions)
+    for k in shapes:
+        got, want = ours[True].value(params[True], k), ours[False].value(params[False], k)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
+        assert np.any(want != init[k])   # the update moved it (Adadelta by its tiny default steps)
+
+
+def test_padded_rows_keep_the_rows_and_bound_the_shapes():
+    from autosync.runtime.keras_optimizer import TF_ALIGN, padded_rows, row_bucket
+
+    assert [row_bucket(n) for n in (0, 1, 8, 9, 16, 17, 1000)] == [8, 8, 8, 16, 16, 32, 1024]
+    ids, values = np.array([3, 1, 4]), np.ones((3, 2), np.float64)
+    got_ids, got_values = padded_rows(ids, values, np.float32)
+    assert got_ids.tolist() == [3, 1, 4, 0, 0, 0, 0, 0] and got_values.dtype == np.float32
+    np.testing.assert_array_equal(got_values, np.vstack([np.ones((3, 2)), np.zeros((5, 2))]))
+    assert got_ids.ctypes.data % TF_ALIGN == 0 and got_values.ctypes.data % TF_ALIGN == 0
+    exact = (np.arange(8), np.ones((8, 2), np.float32))
+    assert padded_rows(*exact, np.float32)[0] is exact[0]
+
+
+def test_updates_run_traced_until_the_chunk_has_run_xla_after_times():
+    from autosync.runtime.keras_optimizer import XLA_AFTER, KerasOptimizer
+
+    config = keras_optimizer_config(_compiled_cases()["Adagrad"]())
+    assert KerasOptimizer(config).xla_after == XLA_AFTER
+    ours = KerasOptimizer(config, xla_after=2)
+    params = {"w": np.ones((4, 3), np.float32), "e": np.ones((30, 2), np.float32)}
+    for k, v in params.items():
+        ours.add_variable(k, v)
+    seen = []
+    for step, n in enumerate((3, 3, 3, 5, 11, 4)):
+        ours.apply(step, params, {"w": np.ones((4, 3), np.float32),
+                                  "e": (np.arange(n), np.ones((n, 2), np.float32), None)})
+        seen.append(sorted(str(k[-1]) for k in ours._functions))
+    assert seen[:2] == [["False"]] * 2 and seen[2] == ["False", "True"]
+    # 3, 5 and 4 rows padded to 8, 11 to 16, then 4 to 16 (the most it was compiled for)
+    assert ours._rows[(("w", "e"), (False, True), 1)] == 16
+    assert ours.xla_fallbacks == 0
+
+
+def test_the_count_before_compiling_is_read_from_the_environment(monkeypatch):
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+
+    config = keras_optimizer_config(_compiled_cases()["SGD"]())
+    for text, want in (("0", 0), ("12", 12), (" OFF ", None)):
+        monkeypatch.setenv("AUTOSYNC_KERAS_XLA_AFTER", text)
+        assert KerasOptimizer(config).xla_after == want
+    monkeypatch.setenv("AUTOSYNC_KERAS_XLA_AFTER", "soon")
+    with pytest.raises(ConfigError, match=r"AUTOSYNC_KERAS_XLA_AFTER='soon': give a count .* or 'off'"):
+        KerasOptimizer(config)
+
+
+def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
+    import tensorflow as tf
+
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+
+    sub = KerasOptimizer(keras_optimizer_config(rm.HalfStepSGD(0.1)), xla_after=0)
+    assert sub.xla_after is None   # a user's rule may not keep zero slices as no gradient: never padded
+    ours = KerasOptimizer(keras_optimizer_config(_compiled_cases()["SGD"]()), xla_after=0)
+    params = {"w": np.ones((4, 3), np.float32)}
+    ours.add_variable("w", params["w"])
+    real = ours._compiled
+
+    def no_xla(keys, sparse, xla=False):   # what an operation without an XLA kernel does
+        if xla:
+            def fails(flat):
+                raise tf.errors.InvalidArgumentError(None, None, "Detected unsupported operations")
+            return fails
+        return real(keys, sparse, xla=False)
+
+    ours._compiled = no_xla
+    for step in range(2):
+        ours.apply(step, params, {"w": np.ones((4, 3), np.float32)})
+    assert ours.xla_fallbacks == 1   # tried once, then traced for that chunk
+    np.testing.assert_allclose(ours.value(params, "w"), 1 - 2 * 0.01, rtol=1e-6)

@@ -150,7 +150,7 @@ def _tensor_maker(dtypes: list):
     return tensors
 
 
-def concrete_flat(function, specs: list) -> tuple:
+def concrete_flat(function, specs: list, jit_compile: bool = False) -> tuple:
     """``function`` of one list of tensors, traced once for the flat ``specs``, as ``(call, fast)``:
     ``call(tensors)`` runs the concrete function's flat entry point (``fast``), or its ``__call__``
     where TensorFlow has none. ``call`` checks nothing: its caller passes tensors of ``specs``.
@@ -159,10 +159,11 @@ def concrete_flat(function, specs: list) -> tuple:
     gradients inside) and the outputs are tensors, ``IndexedSlices`` and None in lists and tuples,
     ``call`` goes one level lower still: the graph's flat outputs, put back into that structure by
     a packer made once here (``_packer``), instead of TensorFlow's own packing, which rebuilds and
-    type-checks the output's trace types on every call (half of a small model's call)."""
+    type-checks the output's trace types on every call (half of a small model's call).
+    ``jit_compile``: the function is compiled by XLA, once per distinct shape of its arguments."""
     import tensorflow as tf
 
-    concrete = tf.function(function, input_signature=[specs]).get_concrete_function()
+    concrete = tf.function(function, input_signature=[specs], jit_compile=jit_compile or None).get_concrete_function()
     entry = getattr(concrete, "_call_flat", None)
     if not callable(entry):
         return concrete, False

@@ -38,6 +38,8 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 
 import numpy as np
 
@@ -54,6 +56,11 @@ _WHOLE_VARIABLE = frozenset({"lamb", "adafactor", "muon"})
 _WRAPPERS = frozenset({"LossScaleOptimizer", "MultiOptimizer", "OptimizerMap"})
 # the alignment TensorFlow's CPU kernels require of a tensor's buffer (Eigen's largest packet)
 TF_ALIGN = 64
+# the fewest rows a sparse gradient is padded to for the compiled update (see ``padded_rows``)
+MIN_ROW_BUCKET = 8
+# updates of a chunk run traced before XLA compiles it (``KerasOptimizer``)
+XLA_AFTER = 256
+_log = logging.getLogger(__name__)
 
 
 def optimizer_class(config: dict):
@@ -172,8 +179,22 @@ class KerasOptimizer:
     squares_slices = False  # Keras squares what it is given; the summed squares are of no use
     ahead = 0   # updates finished from an update ahead: none (``update_ahead``)
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, xla_after: int | None = -1):
         cls = optimizer_class(config)
+        # Tiers, as a JIT does: a chunk's update runs traced (its first call traces in ~0.1-0.5 s),
+        # and once it has run ``xla_after`` times XLA compiles it, fusing the rule's dozens of
+        # small kernels into one (1.3-2x faster updates on CPU; ``runtime_overhead.py --apply``).
+        # A compile costs 0.2-1 s per chunk and a second per sparse variable, which a trial of a
+        # hundred steps would not earn back, while a training run does. Only Keras' own
+        # optimizers compile: their rules treat a zero slice as no gradient, so sparse rows are
+        # padded to a few compiled shapes; a user's subclass may not, and stays traced.
+        # None: never; -1: AUTOSYNC_KERAS_XLA_AFTER (a count, or "off"), else XLA_AFTER.
+        if xla_after == -1:
+            xla_after = _xla_after_from_env()
+        self.xla_after = xla_after if cls.__module__.startswith("keras.") else None
+        self.xla_fallbacks = 0   # chunks whose compiled update failed to build, run as traced instead
+        self._calls: dict = {}   # chunk -> its updates so far (traced until ``xla_after``)
+        self._rows: dict = {}    # chunk -> the rows each of its sparse gradients is padded to
         # the global norm's scale is applied before (module doc): clipping here would use the
         # norm of these shards alone; accumulated gradients arrive averaged (module doc)
         own = ("class", "global_clipnorm", "gradient_accumulation_steps")
@@ -247,21 +268,49 @@ class KerasOptimizer:
         return out
 
     @staticmethod
-    def _concrete(function, specs: list):
+    def _concrete(function, specs: list, xla: bool = False):
         """``function`` of one list of tensors traced once for ``specs``, called through the concrete
         function's flat entry point (``fast_call``): tf.function's per-call binding of arguments
-        costs more than the update of a small shard."""
+        costs more than the update of a small shard. ``xla``: compiled by XLA (once per shape)."""
         from autosync.runtime.fast_call import concrete_flat
 
-        return concrete_flat(function, specs)[0]
+        return concrete_flat(function, specs, jit_compile=xla)[0]
 
-    def _compiled(self, keys: tuple, sparse: tuple):
+    def _xla_ready(self, chunk: tuple) -> bool:
+        """Whether this update of ``chunk`` (its keys, which of them are sparse) runs compiled."""
+        calls = self._calls[chunk] = self._calls.get(chunk, 0) + 1
+        return self.xla_after is not None and calls > self.xla_after and (chunk + ("traced",)) not in self._functions
+
+    def _padded(self, chunk: tuple, i: int, ids, values, dtype) -> tuple:
+        """Sparse gradient ``i`` of ``chunk`` padded for its compiled update: to ``row_bucket`` rows,
+        or to the most rows it was compiled for already (zero slices cost less than a compile)."""
+        size = self._rows[chunk + (i,)] = max(row_bucket(len(ids)), self._rows.get(chunk + (i,), 0))
+        return padded_rows(ids, values, dtype, size)
+
+    def _run_update(self, chunk: tuple, flat: list, compiled: bool) -> None:
+        """The chunk's update on ``flat``, ``compiled`` by XLA or traced. A chunk whose compiled
+        update cannot be built (an operation XLA lacks) runs as traced from then on: XLA builds
+        before it runs anything, so nothing was applied by the failed call (an error the traced
+        update raises too is raised from there). The rows it was padded to change nothing."""
+        import tensorflow as tf
+
+        if not compiled:
+            return self._compiled(*chunk, xla=False)(flat)
+        try:
+            return self._compiled(*chunk, xla=True)(flat)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError) as e:
+            self._functions[chunk + ("traced",)] = True
+            self.xla_fallbacks += 1
+            _log.info("the optimizer's update runs without XLA (%s)", str(e).splitlines()[0][:200])
+            return self._compiled(*chunk, xla=False)(flat)
+
+    def _compiled(self, keys: tuple, sparse: tuple, xla: bool = False):
         """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
         per operation. It takes the step's iteration, then the gradients flat (a sparse one as its
         row ids then its values, any number of rows) and builds the ``IndexedSlices`` inside."""
         import tensorflow as tf
 
-        fn = self._functions.get((keys, sparse))
+        fn = self._functions.get((keys, sparse, xla))
         if fn is None:
             variables = [self.variables[k] for k in keys]
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
@@ -283,7 +332,7 @@ class KerasOptimizer:
                 self.optimizer.apply(grads, variables)
                 return []
 
-            fn = self._functions[(keys, sparse)] = self._concrete(update, specs)
+            fn = self._functions[(keys, sparse, xla)] = self._concrete(update, specs, xla)
         return fn
 
     def _build(self, params: dict) -> None:
@@ -353,11 +402,14 @@ class KerasOptimizer:
             self._build(params)
         keys = tuple(k for k in self._order if k in grads)
         sparse = tuple(isinstance(grads[k], tuple) for k in keys)
+        chunk = (keys, sparse)
+        compiled = self._xla_ready(chunk)
         flat = [_tensor(np.array(iteration, np.int64), np.int64)]
-        for key, is_sparse in zip(keys, sparse):
+        for i, (key, is_sparse) in enumerate(zip(keys, sparse)):
             g, dtype = grads[key], self.variables[key].dtype
             if is_sparse:
-                flat += [_tensor(g[0], np.int64), _tensor(g[1], dtype)]
+                ids, values = self._padded(chunk, i, g[0], g[1], dtype) if compiled else (g[0], g[1])
+                flat += [_tensor(ids, np.int64), _tensor(values, dtype)]
             else:
                 flat.append(_tensor(g, dtype))
         if self._step_state[0] == iteration:   # another chunk of the same step
@@ -372,7 +424,52 @@ class KerasOptimizer:
             if key not in self._stale:
                 params[key] = _placeholder(params[key])
                 self._stale.add(key)
-        self._compiled(keys, sparse)(flat)
+        self._run_update(chunk, flat, compiled)
+
+
+def _xla_after_from_env() -> int | None:
+    """``AUTOSYNC_KERAS_XLA_AFTER`` (read where the update runs): the updates of a chunk before XLA
+    compiles it, or ``off``; ``XLA_AFTER`` when unset.
+
+    Raises:
+        ConfigError: neither a count nor ``off``.
+    """
+    text = os.environ.get("AUTOSYNC_KERAS_XLA_AFTER", "").strip().lower()
+    if not text:
+        return XLA_AFTER
+    if text == "off":
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"AUTOSYNC_KERAS_XLA_AFTER={text!r}: give a count of updates (0 compiles from the first) "
+                          f"or 'off'")
+    return int(text)
+
+
+def row_bucket(n: int) -> int:
+    """The number of rows ``n`` sparse rows are padded to: the next power of two, at least
+    ``MIN_ROW_BUCKET``, so that XLA compiles a chunk's update for a few shapes, not one per row
+    count (a push's rows vary from step to step)."""
+    return max(MIN_ROW_BUCKET, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def padded_rows(ids, values, dtype, size: int | None = None) -> tuple:
+    """``(ids, values)`` padded to ``size`` rows (default ``row_bucket``) with zero slices of row 0,
+    ``values`` as ``dtype``. A zero slice
+    changes nothing in the updates of Keras' own optimizers: they add the slices up, or transform
+    each one by a function that keeps zero (a square, an absolute value, a clip), before any
+    arithmetic reads them, and a norm over the slices is the same with zeros beside them."""
+    ids, values = np.asarray(ids), np.asarray(values)
+    n = len(ids)
+    size = row_bucket(n) if size is None else size
+    if size == n:
+        return ids, values
+    out_ids = aligned_empty((size,), np.int64)
+    out_ids[:n] = ids
+    out_ids[n:] = 0
+    out_values = aligned_empty((size,) + values.shape[1:], dtype)
+    out_values[:n] = values
+    out_values[n:] = 0
+    return out_ids, out_values
 
 
 def _at_batches(schedule, n: int):
