@@ -130,3 +130,45 @@ def test_a_node_aggregator_keeps_every_slice_for_an_optimizer_that_transforms_ea
         assert rows.tolist() == [1, 4, 1, 4, 7] and values[:, 0].tolist() == [1, 1, 1, 2, 2]
     else:
         assert rows.tolist() == [1, 4, 7] and values[:, 0].tolist() == [2, 3, 2]
+
+
+@pytest.mark.integration
+def test_a_keras_optimizer_compiled_by_xla_on_the_shard_updates_as_traced(monkeypatch):
+    """A parameter server running the Keras path (RMSprop under a schedule) past the count at
+    which its update is compiled gives the traced update's values, rows pushed deduplicated by
+    two workers in counts that vary by step, and pulls read the same rows."""
+    import keras
+
+    from autosync.runtime.optimizers import keras_optimizer_config
+
+    config = keras_optimizer_config(keras.optimizers.RMSprop(
+        keras.optimizers.schedules.CosineDecay(0.05, decay_steps=6), momentum=0.5))
+    rng = np.random.default_rng(7)
+    init = {KEY: rng.standard_normal((10, 3)).astype(np.float32), DENSE: rng.standard_normal((4, 3)).astype(np.float32)}
+    steps = [[(rng.integers(0, 10, n), rng.standard_normal((n, 3)).astype(np.float32)) for _ in range(2)]
+             for n in (3, 6, 12, 4, 9)]
+    dense = rng.standard_normal((len(steps), 2, 4, 3)).astype(np.float32)
+
+    def train(after):
+        monkeypatch.setenv("AUTOSYNC_KERAS_XLA_AFTER", after)
+        ps = ParameterServerShard("ps@x", {k: v.copy() for k, v in init.items()}, [KEY], [], config,
+                                  num_workers=2, sync=True)
+
+        async def go():
+            for t, pushes in enumerate(steps):
+                for w, (idx, vals) in enumerate(pushes):
+                    await ps.push(w, t, {KEY: dedup_rows(idx, vals, with_squares=False), DENSE: dense[t, w]})
+            return await ps.pull(len(steps), {KEY: np.array([7, 2, 9], dtype=np.int32)})
+
+        version, direct, _ = asyncio.run(go())
+        assert version == len(steps)
+        return ps, direct
+
+    compiled, got = train("1")
+    traced, want = train("off")
+    assert compiled.optimizer.xla_after == 1 and any(k[-1] is True for k in compiled.optimizer._functions)
+    assert not any(k[-1] is True for k in traced.optimizer._functions)
+    for k in (KEY, DENSE):
+        np.testing.assert_allclose(compiled.optimizer.value(compiled.params, k),
+                                   traced.optimizer.value(traced.params, k), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[KEY], want[KEY], rtol=1e-5, atol=1e-6)

@@ -305,8 +305,8 @@ def test_padded_rows_keep_the_rows_and_bound_the_shapes():
 
     assert [row_bucket(n) for n in (0, 1, 8, 9, 16, 17, 1000)] == [8, 8, 8, 16, 16, 32, 1024]
     ids, values = np.array([3, 1, 4]), np.ones((3, 2), np.float64)
-    got_ids, got_values = padded_rows(ids, values, np.float32)
-    assert got_ids.tolist() == [3, 1, 4, 0, 0, 0, 0, 0] and got_values.dtype == np.float32
+    got_ids, got_values = padded_rows(ids, values, np.float32, num_rows=3)
+    assert got_ids.tolist() == [3, 1, 4, 0, 1, 2, 0, 1] and got_values.dtype == np.float32
     np.testing.assert_array_equal(got_values, np.vstack([np.ones((3, 2)), np.zeros((5, 2))]))
     assert got_ids.ctypes.data % TF_ALIGN == 0 and got_values.ctypes.data % TF_ALIGN == 0
     exact = (np.arange(8), np.ones((8, 2), np.float32))

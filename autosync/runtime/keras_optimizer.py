@@ -285,7 +285,7 @@ class KerasOptimizer:
         """Sparse gradient ``i`` of ``chunk`` padded for its compiled update: to ``row_bucket`` rows,
         or to the most rows it was compiled for already (zero slices cost less than a compile)."""
         size = self._rows[chunk + (i,)] = max(row_bucket(len(ids)), self._rows.get(chunk + (i,), 0))
-        return padded_rows(ids, values, dtype, size)
+        return padded_rows(ids, values, dtype, size, self.variables[chunk[0][i]].shape[0])
 
     def _run_update(self, chunk: tuple, flat: list, compiled: bool) -> None:
         """The chunk's update on ``flat``, ``compiled`` by XLA or traced. A chunk whose compiled
@@ -452,9 +452,10 @@ def row_bucket(n: int) -> int:
     return max(MIN_ROW_BUCKET, 1 << max(int(n) - 1, 0).bit_length())
 
 
-def padded_rows(ids, values, dtype, size: int | None = None) -> tuple:
-    """``(ids, values)`` padded to ``size`` rows (default ``row_bucket``) with zero slices of row 0,
-    ``values`` as ``dtype``. A zero slice
+def padded_rows(ids, values, dtype, size: int | None = None, num_rows: int | None = None) -> tuple:
+    """``(ids, values)`` padded to ``size`` rows (default ``row_bucket``) with zero slices of rows
+    0, 1, 2, ... (below ``num_rows``, the variable's: distinct rows, so that no row takes many
+    writes), ``values`` as ``dtype``. A zero slice
     changes nothing in the updates of Keras' own optimizers: they add the slices up, or transform
     each one by a function that keeps zero (a square, an absolute value, a clip), before any
     arithmetic reads them, and a norm over the slices is the same with zeros beside them."""
@@ -465,7 +466,7 @@ def padded_rows(ids, values, dtype, size: int | None = None) -> tuple:
         return ids, values
     out_ids = aligned_empty((size,), np.int64)
     out_ids[:n] = ids
-    out_ids[n:] = 0
+    out_ids[n:] = np.arange(size - n) % (num_rows or 1)
     out_values = aligned_empty((size,) + values.shape[1:], dtype)
     out_values[:n] = values
     out_values[n:] = 0
