@@ -46,6 +46,9 @@ def test_tune_on_a_script_with_rmsprop_and_a_cosine_schedule(tmp_path):
     (tmp_path / "rms_model.py").write_text(SCRIPT)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
+    # every Keras update compiled by XLA from the first (a training run's tier; trials this short
+    # stay traced by default), so the compiled path runs on Ray's actors end to end
+    env["AUTOSYNC_KERAS_XLA_AFTER"] = "0"
     r = subprocess.run([sys.executable, "-m", "autosync", "tune", "--model", "rms_model.py:build", "--cluster", "local",
                         "--steps", "3", "--warmup", "1", "--precision", "0", "--trials", "2", "--store", "t.db",
                         "--out", "best.yaml", "--json",
@@ -61,6 +64,8 @@ def test_tune_on_a_script_with_rmsprop_and_a_cosine_schedule(tmp_path):
         trials = store.trials()
     # every trial ran, the baselines' parameter servers and all-reduce alike
     assert trials and all(t.status == "ok" for t in trials), [t.error for t in trials if t.status != "ok"]
+    ps = [s for t in trials for s in (t.meta.get("ps_stats") or {}).values()]
+    assert ps and all(s["compiled"] >= 4 and s["xla_fallbacks"] == 0 for s in ps), ps
 
 
 def test_inspect_says_the_embedding_is_pushed_slice_by_slice(tmp_path, capsys):

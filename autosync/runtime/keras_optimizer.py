@@ -193,6 +193,7 @@ class KerasOptimizer:
             xla_after = _xla_after_from_env()
         self.xla_after = xla_after if cls.__module__.startswith("keras.") else None
         self.xla_fallbacks = 0   # chunks whose compiled update failed to build, run as traced instead
+        self.compiled = 0   # updates run compiled by XLA
         self._calls: dict = {}   # chunk -> its updates so far (traced until ``xla_after``)
         self._rows: dict = {}    # chunk -> the rows each of its sparse gradients is padded to
         # the global norm's scale is applied before (module doc): clipping here would use the
@@ -297,7 +298,9 @@ class KerasOptimizer:
         if not compiled:
             return self._compiled(*chunk, xla=False)(flat)
         try:
-            return self._compiled(*chunk, xla=True)(flat)
+            out = self._compiled(*chunk, xla=True)(flat)
+            self.compiled += 1
+            return out
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError) as e:
             self._functions[chunk + ("traced",)] = True
             self.xla_fallbacks += 1

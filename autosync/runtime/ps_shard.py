@@ -212,8 +212,12 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         slowest sender), ``chunks`` and ``chunk_wait_s`` (per chunk, summed over steps: from the
         chunk's first push to its last), ``copies`` (variables copied before an update: each
         received value once, then only while a whole-value pull of it was still being sent; a
-        variable updated ahead, its second arrays), ``ahead`` (updates finished from one ahead)."""
-        return {**self.stats_, "copies": self.optimizer.copies, "ahead": self.optimizer.ahead}
+        variable updated ahead, its second arrays), ``ahead`` (updates finished from one ahead),
+        ``compiled`` and ``xla_fallbacks`` (the Keras path's updates run compiled by XLA, and chunks
+        XLA could not compile: ``keras_optimizer.KerasOptimizer``; 0 for the numpy rules)."""
+        return {**self.stats_, "copies": self.optimizer.copies, "ahead": self.optimizer.ahead,
+                "compiled": getattr(self.optimizer, "compiled", 0),
+                "xla_fallbacks": getattr(self.optimizer, "xla_fallbacks", 0)}
 
     async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None,
                    asker: tuple | None = None):
