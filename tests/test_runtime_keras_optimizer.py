@@ -316,7 +316,7 @@ def test_padded_rows_keep_the_rows_and_bound_the_shapes():
 def test_updates_run_traced_until_the_chunk_has_run_xla_after_times():
     from autosync.runtime.keras_optimizer import XLA_AFTER, KerasOptimizer
 
-    config = keras_optimizer_config(_compiled_cases()["Adagrad"]())
+    config = keras_optimizer_config(_compiled_cases()["RMSprop"]())
     assert KerasOptimizer(config).xla_after == XLA_AFTER
     ours = KerasOptimizer(config, xla_after=2)
     params = {"w": np.ones((4, 3), np.float32), "e": np.ones((30, 2), np.float32)}
@@ -357,15 +357,56 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
     ours.add_variable("w", params["w"])
     real = ours._compiled
 
-    def no_xla(keys, sparse, xla=False):   # what an operation without an XLA kernel does
+    def no_xla(keys, sparse, xla=False, rows=()):   # what an operation without an XLA kernel does
         if xla:
             def fails(flat):
                 raise tf.errors.InvalidArgumentError(None, None, "Detected unsupported operations")
             return fails
-        return real(keys, sparse, xla=False)
+        return real(keys, sparse, xla=False, rows=rows)
 
     ours._compiled = no_xla
     for step in range(2):
         ours.apply(step, params, {"w": np.ones((4, 3), np.float32)})
     assert ours.xla_fallbacks == 1   # tried once, then traced for that chunk
     np.testing.assert_allclose(ours.value(params, "w"), 1 - 2 * 0.01, rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{}, {"learning_rate": "schedule", "clipvalue": 0.3}, {"clipnorm": 0.4},
+                                     {"weight_decay": 0.1}], ids=["plain", "schedule_clipvalue", "clipnorm", "decay"])
+def test_a_row_local_rule_updates_the_rows_it_touches_as_keras_updates_the_table(options):
+    """Adagrad's sparse step on the rows touched alone (gathered into scratch rows, updated by the
+    rule, written back) gives what Keras' step on the whole table gives, slices repeated and
+    squared one by one, row counts growing past the scratch's (it is made anew); under weight
+    decay (which Keras applies to every row) the whole table runs as before."""
+    import keras
+    import tensorflow as tf
+
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+
+    def make():
+        given = dict(options)
+        if given.get("learning_rate") == "schedule":
+            given["learning_rate"] = keras.optimizers.schedules.CosineDecay(0.3, decay_steps=5)
+        return keras.optimizers.Adagrad(**given)
+
+    rng = np.random.default_rng(11)
+    init = {"e": rng.standard_normal((50, 3)).astype(np.float32), "w": rng.standard_normal((4, 2)).astype(np.float32)}
+    ref = make()
+    table, dense = keras.Variable(init["e"].copy()), keras.Variable(init["w"].copy())
+    ours = KerasOptimizer(keras_optimizer_config(make()), xla_after=None)
+    params = {k: v.copy() for k, v in init.items()}
+    for k, v in init.items():
+        ours.add_variable(k, v)
+    for step, n in enumerate((5, 7, 20, 3, 40)):
+        idx = rng.integers(0, 50, n)   # repeated rows among them
+        vals = rng.standard_normal((n, 3)).astype(np.float32)
+        g = rng.standard_normal((4, 2)).astype(np.float32)
+        ref.apply([tf.IndexedSlices(vals, idx, (50, 3)), g], [table, dense])
+        ours.apply(step, params, {"e": (idx, vals, None), "w": g})
+    assert bool(ours._row_opts) == ("weight_decay" not in options)
+    if ours._row_opts:
+        assert ours._row_opts["e"][0] == 64   # grown from 8 rows to the 40 slices' bucket
+    np.testing.assert_allclose(ours.value(params, "e"), table.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.value(params, "w"), dense.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.state()["keras/2"], ref.variables[2].numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(table.numpy(), init["e"])

@@ -52,6 +52,11 @@ _LINEAR_IN_SLICES = frozenset({"sgd", "lion"})
 # built-in optimizers whose update reads a whole variable (a norm, a row/column factor, a matrix
 # iteration): a shard alone gives another update
 _WHOLE_VARIABLE = frozenset({"lamb", "adafactor", "muon"})
+# built-in optimizers whose update leaves a row without gradient as it was and reads no other row,
+# though Keras computes it over the whole variable (Adagrad's sparse step divides by, and checks
+# for zeros, the whole table's sqrt(accumulator + epsilon)): the rows a step touches, gathered,
+# updated by the rule and written back, give the same values (``KerasOptimizer._row_update``)
+_ROW_LOCAL = frozenset({"adagrad"})
 # wrappers of other optimizers: apply the inner one in optimizer_fn instead
 _WRAPPERS = frozenset({"LossScaleOptimizer", "MultiOptimizer", "OptimizerMap"})
 # the alignment TensorFlow's CPU kernels require of a tensor's buffer (Eigen's largest packet)
@@ -196,17 +201,13 @@ class KerasOptimizer:
         self.compiled = 0   # updates run compiled by XLA
         self._calls: dict = {}   # chunk -> its updates so far (traced until ``xla_after``)
         self._rows: dict = {}    # chunk -> the rows each of its sparse gradients is padded to
-        # the global norm's scale is applied before (module doc): clipping here would use the
-        # norm of these shards alone; accumulated gradients arrive averaged (module doc)
-        own = ("class", "global_clipnorm", "gradient_accumulation_steps")
-        self.optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})
-        accumulate = int(config.get("gradient_accumulation_steps") or 1)
-        import keras
-
-        schedule = getattr(self.optimizer, "_learning_rate", None)   # the property gives its value
-        if accumulate > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-            # Keras evaluates a schedule at its count of batches (module doc)
-            self.optimizer.learning_rate = _at_batches(schedule, accumulate)
+        self._config = config
+        self.optimizer = _new_optimizer(cls, config)
+        # a row-local rule on a sparse gradient runs on the rows it touches (``_row_update``); not
+        # under weight decay or a moving average, which Keras applies to every row
+        self.row_local = (str(config.get("class", "")).lower() in _ROW_LOCAL and not config.get("weight_decay")
+                          and not config.get("use_ema"))
+        self._row_opts: dict = {}   # sparse key -> (rows, scratch variable, its optimizer, slot pairs)
         self.variables, self._order, self._functions = {}, [], {}   # key -> keras.Variable; keys; traced calls
         self._stale, self.copies = set(), 0   # keys whose params entry is a placeholder (the variable holds it)
 
@@ -288,7 +289,7 @@ class KerasOptimizer:
         size = self._rows[chunk + (i,)] = max(row_bucket(len(ids)), self._rows.get(chunk + (i,), 0))
         return padded_rows(ids, values, dtype, size, self.variables[chunk[0][i]].shape[0])
 
-    def _run_update(self, chunk: tuple, flat: list, compiled: bool) -> None:
+    def _run_update(self, chunk: tuple, flat: list, compiled: bool, rows: tuple = ()) -> None:
         """The chunk's update on ``flat``, ``compiled`` by XLA or traced. A chunk whose compiled
         update cannot be built (an operation XLA lacks) runs as traced from then on: XLA builds
         before it runs anything, so nothing was applied by the failed call (an error the traced
@@ -296,7 +297,7 @@ class KerasOptimizer:
         import tensorflow as tf
 
         if not compiled:
-            return self._compiled(*chunk, xla=False)(flat)
+            return self._compiled(*chunk, xla=False, rows=rows)(flat)
         try:
             out = self._compiled(*chunk, xla=True)(flat)
             self.compiled += 1
@@ -307,13 +308,15 @@ class KerasOptimizer:
             _log.info("the optimizer's update runs without XLA (%s)", str(e).splitlines()[0][:200])
             return self._compiled(*chunk, xla=False)(flat)
 
-    def _compiled(self, keys: tuple, sparse: tuple, xla: bool = False):
+    def _compiled(self, keys: tuple, sparse: tuple, xla: bool = False, rows: tuple = ()):
         """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
         per operation. It takes the step's iteration, then the gradients flat (a sparse one as its
-        row ids then its values, any number of rows) and builds the ``IndexedSlices`` inside."""
+        row ids then its values, any number of rows) and builds the ``IndexedSlices`` inside.
+        ``rows``: per key, the scratch rows of its ``_row_update`` (0: the rule on the variable)."""
         import tensorflow as tf
 
-        fn = self._functions.get((keys, sparse, xla))
+        rows = rows or (0,) * len(keys)
+        fn = self._functions.get((keys, sparse, xla) + ((rows,) if any(rows) else ()))
         if fn is None:
             variables = [self.variables[k] for k in keys]
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
@@ -324,25 +327,75 @@ class KerasOptimizer:
 
             def update(flat):
                 self.optimizer.iterations.assign(flat[0])
-                grads, at = [], 1
-                for is_sparse, shape in zip(sparse, shapes):
-                    if is_sparse:
+                grads, on, at = [], [], 1
+                for key, var, is_sparse, shape, n in zip(keys, variables, sparse, shapes, rows):
+                    if n:
+                        self._row_update(key, flat[0], flat[at], flat[at + 1])
+                    elif is_sparse:
                         grads.append(tf.IndexedSlices(flat[at + 1], flat[at], shape))
-                        at += 2
+                        on.append(var)
                     else:
                         grads.append(flat[at])
-                        at += 1
-                self.optimizer.apply(grads, variables)
+                        on.append(var)
+                    at += 2 if is_sparse else 1
+                if on:
+                    self.optimizer.apply(grads, on)
                 return []
 
-            fn = self._functions[(keys, sparse, xla)] = self._concrete(update, specs, xla)
+            fn = self._functions[(keys, sparse, xla) + ((rows,) if any(rows) else ())] = self._concrete(
+                update, specs, xla)
         return fn
+
+    def _row_scratch(self, key, slices: int) -> int:
+        """The scratch rows ``key``'s ``_row_update`` of ``slices`` slices uses (``row_bucket``),
+        made (or made larger) first: a variable of that many rows and an optimizer of its own,
+        configured as this one, whose slots stand for the variable's slots' rows."""
+        import keras
+
+        need = row_bucket(slices)
+        have = self._row_opts.get(key)
+        if have is not None and have[0] >= need:
+            return have[0]
+        var = self.variables[key]
+        scratch = keras.Variable(np.zeros((need,) + tuple(var.shape[1:]), var.dtype), name="rows")
+        optimizer = _new_optimizer(type(self.optimizer), self._config)
+        optimizer.build([scratch])
+        slots = [v for v in self.optimizer.variables if v.name.startswith(f"{var.name}_")]
+        mine = [v for v in optimizer.variables if v.name.startswith("rows_")]
+        if len(slots) != len(mine) or any(tuple(a.shape[1:]) != tuple(b.shape[1:]) for a, b in zip(slots, mine)):
+            raise RuntimeError(f"the slots of {var.name} ({[v.name for v in slots]}) do not match a scratch "
+                               f"variable's ({[v.name for v in mine]})")
+        self._row_opts[key] = (need, scratch, optimizer, list(zip(slots, mine)))
+        return need
+
+    def _row_update(self, key, iteration, ids, values) -> None:
+        """Inside a traced update: the rule on the rows ``ids`` touches alone (a row-local rule,
+        ``_ROW_LOCAL``). The distinct rows and their slots' rows are gathered into the scratch
+        variable and slots (the rows past them hold row 0 and get no gradient), the optimizer of
+        the scratch applies the slices there as Keras applies them (repeated rows, each slice
+        squared as it comes), and the distinct rows are written back."""
+        import tensorflow as tf
+
+        size, scratch, optimizer, slots = self._row_opts[key]
+        distinct, where = tf.unique(ids)
+        count = tf.size(distinct)
+        take = tf.pad(distinct, [[0, size - count]])
+        scratch.assign(tf.gather(self.variables[key].value, take))
+        for slot, row in slots:
+            row.assign(tf.gather(slot.value, take))
+        optimizer.iterations.assign(iteration)
+        optimizer.apply([tf.IndexedSlices(values, tf.cast(where, tf.int64), tf.constant(tuple(scratch.shape), tf.int64))],
+                        [scratch])
+        self.variables[key].value.scatter_update(tf.IndexedSlices(scratch.value[:count], distinct))
+        for slot, row in slots:
+            slot.value.scatter_update(tf.IndexedSlices(row.value[:count], distinct))
 
     def _build(self, params: dict) -> None:
         import keras
 
-        for key in self._order:
-            self.variables[key] = keras.Variable(np.array(params[key]), name="shard")
+        for i, key in enumerate(self._order):   # named apart: the slots of each are named after it
+            self.variables[key] = keras.Variable(np.array(params[key]), name=f"shard{i}")
+        self._row_opts = {}
         self.optimizer.build([self.variables[k] for k in self._order])
         # state of the optimizer as a whole, beyond ``iterations`` (Nadam's ``u_product``): an
         # update of several chunks at one step must start each from the step's state. Slots of
@@ -406,7 +459,9 @@ class KerasOptimizer:
         keys = tuple(k for k in self._order if k in grads)
         sparse = tuple(isinstance(grads[k], tuple) for k in keys)
         chunk = (keys, sparse)
-        compiled = self._xla_ready(chunk)
+        rows = tuple(self._row_scratch(k, len(grads[k][0])) if is_sparse and self.row_local else 0
+                     for k, is_sparse in zip(keys, sparse))
+        compiled = self._xla_ready(chunk) and not any(rows)   # (the distinct rows' count is not static)
         flat = [_tensor(np.array(iteration, np.int64), np.int64)]
         for i, (key, is_sparse) in enumerate(zip(keys, sparse)):
             g, dtype = grads[key], self.variables[key].dtype
@@ -427,7 +482,7 @@ class KerasOptimizer:
             if key not in self._stale:
                 params[key] = _placeholder(params[key])
                 self._stale.add(key)
-        self._run_update(chunk, flat, compiled)
+        self._run_update(chunk, flat, compiled, rows)
 
 
 def _xla_after_from_env() -> int | None:
@@ -474,6 +529,22 @@ def padded_rows(ids, values, dtype, size: int | None = None, num_rows: int | Non
     out_values[:n] = values
     out_values[n:] = 0
     return out_ids, out_values
+
+
+def _new_optimizer(cls, config: dict):
+    """A ``cls`` optimizer from ``config`` as the runtime applies it: without ``global_clipnorm``
+    (its scale is applied before: clipping here would use the norm of these shards alone) and
+    ``gradient_accumulation_steps`` (accumulated gradients arrive averaged), a schedule then
+    evaluated at Keras' count of batches (module doc)."""
+    import keras
+
+    own = ("class", "global_clipnorm", "gradient_accumulation_steps")
+    optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})
+    accumulate = int(config.get("gradient_accumulation_steps") or 1)
+    schedule = getattr(optimizer, "_learning_rate", None)   # the property gives its value
+    if accumulate > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        optimizer.learning_rate = _at_batches(schedule, accumulate)
+    return optimizer
 
 
 def _at_batches(schedule, n: int):
