@@ -22,7 +22,8 @@ For small models on this machine it measures, in one run:
   - with --apply: a parameter server's optimizer apply time per step, in one process, on the
     shapes of ncf, dlrm and lm1b (all variables on one PS; sparse ones get the rows of one global
     batch): the update and the reads of the pull that follows (dense values whole, the batch's
-    rows of sparse ones, distinct, as workers that sum repeated rows push them), for SGD, Adam and
+    rows of sparse ones, distinct, as workers that sum repeated rows push them; --tables: one big
+    table instead, where a row-local rule's whole-table update is timed too), for SGD, Adam and
     Adagrad: the numpy rules against the Keras optimizer object (``keras_optimizer.KerasOptimizer``,
     what every other configuration runs) compiled by XLA as it runs, and traced without XLA as it
     ran before (``keras_traced``); each path's first update (tracing, compiling) and the start-up
@@ -146,6 +147,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="saves per model with --checkpoint")
     ap.add_argument("--pool-startup", action="store_true",
                     help="only trial start-up of consecutive trials on a warm pool, numpy rules vs Keras path")
+    ap.add_argument("--tables", nargs="+", type=int, default=None, metavar="ROWS",
+                    help=f"with --apply: instead of the zoo (unless --models is given too), one embedding table of "
+                         f"ROWS x {TABLE_DIM} and a dense layer, {TABLE_DRAWS} rows drawn a step; adds the Keras "
+                         f"rule on the whole table (keras_whole_table)")
     ap.add_argument("--trials", type=int, default=3, help="consecutive trials per model and path with --pool-startup")
     ap.add_argument("--models", nargs="+", default=None, metavar="M",
                     help=f"zoo models ({', '.join(SPARSE_ZOO)}) of the bytes-per-step table (default: all) or of "
@@ -158,6 +163,8 @@ def main() -> None:
            or ("?" in m and not args.checkpoint)]
     if bad:
         ap.error(f"--models: {bad} are not among {list(SPARSE_ZOO)} (NAME?size=full only with --checkpoint)")
+    if args.tables and (not args.apply or min(args.tables) < 1):
+        ap.error(f"--tables {args.tables}: row counts of at least 1, and only with --apply")
     if args.single:
         single_process(args.steps, args.warmup)
         return
@@ -173,7 +180,8 @@ def main() -> None:
         return
     if args.apply:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        result = apply_cost(args.steps, args.warmup, args.models or list(APPLY_ZOO))
+        result = apply_cost(args.steps, args.warmup, [] if args.tables and not args.models else
+                            args.models or list(APPLY_ZOO), args.tables or ())
         if args.out:
             _write_run(args.out, started, {"steps": args.steps, "warmup": args.warmup}, result)
         return
@@ -268,6 +276,7 @@ def rows_touched(md, workers: int, first: int, steps: int) -> tuple[dict, dict]:
 
 
 APPLY_ZOO = ("ncf", "dlrm", "lm1b")
+TABLE_DIM, TABLE_DRAWS = 64, 2048   # --tables: the width of the table and the rows drawn per step
 APPLY_OPTIMIZERS = {"sgd": "SGD(0.1)", "adam": "Adam(1e-3)", "adagrad": "Adagrad(0.1)"}
 def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
     """Median wall time, in a fresh process, from the first import to the first applied update."""
@@ -288,7 +297,7 @@ def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
     return statistics.median(runs)
 
 
-def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
+def apply_cost(steps: int, warmup: int, models=APPLY_ZOO, tables=()) -> dict:
     """Apply time per step, numpy rules vs the Keras optimizer (compiled by XLA, as it runs, and
     traced, as it ran before), on the zoo models' shapes: the update and then the reads of the pull
     that follows it (every dense value whole, the rows of the step's batch of every sparse one), as
@@ -305,6 +314,8 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
     # keras: compiled from the first update (what a long run reaches after ``XLA_AFTER`` updates)
     paths = {"numpy": make_optimizer, "keras": functools.partial(KerasOptimizer, xla_after=0),
              "keras_traced": functools.partial(KerasOptimizer, xla_after=None)}
+    if tables:   # what a row-local rule (Adagrad) costs on the whole table instead of its rows
+        paths["keras_whole_table"] = functools.partial(KerasOptimizer, xla_after=None, row_local=False)
     out = {"startup_s": {}, "apply_ms": {}, "update_ms": {}, "read_ms": {}, "first_update_s": {}}
     print("\nstart-up in a fresh process, first import to first applied update (s)")
     for name, opt in APPLY_OPTIMIZERS.items():
@@ -315,12 +326,16 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
           "keras: compiled by XLA; traced: without XLA")
     print("model | optimizer | numpy | keras | keras / numpy | keras update + read | traced | traced / numpy | "
           "first update s (keras, traced)")
+    cases = []
     for model_name in models:
         md = zoo.get_model_def(model_name)
         model = md.model_fn()
         sparse = {id(layer.embeddings) for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
-        shapes = [(tuple(v.shape), id(v) in sparse) for v in model.trainable_variables]
-        rows = md.batch_size * WORKERS
+        cases.append((model_name, [(tuple(v.shape), id(v) in sparse) for v in model.trainable_variables],
+                      md.batch_size * WORKERS))
+    for n in tables:   # one embedding table of n rows and a dense layer, TABLE_DRAWS rows a step
+        cases.append((f"table{n}", [((n, TABLE_DIM), True), ((TABLE_DIM, TABLE_DIM), False)], TABLE_DRAWS))
+    for model_name, shapes, rows in cases:
         for name, opt in APPLY_OPTIMIZERS.items():
             config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
             times = {kind: _time_apply(make(config), shapes, rows, steps, warmup, rng) for kind, make in paths.items()}
@@ -329,9 +344,11 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO) -> dict:
                 out[field][key] = {kind: t[part] for kind, t in times.items()}
             out["first_update_s"][key] = {kind: t["first"] for kind, t in times.items()}
             n, k, t = times["numpy"], times["keras"], times["keras_traced"]
+            whole = (f" | whole table {times['keras_whole_table']['total']:.2f}" if "keras_whole_table" in times
+                     else "")
             print(f"{model_name} | {name} | {n['total']:.2f} | {k['total']:.2f} | {k['total'] / n['total']:.2f}x | "
                   f"{k['update']:.2f} + {k['read']:.2f} | {t['total']:.2f} | {t['total'] / n['total']:.2f}x | "
-                  f"{k['first']:.2f}, {t['first']:.2f}")
+                  f"{k['first']:.2f}, {t['first']:.2f}{whole}")
     return out
 
 

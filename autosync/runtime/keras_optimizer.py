@@ -184,7 +184,7 @@ class KerasOptimizer:
     squares_slices = False  # Keras squares what it is given; the summed squares are of no use
     ahead = 0   # updates finished from an update ahead: none (``update_ahead``)
 
-    def __init__(self, config: dict, xla_after: int | None = -1):
+    def __init__(self, config: dict, xla_after: int | None = -1, row_local: bool = True):
         cls = optimizer_class(config)
         # Tiers, as a JIT does: a chunk's update runs traced (its first call traces in ~0.1-0.5 s),
         # and once it has run ``xla_after`` times XLA compiles it, fusing the rule's dozens of
@@ -204,8 +204,9 @@ class KerasOptimizer:
         self._config = config
         self.optimizer = _new_optimizer(cls, config)
         # a row-local rule on a sparse gradient runs on the rows it touches (``_row_update``); not
-        # under weight decay or a moving average, which Keras applies to every row
-        self.row_local = (str(config.get("class", "")).lower() in _ROW_LOCAL and not config.get("weight_decay")
+        # under weight decay or a moving average, which Keras applies to every row (``row_local``
+        # False: the rule on the whole variable, for comparison)
+        self.row_local = row_local and (str(config.get("class", "")).lower() in _ROW_LOCAL and not config.get("weight_decay")
                           and not config.get("use_ema"))
         self._row_opts: dict = {}   # sparse key -> (rows, scratch variable, its optimizer, slot pairs)
         self.variables, self._order, self._functions = {}, [], {}   # key -> keras.Variable; keys; traced calls
