@@ -180,3 +180,12 @@ def test_run_reports_a_strategy_for_another_model_before_ray_starts(rmsprop_mode
     assert main(["run", "--model", rmsprop_model, "--strategy", str(strategy)]) == 2
     err = capsys.readouterr().err
     assert str(strategy) in err and "emb/embeddings" in err and "Traceback" not in err
+
+
+@pytest.mark.integration
+def test_a_bad_count_before_xla_compiles_is_refused_before_ray_starts(rmsprop_model, tmp_path, capsys, monkeypatch):
+    """AUTOSYNC_KERAS_XLA_AFTER is read where updates run; a typo is said by the command up front."""
+    monkeypatch.setenv("AUTOSYNC_KERAS_XLA_AFTER", "later")
+    assert main(["baselines", "--model", "zoo:ncf"]) == 2
+    err = _one_error(capsys, "baselines")
+    assert "AUTOSYNC_KERAS_XLA_AFTER='later': give a count of updates (0 compiles from the first) or 'off'" in err, err

@@ -195,7 +195,7 @@ class KerasOptimizer:
         # padded to a few compiled shapes; a user's subclass may not, and stays traced.
         # None: never; -1: AUTOSYNC_KERAS_XLA_AFTER (a count, or "off"), else XLA_AFTER.
         if xla_after == -1:
-            xla_after = _xla_after_from_env()
+            xla_after = xla_after_from_env()
         self.xla_after = xla_after if cls.__module__.startswith("keras.") else None
         self.xla_fallbacks = 0   # chunks whose compiled update failed to build, run as traced instead
         self.compiled = 0   # updates run compiled by XLA
@@ -486,9 +486,10 @@ class KerasOptimizer:
         self._run_update(chunk, flat, compiled, rows)
 
 
-def _xla_after_from_env() -> int | None:
-    """``AUTOSYNC_KERAS_XLA_AFTER`` (read where the update runs): the updates of a chunk before XLA
-    compiles it, or ``off``; ``XLA_AFTER`` when unset.
+def xla_after_from_env() -> int | None:
+    """``AUTOSYNC_KERAS_XLA_AFTER`` (read where the update runs, and checked by every command before
+    Ray starts: ``optimizers.check_optimizer_config``): the updates of a chunk before XLA compiles
+    it, or ``off``; ``XLA_AFTER`` when unset.
 
     Raises:
         ConfigError: neither a count nor ``off``.

@@ -329,12 +329,17 @@ def check_optimizer_config(config: dict) -> None:
     """Raise if a Keras optimizer config (``keras_optimizer_config``) cannot be run by the runtime.
 
     Raises:
-        ConfigError: an optimizer class that is not a Keras optimizer or cannot be imported, or an
-            option that cannot be honoured by shards applied separately (``_REFUSED``).
+        ConfigError: an optimizer class that is not a Keras optimizer or cannot be imported, an
+            option that cannot be honoured by shards applied separately (``_REFUSED``), or an
+            ``AUTOSYNC_KERAS_XLA_AFTER`` that is neither a count nor ``off``.
     """
-    from autosync.runtime.keras_optimizer import optimizer_class
+    from autosync.runtime.keras_optimizer import optimizer_class, xla_after_from_env
 
     problems = []
+    try:
+        xla_after_from_env()   # read again where updates run; a typo is said here, before Ray starts
+    except ConfigError as e:
+        problems.append(str(e))
     for key, why in _REFUSED.items():
         if config.get(key, _REFUSED_DEFAULTS[key]) != _REFUSED_DEFAULTS[key]:
             problems.append(f"optimizer option {key}={short_repr(config[key])} is not supported by AutoSync's "
