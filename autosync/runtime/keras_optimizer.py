@@ -26,6 +26,9 @@ What is exact and what is not (``check_keras_apply`` refuses the rest before any
   their gradients (``worker._gradients_of``), so update ``t`` is applied here as Keras applies its
   (t+1)-th: the update rule sees ``iterations`` t (Keras counts updates there), a learning-rate
   schedule the batch count ``(t + 1) n - 1`` (Keras evaluates it at every batch's count).
+- Speed: a chunk's update runs traced, and XLA-compiled once the chunk has run ``XLA_AFTER``
+  times (``KerasOptimizer``: Keras' own optimizers, sparse rows padded with zero slices to a few
+  shapes); a row-local rule (Adagrad) updates the rows a sparse gradient touches, not the table.
 - A sparse gradient is applied as one ``IndexedSlices`` in the form the rule reads it
   (``optimizers.sparse_form``): rows summed per worker (``slices.dedup_rows``) for an optimizer
   linear in its slices (SGD, Lion); every slice as the workers' tapes made it, repeated rows not
@@ -188,9 +191,9 @@ class KerasOptimizer:
         cls = optimizer_class(config)
         # Tiers, as a JIT does: a chunk's update runs traced (its first call traces in ~0.1-0.5 s),
         # and once it has run ``xla_after`` times XLA compiles it, fusing the rule's dozens of
-        # small kernels into one (1.3-2x faster updates on CPU; ``runtime_overhead.py --apply``).
-        # A compile costs 0.2-1 s per chunk and a second per sparse variable, which a trial of a
-        # hundred steps would not earn back, while a training run does. Only Keras' own
+        # small kernels (1.1-2x faster updates on CPU, Adam the most; ``runtime_overhead.py
+        # --apply``). A compile costs 0.2-3 s a chunk, which a trial of a hundred steps would not
+        # earn back, while a training run does. Only Keras' own
         # optimizers compile: their rules treat a zero slice as no gradient, so sparse rows are
         # padded to a few compiled shapes; a user's subclass may not, and stays traced.
         # None: never; -1: AUTOSYNC_KERAS_XLA_AFTER (a count, or "off"), else XLA_AFTER.
@@ -206,8 +209,8 @@ class KerasOptimizer:
         # a row-local rule on a sparse gradient runs on the rows it touches (``_row_update``); not
         # under weight decay or a moving average, which Keras applies to every row (``row_local``
         # False: the rule on the whole variable, for comparison)
-        self.row_local = row_local and (str(config.get("class", "")).lower() in _ROW_LOCAL and not config.get("weight_decay")
-                          and not config.get("use_ema"))
+        self.row_local = (row_local and str(config.get("class", "")).lower() in _ROW_LOCAL
+                          and not config.get("weight_decay") and not config.get("use_ema"))
         self._row_opts: dict = {}   # sparse key -> (rows, scratch variable, its optimizer, slot pairs)
         self.variables, self._order, self._functions = {}, [], {}   # key -> keras.Variable; keys; traced calls
         self._stale, self.copies = set(), 0   # keys whose params entry is a placeholder (the variable holds it)
@@ -385,8 +388,8 @@ class KerasOptimizer:
         for slot, row in slots:
             row.assign(tf.gather(slot.value, take))
         optimizer.iterations.assign(iteration)
-        optimizer.apply([tf.IndexedSlices(values, tf.cast(where, tf.int64), tf.constant(tuple(scratch.shape), tf.int64))],
-                        [scratch])
+        shape = tf.constant(tuple(scratch.shape), tf.int64)
+        optimizer.apply([tf.IndexedSlices(values, tf.cast(where, tf.int64), shape)], [scratch])
         self.variables[key].value.scatter_update(tf.IndexedSlices(scratch.value[:count], distinct))
         for slot, row in slots:
             slot.value.scatter_update(tf.IndexedSlices(row.value[:count], distinct))
