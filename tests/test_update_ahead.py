@@ -306,3 +306,59 @@ def test_a_step_of_many_tables_at_once_is_each_tables_own_step_bit_for_bit(name)
         assert a[k].tobytes() == b[k].tobytes()
         for slot in oa.slots[k]:
             assert oa.slots[k][slot].tobytes() == ob.slots[k][slot].tobytes()
+
+
+BLOCKED = {**CONFIGS, "sgd": {"class": "SGD", "learning_rate": 0.1},
+           "adagrad": {"class": "Adagrad", "learning_rate": 0.1}}
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["whole", "ahead"])
+@pytest.mark.parametrize("name", sorted(BLOCKED))
+def test_an_update_in_blocks_equals_the_update_in_one_pass_bit_for_bit(name, ahead, monkeypatch):
+    """``_update_blocked`` with blocks of one value (the table's 50 x 4 in 50 blocks of a row, the
+    sparse rows cut between them; the dense 4 values one by one) gives every bit of one pass, on
+    the table's sparse steps and on a dense gradient, updated ahead or not."""
+    from autosync.runtime import optimizers
+
+    calls = []
+    real = optimizers.NumpyOptimizer._update_blocked
+
+    def counted(self, *args, **kw):
+        calls.append(args[2].size)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(optimizers.NumpyOptimizer, "_update_blocked", counted)
+    monkeypatch.setattr(optimizers, "BLOCK_VALUES", 1 << 30)
+    one, o_one, _ = _run(BLOCKED[name], 5, ahead)
+    monkeypatch.setattr(optimizers, "BLOCK_VALUES", 1)
+    blocks, o_blocks, _ = _run(BLOCKED[name], 5, ahead)
+    for k in one:
+        assert blocks[k].tobytes() == one[k].tobytes(), k
+        for slot in o_one.slots[k]:
+            assert o_blocks.slots[k][slot].tobytes() == o_one.slots[k][slot].tobytes(), (k, slot)
+    if name != "sgd":   # plain SGD subtracts each slice itself, no rule pass to cut
+        assert 200 in calls   # the table went through the blocked update
+
+
+def test_blocks_cut_a_dense_gradient_and_a_tables_rows(monkeypatch):
+    from autosync.runtime import optimizers
+
+    monkeypatch.setattr(optimizers, "BLOCK_VALUES", 8)
+    o = make_optimizer(CONFIGS["adam"])
+    seen = []
+    o._update = lambda it, key, var, rows, g, g2, slots=None: seen.append(
+        (var.shape, None if rows is None else rows.tolist(), len(g), sorted(slots)))
+    var = np.zeros((10, 4), np.float32)
+    o.add_variable("t", var)
+    o._update_blocked(0, "t", var, np.array([0, 1, 5, 9]), np.ones((4, 4), np.float32),
+                      np.ones((4, 4), np.float32))
+    assert seen == [((2, 4), [0, 1], 2, ["m", "v"]), ((2, 4), [], 0, ["m", "v"]), ((2, 4), [1], 1, ["m", "v"]),
+                    ((2, 4), [], 0, ["m", "v"]), ((2, 4), [1], 1, ["m", "v"])]
+    seen.clear()
+    o._update_blocked(0, "t", var, None, np.ones((10, 4), np.float32), np.ones((10, 4), np.float32))
+    assert [s[0] for s in seen] == [(8,)] * 5
+    seen.clear()
+    small = np.zeros((4, 4), np.float32)   # not above two blocks: one pass
+    o.add_variable("s", small)
+    o._update_blocked(0, "s", small, None, np.ones((4, 4), np.float32), np.ones((4, 4), np.float32))
+    assert [s[0] for s in seen] == [(4, 4)]

@@ -143,7 +143,8 @@ class UpdateAhead:
             var, slots = spare[0], spare[1]
         self._decay(var)
         empty = np.zeros((0,) + var.shape[1:], var.dtype)
-        self._update(iteration, key, var, np.zeros(0, np.int64), empty, empty if self.squares_slices else None, slots)
+        self._update_blocked(iteration, key, var, np.zeros(0, np.int64), empty, empty if self.squares_slices else None,
+                             slots)
         return var, slots, time.perf_counter() - t0
 
     def _finish_ahead(self, iteration: int, params: dict, key, grad) -> bool:
