@@ -360,9 +360,12 @@ def _time_apply(o, shapes, rows: int, steps: int, warmup: int, rng) -> dict:
     for k, v in params.items():
         o.add_variable(k, v)
     try:   # the arrays a parameter server hands its optimizer: its own copies of what was pushed
-        from autosync.runtime.keras_optimizer import aligned_copy as own
-    except ImportError:   # code before 4afce9a: plain copies
-        own = np.array
+        from autosync.runtime.tf_arrays import aligned_copy as own
+    except ImportError:   # code before the split of keras_optimizer (and before 4afce9a: plain copies)
+        try:
+            from autosync.runtime.keras_optimizer import aligned_copy as own
+        except ImportError:
+            own = np.array
     samples = {"update": [], "read": [], "total": []}
     first = None
     for step in range(warmup + steps):

@@ -166,8 +166,8 @@ def test_a_keras_optimizer_compiled_by_xla_on_the_shard_updates_as_traced(monkey
 
     compiled, got = train("1")
     traced, want = train("off")
-    assert compiled.optimizer.xla_after == 1 and any(k[-1] is True for k in compiled.optimizer._functions)
-    assert not any(k[-1] is True for k in traced.optimizer._functions)
+    assert compiled.optimizer.updates.xla_after == 1 and any(k[2] is True for k in compiled.optimizer.updates.functions)
+    assert not any(k[2] is True for k in traced.optimizer.updates.functions)
     for k in (KEY, DENSE):
         np.testing.assert_allclose(compiled.optimizer.value(compiled.params, k),
                                    traced.optimizer.value(traced.params, k), rtol=1e-5, atol=1e-6)

@@ -292,8 +292,8 @@ def test_the_compiled_update_of_keras_own_optimizers_is_the_traced_one(name):
         for xla, o in ours.items():
             o.apply(step, params[xla], {"e": grads["e"], "w": grads["w"]})   # two chunks of one step
             o.apply(step, params[xla], {"b": grads["b"]})
-    assert ours[True].xla_fallbacks == 0
-    assert any(key[-1] is True for key in ours[True]._functions)
+    assert ours[True].updates.xla_fallbacks == 0
+    assert any(key[2] is True for key in ours[True].updates.functions)
     for k in shapes:
         got, want = ours[True].value(params[True], k), ours[False].value(params[False], k)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{name} {k}")
@@ -301,7 +301,8 @@ def test_the_compiled_update_of_keras_own_optimizers_is_the_traced_one(name):
 
 
 def test_padded_rows_keep_the_rows_and_bound_the_shapes():
-    from autosync.runtime.keras_optimizer import TF_ALIGN, padded_rows, row_bucket
+    from autosync.runtime.keras_update import padded_rows, row_bucket
+    from autosync.runtime.tf_arrays import TF_ALIGN
 
     assert [row_bucket(n) for n in (0, 1, 8, 9, 16, 17, 1000)] == [8, 8, 8, 16, 16, 32, 1024]
     ids, values = np.array([3, 1, 4]), np.ones((3, 2), np.float64)
@@ -314,10 +315,11 @@ def test_padded_rows_keep_the_rows_and_bound_the_shapes():
 
 
 def test_updates_run_traced_until_the_chunk_has_run_xla_after_times():
-    from autosync.runtime.keras_optimizer import XLA_AFTER, KerasOptimizer
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+    from autosync.runtime.keras_update import XLA_AFTER
 
     config = keras_optimizer_config(_compiled_cases()["RMSprop"]())
-    assert KerasOptimizer(config).xla_after == XLA_AFTER
+    assert KerasOptimizer(config).updates.xla_after == XLA_AFTER
     ours = KerasOptimizer(config, xla_after=2)
     params = {"w": np.ones((4, 3), np.float32), "e": np.ones((30, 2), np.float32)}
     for k, v in params.items():
@@ -326,11 +328,11 @@ def test_updates_run_traced_until_the_chunk_has_run_xla_after_times():
     for step, n in enumerate((3, 3, 3, 5, 11, 4)):
         ours.apply(step, params, {"w": np.ones((4, 3), np.float32),
                                   "e": (np.arange(n), np.ones((n, 2), np.float32), None)})
-        seen.append(sorted(str(k[-1]) for k in ours._functions))
+        seen.append(sorted(str(k[2]) for k in ours.updates.functions))
     assert seen[:2] == [["False"]] * 2 and seen[2] == ["False", "True"]
     # 3, 5 and 4 rows padded to 8, 11 to 16, then 4 to 16 (the most it was compiled for)
-    assert ours._rows[(("w", "e"), (False, True), 1)] == 16
-    assert ours.xla_fallbacks == 0
+    assert ours.updates.rows[(("w", "e"), (False, True), 1)] == 16
+    assert ours.updates.xla_fallbacks == 0
 
 
 def test_the_count_before_compiling_is_read_from_the_environment(monkeypatch):
@@ -339,7 +341,7 @@ def test_the_count_before_compiling_is_read_from_the_environment(monkeypatch):
     config = keras_optimizer_config(_compiled_cases()["SGD"]())
     for text, want in (("0", 0), ("12", 12), (" OFF ", None)):
         monkeypatch.setenv("AUTOSYNC_KERAS_XLA_AFTER", text)
-        assert KerasOptimizer(config).xla_after == want
+        assert KerasOptimizer(config).updates.xla_after == want
     monkeypatch.setenv("AUTOSYNC_KERAS_XLA_AFTER", "soon")
     with pytest.raises(ConfigError, match=r"AUTOSYNC_KERAS_XLA_AFTER='soon': give a count .* or 'off'"):
         KerasOptimizer(config)
@@ -351,11 +353,11 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
     from autosync.runtime.keras_optimizer import KerasOptimizer
 
     sub = KerasOptimizer(keras_optimizer_config(rm.HalfStepSGD(0.1)), xla_after=0)
-    assert sub.xla_after is None   # a user's rule may not keep zero slices as no gradient: never padded
+    assert sub.updates.xla_after is None   # a user's rule may not keep zero slices as no gradient: never padded
     ours = KerasOptimizer(keras_optimizer_config(_compiled_cases()["SGD"]()), xla_after=0)
     params = {"w": np.ones((4, 3), np.float32)}
     ours.add_variable("w", params["w"])
-    real = ours._compiled
+    real = ours.updates.function
 
     def no_xla(keys, sparse, xla=False, rows=()):   # what an operation without an XLA kernel does
         if xla:
@@ -364,10 +366,10 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
             return fails
         return real(keys, sparse, xla=False, rows=rows)
 
-    ours._compiled = no_xla
+    ours.updates.function = no_xla
     for step in range(2):
         ours.apply(step, params, {"w": np.ones((4, 3), np.float32)})
-    assert ours.xla_fallbacks == 1   # tried once, then traced for that chunk
+    assert ours.updates.xla_fallbacks == 1   # tried once, then traced for that chunk
     np.testing.assert_allclose(ours.value(params, "w"), 1 - 2 * 0.01, rtol=1e-6)
 
 
@@ -403,9 +405,9 @@ def test_a_row_local_rule_updates_the_rows_it_touches_as_keras_updates_the_table
         g = rng.standard_normal((4, 2)).astype(np.float32)
         ref.apply([tf.IndexedSlices(vals, idx, (50, 3)), g], [table, dense])
         ours.apply(step, params, {"e": (idx, vals, None), "w": g})
-    assert bool(ours._row_opts) == ("weight_decay" not in options)
-    if ours._row_opts:
-        assert ours._row_opts["e"][0] == 64   # grown from 8 rows to the 40 slices' bucket
+    assert bool(ours.updates.row_opts) == ("weight_decay" not in options)
+    if ours.updates.row_opts:
+        assert ours.updates.row_opts["e"][0] == 64   # grown from 8 rows to the 40 slices' bucket
     np.testing.assert_allclose(ours.value(params, "e"), table.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.value(params, "w"), dense.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.state()["keras/2"], ref.variables[2].numpy(), rtol=1e-5, atol=1e-6)

@@ -318,7 +318,7 @@ def test_an_update_in_blocks_equals_the_update_in_one_pass_bit_for_bit(name, ahe
     """``_update_blocked`` with blocks of one value (the table's 50 x 4 in 50 blocks of a row, the
     sparse rows cut between them; the dense 4 values one by one) gives every bit of one pass, on
     the table's sparse steps and on a dense gradient, updated ahead or not."""
-    from autosync.runtime import optimizers
+    from autosync.runtime import blocks, optimizers
 
     calls = []
     real = optimizers.NumpyOptimizer._update_blocked
@@ -328,9 +328,9 @@ def test_an_update_in_blocks_equals_the_update_in_one_pass_bit_for_bit(name, ahe
         return real(self, *args, **kw)
 
     monkeypatch.setattr(optimizers.NumpyOptimizer, "_update_blocked", counted)
-    monkeypatch.setattr(optimizers, "BLOCK_VALUES", 1 << 30)
+    monkeypatch.setattr(blocks, "BLOCK_VALUES", 1 << 30)
     one, o_one, _ = _run(BLOCKED[name], 5, ahead)
-    monkeypatch.setattr(optimizers, "BLOCK_VALUES", 1)
+    monkeypatch.setattr(blocks, "BLOCK_VALUES", 1)
     blocks, o_blocks, _ = _run(BLOCKED[name], 5, ahead)
     for k in one:
         assert blocks[k].tobytes() == one[k].tobytes(), k
@@ -341,9 +341,9 @@ def test_an_update_in_blocks_equals_the_update_in_one_pass_bit_for_bit(name, ahe
 
 
 def test_blocks_cut_a_dense_gradient_and_a_tables_rows(monkeypatch):
-    from autosync.runtime import optimizers
+    from autosync.runtime import blocks
 
-    monkeypatch.setattr(optimizers, "BLOCK_VALUES", 8)
+    monkeypatch.setattr(blocks, "BLOCK_VALUES", 8)
     o = make_optimizer(CONFIGS["adam"])
     seen = []
     o._update = lambda it, key, var, rows, g, g2, slots=None: seen.append(

@@ -26,12 +26,10 @@ import weakref
 
 import numpy as np
 
+from autosync.runtime.blocks import in_blocks
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
 from strategy_space.errors import ConfigError, short_repr
 
-# values per array of one block of a whole-variable update (``NumpyOptimizer._update_blocked``):
-# 256 KiB of float32, so a block's arrays and temporaries stay in a core's cache
-BLOCK_VALUES = 1 << 16
 # config keys that change the update rule; any non-default value is rejected, not ignored
 _UNSUPPORTED = {
     "clipnorm": None, "clipvalue": None,
@@ -156,34 +154,11 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
         self._update_blocked(iteration, key, var, rows, g, g2)
 
     def _update_blocked(self, iteration, key, var: np.ndarray, rows, g, g2, slots: dict | None = None) -> None:
-        """``_update`` a block of ``BLOCK_VALUES`` values at a time where it passes over the whole
-        variable (a dense gradient, or a rule that moves untouched rows: Adam's moments, SGD's
-        momentum): each of the rule's element-wise passes then reads a block from the cache, not
-        the whole variable from memory (Adam on a 1M x 64 table 2.2x faster, by hand). Every value
-        goes through the same operations as in one call: bit for bit the same update. A sparse
-        gradient's ``rows`` (ascending) are cut at the blocks' first rows."""
+        """``_update`` a block at a time where it passes over the whole variable (a dense gradient,
+        or a rule that moves untouched rows: Adam's moments, SGD's momentum): ``blocks``."""
         slots = self.slots[key] if slots is None else slots
-        arrays = (var, *slots.values())
         whole = rows is None or getattr(self, "moves_untouched_rows", False)
-        if (not whole or var.size <= 2 * BLOCK_VALUES or var.ndim == 0
-                or not all(a.flags.c_contiguous and a.shape == var.shape for a in arrays)):
-            return self._update(iteration, key, var, rows, g, g2, slots)
-        if rows is None:   # blocks of the flat arrays
-            flat = [a.reshape(-1) for a in arrays]
-            gf = np.asarray(g).reshape(-1)
-            g2f = None if g2 is None else np.asarray(g2).reshape(-1)
-            for a in range(0, var.size, BLOCK_VALUES):
-                b = a + BLOCK_VALUES
-                self._update(iteration, key, flat[0][a:b], None, gf[a:b], None if g2f is None else g2f[a:b],
-                             dict(zip(slots, (x[a:b] for x in flat[1:]))))
-            return
-        step = max(1, BLOCK_VALUES // max(1, var[0].size))   # whole rows per block
-        starts = np.arange(0, var.shape[0], step)
-        cuts = np.searchsorted(rows, np.append(starts, var.shape[0]))
-        for i, a in enumerate(starts):
-            lo, hi = cuts[i], cuts[i + 1]
-            self._update(iteration, key, var[a:a + step], rows[lo:hi] - a, g[lo:hi],
-                         None if g2 is None else g2[lo:hi], {n: x[a:a + step] for n, x in slots.items()})
+        in_blocks(lambda *part: self._update(iteration, key, *part), var, rows, g, g2, slots, whole)
 
     def _decay(self, var: np.ndarray) -> None:
         """Weight decay, in place: Keras decays every variable that has a gradient, before the
@@ -366,7 +341,8 @@ def check_optimizer_config(config: dict) -> None:
             option that cannot be honoured by shards applied separately (``_REFUSED``), or an
             ``AUTOSYNC_KERAS_XLA_AFTER`` that is neither a count nor ``off``.
     """
-    from autosync.runtime.keras_optimizer import optimizer_class, xla_after_from_env
+    from autosync.runtime.keras_optimizer import optimizer_class
+    from autosync.runtime.keras_update import xla_after_from_env
 
     problems = []
     try:

@@ -46,7 +46,7 @@ import numpy as np
 
 from autosync.runtime import timeline
 from autosync.runtime.initial import initial_slice
-from autosync.runtime.keras_optimizer import aligned_copy, aligned_empty
+from autosync.runtime.tf_arrays import aligned_copy, aligned_empty
 from autosync.runtime.ps_checkpoint import Checkpointed
 from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
@@ -214,10 +214,10 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         received value once, then only while a whole-value pull of it was still being sent; a
         variable updated ahead, its second arrays), ``ahead`` (updates finished from one ahead),
         ``compiled`` and ``xla_fallbacks`` (the Keras path's updates run compiled by XLA, and chunks
-        XLA could not compile: ``keras_optimizer.KerasOptimizer``; 0 for the numpy rules)."""
+        XLA could not compile: ``keras_update.ChunkUpdates``; 0 for the numpy rules)."""
         return {**self.stats_, "copies": self.optimizer.copies, "ahead": self.optimizer.ahead,
-                "compiled": getattr(self.optimizer, "compiled", 0),
-                "xla_fallbacks": getattr(self.optimizer, "xla_fallbacks", 0)}
+                "compiled": getattr(getattr(self.optimizer, "updates", None), "compiled", 0),
+                "xla_fallbacks": getattr(getattr(self.optimizer, "updates", None), "xla_fallbacks", 0)}
 
     async def pull(self, min_version: int, rows: dict | None = None, which: str = "all", chunk=None,
                    asker: tuple | None = None):
