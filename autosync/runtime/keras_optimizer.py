@@ -170,6 +170,8 @@ class KerasOptimizer:
     A value handed out is never changed under its reader: TensorFlow updates a variable's buffer in
     place only while nothing else holds it, and copies it first otherwise (copy on write); a
     variable updated by rows keeps its buffer to itself and every whole read is a copy.
+
+    ``xla_after`` and ``row_local``: how the updates run (``keras_update.ChunkUpdates``).
     """
 
     squares_slices = False  # Keras squares what it is given; the summed squares are of no use

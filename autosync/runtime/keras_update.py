@@ -20,9 +20,10 @@ import numpy as np
 from autosync.runtime.tf_arrays import aligned_empty, spec, tensor
 from strategy_space.errors import ConfigError
 
+_log = logging.getLogger(__name__)
 # the fewest rows a sparse gradient is padded to for the compiled update (see ``padded_rows``)
 MIN_ROW_BUCKET = 8
-# updates of a chunk run traced before XLA compiles it (``KerasOptimizer``)
+# updates of a chunk run traced before XLA compiles it (``ChunkUpdates``)
 XLA_AFTER = 256
 # built-in optimizers whose update leaves a row without gradient as it was and reads no other row,
 # though Keras computes it over the whole variable (Adagrad's sparse step divides by, and checks
@@ -60,10 +61,10 @@ def row_bucket(n: int) -> int:
 def padded_rows(ids, values, dtype, size: int | None = None, num_rows: int | None = None) -> tuple:
     """``(ids, values)`` padded to ``size`` rows (default ``row_bucket``) with zero slices of rows
     0, 1, 2, ... (below ``num_rows``, the variable's: distinct rows, so that no row takes many
-    writes), ``values`` as ``dtype``. A zero slice
-    changes nothing in the updates of Keras' own optimizers: they add the slices up, or transform
-    each one by a function that keeps zero (a square, an absolute value, a clip), before any
-    arithmetic reads them, and a norm over the slices is the same with zeros beside them."""
+    writes), ``values`` as ``dtype``. A zero slice changes nothing in the updates of Keras' own
+    optimizers: they add the slices up, or transform each one by a function that keeps zero (a
+    square, an absolute value, a clip), before any arithmetic reads them, and a norm over the
+    slices is the same with zeros beside them."""
     ids, values = np.asarray(ids), np.asarray(values)
     n = len(ids)
     size = row_bucket(n) if size is None else size
@@ -107,9 +108,6 @@ def at_batches(schedule, n: int):
             return {"schedule": keras.saving.serialize_keras_object(schedule), "n": n}
 
     return AtBatches()
-
-
-_log = logging.getLogger(__name__)
 
 
 class ChunkUpdates:
