@@ -44,7 +44,7 @@ import importlib
 
 import numpy as np
 
-from autosync.runtime.keras_update import ChunkUpdates, new_optimizer
+from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
 from autosync.runtime.tf_arrays import spec, tensor
 from strategy_space.errors import ConfigError
@@ -221,7 +221,7 @@ class KerasOptimizer:
         if stale:
             fn = self._functions.get(("read", stale))
             if fn is None:
-                fn = self._functions[("read", stale)] = self._concrete(
+                fn = self._functions[("read", stale)] = traced(
                     lambda _: [self.variables[k].value.read_value() for k in stale], [])
             for key, tensor in zip(stale, fn([])):
                 self._fresh(params, key, tensor)
@@ -237,21 +237,12 @@ class KerasOptimizer:
 
             fn = self._functions.get(("gather", keys))
             if fn is None:
-                fn = self._functions[("gather", keys)] = self._concrete(
+                fn = self._functions[("gather", keys)] = traced(
                     lambda ids: [tf.gather(self.variables[k].value, i) for k, i in zip(keys, ids)],
                     [spec((None,), np.int64) for _ in keys])
             for key, value in zip(keys, fn([tensor(rows[k], np.int64) for k in keys])):
                 out[key] = value._numpy()
         return out
-
-    @staticmethod
-    def _concrete(function, specs: list):
-        """``function`` of one list of tensors traced once for ``specs``, called through the concrete
-        function's flat entry point (``fast_call``): tf.function's per-call binding of arguments
-        costs more than a small shard's read."""
-        from autosync.runtime.fast_call import concrete_flat
-
-        return concrete_flat(function, specs)[0]
 
     def _build(self, params: dict) -> None:
         import keras
@@ -262,7 +253,7 @@ class KerasOptimizer:
         self.optimizer.build([self.variables[k] for k in self._order])
         # state of the optimizer as a whole, beyond ``iterations`` (Nadam's ``u_product``): an
         # update of several chunks at one step must start each from the step's state. Slots of
-        # the shards are named after them (``shard_...``), so they are told apart by name.
+        # the shards are named after them (``shard<i>_...``), so they are told apart by name.
         self._global = [v for v in self.optimizer.variables
                         if v is not self.optimizer.iterations and not v.name.startswith("shard")]
         self._step_state = (None, [])

@@ -3,9 +3,10 @@ and then compiled by XLA (a tier, as a JIT has), sparse rows padded to a few com
 row-local rule's update on the rows a sparse gradient touches instead of the whole table.
 
 Tiers: a chunk's update runs traced (its first call traces in ~0.1-0.5 s), and once it has run
-``XLA_AFTER`` times XLA compiles it, fusing the rule's dozens of small kernels (1.1-2x faster
-updates on CPU, Adam the most; ``benchmarks/runtime_overhead.py --apply``). A compile costs 0.2-3
-s a chunk, which a trial of a hundred steps would not earn back, while a training run does. Only
+``XLA_AFTER`` times XLA compiles it, fusing the rule's dozens of small kernels (Adam's update
+and pull 1.1-1.7x faster on CPU, plain SGD 0.8-1.4x: dlrm's 26 tables once slower;
+``benchmarks/results/ps_apply_keras_xla.json``). A compile costs 0.2-3.3 s a chunk, which a trial
+of a hundred steps would not earn back, while a training run does. Only
 Keras' own optimizers compile: their rules treat a zero slice as no gradient, so sparse rows are
 padded to a few compiled shapes; a user's subclass may not, and stays traced. A chunk XLA cannot
 compile runs traced.
@@ -110,6 +111,15 @@ def at_batches(schedule, n: int):
     return AtBatches()
 
 
+def traced(function, specs: list, xla: bool = False):
+    """``function`` of one list of tensors traced once for ``specs``, called through the concrete
+    function's flat entry point (``fast_call``: tf.function's per-call binding of arguments costs
+    more than a small shard's update or read); compiled by XLA, once per shape, if ``xla``."""
+    from autosync.runtime.fast_call import concrete_flat
+
+    return concrete_flat(function, specs, jit_compile=xla)[0]
+
+
 class ChunkUpdates:
     """The update functions of ``owner``'s chunks (a ``KerasOptimizer``: its ``optimizer`` and
     ``variables``), by chunk: the keys updated together and which of them are sparse.
@@ -160,14 +170,6 @@ class ChunkUpdates:
                 flat.append(tensor(g, dtype))
         return chunk, flat, compiled, rows
 
-    @staticmethod
-    def _concrete(function, specs: list, xla: bool = False):
-        """``function`` of one list of tensors traced once for ``specs`` (``fast_call``), compiled
-        by XLA (once per shape) if ``xla``."""
-        from autosync.runtime.fast_call import concrete_flat
-
-        return concrete_flat(function, specs, jit_compile=xla)[0]
-
     def _xla_ready(self, chunk: tuple) -> bool:
         """Whether this update of ``chunk`` (its keys, which of them are sparse) runs compiled."""
         calls = self.calls[chunk] = self.calls.get(chunk, 0) + 1
@@ -206,7 +208,8 @@ class ChunkUpdates:
         import tensorflow as tf
 
         rows = rows or (0,) * len(keys)
-        fn = self.functions.get((keys, sparse, xla) + ((rows,) if any(rows) else ()))
+        name = (keys, sparse, xla) + ((rows,) if any(rows) else ())
+        fn = self.functions.get(name)
         if fn is None:
             variables = [self.owner.variables[k] for k in keys]
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
@@ -232,8 +235,7 @@ class ChunkUpdates:
                     self.owner.optimizer.apply(grads, on)
                 return []
 
-            fn = self.functions[(keys, sparse, xla) + ((rows,) if any(rows) else ())] = self._concrete(
-                update, specs, xla)
+            fn = self.functions[name] = traced(update, specs, xla)
         return fn
 
     def _row_scratch(self, key, slices: int) -> int:
