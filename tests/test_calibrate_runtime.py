@@ -53,7 +53,7 @@ from autosync.calibrate import bus_bandwidth_gbps, calibrate
 from autosync.sources import load_cluster
 # --cluster ray: the running Ray cluster (RAY_ADDRESS) described by Ray itself, no YAML
 described = load_cluster("ray")
-cluster = calibrate(described, sizes=(4096, 1 << 20, 16 << 20, 32 << 20), reps=3, backend="gloo")
+cluster = calibrate(described, sizes=(4096, 1 << 20, 16 << 20, 32 << 20), backend="gloo")   # the default 5 reps, as `autosync calibrate` measures
 print("RESULT " + json.dumps({"busbw_gbps": bus_bandwidth_gbps(cluster.calibration),
                               "calibration": cluster.calibration.to_dict(),
                               "described": described.to_dict(), "testbed": load_cluster("testbed").to_dict()}), flush=True)
