@@ -68,6 +68,45 @@ def test_shards_applied_in_chunks_match_keras(name):
         assert not np.allclose(params[k], init[k])
 
 
+@pytest.mark.parametrize("xla", [False, True], ids=["traced", "compiled"])
+@pytest.mark.parametrize("name", ["SGD", "Adam", "Adagrad", "RMSprop"])
+def test_many_tables_in_one_update_match_keras(name, xla):
+    """Tables of one row shape pass their rows joined, split in the graph (and a row-local rule's
+    on their own scratch rows): the update of several tables, dense variables beside them, is
+    Keras' own on each, and a pull's gather of them returns each table's rows."""
+    import keras
+    import tensorflow as tf
+
+    from autosync.runtime.keras_optimizer import KerasOptimizer
+
+    rng = np.random.default_rng(11)
+    shapes = {"a": (30, 4), "w": (4, 3), "b": (20, 4), "c": (25, 2), "d": (12, 4)}
+    tables = ("a", "b", "c", "d")
+    init = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    ref = getattr(keras.optimizers, name)(learning_rate=0.05)
+    ours = KerasOptimizer(keras_optimizer_config(ref), xla_after=0 if xla else None)
+    params = {k: v.copy() for k, v in init.items()}
+    for k, v in init.items():
+        ours.add_variable(k, v)
+    variables = {k: keras.Variable(init[k].copy()) for k in shapes}
+    for step in range(4):
+        grads = {"w": rng.standard_normal((4, 3)).astype(np.float32)}
+        for k in tables:
+            ids = np.sort(rng.choice(shapes[k][0], int(rng.integers(1, 9)), replace=False))
+            grads[k] = (ids, rng.standard_normal((len(ids),) + shapes[k][1:]).astype(np.float32), None)
+        ref.apply([tf.IndexedSlices(grads[k][1], grads[k][0], shapes[k]) if k in tables else grads[k] for k in shapes],
+                  list(variables.values()))
+        ours.apply(step, params, grads)
+        wanted = {k: rng.integers(0, shapes[k][0], 5) for k in tables}
+        got = ours.gather(params, wanted)
+        for k in tables:
+            np.testing.assert_allclose(got[k], variables[k].numpy()[wanted[k]], rtol=2e-6, atol=2e-6, err_msg=k)
+    assert (ours.updates.compiled > 0) == (xla and name != "Adagrad")   # Adagrad: by its rows, traced
+    assert ours.updates.xla_fallbacks == 0
+    for k in shapes:
+        np.testing.assert_allclose(ours.value(params, k), variables[k].numpy(), rtol=2e-6, atol=2e-6, err_msg=k)
+
+
 def test_sparse_rows_of_a_linear_optimizer_match_keras():
     import keras
     import tensorflow as tf
@@ -174,13 +213,15 @@ def test_values_are_read_from_the_variables_only_when_asked_and_never_change_und
     for k, v in init.items():
         ours.add_variable(k, v)
     ours.apply(0, params, {"w": np.ones((4, 3), np.float32), "e": (np.array([3, 7]), np.ones((2, 2), np.float32), None)})
-    # between an update and a read the holder's entry is a placeholder that cannot pass for weights
-    assert params["w"].shape == (4, 3) and np.isnan(params["w"]).all() and not params["w"].flags.writeable
+    # between an update and a read a table's entry is a placeholder that cannot pass for weights;
+    # a dense value comes out of the update itself (the pull that follows reads it), read-only
+    assert params["e"].shape == (50, 2) and np.isnan(params["e"]).all() and not params["e"].flags.writeable
+    assert not params["w"].flags.writeable
     np.testing.assert_allclose(ours.gather(params, {"e": [7, 0]})["e"], [[-0.1, -0.1], [0, 0]], rtol=1e-6)
     assert np.isnan(params["e"]).all()   # rows were gathered, the table was not copied out
     held = ours.snapshots(params, ["w"])["w"]
     np.testing.assert_allclose(held, 0.9, rtol=1e-6)
-    assert ours.snapshot(params, "w") is held   # read once per update
+    assert ours.snapshot(params, "w") is held is params["w"]   # read once per update, by the update
     with pytest.raises(ValueError):
         held[0, 0] = 5.0   # read-only
     address = held.__array_interface__["data"][0]
@@ -277,7 +318,7 @@ def test_the_compiled_update_of_keras_own_optimizers_is_the_traced_one(name):
 
     config = keras_optimizer_config(_compiled_cases()[name]())
     rng = np.random.default_rng(5)
-    shapes = {"e": (40, 3), "w": (5, 3), "b": (4,)}
+    shapes = {"e": (40, 3), "f": (30, 3), "w": (5, 3), "b": (4,)}   # e and f: their rows joined
     init = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
     ours = {xla: KerasOptimizer(config, xla_after=0 if xla else None) for xla in (True, False)}
     params = {xla: {k: v.copy() for k, v in init.items()} for xla in ours}
@@ -285,12 +326,13 @@ def test_the_compiled_update_of_keras_own_optimizers_is_the_traced_one(name):
         for k, v in init.items():
             o.add_variable(k, v)
     for step in range(5):
-        n = int(rng.integers(1, 12))   # rows vary from step to step, as a push's do
-        ids = np.sort(rng.choice(40, n, replace=False))
-        grads = {"e": (ids, rng.standard_normal((n, 3)).astype(np.float32), None),
-                 "w": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+        grads = {"w": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+        for key in "ef":
+            n = int(rng.integers(1, 12))   # rows vary from step to step, as a push's do
+            ids = np.sort(rng.choice(shapes[key][0], n, replace=False))
+            grads[key] = (ids, rng.standard_normal((n, 3)).astype(np.float32), None)
         for xla, o in ours.items():
-            o.apply(step, params[xla], {"e": grads["e"], "w": grads["w"]})   # two chunks of one step
+            o.apply(step, params[xla], {k: grads[k] for k in "efw"})   # two chunks of one step
             o.apply(step, params[xla], {"b": grads["b"]})
     assert ours[True].updates.xla_fallbacks == 0
     assert any(key[2] is True for key in ours[True].updates.functions)
@@ -355,11 +397,15 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
     sub = KerasOptimizer(keras_optimizer_config(rm.HalfStepSGD(0.1)), xla_after=0)
     assert sub.updates.xla_after is None   # a user's rule may not keep zero slices as no gradient: never padded
     ours = KerasOptimizer(keras_optimizer_config(_compiled_cases()["SGD"]()), xla_after=0)
-    params = {"w": np.ones((4, 3), np.float32)}
-    ours.add_variable("w", params["w"])
+    # a dense variable, two tables of one row shape (their rows joined: the traced update then
+    # takes their row counts too) and one of another
+    params = {"w": np.ones((4, 3), np.float32), "a": np.ones((9, 2), np.float32), "b": np.ones((7, 2), np.float32),
+              "c": np.ones((5, 3), np.float32)}
+    for k, v in params.items():
+        ours.add_variable(k, v)
     real = ours.updates.function
 
-    def no_xla(keys, sparse, xla=False, rows=()):   # what an operation without an XLA kernel does
+    def no_xla(keys, sparse, xla=False, rows=(), sizes=()):   # what an operation without an XLA kernel does
         if xla:
             def fails(flat):
                 raise tf.errors.InvalidArgumentError(None, None, "Detected unsupported operations")
@@ -368,9 +414,15 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
 
     ours.updates.function = no_xla
     for step in range(2):
-        ours.apply(step, params, {"w": np.ones((4, 3), np.float32)})
+        ours.apply(step, params, {"w": np.ones((4, 3), np.float32), "a": (np.array([0, 3]), np.ones((2, 2), np.float32), None),
+                                  "b": (np.array([6]), np.ones((1, 2), np.float32), None),
+                                  "c": (np.array([1, 2, 4]), np.ones((3, 3), np.float32), None)})
     assert ours.updates.xla_fallbacks == 1   # tried once, then traced for that chunk
     np.testing.assert_allclose(ours.value(params, "w"), 1 - 2 * 0.01, rtol=1e-6)
+    for key, touched in (("a", [0, 3]), ("b", [6]), ("c", [1, 2, 4])):
+        want = np.ones_like(params[key]) if key in "ab" else np.ones((5, 3), np.float32)
+        want[touched] -= 2 * 0.01
+        np.testing.assert_allclose(ours.value(params, key), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("options", [{}, {"learning_rate": "schedule", "clipvalue": 0.3}, {"clipnorm": 0.4},

@@ -46,7 +46,7 @@ import numpy as np
 
 from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
-from autosync.runtime.tf_arrays import spec, tensor
+from autosync.runtime.tf_arrays import joined, spec, tensor
 from strategy_space.errors import ConfigError
 
 # built-in optimizers whose update reads a sparse gradient only through linear operations before
@@ -229,20 +229,35 @@ class KerasOptimizer:
 
     def gather(self, params: dict, rows: dict) -> dict:
         """Copies of some rows of some keys (``key -> row ids``), gathered from the variables in
-        one call, not from whole copies."""
+        one call, not from whole copies; the ids of every table go in as one array
+        (``tf_arrays.joined``: a pull of dozens of tables makes two tensors, not one per table)."""
         out = {k: params[k][ids] for k, ids in rows.items() if k not in self._stale}
         keys = tuple(k for k in self._order if k in rows and k in self._stale)
         if keys:
-            import tensorflow as tf
-
-            fn = self._functions.get(("gather", keys))
-            if fn is None:
-                fn = self._functions[("gather", keys)] = traced(
-                    lambda ids: [tf.gather(self.variables[k].value, i) for k, i in zip(keys, ids)],
-                    [spec((None,), np.int64) for _ in keys])
-            for key, value in zip(keys, fn([tensor(rows[k], np.int64) for k in keys])):
+            fn = self._functions.get(("gather", keys)) or self._gatherer(keys)
+            if len(keys) == 1:
+                flat = [tensor(rows[keys[0]], np.int64)]
+            else:
+                ids, sizes = joined([rows[k] for k in keys], np.int64)
+                flat = [tensor(ids, np.int64), tensor(sizes, np.int64)]
+            for key, value in zip(keys, fn(flat)):
                 out[key] = value._numpy()
         return out
+
+    def _gatherer(self, keys: tuple):
+        """The traced gather of ``keys``' rows: their ids as one array and its split (one key: its
+        ids alone)."""
+        import tensorflow as tf
+
+        variables = [self.variables[k] for k in keys]
+
+        def gather(flat):
+            parts = tf.split(flat[0], flat[1], num=len(keys)) if len(keys) > 1 else flat
+            return [tf.gather(v.value, p) for v, p in zip(variables, parts)]
+
+        specs = [spec((None,), np.int64)] * min(len(keys), 2)
+        fn = self._functions[("gather", keys)] = traced(gather, specs)
+        return fn
 
     def _build(self, params: dict) -> None:
         import keras
@@ -325,7 +340,9 @@ class KerasOptimizer:
             if key not in self._stale:
                 params[key] = _placeholder(params[key])
                 self._stale.add(key)
-        self.updates.run(*run)
+        dense = [k for k, is_sparse in zip(keys, sparse) if not is_sparse]
+        for key, value in zip(dense, self.updates.run(*run)):   # what the pull that follows reads
+            self._fresh(params, key, value)
 
 
 def _placeholder(value: np.ndarray) -> np.ndarray:

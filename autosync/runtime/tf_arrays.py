@@ -45,3 +45,27 @@ def tensor(array, dtype):
             and array.ctypes.data % TF_ALIGN == 0):
         array = aligned_copy(array, dtype)
     return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def joined(arrays: list, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, sizes)``: ``arrays`` (of one row shape) one after the other in one ``aligned_empty``
+    array of ``dtype``, and each one's row count (int64): many tables' rows as one tensor (a
+    conversion costs a few microseconds, and a step may carry dozens of tables), split again in
+    the graph (``tf.split(rows, sizes, num=len(arrays))``)."""
+    sizes = np.array([len(a) for a in arrays], np.int64)
+    first = np.asarray(arrays[0])
+    out = aligned_empty((int(sizes.sum()),) + first.shape[1:], dtype)
+    at = 0
+    for a, n in zip(arrays, sizes):
+        out[at:at + n] = a
+        at += n
+    return out, sizes
+
+
+def row_groups(shapes: list, dtypes: list) -> list[list[int]]:
+    """Positions of the ``shapes`` (and ``dtypes``) that share a row shape and a dtype, grouped in
+    order of first appearance: the tables ``joined`` passes as one array."""
+    groups: dict = {}
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        groups.setdefault((tuple(shape[1:]), np.dtype(getattr(dtype, "as_numpy_dtype", dtype))), []).append(i)
+    return list(groups.values())
