@@ -430,7 +430,8 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
 def test_a_row_local_rule_updates_the_rows_it_touches_as_keras_updates_the_table(options):
     """Adagrad's sparse step on the rows touched alone (gathered into scratch rows, updated by the
     rule, written back) gives what Keras' step on the whole table gives, slices repeated and
-    squared one by one, row counts growing past the scratch's (it is made anew); under weight
+    squared one by one, row counts growing past the scratch's (it is made anew), two tables of
+    one row shape on one scratch (each alone under clipnorm: a norm per variable); under weight
     decay (which Keras applies to every row) the whole table runs as before."""
     import keras
     import tensorflow as tf
@@ -444,23 +445,28 @@ def test_a_row_local_rule_updates_the_rows_it_touches_as_keras_updates_the_table
         return keras.optimizers.Adagrad(**given)
 
     rng = np.random.default_rng(11)
-    init = {"e": rng.standard_normal((50, 3)).astype(np.float32), "w": rng.standard_normal((4, 2)).astype(np.float32)}
+    shapes = {"e": (50, 3), "w": (4, 2), "f": (30, 3)}
+    init = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
     ref = make()
-    table, dense = keras.Variable(init["e"].copy()), keras.Variable(init["w"].copy())
+    refs = {k: keras.Variable(v.copy()) for k, v in init.items()}
     ours = KerasOptimizer(keras_optimizer_config(make()), xla_after=None)
     params = {k: v.copy() for k, v in init.items()}
     for k, v in init.items():
         ours.add_variable(k, v)
-    for step, n in enumerate((5, 7, 20, 3, 40)):
-        idx = rng.integers(0, 50, n)   # repeated rows among them
-        vals = rng.standard_normal((n, 3)).astype(np.float32)
-        g = rng.standard_normal((4, 2)).astype(np.float32)
-        ref.apply([tf.IndexedSlices(vals, idx, (50, 3)), g], [table, dense])
-        ours.apply(step, params, {"e": (idx, vals, None), "w": g})
-    assert bool(ours.updates.row_opts) == ("weight_decay" not in options)
-    if ours.updates.row_opts:
-        assert ours.updates.row_opts["e"][0] == 64   # grown from 8 rows to the 40 slices' bucket
-    np.testing.assert_allclose(ours.value(params, "e"), table.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ours.value(params, "w"), dense.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ours.state()["keras/2"], ref.variables[2].numpy(), rtol=1e-5, atol=1e-6)
+    for step, n in enumerate((5, 7, 20, 3, 30)):
+        grads = {"w": rng.standard_normal((4, 2)).astype(np.float32)}
+        for key, m in (("e", n), ("f", max(1, n // 3))):
+            grads[key] = (rng.integers(0, shapes[key][0], m), rng.standard_normal((m, 3)).astype(np.float32), None)
+        ref.apply([tf.IndexedSlices(grads[k][1], grads[k][0], shapes[k]) if k != "w" else grads[k] for k in shapes],
+                  list(refs.values()))
+        ours.apply(step, params, grads)
+    scratch = ours.updates.row_opts.get(((3,), np.dtype("float32")))
+    assert (scratch is not None) == ("weight_decay" not in options) and len(ours.updates.row_opts) <= 1
+    if scratch is not None:   # grown from 8 rows to the bucket of the 30 + 10 slices (clipnorm: of the 30)
+        assert scratch[0] == (32 if "clipnorm" in options else 64)
+    for k in shapes:
+        np.testing.assert_allclose(ours.value(params, k), refs[k].numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+    for i, v in enumerate(ref.variables):
+        np.testing.assert_allclose(ours.state()[f"keras/{i}"], v.numpy(), rtol=1e-5, atol=1e-6, err_msg=v.name)
+    table = refs["e"]
     assert not np.allclose(table.numpy(), init["e"])

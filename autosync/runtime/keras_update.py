@@ -1,6 +1,7 @@
 """How a ``KerasOptimizer`` runs the update of a chunk of its shards: the chunk's function, traced
 and then compiled by XLA (a tier, as a JIT has), sparse rows padded to a few compiled shapes, and a
-row-local rule's update on the rows a sparse gradient touches instead of the whole table.
+row-local rule's update on the rows a sparse gradient touches instead of the whole table (the
+tables of one row shape together, on one scratch).
 
 Tiers: a chunk's update runs traced (its first call traces in ~0.1-0.5 s), and once it has run
 ``XLA_AFTER`` times XLA compiles it, fusing the rule's dozens of small kernels (Adam's update
@@ -29,7 +30,8 @@ XLA_AFTER = 256
 # built-in optimizers whose update leaves a row without gradient as it was and reads no other row,
 # though Keras computes it over the whole variable (Adagrad's sparse step divides by, and checks
 # for zeros, the whole table's sqrt(accumulator + epsilon)): the rows a step touches, gathered,
-# updated by the rule and written back, give the same values (``ChunkUpdates._row_update``)
+# updated by the rule and written back, give the same values, and so do the rows of many tables
+# of one row shape updated on one scratch at once (``ChunkUpdates._row_update``)
 ROW_LOCAL = frozenset({"adagrad"})
 
 
@@ -152,7 +154,9 @@ class ChunkUpdates:
         self.calls: dict = {}   # chunk -> its updates so far (traced until ``xla_after``)
         self.rows: dict = {}    # (chunk, i) -> the rows sparse gradient i of the chunk is padded to
         self.groups: dict = {}   # chunk -> its sparse keys' positions by row shape and dtype (``sparse_groups``)
-        self.row_opts: dict = {}   # sparse key -> (rows, scratch variable, its optimizer, slot pairs)
+        # row shape and dtype -> (rows, scratch variable, its optimizer, its slots) of ``_row_update``
+        self.row_opts: dict = {}
+        self.slots: dict = {}   # sparse key -> its slots in the order of a scratch's (``_row_slots``)
 
     def flat(self, iteration: int, keys: tuple, sparse: tuple, grads: dict) -> tuple:
         """The chunk's arguments, and how it runs: ``(chunk, flat, compiled, rows, sizes)`` for
@@ -163,8 +167,12 @@ class ChunkUpdates:
         joined into one array (``tf_arrays.joined``), and (traced, more than one key) their row
         counts."""
         chunk = (keys, sparse)
-        rows = tuple(self._row_scratch(k, len(grads[k][0])) if is_sparse and self.row_local else 0
-                     for k, is_sparse in zip(keys, sparse))
+        rows = [0] * len(keys)
+        for group in self.row_groups(chunk):
+            size = self._row_scratch(keys[group[0]], sum(len(grads[keys[i]][0]) for i in group))
+            for i in group:
+                rows[i] = size
+        rows = tuple(rows)
         compiled = self._xla_ready(chunk) and not any(rows)   # (the distinct rows' count is not static)
         variables = self.owner.variables
         flat = [tensor(np.array(iteration, np.int64), np.int64)]
@@ -196,6 +204,15 @@ class ChunkUpdates:
             groups = self.groups[chunk] = [[at[j] for j in g] for g in
                                            row_groups([v.shape for v in variables], [v.dtype for v in variables])]
         return groups
+
+    def row_groups(self, chunk: tuple) -> list[list[int]]:
+        """The chunk's sparse gradients a row-local rule updates together on one scratch (its
+        ``sparse_groups``; each alone under ``clipnorm``, which clips each variable by its own
+        norm); none when the rule is not row-local."""
+        if not self.row_local:
+            return []
+        groups = self.sparse_groups(chunk)
+        return [[i] for g in groups for i in g] if self.config.get("clipnorm") is not None else groups
 
     def _xla_ready(self, chunk: tuple) -> bool:
         """Whether this update of ``chunk`` (its keys, which of them are sparse) runs compiled."""
@@ -248,7 +265,7 @@ class ChunkUpdates:
         fn = self.functions.get(name)
         if fn is None:
             variables = [self.owner.variables[k] for k in keys]
-            groups = self.sparse_groups((keys, sparse))
+            groups, together = self.sparse_groups((keys, sparse)), self.row_groups((keys, sparse))
             dense = [i for i, is_sparse in enumerate(sparse) if not is_sparse]
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
             specs = [spec((), np.int64)]   # the step's iteration, set inside (an eager assign: 0.05-0.1 ms)
@@ -273,11 +290,13 @@ class ChunkUpdates:
                     at += 0 if xla else 1
                     given.update(zip(group, zip(tf.split(ids, counts, num=len(group)),
                                                 tf.split(values, counts, num=len(group)))))
+                for group in together:
+                    self._row_update([keys[i] for i in group], flat[0], [given[i] for i in group])
                 grads, on = [], []
-                for i, (key, var, is_sparse, shape, n) in enumerate(zip(keys, variables, sparse, shapes, rows)):
+                for i, (var, is_sparse, shape, n) in enumerate(zip(variables, sparse, shapes, rows)):
                     if n:
-                        self._row_update(key, flat[0], *given[i])
-                    elif is_sparse:
+                        continue   # updated by its rows above
+                    if is_sparse:
                         grads.append(tf.IndexedSlices(given[i][1], given[i][0], shape))
                         on.append(var)
                     else:
@@ -291,45 +310,74 @@ class ChunkUpdates:
         return fn
 
     def _row_scratch(self, key, slices: int) -> int:
-        """The scratch rows ``key``'s ``_row_update`` of ``slices`` slices uses (``row_bucket``),
-        made (or made larger) first: a variable of that many rows and an optimizer of its own,
-        configured as this one, whose slots stand for the variable's slots' rows."""
+        """The scratch rows of ``key``'s row shape and dtype for ``_row_update``s of ``slices``
+        slices (``row_bucket``), made (or made larger) first: a variable of that many rows and an
+        optimizer of its own, configured as this one, whose slots stand for the tables' slots'
+        rows; every table of that row shape and dtype uses it."""
         import keras
 
+        var = self.owner.variables[key]
+        kind = (tuple(var.shape[1:]), np.dtype(var.dtype))
         need = row_bucket(slices)
-        have = self.row_opts.get(key)
+        have = self.row_opts.get(kind)
         if have is not None and have[0] >= need:
             return have[0]
-        var = self.owner.variables[key]
-        scratch = keras.Variable(np.zeros((need,) + tuple(var.shape[1:]), var.dtype), name="rows")
+        scratch = keras.Variable(np.zeros((need,) + kind[0], kind[1]), name="rows")
         optimizer = new_optimizer(type(self.owner.optimizer), self.config)
         optimizer.build([scratch])
-        slots = [v for v in self.owner.optimizer.variables if v.name.startswith(f"{var.name}_")]
-        mine = [v for v in optimizer.variables if v.name.startswith("rows_")]
-        if len(slots) != len(mine) or any(tuple(a.shape[1:]) != tuple(b.shape[1:]) for a, b in zip(slots, mine)):
-            raise RuntimeError(f"the slots of {var.name} ({[v.name for v in slots]}) do not match a scratch "
-                               f"variable's ({[v.name for v in mine]})")
-        self.row_opts[key] = (need, scratch, optimizer, list(zip(slots, mine)))
+        self.row_opts[kind] = (need, scratch, optimizer, [v for v in optimizer.variables if v.name.startswith("rows_")])
         return need
 
-    def _row_update(self, key, iteration, ids, values) -> None:
-        """Inside a traced update: the rule on the rows ``ids`` touches alone (a row-local rule,
-        ``ROW_LOCAL``). The distinct rows and their slots' rows are gathered into the scratch
-        variable and slots (the rows past them hold row 0 and get no gradient), the optimizer of
-        the scratch applies the slices there as Keras applies them (repeated rows, each slice
-        squared as it comes), and the distinct rows are written back."""
+    def _row_slots(self, key, mine: list) -> list:
+        """``key``'s slots in the order of a scratch's slots ``mine`` (checked alike)."""
+        slots = self.slots.get(key)
+        if slots is None:
+            name = self.owner.variables[key].name
+            slots = self.slots[key] = [v for v in self.owner.optimizer.variables if v.name.startswith(f"{name}_")]
+            if len(slots) != len(mine) or any(tuple(a.shape[1:]) != tuple(b.shape[1:]) for a, b in zip(slots, mine)):
+                raise RuntimeError(f"the slots of {name} ({[v.name for v in slots]}) do not match a scratch "
+                                   f"variable's ({[v.name for v in mine]})")
+        return slots
+
+    def _row_update(self, keys: list, iteration, given: list) -> None:
+        """Inside a traced update: the rule on the rows that the sparse gradients ``given``
+        (``(ids, values)`` of each of ``keys``, tables of one row shape and dtype) touch, alone (a
+        row-local rule, ``ROW_LOCAL``). Each table's distinct rows and their slots' rows are
+        gathered into the scratch variable and slots one table after the other (the rows past them
+        hold row 0 of the last and get no gradient), the optimizer of the scratch applies all the
+        slices there at once as Keras applies them to each table (repeated rows, each slice squared
+        as it comes; element-wise, so a table's rows see only its own slices), and each table's
+        rows are written back."""
         import tensorflow as tf
 
-        size, scratch, optimizer, slots = self.row_opts[key]
-        distinct, where = tf.unique(ids)
-        count = tf.size(distinct)
-        take = tf.pad(distinct, [[0, size - count]])
-        scratch.assign(tf.gather(self.owner.variables[key].value, take))
-        for slot, row in slots:
-            row.assign(tf.gather(slot.value, take))
+        variables = [self.owner.variables[k] for k in keys]
+        size, scratch, optimizer, mine = self.row_opts[(tuple(variables[0].shape[1:]), np.dtype(variables[0].dtype))]
+        slots = [self._row_slots(k, mine) for k in keys]
+        distinct, where, counts, total = [], [], [], tf.constant(0, tf.int64)
+        for ids, _ in given:
+            rows, at = tf.unique(ids)
+            distinct.append(rows)
+            where.append(tf.cast(at, tf.int64) + total)
+            counts.append(tf.size(rows, out_type=tf.int64))
+            total += counts[-1]
+        take = distinct[:-1] + [tf.pad(distinct[-1], [[0, size - total]])]
+
+        def rows_of(tables):
+            return tf.concat([tf.gather(t.value, r) for t, r in zip(tables, take)], 0)
+
+        scratch.assign(rows_of(variables))
+        for j, row in enumerate(mine):
+            row.assign(rows_of([s[j] for s in slots]))
         optimizer.iterations.assign(iteration)
         shape = tf.constant(tuple(scratch.shape), tf.int64)
-        optimizer.apply([tf.IndexedSlices(values, tf.cast(where, tf.int64), shape)], [scratch])
-        self.owner.variables[key].value.scatter_update(tf.IndexedSlices(scratch.value[:count], distinct))
-        for slot, row in slots:
-            slot.value.scatter_update(tf.IndexedSlices(row.value[:count], distinct))
+        values = tf.concat([v for _, v in given], 0)
+        optimizer.apply([tf.IndexedSlices(values, tf.concat(where, 0), shape)], [scratch])
+        sizes = tf.stack(counts + [size - total])
+
+        def write_back(source, tables):
+            for table, part, rows in zip(tables, tf.split(source.value, sizes, num=len(keys) + 1), distinct):
+                table.value.scatter_update(tf.IndexedSlices(part, rows))
+
+        write_back(scratch, variables)
+        for j, row in enumerate(mine):
+            write_back(row, [s[j] for s in slots])
