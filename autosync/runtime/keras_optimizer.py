@@ -341,7 +341,7 @@ class KerasOptimizer:
                 params[key] = _placeholder(params[key])
                 self._stale.add(key)
         dense = [k for k, is_sparse in zip(keys, sparse) if not is_sparse]
-        for key, value in zip(dense, self.updates.run(*run)):   # what the pull that follows reads
+        for key, value in zip(dense, self.updates.run(*run)):   # (traced) what the pull that follows reads
             self._fresh(params, key, value)
 
 

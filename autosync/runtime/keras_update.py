@@ -226,8 +226,8 @@ class ChunkUpdates:
         return padded_rows(ids, values, dtype, size, self.owner.variables[chunk[0][i]].shape[0])
 
     def run(self, chunk: tuple, flat: list, compiled: bool, rows: tuple = (), sizes: tuple = ()) -> list:
-        """The chunk's update on ``flat``, ``compiled`` by XLA or traced; returns the values of its
-        dense variables after it (``function``). A chunk whose compiled update cannot be built (an
+        """The chunk's update on ``flat``, ``compiled`` by XLA or traced; returns (traced) the
+        values of its dense variables after it (``function``). A chunk whose compiled update cannot be built (an
         operation XLA lacks) runs as traced from then on: XLA builds before it runs anything, so
         nothing was applied by the failed call (an error the traced update raises too is raised
         from there). The rows it was padded to change nothing; its row counts go in as a tensor."""
@@ -254,8 +254,8 @@ class ChunkUpdates:
         """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
         per operation. It takes ``flat``'s arguments (``flat``: the iteration, the dense gradients,
         then each group's sparse rows joined), splits the groups and builds the
-        ``IndexedSlices`` inside, and returns the dense variables' values after the update (the
-        pull that follows reads them: one call, not two). ``rows``: per key, the scratch rows of
+        ``IndexedSlices`` inside, and, traced, returns the dense variables' values after the
+        update (the pull that follows reads them: one call, not two). ``rows``: per key, the scratch rows of
         its ``_row_update`` (0: the rule on the variable); ``sizes``: the compiled update's row
         counts per group (a traced one takes them as a tensor, any number of rows)."""
         import tensorflow as tf
@@ -304,7 +304,9 @@ class ChunkUpdates:
                         on.append(var)
                 if on:
                     self.owner.optimizer.apply(grads, on)
-                return [variables[i].value.read_value() for i in dense]
+                # compiled: none (XLA would copy each value into an output of its own, 13 MB a
+                # step for lm1b-small's softmax); traced, a read shares the variable's buffer
+                return [] if xla else [variables[i].value.read_value() for i in dense]
 
             fn = self.functions[name] = traced(update, specs, xla)
         return fn
