@@ -25,6 +25,15 @@ DEFAULT_CHUNK_BYTES = 16 * 2**20     # fusion buffer size for all-reduce groups
 DEFAULT_MIN_PARTITION_BYTES = 2**20  # variables smaller than this are not partitioned
 
 
+def index_bytes(rows: int) -> int:
+    """Bytes of one row id of a table (or shard) of ``rows`` rows as the runtime sends it: the
+    narrowest unsigned integer that numbers them (1, 2 or 4 bytes), 8 past 2**32 rows."""
+    for width in (1, 2, 4):
+        if rows <= 1 << (8 * width):
+            return width
+    return 8
+
+
 def step_bytes(var: VariableSpec) -> int:
     """Bytes of one worker's gradient for ``var`` in one step (sparse: touched rows only)."""
     if var.sparse and var.rows_per_step:

@@ -67,13 +67,26 @@ def test_powersgd_rank_r_m_plus_n_and_vectors_raw():
 def test_sparse_bytes_ps_and_all_gather():
     m = ModelSpec("s", (VariableSpec("emb", (100, 8), sparse=True, rows_per_step=10), VariableSpec("w", (8,))))
     ps = _feat(m, _cluster(), Strategy((VarConfig("emb", (PS("n0"),)), VarConfig("w", (PS("n0"),)))))
-    assert ps["sparse_ps_bytes"] == 10 * 32 + 10 * 8       # rows x width + int64 indices
+    # rows x width + row ids, one byte each for a table of 100 rows (as the runtime sends them)
+    assert ps["sparse_ps_bytes"] == 10 * 32 + 10 * 1
     # float32 per-slice bytes: exact to ~1e-7 relative
-    assert ps["ps_push_max_node_bytes"] == pytest.approx(2 * (400 + 32), rel=1e-6)
+    assert ps["ps_push_max_node_bytes"] == pytest.approx(2 * (330 + 32), rel=1e-6)
     assert ps["ps_pull_max_node_bytes"] == pytest.approx(2 * (320 + 32), rel=1e-6)  # values only
     ar = _feat(m, _cluster(nodes=3), Strategy((VarConfig("emb", (AllReduce(),)), VarConfig("w", (AllReduce(),)))))
-    assert ar["sparse_allgather_bytes"] == pytest.approx(2 * 400, rel=1e-6)        # (W - 1) x per-worker rows + indices
-    assert ar["ar_ring_bytes"] == pytest.approx(2 * 2 / 3 * 32 + 2 * 400, rel=1e-6)
+    assert ar["sparse_allgather_bytes"] == pytest.approx(2 * 330, rel=1e-6)        # (W - 1) x per-worker rows + ids
+    assert ar["ar_ring_bytes"] == pytest.approx(2 * 2 / 3 * 32 + 2 * 330, rel=1e-6)
+    wide = ModelSpec("s", (VariableSpec("emb", (70000, 8), sparse=True, rows_per_step=10), VariableSpec("w", (8,))))
+    assert _feat(wide, _cluster(), Strategy((VarConfig("emb", (PS("n0"),)), VarConfig("w", (PS("n0"),)))))[
+        "sparse_ps_bytes"] == 10 * 32 + 10 * 4   # past 65,536 rows: 4-byte ids
+
+
+def test_row_ids_are_counted_as_wide_as_the_runtime_sends_them():
+    from autosync.runtime.rows import index_dtype
+    from strategy_space.builders import index_bytes
+
+    for rows in (1, 255, 256, 257, 65536, 65537, 2**32, 2**32 + 1):
+        assert index_bytes(rows) == index_dtype(rows).itemsize, rows
+    assert [index_bytes(r) for r in (256, 257, 65537, 2**32 + 1)] == [1, 2, 4, 8]
 
 
 def test_local_replication_pushes_and_pulls_once_per_node():
@@ -100,13 +113,15 @@ def test_uneven_partition_round_robin_exact():
 
 def _reference_push(model, cluster, strategy):
     """Bytes pushed into each node: per worker, or once per node for dense variables with local
-    replication (the node's workers sum first)."""
+    replication (the node's workers sum first); row ids as the runtime sends them."""
+    from autosync.runtime.rows import index_dtype
+
     W, Nw = cluster.num_workers, sum(1 for n in cluster.nodes if n.workers)
     host = np.zeros(len(cluster.nodes))
     for cfg in strategy.variables:
         v = model.var(cfg.name)
         rows = v.rows_per_step if v.sparse else v.shape[0]
-        per_row = (v.row_bytes + (8 if v.sparse else 0)) * rows / v.shape[0]
+        per_row = (v.row_bytes + (index_dtype(v.shape[0]).itemsize if v.sparse else 0)) * rows / v.shape[0]
         for (lo, hi), s in zip(shard_bounds(v.shape[0], cfg.num_shards), cfg.synchronizers):
             if isinstance(s, PS):
                 once = s.local_replication and not v.sparse

@@ -235,11 +235,12 @@ def check_pulled_rows(variables: list, rows: dict, grads: list) -> None:
 
 def index_dtype(rows: int) -> np.dtype:
     """The narrowest integer dtype that numbers ``rows`` rows: what row ids cross the network in
-    (a 20,000-row table's ids take 2 bytes, not 4 or 8)."""
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if rows <= np.iinfo(dtype).max + 1:
-            return np.dtype(dtype)
-    return np.dtype(np.int64)
+    (a 20,000-row table's ids take 2 bytes, not 4 or 8), as the cost model counts them
+    (``strategy_space.builders.index_bytes``)."""
+    from strategy_space.builders import index_bytes
+
+    width = index_bytes(rows)
+    return np.dtype(np.int64 if width == 8 else f"uint{8 * width}")
 
 
 def received_grad(key, g, shape: tuple, dtype, sparse: bool):

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
-from strategy_space.builders import ready_times
+from strategy_space.builders import index_bytes, ready_times
 from strategy_space.calibration import CostCurve
 from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
 from strategy_space.encoding import BACKEND_ID
 
-INDEX_BYTES = 8            # int64 row indices of sparse gradients
 DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
 ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
 BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
@@ -111,6 +110,8 @@ class FeatureTables:
             dims[i, :len(v.shape)] = v.shape
         rows = np.array([min(v.rows_per_step or v.shape[0], v.shape[0]) if v.sparse else 0 for v in vs])
         sparse = np.array([v.sparse for v in vs])
+        # row ids cross the network as narrow integers, by the table's rows (a shard's may be narrower)
+        ids = rows * np.array([index_bytes(v.shape[0]) if v.sparse else 0 for v in vs])
         val = np.array([r * v.row_bytes if v.sparse else v.bytes for r, v in zip(rows, vs)], dtype=np.float64)
         names = [v.name for v in vs]
         ready = model.profile.ready_order if model.profile is not None and model.profile.ready_order else names[::-1]
@@ -127,14 +128,14 @@ class FeatureTables:
             V=len(vs), N=len(cluster.nodes), W=float(workers.sum()), Nw=float((workers > 0).sum()),
             workers=workers, has_w=(workers > 0).astype(np.float32),
             bw=bw, intra_bw=intra, dims=dims, val_bytes=val.astype(np.float32),
-            idx_bytes=(rows * INDEX_BYTES).astype(np.float32),
+            idx_bytes=ids.astype(np.float32),
             elem_bytes=np.array([v.bytes // v.size for v in vs], dtype=np.float32),
             size=np.array([v.size for v in vs], dtype=np.float32), sparse=sparse,
             matrix=np.array([len(v.shape) >= 2 for v in vs]), order=order,
             # emulated compute waits the profile times the cluster's dilation (``--like --dilation``)
             tau=tau.astype(np.float32), compute_s=estimate_compute_s(model) * cluster.compute_dilation,
             ring_bw=float(bw[workers > 0].min()) if multi else intra,
-            model_bytes=float(val.sum() + (rows * INDEX_BYTES).sum()),
+            model_bytes=float(val.sum() + ids.sum()),
             lanes=np.maximum(1.0, np.minimum(cpus, workers + 1)), cpu_collectives=(~gpu).astype(np.float32),
             # compute on the CPUs competes with synchronization; on GPUs, and with emulated compute
             # (workers sleep), it leaves the CPUs to it

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy
-from strategy_space.builders import ready_order, step_bytes
+from strategy_space.builders import index_bytes, ready_order, step_bytes
 from strategy_space.compressor import Compressor, powersgd_compressible, shard_matrix_dims
 from strategy_space.strategy import PS, shard_bounds
-
-INDEX_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -226,7 +224,7 @@ def _strategy_work(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy):
     for cfg in strategy.variables:
         v = model.var(cfg.name)
         vals = step_bytes(v)
-        idx = (min(v.rows_per_step or v.shape[0], v.shape[0]) * INDEX_BYTES) if v.sparse else 0
+        idx = (min(v.rows_per_step or v.shape[0], v.shape[0]) * index_bytes(v.shape[0])) if v.sparse else 0
         dim = v.shape[cfg.axis] if v.shape else 1
         for (lo, hi), s in zip(shard_bounds(dim, cfg.num_shards), cfg.synchronizers):
             frac = (hi - lo) / dim
