@@ -414,7 +414,8 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
 
     ours.updates.function = no_xla
     for step in range(2):
-        ours.apply(step, params, {"w": np.ones((4, 3), np.float32), "a": (np.array([0, 3]), np.ones((2, 2), np.float32), None),
+        ours.apply(step, params, {"w": np.ones((4, 3), np.float32),
+                                  "a": (np.array([0, 3]), np.ones((2, 2), np.float32), None),
                                   "b": (np.array([6]), np.ones((1, 2), np.float32), None),
                                   "c": (np.array([1, 2, 4]), np.ones((3, 3), np.float32), None)})
     assert ours.updates.xla_fallbacks == 1   # tried once, then traced for that chunk

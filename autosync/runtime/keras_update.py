@@ -185,7 +185,8 @@ class ChunkUpdates:
             if len(group) == 1:   # one table: its arrays as they are
                 (ids, values), counts = parts[0], [len(parts[0][0])]
             else:
-                (ids, counts), (values, _) = joined([p[0] for p in parts], np.int64), joined([p[1] for p in parts], dtype)
+                (ids, counts), (values, _) = (joined([p[0] for p in parts], np.int64),
+                                              joined([p[1] for p in parts], dtype))
             flat += [tensor(ids, np.int64), tensor(values, dtype)]
             if compiled:
                 sizes.append(tuple(int(n) for n in counts))
@@ -227,10 +228,11 @@ class ChunkUpdates:
 
     def run(self, chunk: tuple, flat: list, compiled: bool, rows: tuple = (), sizes: tuple = ()) -> list:
         """The chunk's update on ``flat``, ``compiled`` by XLA or traced; returns (traced) the
-        values of its dense variables after it (``function``). A chunk whose compiled update cannot be built (an
-        operation XLA lacks) runs as traced from then on: XLA builds before it runs anything, so
-        nothing was applied by the failed call (an error the traced update raises too is raised
-        from there). The rows it was padded to change nothing; its row counts go in as a tensor."""
+        values of its dense variables after it (``function``). A chunk whose compiled update
+        cannot be built (an operation XLA lacks) runs as traced from then on: XLA builds before it
+        runs anything, so nothing was applied by the failed call (an error the traced update raises
+        too is raised from there). The rows it was padded to change nothing; its row counts go in
+        as a tensor."""
         import tensorflow as tf
 
         if not compiled:
@@ -255,9 +257,9 @@ class ChunkUpdates:
         per operation. It takes ``flat``'s arguments (``flat``: the iteration, the dense gradients,
         then each group's sparse rows joined), splits the groups and builds the
         ``IndexedSlices`` inside, and, traced, returns the dense variables' values after the
-        update (the pull that follows reads them: one call, not two). ``rows``: per key, the scratch rows of
-        its ``_row_update`` (0: the rule on the variable); ``sizes``: the compiled update's row
-        counts per group (a traced one takes them as a tensor, any number of rows)."""
+        update (the pull that follows reads them: one call, not two). ``rows``: per key, the
+        scratch rows of its ``_row_update`` (0: the rule on the variable); ``sizes``: the compiled
+        update's row counts per group (a traced one takes them as a tensor, any number of rows)."""
         import tensorflow as tf
 
         rows = rows or (0,) * len(keys)
