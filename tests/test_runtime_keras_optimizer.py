@@ -71,9 +71,9 @@ def test_shards_applied_in_chunks_match_keras(name):
 @pytest.mark.parametrize("xla", [False, True], ids=["traced", "compiled"])
 @pytest.mark.parametrize("name", ["SGD", "Adam", "Adagrad", "RMSprop"])
 def test_many_tables_in_one_update_match_keras(name, xla):
-    """Tables of one row shape pass their rows joined, split in the graph (and a row-local rule's
-    on their own scratch rows): the update of several tables, dense variables beside them, is
-    Keras' own on each, and a pull's gather of them returns each table's rows."""
+    """The update of several tables (two of one row shape: a row-local rule's on one scratch), a
+    dense variable beside them, is Keras' own on each, and a pull's gather of them (their ids
+    joined into one array) returns each table's rows."""
     import keras
     import tensorflow as tf
 
@@ -318,7 +318,7 @@ def test_the_compiled_update_of_keras_own_optimizers_is_the_traced_one(name):
 
     config = keras_optimizer_config(_compiled_cases()[name]())
     rng = np.random.default_rng(5)
-    shapes = {"e": (40, 3), "f": (30, 3), "w": (5, 3), "b": (4,)}   # e and f: their rows joined
+    shapes = {"e": (40, 3), "f": (30, 3), "w": (5, 3), "b": (4,)}   # two tables of one row shape
     init = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
     ours = {xla: KerasOptimizer(config, xla_after=0 if xla else None) for xla in (True, False)}
     params = {xla: {k: v.copy() for k, v in init.items()} for xla in ours}
@@ -397,15 +397,14 @@ def test_a_subclass_and_an_update_xla_cannot_compile_run_traced():
     sub = KerasOptimizer(keras_optimizer_config(rm.HalfStepSGD(0.1)), xla_after=0)
     assert sub.updates.xla_after is None   # a user's rule may not keep zero slices as no gradient: never padded
     ours = KerasOptimizer(keras_optimizer_config(_compiled_cases()["SGD"]()), xla_after=0)
-    # a dense variable, two tables of one row shape (their rows joined: the traced update then
-    # takes their row counts too) and one of another
+    # a dense variable, two tables of one row shape and one of another
     params = {"w": np.ones((4, 3), np.float32), "a": np.ones((9, 2), np.float32), "b": np.ones((7, 2), np.float32),
               "c": np.ones((5, 3), np.float32)}
     for k, v in params.items():
         ours.add_variable(k, v)
     real = ours.updates.function
 
-    def no_xla(keys, sparse, xla=False, rows=(), sizes=()):   # what an operation without an XLA kernel does
+    def no_xla(keys, sparse, xla=False, rows=()):   # what an operation without an XLA kernel does
         if xla:
             def fails(flat):
                 raise tf.errors.InvalidArgumentError(None, None, "Detected unsupported operations")

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from autosync.runtime.tf_arrays import aligned_empty, joined, row_groups, spec, tensor
+from autosync.runtime.tf_arrays import aligned_empty, row_groups, spec, tensor
 from strategy_space.errors import ConfigError
 
 _log = logging.getLogger(__name__)
@@ -159,13 +159,11 @@ class ChunkUpdates:
         self.slots: dict = {}   # sparse key -> its slots in the order of a scratch's (``_row_slots``)
 
     def flat(self, iteration: int, keys: tuple, sparse: tuple, grads: dict) -> tuple:
-        """The chunk's arguments, and how it runs: ``(chunk, flat, compiled, rows, sizes)`` for
-        ``run`` (``rows``: per key, the scratch rows of its ``_row_update``, 0 for none; ``sizes``:
-        for a compiled update, the row count of each sparse gradient, fixed in its graph). The
-        flat arguments: the iteration, the dense gradients in key order, then per group of sparse
-        keys of one row shape and dtype (``sparse_groups``) their row ids and their values, each
-        joined into one array (``tf_arrays.joined``), and (traced, more than one key) their row
-        counts."""
+        """The chunk's arguments, and how it runs: ``(chunk, flat, compiled, rows)`` for ``run``
+        (``rows``: per key, the scratch rows of its ``_row_update``, 0 for none). Joining the
+        sparse gradients of one row shape into one array, as a pull's ids are (``gather``),
+        measured neither faster nor slower here (ncf and dlrm, SGD and Adam, compiled and traced,
+        interleaved in one process: within 3 %), so each goes in as it is."""
         chunk = (keys, sparse)
         rows = [0] * len(keys)
         for group in self.row_groups(chunk):
@@ -174,29 +172,19 @@ class ChunkUpdates:
                 rows[i] = size
         rows = tuple(rows)
         compiled = self._xla_ready(chunk) and not any(rows)   # (the distinct rows' count is not static)
-        variables = self.owner.variables
         flat = [tensor(np.array(iteration, np.int64), np.int64)]
-        flat += [tensor(grads[k], variables[k].dtype) for k, is_sparse in zip(keys, sparse) if not is_sparse]
-        sizes = []
-        for group in self.sparse_groups(chunk):
-            parts = [(self._padded(chunk, i, *grads[keys[i]][:2], variables[keys[i]].dtype) if compiled
-                      else grads[keys[i]][:2]) for i in group]
-            dtype = variables[keys[group[0]]].dtype
-            if len(group) == 1:   # one table: its arrays as they are
-                (ids, values), counts = parts[0], [len(parts[0][0])]
+        for i, (key, is_sparse) in enumerate(zip(keys, sparse)):
+            g, dtype = grads[key], self.owner.variables[key].dtype
+            if is_sparse:
+                ids, values = self._padded(chunk, i, g[0], g[1], dtype) if compiled else (g[0], g[1])
+                flat += [tensor(ids, np.int64), tensor(values, dtype)]
             else:
-                (ids, counts), (values, _) = (joined([p[0] for p in parts], np.int64),
-                                              joined([p[1] for p in parts], dtype))
-            flat += [tensor(ids, np.int64), tensor(values, dtype)]
-            if compiled:
-                sizes.append(tuple(int(n) for n in counts))
-            elif len(group) > 1:
-                flat.append(tensor(counts, np.int64))
-        return chunk, flat, compiled, rows, tuple(sizes)
+                flat.append(tensor(g, dtype))
+        return chunk, flat, compiled, rows
 
     def sparse_groups(self, chunk: tuple) -> list[list[int]]:
         """Positions in the chunk's keys of its sparse gradients, grouped by row shape and dtype
-        (``tf_arrays.row_groups``): each group passes its rows as one array."""
+        (``tf_arrays.row_groups``)."""
         groups = self.groups.get(chunk)
         if groups is None:
             keys, sparse = chunk
@@ -226,89 +214,66 @@ class ChunkUpdates:
         size = self.rows[chunk + (i,)] = max(row_bucket(len(ids)), self.rows.get(chunk + (i,), 0))
         return padded_rows(ids, values, dtype, size, self.owner.variables[chunk[0][i]].shape[0])
 
-    def run(self, chunk: tuple, flat: list, compiled: bool, rows: tuple = (), sizes: tuple = ()) -> list:
+    def run(self, chunk: tuple, flat: list, compiled: bool, rows: tuple = ()) -> list:
         """The chunk's update on ``flat``, ``compiled`` by XLA or traced; returns (traced) the
         values of its dense variables after it (``function``). A chunk whose compiled update
         cannot be built (an operation XLA lacks) runs as traced from then on: XLA builds before it
         runs anything, so nothing was applied by the failed call (an error the traced update raises
-        too is raised from there). The rows it was padded to change nothing; its row counts go in
-        as a tensor."""
+        too is raised from there). The rows it was padded to change nothing."""
         import tensorflow as tf
 
         if not compiled:
             return self.function(*chunk, xla=False, rows=rows)(flat)
         try:
-            out = self.function(*chunk, xla=True, sizes=sizes)(flat)
+            out = self.function(*chunk, xla=True)(flat)
             self.compiled += 1
             return out
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError) as e:
             self.functions[chunk + ("traced",)] = True
             self.xla_fallbacks += 1
             _log.info("the optimizer's update runs without XLA (%s)", str(e).splitlines()[0][:200])
-            at = 1 + chunk[1].count(False)
-            for n in sizes:   # each group's ids and values, then (more than one key) its row counts
-                if len(n) > 1:
-                    flat.insert(at + 2, tensor(np.array(n, np.int64), np.int64))
-                at += 2 + (len(n) > 1)
             return self.function(*chunk, xla=False)(flat)
 
-    def function(self, keys: tuple, sparse: tuple, xla: bool = False, rows: tuple = (), sizes: tuple = ()):
+    def function(self, keys: tuple, sparse: tuple, xla: bool = False, rows: tuple = ()):
         """One traced update per chunk (its keys, which of them get rows): eager Keras pays Python
-        per operation. It takes ``flat``'s arguments (``flat``: the iteration, the dense gradients,
-        then each group's sparse rows joined), splits the groups and builds the
-        ``IndexedSlices`` inside, and, traced, returns the dense variables' values after the
-        update (the pull that follows reads them: one call, not two). ``rows``: per key, the
-        scratch rows of its ``_row_update`` (0: the rule on the variable); ``sizes``: the compiled
-        update's row counts per group (a traced one takes them as a tensor, any number of rows)."""
+        per operation. It takes the step's iteration, then the gradients flat (a sparse one as its
+        row ids then its values, any number of rows), builds the ``IndexedSlices`` inside, and,
+        traced, returns the dense variables' values after the update (the pull that follows reads
+        them: one call, not two). ``rows``: per key, the scratch rows of its ``_row_update`` (0: the
+        rule on the variable)."""
         import tensorflow as tf
 
         rows = rows or (0,) * len(keys)
-        name = (keys, sparse, xla) + ((rows,) if any(rows) else ()) + ((sizes,) if xla else ())
+        name = (keys, sparse, xla) + ((rows,) if any(rows) else ())
         fn = self.functions.get(name)
         if fn is None:
             variables = [self.owner.variables[k] for k in keys]
-            groups, together = self.sparse_groups((keys, sparse)), self.row_groups((keys, sparse))
-            dense = [i for i, is_sparse in enumerate(sparse) if not is_sparse]
+            together = self.row_groups((keys, sparse))
             shapes = [tf.constant(v.shape, tf.int64) for v in variables]
             specs = [spec((), np.int64)]   # the step's iteration, set inside (an eager assign: 0.05-0.1 ms)
-            specs += [spec(tuple(variables[i].shape), variables[i].dtype) for i in dense]
-            for g, group in enumerate(groups):
-                var = variables[group[0]]
-                n = sum(sizes[g]) if xla else None
-                specs += [spec((n,), np.int64), spec((n,) + tuple(var.shape[1:]), var.dtype)]
-                specs += [spec((len(group),), np.int64)] if not xla and len(group) > 1 else []
+            for var, is_sparse in zip(variables, sparse):
+                specs += ([spec((None,), np.int64), spec((None,) + tuple(var.shape[1:]), var.dtype)] if is_sparse
+                          else [spec(tuple(var.shape), var.dtype)])
 
             def update(flat):
                 self.owner.optimizer.iterations.assign(flat[0])
-                given = dict(zip(dense, flat[1:1 + len(dense)]))
-                at = 1 + len(dense)
-                for g, group in enumerate(groups):
-                    ids, values = flat[at], flat[at + 1]
-                    at += 2
-                    if len(group) == 1:
-                        given[group[0]] = (ids, values)
-                        continue
-                    counts = list(sizes[g]) if xla else flat[at]
-                    at += 0 if xla else 1
-                    given.update(zip(group, zip(tf.split(ids, counts, num=len(group)),
-                                                tf.split(values, counts, num=len(group)))))
+                given, at = [], 1
+                for is_sparse in sparse:
+                    given.append((flat[at], flat[at + 1]) if is_sparse else flat[at])
+                    at += 2 if is_sparse else 1
                 for group in together:
                     self._row_update([keys[i] for i in group], flat[0], [given[i] for i in group])
                 grads, on = [], []
-                for i, (var, is_sparse, shape, n) in enumerate(zip(variables, sparse, shapes, rows)):
+                for g, var, is_sparse, shape, n in zip(given, variables, sparse, shapes, rows):
                     if n:
                         continue   # updated by its rows above
-                    if is_sparse:
-                        grads.append(tf.IndexedSlices(given[i][1], given[i][0], shape))
-                        on.append(var)
-                    else:
-                        grads.append(given[i])
-                        on.append(var)
+                    grads.append(tf.IndexedSlices(g[1], g[0], shape) if is_sparse else g)
+                    on.append(var)
                 if on:
                     self.owner.optimizer.apply(grads, on)
                 # compiled: none (XLA would copy each value into an output of its own, 13 MB a
                 # step for lm1b-small's softmax); traced, a read shares the variable's buffer
-                return [] if xla else [variables[i].value.read_value() for i in dense]
+                return [] if xla else [v.value.read_value() for v, is_sparse in zip(variables, sparse) if not is_sparse]
 
             fn = self.functions[name] = traced(update, specs, xla)
         return fn
