@@ -46,6 +46,7 @@ def test_calibrate_needs_two_worker_slots():
 
 
 RATE_MBIT = 200
+PAYLOAD_PER_FRAME = 1448 / 1514   # TCP payload / bytes htb counts per frame (MTU 1500, timestamps)
 DRIVER = r'''
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -87,5 +88,12 @@ def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
         [(n["address"], n["cpus"], n["workers"]) for n in testbed]
     assert [n.get("chief", False) for n in described] == [True, False]
     busbw = result["busbw_gbps"] * 1e3
-    print(f"\n2 nodes at {RATE_MBIT}mbit: all-reduce bus bandwidth {busbw:.1f} Mbit/s at 32 MiB")
-    assert abs(busbw - RATE_MBIT) <= 0.1 * RATE_MBIT, f"bus bandwidth {busbw:.1f} Mbit/s vs shaped {RATE_MBIT}"
+    # what the shaper lets through is frames: TCP over a 1500-byte MTU with timestamps carries 1448
+    # bytes of payload in 1514 counted bytes, so the link moves at most ~95.6 % of its rate in data
+    payload = RATE_MBIT * PAYLOAD_PER_FRAME
+    print(f"\n2 nodes at {RATE_MBIT}mbit ({payload:.1f} Mbit/s of payload): all-reduce bus bandwidth "
+          f"{busbw:.1f} Mbit/s at 32 MiB")
+    # no faster than the wire; no more than 12 % under it (measured 188.8 idle, 182.9 beside a busy
+    # process, 176.7 in a CI run beside another test: the 1-CPU ranks lose turns on a 2-core machine)
+    assert 0.88 * payload <= busbw <= 1.03 * payload, \
+        f"bus bandwidth {busbw:.1f} Mbit/s vs {payload:.1f} Mbit/s of payload on a {RATE_MBIT}mbit link"
