@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autosync.runtime.tf_arrays import row_groups
+
 
 class FlatFunction:
     """``function(*args)`` over the nested arguments ``example`` has the structure of, traced for
@@ -92,10 +94,7 @@ class RowAssign:
     def __init__(self, variables: list, whole: list[int], row_vars: list[int], initial: list):
         import tensorflow as tf
 
-        groups: dict = {}
-        for j, i in enumerate(row_vars):
-            groups.setdefault((tuple(variables[i].shape[1:]), variables[i].dtype), []).append(j)
-        self.groups = list(groups.values())
+        self.groups = row_groups([variables[i].shape for i in row_vars], [variables[i].dtype for i in row_vars])
         targets = [[variables[row_vars[j]] for j in g] for g in self.groups]
         signature = [
             [tf.TensorSpec(variables[i].shape, variables[i].dtype) for i in whole],

@@ -153,7 +153,7 @@ class ChunkUpdates:
         self.functions: dict = {}   # chunk (+ xla, rows) -> its traced or compiled update
         self.calls: dict = {}   # chunk -> its updates so far (traced until ``xla_after``)
         self.rows: dict = {}    # (chunk, i) -> the rows sparse gradient i of the chunk is padded to
-        self.groups: dict = {}   # chunk -> its sparse keys' positions by row shape and dtype (``sparse_groups``)
+        self.groups: dict = {}   # chunk -> its row-local rule's groups of sparse keys (``row_groups``)
         # row shape and dtype -> (rows, scratch variable, its optimizer, its slots) of ``_row_update``
         self.row_opts: dict = {}
         self.slots: dict = {}   # sparse key -> its slots in the order of a scratch's (``_row_slots``)
@@ -182,26 +182,24 @@ class ChunkUpdates:
                 flat.append(tensor(g, dtype))
         return chunk, flat, compiled, rows
 
-    def sparse_groups(self, chunk: tuple) -> list[list[int]]:
-        """Positions in the chunk's keys of its sparse gradients, grouped by row shape and dtype
-        (``tf_arrays.row_groups``)."""
+    def row_groups(self, chunk: tuple) -> list[list[int]]:
+        """Positions in the chunk's keys of the sparse gradients a row-local rule updates together
+        on one scratch: those of one row shape and dtype (``tf_arrays.row_groups``), each alone
+        under ``clipnorm`` (which clips each variable by its own norm); none when the rule is not
+        row-local."""
+        if not self.row_local:
+            return []
         groups = self.groups.get(chunk)
         if groups is None:
             keys, sparse = chunk
             at = [i for i, is_sparse in enumerate(sparse) if is_sparse]
             variables = [self.owner.variables[keys[i]] for i in at]
-            groups = self.groups[chunk] = [[at[j] for j in g] for g in
-                                           row_groups([v.shape for v in variables], [v.dtype for v in variables])]
+            groups = [[at[j] for j in g]
+                      for g in row_groups([v.shape for v in variables], [v.dtype for v in variables])]
+            if self.config.get("clipnorm") is not None:
+                groups = [[i] for g in groups for i in g]
+            self.groups[chunk] = groups
         return groups
-
-    def row_groups(self, chunk: tuple) -> list[list[int]]:
-        """The chunk's sparse gradients a row-local rule updates together on one scratch (its
-        ``sparse_groups``; each alone under ``clipnorm``, which clips each variable by its own
-        norm); none when the rule is not row-local."""
-        if not self.row_local:
-            return []
-        groups = self.sparse_groups(chunk)
-        return [[i] for g in groups for i in g] if self.config.get("clipnorm") is not None else groups
 
     def _xla_ready(self, chunk: tuple) -> bool:
         """Whether this update of ``chunk`` (its keys, which of them are sparse) runs compiled."""
