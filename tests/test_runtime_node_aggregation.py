@@ -32,7 +32,6 @@ ray.cloudpickle.register_pickle_by_value(rm)
 spec = ClusterSpec(name="two-by-two", nodes=(
     NodeSpec(name="n0", cpus=2, workers=2, resource="host0", chief=True),
     NodeSpec(name="n1", cpus=2, workers=2, resource="host1")))
-md = rm.multi_model_def(*OPTIMIZER)
 lr = dict(local_replication=True)
 strategy = Strategy((
     VarConfig("shared/embeddings", (PS("n0", **lr), PS("n1", **lr))),
@@ -43,20 +42,23 @@ strategy = Strategy((
 ))
 steps = 4
 out = {}
-with Trainer(md, strategy, spec, timeout_s=300) as trainer:
-    trainer.fit(steps=steps, steps_per_call=2)
-    session = trainer.session
-    out["ps"] = {p.name: ray.get(a.stats.remote()) for a, p in zip(session.ps_actors, trainer.plan.ps_actors)}
-    out["aggregators"] = [ray.get(h.stats.remote()) for h in session.helpers]
-    weights = trainer.get_weights()
-expected = rm.reference_weights(md, num_workers=4, steps=steps)
-out["max_diff"] = [float(np.abs(a - b).max()) for a, b in zip(weights, expected)]
-out["moved"] = [float(np.abs(a - b).max()) for a, b in zip(weights, rm.reference_weights(md, num_workers=4, steps=0))]
-out["steps"] = steps
-if "global_clipnorm" in md.optimizer_fn.keywords:   # the clipping bit: it changed the result
-    kw = {k: v for k, v in md.optimizer_fn.keywords.items() if k != "global_clipnorm"}
-    unclipped = rm.reference_weights(rm.multi_model_def(md.optimizer_fn.args[0], **kw), num_workers=4, steps=steps)
-    out["clip_effect"] = max(float(np.abs(a - b).max()) for a, b in zip(expected, unclipped))
+for case, (name, kw) in OPTIMIZERS.items():   # one cluster, a Trainer per optimizer
+    md = rm.multi_model_def(name, **kw)
+    res = out[case] = {}
+    with Trainer(md, strategy, spec, timeout_s=300) as trainer:
+        trainer.fit(steps=steps, steps_per_call=2)
+        session = trainer.session
+        res["ps"] = {p.name: ray.get(a.stats.remote()) for a, p in zip(session.ps_actors, trainer.plan.ps_actors)}
+        res["aggregators"] = [ray.get(h.stats.remote()) for h in session.helpers]
+        weights = trainer.get_weights()
+    expected = rm.reference_weights(md, num_workers=4, steps=steps)
+    res["max_diff"] = [float(np.abs(a - b).max()) for a, b in zip(weights, expected)]
+    res["moved"] = [float(np.abs(a - b).max()) for a, b in zip(weights, rm.reference_weights(md, num_workers=4, steps=0))]
+    res["steps"] = steps
+    if "global_clipnorm" in kw:   # the clipping bit: it changed the result
+        unclipped = rm.reference_weights(rm.multi_model_def(name, **{k: v for k, v in kw.items() if k != "global_clipnorm"}),
+                                         num_workers=4, steps=steps)
+        res["clip_effect"] = max(float(np.abs(a - b).max()) for a, b in zip(expected, unclipped))
 ray.shutdown()
 cluster.shutdown()
 print("RESULT " + json.dumps(out))
@@ -65,23 +67,25 @@ print("RESULT " + json.dumps(out))
 
 # the numpy rules; the Keras optimizer on the parameter servers is checked against one process in
 # test_runtime_user_optimizer (a second 4-worker cluster here cost ~90 s of CI), except for
-# global_clipnorm, whose norm is summed over pushes that node aggregators sum first
-@pytest.mark.parametrize("optimizer", [("adam", {"learning_rate": 0.05}),
-                                       ("sgd", {"learning_rate": 2.5, "momentum": 0.9, "global_clipnorm": 0.002})],
-                         ids=["adam", "sgd_global_clipnorm"])
-def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path, optimizer):
-    name, kw = optimizer
-    out = run_cluster_script(tmp_path, SCRIPT.replace("md = rm.multi_model_def(*OPTIMIZER)",
-                                                      f"md = rm.multi_model_def({name!r}, **{kw!r})"))
-    steps = out["steps"]
-    # ps@n0 holds only replicated shards: one push per node per step; ps@n1 also holds the
-    # hidden kernel, which each of the 4 workers pushes itself
-    assert out["ps"]["ps@n0"]["pushes"] == 2 * steps
-    assert out["ps"]["ps@n1"]["pushes"] == (2 + 4) * steps
-    assert [a["pushes_out"] for a in out["aggregators"]] == [2 * steps, 2 * steps]
-    # one shared pull per node per PS actor per step
-    assert [a["pulls_out"] for a in out["aggregators"]] == [2 * steps, 2 * steps]
-    assert max(out["max_diff"]) < 5e-6, out["max_diff"]
-    assert min(out["moved"]) > 1e-4
-    if "global_clipnorm" in kw:   # the clipping bit: without it the result differs
-        assert out["clip_effect"] > 1e-4
+# global_clipnorm, whose norm is summed over pushes that node aggregators sum first; both optimizers
+# train on one cluster, one after the other (a cluster per optimizer cost ~70 s each)
+OPTIMIZERS = {"adam": ("adam", {"learning_rate": 0.05}),
+              "sgd_global_clipnorm": ("sgd", {"learning_rate": 2.5, "momentum": 0.9, "global_clipnorm": 0.002})}
+
+
+def test_node_aggregation_one_push_per_node_and_equal_to_one_process(tmp_path):
+    results = run_cluster_script(tmp_path, SCRIPT.replace("OPTIMIZERS.items()", f"{OPTIMIZERS!r}.items()"))
+    assert sorted(results) == sorted(OPTIMIZERS)
+    for case, out in results.items():
+        steps, kw = out["steps"], OPTIMIZERS[case][1]
+        # ps@n0 holds only replicated shards: one push per node per step; ps@n1 also holds the
+        # hidden kernel, which each of the 4 workers pushes itself
+        assert out["ps"]["ps@n0"]["pushes"] == 2 * steps, case
+        assert out["ps"]["ps@n1"]["pushes"] == (2 + 4) * steps, case
+        assert [a["pushes_out"] for a in out["aggregators"]] == [2 * steps, 2 * steps], case
+        # one shared pull per node per PS actor per step
+        assert [a["pulls_out"] for a in out["aggregators"]] == [2 * steps, 2 * steps], case
+        assert max(out["max_diff"]) < 5e-6, (case, out["max_diff"])
+        assert min(out["moved"]) > 1e-4, case
+        if "global_clipnorm" in kw:   # the clipping bit: without it the result differs
+            assert out["clip_effect"] > 1e-4, case
