@@ -170,5 +170,37 @@ def ray_session():
 
 
 @pytest.fixture(scope="session")
+def pool(ray_session):
+    """Warm workers on the two-node ``PAIR`` cluster, shared by every runtime module of the session
+    (a module that needs another cluster defines its own ``pool``). One pool per session, not per
+    module: each fresh pool paid its workers' start (TensorFlow imported, the first model built)
+    again, ~25 s per module on each xdist worker; the pool reloads, regroups and restarts its
+    workers as each session needs (``WorkerPool.ensure``, ``collective_group``)."""
+    from tests.runtime_helpers import PAIR, warm_pool
+
+    for shared in warm_pool(ray_session, PAIR):
+        _SHARED_POOLS.append(shared)
+        yield shared
+        _SHARED_POOLS.remove(shared)
+
+
+_SHARED_POOLS: list = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_shared_pool(request):
+    """Before a module that uses the session's Ray without the shared ``pool`` (its own pool or
+    actors), the shared pool's idle workers are stopped: each holds a CPU of the session's Ray,
+    which that module's actors may need; the pool starts them again when next used."""
+    mine = [i for i in request.session.items if getattr(i, "module", None) is request.module]
+    own = callable(getattr(request.module, "pool", None))   # a module's own ``pool`` fixture
+    if _SHARED_POOLS and any("ray_session" in i.fixturenames and (own or "pool" not in i.fixturenames)
+                             for i in mine):
+        for shared in _SHARED_POOLS:
+            shared.kill_all()
+    yield
+
+
+@pytest.fixture(scope="session")
 def configs_dir() -> str:
     return CONFIGS

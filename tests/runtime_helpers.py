@@ -6,7 +6,14 @@ import os
 import subprocess
 import sys
 
+from strategy_space import ClusterSpec, NodeSpec
 from tests import runtime_models as rm
+
+# two nodes on this machine: partitioned strategies really get shards on two PS actors
+PAIR = ClusterSpec(name="pair", nodes=(
+    NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1, chief=True),
+    NodeSpec(name="node1", address="127.0.0.1", cpus=1, workers=1),
+))
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,7 +15,7 @@ import pytest
 
 from strategy_space.errors import ConfigError
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, _model_spec, pool  # noqa: F401 - pytest fixture
+from tests.test_runtime_ps import PAIR, _model_spec
 
 pytestmark = pytest.mark.integration
 

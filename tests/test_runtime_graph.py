@@ -10,7 +10,7 @@ import pytest
 
 from strategy_space import PS, AllReduce, Strategy, VarConfig
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, STEPS, _model_spec, _train, pool  # noqa: F401 - pytest fixture
+from tests.test_runtime_ps import PAIR, STEPS, _model_spec, _train
 
 pytestmark = pytest.mark.integration
 

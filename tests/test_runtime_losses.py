@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests import runtime_models as rm
-from tests.test_runtime_ps import _model_spec, _train, pool  # noqa: F401 - pytest fixture
+from tests.test_runtime_ps import _model_spec, _train
 from tests.test_runtime_user_optimizer import _strategy
 
 pytestmark = pytest.mark.integration

@@ -5,27 +5,17 @@ import numpy as np
 import pytest
 
 from tests import runtime_models as rm
-from tests.runtime_helpers import warm_pool
-from strategy_space import PS, ClusterSpec, NodeSpec, Strategy, VarConfig
+from tests.runtime_helpers import PAIR
+from strategy_space import PS, Strategy, VarConfig
 
 STEPS = 4
-# two nodes on this machine: partitioned strategies really get shards on two PS actors
 pytestmark = pytest.mark.integration
 
-PAIR = ClusterSpec(name="pair", nodes=(
-    NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1, chief=True),
-    NodeSpec(name="node1", address="127.0.0.1", cpus=1, workers=1),
-))
 BUILDER_OPTIONS = {
     "ps": {}, "ps_lb": {},
     "partitioned_ps": {"min_partition_bytes": 1},
     "uneven_partitioned_ps": {"min_partition_bytes": 1},
 }
-
-
-@pytest.fixture(scope="module")
-def pool(ray_session):
-    yield from warm_pool(ray_session, PAIR)
 
 
 def _strategy(name: str, model_spec) -> Strategy:

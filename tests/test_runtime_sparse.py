@@ -10,27 +10,18 @@ import numpy as np
 import pytest
 
 from tests import runtime_models as rm
-from tests.runtime_helpers import warm_pool
-from strategy_space import PS, AllReduce, ClusterSpec, NodeSpec, Strategy, VarConfig
+from tests.runtime_helpers import PAIR
+from strategy_space import PS, AllReduce, Strategy, VarConfig
 
 pytestmark = pytest.mark.integration
 
 STEPS = 4
-PAIR = ClusterSpec(name="pair", nodes=(
-    NodeSpec(name="node0", address="127.0.0.1", cpus=1, workers=1, chief=True),
-    NodeSpec(name="node1", address="127.0.0.1", cpus=1, workers=1),
-))
 OPTIMIZERS = {
     "sgd_momentum": ("sgd", {"learning_rate": 0.1, "momentum": 0.9}),
     "adam": ("adam", {"learning_rate": 0.05}),
     "adamw": ("adamw", {"learning_rate": 0.05, "weight_decay": 0.1}),
     "adagrad": ("adagrad", {"learning_rate": 0.2}),
 }
-
-
-@pytest.fixture(scope="module")
-def pool(ray_session):
-    yield from warm_pool(ray_session, PAIR)
 
 
 def _spec(pool, md):

@@ -13,7 +13,7 @@ import pytest
 from strategy_space import PS, AllReduce, Strategy, VarConfig
 from strategy_space.errors import ConfigError
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, _model_spec, _train, pool  # noqa: F401 - pytest fixture
+from tests.test_runtime_ps import PAIR, _model_spec, _train
 
 pytestmark = pytest.mark.integration
 STEPS = 3
