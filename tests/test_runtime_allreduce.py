@@ -8,7 +8,8 @@ import pytest
 
 from strategy_space import PS, AllReduce, Strategy, VarConfig
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, STEPS, _model_spec, _train
+from tests.runtime_helpers import PAIR
+from tests.test_runtime_ps import STEPS, _model_spec, _train
 
 pytestmark = pytest.mark.integration
 

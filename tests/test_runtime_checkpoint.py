@@ -15,7 +15,8 @@ import pytest
 
 from strategy_space.errors import ConfigError
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, _model_spec
+from tests.runtime_helpers import PAIR
+from tests.test_runtime_ps import _model_spec
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ import pytest
 from strategy_space import PS, AllReduce, Strategy, VarConfig
 from strategy_space.errors import ConfigError
 from tests import runtime_models as rm
-from tests.test_runtime_ps import PAIR, _model_spec, _train
+from tests.runtime_helpers import PAIR
+from tests.test_runtime_ps import _model_spec, _train
 
 pytestmark = pytest.mark.integration
 STEPS = 3
