@@ -53,18 +53,30 @@ def test_median_abs_error_and_order_only_methods():
     assert np.isnan(rows["ranker"]["abs_error"])   # a score, not seconds
 
 
-def test_the_predictor_follows_the_rankers_order_when_it_judged_as_well():
+def test_the_predictor_follows_the_learned_models_rank_sum_when_they_won_the_judging():
     from tests.fakes import three_node_cluster, tiny_model
     from tuner.cost_models.predictor import Predictor
 
-    class Ranker:
+    class Fixed:
+        def __init__(self, *v):
+            self.v = np.array(v)
+
         def predict(self, X):
-            return np.array([3.0, 1.0, 3.0, 2.0])   # the ranker's seconds: row 1, then 3, then 0 and 2 tied
+            return self.v
 
     p = Predictor(tiny_model(), three_node_cluster())
     p.predict = lambda e, X=None: np.array([4.0, 2.0, 3.0, 1.0])
     X = np.zeros((4, 1))
-    assert list(p.order(None, X)[0]) == [3, 1, 2, 0]   # the seconds' order
-    p.ranker_, p.follow_ranker_ = Ranker(), True
-    # the ranker decides; its tie (rows 0 and 2) goes to the faster in seconds (row 2)
-    assert list(p.order(None, X)[0]) == [1, 3, 2, 0]
+    p.simulator_, p.log_simulator_, p.ranker_ = Fixed(1, 2, 3, 4), Fixed(2, 1, 4, 3), Fixed(3, 1, 2, 4)
+    assert list(p.order(None, X)[0]) == [3, 1, 2, 0]   # the analytic model won: the seconds' order
+    p.fused_ = True
+    # rank sums 6, 4, 9, 11: an order none of the three gives alone
+    assert list(p.order(None, X)[0]) == [1, 0, 2, 3]
+    assert list(p.order(None, X)[1]) == [4.0, 2.0, 3.0, 1.0]   # the seconds stay the seconds
+    p.ranker_ = Fixed(1, 1, 3, 4)   # rows 0 and 1 tie at 4.5: the faster in seconds (row 1) first
+    assert list(p.order(None, X)[0]) == [1, 0, 2, 3]
+    p.log_simulator_ = Fixed(1, 2, 3, 4)   # now row 0 leads (3.5 vs 5.5)
+    assert list(p.order(None, X)[0]) == [0, 1, 2, 3]
+    p.ranker_ = None   # a single group too small for the ranker: the two simulators
+    p.simulator_ = Fixed(4, 3, 2, 1)   # ties everywhere (5 each): the seconds decide
+    assert list(p.order(None, X)[0]) == [3, 1, 2, 0]

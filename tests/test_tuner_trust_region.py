@@ -28,7 +28,7 @@ class Backwards(Predictor):
 
     def fit(self, data):
         super().fit(data)
-        self.source_, self.follow_ranker_ = "analytic", False
+        self.source_, self.follow_ranker_, self.fused_ = "analytic", False, False
         self.scores_ = {"analytic": self.accuracy}
         return self
 

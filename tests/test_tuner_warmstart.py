@@ -90,7 +90,7 @@ def test_predictor_transfers_from_prior_groups_alone(groups):
     p = Predictor(model, cluster).fit(build_trial_set(groups))
     assert p.n_groups_ == len(groups) and p.n_target_ == 0
     assert p.source_ == "simulator" and p.scores_ == {}     # nothing of the target to judge by: transfer
-    assert p.follow_ranker_
+    assert p.follow_ranker_ and p.fused_ and p.log_simulator_ is not None   # the learned models' rank-sum
 
 
 def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
@@ -108,6 +108,8 @@ def test_predictor_judges_scorers_on_the_target_group(groups, tmp_path):
     assert many.n_target_ == 12
     assert many.source_ == max(("simulator", "analytic"), key=lambda k: many.scores_[k])
     assert many.follow_ranker_ == (many.scores_["ranker"] >= many.scores_[many.source_])
+    assert many.fused_ == (many.source_ == "simulator" or many.follow_ranker_)
+    assert (many.log_simulator_ is not None) == many.fused_
     for s in many.scores_.values():
         assert 0.0 <= s <= 1.0
     # on strategies of the target it never saw, the predictions follow the synthetic world's
