@@ -174,6 +174,7 @@ class Predictor:
             parts.append(self.ranker_.predict(X))
         return np.lexsort((seconds, sum(rankdata(v) for v in parts))), seconds
 
+
 def search_order(specs: dict, seed: int = 0):
     """What the search follows (``Predictor.order``) as a method of ``evaluation.evaluate``: per
     group of the test rows, a ``Predictor`` for that (model, cluster), fitted on the training rows
