@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.cost_models.evaluation import evaluate, median_abs_error, merge_repeats, noise_ceiling, repeat_noise
+from tuner.cost_models.evaluation import (evaluate, group_noise, median_abs_error, merge_repeats, noise_ceiling,
+                                          repeat_noise)
 from tuner.records.dataset import TrialSet
 
 
@@ -41,6 +42,28 @@ def test_noise_ceiling_falls_with_noise_and_is_one_without():
     assert noise_ceiling(data, 0.0) == 1.0
     assert 0.5 < loud < quiet < 1.0
     assert np.isnan(noise_ceiling(data, float("nan")))
+
+
+def test_each_groups_own_noise_gives_its_own_ceiling():
+    """A quiet group and a loud one: each group's noise from its own repeats, and the ceiling with
+    them lies between what one pooled noise would give to both (the pooled noise over-penalises
+    the quiet group and flatters the loud one)."""
+    rng = np.random.default_rng(0)
+    truth = np.tile(np.linspace(1.0, 2.0, 10), 2)
+    group = np.repeat([0, 1], 10)
+    X = np.stack([np.arange(20), group], axis=1)
+    rows = np.repeat(np.arange(20), 4)   # four measurements of each strategy
+    noise = np.where(group[rows] == 0, 0.01, 0.2)
+    raw = _set(X[rows], truth[rows] * np.exp(rng.normal(0.0, noise)), group[rows])
+    per = group_noise(raw)
+    assert per[0] == pytest.approx(0.01, rel=0.3) and per[1] == pytest.approx(0.2, rel=0.3)
+    assert np.isnan(group_noise(raw, min_deviations=100)).all()   # too few repeats: unknown
+    data = _set(X, truth, group)
+    own, pooled = noise_ceiling(data, per), noise_ceiling(data, float(np.sqrt(np.mean(per ** 2))))
+    quiet, loud = noise_ceiling(data.subset(np.arange(10)), per), noise_ceiling(data.subset(np.arange(10, 20)), per)
+    assert quiet > 0.95 and loud < 0.85 and own == pytest.approx((quiet + loud) / 2, abs=0.01)   # (other draws)
+    assert own > pooled   # the quiet group's pairs are orderable: the pooled noise hid that
+    assert np.isnan(noise_ceiling(data, [0.01, float("nan")]))
 
 
 def test_median_abs_error_and_order_only_methods():

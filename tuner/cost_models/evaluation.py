@@ -123,19 +123,32 @@ def repeat_noise(deviations: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(deviations)))) if len(deviations) >= 2 else float("nan")
 
 
-def noise_ceiling(data: TrialSet, sigma: float, tol: float = 0.0, draws: int = 200, seed: int = 0) -> float:
+def group_noise(data: TrialSet, min_deviations: int = 6) -> np.ndarray:
+    """One measurement's noise in each group (indexed as ``data.keys``) from that group's own
+    repeats (``repeat_noise``); NaN where fewer than ``min_deviations`` measurements are repeats."""
+    out = np.full(len(data.keys), np.nan)
+    for g in np.unique(data.group):
+        _, dev = merge_repeats(data.subset(np.nonzero(data.group == g)[0]))
+        if len(dev) >= min_deviations:
+            out[g] = repeat_noise(dev)
+    return out
+
+
+def noise_ceiling(data: TrialSet, sigma, tol: float = 0.0, draws: int = 200, seed: int = 0) -> float:
     """Mean per-group pairwise accuracy of the noiseless truth scored against measurements with
     log-normal noise ``sigma``, taking ``data.y`` as the truth: the best any predictor can expect
-    (NaN for an unknown ``sigma``). Rows merged from n repeats carry sigma / sqrt(n)'s noise at
-    most; using ``sigma`` keeps the ceiling conservative."""
-    if not np.isfinite(sigma):
+    (NaN for an unknown ``sigma``). ``sigma``: one noise for every group, or one per group (indexed
+    as ``data.keys``, e.g. ``group_noise`` with its gaps filled). Rows merged from n repeats carry
+    sigma / sqrt(n)'s noise at most; using ``sigma`` keeps the ceiling conservative."""
+    sigmas = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (len(data.keys),))
+    if not np.all(np.isfinite(sigmas[np.unique(data.group)])):
         return float("nan")
     rng = np.random.default_rng(seed)
     per = []
     for g in np.unique(data.group):
         y = data.y[data.group == g]
         if len(y) >= 3:
-            per.append(np.nanmean([pairwise_accuracy(y, y * np.exp(rng.normal(0.0, sigma, len(y))), tol)
+            per.append(np.nanmean([pairwise_accuracy(y, y * np.exp(rng.normal(0.0, sigmas[g], len(y))), tol)
                                    for _ in range(draws)]))
     return float(np.nanmean(per)) if per else float("nan")
 
