@@ -169,7 +169,8 @@ class Predictor:
             return np.argsort(seconds, kind="stable"), seconds
         from scipy.stats import rankdata   # (scipy's import is paid only by a fused order)
 
-        parts = [self.simulator_.predict(X), self.log_simulator_.predict(X)]
+        # (the seconds are the simulator's own when it won: not predicted twice)
+        parts = [seconds if self.source_ == "simulator" else self.simulator_.predict(X), self.log_simulator_.predict(X)]
         if self.ranker_ is not None:
             parts.append(self.ranker_.predict(X))
         return np.lexsort((seconds, sum(rankdata(v) for v in parts))), seconds
