@@ -162,7 +162,8 @@ class Link:
 
     Args:
         endpoint: the actor's ``Server.endpoint``.
-        actor: the actor's Ray handle (to check it is alive while waiting).
+        actor: the actor's Ray handle (to check it is alive while waiting), or None for a server
+            outside Ray (nothing to check).
         lanes: connections to the actor: 2 (pushes on one, other calls on the other; see the module
             doc) or 1; None: ``lane_count()``.
     """
@@ -226,7 +227,7 @@ class Link:
                     self._drain()
                     quiet_since = time.monotonic()
                     continue
-            if time.monotonic() - quiet_since > LIVENESS_S:
+            if self.actor is not None and time.monotonic() - quiet_since > LIVENESS_S:   # (None: no Ray actor)
                 self._check_alive()
                 quiet_since = time.monotonic()
 
