@@ -308,6 +308,29 @@ def test_a_sync_ps_step_pulls_after_it_pushes_unless_pipelined_and_global_clippi
     assert _feat(big_clipped, _cluster(), one)["wire_s"] == pytest.approx(nbytes * 2 / GBIT, rel=1e-6)
 
 
+def test_staleness_hides_ps_traffic_only_where_the_runtime_pulls_ahead():
+    """A worker pulls step t+1's values while step t computes only when every variable sits on a
+    synchronous PS with staleness >= 1 (``worker.run``): then the PS traffic hides behind the
+    compute. An all-reduced variable beside the stale PS, or an asynchronous PS (whose plan has no
+    staleness), keeps the pull in the step: estimated as the synchronous strategy is."""
+    from strategy_space import ComputeProfile
+
+    timed = ModelSpec(MODEL.name, MODEL.variables, MODEL.batch_size, profile=ComputeProfile(1e-3, "test", ("b", "a")))
+
+    def est(a, b):
+        f = _feat(timed, _cluster(), Strategy((VarConfig("a", (a,)), VarConfig("b", (b,)))))
+        return f["stale_factor"], f["analytic_s"]
+
+    sync_ps, sync_ar = est(PS("n0"), PS("n1")), est(PS("n0"), AllReduce())
+    assert sync_ps[0] == sync_ar[0] == 1.0
+    stale = est(PS("n0", staleness=2), PS("n1", staleness=2))
+    assert stale[0] == pytest.approx(1 / 3) and stale[1] < sync_ps[1]
+    assert est(PS("n0", staleness=2), AllReduce()) == pytest.approx(sync_ar)
+    # asynchronous: only its pulls' not waiting for the pushes (a few bytes of wire here) is saved
+    free = est(PS("n0", sync=False), PS("n1", sync=False))
+    assert free[0] == 1.0 and free[1] == pytest.approx(sync_ps[1], rel=0.01) and free[1] > stale[1]
+
+
 def test_embedding_tables_pipeline_where_the_runtime_cuts_them():
     """The runtime cuts a PS actor's tables into chunks (``sync.ps.pipelined_sparse``) where its
     node's link would carry a step's pushes and then its pulls: the only PS node, or one on a node

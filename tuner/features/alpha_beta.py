@@ -23,8 +23,10 @@ Step model::
 
 ``exposed_frac`` is the share of the communication that cannot hide behind the backward pass in
 gradient-ready order (computed once with the default parameters, see ``features``); staleness ``s``
-lets parameter-server traffic hide behind the next step's compute (``stale_factor = 1/(1+s)``,
-0 when asynchronous). Where compute runs on the CPUs (``cpu_contention`` 1: no GPU), the
+lets parameter-server traffic hide behind the next step's compute (``stale_factor = 1/(1+s)``)
+where the runtime pulls the next step's values ahead: every variable on a synchronous PS with
+``s >= 1``; with an all-reduced variable, or asynchronous, ``stale_factor`` is 1 (the pull stays
+in the step). Where compute runs on the CPUs (``cpu_contention`` 1: no GPU), the
 communication's CPU work competes with it and hides behind nothing. The ``max(.., T_comm)`` is the
 throughput bound: however well it overlaps, a step cannot be shorter than the time the network and
 the CPUs are busy.

@@ -342,7 +342,12 @@ def _allreduce_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ring: _R
     stale = scalars["stale"]
     asyn = ps_vars > scalars["sync"]             # a PS variable with sync 0
     f[C["staleness"]] = stale
-    f[C["stale_factor"]] = np.where(asyn, 0.0, 1.0 / (1.0 + stale))
+    # staleness hides PS traffic behind the next step's compute only where the runtime pulls ahead
+    # (``worker.run``): every variable on a synchronous PS with staleness >= 1. An all-reduced
+    # variable's channel, or an asynchronous PS (the plan's staleness 0), keeps the pull in the
+    # step, so nothing hides there
+    ahead = ~asyn & (stale >= 1) & (a.asum[0] <= 0)
+    f[C["stale_factor"]] = np.where(ahead, 1.0 / (1.0 + stale), 1.0)
     f[C["async"]] = asyn
 
 
