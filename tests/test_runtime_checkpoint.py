@@ -55,7 +55,7 @@ def _kill(actor, probe: str) -> None:
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):   # exited, not yet reaped
                     return
-        except FileNotFoundError:
+        except OSError:   # gone before the open (ENOENT) or between the open and the read (ESRCH)
             return
         time.sleep(0.02)
     raise AssertionError(f"{actor} (pid {pid}) still runs 60 s after ray.kill")

@@ -19,7 +19,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
+    except OSError:   # gone before the open (ENOENT) or between the open and the read (ESRCH)
         return False
 
 
