@@ -331,6 +331,27 @@ def test_staleness_hides_ps_traffic_only_where_the_runtime_pulls_ahead():
     assert free[0] == 1.0 and free[1] == pytest.approx(sync_ps[1], rel=0.01) and free[1] > stale[1]
 
 
+def test_each_powersgd_matrix_costs_a_fixed_time_on_the_cpu():
+    """PowerSGD's fixed work per matrix and step (``alpha_matrix_s``): a compressed matrix counts
+    once, each shard of a partitioned one once; fp16 and matrices PowerSGD cannot shrink (a
+    vector) count nothing."""
+    from tuner.features.batch import DEFAULT_PARAMS
+
+    def feat(*a_shards, b=AllReduce()):
+        return _feat(MODEL, _cluster(), Strategy((VarConfig("a", tuple(a_shards)), VarConfig("b", (b,)))))
+
+    plain, psgd = feat(AllReduce()), feat(AllReduce(compressor="powersgd(2)"))
+    halves = feat(AllReduce(compressor="powersgd(2)"), AllReduce(compressor="powersgd(2)"))
+    assert (plain["psgd_matrices"], psgd["psgd_matrices"], halves["psgd_matrices"]) == (0, 1, 2)
+    assert feat(AllReduce(compressor="fp16"))["psgd_matrices"] == 0
+    assert feat(AllReduce(), b=AllReduce(compressor="powersgd(2)"))["psgd_matrices"] == 0   # b is a vector
+    # the CPU time grows by the constant per matrix (the bytes' passes move it by < 0.1 % here)
+    per = DEFAULT_PARAMS.alpha_matrix_s
+    assert halves["cpu_s"] - psgd["cpu_s"] == pytest.approx(per, rel=1e-3)
+    assert psgd["cpu_s"] - plain["cpu_s"] == pytest.approx(per, rel=1e-3)
+    assert halves["analytic_s"] > psgd["analytic_s"] + 0.5 * per
+
+
 def test_embedding_tables_pipeline_where_the_runtime_cuts_them():
     """The runtime cuts a PS actor's tables into chunks (``sync.ps.pipelined_sparse``) where its
     node's link would carry a step's pushes and then its pulls: the only PS node, or one on a node

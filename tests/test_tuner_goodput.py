@@ -211,7 +211,12 @@ def test_step_quality_ranks_by_step_time_and_never_probes(tmp_path):
     prober = FakeProber({})
     out = tune(tmp_path, "step", prober)
     assert not prober.asked and not out.efficiency
-    assert out.best.median == min(t.median for t in out.measured().values())
+    # the fastest by step time among the most-measured (confirmation: an unconfirmed lucky
+    # measurement does not win), lossy or not: here a lossy one, at half the step
+    merged = out.measured()
+    top = max(t.measurements for t in merged.values())
+    assert out.best.median == min(t.median for t in merged.values() if t.measurements == top)
+    assert not is_lossless(out.best.strategy)
 
 
 def test_probes_round_trip_through_the_store(tmp_path):
@@ -302,7 +307,8 @@ def _tune_with_priced_async(tmp_path, base: float):
             return Efficiency(e, e - 0.01, min(1.0, e + 0.01), probed=True, steps=100, source="probe")
 
     prober = AsyncCosts({})
-    out = tune(tmp_path, "goodput", prober, trials=18, allow_async=True)
+    # enough trials that a few search rounds follow the first probe of a mostly-asynchronous strategy
+    out = tune(tmp_path, "goodput", prober, trials=24, allow_async=True)
     asked = {s.fingerprint for s in prober.asked}
     first = next((i for i, t in enumerate(out.trials) if t.strategy.fingerprint in asked
                   and async_share(t.strategy) > 0.5), None)

@@ -119,3 +119,21 @@ def test_synthetic_world_aggregates_on_the_node_and_reduces_hierarchically():
 
     assert step(PS("n0", local_replication=True)) < 0.5 * step(PS("n0"))
     assert step(AllReduce(hierarchical=True)) < step(AllReduce())
+
+
+def test_synthetic_world_charges_powersgd_a_fixed_time_per_matrix():
+    """Each PowerSGD matrix costs the synthetic world's workers ``psgd_matrix_s`` a step beside its
+    flops: the same bytes cut into more matrices (shards) cost more, by that constant each."""
+    from strategy_space import AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+    from tuner.synthetic.netsim import Truth, simulate_step
+
+    m = ModelSpec("d", (VariableSpec("w", (512, 1024)),))
+    c = ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=1, bandwidth_gbps=10.0) for i in range(2)))
+
+    def step(shards, per):
+        truth = Truth(node_jitter=0.0, straggler_p=0.0, step_noise=0.0, psgd_matrix_s=per)
+        s = Strategy((VarConfig("w", tuple(AllReduce(compressor="powersgd(4)", group=i) for i in range(shards))),))
+        return simulate_step(m, c, s, 0.01, np.random.default_rng(0), truth)[0]
+
+    free = step(4, 1e-12) - step(1, 1e-12)                  # what 4 shards cost without the constant
+    assert step(4, 5e-3) - step(1, 5e-3) == pytest.approx(free + 3 * 5e-3, rel=0.05)

@@ -16,6 +16,7 @@ Step model::
                                                         # serialization, PS sums and optimizer updates,
                                                         # casts, collectives on the CPU
             + alpha_server * ps_calls_max               # calls the busiest PS actor serves in turn
+            + alpha_matrix * psgd_matrices              # PowerSGD's fixed work per matrix and step
     T_comm  = T_net + T_cpu
     exposed = (T_net + (1 - cpu_contention) T_cpu) * exposed_frac * (1 - ps_share * (1 - stale_factor))
             + cpu_contention * T_cpu
@@ -40,7 +41,8 @@ import numpy as np
 
 # terms the formula reads; features/batch.py produces every one of them
 TERMS = ("compute_s", "wire_s", "ps_latency_rounds", "ring_steps", "ring_steps_objectstore", "exposed_frac",
-         "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention", "ar_curve_s")
+         "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention", "ar_curve_s",
+         "psgd_matrices")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class AlphaBeta:
         alpha_server_s: CPU time an actor spends on one method call (Ray task dispatch and
             argument handling, part of the round trip).
         compute_scale: multiplier on the profiled compute time (profiling vs training drift).
+        alpha_matrix_s: a worker's fixed time per PowerSGD matrix and step, whatever its size
+            (its projections, orthogonalization, error feedback and reshapes run as a dozen small
+            kernels; on this project's CPU testbed PowerSGD strategies ran ~1 ms per compressed
+            matrix slower than their bytes explain, from 8 to 43 matrices).
     """
 
     alpha_call_s: float = 0.7e-3
@@ -70,6 +76,7 @@ class AlphaBeta:
     alpha_server_s: float = 0.2e-3
     compute_scale: float = 1.0
     alpha_ps_s: float = 0.2e-3
+    alpha_matrix_s: float = 1e-3
 
     def __post_init__(self):
         bad = {k: v for k, v in asdict(self).items() if not (np.isfinite(v) and v > 0)}
@@ -94,7 +101,8 @@ def net_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:
 
 def cpu_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:
     """``T_cpu`` of the module doc, per strategy (seconds)."""
-    return terms["cpu_bytes_max"] / p.cpu_rate_bps + p.alpha_server_s * terms["ps_calls_max"]
+    return (terms["cpu_bytes_max"] / p.cpu_rate_bps + p.alpha_server_s * terms["ps_calls_max"]
+            + p.alpha_matrix_s * terms["psgd_matrices"])
 
 
 def comm_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:

@@ -57,7 +57,7 @@ import numpy as np
 
 from strategy_space.encoding import EncodedStrategies
 
-from tuner.features.alpha_beta import TERMS, AlphaBeta, comm_time, step_time
+from tuner.features.alpha_beta import TERMS, AlphaBeta, comm_time, cpu_time, step_time
 from tuner.features.sums import SCALAR_ROWS, FeatureSums, block_sums
 from tuner.features.tables import FeatureTables
 
@@ -71,6 +71,7 @@ FEATURE_NAMES = (
     "fp16_raw_bytes", "powersgd_raw_bytes", "sparse_allgather_bytes", "staleness", "stale_factor",
     "async", "exposed_frac", "comm_s", "analytic_s", "model_bytes", "ps_calls_max", "cpu_bytes_max",
     "ps_update_bytes_max", "local_agg_bytes", "cpu_contention", "hierarchical", "cpu_s", "ar_curve_s",
+    "psgd_matrices",
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 _CHUNK = 1024              # rows per block: measured flat from 256 to 2048 on a 200-variable model
@@ -309,7 +310,8 @@ def _cpu_columns(f: np.ndarray, t: FeatureTables, p: AlphaBeta, ps: _PsNodes, ri
     f[C["local_agg_bytes"]] = (2 * lr_extra * H1tot).max(0) + S * hier * 2 * max(float(t.workers.max()) - 1, 0)
     f[C["cpu_contention"]] = t.cpu_contention
     f[C["hierarchical"]] = hier
-    f[C["cpu_s"]] = f[C["cpu_bytes_max"]] / p.cpu_rate_bps + p.alpha_server_s * f[C["ps_calls_max"]]
+    f[C["psgd_matrices"]] = scalars["psgd_n"]
+    f[C["cpu_s"]] = cpu_time({n: f[C[n]] for n in ("cpu_bytes_max", "ps_calls_max", "psgd_matrices")}, p)
 
 
 def _allreduce_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ring: _Ring, scalars: dict) -> None:

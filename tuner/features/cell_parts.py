@@ -27,6 +27,7 @@ class CellParts:
     wv: np.ndarray       # all-reduce wire bytes of the whole variable
     is16: np.ndarray     # fp16 compressor
     psgd: np.ndarray     # bool: PowerSGD on a matrix
+    psgd_mats: np.ndarray  # PowerSGD matrices (a compressed matrix's shards)
     gathers: np.ndarray  # all-gathers (sparse all-reduce shards)
     line: np.ndarray     # int: PS lane (0 plain, 1 local replication of a dense variable)
     cls: np.ndarray      # int: all-reduce class (0 none, 1 fp16*, 2 powersgd*)
@@ -72,6 +73,6 @@ def cell_parts(t: FeatureTables, v: np.ndarray, f: dict) -> CellParts:
     Y *= keep
     return CellParts(
         arf=arf, X=X, Y=Y, e2=(extra * lay).astype(np.int64), e3=((kf - 1.0) * lay + 1.0).astype(np.int64),
-        extra=extra.astype(np.int64), wv=wv, is16=is16, psgd=psgd, gathers=gathers * kf,
+        extra=extra.astype(np.int64), wv=wv, is16=is16, psgd=psgd, psgd_mats=psgd * kf, gathers=gathers * kf,
         line=f["local_replication"] * t.dense_i[v], cls=(comp + 1) >> 1,
         sparse_ps=sparse & (f["kind"] == KIND_PS), Xs=si * base * psf, Ys=si * psf)

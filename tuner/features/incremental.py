@@ -52,7 +52,7 @@ _AGGREGATE_FROM = 2
 class _Layout:
     """Rows of the sums (one column per strategy). PS block: hosted (3, N) | PS count, sparse,
     value, dense value bytes | PS wire differences (nbp + 1, the last a sink). All-reduce block
-    (from ``ar``): the same four sums | fp16 raw, PowerSGD raw, sparse all-gathers | wire
+    (from ``ar``): the same four sums | fp16 raw, PowerSGD raw, sparse all-gathers, PowerSGD matrices | wire
     differences | groups (3, G)."""
 
     def __init__(self, N: int, nbp: int, G: int):
@@ -61,7 +61,7 @@ class _Layout:
         self.ps_wire = self.ps_sums + 4
         self.ar = self.ps_wire + nbp + 1
         self.ar_scalars = self.ar + 4
-        self.ar_wire = self.ar_scalars + 3
+        self.ar_wire = self.ar_scalars + 4
         self.groups = self.ar_wire + nbp + 1
         self.height = self.groups + 3 * G
 
@@ -290,21 +290,22 @@ class IncrementalFeaturizer:
         i = np.arange(len(cell)) - np.repeat(np.cumsum(c.e3) - c.e3, c.e3)
         # entries laid out (entry, cell), so that numpy's inner loops run over cells; an entry's
         # flat index is its row of the sums x B + its strategy
-        idx_all = np.empty(5 * n + len(cell) + K * len(sp) + 4 * len(moved), np.int64)
+        idx_all = np.empty(6 * n + len(cell) + K * len(sp) + 4 * len(moved), np.int64)
         w_all = np.empty(len(idx_all))
-        idx, w = idx_all[:5 * n].reshape(5, n), w_all[:5 * n].reshape(5, n)
-        # fp16 / PowerSGD raw bytes and all-gathers
-        np.add(lay.ar_scalars * B + b, np.arange(3)[:, None] * B, out=idx[:3])
+        idx, w = idx_all[:6 * n].reshape(6, n), w_all[:6 * n].reshape(6, n)
+        # fp16 / PowerSGD raw bytes, all-gathers and PowerSGD matrices
+        np.add(lay.ar_scalars * B + b, np.arange(4)[:, None] * B, out=idx[:4])
         vb = t.val_bytes[v] * sign
         np.multiply(c.is16, vb, out=w[0])
         np.multiply(c.psgd, vb, out=w[1])
         np.multiply(c.gathers, sign, out=w[2])
+        np.multiply(c.psgd_mats, sign, out=w[3])
         # wire bytes over breakpoints: + at breakpoint 0, - past the variable's ready position
-        np.add((lay.ps_wire + kind * (lay.ar_wire - lay.ps_wire)) * B, b, out=idx[3])
-        np.add(idx[3], self._ready_bps[v] * B, out=idx[4])
-        np.multiply((1.0 - c.arf) * self._ps_wire[v] + c.wv, sign, out=w[3])
-        np.negative(w[3], out=w[4])
-        at = 5 * n
+        np.add((lay.ps_wire + kind * (lay.ar_wire - lay.ps_wire)) * B, b, out=idx[4])
+        np.add(idx[4], self._ready_bps[v] * B, out=idx[5])
+        np.multiply((1.0 - c.arf) * self._ps_wire[v] + c.wv, sign, out=w[4])
+        np.negative(w[4], out=w[5])
+        at = 6 * n
         ws, ids = w_all[at:at + len(cell)], idx_all[at:at + len(cell)]
         ws[:] = c.Y[cell]
         ws *= i < c.e2[cell]
@@ -358,6 +359,7 @@ class IncrementalFeaturizer:
         scal = np.empty((len(SCALAR_ROWS), B), np.float32)
         scal[SCALAR_ROWS["fp16_raw"]] = sums[lay.ar_scalars]
         scal[SCALAR_ROWS["psgd_raw"]] = sums[lay.ar_scalars + 1]
+        scal[SCALAR_ROWS["psgd_n"]] = sums[lay.ar_scalars + 3]
         scal[SCALAR_ROWS["stale"]] = wide[0]
         scal[SCALAR_ROWS["sync"]] = wide[1]
         scal[SCALAR_ROWS["objectstore"]] = wide[2] == BACKEND_ID["objectstore"]

@@ -36,7 +36,7 @@ class FeatureSums:
 
 
 SCALAR_ROWS = {n: i for i, n in enumerate(("fp16_raw", "psgd_raw", "stale", "sync", "objectstore", "n_groups", "n_coll",
-                                  "max_group", "hier", "curve_ns", "cpu_ring"))}
+                                  "max_group", "hier", "curve_ns", "cpu_ring", "psgd_n"))}
 
 
 
@@ -183,6 +183,9 @@ def block_sums(t: FeatureTables, e: EncodedStrategies, out: FeatureSums, rows: s
     s[:, SCALAR_ROWS["fp16_raw"]] = sb.fp16.astype(np.float64) @ t.val_bytes
     s[:, SCALAR_ROWS["psgd_raw"]] = (np.bincount(sb.psgd_rows, t.val_bytes[sb.psgd_vars], minlength=B)
                                      if sb.psgd_rows is not None else 0.0)
+    # PowerSGD matrices: each shard of a compressed matrix is one
+    s[:, SCALAR_ROWS["psgd_n"]] = (np.bincount(sb.psgd_rows, sb.shards[sb.psgd_rows, sb.psgd_vars], minlength=B)
+                                   if sb.psgd_rows is not None else 0.0)
     s[:, SCALAR_ROWS["stale"]] = e.staleness.max(1)       # 0 for AR variables (normalized)
     s[:, SCALAR_ROWS["sync"]] = e.sync.astype(np.float32) @ t.ones   # PS variables with sync (AR: 0)
     # one backend per strategy; PS variables encode 0 and objectstore is the largest id

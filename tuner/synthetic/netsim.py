@@ -42,6 +42,7 @@ class Truth:
     update_passes: float = 4.0   # a worker's local update of an all-reduced variable (Adam: 2 moments)
     fp16_cast_bps: float = 4e9
     psgd_flops: float = 8e9
+    psgd_matrix_s: float = 0.8e-3   # a worker's fixed time per PowerSGD matrix (its dozen small kernels)
     node_jitter: float = 0.04
     straggler_p: float = 0.05
     straggler_x: float = 1.3
@@ -311,7 +312,7 @@ def _collectives(net: _Network, bufs: dict, gathers: list, truth: Truth) -> list
         if nbytes:
             colls.append((rdy, cast + local * nbytes, ring * nbytes, steps, os_))
         if psgd:
-            flops = sum(4.0 * m * n * r for m, n, r, _ in psgd) / truth.psgd_flops
+            flops = sum(4.0 * m * n * r for m, n, r, _ in psgd) / truth.psgd_flops + truth.psgd_matrix_s * len(psgd)
             pb = sum(r * m * e for m, n, r, e in psgd)
             qb = sum(r * n * e for m, n, r, e in psgd)
             colls.append((rdy, flops / 2 + local * pb, ring * pb, steps, os_))
