@@ -103,7 +103,8 @@ def inside(args) -> int:
             # the runner's cluster: with emulated compute it records the compute mode
             result = tune(f"zoo:{name}", runner.cluster, trials=args.trials, time_budget_s=args.time_per_model,
                           store=args.store, patience=10**6, warm_start="none", on_trial=show, runner=runner,
-                          settings=SearchSettings(epsilon=args.epsilon, explore_ratio=None, seed=args.seed + i))
+                          settings=SearchSettings(epsilon=args.epsilon, explore_ratio=None,
+                                                  explore_from_round=1, seed=args.seed + i))
             s = result.summary()
             print(f"  -> {s['total_trials']} trials in {time.monotonic() - t0:.0f} s, best {s['best_step_time_s'] * 1e3:.1f} ms "
                   f"({s['best_origin']}), {s['speedup_over_best_baseline']:.2f}x the best baseline", flush=True)

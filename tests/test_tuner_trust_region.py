@@ -39,14 +39,16 @@ class Backwards(Predictor):
 
 
 def _run(tmp_path, radius: int, accuracy: float = 0.5, trials: int = 3, backwards: bool = True,
-         trust_trials: int = 6, explore_ratio: float | None = 1.25, model=MODEL):
+         trust_trials: int = 6, explore_ratio: float | None = 1.25, model=MODEL, explore_from_round: int = 2):
     settings = SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8, trust_radius=radius,
-                              trust_trials=trust_trials, explore_ratio=explore_ratio, seed=5)
+                              trust_trials=trust_trials, explore_ratio=explore_ratio,
+                              explore_from_round=explore_from_round, seed=5)
     tuner = ModelBasedTuner(model, CLUSTER, settings=settings)
     tuner.predictor = Backwards(model, CLUSTER)
     tuner.predictor.accuracy, tuner.predictor.backwards = accuracy, backwards
     radii = []
-    with TrialStore(tmp_path / f"r{radius}-{accuracy}-{backwards}-{trust_trials}-{explore_ratio}.db") as store:
+    name = f"r{radius}-{accuracy}-{backwards}-{trust_trials}-{explore_ratio}-{explore_from_round}.db"
+    with TrialStore(tmp_path / name) as store:
         out = tune_loop(SyntheticRunner(model, CLUSTER, seed=7), store, tuner,
                         Budget(trials=trials, patience=10, confirm=0),
                         on_trial=lambda t, o: radii.append(tuner.last_radius) if t.role == "search" else None)
@@ -77,7 +79,7 @@ def test_an_unproven_predictor_is_followed_only_near_the_measured_strategies(tmp
     reach = _one_mutation_reach(tuner, baselines)
     assert _distance_to_measured(tuner, search, baselines).max() <= reach
     # the same backwards predictor with no region walks far away, to strategies the truth makes slow
-    open_tuner, open_out, open_radii = _run(tmp_path, radius=0)
+    open_tuner, open_out, open_radii = _run(tmp_path, radius=0, explore_from_round=1)
     open_search = [t for t in open_out.trials if t.role == "search"]
     assert open_radii == [None] * 3 and "explore" in [t.origin for t in open_search]
     assert _distance_to_measured(open_tuner, open_search, baselines).max() > reach
@@ -115,11 +117,26 @@ def test_exploration_draws_only_among_candidates_predicted_near_the_incumbent(tm
     def explored(ratio):
         _, out, _ = _run(tmp_path, radius=0, accuracy=0.9, trials=12, backwards=False, explore_ratio=ratio, model=busy)
         picks = [t for t in out.trials if t.role == "search" and t.origin == "explore"]
-        assert len(picks) == 4   # one per round of three
+        assert len(picks) == 3   # one per round of three but the first
         return np.array([t.meta["predicted_vs_incumbent"] for t in picks])
 
     assert explored(1.25).max() <= 1.25
     assert explored(None).max() > 1.25   # the whole pool holds such candidates: the cap is what keeps them out
+
+
+def test_the_first_round_picks_none_at_random_until_the_run_has_tested_the_predictor(tmp_path):
+    """A predictor proven on the target's warm-start trials extrapolates beyond them; the run's
+    first round is its own best picks only, and exploration starts from the second."""
+    def origins(**kw):
+        _, out, radii = _run(tmp_path, radius=0, accuracy=0.9, trials=6, backwards=False, **kw)
+        search = [t for t in out.trials if t.role == "search"]
+        assert len(search) == 6 and radii == [None] * 6 and [t.meta["search_round"] for t in search] == [1] * 3 + [2] * 3
+        return [t.origin for t in search[:3]], [t.origin for t in search[3:]]
+
+    first, second = origins()
+    assert first == ["search"] * 3 and "explore" in second
+    first, _ = origins(explore_from_round=1)
+    assert "explore" in first
 
 
 @pytest.mark.parametrize("accuracy,expected", [(0.74, False), (0.75, True)])
