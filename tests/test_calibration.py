@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
-from strategy_space.calibration import Calibration, CostCurve
+from strategy_space.calibration import Calibration, CostCurve, settled
 from strategy_space.space import StrategySpace
 from tuner.cost_models.analytic import AnalyticCostModel
 from tuner.features.batch import COL, UPDATE_PASSES, featurize
@@ -59,6 +59,32 @@ def test_cost_curve_interpolates_and_extrapolates_physically():
     mid = curve.seconds(np.array([16384.0]))[0]
     assert 3e-4 < mid < 5e-4
 
+
+
+def test_a_slow_small_size_is_settled_by_the_faster_larger_ones_not_carried_up():
+    """Disturbances only add time, and a smaller message could be padded to a larger one: a size
+    measured slower than a larger one takes the larger one's time, and nothing above it changes
+    (a running maximum would have put every size up to 4 MiB at the slow 3.9 ms)."""
+    points = ((4096, 3.9e-3), (16384, 2.6e-4), (65536, 4.3e-4), (1 << 20, 4.3e-3), (4 << 20, 4.0e-3),
+              (16 << 20, 1.27e-2))
+    assert settled(points).tolist() == [2.6e-4, 2.6e-4, 4.3e-4, 4.0e-3, 4.0e-3, 1.27e-2]
+    curve = CostCurve(points)
+    s = curve.seconds(np.array([1024.0, 4096.0, 16384.0, 65536.0, 1 << 20, 16 << 20]))
+    assert s == pytest.approx([2.6e-4, 2.6e-4, 2.6e-4, 4.3e-4, 4.0e-3, 1.27e-2])
+    # already non-decreasing: as measured
+    assert settled(CAL.allreduce).tolist() == [t for _, t in CAL.allreduce]
+    # the PS round trip of the smallest message: the least of the sizes at or above it
+    from strategy_space import PS
+
+    m = ModelSpec("m", (VariableSpec("a", (64, 64)),))
+    slow_first = replace(CAL, ps_round_trip=((4096, 5e-3), (16384, 6e-4), (1 << 20, 9e-3)))
+    tables = FeatureTables.from_specs(m, _cluster(slow_first))
+    assert tables.ps_round_trip_s == pytest.approx(6e-4)
+    space = StrategySpace(m, _cluster(slow_first))
+    x = featurize(tables, space.encode([Strategy((VarConfig("a", (PS("n1"),)),))]))[0]
+    from tuner.features.alpha_beta import AlphaBeta
+
+    assert x[COL["ps_latency_rounds"]] == pytest.approx(2 * 6e-4 / AlphaBeta().alpha_ps_s, rel=1e-6)
 
 def test_the_analytic_model_reads_all_reduce_time_off_the_calibrated_curve():
     m = ModelSpec("m", (VariableSpec("a", (256, 256)), VariableSpec("b", (256,))))      # 263,168 bytes

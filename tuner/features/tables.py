@@ -11,7 +11,7 @@ import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.builders import index_bytes, ready_times
-from strategy_space.calibration import CostCurve
+from strategy_space.calibration import CostCurve, settled
 from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
 from strategy_space.encoding import BACKEND_ID
 
@@ -141,7 +141,7 @@ class FeatureTables:
             # (workers sleep), it leaves the CPUs to it
             cpu_contention=float(not gpu[workers > 0].any() and cluster.compute != "emulated"),
             ar_curve=_curve(cluster, float(workers.sum())),
-            ps_round_trip_s=cluster.calibration.ps_round_trip[0][1] if cluster.calibration is not None else None,
+            ps_round_trip_s=float(settled(cluster.calibration.ps_round_trip)[0]) if cluster.calibration is not None else None,
             held=model.global_clipnorm,
         )
 
