@@ -223,3 +223,11 @@ def test_under_global_clipnorm_the_search_proposes_no_staleness(tmp_path, clipno
         assert timing and "global_clipnorm" not in result.lossy_note
     else:
         assert not timing and "global_clipnorm needs every gradient" in result.lossy_note
+
+
+def test_tune_refuses_settings_that_are_not_search_settings(tmp_path):
+    model, cluster = tiny_model(), three_node_cluster()
+    with pytest.raises(ConfigError, match="settings must be a SearchSettings .*got dict"):
+        autosync.tune("unused", cluster, trials=1, store=tmp_path / "s.db", settings={"batch": 2},
+                      warm_start="none", runner=SyntheticRunner(model, cluster))
+    assert not (tmp_path / "s.db").exists()

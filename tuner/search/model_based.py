@@ -22,7 +22,6 @@ trial on nothing (on vgg16 a search spent most of its 12 trials so, and recommen
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -43,59 +42,7 @@ from tuner.search.annealing import Pool, select_diverse, simulated_annealing
 from tuner.search.base import Proposal, Tuner
 from tuner.search.constraints import Constraints
 from tuner.search.sampler import KnowledgeSampler
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """Knobs of one round of proposals.
-
-    Attributes:
-        batch: strategies measured per round.
-        epsilon: share of each batch drawn at random from the annealing pool (exploration).
-        explore_ratio: exploration draws only among candidates predicted at most this factor slower
-            than the incumbent (in the figure the run ranks by): one predicted twice as slow wins
-            only if the predictor is twice wrong. On the README's main job (one node) the random
-            pick of every round was predicted 1.9-2.6x the incumbent and measured 1.6-1.8x the
-            slowest baseline. None: the whole pool (``make_warmstart`` explores for data).
-        explore_from_round: the first search round of a run that may pick at random (earlier ones
-            are all greedy). Warm-start trials of the target's own group prove the predictor on what
-            that group measured, not on its extrapolations: on the README's main job (ncf on one
-            node, no compressed strategy in its group) round 1's random pick, stale PS with three
-            fp16/PowerSGD collective groups, was predicted within 1.25x of the incumbent and
-            measured 1.6x the slowest baseline. Later rounds (trust region on) open only while the last ran as promised.
-        candidates: knowledge-guided candidates per round; the same number again uniformly random.
-        chains: annealing chains, started from the best-predicted candidates.
-        proposals: mutations each chain proposes per step (all chains' are scored in one call; a
-            chain steps towards its best). Scored per round: chains x proposals x anneal_steps.
-            Under constraints every proposal is built whole to be projected, which costs several
-            times more per proposal: a quarter of them are made.
-        anneal_steps: steps per chain.
-        trust_radius: while the predictor is unproven on the target (module doc), candidates are at
-            most this many mutations (``StrategySpace.mutate_rows``) from a measured strategy; the
-            radius grows by one after each region round that beat its incumbent. 0: no trust region.
-        trust_accuracy: the pairwise accuracy on the target's own trials (``Predictor.scores_``,
-            cross-validated) the predictor needs to be proven (module doc).
-        trust_ratio: how much slower than predicted (a factor on the gain over the incumbent) the
-            last round's picks may each run for the predictor to be proven.
-        trust_trials: the target's own measured trials needed before the predictor can be proven
-            (its cross-validated accuracy on fewer is too noisy to open the space on: on one node,
-            proven on 11 trials, it next proposed strategies 8x slower than the baselines).
-        seed: random seed.
-    """
-
-    batch: int = 4
-    epsilon: float = 0.25
-    explore_ratio: float | None = 1.25
-    explore_from_round: int = 2
-    candidates: int = 256
-    chains: int = 48
-    proposals: int = 64
-    anneal_steps: int = 30
-    trust_radius: int = 2
-    trust_accuracy: float = 0.75
-    trust_ratio: float = 1.5
-    trust_trials: int = 12
-    seed: int = 0
+from tuner.search.settings import SearchSettings
 
 
 class ModelBasedTuner(Tuner):
