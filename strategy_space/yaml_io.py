@@ -84,6 +84,8 @@ def read_text(path: str | os.PathLike) -> str:
         if p.is_dir():
             raise ConfigError(f"{p} is a directory; give the path of a YAML file")
         if not p.is_file():
+            if p.exists():   # a device, a pipe, a socket: nothing a file of bounded size can be read from
+                raise ConfigError(f"{p} is not a regular file; give the path of a YAML file")
             raise ConfigError(f"file not found: {p} (give the path of an existing YAML file)")
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:

@@ -88,6 +88,16 @@ def test_a_directory_is_not_reported_as_a_missing_file(tmp_path):
         load(tmp_path, "model")
 
 
+def test_a_device_or_a_pipe_is_not_reported_as_a_missing_file(tmp_path):
+    import os
+
+    with pytest.raises(ConfigError, match="/dev/null is not a regular file; give the path of a YAML file"):
+        load("/dev/null", "strategy")
+    os.mkfifo(tmp_path / "pipe")   # reading a pipe nobody writes would block: refused before any read
+    with pytest.raises(ConfigError, match="pipe is not a regular file"):
+        load(tmp_path / "pipe", "strategy")
+
+
 class _Loud:
     """A value whose repr is counted (a message must not repr every item of a huge value)."""
 
