@@ -323,7 +323,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
                           f"got {probe_steps!r}")
     if settings is not None and not isinstance(settings, SearchSettings):
-        raise ConfigError(f"settings must be a SearchSettings (tuner.search.model_based), got {type(settings).__name__}")
+        raise ConfigError(f"settings must be a SearchSettings (from tuner.search.settings), got {type(settings).__name__}")
     cluster_spec = load_cluster(cluster)
     stand_in = resolve_stand_in(model, probe_model, compute, quality, prober, runner)
     # a bad path fails before any worker starts

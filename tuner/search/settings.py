@@ -28,7 +28,8 @@ class SearchSettings:
             that group measured, not on its extrapolations: on the README's main job (ncf on one
             node, no compressed strategy in its group) round 1's random pick, stale PS with three
             fp16/PowerSGD collective groups, was predicted within 1.25x of the incumbent and
-            measured 1.6x the slowest baseline. Later rounds (trust region on) open only while the last ran as promised.
+            measured 1.6x the slowest baseline. Later rounds (trust region on) open only while the
+            last ran as promised.
         candidates: knowledge-guided candidates per round; the same number again uniformly random.
         chains: annealing chains, started from the best-predicted candidates.
         proposals: mutations each chain proposes per step (all chains' are scored in one call; a
