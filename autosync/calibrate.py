@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from strategy_space import ClusterSpec
-from strategy_space.calibration import Calibration
+from strategy_space.calibration import Calibration, settled
 from strategy_space.errors import ConfigError
 
 SIZES = tuple(4 ** k * 1024 for k in range(1, 9))   # 4 KiB ... 64 MiB
@@ -170,3 +170,22 @@ def bus_bandwidth_gbps(calibration: Calibration) -> float:
     """Bus bandwidth of the largest measured all-reduce: 2(n-1)/n x bytes / seconds, Gbit/s."""
     n, (nbytes, seconds) = calibration.workers, calibration.allreduce[-1]
     return 2 * (n - 1) / n * nbytes * 8 / seconds / 1e9
+
+
+def _smallest(points, what: str) -> str:
+    """The smallest size's time as the cost model reads it (``settled``), and what was measured
+    there where that was slower (a disturbed measurement, which the model does not use)."""
+    used, (nbytes, measured) = settled(points)[0], points[0]
+    text = f"{what} {used * 1e3:.2f} ms at {nbytes >> 10} KiB"
+    if measured > used * 1.05:
+        text += f" (measured {measured * 1e3:.2f} ms there, slower than at a larger size: that size's time is used)"
+    return text
+
+
+def summary(name: str, calibration: Calibration) -> str:
+    """The line ``autosync calibrate`` prints: bus bandwidth at the largest all-reduce, and the
+    smallest all-reduce and PS round trip as the cost model uses them."""
+    cal = calibration
+    return (f"calibrated {name}: {cal.backend} all-reduce over {cal.workers} workers, "
+            f"{bus_bandwidth_gbps(cal):.2f} Gbit/s bus bandwidth at {cal.allreduce[-1][0] >> 20} MiB, "
+            f"{_smallest(cal.allreduce, 'all-reduce')}; {_smallest(cal.ps_round_trip, 'PS round trip')}")

@@ -36,6 +36,21 @@ def test_calibrate_measures_local_and_writes_a_loadable_spec(ray_session, tmp_pa
 
 
 @pytest.mark.integration
+def test_the_calibrate_command_writes_a_calibrated_spec_and_says_what_it_measured(tmp_path):
+    """``autosync calibrate --cluster local --out F`` as the README gives it, in a fresh process:
+    exit 0, the summary line on stderr, and a spec at F that loads with its measured curves."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("RAY_ADDRESS", None)
+    out = tmp_path / "cluster.yaml"
+    r = subprocess.run([sys.executable, "-m", "autosync", "calibrate", "--cluster", "local", "--out", str(out),
+                        "--reps", "3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "calibrated local: " in r.stderr and "PS round trip" in r.stderr and f"wrote {out}" in r.stderr
+    cal = load(out, "cluster").calibration
+    assert cal is not None and cal.workers == 2 and len(cal.allreduce) == len(cal.ps_round_trip) >= 4
+
+
+@pytest.mark.integration
 def test_calibrate_needs_two_worker_slots():
     from autosync.calibrate import calibrate
     from strategy_space import ConfigError

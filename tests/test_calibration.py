@@ -86,6 +86,21 @@ def test_a_slow_small_size_is_settled_by_the_faster_larger_ones_not_carried_up()
 
     assert x[COL["ps_latency_rounds"]] == pytest.approx(2 * 6e-4 / AlphaBeta().alpha_ps_s, rel=1e-6)
 
+def test_the_calibrate_summary_says_what_the_model_uses_and_what_was_measured_slower():
+    """``autosync calibrate``'s line gives the smallest sizes' times as the cost model reads them
+    (settled) and, where the measurement there was slower, says so with the measured figure."""
+    from autosync.calibrate import summary
+
+    slow = Calibration("gloo", 2, ((4096, 3.92e-3), (16384, 2.6e-4), (16 << 20, 1.4e-2)),
+                       ((4096, 5e-3), (16384, 6e-4)))
+    line = summary("local", slow)
+    assert "all-reduce 0.26 ms at 4 KiB (measured 3.92 ms there, slower than at a larger size" in line
+    assert "PS round trip 0.60 ms at 4 KiB (measured 5.00 ms there" in line
+    assert line.startswith("calibrated local: gloo all-reduce over 2 workers, ") and "at 16 MiB" in line
+    even = Calibration("gloo", 2, ((4096, 2.5e-4), (16384, 2.6e-4), (16 << 20, 1.4e-2)), ((4096, 6e-4), (16384, 6e-4)))
+    assert "measured" not in summary("local", even) and "all-reduce 0.25 ms at 4 KiB;" in summary("local", even)
+
+
 def test_the_analytic_model_reads_all_reduce_time_off_the_calibrated_curve():
     m = ModelSpec("m", (VariableSpec("a", (256, 256)), VariableSpec("b", (256,))))      # 263,168 bytes
     s = Strategy((VarConfig("a", (AllReduce(),)), VarConfig("b", (AllReduce(),))))

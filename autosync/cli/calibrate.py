@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from autosync.calibrate import bus_bandwidth_gbps, calibrate
+    from autosync.calibrate import calibrate, summary
     from autosync.cli.paths import check_output_file
     from autosync.cli.raylog import ray_output_to_log
     from autosync.sources import load_cluster
@@ -41,12 +41,7 @@ def run(args) -> int:
     cluster = load_cluster(args.cluster)
     with ray_output_to_log("calibrate"):
         cluster = calibrate(cluster, reps=args.reps, backend=args.backend)
-    cal = cluster.calibration
-    print(f"calibrated {cluster.name}: {cal.backend} all-reduce over {cal.workers} workers, "
-          f"{bus_bandwidth_gbps(cal):.2f} Gbit/s bus bandwidth at {cal.allreduce[-1][0] >> 20} MiB, "
-          f"{cal.allreduce[0][1] * 1e3:.2f} ms at {cal.allreduce[0][0] >> 10} KiB; "
-          f"PS round trip {cal.ps_round_trip[0][1] * 1e3:.2f} ms at {cal.ps_round_trip[0][0] >> 10} KiB",
-          file=sys.stderr)
+    print(summary(cluster.name, cluster.calibration), file=sys.stderr)
     if args.out:
         save(cluster, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
