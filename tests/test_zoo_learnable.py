@@ -123,6 +123,53 @@ def test_click_logs_draw_each_tables_ids_in_turn():
         assert all(0 <= c[:, j].min() and c[:, j].max() < t for j, t in enumerate(sizes))
 
 
+def test_teacher_tables_give_the_hashed_parameters_bit_for_bit(monkeypatch):
+    """The recommenders' teachers look a small vocabulary's parameters up in tables hashed once
+    (``teacher_table``): the scores, and so the clicks, are exactly those of hashing each batch's
+    ids; a vocabulary over ``TABLE_MAX_VALUES`` is hashed as before, and a table is made once."""
+    r = np.random.default_rng(5)
+    users, items = r.integers(0, 6040, 4000).astype(np.int32), B.zipf_ids(r, 3706, 4000)
+    hashed = B.interaction_score(users, items, seed=2)
+    np.testing.assert_array_equal(B.interaction_score(users, items, seed=2, vocab=(6040, 3706)), hashed)
+    sizes = (3, 1460, 20_000, 5)
+    cats = np.stack([B.zipf_ids(r, n, 3000) for n in sizes], axis=1)
+    dense = r.random((3000, 13))
+    want = B.click_score(dense, cats, seed=4)
+    np.testing.assert_array_equal(B.click_score(dense, cats, seed=4, table_sizes=sizes), want)
+    made = len(B._TABLES)
+    B.click_score(dense, cats, seed=4, table_sizes=sizes)
+    assert len(B._TABLES) == made   # looked up, not made again
+    monkeypatch.setattr(B, "TABLE_MAX_VALUES", 1000)   # only the 3- and 5-id tables fit
+    np.testing.assert_array_equal(B.click_score(dense, cats, seed=4, table_sizes=sizes), want)
+    np.testing.assert_array_equal(B.interaction_score(users, items, seed=2, vocab=(6040, 3706)), hashed)
+    assert B.teacher_table(4, 7, 1001) is None and B.teacher_table(4, 7, 1000).shape == (1000,)
+    with pytest.raises(ValueError):
+        B.teacher_table(4, 7, 1000)[0] = 1.0   # shared by every stream of the process: read-only
+
+
+def test_the_recommender_streams_are_the_hashed_teachers_clicks():
+    """Each click of the ncf and dlrm streams is the hashed teacher's score over its threshold."""
+    for name in ("ncf", "dlrm"):
+        md = zoo.get_model_def(name)
+        kwargs = md.dataset_fn.keywords
+        seed = kwargs.get("seed", 0)
+        for (x, y) in _take(md, 1, 2, 3):
+            if name == "ncf":
+                score = B.interaction_score(x[0], x[1], seed)
+                threshold = B._quantile_threshold(lambda r, n: B.interaction_score(
+                    r.integers(0, kwargs["users"], size=n), B.zipf_ids(r, kwargs["items"], n), seed), seed)
+            else:
+                score = B.click_score(x[0], x[1], seed)
+                sizes = kwargs["table_sizes"]
+
+                def draw(r, n):
+                    d = np.log1p(r.lognormal(1.0, 1.0, size=(n, kwargs["dense_features"]))).astype(np.float32)
+                    u = r.random((len(sizes), n))
+                    return d, np.ascontiguousarray(B.zipf_from_uniform(u, np.asarray(sizes, np.int64)[:, None]).T)
+                threshold = B._quantile_threshold(lambda r, n: B.click_score(*draw(r, n), seed), seed)
+            np.testing.assert_array_equal(y, (score > threshold).astype(np.float32))
+
+
 def test_the_full_size_streams_build_no_tables():
     """A full-size vocabulary (lm1b's 800k, Criteo's tables) costs nothing to set up: the teachers'
     parameters are hashes, so the first batch comes at once."""

@@ -19,7 +19,11 @@ teacher) depends on ``seed`` alone, so every worker samples the same task:
 
 Ids stay Zipf-like (items, words, categorical values) and users uniform, as before, so the rows a
 step touches (``rows_per_step``) keep their realistic counts. The teachers' parameters are hashes
-of (seed, table, id), never tables, so even the full-size vocabularies cost nothing to set up.
+of (seed, table, id), never tables, so even the full-size vocabularies cost nothing to set up; a
+vocabulary of up to ``TABLE_MAX_VALUES`` parameters has them hashed once per process and looked up
+after (``teacher_table``: the same values bit for bit), so a small model's step does not re-hash
+its batch's ids (ncf-small's worker spent a fifth of its CPU doing that, beside the training step
+on the same two cores).
 
 Every generator is a module-level function so that ``functools.partial`` of it pickles.
 """
@@ -49,6 +53,10 @@ CLICK_RATE = 0.25
 # salts that keep the hashed teacher parameters of different roles apart
 _PATTERN, _SUCCESSOR, _USER, _ITEM, _USER_BIAS, _ITEM_BIAS, _TABLE, _DENSE = range(1, 9)
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+# the most parameters (ids x width) a teacher's table may have to be laid out (8 MiB of float64);
+# larger vocabularies are hashed batch by batch
+TABLE_MAX_VALUES = 1 << 20
+_TABLES: dict = {}
 
 
 def worker_rng(seed: int, worker_index: int, num_workers: int) -> np.random.Generator:
@@ -86,6 +94,35 @@ def hash_normal(seed: int, salt: int, *keys) -> np.ndarray:
     u1 = hash_uniform(seed, salt, *keys, 0)
     u2 = hash_uniform(seed, salt, *keys, 1)
     return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * np.pi * u2)
+
+
+def teacher_table(seed: int, salt: int, vocab: int, *keys) -> np.ndarray | None:
+    """``hash_normal(seed, salt, *keys, ids)`` laid out for every id in ``[0, vocab)`` (the last
+    axis), made once per process and read-only; None where it would hold more than
+    ``TABLE_MAX_VALUES`` values (hash the ids instead). ``keys`` are integers (a table's number)."""
+    if vocab > TABLE_MAX_VALUES:
+        return None
+    key = (seed, salt, vocab, keys)
+    table = _TABLES.get(key)
+    if table is None:
+        table = hash_normal(seed, salt, *keys, np.arange(vocab))
+        table.flags.writeable = False
+        table = _TABLES.setdefault(key, table)
+    return table
+
+
+def _factors(seed: int, salt: int, ids: np.ndarray, factors: int, vocab: int | None) -> np.ndarray:
+    """``hash_normal(seed, salt, ids[:, None], arange(factors))``, from a per-factor table of
+    ``vocab`` ids where one fits (``teacher_table``)."""
+    k = np.arange(factors)
+    if vocab is not None and vocab * factors <= TABLE_MAX_VALUES:
+        table = _TABLES.get((seed, salt, vocab, ("factors", factors)))
+        if table is None:
+            table = hash_normal(seed, salt, np.arange(vocab)[:, None], k)
+            table.flags.writeable = False
+            table = _TABLES.setdefault((seed, salt, vocab, ("factors", factors)), table)
+        return table[ids]
+    return hash_normal(seed, salt, ids[:, None], k)
 
 
 def _mix(x):
@@ -173,13 +210,21 @@ def language_model_batches(worker_index: int, num_workers: int, *, vocab: int, s
         yield (window[:, :-1], window[:, 1:]), np.zeros((batch_size, seq_len), np.float32)
 
 
-def interaction_score(users: np.ndarray, items: np.ndarray, seed: int, factors: int = 8) -> np.ndarray:
+def interaction_score(users: np.ndarray, items: np.ndarray, seed: int, factors: int = 8,
+                      vocab: tuple[int, int] | None = None) -> np.ndarray:
     """The NCF teacher's score of (user, item) pairs: item popularity + user activity + the dot
-    product of fixed random ``factors``-dimensional user and item factors (all of unit scale)."""
-    k = np.arange(factors)
-    dot = np.sum(hash_normal(seed, _USER, users[:, None], k) * hash_normal(seed, _ITEM, items[:, None], k), axis=1)
-    return (2.0 * hash_normal(seed, _ITEM_BIAS, items) + 0.5 * hash_normal(seed, _USER_BIAS, users)
+    product of fixed random ``factors``-dimensional user and item factors (all of unit scale).
+    ``vocab``: the (users, items) counts, to look the parameters up in tables where they fit."""
+    n_users, n_items = vocab if vocab is not None else (None, None)
+    dot = np.sum(_factors(seed, _USER, users, factors, n_users) * _factors(seed, _ITEM, items, factors, n_items), axis=1)
+    return (2.0 * _lookup(seed, _ITEM_BIAS, items, n_items) + 0.5 * _lookup(seed, _USER_BIAS, users, n_users)
             + dot / np.sqrt(factors))
+
+
+def _lookup(seed: int, salt: int, ids: np.ndarray, vocab: int | None, *keys) -> np.ndarray:
+    """``hash_normal(seed, salt, *keys, ids)``, from ``teacher_table`` where it fits."""
+    table = None if vocab is None else teacher_table(seed, salt, vocab, *keys)
+    return hash_normal(seed, salt, *keys, ids) if table is None else table[ids]
 
 
 def interaction_batches(worker_index: int, num_workers: int, *, users: int, items: int,
@@ -187,21 +232,33 @@ def interaction_batches(worker_index: int, num_workers: int, *, users: int, item
     """NCF inputs ``(user_ids, item_ids)`` (users uniform, items Zipf-like) and 0/1 clicks: 1
     where the teacher's score (``interaction_score``) is in its top ``CLICK_RATE``."""
     threshold = _quantile_threshold(lambda r, n: interaction_score(
-        r.integers(0, users, size=n), zipf_ids(r, items, n), seed), seed)
+        r.integers(0, users, size=n), zipf_ids(r, items, n), seed, vocab=(users, items)), seed)
     rng = worker_rng(seed, worker_index, num_workers)
     while True:
         u = rng.integers(0, users, size=(batch_size,), dtype=np.int32)
         i = zipf_ids(rng, items, (batch_size,))
-        y = (interaction_score(u, i, seed) > threshold).astype(np.float32)
+        y = (interaction_score(u, i, seed, vocab=(users, items)) > threshold).astype(np.float32)
         yield (u, i), y
 
 
-def click_score(dense: np.ndarray, cats: np.ndarray, seed: int) -> np.ndarray:
+def click_score(dense: np.ndarray, cats: np.ndarray, seed: int, table_sizes: tuple[int, ...] | None = None) -> np.ndarray:
     """The DLRM teacher's score: a fixed random weight per (table, id), summed over the tables
     and scaled to unit variance, plus a fixed random linear function of the dense features (of
-    unit variance too)."""
+    unit variance too). ``table_sizes``: each table's ids, to look the weights of the tables that
+    fit up in tables (``teacher_table``)."""
     tables = np.arange(cats.shape[1])
-    categorical = hash_normal(seed, _TABLE, tables[None, :], cats).sum(axis=1) / np.sqrt(cats.shape[1])
+    laid = {} if table_sizes is None else {t: teacher_table(seed, _TABLE, n, t) for t, n in enumerate(table_sizes)}
+    laid = {t: table for t, table in laid.items() if table is not None}
+    if not laid:
+        weights = hash_normal(seed, _TABLE, tables[None, :], cats)
+    else:   # the tables that fit looked up, the others hashed together
+        weights = np.empty(cats.shape, np.float64)
+        hashed = np.array([t for t in tables if t not in laid], dtype=np.int64)
+        if len(hashed):
+            weights[:, hashed] = hash_normal(seed, _TABLE, hashed[None, :], cats[:, hashed])
+        for t, table in laid.items():
+            weights[:, t] = table[cats[:, t]]
+    categorical = weights.sum(axis=1) / np.sqrt(cats.shape[1])
     w = hash_normal(seed, _DENSE, np.arange(dense.shape[1]))
     # the dense features (log1p of log-normal counts) have mean ~1.3 and deviation ~0.6
     return categorical + (dense - 1.3) @ w / (0.6 * np.sqrt(dense.shape[1]))
@@ -219,11 +276,11 @@ def click_log_batches(worker_index: int, num_workers: int, *, dense_features: in
         cats = np.ascontiguousarray(zipf_from_uniform(u, np.asarray(table_sizes, np.int64)[:, None]).T)
         return dense, cats
 
-    threshold = _quantile_threshold(lambda r, n: click_score(*draw(r, n), seed), seed)
+    threshold = _quantile_threshold(lambda r, n: click_score(*draw(r, n), seed, table_sizes), seed)
     rng = worker_rng(seed, worker_index, num_workers)
     while True:
         dense, cats = draw(rng, batch_size)
-        y = (click_score(dense, cats, seed) > threshold).astype(np.float32)
+        y = (click_score(dense, cats, seed, table_sizes) > threshold).astype(np.float32)
         yield (dense, cats), y
 
 
