@@ -22,7 +22,7 @@ from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
 from autosync.runtime import prefetch, timeline, weights_file
 from autosync.runtime.rows import check_pulled_rows, find_row_reads
-from autosync.runtime.sync.base import hand_over
+from autosync.runtime.sync.base import across_collective, hand_over
 
 
 def _add(a, b):
@@ -242,6 +242,10 @@ class TrainingWorker:
         # with staleness >= 1 on every channel, step t+1's batch is drawn and its pull issued
         # before step t computes, so the pull overlaps the step (never across run calls)
         pull_ahead = bool(self.channels) and all(c.splits_pull and c.staleness >= 1 for c in self.channels)
+        # beside a collective reduced after the step (an all-reduce channel), step t+1's pulls
+        # are issued once step t's pushes are out, before its collective: their values cross the
+        # network while the collective runs instead of after it (``across_collective``)
+        across = not pull_ahead and self._clip is None and across_collective(self.channels)
         ahead = None
         for i in range(steps):
             before = counters()
@@ -264,7 +268,14 @@ class TrainingWorker:
             compute = time.perf_counter() - t1
             timeline.add("compute", t1, t1 + compute, step=self.step)
             check_pulled_rows(self.variables, rows, grads)
-            hand_over(self.channels, self.step, grads, self._clip)
+            if across and i + 1 < steps:
+                hand_over([c for c in self.channels if c.splits_pull], self.step, grads, None)
+                nbatches, nrows = self._draw()
+                pending = [c.start_pull(self.step + 1, rows=nrows) if c.splits_pull else None for c in self.channels]
+                ahead = (nbatches, nrows, pending)
+                hand_over([c for c in self.channels if not c.splits_pull], self.step, grads, None)
+            else:
+                hand_over(self.channels, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(float(loss))
@@ -400,7 +411,9 @@ class TrainingWorker:
 
         parts: dict = {}
         for i, channel in enumerate(self.channels):
-            parts.update(channel.pull(step, fresh=fresh, rows=rows) if pending is None
+            # a channel without a pull in ``pending`` (None) pulls now: an all-reduce channel's
+            # values are its own, updated by the step's push
+            parts.update(channel.pull(step, fresh=fresh, rows=rows) if pending is None or pending[i] is None
                          else channel.finish_pull(pending[i]))
         pulled = {}
         for v, (shards, axis) in enumerate(self.layout):
