@@ -20,9 +20,11 @@ from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizers import keras_optimizer_config
-from autosync.runtime import prefetch, timeline, weights_file
+from autosync.runtime import prefetch, timeline
+from autosync.runtime.pulled import join_pulled
 from autosync.runtime.rows import check_pulled_rows, find_row_reads
 from autosync.runtime.sync.base import across_collective, hand_over
+from autosync.runtime.worker_checkpoint import WorkerCheckpoint
 
 
 def _add(a, b):
@@ -51,7 +53,7 @@ def _to_numpy(grad):
     return grad.numpy()
 
 
-class TrainingWorker:
+class TrainingWorker(WorkerCheckpoint):
     """State of one training replica (wrapped with ``ray.remote`` by the runtime).
 
     Args:
@@ -326,78 +328,6 @@ class TrainingWorker:
             total = [_divide(g, len(batches)) for g in total]
         return float(np.mean(losses)), total
 
-    def checkpoint_state(self, with_sizes: bool) -> dict:
-        """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
-        (batches drawn), and with ``with_sizes`` each model weight's shape and dtype
-        (``weights``, ``get_weights`` order), the index there of each trainable variable
-        (``trainable``), per channel the bytes of each array of its state (``channels``: None
-        for a channel that keeps none) and the weights file's layout (``layout``, see
-        ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
-        out = {"step": self.step, "position": self.drawn}
-        if with_sizes:
-            where = {id(w): i for i, w in enumerate(self.model.weights)}
-            out["weights"] = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in self.model.weights]
-            out["trainable"] = [where[id(v)] for v in self.variables]
-            out["channels"] = [c.checkpoint_sizes() if hasattr(c, "checkpoint_state") else None for c in self.channels]
-            out["layout"] = weights_file.layout(self.model)   # a walk of the model: milliseconds
-        return out
-
-    def checkpoint_part(self, weights: list, channels: dict) -> dict:
-        """Model weights by index (``{"weights": {i: array}}``) and channel state by channel
-        and name (``{"channels": {c: {name: array}}}``), as ``checkpoint_state`` listed them. A
-        row-pulled table is read whole: from its parameter servers, which hold it whole (this
-        model is current only on the rows last read), or written whole here first where a
-        channel of this worker holds it (all-reduced)."""
-        if self._partial:
-            self._assign_held_whole()
-        every = self.model.weights
-        return {"weights": {i: np.array(every[i].numpy()) for i in weights},
-                "channels": {c: self.channels[c].checkpoint_state(names) for c, names in channels.items()}}
-
-    def _assign_held_whole(self) -> None:
-        """Write whole into the model the row-pulled tables that a channel holding its values
-        here (``holds_values``: all-reduce) pulled by rows."""
-        parts: dict = {}
-        for channel in self.channels:
-            if getattr(channel, "holds_values", False):
-                parts.update(channel.pull(self.step, fresh=True))
-        whole = {}
-        for v in self.row_reads.outputs:
-            shards, axis = self.layout[v]
-            got = [parts.get((v, i)) for i in range(shards)]
-            if all(isinstance(p, np.ndarray) for p in got):
-                whole[v] = got[0] if shards == 1 else np.concatenate(got, axis=axis)
-        self._assign_each(whole)
-
-    def assign_weights(self, part: dict) -> None:
-        """Set model weights by index (``get_weights`` order): a restore sends them in batches."""
-        every = self.model.weights
-        for i, value in part.items():
-            every[i].assign(value)
-
-    def restore_checkpoint(self, position: int, step: int, channels: list) -> list[str]:
-        """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
-        the data iterator advanced to ``position`` batches, the step counter, and each channel's
-        state (as ``checkpoint_state`` gave them). Returns the problems found."""
-        if len(channels) > len(self.channels):
-            return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
-                    f"{len(self.channels)}"]
-        channels = list(channels) + [None] * (len(self.channels) - len(channels))
-        keep = any(hasattr(c, "load_checkpoint") for c in self.channels)   # all-reduced variables' optimizer
-        values = [v.numpy() for v in self.variables] if keep else []
-        problems = []
-        for channel, state in zip(self.channels, channels):
-            if hasattr(channel, "load_checkpoint"):
-                problems += channel.load_checkpoint(values, state or {})
-        self.batches = prefetch.restart(self.batches, self.model_def.batches(*self._data))
-        self.drawn = 0
-        for _ in range(int(position)):   # iterators cannot seek: draw and drop
-            self._next_batch()
-        self.step = int(step)
-        self._trained = True
-        self._partial = False
-        return problems
-
     def get_weights(self) -> list:
         """All model weights (``model.get_weights()`` order), row-pulled tables pulled whole."""
         if self._partial:
@@ -407,30 +337,13 @@ class TrainingWorker:
 
     def _assign_pulled(self, step: int, fresh: bool = False, rows: dict | None = None, pending=None) -> None:
         """Pull (or, given ``pending``, finish the pulls each channel started) and assign."""
-        from strategy_space import shard_bounds
-
         parts: dict = {}
         for i, channel in enumerate(self.channels):
             # a channel without a pull in ``pending`` (None) pulls now: an all-reduce channel's
             # values are its own, updated by the step's push
             parts.update(channel.pull(step, fresh=fresh, rows=rows) if pending is None or pending[i] is None
                          else channel.finish_pull(pending[i]))
-        pulled = {}
-        for v, (shards, axis) in enumerate(self.layout):
-            got = [parts.get((v, i)) for i in range(shards)]
-            if any(p is None for p in got):
-                continue
-            if shards == 1 and isinstance(got[0], tuple):
-                pulled[v] = got[0]   # (row ids, values) as received: the assign joins tables of one row shape
-            elif any(isinstance(p, tuple) for p in got):
-                # rows of a table (whole shards held elsewhere, e.g. all-reduced, become rows too)
-                bounds = shard_bounds(self.variables[v].shape[0], shards)
-                got = [p if isinstance(p, tuple) else (np.arange(a, b), p) for p, (a, b) in zip(got, bounds)]
-                pulled[v] = (np.concatenate([p[0] for p in got]), np.concatenate([p[1] for p in got]))
-            elif shards == 1:
-                pulled[v] = got[0]  # zero-copy view of the received buffer
-            else:
-                pulled[v] = np.concatenate(got, axis=axis)
+        pulled = join_pulled(parts, self.layout, [v.shape[0] for v in self.variables])
         by_rows = self.row_reads.outputs
         if len(pulled) < len(self.variables):
             self._assign_each(pulled)
