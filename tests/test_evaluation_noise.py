@@ -103,3 +103,40 @@ def test_the_predictor_follows_the_learned_models_rank_sum_when_they_won_the_jud
     p.ranker_ = None   # a single group too small for the ranker: the two simulators
     p.simulator_ = Fixed(4, 3, 2, 1)   # ties everywhere (5 each): the seconds decide
     assert list(p.order(None, X)[0]) == [3, 1, 2, 0]
+
+
+def test_warm_protocol_holds_out_one_groups_share_and_keeps_every_other_group_whole():
+    """``warm``: one fold per group; its test rows are the rows ``within`` holds out of that group,
+    and it trains on everything else (the other groups whole), where ``within`` trains on the
+    train share of every group at once."""
+    from tuner.cost_models.evaluation import splits, within_test_mask
+
+    group = np.repeat([0, 1, 2], [6, 8, 10])
+    data = _set(np.arange(24)[:, None], np.linspace(1.0, 3.0, 24), group)
+    held = within_test_mask(data, seed=3)
+    folds = splits(data, "warm", seed=3)
+    assert len(folds) == 3
+    for g, (train, test) in enumerate(folds):
+        assert set(test) == set(np.nonzero(held & (group == g))[0])
+        assert set(train) == set(range(24)) - set(test)
+    (within_train, _), = splits(data, "within", seed=3)
+    assert set(within_train) == set(np.nonzero(~held)[0])
+
+
+def test_warm_protocol_scores_what_a_method_learns_from_the_other_groups_whole():
+    """A method that can only order a group's held-out rows by what the other groups' held-out
+    share teaches it scores under ``warm`` and not under ``within``: the two protocols differ in
+    exactly what the other groups give."""
+    group = np.repeat([0, 1], 10)
+    X = np.tile(np.arange(10), 2)[:, None].astype(float)
+    y = np.tile(np.linspace(1.0, 2.0, 10), 2)
+    data = _set(X, y, group)
+
+    def lookup(train, test):   # each test row's time as another group's training rows know it, else 0
+        seen = {float(x): float(t) for x, t, g in zip(train.X[:, 0], train.y, train.group)
+                if g not in set(test.group.tolist())}
+        return np.array([seen.get(float(x), 0.0) for x in test.X[:, 0]])
+
+    within, = evaluate(data, {"lookup": lookup}, protocols=("within",), seed=0)
+    warm, = evaluate(data, {"lookup": lookup}, protocols=("warm",), seed=0)
+    assert warm["pairwise_acc"] == 1.0 and within["pairwise_acc"] < 1.0

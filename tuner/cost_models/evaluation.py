@@ -4,6 +4,10 @@
 Protocols:
   * ``within``: each group's trials are split into train / test; every model trains on all groups'
     train parts and is scored on each group's test part.
+  * ``warm`` (within a group, the rest whole): the same test part of one group at a time, every
+    model trained on that group's train part and on every other group whole: what the search
+    has once it has measured a share of the target's trials with the shipped warm-start dataset
+    beside them (``within`` also holds out that share of every other group, one fit for all).
   * ``lomo`` (leave one model out): for each model, train on the groups of all other models and
     score every group of the held-out model (transfer to an unseen model).
   * ``logo`` (leave one group out): for each (model, cluster), train on every other group (other
@@ -197,6 +201,10 @@ def splits(data: TrialSet, protocol: str, seed: int = 0,
     if protocol == "within":
         test = within_test_mask(data, test_share, seed)
         return [(np.nonzero(~test)[0], np.nonzero(test)[0])]
+    if protocol == "warm":
+        test = within_test_mask(data, test_share, seed)
+        return [(np.nonzero(~(test & (data.group == g)))[0], np.nonzero(test & (data.group == g))[0])
+                for g in np.unique(data.group)]
     if protocol == "lomo":
         names = np.array([data.model_names[g] for g in data.group])
         return [(np.nonzero(names != m)[0], np.nonzero(names == m)[0])
@@ -204,7 +212,7 @@ def splits(data: TrialSet, protocol: str, seed: int = 0,
     if protocol == "logo":
         return [(np.nonzero(data.group != g)[0], np.nonzero(data.group == g)[0])
                 for g in np.unique(data.group) if (data.group != g).any()]
-    raise ValueError(f"unknown protocol {protocol!r}; use within, lomo or logo")
+    raise ValueError(f"unknown protocol {protocol!r}; use within, warm, lomo or logo")
 
 
 def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protocols=("within", "lomo"),
