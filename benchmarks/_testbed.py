@@ -12,12 +12,19 @@ import sys
 from typing import Sequence
 
 
-def write_json(path: str, data: dict) -> None:
-    """Write ``data`` as JSON atomically (partial results survive an interruption, never half-written)."""
+def write_json(path: str, data: dict, default=None) -> None:
+    """Write ``data`` as JSON atomically (partial results survive an interruption, never half-written);
+    says once when git ignores the file (``_rows.warn_if_ignored``). ``default``: as ``json.dump``'s."""
+    try:
+        from _rows import warn_if_ignored
+    except ImportError:   # imported as benchmarks._testbed
+        from benchmarks._rows import warn_if_ignored
+
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
+        json.dump(data, f, indent=1, default=default)
     os.replace(tmp, path)
+    warn_if_ignored(path)
 
 
 def git_commit(repo: str) -> str:

@@ -30,7 +30,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _testbed import write_json  # noqa: E402
 from strategy_space.builders import get_builder  # noqa: E402
 from strategy_space.space import StrategySpace  # noqa: E402
 from strategy_space.yaml_io import load  # noqa: E402
@@ -123,11 +125,10 @@ def main(argv=None) -> int:
                    "analytic_ratio": ra, "simulator_ratio": rs, "predicted": p}
         print(f"  {b:<16} {mp:>14.2f} -> {mc:>6.2f} (n={len(m['plain'])}) {mc / mp:>6.2f}   {ra:>14.2f} {rs:>15.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"what": __doc__.split("\n\n")[0], "commit": commit, "run_started": started,
-                       "compute": args.compute, "model_spec": args.model_spec,
-                       "measured_file": os.path.relpath(args.measured, REPO), "measured_runs": runs,
-                       "model": pred["model"], "cluster": pred["cluster"], "builders": rows}, f, indent=1)
+        write_json(args.json, {"what": __doc__.split("\n\n")[0], "commit": commit, "run_started": started,
+                               "compute": args.compute, "model_spec": args.model_spec,
+                               "measured_file": os.path.relpath(args.measured, REPO), "measured_runs": runs,
+                               "model": pred["model"], "cluster": pred["cluster"], "builders": rows})
     return 0
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._rows import commit  # noqa: E402
+from benchmarks._rows import commit, warn_if_ignored  # noqa: E402
 from tuner.records.goodput import lossy_parts  # noqa: E402
 from tuner.records.store import TrialStore  # noqa: E402
 
@@ -107,6 +107,7 @@ def main() -> None:
                "runs": runs}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
+        warn_if_ignored(args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -40,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _published import (MIN_GAP, RIDGES, TableTerms, fit_params_selected, leave_one_out, load_table,  # noqa: E402
                         params_dict,
                         score, summary)
+from _testbed import write_json  # noqa: E402
 from tuner.features.alpha_beta import AlphaBeta  # noqa: E402
 
 ORDER_TARGET, RATIO_TOLERANCE = 0.9, 0.25                        # issue 16 (default mode)
@@ -161,8 +161,7 @@ def main(argv=None) -> int:
     else:
         out = {"commit": commit, "started": started, "min_gap": args.min_gap} | run_default(tables, terms, args.min_gap)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=lambda x: x.tolist() if isinstance(x, np.ndarray) else float(x))
+        write_json(args.json, out, default=lambda x: x.tolist() if isinstance(x, np.ndarray) else float(x))
     return 0
 
 
