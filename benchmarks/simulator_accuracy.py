@@ -120,9 +120,34 @@ def _split_means(data, groups, args, protocol: str, n: int) -> list[dict]:
     rows = [evaluate(data, _methods(groups, args.seed + seed), seed=args.seed + seed, tol=args.tol,
                      protocols=(protocol,)) for seed in range(n)]
     keys = ("pairwise_acc", "pairwise_acc_tol", "kendall_tau", "top1_regret", "abs_error")
-    return [{**r, **{k: float(np.mean([rr[i][k] for rr in rows])) for k in keys},
+    def by_group(i):   # each group's pairwise, averaged over the splits that scored it
+        seen: dict[int, list] = {}
+        for rr in rows:
+            for g, v in rr[i]["group_pairwise"].items():
+                seen.setdefault(g, []).append(v)
+        return {g: float(np.nanmean(v)) for g, v in seen.items()}
+
+    return [{**r, **{k: float(np.mean([rr[i][k] for rr in rows])) for k in keys}, "group_pairwise": by_group(i),
              "splits": n, "pairwise_acc_se": _se([rr[i]["pairwise_acc"] for rr in rows])}
             for i, r in enumerate(rows[0])]
+
+
+def _by_group(table: list[dict], groups, data, method: str = "search") -> dict:
+    """Per protocol, ``method``'s pairwise accuracy of every group, worst first (model, cluster,
+    nodes, Gbit/s, compute, strategies, pairwise)."""
+    spec = {(m.fingerprint, c.fingerprint): (m, c) for m, c, _ in groups}
+    sizes = np.bincount(data.group, minlength=len(data.keys))
+    out = {}
+    for r in table:
+        if r["method"] == method:
+            rows = []
+            for g, v in r["group_pairwise"].items():
+                m, c = spec[data.keys[g]]
+                rows.append({"model": m.name, "cluster": c.name, "nodes": len(c.nodes),
+                             "gbps": c.nodes[0].bandwidth_gbps, "compute": c.compute,
+                             "strategies": int(sizes[g]), "pairwise": v})
+            out[r["protocol"]] = sorted(rows, key=lambda x: x["pairwise"])
+    return out
 
 
 def _se(values) -> float:
@@ -177,6 +202,12 @@ def real(args) -> int:
     table = within + warm + evaluate(data, _methods(groups, args.seed), seed=args.seed, tol=args.tol,
                               protocols=("lomo", "logo"))
     print(format_table(table))
+    worst = _by_group(table, groups, data)
+    for p in ("within", "warm"):
+        if p in worst:
+            print(f"{p}: the search's worst groups: " + "; ".join(
+                f"{w['model']} on {w['cluster']} {w['nodes']}x{w['gbps'] * 1000:g}mbit {w['compute']} "
+                f"({w['strategies']} strategies) {w['pairwise']:.2f}" for w in worst[p][:5]))
     verdicts = []
     for p, target in (("within", 0.85), ("warm", 0.85), ("lomo", 0.80)):
         if not any(r["protocol"] == p for r in table):
@@ -196,14 +227,16 @@ def real(args) -> int:
 
         write_json(args.out, {"commit": git_commit(REPO), "started_at": started, "store": args.store,
                               "groups": len(data.keys), "trials": len(raw), "strategies": len(data),
-                              "clusters": shapes, "within_splits": args.splits, "warm_splits": args.warm_splits, "noise_sigma": sigma, "noise_ceiling": ceiling,
+                              "clusters": shapes, "within_splits": args.splits, "warm_splits": args.warm_splits,
+                              "noise_sigma": sigma, "noise_ceiling": ceiling,
                               "noise_ceiling_tol": ceiling_tol, "noise_ceiling_group_noise": ceiling_own,
                               "group_noise": [{"model": m.name, "cluster": c.name, "nodes": len(c.nodes),
                                                "gbps": c.nodes[0].bandwidth_gbps, "compute": c.compute,
                                                "noise": float(own[g]) if known[g] else None}
                                               for m, c, _ in groups
                                               for g in [data.keys.index((m.fingerprint, c.fingerprint))]],
-                              "table": table, "targets": verdicts})
+                              "table": [{k: v for k, v in r.items() if k != "group_pairwise"} for r in table],
+                              "search_by_group": worst, "targets": verdicts})
         print(f"written to {args.out}")
     print(f"total {time.perf_counter() - t0:.1f} s")
     return 0

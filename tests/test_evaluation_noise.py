@@ -140,3 +140,19 @@ def test_warm_protocol_scores_what_a_method_learns_from_the_other_groups_whole()
     within, = evaluate(data, {"lookup": lookup}, protocols=("within",), seed=0)
     warm, = evaluate(data, {"lookup": lookup}, protocols=("warm",), seed=0)
     assert warm["pairwise_acc"] == 1.0 and within["pairwise_acc"] < 1.0
+
+
+def test_evaluate_reports_each_groups_pairwise_whose_mean_is_the_figure():
+    """``group_pairwise``: every scored group's own pairwise accuracy (by its index in ``keys``);
+    a predictor right on one group and reversed on the other shows 1 and 0, mean 0.5."""
+    group = np.repeat([0, 1], 8)
+    y = np.tile(np.linspace(1.0, 2.0, 8), 2)
+    data = _set(np.stack([np.arange(16), group], 1), y, group)
+
+    def half_right(train, test):
+        return np.where(test.group == 0, test.y, -test.y)
+
+    for protocol in ("within", "warm", "logo"):
+        row, = evaluate(data, {"m": half_right}, protocols=(protocol,), seed=1)
+        assert row["group_pairwise"] == {0: 1.0, 1: 0.0}
+        assert row["pairwise_acc"] == 0.5

@@ -228,9 +228,10 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
 
     Returns:
         rows ``{protocol, method, groups, pairwise_acc, pairwise_acc_tol, tol, kendall_tau, top1_regret,
-        pairwise_truth, pairwise_truth_tol, abs_error}`` (the truth columns NaN without ``truth``;
-        ``abs_error``: median |predicted / measured - 1| over the held-out rows, NaN for a method
-        in ``ORDER_ONLY``).
+        pairwise_truth, pairwise_truth_tol, abs_error, group_pairwise}`` (the truth columns NaN without
+        ``truth``; ``abs_error``: median |predicted / measured - 1| over the held-out rows, NaN for a
+        method in ``ORDER_ONLY``; ``group_pairwise``: each scored group's pairwise accuracy, by its
+        index in ``data.keys``).
     """
     methods = methods or predictors(seed=seed)
     if truth is not None and len(truth) != len(data):
@@ -239,11 +240,12 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
     for protocol in protocols:
         folds = splits(data, protocol, seed, test_share)
         for name, method in methods.items():
-            scores, errors = [], []
+            scores, errors, scored = [], [], []
             for train, test in folds:
                 part = data.subset(test)
                 pred = np.asarray(method(data.subset(train), part))
                 scores += score_groups(pred, part, tol, None if truth is None else np.asarray(truth)[test])
+                scored += [int(g) for g in np.unique(part.group) if (part.group == g).sum() >= 3]
                 if name not in ORDER_ONLY:
                     errors.append(np.abs(pred / part.y - 1.0))
             s = np.array(scores)
@@ -254,7 +256,8 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
                             "pairwise_acc": float(means[0]), "pairwise_acc_tol": float(means[3]),
                             "tol": tol, "kendall_tau": float(means[1]), "top1_regret": float(means[2]),
                             "pairwise_truth": float(means[4]), "pairwise_truth_tol": float(means[5]),
-                            "abs_error": float(np.median(np.concatenate(errors))) if errors else float("nan")})
+                            "abs_error": float(np.median(np.concatenate(errors))) if errors else float("nan"),
+                            "group_pairwise": {g: float(v[0]) for g, v in zip(scored, scores)}})
     return results
 
 
