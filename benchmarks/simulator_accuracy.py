@@ -14,7 +14,10 @@ go against the measurements: the noiseless truth itself scored as a prediction o
     python benchmarks/simulator_accuracy.py [--models 8] [--clusters 3] [--per-group 30] [--seed 0]
 
 ``--store builtin`` (or a trial store file) scores the same methods on real measured trials instead
-(the shipped testbed dataset): within a group, leave-one-model-out, and leave-one-group-out (a new
+(the shipped testbed dataset): within a group (``within``: 40 % of every group held out at once,
+``--splits``; ``warm``: that share of one group at a time with every other group whole, as a tuning
+run has the shipped dataset beside its own trials, ``--warm-splits``), leave-one-model-out, and
+leave-one-group-out (a new
 (model, cluster) with only the other groups to learn from, i.e. what a warm start buys before the
 target's first trial; ``analytic (default)`` is the cold start it is compared with). Repeated
 measurements of one strategy are pooled into one row, and their spread gives the noise ceiling.
