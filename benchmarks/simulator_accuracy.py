@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                          "group: one split's mean strays by ~0.04)")
     ap.add_argument("--warm-splits", type=int, default=10,
                     help="with --store: random splits of the warm protocol (within a group, every other group "
-                         "whole: one fit per group and split, ~40 s a split here; 0 skips it; default 10)")
+                         "whole: one fit per group and split, ~45 s a split on 2 cores; 0 skips it; default 10)")
     args = ap.parse_args(argv)
     if args.splits < 1:
         print(f"simulator_accuracy: --splits must be >= 1, got {args.splits}", file=sys.stderr)

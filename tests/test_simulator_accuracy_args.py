@@ -31,3 +31,10 @@ def test_standard_error_of_the_split_means():
     v = [0.8, 0.84, 0.76, 0.82]
     assert np.isclose(sa._se(v), np.std(v, ddof=1) / 2.0)
     assert np.isnan(sa._se([0.8]))
+
+
+def test_negative_warm_splits_is_refused_with_exit_2(capsys, monkeypatch):
+    sa = _module()
+    monkeypatch.setattr(sa, "real", lambda args: (_ for _ in ()).throw(AssertionError("loaded the store")))
+    assert sa.main(["--store", "builtin", "--warm-splits", "-1"]) == 2
+    assert "--warm-splits must be >= 0, got -1" in capsys.readouterr().err
