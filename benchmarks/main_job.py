@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._rows import commit, warn_if_ignored  # noqa: E402
+from benchmarks._rows import commit  # noqa: E402
+from benchmarks._testbed import write_json  # noqa: E402
 from tuner.records.goodput import lossy_parts  # noqa: E402
 from tuner.records.store import TrialStore  # noqa: E402
 
@@ -105,9 +105,7 @@ def main() -> None:
                        "12 search trials, builtin warm start, goodput), each run from an empty cache; "
                        "benchmarks/main_job.py",
                "runs": runs}
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        warn_if_ignored(args.out)
+        write_json(args.out, doc)
 
 
 if __name__ == "__main__":

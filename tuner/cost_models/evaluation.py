@@ -163,19 +163,24 @@ def median_abs_error(pred, true) -> float:
     return float(np.median(np.abs(pred / true - 1.0))) if len(true) else float("nan")
 
 
+def scored_groups(test: TrialSet) -> list[int]:
+    """The groups of ``test`` that ``score_groups`` scores (>= 3 rows), in its order."""
+    return [int(g) for g in np.unique(test.group) if (test.group == g).sum() >= 3]
+
+
 def score_groups(pred: np.ndarray, test: TrialSet, tol: float,
                  truth: np.ndarray | None = None) -> list[tuple[float, ...]]:
-    """Per group of ``test`` with >= 3 rows: (pairwise, tau, regret, pairwise beyond ``tol``), then
-    the pairwise accuracies (all pairs, beyond ``tol``) against ``truth`` (NaN without it)."""
+    """Per group of ``test`` with >= 3 rows (``scored_groups``): (pairwise, tau, regret, pairwise
+    beyond ``tol``), then the pairwise accuracies (all pairs, beyond ``tol``) against ``truth`` (NaN
+    without it)."""
     out = []
-    for g in np.unique(test.group):
+    for g in scored_groups(test):
         rows = test.group == g
-        if rows.sum() >= 3:
-            p, y = pred[rows], test.y[rows]
-            vs_truth = ((pairwise_accuracy(p, truth[rows]), pairwise_accuracy(p, truth[rows], tol))
-                        if truth is not None else (np.nan, np.nan))
-            out.append((pairwise_accuracy(p, y), kendall_tau(p, y), top1_regret(p, y), pairwise_accuracy(p, y, tol))
-                       + vs_truth)
+        p, y = pred[rows], test.y[rows]
+        vs_truth = ((pairwise_accuracy(p, truth[rows]), pairwise_accuracy(p, truth[rows], tol))
+                    if truth is not None else (np.nan, np.nan))
+        out.append((pairwise_accuracy(p, y), kendall_tau(p, y), top1_regret(p, y), pairwise_accuracy(p, y, tol))
+                   + vs_truth)
     return out
 
 
@@ -203,8 +208,8 @@ def splits(data: TrialSet, protocol: str, seed: int = 0,
         return [(np.nonzero(~test)[0], np.nonzero(test)[0])]
     if protocol == "warm":
         test = within_test_mask(data, test_share, seed)
-        return [(np.nonzero(~(test & (data.group == g)))[0], np.nonzero(test & (data.group == g))[0])
-                for g in np.unique(data.group)]
+        held = [test & (data.group == g) for g in np.unique(data.group)]
+        return [(np.nonzero(~h)[0], np.nonzero(h)[0]) for h in held]
     if protocol == "lomo":
         names = np.array([data.model_names[g] for g in data.group])
         return [(np.nonzero(names != m)[0], np.nonzero(names == m)[0])
@@ -245,7 +250,7 @@ def evaluate(data: TrialSet, methods: dict[str, Predictor] | None = None, protoc
                 part = data.subset(test)
                 pred = np.asarray(method(data.subset(train), part))
                 scores += score_groups(pred, part, tol, None if truth is None else np.asarray(truth)[test])
-                scored += [int(g) for g in np.unique(part.group) if (part.group == g).sum() >= 3]
+                scored += scored_groups(part)
                 if name not in ORDER_ONLY:
                     errors.append(np.abs(pred / part.y - 1.0))
             s = np.array(scores)
