@@ -62,6 +62,8 @@ class Plan:
             ``trained_on`` trials of ``groups`` (model, cluster) groups, ``target_trials`` of them this
             model on this cluster; ``analytic ...``: the untouched analytic model, see ``_transfer_scorer``).
         compute_s, compute_source: the compute per step the predictions assume, and where it comes from.
+        assumed: what else the predictions take on trust about the cluster, each with how to say
+            it instead (``ClusterSpec.intra_node_assumption``).
     """
 
     model: str
@@ -73,6 +75,7 @@ class Plan:
     target_trials: int
     compute_s: float
     compute_source: str
+    assumed: list[str] = field(default_factory=list)
 
     @property
     def best(self) -> PlannedStrategy:
@@ -86,7 +89,7 @@ class Plan:
         best, base = self.best, self.best_baseline
         return {"model": self.model, "cluster": self.cluster, "predictor": self.predictor,
                 "trained_on_trials": self.trained_on, "groups": self.groups, "target_trials": self.target_trials,
-                "compute_s": self.compute_s, "compute_source": self.compute_source,
+                "compute_s": self.compute_s, "compute_source": self.compute_source, "assumed": self.assumed,
                 "best": best.to_dict(), "best_baseline": base.to_dict(),
                 "predicted_speedup_over_best_baseline": base.predicted_s / best.predicted_s,
                 "ranked": [p.to_dict() for p in self.ranked]}
@@ -193,7 +196,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
                 compute_source="the model spec's profile" if profile else
                 f"estimated from the parameters at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s: the model spec has no profile; "
-                f"measure one on the cluster's accelerator, `autosync inspect --profile --out`")
+                f"measure one on the cluster's accelerator, `autosync inspect --profile --out`",
+                assumed=[a for a in (cluster_spec.intra_node_assumption(),) if a])
 
 
 _JUDGED: dict = {}   # (training data, protocol, seed) -> pairwise accuracy of each scorer
@@ -278,7 +282,7 @@ def format_plan(p: Plan) -> str:
               right=(2, 3, 4, 5)),
         f"predictor: {learned}; lossless strategies only (a lossy part's cost to convergence needs the model "
         f"to train: `autosync tune`); measure before trusting a gain (`autosync run`)",
-    ])
+    ] + [f"assumed: {a}" for a in p.assumed])
 
 
 def plan_json(p: Plan) -> str:

@@ -10,6 +10,8 @@ one worker per GPU (one per node without GPUs; ``ray?workers=N`` sets N per node
 as chief. A node with no CPUs (a head started with ``--num-cpus=0``) hosts no workers but may
 host parameter servers. Ray does not know a NIC's speed: links are assumed at 10 Gbit/s unless
 ``ray?gbps=X`` says otherwise; ``autosync calibrate --cluster ray`` measures what they really do.
+Nor does it know the links between a node's GPUs: ``ray?intra_gbps=X`` gives them (the cluster's
+``intra_node_bandwidth_gbps``; without it the cost model takes its default and says so).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from strategy_space import ClusterSpec, NodeSpec
 from strategy_space.cluster_spec import MAX_BANDWIDTH_GBPS, MAX_WORKERS
 from strategy_space.errors import ConfigError
 
-RAY_FORMS = "ray, ray?workers=N, ray?gbps=X (both: ray?workers=N&gbps=X)"
+RAY_FORMS = "ray, ray?workers=N, ray?gbps=X, ray?intra_gbps=X (several: ray?workers=N&gbps=X)"
 DEFAULT_GBPS = 10.0
 HEAD_RESOURCE = "node:__internal_head__"
 # resources every Ray node may have; anything else is a user's label
@@ -34,7 +36,7 @@ def is_ray_cluster(text: str) -> bool:
 
 
 def parse_options(text: str) -> dict:
-    """``ray?workers=2&gbps=25`` -> ``{"workers": 2, "gbps": 25.0}``.
+    """``ray?workers=2&gbps=25&intra_gbps=2400`` -> ``{"workers": 2, "gbps": 25.0, "intra_gbps": 2400.0}``.
 
     Raises:
         ConfigError: an unknown option or a value out of range.
@@ -47,15 +49,16 @@ def parse_options(text: str) -> dict:
                 raise ConfigError(f"--cluster {text}: workers must be a whole number from 1 to {MAX_WORKERS} "
                                   f"(workers per node), got {value!r}")
             options["workers"] = int(value)
-        elif key == "gbps":
+        elif key in ("gbps", "intra_gbps"):
             try:
                 gbps = float(value)
             except ValueError:
                 gbps = float("nan")
             if not 0 < gbps <= MAX_BANDWIDTH_GBPS:
-                raise ConfigError(f"--cluster {text}: gbps must be a number > 0 and at most {MAX_BANDWIDTH_GBPS:g} "
-                                  f"(each node's link in Gbit/s), got {value!r}")
-            options["gbps"] = gbps
+                what = "each node's link" if key == "gbps" else "the links between the workers of one node"
+                raise ConfigError(f"--cluster {text}: {key} must be a number > 0 and at most {MAX_BANDWIDTH_GBPS:g} "
+                                  f"({what} in Gbit/s), got {value!r}")
+            options[key] = gbps
         else:
             raise ConfigError(f"--cluster {text}: unknown option {key!r}; give {RAY_FORMS}")
     if "?" in text and not options:
@@ -64,8 +67,9 @@ def parse_options(text: str) -> dict:
 
 
 def describe_nodes(ray_nodes: list[dict], *, workers: int | None = None, gbps: float = DEFAULT_GBPS,
-                   name: str = "ray") -> ClusterSpec:
-    """A ClusterSpec of ``ray.nodes()`` entries (only the alive ones count).
+                   intra_gbps: float | None = None, name: str = "ray") -> ClusterSpec:
+    """A ClusterSpec of ``ray.nodes()`` entries (only the alive ones count); ``intra_gbps``: its
+    ``intra_node_bandwidth_gbps`` (None: not known).
 
     Nodes are ``node0`` (the head), then ``node1``, ... by address. A node is found again by its
     address; where several Ray nodes share an address (several on one machine), by a custom
@@ -113,7 +117,7 @@ def describe_nodes(ray_nodes: list[dict], *, workers: int | None = None, gbps: f
     if not any(n.workers for n in nodes):
         raise ConfigError("no node of the Ray cluster has a CPU for a worker; add a node with CPUs "
                           "(ray start --address=<head> --num-cpus=N)")
-    return ClusterSpec(name=name, nodes=tuple(nodes))
+    return ClusterSpec(name=name, nodes=tuple(nodes), intra_node_bandwidth_gbps=intra_gbps)
 
 
 def _labels(node: dict) -> list[str]:
@@ -153,4 +157,5 @@ def ray_cluster(text: str = "ray") -> ClusterSpec:
 
     options = parse_options(text)
     connect()
-    return describe_nodes(ray.nodes(), workers=options.get("workers"), gbps=options.get("gbps", DEFAULT_GBPS))
+    return describe_nodes(ray.nodes(), workers=options.get("workers"), gbps=options.get("gbps", DEFAULT_GBPS),
+                          intra_gbps=options.get("intra_gbps"))

@@ -95,7 +95,7 @@ def measure_model(name: str, cluster, args) -> dict:
             if summary[label]:
                 summary[f"{label}_over_all_reduce"] = summary[label] / summary["all_reduce"]
     out["summary"] = summary
-    print(f"  summary: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items() if v), flush=True)
+    print("  summary: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items() if v), flush=True)
     return out
 
 

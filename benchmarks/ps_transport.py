@@ -102,7 +102,6 @@ class Host:
 
     def _serve_gloo(self, store) -> None:
         import torch
-        import torch.distributed as dist
 
         group = _gloo_group(store, 1, self.ip)
         header = torch.zeros(2, dtype=torch.int64)

@@ -21,6 +21,12 @@ MAX_CPUS = 2**16
 MAX_GPUS = 2**10
 MAX_WORKERS = 2**10
 MAX_BANDWIDTH_GBPS = 1e5
+# what the cost model takes for the bandwidth between the workers of one node when the cluster does
+# not give ``intra_node_bandwidth_gbps``: the path of this project's CPU workers and parameter servers
+# on one node (host memory, the local object store). The GPUs of a node talk over their own links,
+# 100 Gbit/s (PCIe 3.0 x16) to 7200 Gbit/s (H100/H200 NVLink): no default fits them all
+# (``ClusterSpec.intra_node_assumption`` says so)
+DEFAULT_INTRA_GBPS = 40.0
 
 
 def _bandwidth_ok(value) -> bool:
@@ -115,7 +121,8 @@ class ClusterSpec:
     Attributes:
         name: cluster name.
         nodes: the nodes; exactly one is the chief (the first one when none is marked).
-        intra_node_bandwidth_gbps: bandwidth between workers of one node (None: memory speed).
+        intra_node_bandwidth_gbps: bandwidth between workers of one node, Gbit/s (None: the cost model
+            takes ``DEFAULT_INTRA_GBPS``, see ``intra_node_assumption``).
         calibration: measured communication costs (``autosync calibrate``), or None. Not part of
             the fingerprint: measuring a cluster does not make it another cluster.
         compute: ``real`` (workers run the model) or ``emulated`` (workers wait the profiled
@@ -161,6 +168,27 @@ class ClusterSpec:
             nodes = (replace(nodes[0], chief=True),) + nodes[1:]
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "_index", {n.name: i for i, n in enumerate(nodes)})
+
+    @property
+    def intra_node_gbps(self) -> float:
+        """The bandwidth between the workers of one node that the cost model uses: the cluster's own
+        figure, else ``DEFAULT_INTRA_GBPS``."""
+        return self.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS
+
+    def intra_node_assumption(self) -> str | None:
+        """What a prediction for this cluster takes on trust about the links inside a node, for the
+        user to correct: said where a node runs several GPU workers and the cluster gives no
+        ``intra_node_bandwidth_gbps`` (their all-reduce, flat or hierarchical, crosses those links, and
+        GPU links differ 70-fold between machines); None otherwise."""
+        if self.intra_node_bandwidth_gbps is not None:
+            return None
+        gpu_workers = max(((n.workers or 0) for n in self.nodes if n.gpus > 0), default=0)
+        if gpu_workers < 2:
+            return None
+        return (f"intra-node bandwidth {DEFAULT_INTRA_GBPS:g} Gbit/s between the up to {gpu_workers} GPU workers of a "
+                f"node (cluster {self.name} gives no intra_node_bandwidth_gbps, and it decides what a flat or "
+                f"hierarchical all-reduce costs there): set it in the cluster YAML, e.g. 100 for PCIe 3.0 x16, "
+                f"2400 for V100 NVLink, 7200 for H100/H200 NVLink (ray?intra_gbps=X for --cluster ray)")
 
     @property
     def node_names(self) -> tuple[str, ...]:

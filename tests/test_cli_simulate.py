@@ -111,3 +111,30 @@ def test_bad_input_exits_2_without_traceback(files, tmp_path, argv, message):
     assert "Traceback" not in r.stderr
     assert r.stderr.startswith("autosync simulate: error:") and message in r.stderr
     assert r.stdout == ""
+
+
+def test_gpu_workers_sharing_a_node_without_its_link_speed_are_told_what_was_assumed(tmp_path, capsys):
+    """Two nodes of four GPU workers, no ``intra_node_bandwidth_gbps``: the prediction says which
+    figure it took and how to give the real one; with the figure given it says nothing, and the
+    intra-node seconds follow the figure (a 10x faster link, a 10x shorter intra-node time)."""
+    from strategy_space import ClusterSpec, NodeSpec
+
+    model = tiny_model(profile=True)
+    nodes = tuple(NodeSpec(f"g{i}", address=f"10.0.0.{i + 1}", cpus=16, gpus=4, bandwidth_gbps=25.0) for i in range(2))
+    paths = {}
+    for label, intra in (("unsaid", None), ("said", 400.0)):
+        cluster = ClusterSpec("gpus", nodes, intra_node_bandwidth_gbps=intra)
+        paths[label] = tmp_path / f"{label}.yaml"
+        save(cluster, paths[label])
+    save(model, tmp_path / "model.yaml")
+    save(build_all(model, ClusterSpec("gpus", nodes))["all_reduce"], tmp_path / "ar.yaml")
+    argv = ["simulate", "--model", str(tmp_path / "model.yaml"), "--strategy", str(tmp_path / "ar.yaml")]
+    unsaid = _json(capsys, argv + ["--cluster", str(paths["unsaid"]), "--json"])
+    said = _json(capsys, argv + ["--cluster", str(paths["said"]), "--json"])
+    assert said["assumed"] == [] and len(unsaid["assumed"]) == 1
+    assert "40 Gbit/s between the up to 4 GPU workers" in unsaid["assumed"][0]
+    assert "intra_node_bandwidth_gbps" in unsaid["assumed"][0]
+    assert unsaid["breakdown"]["intra_s"] > 0
+    assert unsaid["breakdown"]["intra_s"] == pytest.approx(10 * said["breakdown"]["intra_s"], rel=1e-5)
+    assert main(argv + ["--cluster", str(paths["unsaid"])]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("assumed: intra-node bandwidth 40 Gbit/s")

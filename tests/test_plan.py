@@ -3,6 +3,7 @@ search scored by the cost model, nothing run; bad input refused with exit code 2
 cluster specs are YAML here, so nothing imports TensorFlow or Ray."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -38,6 +39,7 @@ def test_plan_prints_json_and_writes_the_best_predicted_strategy(tmp_path, capsy
     quoted = [r["analytic_s"] for r in ranked] if scorer == "analytic" else None
     assert quoted is None or quoted == times
     assert result["compute_s"] == pytest.approx(load_model_spec(MODEL).profile.step_time_s)
+    assert result["assumed"] == []   # the cluster gives the links between a node's GPUs
     for r in ranked:   # no strategy's bytes fit its busiest NIC in less time than that
         assert 0 < r["busiest_nic_s"] <= r["lower_bound_s"] and r["lower_bound_s"] >= result["compute_s"]
     model, cluster = load_model_spec(MODEL), load_cluster_spec(CLUSTER)
@@ -55,6 +57,18 @@ def test_plan_table_says_what_it_predicted_from(capsys):
     assert "predictor: analytic (nothing measured to learn from)" in text   # no warm start, no store
     lines = text.splitlines()
     assert lines[3].startswith("best: ") and any(ln.startswith("ps ") and "PS: " in ln for ln in lines)
+
+
+def test_a_plan_says_what_it_assumed_of_the_links_inside_a_gpu_node(tmp_path, capsys):
+    cluster = load_cluster_spec(CLUSTER)
+    unsaid = tmp_path / "unsaid.yaml"
+    from strategy_space import save
+
+    save(dataclasses.replace(cluster, intra_node_bandwidth_gbps=None), unsaid)
+    assert main(["plan", "--model", MODEL, "--cluster", str(unsaid), "--top", "1", "--warm-start", "none"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("assumed: intra-node bandwidth 40 Gbit/s between the up to 4 GPU workers"), last
+    assert "intra_node_bandwidth_gbps" in last
 
 
 def test_outline_counts_what_goes_where():

@@ -58,6 +58,8 @@ def test_a_cluster_without_workers_or_nodes_is_refused():
     ("ray?workers=two", "workers must be a whole number from 1"),
     ("ray?gbps=-1", "gbps must be a number > 0"),
     ("ray?gbps=nan", "gbps must be a number > 0"),
+    ("ray?intra_gbps=0", "intra_gbps must be a number > 0 .* between the workers of one node"),
+    ("ray?intra_gbps=fast", "intra_gbps must be a number > 0"),
     ("ray?nodes=3", "unknown option 'nodes'"),
     ("ray?", "no option after"),
 ])
@@ -65,6 +67,17 @@ def test_bad_options_say_what_is_allowed(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_options(text)
     assert parse_options("ray?workers=2&gbps=25") == {"workers": 2, "gbps": 25.0}
+    assert parse_options("ray?gbps=25&intra_gbps=2400") == {"gbps": 25.0, "intra_gbps": 2400.0}
+
+
+def test_the_links_inside_a_gpu_node_are_an_option_and_said_to_be_assumed_without_it():
+    nodes = [_node("10.0.0.1", cpus=32, gpus=8, head=True), _node("10.0.0.2", cpus=32, gpus=8)]
+    unsaid = describe_nodes(nodes, gbps=25.0)
+    assert unsaid.intra_node_bandwidth_gbps is None
+    assert "ray?intra_gbps=X" in unsaid.intra_node_assumption()
+    said = describe_nodes(nodes, gbps=25.0, intra_gbps=7200.0)
+    assert said.intra_node_bandwidth_gbps == said.intra_node_gbps == 7200.0
+    assert said.intra_node_assumption() is None
 
 
 @pytest.mark.integration

@@ -113,3 +113,22 @@ def test_bytes_field_must_match():
     text = dumps(tiny_model()).replace("dtype: int64", "dtype: int64\n  bytes: 3")
     with pytest.raises(ConfigError, match="does not match shape x dtype = 8"):
         loads(text)
+
+
+@pytest.mark.parametrize("node, intra, says", [
+    (dict(gpus=8), None, "up to 8 GPU workers"),            # several GPU workers, their links unsaid
+    (dict(gpus=8, workers=2), None, "up to 2 GPU workers"),
+    (dict(gpus=8), 2400.0, None),                            # said
+    (dict(gpus=1), None, None),                              # one worker a node: nothing between them
+    (dict(gpus=0, workers=4), None, None),                   # CPU workers: the host-memory path the default is
+])
+def test_what_the_links_inside_a_node_are_taken_to_be(node, intra, says):
+    from strategy_space.cluster_spec import DEFAULT_INTRA_GBPS
+
+    c = ClusterSpec("c", (NodeSpec("a", address="10.0.0.1", cpus=8, **node),
+                          NodeSpec("b", address="10.0.0.2", cpus=8, **node)), intra_node_bandwidth_gbps=intra)
+    assert c.intra_node_gbps == (intra or DEFAULT_INTRA_GBPS)
+    note = c.intra_node_assumption()
+    assert (note is None) == (says is None)
+    if says:
+        assert says in note and "intra_node_bandwidth_gbps" in note and f"{DEFAULT_INTRA_GBPS:g} Gbit/s" in note

@@ -81,11 +81,13 @@ def run(args) -> int:
     breakdown = {k: float(X[0, COL[k]]) for k in keys}
     result = {"model": model.name, "cluster": cluster.name, "predictor": predictor, "step_time_s": step,
               "samples_per_s": model.batch_size * cluster.num_workers / step if step > 0 else None,
-              "breakdown": breakdown}
+              "breakdown": breakdown, "assumed": [a for a in (cluster.intra_node_assumption(),) if a]}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"{model.name} on {cluster.name}: predicted step time {step * 1e3:.2f} ms ({predictor})")
         for k, v in breakdown.items():
             print(f"  {k:<24} {v:.6g}")
+        for a in result["assumed"]:
+            print(f"assumed: {a}")
     return 0

@@ -15,7 +15,6 @@ from strategy_space.calibration import CostCurve, settled
 from strategy_space.compressor import powersgd_wire_values, shard_matrix_dims
 from strategy_space.encoding import BACKEND_ID
 
-DEFAULT_INTRA_GBPS = 40.0  # worker <-> local object store when the cluster does not say
 ESTIMATE_FLOPS = 20e9      # compute estimate when the model has no profile (CPU-class device)
 BREAKPOINTS = 24          # ready-order points where the overlap bound is evaluated
 
@@ -119,7 +118,7 @@ class FeatureTables:
         # backward work per variable ~ its parameters (sparse: touched rows only)
         times = ready_times(model)
         tau = np.array([times[n] for n in ready], dtype=np.float64)
-        intra = (cluster.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS) * 1e9 / 8
+        intra = cluster.intra_node_gbps * 1e9 / 8
         bw = np.array([n.bandwidth_gbps * 1e9 / 8 for n in cluster.nodes], dtype=np.float32)
         multi = (workers > 0).sum() > 1
         cpus = np.array([n.cpus for n in cluster.nodes], dtype=np.float32)
