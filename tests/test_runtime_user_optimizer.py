@@ -191,3 +191,71 @@ def test_the_runner_says_what_optimizer_the_workers_built(pool):
                       model_spec=dataclasses.replace(runner.model, global_clipnorm=False))
     with pytest.raises(ConfigError, match="says global_clipnorm false but the workers' optimizer clips"):
         wrong.model
+
+
+SCRIPT_OPTIMIZER = '''
+import functools
+
+import keras
+
+from autosync.model_def import ModelDef
+from tests import runtime_models as rm
+
+
+class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
+    """A user's own schedule class: only this script defines it."""
+
+    def __init__(self, peak, warmup):
+        self.peak, self.warmup = peak, warmup
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32")
+        return self.peak * keras.ops.minimum(1.0, (step + 1.0) / self.warmup)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup": self.warmup}
+
+
+class SignMomentum(keras.optimizers.Optimizer):
+    """A user's own update rule with a slot of its own: only this script defines it."""
+
+    def build(self, variables):
+        super().build(variables)
+        self.moments = [self.add_variable_from_reference(v, "moment") for v in variables]
+
+    def update_step(self, gradient, variable, learning_rate):
+        m = self.moments[self._get_variable_index(variable)]
+        self.assign(m, 0.5 * m + keras.ops.convert_to_tensor(gradient))
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * keras.ops.sign(m))
+
+
+def make_optimizer():
+    return SignMomentum(learning_rate=WarmupLinear(0.05, 2))
+
+
+def build():
+    return ModelDef(name="script_opt", model_fn=functools.partial(rm.build_model, rm.VOCAB), loss_fn=rm.mse,
+                    optimizer_fn=make_optimizer, dataset_fn=functools.partial(rm.make_batches, batch=8),
+                    batch_size=8, seed=7)
+'''
+
+
+@pytest.mark.parametrize("strategy", ["ps", "gloo"])
+def test_an_optimizer_and_a_schedule_a_script_defines_train_wherever_updates_run(pool, tmp_path, strategy):
+    """The classes live in a model script, a module no other process can import by its name:
+    they travel by value (``optimizers.USER_CLASSES``) to the parameter servers and the numpy
+    all-reduce, which train as one process does (they failed to import there before)."""
+    from autosync.models.script import load_model_def
+
+    path = tmp_path / "opt_script.py"
+    path.write_text(SCRIPT_OPTIMIZER)
+    md = load_model_def(str(path), "build")
+    spec = _model_spec(pool, md)
+    config = pool.description["optimizer"]
+    assert config["class"].endswith(".SignMomentum") and set(config["_user_classes"]) == {"SignMomentum", "WarmupLinear"}
+    _, _, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
+    expected = rm.reference_weights(md, num_workers=2, steps=STEPS)
+    for got, want, var in zip(weights, expected, spec.variables):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
+    initial = rm.reference_weights(md, num_workers=2, steps=0)
+    assert all(not np.allclose(a, b) for a, b in zip(weights, initial))

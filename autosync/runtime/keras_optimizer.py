@@ -46,6 +46,7 @@ import numpy as np
 
 from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
+from autosync.runtime.optimizers import USER_CLASSES
 from autosync.runtime.tf_arrays import joined, spec, tensor
 from strategy_space.errors import ConfigError
 
@@ -72,8 +73,11 @@ def optimizer_class(config: dict):
     import keras
 
     name = str(config.get("class", config.get("name", "")))
+    carried = config.get(USER_CLASSES) or {}
     if "." not in name:
         cls = getattr(keras.optimizers, name, None)
+    elif name.rpartition(".")[2] in carried:   # a user's class, carried by value (keras_optimizer_config)
+        cls = carried[name.rpartition(".")[2]]
     else:
         module, _, qual = name.rpartition(".")
         try:

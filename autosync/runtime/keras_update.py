@@ -89,8 +89,12 @@ def new_optimizer(cls, config: dict):
     evaluated at Keras' count of batches (module doc)."""
     import keras
 
-    own = ("class", "global_clipnorm", "gradient_accumulation_steps")
-    optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})
+    from autosync.runtime.optimizers import USER_CLASSES
+
+    own = ("class", "global_clipnorm", "gradient_accumulation_steps", USER_CLASSES)
+    # a user's schedule class is found by its name among the classes the config carries
+    with keras.saving.custom_object_scope(config.get(USER_CLASSES) or {}):
+        optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})
     accumulate = int(config.get("gradient_accumulation_steps") or 1)
     schedule = getattr(optimizer, "_learning_rate", None)   # the property gives its value
     if accumulate > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
