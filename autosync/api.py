@@ -399,7 +399,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     best = outcome.best
     if best is None:
         reasons = sorted({_first_reason(t.error) for t in outcome.trials if not t.ok})
-        raise ConfigError(f"every trial failed, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
+        what = ("every baseline failed (PS and all-reduce alike), so no search was run"
+                if outcome.stop_reason == "baselines_failed" else "every trial failed")
+        raise ConfigError(f"{what}, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
                           f"Check that the model trains on this cluster (autosync run --strategy ...)")
     validate(best.strategy, spec, cluster_spec)
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,

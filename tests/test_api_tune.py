@@ -83,9 +83,14 @@ def test_every_trial_failing_is_a_clear_error(tmp_path):
                     for s in strategies]
 
     model, cluster = tiny_model(), three_node_cluster()
-    with pytest.raises(ConfigError, match="every trial failed.*worker died: OOM"):
-        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", settings=FAST, warm_start="none",
+    with pytest.raises(ConfigError, match="every baseline failed .*, so no search was run.*worker died: OOM"):
+        autosync.tune("unused", cluster, trials=4, store=tmp_path / "b.db", settings=FAST, warm_start="none",
                       runner=Broken(model, cluster))
+    from tuner.records.store import TrialStore
+
+    with TrialStore(tmp_path / "b.db") as store:   # each baseline run twice, nothing searched after them
+        roles = {t.role for t in store.trials()}
+    assert roles == {"baseline"}
 
 
 def test_bad_warm_start_fails_before_measuring(tmp_path):

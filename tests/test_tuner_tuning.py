@@ -268,3 +268,21 @@ def test_a_baseline_that_timed_out_is_not_run_again(tmp_path):
     ar = [t for t in out.trials if t.origin == "all_reduce" and t.role == "baseline"]
     assert [t.status for t in ar] == ["timeout"]
     assert "all_reduce" not in out.baselines or not out.baselines["all_reduce"].ok
+
+
+def test_when_every_baseline_fails_no_search_is_run(tmp_path):
+    """PS and all-reduce baselines all failing (each twice) is the model or the cluster failing, not
+    a strategy: the run stops there instead of failing a search trial after another."""
+    class Broken(SyntheticRunner):
+        def run(self, strategies, origins=None):
+            from tuner.records.trial import Trial
+
+            self.calls = getattr(self, "calls", 0) + len(strategies)
+            return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error="worker died: OOM")
+                    for s in strategies]
+
+    runner = Broken(MODEL, CLUSTER, seed=1)
+    out = run(tmp_path, Budget(trials=9, patience=10), runner=runner)
+    baselines = [t for t in out.trials if t.role == "baseline"]
+    assert out.stop_reason == "baselines_failed" and not out.search_trials and out.best is None
+    assert len(baselines) == runner.calls == 2 * len({t.strategy.fingerprint for t in baselines}) >= 10

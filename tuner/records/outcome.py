@@ -27,7 +27,8 @@ class TuneOutcome:
         run_id: id stored in every trial (``Trial.run_id``).
         trials: this run's trials in measurement order (resumed ones included): in a run of
             ``tune_loop``, its ``History`` (the one record of what was measured).
-        stop_reason: ``trials``, ``time``, ``patience`` or ``exhausted``.
+        stop_reason: ``trials``, ``time``, ``patience``, ``exhausted`` or ``baselines_failed`` (no
+            search: every baseline failed).
         quality: ``goodput``, ``exact`` or ``step`` (``tuner.records.goodput.QUALITIES``): what ``figure``
             ranks by.
         efficiency: strategy fingerprint -> its measured statistical efficiency (lossy strategies

@@ -206,8 +206,16 @@ class _TuningRun:
 
     def search(self) -> None:
         """Rounds of the tuner's proposals until the trials, the time or the patience run out (or
-        the tuner has nothing left); the reason is the outcome's ``stop_reason``."""
+        the tuner has nothing left, or every baseline failed); the reason is the outcome's
+        ``stop_reason``."""
         outcome, budget = self.outcome, self.budget
+        baselines = [t for t in outcome.trials if t.role == "baseline"]
+        if baselines and not any(t.ok for t in baselines):
+            # every builder's strategy failed, each run twice unless it timed out: PS and all-reduce
+            # alike, so what fails is the model or the cluster, not a strategy; a search of their
+            # mixes would fail the same way, one trial time-out after another
+            outcome.stop_reason = "baselines_failed"
+            return
         best, stale_rounds = self._figure_of_leader(), 0
         while True:
             remaining = budget.trials - len(outcome.search_trials)
