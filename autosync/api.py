@@ -162,6 +162,8 @@ class TuneResult:
             "run_id": self.outcome.run_id,
             "store": self.store_path,
             "warm_start_trials": self.warm_start_trials,
+            # what the cost model that chose the candidates took on trust about the cluster
+            "assumed": [a for a in (self.cluster.intra_node_assumption(),) if a],
         }
 
 

@@ -74,6 +74,22 @@ def test_a_gain_within_the_noise_is_reported_not_recommended(tmp_path):
     assert "is not recommended: its gain over the best baseline is within the noise" in page
 
 
+def test_a_run_on_gpu_nodes_whose_links_the_cluster_does_not_give_says_what_was_assumed(tmp_path):
+    import dataclasses
+
+    from autosync.cli.tune import quality_line
+    from strategy_space import ClusterSpec
+
+    model, three = tiny_model(profile=True), three_node_cluster()
+    gpus = ClusterSpec("gpus", tuple(dataclasses.replace(n, gpus=2, workers=2) for n in three.nodes))
+    for cluster, said in ((gpus, True), (dataclasses.replace(gpus, intra_node_bandwidth_gbps=2400.0), False)):
+        result = autosync.tune("unused", cluster, trials=1, store=tmp_path / f"{said}.db", settings=FAST,
+                               warm_start="none", confirm=0, runner=SyntheticRunner(model, cluster, seed=0))
+        summary = result.summary()
+        assert (len(summary["assumed"]) == 1) == said and ("intra-node bandwidth 40 Gbit/s" in quality_line(summary)) == said
+        json.dumps(summary)
+
+
 def test_every_trial_failing_is_a_clear_error(tmp_path):
     class Broken(SyntheticRunner):
         def run(self, strategies, origins=None):

@@ -166,6 +166,7 @@ def quality_line(summary: dict) -> str:
             f"recommendation's efficiency is {e:.2f} ({how}); {summary['probes']} probe{'' if summary['probes'] == 1 else 's'} took "
             f"{summary['probe_seconds']:.0f} s")
     notes = [n for n in (summary["lossy_note"], summary.get("efficiency_note")) if n]
+    notes += [f"assumed by the cost model that chose the candidates: {a}" for a in summary.get("assumed", [])]
     return line + "".join(f"\n{n}" for n in notes)
 
 
