@@ -542,6 +542,51 @@ def test_item12_a_position_table_pulled_whole_is_explained(tmp_path, capsys):
     assert "(ValueError)" not in out
 
 
+SUBCLASSED_UNNAMED = '''
+import keras
+import numpy as np
+from autosync.model_def import ModelDef
+
+
+class Rec(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.emb = keras.layers.Embedding(50, 4)
+        self.out = keras.layers.Dense(1)
+
+    def call(self, ids):
+        return self.out(keras.ops.mean(self.emb(ids), axis=1))
+
+
+def _batches(worker_index, num_workers):
+    rng = np.random.default_rng(worker_index)
+    while True:
+        yield rng.integers(0, 50, (8, 3)).astype("int32"), np.zeros((8, 1), "float32")
+
+
+def build():
+    return ModelDef(name="rec", model_fn=Rec, loss_fn=lambda: "mse", optimizer_fn=lambda: keras.optimizers.RMSprop(0.1),
+                    dataset_fn=_batches, batch_size=8)
+'''
+
+
+@pytest.mark.integration
+def test_inspect_names_the_variables_it_explains_as_its_table_does(tmp_path, capsys):
+    """Before: the lines under the table named a second build of the model, as Keras names one
+    (``rec_1/embedding_1/embeddings`` beside the table's ``rec/embedding/embeddings``, which every
+    worker and strategy uses)."""
+    script = tmp_path / "rec.py"
+    script.write_text(SUBCLASSED_UNNAMED)
+    assert main(["inspect", "--model", f"{script}:build"]) == 0
+    out = capsys.readouterr().out
+    table = {line.split()[0] for line in out.splitlines() if line.endswith(("yes", "KiB", "B")) or " yes " in line}
+    whole = [line.split(":")[0].strip() for line in out.splitlines() if ": whole table, because" in line]
+    sliced = [line.split(":")[0].strip() for line in out.splitlines() if " slices for " in line]
+    assert len(whole) == 1 and len(sliced) == 1, out
+    name = whole[0]
+    assert name == sliced[0] and name.endswith("embeddings") and name in table and "_1" not in name, out
+
+
 # -- item 8: Ray's output never reaches the command's stdout --
 
 RAY_NOISE = '''

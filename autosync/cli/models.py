@@ -66,7 +66,7 @@ def cmd_inspect(args) -> int:
     print(f"model {spec.name}: batch size {spec.batch_size} per worker, fingerprint {spec.fingerprint}")
     print(variables_table(spec))
     if any(v.sparse for v in spec.variables) and is_trainable_source(args.model):
-        print_row_reads(args.model)
+        print_row_reads(args.model, [v.name for v in spec.variables])
     if spec.profile is not None:
         p = spec.profile
         print(f"\ncompute: {p.step_time_s * 1e3:.2f} ms per step (forward+backward, median) on {p.device}")
@@ -81,10 +81,11 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def print_row_reads(source: str) -> None:
+def print_row_reads(source: str, names: list[str]) -> None:
     """Which sparse variables parameter servers can serve by rows (lookups known before the
     step) and which are pulled whole every step, with the reason; and in what form their
-    gradients are pushed under the model's optimizer (``optimizers.sparse_form``)."""
+    gradients are pushed under the model's optimizer (``optimizers.sparse_form``). ``names``: the
+    variables' names in the table above (``ModelSpec`` order), which the lines use."""
     import numpy as np
     import tensorflow as tf
 
@@ -96,11 +97,16 @@ def print_row_reads(source: str) -> None:
     model_def = load_model_def(source)
     gradient = first_gradient(model_def)
     reads = row_reads_of(model_def, gradient)
+    # this second build of the model is named by Keras as a second one (dense_2/kernel where the
+    # table, like every worker's only build, says dense/kernel): its variables are named by
+    # position as the table names them
+    built = variable_names(gradient[1])
+    named = dict(zip(built, names)) if len(built) == len(names) else {}
     whole = reads.full_pull
     print(f"\nparameter-server pulls: {len(reads.outputs)} sparse variable(s) by rows (lookups known before the step)"
           + (f", {len(whole)} whole every step:" if whole else ""))
-    for name, why in whole.items():
-        print(f"  {name}: whole table, because {why}")
+    for path, why in whole.items():
+        print(f"  {named.get(path, path)}: whole table, because {why}")
     try:
         config = keras_optimizer_config(model_def.optimizer_fn())
     except Exception:  # noqa: BLE001 - the optimizer check above has already warned
@@ -108,10 +114,10 @@ def print_row_reads(source: str) -> None:
     form = sparse_form(config)
     print(f"parameter-server pushes: {_PUSH_FORMS[form].format(config.get('class'))}")
     if form == "slices":
-        for name, g in zip(variable_names(gradient[1]), gradient[2]):
+        for name, g in zip(built, gradient[2]):
             if isinstance(g, tf.IndexedSlices):
                 slices, rows = len(g.indices), len(np.unique(g.indices.numpy()))
-                print(f"  {name}: {slices} slices for {rows} rows in the first batch ({slices / max(rows, 1):.2f}x "
+                print(f"  {named.get(name, name)}: {slices} slices for {rows} rows in the first batch ({slices / max(rows, 1):.2f}x "
                       f"the values of its rows)")
 
 
