@@ -243,7 +243,7 @@ def build():
 @pytest.mark.parametrize("strategy", ["ps", "gloo"])
 def test_an_optimizer_and_a_schedule_a_script_defines_train_wherever_updates_run(pool, tmp_path, strategy):
     """The classes live in a model script, a module no other process can import by its name:
-    they travel by value (``optimizers.USER_CLASSES``) to the parameter servers and the numpy
+    they travel by value (``optimizer_config.USER_CLASSES``) to the parameter servers and the numpy
     all-reduce, which train as one process does (they failed to import there before)."""
     from autosync.models.script import load_model_def
 

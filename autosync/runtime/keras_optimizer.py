@@ -46,7 +46,7 @@ import numpy as np
 
 from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
-from autosync.runtime.optimizers import USER_CLASSES
+from autosync.runtime.optimizer_config import USER_CLASSES
 from autosync.runtime.tf_arrays import joined, spec, tensor
 from strategy_space.errors import ConfigError
 

@@ -89,7 +89,7 @@ def new_optimizer(cls, config: dict):
     evaluated at Keras' count of batches (module doc)."""
     import keras
 
-    from autosync.runtime.optimizers import USER_CLASSES
+    from autosync.runtime.optimizer_config import USER_CLASSES
 
     own = ("class", "global_clipnorm", "gradient_accumulation_steps", USER_CLASSES)
     # a user's schedule class is found by its name among the classes the config carries
