@@ -163,7 +163,7 @@ class TuneResult:
             "store": self.store_path,
             "warm_start_trials": self.warm_start_trials,
             # what the cost model that chose the candidates took on trust about the cluster
-            "assumed": [a for a in (self.cluster.intra_node_assumption(),) if a],
+            "assumed": self.cluster.assumptions(),
         }
 
 

@@ -197,7 +197,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 compute_source="the model spec's profile" if profile else
                 f"estimated from the parameters at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s: the model spec has no profile; "
                 f"measure one on the cluster's accelerator, `autosync inspect --profile --out`",
-                assumed=[a for a in (cluster_spec.intra_node_assumption(),) if a])
+                assumed=cluster_spec.assumptions())
 
 
 _JUDGED: dict = {}   # (training data, protocol, seed) -> pairwise accuracy of each scorer

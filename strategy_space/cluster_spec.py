@@ -175,6 +175,11 @@ class ClusterSpec:
         figure, else ``DEFAULT_INTRA_GBPS``."""
         return self.intra_node_bandwidth_gbps or DEFAULT_INTRA_GBPS
 
+    def assumptions(self) -> list[str]:
+        """Every figure a prediction for this cluster takes on trust, each with how to give it
+        (``plan``, ``simulate`` and ``tune`` print them)."""
+        return [a for a in (self.intra_node_assumption(),) if a]
+
     def intra_node_assumption(self) -> str | None:
         """What a prediction for this cluster takes on trust about the links inside a node, for the
         user to correct: said where a node runs several GPU workers and the cluster gives no

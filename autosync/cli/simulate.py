@@ -81,7 +81,7 @@ def run(args) -> int:
     breakdown = {k: float(X[0, COL[k]]) for k in keys}
     result = {"model": model.name, "cluster": cluster.name, "predictor": predictor, "step_time_s": step,
               "samples_per_s": model.batch_size * cluster.num_workers / step if step > 0 else None,
-              "breakdown": breakdown, "assumed": [a for a in (cluster.intra_node_assumption(),) if a]}
+              "breakdown": breakdown, "assumed": cluster.assumptions()}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
