@@ -32,6 +32,11 @@ class ModelDef:
         batch_size: per-worker batch size.
         seed: initial-weight seed.
         metadata: free-form facts shown by ``autosync inspect`` (e.g. the zoo variant).
+        keras_settings: the Keras settings every process builds the model under (``floatx``,
+            ``epsilon``, ``image_data_format``, ``dtype_policy``: ``autosync.models.keras_settings``).
+            None: those of the process that sends the ModelDef to Ray's processes, taken when it
+            is pickled, so that a script's ``keras.mixed_precision.set_global_policy(...)`` holds
+            on every worker as in the script's own process.
     """
 
     name: str
@@ -42,6 +47,7 @@ class ModelDef:
     batch_size: int
     seed: int = 0
     metadata: dict = field(default_factory=dict, compare=False)
+    keras_settings: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         from strategy_space.errors import ConfigError
@@ -52,8 +58,28 @@ class ModelDef:
                 problems.append(f"ModelDef {self.name}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             problems.append(f"ModelDef {self.name}: batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if self.keras_settings is not None and not isinstance(self.keras_settings, dict):
+            problems.append(f"ModelDef {self.name}: keras_settings must be a dict (or None: the sending process's), "
+                            f"got {type(self.keras_settings).__name__}")
         if problems:
             raise ConfigError(problems)
+
+    def __getstate__(self):
+        # sent to another process: with the Keras settings it is built under here
+        state = dict(self.__dict__)
+        if state.get("keras_settings") is None:
+            from autosync.models.keras_settings import current
+
+            state["keras_settings"] = current()
+        return state
+
+    def build_model(self):
+        """``model_fn()`` under the ModelDef's Keras settings (``keras_settings``, set first when
+        it carries them)."""
+        from autosync.models.keras_settings import apply
+
+        apply(self.keras_settings, f"ModelDef {self.name}")
+        return self.model_fn()
 
     def loss(self):
         """A new loss object from ``loss_fn``, reduced as ``keras.Model.compile`` reduces it: a

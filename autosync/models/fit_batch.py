@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autosync.models.keras_settings import check_precision
 from strategy_space.errors import ConfigError
 
 # A batch's sample weights ride inside its targets, ``{TARGETS: targets, SAMPLE_WEIGHT: weights}``:
@@ -66,3 +67,4 @@ def check_model(model, where: str) -> None:
                           f"model adds (regularizers, add_loss) itself, so that logic would not run. Move it into "
                           f"loss_fn (a loss per output is allowed), the model's call() with self.add_loss(...), or "
                           f"the optimizer")
+    check_precision(model, where)

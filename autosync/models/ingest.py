@@ -142,7 +142,7 @@ def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
     """``model_spec_from_def`` and what it built: (spec, model, loss, inputs, targets)."""
     with user_code(model_def, "building the model and one gradient on its first batch"):
         inputs, targets = first_batch(model_def)
-        model = model_def.model_fn()
+        model = model_def.build_model()
         if not hasattr(model, "trainable_variables") or not callable(model):
             raise ConfigError(f"ModelDef {model_def.name}: model_fn returned {type(model).__name__}, not a "
                               f"keras.Model; make model_fn build and return the model")

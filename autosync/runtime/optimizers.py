@@ -312,7 +312,8 @@ OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}
 
 # options that cannot be honoured where updates run, and why
 _REFUSED = {
-    "loss_scale_factor": "loss scaling is for mixed precision on one device; the runtime trains in float32",
+    "loss_scale_factor": ("the synchronizers do not scale the loss (a mixed_float16 model is refused for the same "
+                          "reason); train in mixed_bfloat16 or float32"),
 }
 _REFUSED_DEFAULTS = {"loss_scale_factor": None}
 

@@ -294,7 +294,7 @@ def first_gradient(model_def) -> tuple:
 
     keras.utils.set_random_seed(model_def.seed)
     inputs, targets = ingest.first_batch(model_def)
-    model = model_def.model_fn()
+    model = model_def.build_model()
     variables, grads = ingest.compute_gradients(model, model_def.loss(), inputs, targets)
     return model, variables, grads
 

@@ -375,7 +375,7 @@ class Trainer:
         the model's own ``save_weights``/``load_weights`` where its layout is unknown
         (``weights_file``)."""
         if self._keras_model is None:
-            model = self.model_def.model_fn()
+            model = self.model_def.build_model()
             if not model.built:   # a subclassed model: build it on one batch
                 x, _ = next(self.model_def.batches(0, 1))
                 model(x, training=False)

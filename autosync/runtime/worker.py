@@ -123,7 +123,7 @@ class TrainingWorker(WorkerCheckpoint):
 
         self.model_def = model_def
         keras.utils.set_random_seed(model_def.seed)
-        self.model = model_def.model_fn()
+        self.model = model_def.build_model()
         check_model(self.model, f"ModelDef {model_def.name}")
         self.loss = model_def.loss()
         optimizer = model_def.optimizer_fn()

@@ -1,0 +1,71 @@
+"""The Keras settings a model is built under, carried to every process that builds it.
+
+Keras keeps a few process-wide settings that change what ``model_fn()`` builds: the dtype policy
+(``keras.mixed_precision.set_global_policy("mixed_bfloat16")``: layers compute in bfloat16 and keep
+float32 variables), ``floatx``, ``epsilon`` and the image data format. A training script sets them
+at its top level or in ``__main__``, which runs in the driver only: Ray workers and parameter
+servers unpickle the ModelDef's factories without running the script again, so they built a
+float32 model where the user's own process builds a mixed-precision one. A ``ModelDef`` therefore
+carries the settings of the process that sends it (``ModelDef.__getstate__``), and every process
+sets them before it builds the model (``ModelDef.build_model``), as if the script had run there.
+"""
+from __future__ import annotations
+
+import sys
+
+from strategy_space.errors import ConfigError
+
+KEYS = ("floatx", "epsilon", "image_data_format", "dtype_policy")
+
+
+def current() -> dict | None:
+    """This process's Keras settings, or None where Keras was never imported (nothing was set:
+    the receiving process keeps its own defaults)."""
+    keras = sys.modules.get("keras")
+    config = getattr(keras, "config", None)
+    if config is None:
+        return None
+    return {"floatx": config.floatx(), "epsilon": float(config.epsilon()),
+            "image_data_format": config.image_data_format(), "dtype_policy": config.dtype_policy().name}
+
+
+def apply(settings: dict | None, where: str = "ModelDef") -> None:
+    """Set Keras' settings to ``settings`` (all of them: a process that built another model
+    under other settings keeps none of those). None leaves the process as it is.
+
+    Raises:
+        ConfigError: a key or value Keras does not take, with which one.
+    """
+    if not settings:
+        return
+    unknown = sorted(set(settings) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown Keras settings {unknown}; the settings carried are {list(KEYS)}")
+    import keras
+
+    setters = {"floatx": keras.config.set_floatx, "epsilon": keras.config.set_epsilon,
+               "image_data_format": keras.config.set_image_data_format,
+               "dtype_policy": keras.config.set_dtype_policy}
+    for key in KEYS:   # floatx before the policy: a policy left unset follows floatx
+        if key in settings:
+            try:
+                setters[key](settings[key])
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"{where}: Keras refuses {key}={settings[key]!r}: {e}") from None
+
+
+def check_precision(model, where: str) -> None:
+    """Refuse a model whose dtype policy is ``mixed_float16``: Keras' ``compile`` wraps its
+    optimizer in a ``LossScaleOptimizer`` (dynamic loss scaling), which no synchronizer applies, so
+    its float16 gradients would underflow here where ``fit`` scales them.
+
+    Raises:
+        ConfigError: the policy, and the policies that train here.
+    """
+    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
+    if policy == "mixed_float16":
+        raise ConfigError(f"{where}: the model's dtype policy is mixed_float16, which Keras trains with dynamic loss "
+                          f"scaling (compile wraps the optimizer in a LossScaleOptimizer); AutoSync's synchronizers do "
+                          f"not scale the loss, so float16 gradients would underflow. Use "
+                          f"keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed) or "
+                          f"float32")
