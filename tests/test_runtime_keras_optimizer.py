@@ -259,7 +259,7 @@ def test_options_that_cannot_be_honoured_are_refused_with_the_reason():
     for accepted in (keras.optimizers.SGD(global_clipnorm=1.0), keras.optimizers.SGD(gradient_accumulation_steps=2),
                      keras.optimizers.Adam(use_ema=True)):
         check_optimizer_config(keras_optimizer_config(accepted))   # held steps, accumulating workers, averages
-    for opt, match in [(keras.optimizers.SGD(loss_scale_factor=128.0), r"loss_scale_factor=128.0 .*mixed precision"),
+    for opt, match in [(keras.optimizers.SGD(loss_scale_factor=128.0), r"loss_scale_factor=128.0 .*do not scale the loss.*mixed_bfloat16"),
                        (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), r"wraps other optimizers")]:
         with pytest.raises(ConfigError, match=match):
             check_optimizer_config(keras_optimizer_config(opt))
