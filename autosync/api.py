@@ -213,7 +213,8 @@ def make_trainer(model, strategy, cluster="local", **settings):
 
     Args:
         model: a ModelDef, ``zoo:NAME`` or ``script.py:function``.
-        strategy: a Strategy or a strategy YAML path.
+        strategy: a Strategy, a strategy YAML path, or a builder's name (``"ps"``: the baseline
+            that builder makes for this model and cluster).
         cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
         settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``, ``restore``: a checkpoint
             directory to continue from, see ``Trainer.save``).
@@ -222,14 +223,11 @@ def make_trainer(model, strategy, cluster="local", **settings):
         ConfigError: bad model, strategy or cluster (see ``Trainer`` for the rest).
     """
     from autosync.runtime.trainer import Trainer
-    from autosync.sources import load_cluster, load_model_def
-    from strategy_space.yaml_io import load_strategy
+    from autosync.sources import load_cluster, load_model_def, load_strategy_for
 
     quiet_startup()
     model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
-    if not isinstance(strategy, Strategy):
-        strategy = load_strategy(strategy)
-    return Trainer(model_def, strategy, cluster_spec, **settings)
+    return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
 
 
 def _first_reason(error: str | None) -> str:

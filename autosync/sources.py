@@ -139,3 +139,29 @@ def load_emulated_model(text, step_time_s: float | None = None):
 
 def builtin_cluster_names() -> list[str]:
     return sorted(BUILTIN_CLUSTERS)
+
+
+def load_strategy_for(strategy, model_def, cluster: ClusterSpec):
+    """A Strategy given as itself, as a strategy YAML path, or as a builder's name (``ps``,
+    ``all_reduce``, ...: the strategy that builder makes for this model and cluster, as ``autosync
+    build`` writes it; a file of that name wins).
+
+    Raises:
+        ConfigError: neither an existing file nor a builder's name (the builders are listed), or
+            a file that is not a valid strategy.
+    """
+    from strategy_space import Strategy
+    from strategy_space.builders import BUILDERS, get_builder
+    from strategy_space.yaml_io import load_strategy
+
+    if isinstance(strategy, Strategy):
+        return strategy
+    if isinstance(strategy, str) and not os.path.exists(os.path.expanduser(strategy)):
+        if strategy in BUILDERS:
+            from autosync.models.ingest import model_spec_from_def
+
+            return get_builder(strategy).build(model_spec_from_def(model_def), cluster)
+        raise ConfigError(f"strategy {strategy!r} is neither a strategy YAML file nor a builder's name; give the path "
+                          f"of a strategy file (autosync tune writes best_strategy.yaml, autosync build writes one) or "
+                          f"a builder: {', '.join(BUILDERS)}")
+    return load_strategy(strategy)

@@ -83,3 +83,26 @@ def test_bad_names_are_config_errors_from_the_api():
         autosync.make_trainer("ncf", STRATEGY, CLUSTER)
     with pytest.raises(ConfigError, match="is a model spec"):
         autosync.make_runner("spec.yaml", CLUSTER)
+
+
+def test_make_trainer_takes_a_builders_name_for_its_strategy(monkeypatch, tmp_path):
+    """``make_trainer(model, "ps", cluster)``: the strategy that builder makes for the model and
+    cluster (a new user's first guess; it was 'file not found: ps'); a file of that name wins; a
+    name that is neither says so and lists the builders."""
+    import autosync
+    import autosync.models.ingest as ingest
+    import autosync.runtime.trainer as trainer_module
+    from autosync.sources import local_cluster
+    from strategy_space.builders import get_builder
+
+    monkeypatch.setattr(trainer_module, "Trainer", _Recorder)
+    monkeypatch.setattr(ingest, "model_spec_from_def", lambda md: SPEC)   # what building the model would measure
+    for name in ("ps", "all_reduce"):
+        _, strategy, cluster = autosync.make_trainer(_model_def(), name, "local").args
+        assert strategy == get_builder(name).build(SPEC, local_cluster()) and cluster.name == "local"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ps").write_text(STRATEGY_YAML)
+    assert autosync.make_trainer(_model_def(), "ps", "local").args[1] == STRATEGY
+    with pytest.raises(ConfigError, match=r"strategy 'pss' is neither a strategy YAML file nor a builder's name; .*"
+                                          r"a builder: ps, .*all_reduce"):
+        autosync.make_trainer(_model_def(), "pss", "local")
