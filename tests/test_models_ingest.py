@@ -105,6 +105,26 @@ def test_model_spec_from_def_rejects_empty_dataset_and_non_pairs():
         ingest.model_spec_from_def(ModelDef(dataset_fn=lambda w, n: [np.zeros((BATCH, WIDTH), np.int32)], **base))
 
 
+def test_a_first_batch_of_another_size_than_batch_size_is_refused():
+    """batch_size counts the examples a worker draws per step (samples/s, the cost model, the
+    global batch): a dataset batched otherwise made every one of those wrong, silently (samples/s
+    half the truth for batches of 64 declared as 32). Inputs nested in a dict or list count too;
+    a shape it cannot read is left alone."""
+    never = lambda *a: None  # noqa: E731 - only the data is read
+    ids = np.zeros((2 * BATCH, WIDTH), np.int32)
+    y = np.zeros((2 * BATCH, 1), np.float32)
+    for inputs in (ids, {"ids": ids}, [ids, ids]):
+        md = ModelDef(name="m", model_fn=never, loss_fn=never, optimizer_fn=never, batch_size=BATCH,
+                      dataset_fn=lambda w, n, x=inputs: iter([(x, y)]))
+        with pytest.raises(ConfigError, match=rf"ModelDef m: the first batch of dataset_fn\(0, 1\) holds {2 * BATCH} "
+                                              rf"examples, but batch_size is {BATCH}; .*set batch_size={2 * BATCH}"):
+            ingest.first_batch(md)
+    for inputs in (ids[:BATCH], {"ids": ids[:BATCH]}, [[1, 2, 3]] * BATCH):   # the right size; a plain list
+        md = ModelDef(name="m", model_fn=never, loss_fn=never, optimizer_fn=never, batch_size=BATCH,
+                      dataset_fn=lambda w, n, x=inputs: iter([(x, y[:BATCH])]))
+        assert ingest.first_batch(md)[0] is inputs
+
+
 @pytest.mark.integration
 def test_model_spec_says_whether_the_optimizer_clips_by_the_global_norm():
     """The cost of a held step is the optimizer's to say: ``global_clipnorm`` marks the spec (its

@@ -48,9 +48,31 @@ def first_batch(model_def, worker_index: int = 0, num_workers: int = 1) -> tuple
     """
     where = f"ModelDef {model_def.name}"
     for batch in model_def.dataset_fn(worker_index, num_workers):
-        return split_batch(batch, where)
+        inputs, targets = split_batch(batch, where)
+        examples = _leading_dim(inputs)
+        if examples is not None and examples != model_def.batch_size:
+            raise ConfigError(f"{where}: the first batch of dataset_fn({worker_index}, {num_workers}) holds {examples} "
+                              f"examples, but batch_size is {model_def.batch_size}; batch_size is the number of "
+                              f"examples in each batch one worker draws (what samples/s, the cost model and the "
+                              f"global batch count): set batch_size={examples} or batch the data by "
+                              f"{model_def.batch_size}")
+        return inputs, targets
     raise ConfigError(f"{where}: dataset_fn({worker_index}, {num_workers}) yielded no batches; it must yield "
                       f"(inputs, targets) batches of batch_size examples")
+
+
+def _leading_dim(inputs: Any) -> int | None:
+    """The leading dimension of the first array in a batch's inputs (an array, or a list, tuple
+    or dict of them), or None where it has none or it is not known."""
+    while isinstance(inputs, (list, tuple, dict)):
+        if not inputs:
+            return None
+        inputs = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs[0]
+    shape = getattr(inputs, "shape", None)
+    try:
+        return int(shape[0]) if shape is not None and len(shape) and shape[0] is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def compute_gradients(model, loss: Callable, inputs: Any, targets: Any):
