@@ -144,8 +144,9 @@ def cmd_tune(args) -> int:
     speed = summary["speedup_over_best_baseline"]
     if speed is not None:
         measure_word = "in step time only" if summary["quality"] == "step" else "in goodput"
+        n = summary["trials_to_within_5pct"]
         print(f"\nbest strategy ({result.best_trial.origin}) is {speed:.2f}x the best baseline "
-              f"({summary['best_baseline']}) {measure_word}; within 5 % of it after {summary['trials_to_within_5pct']} trials")
+              f"({summary['best_baseline']}) {measure_word}; within 5 % of it after {n} trial{'' if n == 1 else 's'}")
     if summary["fastest_not_significant"]:
         print(not_recommended_line(summary))
     print(f"best strategy written to {out}")
