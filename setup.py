@@ -24,7 +24,7 @@ setup(
         # searches the loops it already has for each: 1.3 s of CPU at import (numpy 2.4.6, perf:
         # PyObject_RichCompare under PyUFunc_AddLoop) against 7 ms for 0.5.4 and 10 ms for 0.6.0. Every
         # Ray worker, parameter server and CLI command imports TensorFlow, so each one paid it
-        # (import tensorflow, keras: 7.2 s -> 5.9 s here). TensorFlow 2.21 asks for >=0.5.1,<1.
+        # (import tensorflow, keras: 7.2 s -> 5.6 s here, with the 0.6.0 pip then takes). TensorFlow 2.21 asks for >=0.5.1,<1.
         "ml_dtypes>=0.5.1,<0.7",
         "ray[default]>=2.40",
         "matplotlib>=3.7",

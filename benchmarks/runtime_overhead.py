@@ -280,7 +280,7 @@ TABLE_DIM, TABLE_DRAWS = 64, 2048   # --tables: the width of the table and the r
 APPLY_OPTIMIZERS = {"sgd": "SGD(0.1)", "adam": "Adam(1e-3)", "adagrad": "Adagrad(0.1)"}
 def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
     """Median wall time, in a fresh process, from the first import to the first applied update."""
-    from autosync.runtime.optimizers import keras_optimizer_config
+    from autosync.runtime.optimizer_config import keras_optimizer_config
     import keras
 
     config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
@@ -308,7 +308,8 @@ def apply_cost(steps: int, warmup: int, models=APPLY_ZOO, tables=()) -> dict:
 
     from autosync.models import zoo
     from autosync.runtime.keras_optimizer import KerasOptimizer
-    from autosync.runtime.optimizers import keras_optimizer_config, make_optimizer
+    from autosync.runtime.optimizer_config import keras_optimizer_config
+    from autosync.runtime.optimizers import make_optimizer
 
     rng = np.random.default_rng(0)
     # keras: compiled from the first update (what a long run reaches after ``XLA_AFTER`` updates)
@@ -464,7 +465,8 @@ def sparse_bytes(steps: int, warmup: int, out: str | None = None, models=SPARSE_
     """Bytes per step per worker of the sparse variables on PS vs rows touched x width."""
     from _testbed import git_commit, write_json
     from autosync.models import zoo
-    from autosync.runtime.optimizers import keras_optimizer_config, squares_slices
+    from autosync.runtime.optimizer_config import keras_optimizer_config
+    from autosync.runtime.optimizers import squares_slices
     from autosync.runtime.runner import RayRunner
     from strategy_space.builders import get_builder
 

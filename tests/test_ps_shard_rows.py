@@ -139,7 +139,7 @@ def test_a_keras_optimizer_compiled_by_xla_on_the_shard_updates_as_traced(monkey
     two workers in counts that vary by step, and pulls read the same rows."""
     import keras
 
-    from autosync.runtime.optimizers import keras_optimizer_config
+    from autosync.runtime.optimizer_config import keras_optimizer_config
 
     config = keras_optimizer_config(keras.optimizers.RMSprop(
         keras.optimizers.schedules.CosineDecay(0.05, decay_steps=6), momentum=0.5))

@@ -3,7 +3,8 @@ the whole variables, chunk by chunk at the global step; what it cannot honour is
 import numpy as np
 import pytest
 
-from autosync.runtime.optimizers import check_optimizer_config, keras_optimizer_config, make_optimizer, numpy_rules
+from autosync.runtime.optimizer_config import keras_optimizer_config
+from autosync.runtime.optimizers import check_optimizer_config, make_optimizer, numpy_rules
 from strategy_space.errors import ConfigError
 from tests import runtime_models as rm
 

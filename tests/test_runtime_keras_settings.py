@@ -4,6 +4,7 @@ float32 model where the script's own process builds a mixed-precision one. A mix
 which Keras trains with loss scaling, is refused before any worker starts."""
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -64,8 +65,7 @@ def test_settings_that_are_not_keras_settings_say_which():
     with pytest.raises(ConfigError, match=r"unknown Keras settings \['dtype'\]; the settings carried are"):
         keras_settings.apply({"dtype": "float16"}, "ModelDef m")
     with pytest.raises(ConfigError, match="keras_settings must be a dict"):
-        rm.model_def("sgd", learning_rate=0.1).__class__(**{**vars(rm.model_def("sgd", learning_rate=0.1)),
-                                                            "keras_settings": "mixed_bfloat16"})
+        dataclasses.replace(rm.model_def("sgd", learning_rate=0.1), keras_settings="mixed_bfloat16")
 
 
 @pytest.mark.integration

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from autosync.runtime.optimizers import check_optimizer_config, keras_optimizer_config, make_optimizer
-from strategy_space.errors import ConfigError
+from autosync.runtime.optimizer_config import keras_optimizer_config
+from autosync.runtime.optimizers import check_optimizer_config, make_optimizer
 
 SHAPE = (6, 3)
 

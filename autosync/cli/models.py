@@ -90,7 +90,8 @@ def print_row_reads(source: str, names: list[str]) -> None:
     import tensorflow as tf
 
     from autosync.models.ingest import variable_names
-    from autosync.runtime.optimizers import keras_optimizer_config, sparse_form
+    from autosync.runtime.optimizer_config import keras_optimizer_config
+    from autosync.runtime.optimizers import sparse_form
     from autosync.runtime.rows import first_gradient, row_reads_of
     from autosync.sources import load_model_def
 

@@ -30,8 +30,9 @@ def current() -> dict | None:
 
 
 def apply(settings: dict | None, where: str = "ModelDef") -> None:
-    """Set Keras' settings to ``settings`` (all of them: a process that built another model
-    under other settings keeps none of those). None leaves the process as it is.
+    """Set each Keras setting ``settings`` gives (``current()`` gives all of them, so a process
+    that built another model under other settings keeps none of those). None leaves the process
+    as it is.
 
     Raises:
         ConfigError: a key or value Keras does not take, with which one.

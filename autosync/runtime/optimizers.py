@@ -28,7 +28,7 @@ import numpy as np
 
 from autosync.runtime.blocks import in_blocks
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
-from autosync.runtime.optimizer_config import USER_CLASSES, keras_optimizer_config  # noqa: F401 (re-exported)
+from autosync.runtime.optimizer_config import keras_optimizer_config
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored

@@ -357,7 +357,7 @@ class Trainer:
                   variables: tuple | None = None) -> Manifest:
         """A manifest describing this trainer's state (``variables`` given: before the workers
         described the model)."""
-        from autosync.runtime.optimizers import keras_optimizer_config
+        from autosync.runtime.optimizer_config import keras_optimizer_config
 
         if variables is None:
             variables = tuple((v["name"], tuple(v["shape"]), v["dtype"]) for v in self.pool.description["variables"])

@@ -19,7 +19,7 @@ import numpy as np
 from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
-from autosync.runtime.optimizers import keras_optimizer_config
+from autosync.runtime.optimizer_config import keras_optimizer_config
 from autosync.runtime import prefetch, timeline
 from autosync.runtime.pulled import join_pulled
 from autosync.runtime.rows import check_pulled_rows, find_row_reads
