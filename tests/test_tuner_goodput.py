@@ -10,7 +10,7 @@ from strategy_space.builders import get_builder
 from tests.fakes import three_node_cluster, tiny_model
 from tuner.search.base import Proposal
 from tuner.records.goodput import (EXACT, Efficiency, ProbeResult, Prober, estimate_efficiency, goodput_seconds, is_lossless,
-                           lossless_twin, lossy_parts, probe_cache_key)
+                           counted, lossless_twin, lossy_parts, probe_cache_key)
 from tuner.records.history import History
 from tuner.records.outcome import TuneOutcome
 from tuner.records.store import TrialStore
@@ -347,3 +347,8 @@ def test_a_twin_that_rises_back_is_flagged_and_a_steady_one_is_not():
     candidate = 2.3 * np.exp(-steps / 50) + 0.1 + 0.02 * rng.standard_normal(200)
     assert "rose back" in estimate_efficiency(candidate, rising).note
     assert estimate_efficiency(candidate, falling).note == ""
+
+
+def test_counted_says_one_in_the_singular():
+    """tune's lines ('within 5 % of it after 1 trial', '1 probe took') and the lossy parts' names."""
+    assert [counted(n, "trial") for n in (0, 1, 3)] == ["0 trials", "1 trial", "3 trials"]

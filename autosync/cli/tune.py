@@ -13,7 +13,7 @@ from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
-from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES
+from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, counted
 
 DEFAULT_MODEL = "zoo:ncf"
 DEFAULT_TRIALS = 12
@@ -146,7 +146,7 @@ def cmd_tune(args) -> int:
         measure_word = "in step time only" if summary["quality"] == "step" else "in goodput"
         n = summary["trials_to_within_5pct"]
         print(f"\nbest strategy ({result.best_trial.origin}) is {speed:.2f}x the best baseline "
-              f"({summary['best_baseline']}) {measure_word}; within 5 % of it after {n} trial{'' if n == 1 else 's'}")
+              f"({summary['best_baseline']}) {measure_word}; within 5 % of it after {counted(n, 'trial')}")
     if summary["fastest_not_significant"]:
         print(not_recommended_line(summary))
     print(f"best strategy written to {out}")
@@ -164,7 +164,7 @@ def quality_line(summary: dict) -> str:
     e, (low, high) = summary["statistical_efficiency"], summary["statistical_efficiency_interval"]
     how = (f"probed, {low:.2f} to {high:.2f}" if summary["efficiency_probed"] else "lossless, not probed")
     line = (f"ranked by goodput (step time / statistical efficiency, --quality {summary['quality']}); the "
-            f"recommendation's efficiency is {e:.2f} ({how}); {summary['probes']} probe{'' if summary['probes'] == 1 else 's'} took "
+            f"recommendation's efficiency is {e:.2f} ({how}); {counted(summary['probes'], 'probe')} took "
             f"{summary['probe_seconds']:.0f} s")
     notes = [n for n in (summary["lossy_note"], summary.get("efficiency_note")) if n]
     notes += [f"assumed by the cost model that chose the candidates: {a}" for a in summary.get("assumed", [])]

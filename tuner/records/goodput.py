@@ -92,17 +92,18 @@ class LossyParts:
         by_codec: dict[str, set] = {}
         for var, _, codec in self.compressed:
             by_codec.setdefault(codec, set()).add(var)
-        parts += [f"{codec} on {_count(len(v), 'variable')}" for codec, v in sorted(by_codec.items())]
+        parts += [f"{codec} on {counted(len(v), 'variable')}" for codec, v in sorted(by_codec.items())]
         by_stale: dict[int, int] = {}
         for _, _, s in self.stale:
             by_stale[s] = by_stale.get(s, 0) + 1
-        parts += [f"staleness {s} on {_count(n, 'PS shard')}" for s, n in sorted(by_stale.items())]
+        parts += [f"staleness {s} on {counted(n, 'PS shard')}" for s, n in sorted(by_stale.items())]
         if self.asynchronous:
-            parts.append(f"asynchronous PS on {_count(len(self.asynchronous), 'shard')}")
+            parts.append(f"asynchronous PS on {counted(len(self.asynchronous), 'shard')}")
         return "; ".join(parts)
 
 
-def _count(n: int, noun: str) -> str:
+def counted(n: int, noun: str) -> str:
+    """``1 trial``, ``3 trials``: a count and its noun, plural unless one."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
