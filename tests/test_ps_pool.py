@@ -120,3 +120,26 @@ def test_kill_and_kill_all_leave_nothing(killed):
     c, _ = pool.take("n1", (), keras=False)
     pool.kill_all()
     assert set(killed) == {a, b, c} and len(pool) == 0 and not pool.with_keras
+
+
+def test_a_pooled_shards_drop_clears_keras_and_freezes_what_is_left_once(monkeypatch):
+    """``_drop`` clears Keras' session state each time; the first time it also freezes the objects
+    then alive (TensorFlow's and Keras' own), so later sessions' collections do not scan them."""
+    import gc
+    import sys
+
+    from autosync.runtime import ps_pool
+
+    cleared, frozen = [], []
+    monkeypatch.setitem(sys.modules, "keras", NS(utils=NS(clear_session=lambda: cleared.append(1))))
+    monkeypatch.setattr(ps_pool, "_FROZEN", False)
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    shard = ps_pool.PooledShard()
+    shard._server = None
+    for _ in range(3):
+        shard._drop()
+    assert (len(cleared), len(frozen)) == (3, 1) and shard.params == {} and shard.optimizer is None
+    monkeypatch.delitem(sys.modules, "keras")
+    monkeypatch.setattr(ps_pool, "_FROZEN", False)
+    shard._drop()   # a numpy-path actor imports nothing and freezes nothing
+    assert (len(cleared), len(frozen)) == (3, 1)
