@@ -231,6 +231,20 @@ def test_each_ps_transport_carries_every_call_and_trains_as_one_process(pool, mo
         assert s["data_plane_calls"] == (s["pushes"] + s["pulls"] if on_wire else 0), (transport, name, s)
 
 
+def _keras_extras(_actor) -> tuple:
+    """In an actor: what Keras' wrapper and visualization modules took of scikit-learn and
+    matplotlib at import, and those packages imported by hand."""
+    import sys
+
+    import matplotlib
+    import sklearn
+    from keras.src.visualization import plot_image_gallery
+    from keras.src.wrappers import sklearn_wrapper
+
+    return ("keras" if "keras" in sys.modules else None, sklearn.__name__, matplotlib.__name__,
+            sklearn_wrapper.sklearn or plot_image_gallery.plt)
+
+
 def _ps_facts(trainer) -> list[dict]:
     import ray
 
@@ -264,6 +278,8 @@ def test_a_keras_path_session_on_a_reused_pool_imports_nothing(pool):
     per process, so the second session on the pool starts with Keras already imported, sooner."""
     import time
 
+    import ray
+
     from autosync.runtime.trainer import Trainer
     from tests.test_runtime_user_optimizer import COSINE
 
@@ -277,6 +293,11 @@ def test_a_keras_path_session_on_a_reused_pool_imports_nothing(pool):
             facts.append(_ps_facts(trainer))
             trainer.fit(steps=STEPS, steps_per_call=2)
             weights = trainer.get_weights()
+            # Keras' scikit-learn and matplotlib integrations stay out of the actors' imports
+            # (lean_import), while the packages themselves import there as anywhere else
+            extras = ray.get([a.__ray_call__.remote(_keras_extras)
+                              for a in [*trainer.session.ps_actors, *trainer.session.workers]])
+    assert extras == [("keras", "sklearn", "matplotlib", None)] * len(extras), extras
     for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
     assert [f["pid"] for f in facts[1]] == [f["pid"] for f in facts[0]]

@@ -19,6 +19,8 @@ import gc
 import sys
 import time
 
+from autosync.runtime.lean_import import skip_keras_extras
+
 # a clean session's actors answer ``release`` at once; one that does not is killed instead
 RELEASE_S = 10.0
 # whether this process froze the objects alive after its first Keras session (``PooledShard._drop``)
@@ -161,6 +163,7 @@ class PooledShard:
         """Hold a new session's shards (the arguments of ``__init__``), from scratch: nothing of an
         earlier session stays (values, optimizer and its slots, counters, pending pushes, kept rows,
         shared objects, the data-plane socket: ``listen`` opens a new one). Returns ``ready``'s facts."""
+        skip_keras_extras()   # (an actor's process: a Keras optimizer imports Keras in ``_setup``)
         self._drop()
         self._setup(*args, **kwargs)
         return await self.ready()
@@ -185,6 +188,7 @@ class PooledShard:
         from autosync.tflog import quiet_startup
 
         t0 = time.perf_counter()
+        skip_keras_extras()   # Keras' scikit-learn and matplotlib integrations: 2 s of this import
         quiet_startup()
         import keras  # noqa: F401
 

@@ -1,0 +1,69 @@
+"""Keras' optional integrations left out of a training process's TensorFlow import.
+
+``import tensorflow`` imports Keras, and Keras imports, whenever they are installed, scikit-learn
+for its ``keras.wrappers`` estimators and matplotlib for ``keras.visualization``'s galleries: 2.0 s
+of the 6.3 s of CPU that the import costs (measured here: 6.3 -> 4.4 s; scikit-learn pulls SciPy's
+``sparse`` and ``special`` in). AutoSync installs scikit-learn for its own tuner, so every Ray
+worker and parameter server paid it on every start, for code that a training replica never runs.
+
+``skip_keras_extras`` (called by a Ray actor's process before it imports TensorFlow) makes those two
+imports fail, as if the packages were missing, when **Keras' own wrapper or visualization module**
+asks for them; Keras guards them and goes on without. Any other import of them (the user's
+``model_fn``, ``dataset_fn``, a loss) works as usual. What is lost in such a process: Keras'
+``SKLearnClassifier``/``SKLearnRegressor``/``SKLearnTransformer`` and ``keras.visualization``'s
+plots say the package is missing. ``AUTOSYNC_KERAS_EXTRAS=1`` in the workers' environment keeps
+them (Ray passes it to the workers of a cluster it starts; on a ``ray start`` cluster set it there).
+The driver's own process (the CLI, the Python API) is never changed.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+
+ENV = "AUTOSYNC_KERAS_EXTRAS"
+
+# package -> the Keras modules whose import of it is skipped (a prefix of the importer's __name__)
+EXTRAS = {
+    "sklearn": ("keras.src.wrappers",),
+    "matplotlib": ("keras.src.visualization",),
+}
+
+
+def wanted() -> bool:
+    """Whether the user asked to keep Keras' integrations in the workers (``AUTOSYNC_KERAS_EXTRAS=1``)."""
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def importer(depth: int = 1) -> str:
+    """The ``__name__`` of the module whose import statement is running (the first frame above
+    ``depth`` that is not the import system's own)."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
+class _SkipKerasExtras(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        wanted_by = EXTRAS.get(name.partition(".")[0])
+        if wanted_by is None:
+            return None
+        who = importer()
+        if who.startswith(wanted_by):
+            raise ImportError(f"{name} is not imported by {who} in an AutoSync worker ({ENV}=1 keeps it)")
+        return None
+
+
+def skip_keras_extras() -> bool:
+    """Make Keras' optional scikit-learn and matplotlib imports fail in this process (see the
+    module docstring). Call it before TensorFlow or Keras is imported, in a worker's process only.
+
+    Returns:
+        whether the skip is in place (False when ``AUTOSYNC_KERAS_EXTRAS=1``).
+    """
+    if wanted():
+        return False
+    if not any(isinstance(f, _SkipKerasExtras) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SkipKerasExtras())
+    return True
