@@ -285,7 +285,10 @@ def _startup_s(opt: str, keras_path: bool, repeat: int = 3) -> float:
 
     config = keras_optimizer_config(eval(f"keras.optimizers.{opt}"))
     code = ("import time, numpy as np\nt0 = time.perf_counter()\n"
-            + ("from autosync.runtime.keras_optimizer import KerasOptimizer as M\n" if keras_path
+            # as a parameter server's process imports it: without Keras' scikit-learn and
+            # matplotlib integrations (lean_import)
+            + ("from autosync.runtime.lean_import import skip_keras_extras\nskip_keras_extras()\n"
+               "from autosync.runtime.keras_optimizer import KerasOptimizer as M\n" if keras_path
                else "from autosync.runtime.optimizers import make_optimizer as M\n")
             + f"o = M({config!r})\n"
             + "o.add_variable('k', np.zeros((1000, 16), np.float32))\n"
