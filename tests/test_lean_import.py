@@ -17,10 +17,14 @@ def skipping(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(lean_import, "EXTRAS", {FAKE: ("keras.src.wrappers",)})
     monkeypatch.delenv(lean_import.ENV, raising=False)
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, FAKE, raising=False)
+    before = [f for f in sys.meta_path if isinstance(f, lean_import._SkipKerasExtras)]
+    for finder in before:   # (the command line's main, run in this process by another test, put one)
+        sys.meta_path.remove(finder)
     yield
     sys.modules.pop(FAKE, None)
+    # the list itself stays (the suite's import guard is in it, removed after this test)
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, lean_import._SkipKerasExtras)] + before
 
 
 def _import_as(module_name: str):
@@ -50,3 +54,11 @@ def test_the_environment_keeps_the_extras(skipping, monkeypatch):
 
 def test_the_importer_is_the_module_running_the_import_statement():
     assert lean_import.importer(depth=0) == __name__
+
+
+def test_the_command_line_skips_them_too(skipping, capsys):
+    from autosync.cli import main
+
+    assert main([]) == 2   # no command: its help, after the skip is in place
+    assert sum(isinstance(f, lean_import._SkipKerasExtras) for f in sys.meta_path) == 1
+    assert isinstance(_import_as("keras.src.wrappers.fixes"), ImportError)

@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     if not tflog.wanted():
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     tflog.quiet_startup()
+    # Keras' scikit-learn wrappers and matplotlib galleries, which no command uses: 2 s of the import
+    from autosync.runtime.lean_import import skip_keras_extras
+
+    skip_keras_extras()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -3,17 +3,19 @@
 ``import tensorflow`` imports Keras, and Keras imports, whenever they are installed, scikit-learn
 for its ``keras.wrappers`` estimators and matplotlib for ``keras.visualization``'s galleries: 2.0 s
 of the 6.3 s of CPU that the import costs (measured here: 6.3 -> 4.4 s; scikit-learn pulls SciPy's
-``sparse`` and ``special`` in). AutoSync installs scikit-learn for its own tuner, so every Ray
-worker and parameter server paid it on every start, for code that a training replica never runs.
+``sparse`` and ``special`` in). AutoSync installs scikit-learn for its tuner (XGBoost's
+``XGBRegressor`` needs it), so every Ray worker, parameter server and command paid it on every
+start, for code that none of them runs.
 
-``skip_keras_extras`` (called by a Ray actor's process before it imports TensorFlow) makes those two
-imports fail, as if the packages were missing, when **Keras' own wrapper or visualization module**
-asks for them; Keras guards them and goes on without. Any other import of them (the user's
-``model_fn``, ``dataset_fn``, a loss) works as usual. What is lost in such a process: Keras'
-``SKLearnClassifier``/``SKLearnRegressor``/``SKLearnTransformer`` and ``keras.visualization``'s
-plots say the package is missing. ``AUTOSYNC_KERAS_EXTRAS=1`` in the workers' environment keeps
-them (Ray passes it to the workers of a cluster it starts; on a ``ray start`` cluster set it there).
-The driver's own process (the CLI, the Python API) is never changed.
+``skip_keras_extras`` (called by a Ray actor's process and by the ``autosync`` command before they
+import TensorFlow) makes those two imports fail, as if the packages were missing, when **Keras' own
+wrapper or visualization module** asks for them; Keras guards them and goes on without. Any other
+import of them (the user's ``model_fn``, ``dataset_fn``, a loss; XGBoost's in the tuner) works as
+usual. What is lost in such a process: Keras' ``SKLearnClassifier``, ``SKLearnRegressor``,
+``SKLearnTransformer`` and ``keras.visualization``'s plots say the package is missing. ``AUTOSYNC_KERAS_EXTRAS=1`` in the environment keeps them (Ray
+passes it to the workers of a cluster it starts; on a ``ray start`` cluster set it there). A
+process that uses the Python API (``autosync.tune``, ``make_trainer``) is never changed: it is
+the user's. (``autosync inspect --model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s.)
 """
 from __future__ import annotations
 
@@ -51,13 +53,14 @@ class _SkipKerasExtras(importlib.abc.MetaPathFinder):
             return None
         who = importer()
         if who.startswith(wanted_by):
-            raise ImportError(f"{name} is not imported by {who} in an AutoSync worker ({ENV}=1 keeps it)")
+            raise ImportError(f"{name} is not imported by {who} in an AutoSync worker or command ({ENV}=1 keeps it)")
         return None
 
 
 def skip_keras_extras() -> bool:
     """Make Keras' optional scikit-learn and matplotlib imports fail in this process (see the
-    module docstring). Call it before TensorFlow or Keras is imported, in a worker's process only.
+    module docstring). Call it before TensorFlow or Keras is imported, in a worker's process or the
+    command line's, never in a user's own process.
 
     Returns:
         whether the skip is in place (False when ``AUTOSYNC_KERAS_EXTRAS=1``).
