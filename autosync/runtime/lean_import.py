@@ -12,10 +12,10 @@ import TensorFlow) makes those two imports fail, as if the packages were missing
 wrapper or visualization module** asks for them; Keras guards them and goes on without. Any other
 import of them (the user's ``model_fn``, ``dataset_fn``, a loss; XGBoost's in the tuner) works as
 usual. What is lost in such a process: Keras' ``SKLearnClassifier``, ``SKLearnRegressor``,
-``SKLearnTransformer`` and ``keras.visualization``'s plots say the package is missing. ``AUTOSYNC_KERAS_EXTRAS=1`` in the environment keeps them (Ray
-passes it to the workers of a cluster it starts; on a ``ray start`` cluster set it there). A
-process that uses the Python API (``autosync.tune``, ``make_trainer``) is never changed: it is
-the user's. (``autosync inspect --model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s.)
+``SKLearnTransformer`` and ``keras.visualization``'s plots say the package is missing.
+``AUTOSYNC_KERAS_EXTRAS=1`` in the environment keeps them (Ray passes it to the workers of a
+cluster it starts; on a ``ray start`` cluster set it there). A process that uses the Python API
+(``autosync.tune``, ``make_trainer``) is never changed: it is the user's. (``autosync inspect --model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s.)
 """
 from __future__ import annotations
 
