@@ -15,7 +15,8 @@ usual. What is lost in such a process: Keras' ``SKLearnClassifier``, ``SKLearnRe
 ``SKLearnTransformer`` and ``keras.visualization``'s plots say the package is missing.
 ``AUTOSYNC_KERAS_EXTRAS=1`` in the environment keeps them (Ray passes it to the workers of a
 cluster it starts; on a ``ray start`` cluster set it there). A process that uses the Python API
-(``autosync.tune``, ``make_trainer``) is never changed: it is the user's. (``autosync inspect --model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s.)
+(``autosync.tune``, ``make_trainer``) is never changed: it is the user's. (``autosync inspect
+--model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s.)
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ EXTRAS = {
 
 
 def wanted() -> bool:
-    """Whether the user asked to keep Keras' integrations in the workers (``AUTOSYNC_KERAS_EXTRAS=1``)."""
+    """Whether the user asked to keep Keras' integrations (``AUTOSYNC_KERAS_EXTRAS=1``)."""
     return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
