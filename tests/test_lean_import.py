@@ -28,7 +28,8 @@ def skipping(monkeypatch, tmp_path):
 
 
 def _import_as(module_name: str):
-    """Run ``import FAKE`` as the module ``module_name`` would; returns the module's namespace."""
+    """Run ``import FAKE`` as the module ``module_name`` would; returns the module imported, or the
+    ImportError raised."""
     namespace = {"__name__": module_name}
     exec(f"try:\n    import {FAKE} as extra\nexcept ImportError as e:\n    extra = e\n", namespace)
     return namespace["extra"]

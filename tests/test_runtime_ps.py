@@ -242,7 +242,7 @@ def _keras_extras(_actor) -> tuple:
     from keras.src.wrappers import sklearn_wrapper
 
     return ("keras" if "keras" in sys.modules else None, sklearn.__name__, matplotlib.__name__,
-            sklearn_wrapper.sklearn or plot_image_gallery.plt)
+            sklearn_wrapper.sklearn, plot_image_gallery.plt)
 
 
 def _ps_facts(trainer) -> list[dict]:
@@ -297,7 +297,7 @@ def test_a_keras_path_session_on_a_reused_pool_imports_nothing(pool):
             # (lean_import), while the packages themselves import there as anywhere else
             extras = ray.get([a.__ray_call__.remote(_keras_extras)
                               for a in [*trainer.session.ps_actors, *trainer.session.workers]])
-    assert extras == [("keras", "sklearn", "matplotlib", None)] * len(extras), extras
+    assert extras == [("keras", "sklearn", "matplotlib", None, None)] * len(extras), extras
     for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
     assert [f["pid"] for f in facts[1]] == [f["pid"] for f in facts[0]]
