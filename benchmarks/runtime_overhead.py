@@ -30,10 +30,13 @@ For small models on this machine it measures, in one run:
     cost of each in a fresh process (import and first build).
 
   - with --pool-startup: trial start-up (RayRunner's ``startup_s``: from "run this strategy" to
-    the first step) of --trials consecutive trials of strategy 'ps' on one warm worker pool (2 workers on
-    one node), for ncf, dlrm and lm1b: SGD(0.1) on the numpy rules against SGD with a cosine-decay
-    schedule, which runs the Keras optimizer in the PS actor. The first trial of each includes
-    loading the model in the workers; the later ones are what a tuner's trials cost.
+    the first step) of --trials consecutive trials of strategy 'ps' (2 workers on one node), for
+    ncf, dlrm and lm1b: SGD(0.1) on the numpy rules against SGD with a cosine-decay schedule,
+    which runs the Keras optimizer in the PS actor; each on a fresh pool, as a tuning run starts,
+    --rounds times with the order of the two alternating. The first trial includes the workers'
+    start and loading the model (on both paths) and the PS actors' import of Keras (on the Keras
+    path); the later ones are what a tuner's trials cost. Printed: the Keras path minus the numpy
+    rules, first trial and later trials (issue #26's "trial start-up no more than 1 s slower").
 
   - with --checkpoint: ``Trainer.save`` time per GiB of state (weights + optimizer slots) on ncf,
     dlrm and lm1b ('ps' strategy, 2 workers as 2 nodes, after one training step so the slots
@@ -43,7 +46,7 @@ For small models on this machine it measures, in one run:
     actors); and the driver's peak resident memory.
 
 Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
-                                            [--pool-startup [--trials N]]
+                                            [--pool-startup [--trials N] [--rounds N]]
                                             [--checkpoint [--repeat N]] [--models M ...] [--out FILE]
 """
 from __future__ import annotations
@@ -146,12 +149,14 @@ def main() -> None:
     ap.add_argument("--checkpoint", action="store_true", help="only Trainer.save seconds per GiB of state")
     ap.add_argument("--repeat", type=int, default=3, help="saves per model with --checkpoint")
     ap.add_argument("--pool-startup", action="store_true",
-                    help="only trial start-up of consecutive trials on a warm pool, numpy rules vs Keras path")
+                    help="only trial start-up of consecutive trials on a fresh pool, numpy rules vs Keras path")
     ap.add_argument("--tables", nargs="+", type=int, default=None, metavar="ROWS",
                     help=f"with --apply: instead of the zoo (unless --models is given too), one embedding table of "
                          f"ROWS x {TABLE_DIM} and a dense layer, {TABLE_DRAWS} rows drawn a step; adds the Keras "
                          f"rule on the whole table (keras_whole_table)")
     ap.add_argument("--trials", type=int, default=3, help="consecutive trials per model and path with --pool-startup")
+    ap.add_argument("--rounds", type=int, default=2, help="fresh pools per model and path with --pool-startup "
+                                                          "(the paths' order alternates)")
     ap.add_argument("--models", nargs="+", default=None, metavar="M",
                     help=f"zoo models ({', '.join(SPARSE_ZOO)}) of the bytes-per-step table (default: all) or of "
                          f"--checkpoint (default: ncf dlrm lm1b; there also NAME?size=full)")
@@ -191,9 +196,10 @@ def main() -> None:
         return
     if args.pool_startup:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        result = pool_startup(args.trials, args.models)
+        result = pool_startup(args.trials, args.models, args.rounds)
         if args.out:
-            _write_run(args.out, started, {"steps": args.steps, "warmup": args.warmup}, result)
+            _write_run(args.out, started, {"trials": args.trials, "rounds": args.rounds, "strategy": "ps",
+                                           "workers": WORKERS}, result)
         return
 
     tf_import = fresh_import_s("tensorflow")
@@ -409,8 +415,13 @@ def sgd_cosine():
     return keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, decay_steps=1000))
 
 
-def pool_startup(trials: int, models=APPLY_ZOO) -> dict:
-    """Start-up of consecutive trials on one warm pool, numpy rules vs the Keras path (see the module doc)."""
+def pool_startup(trials: int, models=APPLY_ZOO, rounds: int = 2) -> dict:
+    """Start-up of consecutive trials as a tuning run meets them, numpy rules vs the Keras path
+    (see the module doc): for each model, path and round a fresh pool (new workers and PS actors),
+    ``trials`` trials of 'ps' on it; the paths' order alternates from round to round. The first
+    trial of a pool includes the workers' start and the model's load (the same on both paths) and,
+    on the Keras path, the PS actors' import of Keras; the later trials are what a tuner's trials
+    cost once its PS processes are warm."""
     import dataclasses
 
     import ray
@@ -426,24 +437,33 @@ def pool_startup(trials: int, models=APPLY_ZOO) -> dict:
     cpus = os.cpu_count() or 1
     local = ClusterSpec(name="local", nodes=(NodeSpec(name="node0", cpus=cpus, workers=WORKERS, chief=True),))
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    out: dict = {"startup_s": {}}
-    print("\ntrial start-up on one warm pool, consecutive trials (s)")
-    print("model | path | trials")
-    pool = WorkerPool(ClusterBinding.bind(local))
+    paths = (("numpy", sgd_constant), ("keras", sgd_cosine))
+    out: dict = {"startup_s": {}, "keras_minus_numpy_s": {}}
+    print("\ntrial start-up, consecutive trials on a fresh pool (s)")
+    print("model | path | round | trials")
     for name in models:
-        for path, optimizer in (("numpy", sgd_constant), ("keras", sgd_cosine)):
-            md = dataclasses.replace(zoo.get_model_def(name), optimizer_fn=optimizer)
-            runner = RayRunner(md, local, warmup=1, steps=2, max_steps=2, pool=pool)
-            strategy = get_builder("ps").build(runner.model, local)
-            times = []
-            for _ in range(trials):
-                trial = runner.run([strategy])[0]
-                if not trial.ok:
-                    raise SystemExit(f"{name} {path}: {trial.status}: {trial.error}")
-                times.append(trial.meta["startup_s"])
-            out["startup_s"][f"{name}/{path}"] = times
-            print(f"{name} | {path} | " + " ".join(f"{t:.2f}" for t in times))
-    pool.kill_all()
+        for r in range(rounds):
+            for path, optimizer in (paths if r % 2 == 0 else paths[::-1]):
+                pool = WorkerPool(ClusterBinding.bind(local))
+                md = dataclasses.replace(zoo.get_model_def(name), optimizer_fn=optimizer)
+                runner = RayRunner(md, local, warmup=1, steps=2, max_steps=2, pool=pool)
+                strategy = get_builder("ps").build(runner.model, local)
+                times = []
+                for _ in range(trials):
+                    trial = runner.run([strategy])[0]
+                    if not trial.ok:
+                        raise SystemExit(f"{name} {path}: {trial.status}: {trial.error}")
+                    times.append(trial.meta["startup_s"])
+                pool.kill_all()
+                out["startup_s"].setdefault(f"{name}/{path}", []).append(times)
+                print(f"{name} | {path} | {r} | " + " ".join(f"{t:.2f}" for t in times))
+        runs = {p: out["startup_s"][f"{name}/{p}"] for p, _ in paths}
+        first = [k[0] - n[0] for k, n in zip(runs["keras"], runs["numpy"])]
+        later = [k[i] - n[i] for k, n in zip(runs["keras"], runs["numpy"]) for i in range(1, trials)]
+        out["keras_minus_numpy_s"][name] = {"first_trial": first, "later_trials": later}
+        print(f"{name}: Keras path minus numpy rules, first trial " + " ".join(f"{d:+.2f}" for d in first)
+              + (f"; later trials median {statistics.median(later):+.2f} [{min(later):+.2f}, {max(later):+.2f}]"
+                 if later else ""))
     ray.shutdown()
     return out
 
