@@ -33,10 +33,13 @@ For small models on this machine it measures, in one run:
     the first step) of --trials consecutive trials of strategy 'ps' (2 workers on one node), for
     ncf, dlrm and lm1b: SGD(0.1) on the numpy rules against SGD with a cosine-decay schedule,
     which runs the Keras optimizer in the PS actor; each on a fresh pool, as a tuning run starts,
-    --rounds times with the order of the two alternating. The first trial includes the workers'
-    start and loading the model (on both paths) and the PS actors' import of Keras (on the Keras
-    path); the later ones are what a tuner's trials cost. Printed: the Keras path minus the numpy
-    rules, first trial and later trials (issue #26's "trial start-up no more than 1 s slower").
+    --rounds times with the order of the two alternating. Before the first trial the workers
+    start and load the model (``load``, the same on both paths); the PS actors start beside that
+    load and, on the Keras path, import Keras there (``PSPool.expect``; before it they started, and
+    imported Keras, on the first trial's path). The later trials are what a tuner's trials cost.
+    Printed: the load and each trial's start-up, and the Keras path minus the numpy rules: first
+    trial, load + first trial (from nothing to the first step), later trials (issue #26's "trial
+    start-up no more than 1 s slower").
 
   - with --checkpoint: ``Trainer.save`` time per GiB of state (weights + optimizer slots) on ncf,
     dlrm and lm1b ('ps' strategy, 2 workers as 2 nodes, after one training step so the slots
@@ -429,6 +432,7 @@ def pool_startup(trials: int, models=APPLY_ZOO, rounds: int = 2) -> dict:
     from autosync.models import zoo
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import WorkerPool
+    from autosync.runtime.optimizers import check_model_optimizer
     from autosync.runtime.runner import RayRunner
     from strategy_space import ClusterSpec, NodeSpec
     from strategy_space.builders import get_builder
@@ -438,7 +442,7 @@ def pool_startup(trials: int, models=APPLY_ZOO, rounds: int = 2) -> dict:
     local = ClusterSpec(name="local", nodes=(NodeSpec(name="node0", cpus=cpus, workers=WORKERS, chief=True),))
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     paths = (("numpy", sgd_constant), ("keras", sgd_cosine))
-    out: dict = {"startup_s": {}, "keras_minus_numpy_s": {}}
+    out: dict = {"startup_s": {}, "load_s": {}, "keras_minus_numpy_s": {}}
     print("\ntrial start-up, consecutive trials on a fresh pool (s)")
     print("model | path | round | trials")
     for name in models:
@@ -446,8 +450,12 @@ def pool_startup(trials: int, models=APPLY_ZOO, rounds: int = 2) -> dict:
             for path, optimizer in (paths if r % 2 == 0 else paths[::-1]):
                 pool = WorkerPool(ClusterBinding.bind(local))
                 md = dataclasses.replace(zoo.get_model_def(name), optimizer_fn=optimizer)
+                check_model_optimizer(md)   # as every command does before Ray starts (it imports Keras)
                 runner = RayRunner(md, local, warmup=1, steps=2, max_steps=2, pool=pool)
-                strategy = get_builder("ps").build(runner.model, local)
+                t0 = time.perf_counter()
+                model = runner.model   # the workers start and load the model (as a tuning run's first step)
+                out["load_s"].setdefault(f"{name}/{path}", []).append(time.perf_counter() - t0)
+                strategy = get_builder("ps").build(model, local)
                 times = []
                 for _ in range(trials):
                     trial = runner.run([strategy])[0]
@@ -456,12 +464,19 @@ def pool_startup(trials: int, models=APPLY_ZOO, rounds: int = 2) -> dict:
                     times.append(trial.meta["startup_s"])
                 pool.kill_all()
                 out["startup_s"].setdefault(f"{name}/{path}", []).append(times)
-                print(f"{name} | {path} | {r} | " + " ".join(f"{t:.2f}" for t in times))
+                print(f"{name} | {path} | {r} | load {out['load_s'][f'{name}/{path}'][-1]:.2f}, trials "
+                      + " ".join(f"{t:.2f}" for t in times))
         runs = {p: out["startup_s"][f"{name}/{p}"] for p, _ in paths}
+        loads = {p: out["load_s"][f"{name}/{p}"] for p, _ in paths}
         first = [k[0] - n[0] for k, n in zip(runs["keras"], runs["numpy"])]
+        # the first trial from nothing: the workers' load (the PS actors import Keras beside it) and its start-up
+        whole = [lk + k[0] - ln - n[0] for lk, k, ln, n in zip(loads["keras"], runs["keras"], loads["numpy"],
+                                                               runs["numpy"])]
         later = [k[i] - n[i] for k, n in zip(runs["keras"], runs["numpy"]) for i in range(1, trials)]
-        out["keras_minus_numpy_s"][name] = {"first_trial": first, "later_trials": later}
+        out["keras_minus_numpy_s"][name] = {"first_trial": first, "load_and_first_trial": whole,
+                                            "later_trials": later}
         print(f"{name}: Keras path minus numpy rules, first trial " + " ".join(f"{d:+.2f}" for d in first)
+              + "; load + first trial " + " ".join(f"{d:+.2f}" for d in whole)
               + (f"; later trials median {statistics.median(later):+.2f} [{min(later):+.2f}, {max(later):+.2f}]"
                  if later else ""))
     ray.shutdown()

@@ -296,6 +296,11 @@ class Strategy:
     def resolved_replicas(self, cluster) -> tuple[str, ...]:
         return self.replicas or cluster.devices
 
+    def ps_nodes(self) -> tuple[str, ...]:
+        """The nodes that host a parameter-server shard of some variable, sorted (none for a
+        strategy that all-reduces everything)."""
+        return tuple(sorted({s.destination for c in self.variables for s in c.synchronizers if isinstance(s, PS)}))
+
     @property
     def fingerprint(self) -> str:
         """Content hash of the strategy (``origin`` left out); computed once per object."""

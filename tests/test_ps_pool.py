@@ -143,3 +143,53 @@ def test_a_pooled_shards_drop_clears_keras_and_freezes_what_is_left_once(monkeyp
     monkeypatch.setattr(ps_pool, "_FROZEN", False)
     shard._drop()   # a numpy-path actor imports nothing and freezes nothing
     assert (len(cleared), len(frozen)) == (3, 1)
+
+
+def _model_def(optimizer_fn):
+    return NS(optimizer_fn=optimizer_fn)
+
+
+def _sgd_cosine():
+    import keras
+
+    return keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, decay_steps=100))
+
+
+def _sgd_constant():
+    import keras
+
+    return keras.optimizers.SGD(0.1)
+
+
+def _broken():
+    raise ValueError("no optimizer today")
+
+
+@pytest.mark.parametrize("optimizer_fn, keras_path", [(_sgd_cosine, True), (_sgd_constant, False), (_broken, False)])
+def test_expect_starts_an_actor_per_node_beside_the_workers_load_and_imports_keras_only_for_the_keras_path(
+        killed, optimizer_fn, keras_path):
+    import keras  # noqa: F401 - the driver has imported Keras (the commands' optimizer check does)
+
+    pool = _Pool()
+    assert pool.expect(_model_def(optimizer_fn), ["n1", "n0", "n1"]) is keras_path
+    assert sorted(pool.idle) == ["n0", "n1"] and [a.node for a in pool.made] == ["n0", "n1"]
+    assert all(a.calls == (["preload"] if keras_path else []) for a in pool.made)
+    # the first session takes the actor started then (reset onto its shards), not a new one
+    first = pool.made[0]
+    actor, ref = pool.take("n0", ("shards",), keras=keras_path)
+    assert actor is first and ref.method == "reset" and len(pool.made) == 2
+    # and the session's own prepare finds it done: no second import
+    pool.give_back([actor])
+    pool.prepare(["n0"], keras_path)
+    assert first.calls.count("preload") == (1 if keras_path else 0) and len(pool.made) == 2
+
+
+def test_expect_never_imports_keras_in_the_driver(killed, monkeypatch):
+    import sys
+
+    called = []
+    monkeypatch.delitem(sys.modules, "keras", raising=False)
+    pool = _Pool()
+    assert pool.expect(_model_def(lambda: called.append(1)), ["n0"]) is False
+    assert not called and "keras" not in sys.modules and [a.calls for a in pool.made] == [[]]
+    assert pool.expect(_model_def(_sgd_cosine), []) is False and len(pool.made) == 1

@@ -109,3 +109,12 @@ def test_ready_times_follow_the_backward_pass_after_the_forward_third():
     assert times["emb"] == pytest.approx(1.0)
     unprofiled = ready_times(dataclasses.replace(spec, profile=None))   # reverse creation order
     assert list(unprofiled) == ["b", "a", "emb"]
+
+
+def test_ps_nodes_names_the_nodes_that_host_a_parameter_server_shard():
+    model, cluster = tiny_model(), three_node_cluster()
+    assert get_builder("ps").build(model, cluster).ps_nodes() == (cluster.chief.name,)
+    assert get_builder("all_reduce").build(model, cluster).ps_nodes() == ()
+    spread = get_builder("partitioned_ps", min_partition_bytes=1).build(model, cluster)
+    expected = sorted({s.destination for c in spread.variables for s in c.synchronizers if isinstance(s, PS)})
+    assert list(spread.ps_nodes()) == expected and len(expected) > 1

@@ -69,6 +69,28 @@ class PSPool:
                     actor.preload.remote()
                     self.with_keras.add(key)
 
+    def expect(self, model_def, nodes) -> bool:
+        """Before the workers first load ``model_def``: an idle actor on each of ``nodes`` starts
+        now, beside the workers' own start, instead of on the first session's path once they have
+        loaded (``prepare`` then finds it there); and if the optimizer runs through Keras on a
+        parameter server, it imports Keras meanwhile as well. That is known only where this process
+        has imported Keras already (the commands and the Trainer build the optimizer here to check
+        it before Ray starts): the driver never imports it for this. Returns whether the actors
+        import Keras.
+
+        (Measured by ``benchmarks/runtime_overhead.py --pool-startup``.)"""
+        nodes = sorted(set(nodes))
+        keras = False
+        if nodes and "keras" in sys.modules:
+            from autosync.runtime.optimizers import keras_optimizer_config, numpy_rules
+
+            try:
+                keras = not numpy_rules(keras_optimizer_config(model_def.optimizer_fn()))
+            except Exception:  # noqa: BLE001 - the workers' load reports what is wrong with optimizer_fn
+                keras = False
+        self.prepare(nodes, keras)
+        return keras
+
     def start(self, plan, optimizer: dict, chunks: list, description_ref) -> tuple[list, list]:
         """The PS actors of ``plan`` (its order) set up with their shards (see ``take``).
 

@@ -143,6 +143,7 @@ class RayRunner(Runner):
         self.binding = self.pool.binding
         self._model = None
         self._given_spec = model_spec
+        self._ps_nodes: tuple[str, ...] | None = None   # where the first strategy run puts PS (``model``)
         self.timeline, self.last_timeline = bool(timeline), None
 
     @property
@@ -155,6 +156,9 @@ class RayRunner(Runner):
     def model(self):
         """The ModelSpec as the workers built it (starts the workers on first use)."""
         if self._model is None:
+            # a tuning run's baselines put parameter servers on every node; one strategy, on its own
+            nodes = self._ps_nodes if self._ps_nodes is not None else [n.name for n in self.cluster.nodes]
+            self.pool.ps.expect(self.model_def, nodes)
             self.pool.ensure(self.model_def, self.cluster.devices, time.monotonic() + self.trial_timeout_s)
             desc = self.pool.description
             built = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
@@ -197,6 +201,8 @@ class RayRunner(Runner):
                       cluster_fingerprint=self.cluster.fingerprint)
         session = None
         try:
+            if self._model is None:
+                self._ps_nodes = strategy.ps_nodes()
             model = self.model
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)

@@ -143,6 +143,9 @@ class Trainer:
             # a restart: the PS actors import Keras (if the optimizer needs it) while the workers start
             self.pool.ps.prepare([p.node for p in self.plan.ps_actors],
                                  not numpy_rules(self.pool.description["optimizer"]))
+        elif self.pool.description is None or self.pool.model_def is not self.model_def:
+            # the first start: likewise, beside the workers' first load of the model
+            self.pool.ps.expect(self.model_def, self.strategy.ps_nodes())
         self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
         desc = self.pool.description
         self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
