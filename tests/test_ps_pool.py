@@ -193,3 +193,10 @@ def test_expect_never_imports_keras_in_the_driver(killed, monkeypatch):
     assert pool.expect(_model_def(lambda: called.append(1)), ["n0"]) is False
     assert not called and "keras" not in sys.modules and [a.calls for a in pool.made] == [[]]
     assert pool.expect(_model_def(_sgd_cosine), []) is False and len(pool.made) == 1
+
+
+def test_expect_leaves_a_node_the_cluster_lacks_to_the_strategys_validation(killed):
+    pool = _Pool()
+    pool.binding = NS(keys={"n0": "node:n0"})
+    assert pool.expect(_model_def(_sgd_constant), ["n0", "nowhere"]) is False
+    assert [a.node for a in pool.made] == ["n0"] and "nowhere" not in pool.idle

@@ -79,7 +79,8 @@ class PSPool:
         import Keras.
 
         (Measured by ``benchmarks/runtime_overhead.py --pool-startup``.)"""
-        nodes = sorted(set(nodes))
+        # a node the cluster lacks is the strategy's validation's to report, after the load
+        nodes = sorted({n for n in nodes if self.binding is None or n in self.binding.keys})
         keras = False
         if nodes and "keras" in sys.modules:
             from autosync.runtime.optimizers import keras_optimizer_config, numpy_rules
