@@ -661,6 +661,7 @@ def data(worker, num_workers):
     rng = np.random.RandomState(worker)
     for i in range(1000):
         if worker == 1 and i == 2 and os.path.exists(FLAG):
+            open(FLAG + ".reached", "w").close()   # the trial's session is running
             time.sleep(3600)   # the trial stays running until the parameter server is killed
         x = rng.randint(0, 30, size=(8, 2)).astype("int32")
         yield x, (x.sum(axis=1, keepdims=True) / 60.0).astype("float32")
@@ -707,7 +708,11 @@ def test_item8_run_json_stays_valid_json_when_a_parameter_server_dies(tmp_path):
                 except OSError:
                     continue
         assert ps, "no parameter-server actor appeared"
-        time.sleep(3.0)
+        # the PS actor starts while the workers load the model: kill it once the trial runs
+        while not os.path.exists(f"{flag}.reached") and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.2)
+        assert os.path.exists(f"{flag}.reached"), "the trial never reached its hanging batch"
+        time.sleep(1.0)
         for pid in ps:
             os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=240)

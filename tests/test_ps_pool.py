@@ -200,3 +200,26 @@ def test_expect_leaves_a_node_the_cluster_lacks_to_the_strategys_validation(kill
     pool.binding = NS(keys={"n0": "node:n0"})
     assert pool.expect(_model_def(_sgd_constant), ["n0", "nowhere"]) is False
     assert [a.node for a in pool.made] == ["n0"] and "nowhere" not in pool.idle
+
+
+@pytest.mark.parametrize("awaited, expected", [
+    ("parameter server ps@n0", "parameter server ps@n0 died (the actor process exited or was killed)"),
+    ("worker n0:0", "parameter server ps@n0 died (the actor process exited or was killed; worker n0:0 lost it)")])
+def test_wait_all_names_the_actor_that_died_and_who_lost_it(monkeypatch, awaited, expected):
+    """A PS actor killed before its session used it fails the session's wait on that very actor:
+    its own death, not one it lost (the pool now starts PS actors while the workers load)."""
+    import ray
+
+    from autosync.runtime.engine import TrialFailed, wait_all
+
+    dead = "ab" * 14
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
+
+    def get(ref):
+        raise RuntimeError(f"The actor is dead because its worker process has died. actor_id: {dead}")
+
+    monkeypatch.setattr(ray, "get", get)
+    what, who = awaited.rsplit(" ", 1)
+    with pytest.raises(TrialFailed) as e:
+        wait_all(["ref"], None, what, [who], {dead: "parameter server ps@n0", "cd" * 14: "worker n0:0"})
+    assert str(e.value) == expected

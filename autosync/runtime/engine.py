@@ -123,9 +123,9 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
         except Exception as e:  # noqa: BLE001 - any task/actor error fails the session
             who = names[i] if names else f"#{i}"
             died = dead_actor(e, actors) if actors else None
-            if died is not None:
-                raise TrialFailed(f"{died} died (the actor process exited or was killed; {what} {who} "
-                                  f"lost it)") from None
+            if died is not None:   # (an awaited actor's own death is not one it "lost")
+                lost = "" if died == f"{what} {who}" else f"; {what} {who} lost it"
+                raise TrialFailed(f"{died} died (the actor process exited or was killed{lost})") from None
             raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from None
     return results
 
@@ -341,7 +341,7 @@ class Session:
         self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES,
                                  pipelined_sparse(plan, p, binding.cluster, shapes, itemsize)) for p in plan.ps_actors]
         self.ps_actors, ready = self.pool.ps.start(plan, desc["optimizer"], self.chunks, self.pool.description_ref)
-        ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in self.plan.ps_actors])
+        ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in plan.ps_actors], self.actor_labels())
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
         links = self._start_links(deadline)
         n = self.plan.num_workers
