@@ -106,3 +106,41 @@ def test_make_trainer_takes_a_builders_name_for_its_strategy(monkeypatch, tmp_pa
     with pytest.raises(ConfigError, match=r"strategy 'pss' is neither a strategy YAML file nor a builder's name; .*"
                                           r"a builder: ps, .*all_reduce"):
         autosync.make_trainer(_model_def(), "pss", "local")
+
+
+@pytest.mark.parametrize("error", ["failed", "timeout"])
+def test_a_model_the_workers_cannot_load_is_a_config_error_that_says_what_failed(error):
+    """``tune`` asks the runner for the workers' optimizer before its first trial, ``baselines``
+    for the model the builders build for: a model whose ``model_fn`` raises in the workers only was
+    a traceback (TrialFailed, exit 1), now a message (exit 2 from the commands) naming the model,
+    the cluster and the worker's error."""
+    from autosync.runtime.engine import TrialFailed, TrialTimeout
+    from autosync.runtime.runner import RayRunner
+
+    class Binding:
+        cluster = CLUSTER
+
+    class Pool:   # a WorkerPool whose workers fail to build the model
+        binding = Binding()
+        description = None
+
+        class ps:
+            @staticmethod
+            def expect(model_def, nodes):
+                pass
+
+        def ensure(self, model_def, slots, deadline):
+            raise (TrialFailed("worker a:0 failed: RuntimeError: boom") if error == "failed"
+                   else TrialTimeout("worker a:1 did not load in 300 s"))
+
+        def kill_all(self):   # a failed trial's clean-up
+            pass
+
+    runner = RayRunner(_model_def(), CLUSTER, pool=Pool())
+    said = "worker a:0 failed: RuntimeError: boom" if error == "failed" else "worker a:1 did not load in 300 s"
+    for ask in (runner.optimizer_config, lambda: runner.model):
+        with pytest.raises(ConfigError, match=f"the workers could not load model tiny on cluster pair: {said}; check "
+                                              f"that the model trains on this cluster"):
+            ask()
+    trial = runner.run_one(STRATEGY, "hand")   # a trial records the load's failure as its own, as before
+    assert trial.status == error and said in trial.error

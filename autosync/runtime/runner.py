@@ -154,7 +154,20 @@ class RayRunner(Runner):
 
     @property
     def model(self):
-        """The ModelSpec as the workers built it (starts the workers on first use)."""
+        """The ModelSpec as the workers built it (starts the workers on first use).
+
+        Raises:
+            ConfigError: the workers could not build the model (what failed where): no strategy
+                can run, so a command says so (``tune``, ``baselines``) instead of a traceback.
+        """
+        try:
+            return self._loaded()
+        except (TrialFailed, TrialTimeout) as e:
+            raise ConfigError(f"the workers could not load model {self.model_def.name} on cluster {self.cluster.name}: "
+                              f"{e}; check that the model trains on this cluster (autosync run)") from None
+
+    def _loaded(self):
+        """``model``, raising what the load raised (a trial reports a timeout as one)."""
         if self._model is None:
             # a tuning run's baselines put parameter servers on every node; one strategy, on its own
             nodes = self._ps_nodes if self._ps_nodes is not None else [n.name for n in self.cluster.nodes]
@@ -180,7 +193,11 @@ class RayRunner(Runner):
 
     def optimizer_config(self) -> dict:
         """The model's optimizer as the workers built it (``keras_optimizer_config``; starts the
-        workers on first use)."""
+        workers on first use).
+
+        Raises:
+            ConfigError: see ``model``.
+        """
         self.model
         return dict(self.pool.description["optimizer"])
 
@@ -203,7 +220,7 @@ class RayRunner(Runner):
         try:
             if self._model is None:
                 self._ps_nodes = strategy.ps_nodes()
-            model = self.model
+            model = self._loaded()
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
             doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
