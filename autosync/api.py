@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from autosync.search_limits import search_limits
 from autosync.tflog import quiet_startup
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
@@ -27,6 +28,7 @@ from tuner.records.outcome import TuneOutcome
 from tuner.records.store import TrialStore, check_store_file, open_existing_store
 from tuner.records.trial import Runner, Trial
 from tuner.records.warmstart import load_warm_start
+from tuner.search.baseline_tuner import BaselineTuner
 from tuner.search.model_based import ModelBasedTuner, SearchSettings
 from tuner.search.tuning import Budget, previous_run, tune_loop
 
@@ -63,6 +65,7 @@ class TuneResult:
         warm_start_trials: trials of the warm-start dataset the predictor learned from besides.
         quality: what the run ranked by (``tuner.records.goodput.QUALITIES``).
         lossy_note: why lossy parts were not proposed, or what their efficiencies rest on.
+        search_note: what else the search did not propose, and why (``autosync.search_limits``).
     """
 
     best_strategy: Strategy
@@ -75,6 +78,7 @@ class TuneResult:
     warm_start_trials: int = 0
     quality: str = "step"
     lossy_note: str = ""
+    search_note: str = ""
 
     @property
     def efficiency(self) -> Efficiency | None:
@@ -134,6 +138,7 @@ class TuneResult:
             "efficiency_note": e.note if e else "",
             "lossy_parts": lossy_parts(self.best_strategy).describe(),
             "lossy_note": self.lossy_note,
+            "search_note": self.search_note,
             "best_goodput_s": self.outcome.figure(self.best_trial) if self.quality != "step" else None,
             "step_speedup_over_best_baseline": (b.median / self.best_trial.median) if b is not None else None,
             "probes": sum(1 for x in self.outcome.efficiency.values() if x.source == "probe"),
@@ -366,6 +371,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                               f"start a new run")
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        # what the model's optimizer makes the runtime refuse is never proposed (a clashing pin fails here)
+        limits = search_limits(runner.optimizer_config(), constraints)
         with TrialStore(store_path) as trial_store:
             lossy_note = ""
             if quality == "goodput" and prober is None:
@@ -379,17 +386,16 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             # staleness and asynchrony depend on timing: offered only where probes train on the
             # target itself (real compute on the measured workers)
             timed = quality == "goodput" and prober is not None and getattr(prober, "on_target", False)
-            if timed and runner.optimizer_config().get("global_clipnorm") is not None:
-                # the runtime refuses staleness and asynchronous PS under it (``check_global_clipnorm``)
+            if timed and not limits.staleness_ok:
                 timed = False
-                lossy_note = "; ".join(filter(None, [lossy_note, "staleness and asynchronous PS not proposed: the "
-                                                     "optimizer's global_clipnorm needs every gradient of a step "
-                                                     "before any update"]))
-            tuner = ModelBasedTuner(spec, cluster_spec, constraints=constraints, settings=settings or SearchSettings(),
-                                    warm_start=warm_groups, lossless=lossless,
+                lossy_note = "; ".join(filter(None, [lossy_note, limits.staleness_note]))
+            tuner = ModelBasedTuner(spec, cluster_spec, constraints=limits.constraints,
+                                    settings=settings or SearchSettings(), warm_start=warm_groups, lossless=lossless,
                                     staleness=STALENESS_OFFERED if timed else (0,), allow_async=timed)
+            # the baselines as their builders make them, on the user's pins alone (module search_limits)
             outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
                                                                    patience=patience, confirm=confirm),
+                                baselines=BaselineTuner(spec, cluster_spec, constraints=constraints),
                                 resume=resume, on_trial=on_trial, quality=quality,
                                 prober=prober if quality == "goodput" else None, on_probe=on_probe,
                                 min_efficiency=min_efficiency)
@@ -407,4 +413,4 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
                       cluster=cluster_spec, outcome=outcome, store_path=str(store_path),
                       warm_start_trials=sum(len(trials) for _, _, trials in warm_groups), quality=quality,
-                      lossy_note=lossy_note)
+                      lossy_note=lossy_note, search_note=limits.partition_note)

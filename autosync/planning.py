@@ -64,6 +64,7 @@ class Plan:
         compute_s, compute_source: the compute per step the predictions assume, and where it comes from.
         assumed: what else the predictions take on trust about the cluster, each with how to say
             it instead (``ClusterSpec.intra_node_assumption``).
+        search_note: what the model's optimizer keeps out of the plan, and why (``autosync.search_limits``).
     """
 
     model: str
@@ -76,6 +77,7 @@ class Plan:
     compute_s: float
     compute_source: str
     assumed: list[str] = field(default_factory=list)
+    search_note: str = ""
 
     @property
     def best(self) -> PlannedStrategy:
@@ -90,6 +92,7 @@ class Plan:
         return {"model": self.model, "cluster": self.cluster, "predictor": self.predictor,
                 "trained_on_trials": self.trained_on, "groups": self.groups, "target_trials": self.target_trials,
                 "compute_s": self.compute_s, "compute_source": self.compute_source, "assumed": self.assumed,
+                "search_note": self.search_note,
                 "best": best.to_dict(), "best_baseline": base.to_dict(),
                 "predicted_speedup_over_best_baseline": base.predicted_s / best.predicted_s,
                 "ranked": [p.to_dict() for p in self.ranked]}
@@ -117,7 +120,10 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     Raises:
         ConfigError: bad input, said before any work.
     """
-    from autosync.sources import load_cluster, load_model_spec
+    from autosync.model_def import ModelDef
+    from autosync.runtime.optimizers import check_model_optimizer
+    from autosync.search_limits import search_limits
+    from autosync.sources import is_trainable_source, load_cluster, load_model_def, load_model_spec
     from tuner.search.baseline_tuner import BaselineTuner
     from tuner.cost_models.analytic import AnalyticCostModel, lower_bound_of_row
     from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
@@ -130,10 +136,16 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         raise ConfigError(f"scorer must be auto, learned or analytic, got {scorer!r}")
     if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= 100:
         raise ConfigError(f"top must be an integer from 1 to 100 (searched strategies to list), got {top!r}")
-    spec = model if hasattr(model, "variables") else load_model_spec(model)
     cluster_spec = cluster if hasattr(cluster, "nodes") else load_cluster(cluster)
     if isinstance(constraints, str):
         constraints = load_constraints(constraints)
+    optimizer: dict = {}   # a trainable model's optimizer: what the runtime refuses under it is not planned
+    if isinstance(model, ModelDef) or isinstance(model, str) and is_trainable_source(model):
+        model = load_model_def(model)
+        optimizer = check_model_optimizer(model)
+    spec = model if hasattr(model, "variables") else load_model_spec(model)
+    limits = search_limits(optimizer, constraints)
+    constraints = limits.constraints
     if constraints is not None and constraints.cluster_problems(cluster_spec):
         raise ConfigError(constraints.cluster_problems(cluster_spec))
     if constraints is not None and constraints.lossy_pins():
@@ -161,7 +173,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         own = ModelBasedTuner(spec, cluster_spec, constraints=constraints, lossless=True,
                               settings=SearchSettings(batch=top, seed=seed))
         searched += own.next_batch(top, History(spec, cluster_spec))
-    # every builder's strategy once, projected onto the pins (``NAME+pins`` where they change it)
+    # every builder's strategy once, projected onto the pins (``NAME+pins`` where they change it),
+    # the optimizer's included: a plan recommends only what the runtime runs
     candidates: list[tuple[str, Strategy, list]] = [
         (b.origin, b.strategy, list(b.aliases))
         for b in BaselineTuner(spec, cluster_spec, constraints=constraints, lossless=True).proposals()]
@@ -197,7 +210,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 compute_source="the model spec's profile" if profile else
                 f"estimated from the parameters at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s: the model spec has no profile; "
                 f"measure one on the cluster's accelerator, `autosync inspect --profile --out`",
-                assumed=cluster_spec.assumptions())
+                assumed=cluster_spec.assumptions(), search_note=limits.partition_note)
 
 
 _JUDGED: dict = {}   # (training data, protocol, seed) -> pairwise accuracy of each scorer
@@ -282,7 +295,7 @@ def format_plan(p: Plan) -> str:
               right=(2, 3, 4, 5)),
         f"predictor: {learned}; lossless strategies only (a lossy part's cost to convergence needs the model "
         f"to train: `autosync tune`); measure before trusting a gain (`autosync run`)",
-    ] + [f"assumed: {a}" for a in p.assumed])
+    ] + [f"assumed: {a}" for a in p.assumed] + ([p.search_note] if p.search_note else []))
 
 
 def plan_json(p: Plan) -> str:

@@ -252,3 +252,46 @@ def test_tune_refuses_settings_that_are_not_search_settings(tmp_path):
         autosync.tune("unused", cluster, trials=1, store=tmp_path / "s.db", settings={"batch": 2},
                       warm_start="none", runner=SyntheticRunner(model, cluster))
     assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize("config", [{"class": "Adam", "learning_rate": 0.01},
+                                    {"class": "Adam", "learning_rate": 0.01, "clipnorm": 1.0},
+                                    {"class": "Lamb", "learning_rate": 0.01}])
+def test_under_clipnorm_or_a_whole_variable_rule_the_search_partitions_no_variable(tmp_path, config):
+    """The runtime refuses a variable split into shards under clipnorm (each variable clipped by its
+    own norm) or Lamb (a whole variable's trust ratio): the search proposes none, and says so,
+    so no trial is spent on a refusal (two of three were, on a script with clipnorm). The baselines
+    stay as their builders make them (partitioned_ps is a user's hand choice: its refusal is
+    recorded). Without either, the same search partitions."""
+    class WithOptimizer(SyntheticRunner):
+        def optimizer_config(self):
+            return dict(config)
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    result = autosync.tune("unused", cluster, trials=12, store=tmp_path / "p.db", settings=FAST, warm_start="none",
+                           runner=WithOptimizer(model, cluster, seed=3))
+    search = [t.strategy for t in result.outcome.trials if t.role == "search"]
+    partitioned = [s for s in search if any(v.num_shards > 1 for v in s.variables)]
+    assert len(search) == 12
+    assert any(v.num_shards > 1 for v in result.baselines["partitioned_ps"].strategy.variables)
+    if "clipnorm" not in config and config["class"] != "Lamb":
+        assert partitioned and result.search_note == "" and result.summary()["search_note"] == ""
+    else:
+        assert not partitioned, [s.origin for s in partitioned]
+        assert result.search_note.startswith("no variable partitioned: ")
+        assert ("clipnorm=1.0" if "clipnorm" in config else "'Lamb' reads whole variables") in result.search_note
+
+
+def test_a_pin_that_the_optimizer_makes_the_runtime_refuse_is_refused_before_any_trial(tmp_path):
+    from tuner.search.constraints import Constraints, Rule
+
+    class Clipping(SyntheticRunner):
+        def optimizer_config(self):
+            return {"class": "SGD", "learning_rate": 0.1, "clipnorm": 0.5, "global_clipnorm": None}
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    pins = Constraints((Rule(match="embedding*", shards=2),))
+    with pytest.raises(ConfigError, match=r"constraint rule match='embedding\*': pins shards 2, but optimizer option "
+                                          r"clipnorm=0.5 clips each variable by its own norm.*pin shards 1"):
+        autosync.tune("unused", cluster, trials=2, store=tmp_path / "r.db", settings=FAST, warm_start="none",
+                      constraints=pins, runner=Clipping(model, cluster, seed=3))

@@ -139,3 +139,24 @@ def test_quoting_the_analytic_model_its_own_search_proposes_too():
     assert auto.predictor.startswith("analytic")
     alone = autosync.plan(model, cluster, top=2, warm_start="none")
     assert auto.best.predicted_s <= alone.best.predicted_s * (1 + 1e-6)
+
+
+@pytest.mark.integration   # builds a Keras model
+def test_a_plan_for_a_trainable_model_keeps_out_what_its_optimizer_makes_the_runtime_refuse():
+    """A model whose optimizer clips each variable by its own norm cannot have a variable split
+    into shards updated separately: a plan proposes none, projects the builders that split one
+    onto one shard (``NAME+pins``) and says why; without clipnorm the same plan splits."""
+    import autosync
+    from tests.runtime_models import multi_model_def
+
+    def split(plan):
+        return {r.origin for r in plan.ranked if any(v.num_shards > 1 for v in r.strategy.variables)}
+
+    free = autosync.plan(multi_model_def("adam", learning_rate=0.01), CLUSTER, top=3)
+    builders = split(free) - {"search"}
+    assert "search" in split(free) and builders and free.search_note == ""
+    clipped = autosync.plan(multi_model_def("adam", learning_rate=0.01, clipnorm=1.0), CLUSTER, top=3)
+    named = {r.origin for r in clipped.ranked} | {a for r in clipped.ranked for a in r.aliases}
+    assert split(clipped) == set() and {f"{b}+pins" for b in builders} <= named
+    assert clipped.search_note.startswith("no variable partitioned: optimizer option clipnorm=1.0 clips each")
+    assert clipped.search_note in autosync.planning.format_plan(clipped)

@@ -166,7 +166,7 @@ def quality_line(summary: dict) -> str:
     line = (f"ranked by goodput (step time / statistical efficiency, --quality {summary['quality']}); the "
             f"recommendation's efficiency is {e:.2f} ({how}); {counted(summary['probes'], 'probe')} took "
             f"{summary['probe_seconds']:.0f} s")
-    notes = [n for n in (summary["lossy_note"], summary.get("efficiency_note")) if n]
+    notes = [n for n in (summary["lossy_note"], summary.get("search_note"), summary.get("efficiency_note")) if n]
     notes += [f"assumed by the cost model that chose the candidates: {a}" for a in summary.get("assumed", [])]
     return line + "".join(f"\n{n}" for n in notes)
 

@@ -104,6 +104,21 @@ def linear_in_slices(config: dict) -> bool:
     return str(config.get("class", "")).lower() in _LINEAR_IN_SLICES
 
 
+def whole_variable_reasons(config: dict) -> list[tuple[str, str]]:
+    """Why this optimizer cannot update a variable split into shards updated separately, as
+    ``(reason, fix)`` pairs (its rule reads the whole variable: ``clipnorm``'s norm, Lamb's trust
+    ratio, Adafactor's factors); empty when shards are exact. Read by ``check_keras_apply`` and by
+    the search, which then proposes no partitioned variable (``autosync.search_limits``)."""
+    out = []
+    if config.get("clipnorm") is not None:
+        out.append((f"optimizer option clipnorm={config['clipnorm']!r} clips each variable by its own norm",
+                    "do not partition it, or use clipvalue"))
+    if reads_whole_variables(config):
+        out.append((f"optimizer {config.get('class')!r} reads whole variables (norms or factors)",
+                    "do not partition it"))
+    return out
+
+
 def check_keras_apply(config: dict, shards, names) -> None:
     """Refuse what a Keras optimizer applied shard by shard cannot honour (see the module doc): for
     a configuration the numpy rules do not run (``optimizers.numpy_rules``).
@@ -115,20 +130,16 @@ def check_keras_apply(config: dict, shards, names) -> None:
         names: variable names by index, for messages.
 
     Raises:
-        ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable; see also
-            ``check_global_clipnorm``.
+        ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable
+            (``whole_variable_reasons``); see also ``check_global_clipnorm``.
     """
     problems = []
+    reasons = whole_variable_reasons(config)
     for s in shards:
         var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index
-        if config.get("clipnorm") is not None and s.num_shards > 1:
-            problems.append(f"optimizer option clipnorm={config['clipnorm']!r} clips each variable by its own norm, "
-                            f"but {names[var]} is split into {s.num_shards} shards updated separately; "
-                            f"do not partition it, or use clipvalue")
-        if reads_whole_variables(config) and s.num_shards > 1:
-            problems.append(f"optimizer {config.get('class')!r} reads whole variables (norms or factors), "
-                            f"but {names[var]} is split into {s.num_shards} shards updated separately; "
-                            f"do not partition it")
+        if s.num_shards > 1:
+            problems.extend(f"{reason}, but {names[var]} is split into {s.num_shards} shards updated separately; "
+                            f"{fix}" for reason, fix in reasons)
     if problems:
         raise ConfigError(sorted(set(problems)))
 

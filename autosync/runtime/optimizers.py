@@ -359,9 +359,13 @@ def check_optimizer_config(config: dict) -> None:
         raise ConfigError(problems)
 
 
-def check_model_optimizer(model_def) -> None:
+def check_model_optimizer(model_def) -> dict:
     """The one optimizer check every command runs on a trainable model, before Ray starts
     (``tune``, ``run``, ``baselines`` refuse; ``inspect`` warns).
+
+    Returns:
+        the optimizer's ``keras_optimizer_config`` (``plan`` keeps out what the runtime refuses
+        under it: ``autosync.search_limits``).
 
     Raises:
         ConfigError: see ``check_optimizer_config``, attributed to the model.
@@ -378,6 +382,7 @@ def check_model_optimizer(model_def) -> None:
         check_optimizer_config(config)
     except ConfigError as e:
         raise e.with_source(f"model {model_def.name}") from None
+    return config
 
 
 def squares_slices(config: dict) -> bool:

@@ -1,0 +1,74 @@
+"""What the model's own optimizer lets a search propose.
+
+The runtime refuses some strategies under some optimizers, before any parameter server starts:
+- a variable split into shards updated separately, under ``clipnorm`` or an optimizer whose rule
+  reads whole variables (Lamb, Adafactor, Muon): ``runtime.keras_optimizer.whole_variable_reasons``;
+- staleness or an asynchronous parameter server under ``global_clipnorm``: ``check_global_clipnorm``.
+
+A search that proposed them would spend its trials on refusals (seen: two of three search trials
+of a model with ``clipnorm`` failed so). ``tune`` and ``plan`` therefore keep every searched
+strategy inside what the runtime accepts: one shard per variable (a pin before the user's own,
+``tuner.search.constraints``), no staleness. The pin also holds for a variable all-reduced in the
+graph, where Keras would clip the whole variable itself: the space cannot say "one shard where
+updated outside the graph", and partitioning an all-reduced variable rarely pays.
+
+The builders' baselines are measured as their builders make them: a refused one is recorded as
+failed with the runtime's reason, which is what a user choosing it by hand would meet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategy_space.errors import ConfigError
+from tuner.search.constraints import Constraints, Rule
+
+
+@dataclass(frozen=True)
+class SearchLimits:
+    """The search's pins under a model's optimizer.
+
+    Attributes:
+        constraints: the user's constraints with the optimizer's pins before them (None: neither).
+        staleness_ok: whether staleness and asynchronous parameter servers may be proposed.
+        partition_note: why no variable is partitioned ("" when partitioning is free).
+        staleness_note: why staleness is not proposed ("" when it may be).
+    """
+
+    constraints: Constraints | None
+    staleness_ok: bool = True
+    partition_note: str = ""
+    staleness_note: str = ""
+
+
+def search_limits(optimizer_config: dict, user: Constraints | None = None) -> SearchLimits:
+    """The pins that keep a search inside what the runtime runs under ``optimizer_config``
+    (``keras_optimizer_config``; empty for a runner that has none to say).
+
+    Raises:
+        ConfigError: a user's pin the runtime would refuse under this optimizer (shards above 1
+            under ``clipnorm``, staleness under ``global_clipnorm``), saying which and what to change.
+    """
+    from autosync.runtime.keras_optimizer import whole_variable_reasons
+
+    rules = tuple(user.rules) if user is not None else ()
+    staleness = user.staleness if user is not None else None
+    problems = []
+    partition_note = staleness_note = ""
+    reasons = [reason for reason, _ in whole_variable_reasons(optimizer_config)]
+    if reasons:
+        why = "; ".join(reasons)
+        problems += [f"{rule.label}: pins shards {rule.shards}, but {why}, which shards updated separately cannot "
+                     f"do; pin shards 1 or leave shards free" for rule in rules if (rule.shards or 1) > 1]
+        rules = (Rule(shards=1),) + rules
+        partition_note = f"no variable partitioned: {why}, which shards updated separately cannot do"
+    clip = optimizer_config.get("global_clipnorm")
+    if clip is not None:
+        if staleness:
+            problems.append(f"constraints: pin staleness {staleness}, but the optimizer's global_clipnorm={clip!r} "
+                            f"needs every gradient of a step before any update; pin staleness 0 or leave it free")
+        staleness_note = ("staleness and asynchronous PS not proposed: the optimizer's global_clipnorm needs every "
+                          "gradient of a step before any update")
+    if problems:
+        raise ConfigError(problems)
+    constraints = Constraints(rules, staleness) if reasons else user
+    return SearchLimits(constraints, clip is None, partition_note, staleness_note)

@@ -1,0 +1,46 @@
+"""autosync.search_limits: what a model's optimizer keeps out of a search (no Ray, no TensorFlow)."""
+import pytest
+
+from autosync.search_limits import search_limits
+from strategy_space import ConfigError
+from tuner.search.constraints import Constraints, Rule
+
+
+def test_an_optimizer_exact_on_shards_adds_no_pin():
+    user = Constraints((Rule(match="a*", shards=3),), staleness=2)
+    limits = search_limits({"class": "Adam", "learning_rate": 0.1, "clipvalue": 1.0}, user)
+    assert limits.constraints is user and limits.staleness_ok
+    assert limits.partition_note == limits.staleness_note == ""
+    assert search_limits({}).constraints is None   # a runner with no optimizer to say
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"class": "SGD", "clipnorm": 0.5}, "optimizer option clipnorm=0.5 clips each variable by its own norm"),
+    ({"class": "Adafactor"}, "optimizer 'Adafactor' reads whole variables (norms or factors)"),
+])
+def test_clipnorm_or_a_whole_variable_rule_pins_one_shard_before_the_users_rules(config, why):
+    user = Constraints((Rule(match="emb*", sync="ps"),), staleness=1)
+    limits = search_limits(config, user)
+    first, *rest = limits.constraints.rules
+    assert first == Rule(match="*", shards=1) and tuple(rest) == user.rules
+    assert limits.constraints.staleness == 1 and limits.staleness_ok
+    assert limits.partition_note == f"no variable partitioned: {why}, which shards updated separately cannot do"
+
+
+def test_a_pin_the_optimizer_makes_the_runtime_refuse_is_said_with_its_fix():
+    user = Constraints((Rule(match="emb*", shards=2), Rule(match="d*", shards=1)), staleness=2)
+    with pytest.raises(ConfigError) as e:
+        search_limits({"class": "SGD", "clipnorm": 1.0, "global_clipnorm": None}, user)
+    assert e.value.problems == ["constraint rule match='emb*': pins shards 2, but optimizer option clipnorm=1.0 clips "
+                                "each variable by its own norm, which shards updated separately cannot do; pin shards "
+                                "1 or leave shards free"]
+    with pytest.raises(ConfigError, match=r"pin staleness 2, but the optimizer's global_clipnorm=1.0 needs every "
+                                          r"gradient of a step before any update; pin staleness 0"):
+        search_limits({"class": "SGD", "global_clipnorm": 1.0}, user)
+
+
+def test_global_clipnorm_proposes_no_staleness():
+    limits = search_limits({"class": "SGD", "global_clipnorm": 1.0}, Constraints(staleness=0))
+    assert not limits.staleness_ok and limits.constraints == Constraints(staleness=0)
+    assert limits.staleness_note.startswith("staleness and asynchronous PS not proposed: the optimizer's global_clipnorm")
+    assert limits.partition_note == ""
