@@ -141,10 +141,10 @@ def builtin_cluster_names() -> list[str]:
     return sorted(BUILTIN_CLUSTERS)
 
 
-def load_strategy_for(strategy, model_def, cluster: ClusterSpec):
+def load_strategy_for(strategy, model, cluster: ClusterSpec):
     """A Strategy given as itself, as a strategy YAML path, or as a builder's name (``ps``,
-    ``all_reduce``, ...: the strategy that builder makes for this model and cluster, as ``autosync
-    build`` writes it; a file of that name wins).
+    ``all_reduce``, ...: the strategy that builder makes for ``model`` (a ModelDef or a ModelSpec)
+    and ``cluster``, as ``autosync build`` writes it; a file of that name wins).
 
     Raises:
         ConfigError: neither an existing file nor a builder's name (the builders are listed), or
@@ -158,9 +158,11 @@ def load_strategy_for(strategy, model_def, cluster: ClusterSpec):
         return strategy
     if isinstance(strategy, str) and not os.path.exists(os.path.expanduser(strategy)):
         if strategy in BUILDERS:
-            from autosync.models.ingest import model_spec_from_def
+            if not isinstance(model, ModelSpec):
+                from autosync.models.ingest import model_spec_from_def
 
-            return get_builder(strategy).build(model_spec_from_def(model_def), cluster)
+                model = model_spec_from_def(model)
+            return get_builder(strategy).build(model, cluster)
         raise ConfigError(f"strategy {strategy!r} is neither a strategy YAML file nor a builder's name; give the path "
                           f"of a strategy file (autosync tune writes best_strategy.yaml, autosync build writes one) or "
                           f"a builder: {', '.join(BUILDERS)}")

@@ -72,8 +72,11 @@ def _run_tiny(tmp_path, strategy: str, *args, timeout=300):
 
 @pytest.mark.integration
 def test_run_prints_measurement_json(tmp_path):
-    proc = _run_tiny(tmp_path, STRATEGY, "--cluster", "local", "--steps", "6", "--max-steps", "30", "--warmup", "1",
-                     "--json")
+    """Run by the ps builder's name (``--strategy ps``: on ``local``, every variable on node0's PS,
+    the file the other tests run)."""
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    proc = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", "ps", "--cluster", "local",
+                     "--steps", "6", "--max-steps", "30", "--warmup", "1", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["status"] == "ok" and 6 <= out["steps"] <= 30   # more steps only while the interval is wide
@@ -95,7 +98,8 @@ def test_bad_strategy_file_exits_2_with_message(tmp_path):
     assert proc.stdout == ""
 
     missing = _autosync("run", "--model", f"{tmp_path / 'tiny.py'}:tiny", "--strategy", str(tmp_path / "nope.yaml"))
-    assert missing.returncode == 2 and "file not found" in missing.stderr
+    assert missing.returncode == 2 and "is neither a strategy YAML file nor a builder's name" in missing.stderr
+    assert "ps, " in missing.stderr   # the builders are listed
 
 
 @pytest.mark.integration

@@ -63,6 +63,12 @@ def test_strategy_json_analytic(files, capsys):
     assert out["breakdown"]["comm_s"] > 0
 
 
+def test_a_builders_name_is_the_strategy_it_builds(files, capsys):
+    """``--strategy parallax`` predicts what the parallax builder's file predicts."""
+    argv = ["simulate", "--model", files["model"], "--cluster", files["cluster"], "--json", "--strategy"]
+    assert _json(capsys, argv + ["parallax"]) == _json(capsys, argv + [files["strategy"]])
+
+
 def test_strategy_with_store_uses_the_learned_simulator(files, capsys):
     out = _json(capsys, ["simulate", "--model", files["model"], "--cluster", files["cluster"],
                          "--strategy", files["strategy"], "--store", files["store"], "--json"])
@@ -103,6 +109,8 @@ def _cli(*argv):
     (("--eval", "{missing}"), "trial store not found"),
     (("--model", "{model}", "--cluster", "{cluster}", "--strategy", "{model}"),
      "expected a strategy file but this is a model file (kind: model)"),
+    (("--model", "{model}", "--cluster", "{cluster}", "--strategy", "paralax"),
+     "strategy 'paralax' is neither a strategy YAML file nor a builder's name; give the path of a strategy file"),
 ])
 def test_bad_input_exits_2_without_traceback(files, tmp_path, argv, message):
     subs = dict(files, missing=str(tmp_path / "nope.db"))

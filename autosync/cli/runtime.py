@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 from autosync.cli.raylog import ray_output_to_log
@@ -108,14 +109,19 @@ def _fmt(seconds) -> str:
 
 
 def cmd_run(args) -> int:
-    from strategy_space.yaml_io import load_strategy
+    from autosync.sources import load_strategy_for
+    from strategy_space.builders import BUILDERS
 
-    strategy = load_strategy(args.strategy)
+    # a file is read (a bad one refused) before the model is built; a builder's name builds for the model
+    named = args.strategy in BUILDERS and not os.path.exists(os.path.expanduser(args.strategy))
+    strategy = None if named else load_strategy_for(args.strategy, None, None)
     if args.timeline:
         from autosync.runtime import timeline
 
         timeline.check_path(args.timeline, "--timeline")
     model_def, spec, cluster = _prepare(args)
+    if named:
+        strategy = load_strategy_for(args.strategy, spec, cluster)
     try:   # a strategy for another model or cluster fails here, before Ray starts
         validate(strategy, spec, cluster)
     except ConfigError as e:
@@ -204,7 +210,9 @@ def cmd_baselines(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("run", help="run one strategy on Ray and measure its step time")
     _add_common(p)
-    p.add_argument("--strategy", required=True, metavar="FILE", help="strategy YAML file")
+    p.add_argument("--strategy", required=True, metavar="FILE|BUILDER",
+                   help="strategy YAML file, or a builder's name (ps, all_reduce, ...: the strategy `autosync build` "
+                        "makes for this model and cluster)")
     p.add_argument("--timeline", metavar="FILE",
                    help="record what every worker and parameter server does each step (pull, compute, push, "
                         "all-reduce, apply, ...) and write it to FILE as a Chrome trace (ui.perfetto.dev, "

@@ -1,6 +1,6 @@
 """``autosync simulate``: predicted step time of a strategy, or the accuracy table of a store.
 
-    autosync simulate --model M --cluster C --strategy FILE [--json] [--store STORE]
+    autosync simulate --model M --cluster C --strategy FILE|BUILDER [--json] [--store STORE]
     autosync simulate --eval STORE
 
 Without ``--store`` the prediction is the analytic (alpha-beta) model; with a store holding at
@@ -18,7 +18,9 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="zoo:NAME, script.py:fn or a model-spec YAML")
     p.add_argument("--cluster", help="local, testbed or a cluster-spec YAML")
-    p.add_argument("--strategy", help="strategy YAML file")
+    p.add_argument("--strategy", metavar="FILE|BUILDER",
+                   help="strategy YAML file, or a builder's name (ps, all_reduce, ...: the strategy `autosync build` "
+                        "makes for this model and cluster)")
     p.add_argument("--store", help="trial store to train the learned simulator on")
     p.add_argument("--eval", metavar="STORE", help="print the evaluation table of the predictors on STORE")
     p.add_argument("--json", action="store_true", help="print JSON (step_time_s in seconds)")
@@ -53,15 +55,15 @@ def run(args) -> int:
     missing = [f"--{n}" for n in ("model", "cluster", "strategy") if not getattr(args, n)]
     if missing:
         raise ConfigError(f"simulate needs {', '.join(missing)} (or --eval STORE)")
-    from autosync.sources import load_cluster, load_model_spec
-    from strategy_space import load_strategy, validate
+    from autosync.sources import load_cluster, load_model_spec, load_strategy_for
+    from strategy_space import validate
     from strategy_space.space import StrategySpace
     from tuner.cost_models.analytic import AnalyticCostModel
     from tuner.features.tables import FeatureTables
     from tuner.features.batch import COL, featurize
 
     model, cluster = load_model_spec(args.model), load_cluster(args.cluster)
-    strategy = validate(load_strategy(args.strategy), model, cluster)
+    strategy = validate(load_strategy_for(args.strategy, model, cluster), model, cluster)
     X = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
     predictor, step = "analytic", float(AnalyticCostModel().predict(X)[0])
     if args.store:
