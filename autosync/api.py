@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autosync.search_limits import search_limits
+from autosync.search_limits import search_limits, target_optimizer
 from autosync.tflog import quiet_startup
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
@@ -372,7 +372,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         # what the model's optimizer makes the runtime refuse is never proposed (a clashing pin fails here)
-        limits = search_limits(runner.optimizer_config(), constraints)
+        limits = search_limits(target_optimizer(model, compute, runner), constraints)
         with TrialStore(store_path) as trial_store:
             lossy_note = ""
             if quality == "goodput" and prober is None:

@@ -14,6 +14,9 @@ updated outside the graph", and partitioning an all-reduced variable rarely pays
 
 The builders' baselines are measured as their builders make them: a refused one is recorded as
 failed with the runtime's reason, which is what a user choosing it by hand would meet.
+
+The optimizer is the one the recommendation will train with (``target_optimizer``): under emulated
+compute of a trainable model that is the model's own, not the emulated one its trials apply.
 """
 from __future__ import annotations
 
@@ -38,6 +41,26 @@ class SearchLimits:
     staleness_ok: bool = True
     partition_note: str = ""
     staleness_note: str = ""
+
+
+def target_optimizer(model, compute: str, runner) -> dict:
+    """The optimizer config a recommendation will train with: what the runner's trials apply
+    (``Runner.optimizer_config``), except under emulated compute of a trainable model, whose trials
+    apply the emulated optimizer (``--optimizer``) while training applies the model's own.
+
+    Raises:
+        ConfigError: see ``RayRunner.model``, or a model whose own optimizer the runtime refuses
+            (``check_model_optimizer``).
+    """
+    from autosync.model_def import ModelDef
+    from autosync.sources import is_trainable_source, load_model_def
+
+    compute = getattr(runner, "compute", compute)
+    if compute == "emulated" and (isinstance(model, ModelDef) or isinstance(model, str) and is_trainable_source(model)):
+        from autosync.runtime.optimizers import check_model_optimizer
+
+        return check_model_optimizer(load_model_def(model))
+    return runner.optimizer_config()
 
 
 def search_limits(optimizer_config: dict, user: Constraints | None = None) -> SearchLimits:

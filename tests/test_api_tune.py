@@ -295,3 +295,25 @@ def test_a_pin_that_the_optimizer_makes_the_runtime_refuse_is_refused_before_any
                                           r"clipnorm=0.5 clips each variable by its own norm.*pin shards 1"):
         autosync.tune("unused", cluster, trials=2, store=tmp_path / "r.db", settings=FAST, warm_start="none",
                       constraints=pins, runner=Clipping(model, cluster, seed=3))
+
+
+@pytest.mark.integration   # builds the model's own Keras optimizer
+def test_under_emulated_compute_the_search_keeps_to_the_optimizer_the_model_trains_with(tmp_path):
+    """Emulated trials apply the emulated optimizer (plain SGD here); the recommendation trains
+    with the model's own, whose clipnorm the runtime refuses on a split variable: no search trial
+    partitions one."""
+    from tests.runtime_models import multi_model_def
+
+    class Emulated(SyntheticRunner):
+        compute = "emulated"
+
+        def optimizer_config(self):
+            return {"class": "SGD", "learning_rate": 0.01}
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    result = autosync.tune(multi_model_def("adam", learning_rate=0.01, clipnorm=1.0), cluster, trials=12,
+                           store=tmp_path / "e.db", settings=FAST, warm_start="none", compute="emulated",
+                           runner=Emulated(model, cluster, seed=3))
+    search = [t.strategy for t in result.outcome.trials if t.role == "search"]
+    assert len(search) == 12 and not [s for s in search if any(v.num_shards > 1 for v in s.variables)]
+    assert "clipnorm=1.0" in result.search_note
