@@ -120,10 +120,9 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     Raises:
         ConfigError: bad input, said before any work.
     """
-    from autosync.model_def import ModelDef
     from autosync.runtime.optimizers import check_model_optimizer
     from autosync.search_limits import search_limits
-    from autosync.sources import is_trainable_source, load_cluster, load_model_def, load_model_spec
+    from autosync.sources import is_trainable, load_cluster, load_model_def, load_model_spec
     from tuner.search.baseline_tuner import BaselineTuner
     from tuner.cost_models.analytic import AnalyticCostModel, lower_bound_of_row
     from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
@@ -140,7 +139,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     if isinstance(constraints, str):
         constraints = load_constraints(constraints)
     optimizer: dict = {}   # a trainable model's optimizer: what the runtime refuses under it is not planned
-    if isinstance(model, ModelDef) or isinstance(model, str) and is_trainable_source(model):
+    if is_trainable(model):
         model = load_model_def(model)
         optimizer = check_model_optimizer(model)
     spec = model if hasattr(model, "variables") else load_model_spec(model)

@@ -32,15 +32,18 @@ class SearchLimits:
 
     Attributes:
         constraints: the user's constraints with the optimizer's pins before them (None: neither).
-        staleness_ok: whether staleness and asynchronous parameter servers may be proposed.
         partition_note: why no variable is partitioned ("" when partitioning is free).
         staleness_note: why staleness is not proposed ("" when it may be).
     """
 
     constraints: Constraints | None
-    staleness_ok: bool = True
     partition_note: str = ""
     staleness_note: str = ""
+
+    @property
+    def staleness_ok(self) -> bool:
+        """Whether staleness and asynchronous parameter servers may be proposed."""
+        return not self.staleness_note
 
 
 def target_optimizer(model, compute: str, runner) -> dict:
@@ -52,11 +55,10 @@ def target_optimizer(model, compute: str, runner) -> dict:
         ConfigError: see ``RayRunner.model``, or a model whose own optimizer the runtime refuses
             (``check_model_optimizer``).
     """
-    from autosync.model_def import ModelDef
-    from autosync.sources import is_trainable_source, load_model_def
+    from autosync.sources import is_trainable, load_model_def
 
     compute = getattr(runner, "compute", compute)
-    if compute == "emulated" and (isinstance(model, ModelDef) or isinstance(model, str) and is_trainable_source(model)):
+    if compute == "emulated" and is_trainable(model):
         from autosync.runtime.optimizers import check_model_optimizer
 
         return check_model_optimizer(load_model_def(model))
@@ -94,4 +96,4 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
     if problems:
         raise ConfigError(problems)
     constraints = Constraints(rules, staleness) if reasons else user
-    return SearchLimits(constraints, clip is None, partition_note, staleness_note)
+    return SearchLimits(constraints, partition_note, staleness_note)

@@ -77,6 +77,13 @@ def is_trainable_source(text: str) -> bool:
     return text.startswith("zoo:") or _split_script(text) is not None
 
 
+def is_trainable(model) -> bool:
+    """Whether ``model`` (a ModelDef, a source string, a ModelSpec, ...) has code that trains."""
+    from autosync.model_def import ModelDef
+
+    return isinstance(model, ModelDef) or isinstance(model, str) and is_trainable_source(model)
+
+
 def load_model_def(text):
     """A trainable ModelDef from ``zoo:NAME`` or ``script.py:function`` (a ModelDef passes through).
 
