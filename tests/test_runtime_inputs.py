@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autosync.model_def import ModelDef
-from strategy_space import AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, Strategy, VarConfig, VariableSpec
+from strategy_space import (PS, AllReduce, ClusterSpec, ConfigError, ModelSpec, NodeSpec, Strategy, VarConfig,
+                            VariableSpec)
 
 CLUSTER = ClusterSpec("pair", (NodeSpec("a", workers=2, chief=True),))
 SPEC = ModelSpec("tiny", (VariableSpec("w", (4, 4)),), batch_size=8)
@@ -108,39 +109,65 @@ def test_make_trainer_takes_a_builders_name_for_its_strategy(monkeypatch, tmp_pa
         autosync.make_trainer(_model_def(), "pss", "local")
 
 
+class _FailingPool:
+    """A WorkerPool whose workers fail to build the model; records where PS were expected."""
+
+    description = None
+
+    def __init__(self, error: str):
+        from autosync.runtime.engine import TrialFailed, TrialTimeout
+
+        self.binding = type("Binding", (), {"cluster": CLUSTER})()
+        self.failure = (TrialFailed("worker a:0 failed: RuntimeError: boom") if error == "failed"
+                        else TrialTimeout("worker a:1 did not load in 300 s"))
+        self.expected = []
+        self.ps = type("PsPool", (), {"expect": lambda _, model_def, nodes: self.expected.append(tuple(nodes))})()
+
+    def ensure(self, model_def, slots, deadline):
+        raise self.failure
+
+    def kill_all(self):   # a failed trial's clean-up
+        pass
+
+    def close(self):
+        pass
+
+
 @pytest.mark.parametrize("error", ["failed", "timeout"])
 def test_a_model_the_workers_cannot_load_is_a_config_error_that_says_what_failed(error):
     """``tune`` asks the runner for the workers' optimizer before its first trial, ``baselines``
     for the model the builders build for: a model whose ``model_fn`` raises in the workers only was
     a traceback (TrialFailed, exit 1), now a message (exit 2 from the commands) naming the model,
     the cluster and the worker's error."""
-    from autosync.runtime.engine import TrialFailed, TrialTimeout
     from autosync.runtime.runner import RayRunner
 
-    class Binding:
-        cluster = CLUSTER
-
-    class Pool:   # a WorkerPool whose workers fail to build the model
-        binding = Binding()
-        description = None
-
-        class ps:
-            @staticmethod
-            def expect(model_def, nodes):
-                pass
-
-        def ensure(self, model_def, slots, deadline):
-            raise (TrialFailed("worker a:0 failed: RuntimeError: boom") if error == "failed"
-                   else TrialTimeout("worker a:1 did not load in 300 s"))
-
-        def kill_all(self):   # a failed trial's clean-up
-            pass
-
-    runner = RayRunner(_model_def(), CLUSTER, pool=Pool())
+    runner = RayRunner(_model_def(), CLUSTER, pool=_FailingPool(error))
     said = "worker a:0 failed: RuntimeError: boom" if error == "failed" else "worker a:1 did not load in 300 s"
-    for ask in (runner.optimizer_config, lambda: runner.model):
+    for ask in (runner.optimizer_config, lambda: runner.model, lambda: runner.load_for(STRATEGY)):
         with pytest.raises(ConfigError, match=f"the workers could not load model tiny on cluster pair: {said}; check "
                                               f"that the model trains on this cluster"):
             ask()
     trial = runner.run_one(STRATEGY, "hand")   # a trial records the load's failure as its own, as before
     assert trial.status == error and said in trial.error
+
+
+def test_run_of_a_model_the_workers_cannot_load_exits_2_with_the_message(monkeypatch, tmp_path, capsys):
+    """``autosync run`` loads the model for its strategy before the trial: a dataset_fn that yields
+    nothing on worker 1 was "trial failed" and exit 1 (tune said the same as a message, exit 2);
+    the parameter servers are expected only where the strategy puts them, as its trial did."""
+    import autosync.cli.runtime as cli_runtime
+    from autosync.cli import main
+    from autosync.runtime.runner import RayRunner
+    from strategy_space.yaml_io import save
+
+    ps_strategy = Strategy((VarConfig("w", (PS("a"),)),))
+    save(ps_strategy, tmp_path / "s.yaml")
+    pool = _FailingPool("failed")
+    monkeypatch.setattr(cli_runtime, "_prepare", lambda args: (_model_def(), SPEC, CLUSTER))
+    monkeypatch.setattr(cli_runtime, "_runner", lambda args, md, spec, cluster, **kw: RayRunner(md, cluster, pool=pool))
+    assert main(["run", "--model", "x.py:build", "--strategy", str(tmp_path / "s.yaml"), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert ("autosync run: error: the workers could not load model tiny on cluster pair: worker a:0 failed: "
+            "RuntimeError: boom" in captured.err)
+    assert pool.expected == [("a",)]

@@ -128,6 +128,7 @@ def cmd_run(args) -> int:
         raise e.with_source(args.strategy) from None
     with ray_output_to_log("run") as log, _runner(args, model_def, spec, cluster,
                                                   timeline=bool(args.timeline)) as runner:
+        runner.load_for(strategy)   # a model the workers cannot load: a message and exit 2, as in tune
         trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
         streams = runner.last_timeline
     phases = _write_timeline(args.timeline, streams, trial, spec, cluster) if args.timeline and streams else None

@@ -166,6 +166,14 @@ class RayRunner(Runner):
             raise ConfigError(f"the workers could not load model {self.model_def.name} on cluster {self.cluster.name}: "
                               f"{e}; check that the model trains on this cluster (autosync run)") from None
 
+    def load_for(self, strategy: Strategy):
+        """``model``, loaded with parameter servers expected only where ``strategy`` puts them (a
+        command that runs this one strategy: ``run``), so that a model the workers cannot load is
+        a ConfigError there too, not a failed trial."""
+        if self._model is None:
+            self._ps_nodes = strategy.ps_nodes()
+        return self.model
+
     def _loaded(self):
         """``model``, raising what the load raised (a trial reports a timeout as one)."""
         if self._model is None:
