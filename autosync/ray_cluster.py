@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from urllib.parse import parse_qsl
 
 from strategy_space import ClusterSpec, NodeSpec
@@ -25,6 +26,7 @@ from strategy_space.errors import ConfigError
 
 RAY_FORMS = "ray, ray?workers=N, ray?gbps=X, ray?intra_gbps=X (several: ray?workers=N&gbps=X)"
 DEFAULT_GBPS = 10.0
+CONNECT_PROBE_S = 5.0   # a head that does not accept a TCP connection in this long is not there
 HEAD_RESOURCE = "node:__internal_head__"
 # resources every Ray node may have; anything else is a user's label
 _STANDARD = ("node:", "CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
@@ -141,13 +143,53 @@ def connect() -> None:
                           "printed), or use --cluster local")
     if not re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+|auto", address):
         raise ConfigError(f"RAY_ADDRESS={address!r} is not an address; give host:port, e.g. 10.0.0.1:6379")
+    why = _unreachable(address)
+    if why:   # Ray's own connect retries for minutes before it gives up on an address nothing answers at
+        raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: {why}; fix by giving "
+                          f"the head's address as `ray start --head` printed it (host:port, port 6379 unless "
+                          f"--port said otherwise) and checking that `ray status --address={address}` answers")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: "
                           f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; fix by "
-                          f"checking that `ray status --address={address}` answers") from None
+                          f"checking that `ray status --address={address}` answers{_auth_hint()}") from None
+
+
+def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None:
+    """Why nothing accepts a TCP connection at ``address``'s host and port (None: something does,
+    or the address names no port to try: ``auto``)."""
+    m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d+)", address)
+    if m is None:
+        return None
+    host, port = m.group(1), int(m.group(2))
+    if not 0 < port < 65536:
+        return f"port {port} is not a TCP port"
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except socket.gaierror:
+        return f"host {host} is unknown here"
+    except ConnectionRefusedError:
+        return f"nothing listens at {host}:{port}"
+    except OSError as e:   # a timeout, an unreachable network
+        return f"{host}:{port} did not answer in {timeout_s:g} s ({e.strerror or type(e).__name__})"
+    return None
+
+
+def _auth_hint() -> str:
+    """What to try when a token is at hand but this process does not send it: ``ray start
+    --head`` turns token authentication on by itself where ``~/.ray/auth_token`` exists, while a
+    driver connecting to it with ``RAY_AUTH_MODE`` unset sends no token (Ray 2.5x), and the
+    connection fails with nothing but "Failed to connect"."""
+    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token":
+        return ""
+    token = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+             or os.path.exists(os.path.expanduser("~/.ray/auth_token")))
+    if not token:
+        return ""
+    return ("; if the cluster uses token authentication (`ray start --head` turns it on where ~/.ray/auth_token "
+            "exists), export RAY_AUTH_MODE=token so that this process sends the token")
 
 
 def ray_cluster(text: str = "ray") -> ClusterSpec:

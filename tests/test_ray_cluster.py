@@ -104,3 +104,77 @@ def test_the_connected_ray_instance_is_described_and_bound(ray_session):
     assert (node.cpus, node.workers, node.chief) == (cpus, 2, True)
     binding = ClusterBinding.bind(spec)   # the description binds back onto the same Ray node
     assert binding.node_ids == {"node0": ray_session.nodes()[0]["NodeID"]} and not binding.started_ray
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens at (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_nothing_answers_at_is_told_apart_before_ray_tries_it():
+    """Ray's own connect to an address where nothing listens retried for over 5 minutes (measured:
+    `autosync run` with RAY_ADDRESS=127.0.0.1:6999 was still waiting at 330 s)."""
+    import socket
+
+    from autosync.ray_cluster import _unreachable
+
+    port = _closed_port()
+    assert _unreachable(f"127.0.0.1:{port}") == f"nothing listens at 127.0.0.1:{port}"
+    assert _unreachable(f"ray://127.0.0.1:{port}") == f"nothing listens at 127.0.0.1:{port}"
+    assert _unreachable("nosuchhost.invalid:6379") == "host nosuchhost.invalid is unknown here"
+    assert _unreachable("127.0.0.1:70000") == "port 70000 is not a TCP port"
+    assert _unreachable("auto") is None   # nothing to try: Ray finds it
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert _unreachable(f"127.0.0.1:{listening.getsockname()[1]}") is None
+
+
+@pytest.mark.parametrize("mode, token, hinted", [(None, True, True), ("disabled", True, True),
+                                                 ("token", True, False), (None, False, False)])
+def test_a_failed_connect_names_token_auth_when_a_token_is_at_hand(monkeypatch, tmp_path, mode, token, hinted):
+    """`ray start --head` turns token auth on where ~/.ray/auth_token exists; a driver with
+    RAY_AUTH_MODE unset then fails with only "Failed to connect" (Ray 2.60, by hand)."""
+    from autosync.ray_cluster import _auth_hint
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    if mode:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    if token:
+        (tmp_path / ".ray").mkdir()
+        (tmp_path / ".ray" / "auth_token").write_text("x" * 64)
+    assert ("export RAY_AUTH_MODE=token" in _auth_hint()) is hinted
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["cluster ray", "cluster file"])
+def test_ray_address_where_nothing_listens_is_a_config_error_in_seconds(monkeypatch, how):
+    """Both ways to a running cluster refuse it before Ray's connect: ``--cluster ray`` and a
+    cluster YAML or ``local`` with RAY_ADDRESS set (that one raised Ray's ConnectionError, a
+    traceback, after minutes)."""
+    import time
+
+    import ray
+
+    from autosync.ray_cluster import connect
+    from autosync.runtime import binding
+    from autosync.sources import local_cluster
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("ray.init was called")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_init)
+    port = _closed_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"could not connect to the Ray cluster at RAY_ADDRESS=127.0.0.1:{port}: "
+                                          rf"nothing listens at 127.0.0.1:{port}; fix by giving the head's address"):
+        connect() if how == "cluster ray" else binding._start_ray(local_cluster())
+    assert time.monotonic() - t0 < 10

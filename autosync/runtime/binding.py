@@ -94,9 +94,10 @@ def _start_ray(cluster: ClusterSpec) -> tuple[bool, object]:
 
     from autosync.runtime.reaper import start_reaper
 
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    if os.environ.get("RAY_ADDRESS"):
+        from autosync.ray_cluster import connect
+
+        connect()   # a cluster that does not answer is a ConfigError that says what to check
         return False, None
     if not _is_local(cluster):
         raise ConfigError(
