@@ -11,6 +11,7 @@ Strategy); this layer resolves names and files (``autosync.sources``) before han
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -320,6 +321,10 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
     if not isinstance(confirm, int) or confirm < 0:
         raise ConfigError(f"confirm must be an integer >= 0, got {confirm!r}")
+    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
+        raise ConfigError(f"patience must be an integer >= 1 (rounds without a better strategy), got {patience!r}")
+    if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and 0 < time_budget_s < math.inf):
+        raise ConfigError(f"time_budget_s must be a number of seconds > 0 or None (no limit), got {time_budget_s!r}")
     if quality not in QUALITIES:
         raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     if not (isinstance(min_efficiency, (int, float)) and 0 <= min_efficiency <= 1):

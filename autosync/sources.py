@@ -47,6 +47,19 @@ def _testbed_cluster() -> ClusterSpec:
 BUILTIN_CLUSTERS = {"local": local_cluster, "testbed": _testbed_cluster}
 
 
+def _text(value, what: str, forms: str) -> str:
+    """A source given as a string or a path (``pathlib.Path``) as a string.
+
+    Raises:
+        ConfigError: anything else (an int, None, a Keras model), saying what is taken.
+    """
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str):
+            return text
+    raise ConfigError(f"{what} must be {forms}, got {type(value).__name__} {value!r:.80}")
+
+
 def load_cluster(text: str | ClusterSpec) -> ClusterSpec:
     """A ClusterSpec from a built-in name, ``ray[?options]`` or a YAML path.
 
@@ -55,6 +68,7 @@ def load_cluster(text: str | ClusterSpec) -> ClusterSpec:
     """
     if isinstance(text, ClusterSpec):
         return text
+    text = _text(text, "the cluster", f"{CLUSTER_FORMS} (a str or a path), or a ClusterSpec")
     if text in BUILTIN_CLUSTERS:
         return BUILTIN_CLUSTERS[text]()
     from autosync.ray_cluster import is_ray_cluster, ray_cluster
@@ -81,7 +95,8 @@ def is_trainable(model) -> bool:
     """Whether ``model`` (a ModelDef, a source string, a ModelSpec, ...) has code that trains."""
     from autosync.model_def import ModelDef
 
-    return isinstance(model, ModelDef) or isinstance(model, str) and is_trainable_source(model)
+    text = os.fspath(model) if isinstance(model, os.PathLike) else model
+    return isinstance(model, ModelDef) or isinstance(text, str) and is_trainable_source(text)
 
 
 def load_model_def(text):
@@ -94,6 +109,7 @@ def load_model_def(text):
 
     if isinstance(text, ModelDef):
         return text
+    text = _text(text, "the model", f"{TRAINABLE_FORMS} (a str or a path), or an autosync.ModelDef")
     if text.startswith("zoo:"):
         from autosync.models import zoo
 
@@ -118,8 +134,12 @@ def load_model_spec(text, *, profile: bool = False) -> ModelSpec:
     Raises:
         ConfigError: as for ``load_model_def``, or an invalid YAML spec.
     """
+    from autosync.model_def import ModelDef
+
     if isinstance(text, ModelSpec):
         return text
+    if not isinstance(text, ModelDef):
+        text = _text(text, "the model", f"{MODEL_FORMS} (a str or a path), an autosync.ModelDef or a ModelSpec")
     if isinstance(text, str) and text.endswith((".yaml", ".yml")) and not is_trainable_source(text):
         return load(text, "model")  # type: ignore[return-value]
     model_def = load_model_def(text)
@@ -138,8 +158,12 @@ def load_emulated_model(text, step_time_s: float | None = None):
     """
     from autosync.runtime.emulated import EmulatedModelDef
 
+    from autosync.model_def import ModelDef
+
     if isinstance(text, (ModelSpec, EmulatedModelDef)):
         return text
+    if not isinstance(text, ModelDef):
+        text = _text(text, "the model", f"{MODEL_FORMS} (a str or a path), an autosync.ModelDef or a ModelSpec")
     yaml_spec = isinstance(text, str) and text.endswith((".yaml", ".yml"))
     return load_model_spec(text, profile=step_time_s is None and not yaml_spec)
 
@@ -163,7 +187,8 @@ def load_strategy_for(strategy, model, cluster: ClusterSpec):
 
     if isinstance(strategy, Strategy):
         return strategy
-    if isinstance(strategy, str) and not os.path.exists(os.path.expanduser(strategy)):
+    strategy = _text(strategy, "the strategy", "a strategy YAML path (a str or a path), a builder's name or a Strategy")
+    if not os.path.exists(os.path.expanduser(strategy)):
         if strategy in BUILDERS:
             if not isinstance(model, ModelSpec):
                 from autosync.models.ingest import model_spec_from_def

@@ -171,3 +171,43 @@ def test_run_of_a_model_the_workers_cannot_load_exits_2_with_the_message(monkeyp
     assert ("autosync run: error: the workers could not load model tiny on cluster pair: worker a:0 failed: "
             "RuntimeError: boom" in captured.err)
     assert pool.expected == [("a",)]
+
+
+def test_sources_take_strings_and_paths_and_refuse_anything_else_with_what_they_take(tmp_path):
+    """``autosync.tune(None)`` or ``cluster=3`` was an AttributeError ('int' object has no attribute
+    'startswith'); a ``pathlib.Path`` to a cluster YAML or a script was refused the same way."""
+    from pathlib import Path
+
+    from autosync.sources import is_trainable, load_cluster, load_model_def, load_model_spec, load_strategy_for
+    from strategy_space.yaml_io import save
+
+    with pytest.raises(ConfigError, match=r"the cluster must be local, testbed, .* or a ClusterSpec, got int 3"):
+        load_cluster(3)
+    for load in (load_model_def, load_model_spec):
+        with pytest.raises(ConfigError, match=r"the model must be zoo:NAME.*, got NoneType None"):
+            load(None)
+    with pytest.raises(ConfigError, match=r"the strategy must be a strategy YAML path .*, got int 5"):
+        load_strategy_for(5, SPEC, CLUSTER)
+    save(CLUSTER, tmp_path / "c.yaml")
+    save(STRATEGY, tmp_path / "s.yaml")
+    save(SPEC, tmp_path / "m.yaml")
+    assert load_cluster(tmp_path / "c.yaml") == CLUSTER
+    assert load_strategy_for(tmp_path / "s.yaml", SPEC, CLUSTER) == STRATEGY
+    assert load_model_spec(tmp_path / "m.yaml").variables == SPEC.variables
+    assert is_trainable(Path("my_model.py:build")) and not is_trainable(tmp_path / "m.yaml")
+
+
+def test_the_python_api_refuses_bad_settings_before_it_starts(tmp_path):
+    """The CLI refused ``--time-budget -1``; ``autosync.tune(time_budget_s=-5)`` ran a whole tuning
+    run, and ``make_trainer(timeout_s=-1)`` started Ray, loaded the model and then timed out."""
+    import autosync
+    from autosync.runtime.trainer import Trainer
+
+    for kwargs, said in [({"time_budget_s": -5}, "time_budget_s must be a number of seconds > 0 or None"),
+                         ({"time_budget_s": float("nan")}, "time_budget_s must be"),
+                         ({"patience": 0}, "patience must be an integer >= 1")]:
+        with pytest.raises(ConfigError, match=said):
+            autosync.tune(tmp_path / "never_read.py:build", **kwargs)
+    for timeout in (-1, 0, float("inf"), "60"):
+        with pytest.raises(ConfigError, match=r"timeout_s must be a number of seconds > 0"):
+            Trainer(_model_def(), STRATEGY, CLUSTER, timeout_s=timeout)

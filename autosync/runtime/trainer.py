@@ -72,7 +72,6 @@ class History:
 SALVAGE_S = 6.0
 
 
-
 @contextlib.contextmanager
 def _fails(session: Session):
     """Mark ``session`` failed if the block raises: a session that failed part-way (start, save,
@@ -112,6 +111,8 @@ class Trainer:
         self.model_def = require_resolved(model, (ModelDef,), "the model")
         self.strategy = require_resolved(strategy, (Strategy,), "the strategy")
         self.cluster = require_resolved(cluster, (ClusterSpec,), "the cluster")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ConfigError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         check_model_optimizer(self.model_def)   # before Ray starts, as the commands do
         self.timeout_s = float(timeout_s)
         self._keras_model = None
