@@ -22,7 +22,7 @@ from autosync.search_limits import search_limits, target_optimizer
 from autosync.tflog import quiet_startup
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
-from tuner.search.constraints import Constraints, load_constraints
+from tuner.search.constraints import Constraints, as_constraints
 from tuner.records.goodput import (DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, Efficiency, Prober,
                            lossy_parts)
 from tuner.records.outcome import TuneOutcome
@@ -278,7 +278,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         time_budget_s: stop proposing after this many seconds (baselines always run).
         store: TrialStore path (default: the user's cache); trials of earlier runs, of any model
             and cluster, warm-start the predictor.
-        constraints: pinned decisions (a Constraints or a YAML path).
+        constraints: pinned decisions (a Constraints, a YAML path or the YAML's content as a dict).
         resume: continue the latest run of this model and cluster in the store.
         steps, warmup, trial_timeout_s: per-trial measurement settings.
         precision, max_steps: after ``steps``, measure until the 95 % interval of the median step
@@ -338,8 +338,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     stand_in = resolve_stand_in(model, probe_model, compute, quality, prober, runner)
     # a bad path fails before any worker starts
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
-    if isinstance(constraints, (str, os.PathLike)):
-        constraints = load_constraints(str(constraints))
+    constraints = as_constraints(constraints)
     if constraints is not None:   # what the cluster cannot run (nccl without GPUs) fails before any worker starts
         problems = constraints.cluster_problems(cluster_spec)
         if problems:

@@ -114,7 +114,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         top: searched strategies to return besides the baselines.
         store: a trial store whose measured trials the predictor also learns from.
         warm_start: ``builtin``, ``none``, a path, or groups already loaded (see ``tune``).
-        constraints: pinned decisions (a path or ``Constraints``) every searched strategy keeps.
+        constraints: pinned decisions (a path, the YAML's content as a dict, or ``Constraints``) every
+            searched strategy keeps.
         scorer: whose step times to quote: ``auto`` (``_transfer_scorer``), ``learned`` or ``analytic``.
 
     Raises:
@@ -128,7 +129,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
     from tuner.records.history import History
     from tuner.records.warmstart import load_warm_start
-    from tuner.search.constraints import load_constraints
+    from tuner.search.constraints import as_constraints
     from tuner.search.model_based import ModelBasedTuner, SearchSettings
 
     if scorer not in ("auto", "learned", "analytic"):
@@ -136,8 +137,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= 100:
         raise ConfigError(f"top must be an integer from 1 to 100 (searched strategies to list), got {top!r}")
     cluster_spec = cluster if hasattr(cluster, "nodes") else load_cluster(cluster)
-    if isinstance(constraints, str):
-        constraints = load_constraints(constraints)
+    constraints = as_constraints(constraints)
     optimizer: dict = {}   # a trainable model's optimizer: what the runtime refuses under it is not planned
     if is_trainable(model):
         model = load_model_def(model)

@@ -7,7 +7,7 @@ from strategy_space.encoding import KIND_AR, KIND_PS, EncodedStrategies, Mutatio
 from strategy_space.space import StrategySpace
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 from tuner.search.annealing import Pool, _Fingerprints, select_diverse, simulated_annealing
-from tuner.search.constraints import Constraints, Rule, load_constraints
+from tuner.search.constraints import Constraints, Rule, as_constraints, load_constraints
 from tuner.search.sampler import KnowledgeSampler
 
 MODEL, CLUSTER = tiny_model(), three_node_cluster()
@@ -64,6 +64,24 @@ def test_constraint_errors_are_clear(tmp_path):
         load_constraints(f)
     f.write_text("kind: constraints\nstaleness: 0\nvariables:\n- {match: 'emb*', sync: ps, shards: 3}\n")
     assert load_constraints(f) == Constraints((Rule(match="emb*", sync="ps", shards=3),), staleness=0)
+
+
+def test_the_api_takes_constraints_as_an_object_a_path_or_the_files_content(tmp_path):
+    """``autosync.plan(constraints=Path(...))`` and a dict were AttributeErrors in search_limits."""
+    from pathlib import Path
+
+    pinned = Constraints((Rule(match="emb*", sync="ps", shards=3),), staleness=0)
+    f = tmp_path / "c.yaml"
+    f.write_text("kind: constraints\nstaleness: 0\nvariables:\n- {match: 'emb*', sync: ps, shards: 3}\n")
+    for given in (pinned, f, str(f), Path(f),
+                  {"kind": "constraints", "staleness": 0, "variables": [{"match": "emb*", "sync": "ps", "shards": 3}]}):
+        assert as_constraints(given) == pinned
+    assert as_constraints(None) is None
+    with pytest.raises(ConfigError, match=r"constraints.variables\[0\]: unknown key\(s\) sink"):
+        as_constraints({"kind": "constraints", "variables": [{"match": "*", "sink": "ps"}]})
+    with pytest.raises(ConfigError, match=r"constraints must be a Constraints, a constraints YAML path or its "
+                                          r"content as a dict, got list \["):
+        as_constraints([Rule(match="emb*")])
 
 
 def test_knowledge_sampler_starts_from_expert_recipes():

@@ -20,6 +20,7 @@ every candidate the search scores already satisfies them.
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,3 +286,20 @@ def load_constraints(path: str) -> Constraints:
         return Constraints.from_dict(parse_text(read_text(path), path) or {})
     except ConfigError as e:
         raise e.with_source(str(path)) from None
+
+
+def as_constraints(value) -> Constraints | None:
+    """Pinned decisions as the Python API takes them: a Constraints, a constraints YAML path (a
+    str or a path), the YAML's content as a dict, or None (nothing pinned).
+
+    Raises:
+        ConfigError: a bad file or dict (every problem), or anything else.
+    """
+    if value is None or isinstance(value, Constraints):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_constraints(os.fspath(value))
+    if isinstance(value, dict):
+        return Constraints.from_dict(value)
+    raise ConfigError(f"constraints must be a Constraints, a constraints YAML path or its content as a dict, "
+                      f"got {type(value).__name__} {short_repr(value)}")
