@@ -329,6 +329,12 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     if not (isinstance(min_efficiency, (int, float)) and 0 <= min_efficiency <= 1):
         raise ConfigError(f"min_efficiency must be a number from 0 to 1, got {min_efficiency!r}")
+    for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0), ("max_steps", max_steps, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+    if store is not None and not isinstance(store, (str, os.PathLike)):
+        raise ConfigError(f"store must be a trial store path (a str or a path) or None (the user's cache), got "
+                          f"{type(store).__name__} {store!r:.80}")
     if not isinstance(probe_steps, int) or probe_steps < 10:
         raise ConfigError(f"probe steps must be an integer >= 10 (the loss is smoothed over a tenth of them), "
                           f"got {probe_steps!r}")

@@ -199,13 +199,18 @@ def test_sources_take_strings_and_paths_and_refuse_anything_else_with_what_they_
 
 def test_the_python_api_refuses_bad_settings_before_it_starts(tmp_path):
     """The CLI refused ``--time-budget -1``; ``autosync.tune(time_budget_s=-5)`` ran a whole tuning
-    run, and ``make_trainer(timeout_s=-1)`` started Ray, loaded the model and then timed out."""
+    run, ``store=3`` or ``warm_start=3`` was "expected str, bytes or os.PathLike object, not int",
+    and ``make_trainer(timeout_s=-1)`` started Ray, loaded the model and then timed out."""
     import autosync
     from autosync.runtime.trainer import Trainer
 
     for kwargs, said in [({"time_budget_s": -5}, "time_budget_s must be a number of seconds > 0 or None"),
                          ({"time_budget_s": float("nan")}, "time_budget_s must be"),
-                         ({"patience": 0}, "patience must be an integer >= 1")]:
+                         ({"patience": 0}, "patience must be an integer >= 1"),
+                         ({"steps": "3"}, r"steps must be an integer >= 1, got '3'"),   # was a TypeError
+                         ({"max_steps": 0}, "max_steps must be an integer >= 1"),
+                         ({"store": 3}, r"store must be a trial store path \(a str or a path\) or None"),
+                         ({"warm_start": 3}, r"warm start must be builtin, none or a trial store path .*got int 3")]:
         with pytest.raises(ConfigError, match=said):
             autosync.tune(tmp_path / "never_read.py:build", **kwargs)
     for timeout in (-1, 0, float("inf"), "60"):

@@ -34,6 +34,9 @@ def resolve_warm_start(source: str | os.PathLike | None) -> Path | None:
     """
     if source is None or str(source) == "none":
         return None
+    if not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(f"warm start must be builtin, none or a trial store path (a str or a path), got "
+                          f"{type(source).__name__} {source!r:.80}")
     path = BUILTIN_PATH if str(source) == "builtin" else Path(source)
     if not path.is_file():
         if str(source) == "builtin":
