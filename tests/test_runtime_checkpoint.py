@@ -201,6 +201,33 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
     assert all(f["name"] == "" for f in ray.get([a.ready.remote() for a in idle], timeout=30))
 
 
+def test_a_callback_that_raises_leaves_every_step_the_workers_ran_counted(pool):
+    """A callback raising at the first of a round trip's 3 steps left ``trainer.step`` at 1 while
+    the workers had run 3: later checkpoints and step numbers were off by 2."""
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    strategy = _strategy(pool, md, "ps")
+    seen = []
+
+    def boom(step, logs):
+        seen.append(step)
+        raise KeyError("the user's callback")
+
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        with pytest.raises(ConfigError, match=r"callbacks\[0\] is neither a function"):
+            trainer.fit(steps=1, callbacks=[5])
+        assert trainer.step == 0   # refused before any step ran
+        with pytest.raises(KeyError, match="the user's callback"):
+            trainer.fit(steps=3, steps_per_call=3, callbacks=[boom])
+        assert seen == [0] and trainer.step == 3
+        trainer.fit(steps=2)
+        assert trainer.step == 5
+        weights = trainer.get_weights()
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=5)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
 def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):
     from autosync.runtime.trainer import Trainer
 

@@ -216,3 +216,32 @@ def test_the_python_api_refuses_bad_settings_before_it_starts(tmp_path):
     for timeout in (-1, 0, float("inf"), "60"):
         with pytest.raises(ConfigError, match=r"timeout_s must be a number of seconds > 0"):
             Trainer(_model_def(), STRATEGY, CLUSTER, timeout_s=timeout)
+
+
+def test_fit_callbacks_are_checked_before_any_step_and_one_may_come_alone():
+    """``fit(callbacks=5)`` was "'int' object is not iterable" and ``[5]`` "'int' object is not
+    callable" after the round trip's steps had run; a Keras callback has no ``on_step_end``."""
+    from autosync.runtime.fit_history import step_callbacks
+
+    class OnStepEnd:
+        def on_step_end(self, step, logs):
+            pass
+
+    fn, obj = (lambda step, logs: None), OnStepEnd()
+    assert step_callbacks(()) == [] and step_callbacks([fn]) == [fn] and step_callbacks(fn) == [fn]
+    assert step_callbacks([obj, fn]) == [obj.on_step_end, fn] and step_callbacks(obj) == [obj.on_step_end]
+    with pytest.raises(ConfigError, match=r"callbacks must be a list of functions fn\(step, logs\) or objects with "
+                                          r"on_step_end\(step, logs\), got int 5"):
+        step_callbacks(5)
+    with pytest.raises(ConfigError, match=r"callbacks\[1\] is neither a function fn\(step, logs\) nor an object "
+                                          r"with a method on_step_end\(step, logs\): got int 5"):
+        step_callbacks([fn, 5])
+
+    class KerasLike:   # keras.callbacks.Callback's hooks are on_train_batch_end and the like
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    with pytest.raises(ConfigError, match=r"callbacks\[0\] .*got KerasLike .*a Keras callback needs a wrapper"):
+        step_callbacks([KerasLike()])
+    with pytest.raises(ConfigError, match=r"callbacks must be a list .*got str"):
+        step_callbacks("on_step_end")

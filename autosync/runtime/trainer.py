@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import os
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,42 +28,12 @@ from autosync.model_def import ModelDef
 from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
 from autosync.runtime import session_state, timeline as record
 from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
+from autosync.runtime.fit_history import History, step_callbacks
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from autosync.runtime.runner import require_resolved, session_timeline, summarize_steps
 from strategy_space import ClusterSpec, Strategy, validate
 from strategy_space.errors import ConfigError
-
-
-@dataclass
-class History:
-    """What ``fit`` did.
-
-    Attributes:
-        loss: per step, the mean over workers of each worker's batch loss.
-        step_times: per step, seconds (the slowest worker).
-        wall_times: per step, wall-clock seconds from the start of the ``fit`` call to the end of
-            the step (the last worker's), driver round trips included: what loss against time
-            is plotted over.
-        restarts: one dict per recovery from a failure (``fit(max_failures=...)``):
-            ``{"failed_at": the global step when the failure surfaced, "resumed_from": the
-            checkpoint's step, "error": what failed}``. Steps redone after a restart are recorded
-            once, so the lists above hold one entry per step.
-    """
-
-    loss: list = field(default_factory=list)
-    step_times: list = field(default_factory=list)
-    wall_times: list = field(default_factory=list)
-    restarts: list = field(default_factory=list)
-
-    def truncate(self, n: int) -> None:
-        """Keep the first ``n`` steps (a restart redoes the steps after its checkpoint)."""
-        del self.loss[n:], self.step_times[n:], self.wall_times[n:]
-
-    @property
-    def history(self) -> dict:
-        """Keras-style ``{"loss": [...], "step_time_s": [...], "wall_time_s": [...]}``."""
-        return {"loss": list(self.loss), "step_time_s": list(self.step_times), "wall_time_s": list(self.wall_times)}
 
 
 # after a failure, how long a worker may take to answer before it is started again (a worker
@@ -168,7 +137,8 @@ class Trainer:
             callbacks: callables ``fn(step, logs)`` or objects with ``on_step_end(step, logs)``;
                 ``logs`` has ``loss``, ``step_time_s`` and ``wall_time_s``. Setting ``trainer.stop_training = True``
                 stops after the current round trip. After a restart, the steps redone are seen
-                again.
+                again. A callback that raises ends ``fit`` with its exception once the round
+                trip's steps are counted (``step``; a next ``fit`` goes on from there).
             steps_per_call: steps per round trip to the workers (shortened so that round trips
                 end on every checkpoint step).
             checkpoint_every: write a checkpoint (``save``) to ``checkpoint_dir`` each time the
@@ -191,7 +161,7 @@ class Trainer:
             RuntimeError: a worker or parameter server failed, more than ``max_failures`` times
                 (every actor is then killed); the message lists each failure.
         """
-        if not (isinstance(steps, int) and steps >= 0):
+        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
             raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
         if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
             raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
@@ -204,6 +174,7 @@ class Trainer:
             raise ConfigError(f"{'checkpoint_every' if checkpoint_every is not None else 'max_failures'} needs "
                               f"checkpoint_dir: the directory checkpoints are written to "
                               f"{'and restarts continue from' if max_failures else ''}".rstrip())
+        callbacks = step_callbacks(callbacks)
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
         if timeline is not None:
@@ -257,16 +228,18 @@ class Trainer:
         summary = summarize_steps(results, 0)
         # a step ends when its last worker starts the next one (or finishes the final pull)
         ends = np.max([r["start"][1:] for r in results], axis=0) - began
+        done = []   # every step the workers ran is counted before a callback can raise
         for loss, seconds, wall in zip(summary["loss"], summary["step_times"], ends):
             history.loss.append(loss)
             history.step_times.append(seconds)
             history.wall_times.append(float(wall))
-            logs = {"loss": loss, "step_time_s": seconds, "wall_time_s": float(wall)}
-            for cb in callbacks:
-                (cb.on_step_end if hasattr(cb, "on_step_end") else cb)(self.step, logs)
+            done.append((self.step, {"loss": loss, "step_time_s": seconds, "wall_time_s": float(wall)}))
             self.step += 1
         if checkpoint_every is not None and self.step % checkpoint_every == 0:
             self.save(store.path)
+        for step, logs in done:
+            for call in callbacks:
+                call(step, logs)
 
     def _guarded(self, work, store, failures: list, max_failures: int, history: History, first: int) -> None:
         """Run ``work``; on a worker or PS failure, kill what is left and, while failures stay
