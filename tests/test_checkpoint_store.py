@@ -183,6 +183,10 @@ def test_writing_refuses_a_file_or_a_foreign_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a directory"):
         _write(ck.CheckpointStore(tmp_path / "file"), 1)
+    for under in (tmp_path / "file" / "ckpt", tmp_path / "file" / "a" / "b"):   # was NotADirectoryError
+        with pytest.raises(ConfigError, match=rf"checkpoint path {under} cannot be made: {tmp_path / 'file'} is a "
+                                              rf"file, not a directory"):
+            _write(ck.CheckpointStore(under), 1)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(ConfigError, match="non-empty directory without manifest.json"):

@@ -203,6 +203,12 @@ class CheckpointStore:
         p = self.path
         if p.exists() and not p.is_dir():
             raise ConfigError(f"checkpoint path {p} is a file, not a directory; give a directory path")
+        base = p.absolute()
+        while not base.exists() and base.parent != base:
+            base = base.parent
+        if not base.is_dir():   # made on the first write, as a folder under a file cannot be
+            raise ConfigError(f"checkpoint path {p} cannot be made: {base} is a file, not a directory; give a "
+                              f"directory path inside a directory")
         if p.is_dir() and any(p.iterdir()) and not (p / MANIFEST).exists():
             raise ConfigError(f"checkpoint path {p} is a non-empty directory without {MANIFEST}; give a new or "
                               f"empty directory (writing a checkpoint replaces its contents)")
