@@ -41,7 +41,8 @@ def main(argv=None) -> None:
     with autosync.make_trainer(args.model, result.best_strategy, args.cluster) as trainer:
         history = trainer.fit(steps=args.steps)
         weights = trainer.get_weights()
-    print(f"trained {args.steps} steps: loss {np.mean(history.loss[:5]):.4f} -> {np.mean(history.loss[-5:]):.4f}, "
+    k = max(1, min(5, len(history.loss) // 2))   # the mean of the first k steps' losses, then of the last k
+    print(f"trained {args.steps} steps: loss {np.mean(history.loss[:k]):.4f} -> {np.mean(history.loss[-k:]):.4f}, "
           f"median step {np.median(history.step_times) * 1e3:.1f} ms, {len(weights)} weight arrays")
 
 
