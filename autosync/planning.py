@@ -15,13 +15,18 @@ spec of ``configs/models/nvidia-*``), else it is estimated from the parameters.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from strategy_space import Strategy
 from strategy_space.errors import ConfigError
+
+# the repository's configs (model specs measured on GPUs among them); absent from a wheel install
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 @dataclass
@@ -206,10 +211,37 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 trained_on=int(learned), groups=int(getattr(predictor, "n_groups_", 0)),
                 target_trials=int(getattr(predictor, "n_target_", 0)),
                 compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
-                compute_source="the model spec's profile" if profile else
-                f"estimated from the parameters at {ESTIMATE_FLOPS / 1e9:g} GFLOP/s: the model spec has no profile; "
-                f"measure one on the cluster's accelerator, `autosync inspect --profile --out`",
+                compute_source="the model spec's profile" if profile else _estimated(spec, cluster_spec, ESTIMATE_FLOPS),
                 assumed=cluster_spec.assumptions(), search_note=limits.partition_note)
+
+
+def _estimated(spec, cluster, flops: float) -> str:
+    """Where a plan's compute comes from when the spec has no profile, and what to give instead;
+    on a cluster with GPUs, the specs AutoSync ships measured on GPUs of this model, if any."""
+    said = (f"estimated from the parameters at {flops / 1e9:g} GFLOP/s: the model spec has no profile; "
+            f"measure one on the cluster's accelerator, `autosync inspect --profile --out`")
+    if not any(n.gpus for n in cluster.nodes):
+        return said
+    shipped = sorted(glob.glob(os.path.join(CONFIGS, "models", "*", f"{glob.escape(spec.name)}.yaml")))
+    measured = [p for p in shipped if _same_variables(p, spec)]
+    also = (f", or give the spec of this model measured on a GPU: {', '.join(_shown(p) for p in measured)}"
+            if measured else "")
+    return said.replace("GFLOP/s:", "GFLOP/s, a CPU's rate though this cluster has GPUs:", 1) + also
+
+
+def _shown(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _same_variables(path: str, spec) -> bool:
+    from strategy_space.yaml_io import load
+
+    try:
+        shipped = load(path, "model")
+    except ConfigError:
+        return False
+    return [(v.name, v.shape) for v in shipped.variables] == [(v.name, v.shape) for v in spec.variables]
 
 
 _JUDGED: dict = {}   # (training data, protocol, seed) -> pairwise accuracy of each scorer

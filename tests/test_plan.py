@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -69,6 +70,27 @@ def test_a_plan_says_what_it_assumed_of_the_links_inside_a_gpu_node(tmp_path, ca
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("assumed: intra-node bandwidth 40 Gbit/s between the up to 4 GPU workers"), last
     assert "intra_node_bandwidth_gbps" in last
+
+
+def test_a_plan_without_a_profile_on_gpus_says_the_estimate_is_a_cpus_and_names_the_shipped_gpu_specs():
+    """``autosync plan --model zoo:bert --cluster <8-GPU nodes>`` quoted 7.4 ms of compute at a CPU's
+    20 GFLOP/s (the H200 measured 2.0 ms) without saying that AutoSync ships this model's spec
+    measured on GPUs."""
+    from autosync.planning import _estimated
+
+    shipped = load_model_spec(f"{REPO}/configs/models/nvidia-h200/ncf-small.yaml")
+    bare = dataclasses.replace(shipped, profile=None)
+    gpus = load_cluster_spec(CLUSTER)
+    cpus = dataclasses.replace(gpus, nodes=tuple(dataclasses.replace(n, gpus=0) for n in gpus.nodes))
+    said = _estimated(bare, gpus, 20e9)
+    assert said.startswith("estimated from the parameters at 20 GFLOP/s, a CPU's rate though this cluster has GPUs: "
+                           "the model spec has no profile"), said
+    named = said.split("or give the spec of this model measured on a GPU: ")[1].split(", ")
+    assert [os.path.realpath(p) for p in named] == [
+        os.path.realpath(f"{REPO}/configs/models/{d}/ncf-small.yaml") for d in ("nvidia-h100", "nvidia-h200")], said
+    assert "GPU" not in _estimated(bare, cpus, 20e9)
+    other = dataclasses.replace(bare, variables=bare.variables[1:])   # same name, other variables: not that model
+    assert _estimated(other, gpus, 20e9).endswith("`autosync inspect --profile --out`")
 
 
 def test_outline_counts_what_goes_where():
