@@ -131,7 +131,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     from autosync.sources import is_trainable, load_cluster, load_model_def, load_model_spec
     from tuner.search.baseline_tuner import BaselineTuner
     from tuner.cost_models.analytic import AnalyticCostModel, lower_bound_of_row
-    from tuner.features.tables import ESTIMATE_FLOPS, estimate_compute_s
+    from tuner.features.tables import estimate_compute_s
     from tuner.records.history import History
     from tuner.records.warmstart import load_warm_start
     from tuner.search.constraints import as_constraints
@@ -206,18 +206,26 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         ranked.append(PlannedStrategy(name, dataclasses.replace(strategy, origin=name), float(seconds[i]),
                                       float(analytic[i]), bound["overlapped_s"], bound["busiest_nic_s"], aliases))
     learned = getattr(predictor, "n_trials_", 0)
-    profile = spec.profile is not None and spec.profile.step_time_s > 0
     return Plan(model=spec.name, cluster=cluster_spec.name, ranked=ranked, predictor=scorer,
                 trained_on=int(learned), groups=int(getattr(predictor, "n_groups_", 0)),
                 target_trials=int(getattr(predictor, "n_target_", 0)),
                 compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
-                compute_source="the model spec's profile" if profile else _estimated(spec, cluster_spec, ESTIMATE_FLOPS),
+                compute_source=compute_source(spec, cluster_spec),
                 assumed=cluster_spec.assumptions(), search_note=limits.partition_note)
 
 
+def compute_source(spec, cluster) -> str:
+    """Where the compute per step a prediction assumes comes from (``plan``, ``simulate``): the
+    spec's profile, or an estimate from the parameters, said with what to give instead; on a
+    cluster with GPUs, the specs AutoSync ships measured on GPUs of this model, if any."""
+    from tuner.features.tables import ESTIMATE_FLOPS
+
+    if spec.profile is not None and spec.profile.step_time_s > 0:
+        return "the model spec's profile"
+    return _estimated(spec, cluster, ESTIMATE_FLOPS)
+
+
 def _estimated(spec, cluster, flops: float) -> str:
-    """Where a plan's compute comes from when the spec has no profile, and what to give instead;
-    on a cluster with GPUs, the specs AutoSync ships measured on GPUs of this model, if any."""
     said = (f"estimated from the parameters at {flops / 1e9:g} GFLOP/s: the model spec has no profile; "
             f"measure one on the cluster's accelerator, `autosync inspect --profile --out`")
     if not any(n.gpus for n in cluster.nodes):

@@ -61,6 +61,16 @@ def test_strategy_json_analytic(files, capsys):
     assert out["samples_per_s"] == pytest.approx(64 * 3 / expected, rel=1e-6)
     assert out["breakdown"]["compute_s"] == pytest.approx(0.01)
     assert out["breakdown"]["comm_s"] > 0
+    assert out["compute_source"] == "the model spec's profile"
+
+
+def test_simulate_says_where_its_compute_comes_from(tmp_path, capsys):
+    """As plan does: a spec without a profile has its compute estimated at a CPU's rate, which
+    the output said nowhere."""
+    save(tiny_model(profile=False), tmp_path / "bare.yaml")
+    assert main(["simulate", "--model", str(tmp_path / "bare.yaml"), "--cluster", "local", "--strategy", "ps"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("compute: estimated from the parameters at 20 GFLOP/s: the model spec has no profile")
 
 
 def test_a_builders_name_is_the_strategy_it_builds(files, capsys):

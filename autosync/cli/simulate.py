@@ -55,6 +55,7 @@ def run(args) -> int:
     missing = [f"--{n}" for n in ("model", "cluster", "strategy") if not getattr(args, n)]
     if missing:
         raise ConfigError(f"simulate needs {', '.join(missing)} (or --eval STORE)")
+    from autosync.planning import compute_source
     from autosync.sources import load_cluster, load_model_spec, load_strategy_for
     from strategy_space import validate
     from strategy_space.space import StrategySpace
@@ -83,13 +84,15 @@ def run(args) -> int:
     breakdown = {k: float(X[0, COL[k]]) for k in keys}
     result = {"model": model.name, "cluster": cluster.name, "predictor": predictor, "step_time_s": step,
               "samples_per_s": model.batch_size * cluster.num_workers / step if step > 0 else None,
-              "breakdown": breakdown, "assumed": cluster.assumptions()}
+              "breakdown": breakdown, "compute_source": compute_source(model, cluster),
+              "assumed": cluster.assumptions()}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"{model.name} on {cluster.name}: predicted step time {step * 1e3:.2f} ms ({predictor})")
         for k, v in breakdown.items():
             print(f"  {k:<24} {v:.6g}")
+        print(f"compute: {result['compute_source']}")
         for a in result["assumed"]:
             print(f"assumed: {a}")
     return 0
