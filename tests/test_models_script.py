@@ -48,6 +48,46 @@ def test_example_model_def_unpickles_in_a_process_that_cannot_import_the_script(
     assert out.stdout.split() == ["my_model", "(64,)", "64"]
 
 
+def test_a_script_imports_its_own_modules_and_they_reach_a_process_that_cannot_import_them(tmp_path):
+    """``from helper import make_model`` beside the script failed (ModuleNotFoundError: the script's
+    folder was not on the path, as ``python script.py`` puts it); a worker on another node cannot
+    import the folder's modules either, so they travel by value like the script, packages too.
+    Installed packages, even in a virtual environment inside the folder, are left by reference."""
+    import cloudpickle
+
+    proj = tmp_path / "proj"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / "helper.py").write_text("def scale(x):\n    return 2 * x\n")
+    (proj / "pkg" / "__init__.py").write_text("")
+    (proj / "pkg" / "sub.py").write_text("def inc(x):\n    return x + 1\n")
+    venv_pkg = proj / ".venv" / "lib" / "site-packages" / "installed_thing.py"
+    venv_pkg.parent.mkdir(parents=True)
+    venv_pkg.write_text("VALUE = 1\n")
+    _write(proj, """
+        import sys
+        sys.path.append(%r)
+        import helper
+        import installed_thing
+        from pkg.sub import inc
+        from autosync.model_def import ModelDef
+
+        def build():
+            return ModelDef(name="sib", model_fn=lambda: helper.scale(3), loss_fn=lambda: None,
+                            optimizer_fn=lambda: inc(1), dataset_fn=lambda w, n: iter(()), batch_size=1)
+        """ % str(venv_pkg.parent), name="model.py")
+    md = script.load_model_def(str(proj / "model.py"), "build")
+    assert (md.model_fn(), md.optimizer_fn()) == (6, 2)
+    assert sys.path[-1] == str(proj.resolve())   # last once imported: shadows nothing this process imports later
+    assert not script._beside(sys.modules["installed_thing"], proj.resolve())
+    blob = tmp_path / "fns.pkl"
+    blob.write_bytes(cloudpickle.dumps((md.model_fn, md.optimizer_fn)))
+    code = "import pickle, sys; f, g = pickle.loads(open(sys.argv[1], 'rb').read()); print(f(), g())"
+    out = subprocess.run([sys.executable, "-c", code, str(blob)], capture_output=True, text=True, cwd="/",
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["6", "2"]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"model script not found: .*nope\.py \(give the path of an existing"):
         script.load_model_def(str(tmp_path / "nope.py"), "build")

@@ -3,7 +3,9 @@
 The script is imported as a module (its top level runs once), then ``function()`` is called with
 no arguments and must return an ``autosync.model_def.ModelDef``. The module is registered with
 cloudpickle to be pickled by value, so the ModelDef's factories reach Ray workers that cannot
-import the script by name.
+import the script by name; so are the modules it imports from its own folder (``from helper import
+make_model``, as ``python script.py`` finds them: the folder is put on the path), which a worker on
+another node could not import either.
 """
 from __future__ import annotations
 
@@ -49,6 +51,14 @@ def import_script(path: str | Path):
         raise ConfigError(f"cannot import model script {path}: Python does not recognise it as a module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    # as `python script.py` runs it: the script's folder first on the path while it imports, so that
+    # it finds the modules beside it; then last, where a function of the script that imports one
+    # when called still finds it but nothing this process imports later is shadowed by a user's file
+    folder = str(p.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    before = set(sys.modules)
     try:
         spec.loader.exec_module(module)
     except KeyboardInterrupt:
@@ -57,8 +67,29 @@ def import_script(path: str | Path):
         del sys.modules[module_name]
         raise ConfigError(f"importing model script {path} failed{_where_in_script(e, p)}: "
                           f"{type(e).__name__}: {e}; fix the script so that it imports cleanly") from e
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+            sys.path.append(folder)
     _pickle_by_value(module)
+    for name in sorted(set(sys.modules) - before):
+        if _beside(sys.modules[name], p.parent):
+            _pickle_by_value(sys.modules[name])
     return module
+
+
+def _beside(module, folder: Path) -> bool:
+    """Whether ``module`` is the user's own Python code from the script's folder (or below it),
+    which a Ray worker on another node cannot import; never an installed package, even one in a
+    virtual environment inside that folder."""
+    file = getattr(module, "__file__", None)
+    if not file or not file.endswith(".py"):
+        return False
+    where = Path(file).resolve()
+    installed = {Path(sys.prefix).resolve(), Path(sys.exec_prefix).resolve(), Path(sys.base_prefix).resolve()}
+    if any(part in ("site-packages", "dist-packages") for part in where.parts):
+        return False
+    return where.is_relative_to(folder) and not any(where.is_relative_to(d) for d in installed)
 
 
 def _pickle_by_value(module) -> None:
