@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,9 @@ def test_a_script_imports_its_own_modules_and_they_reach_a_process_that_cannot_i
     assert (md.model_fn(), md.optimizer_fn()) == (6, 2)
     assert sys.path[-1] == str(proj.resolve())   # last once imported: shadows nothing this process imports later
     assert not script._beside(sys.modules["installed_thing"], proj.resolve())
+    # AutoSync's own packages stay by reference even for a script in the checkout it is installed from
+    assert not script._beside(sys.modules["autosync.model_def"], Path(REPO).resolve())
+    assert script._beside(sys.modules["pkg.sub"], proj.resolve())
     blob = tmp_path / "fns.pkl"
     blob.write_bytes(cloudpickle.dumps((md.model_fn, md.optimizer_fn)))
     code = "import pickle, sys; f, g = pickle.loads(open(sys.argv[1], 'rb').read()); print(f(), g())"

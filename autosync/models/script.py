@@ -9,7 +9,9 @@ another node could not import either.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import sys
 import traceback
@@ -78,12 +80,19 @@ def import_script(path: str | Path):
     return module
 
 
+@functools.lru_cache(maxsize=1)
+def _installed_names() -> frozenset:
+    """Top-level import names of installed distributions (AutoSync's own packages among them, also
+    when installed from a checkout the script sits in): every node imports those by name."""
+    return frozenset(importlib.metadata.packages_distributions())
+
+
 def _beside(module, folder: Path) -> bool:
     """Whether ``module`` is the user's own Python code from the script's folder (or below it),
     which a Ray worker on another node cannot import; never an installed package, even one in a
     virtual environment inside that folder."""
     file = getattr(module, "__file__", None)
-    if not file or not file.endswith(".py"):
+    if not file or not file.endswith(".py") or module.__name__.partition(".")[0] in _installed_names():
         return False
     where = Path(file).resolve()
     installed = {Path(sys.prefix).resolve(), Path(sys.exec_prefix).resolve(), Path(sys.base_prefix).resolve()}
