@@ -151,6 +151,18 @@ def test_a_model_the_workers_cannot_load_is_a_config_error_that_says_what_failed
     assert trial.status == error and said in trial.error
 
 
+def test_a_trainer_of_a_model_the_workers_cannot_load_raises_the_same_config_error(monkeypatch):
+    """``make_trainer`` raised the runtime's TrialFailed (a class of the engine, not of the API)."""
+    import autosync.runtime.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "check_model_optimizer", lambda model_def: {})
+    for error, said in [("failed", "worker a:0 failed: RuntimeError: boom"),
+                        ("timeout", "worker a:1 did not load in 300 s")]:
+        with pytest.raises(ConfigError, match=f"the workers could not load model tiny on cluster pair: {said}; check "
+                                              f"that the model trains on this cluster"):
+            trainer_module.Trainer(_model_def(), STRATEGY, CLUSTER, pool=_FailingPool(error))
+
+
 def test_run_of_a_model_the_workers_cannot_load_exits_2_with_the_message(monkeypatch, tmp_path, capsys):
     """``autosync run`` loads the model for its strategy before the trial: a dataset_fn that yields
     nothing on worker 1 was "trial failed" and exit 1 (tune said the same as a message, exit 2);

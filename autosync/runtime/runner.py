@@ -163,8 +163,7 @@ class RayRunner(Runner):
         try:
             return self._loaded()
         except (TrialFailed, TrialTimeout) as e:
-            raise ConfigError(f"the workers could not load model {self.model_def.name} on cluster {self.cluster.name}: "
-                              f"{e}; check that the model trains on this cluster (autosync run)") from None
+            raise load_failure(self.model_def, self.cluster, e) from None
 
     def load_for(self, strategy: Strategy):
         """``model``, loaded with parameter servers expected only where ``strategy`` puts them (a
@@ -349,6 +348,14 @@ def check_node_capacity(cluster) -> None:
         raise ConfigError(f"cluster {cluster.name}: node(s) {', '.join(over[:5])} have more workers than they can run "
                           f"(each worker is a process; at most {WORKERS_PER_CPU} per CPU plus one per GPU); lower "
                           f"workers or give the node its real cpus")
+
+
+def load_failure(model_def, cluster: ClusterSpec, error: Exception) -> ConfigError:
+    """What a command or a Trainer says when the workers cannot build the model (its ``model_fn``,
+    ``dataset_fn`` or ``loss_fn`` raises there, or the load outlasts the time limit): no strategy
+    can run, so it is the model's or the cluster's fault, named with the worker's own error."""
+    return ConfigError(f"the workers could not load model {model_def.name} on cluster {cluster.name}: {error}; "
+                       f"check that the model trains on this cluster (autosync run)")
 
 
 def require_resolved(value, types: tuple, what: str):

@@ -31,7 +31,7 @@ from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
 from autosync.runtime.fit_history import History, step_callbacks
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
-from autosync.runtime.runner import require_resolved, session_timeline, summarize_steps
+from autosync.runtime.runner import load_failure, require_resolved, session_timeline, summarize_steps
 from strategy_space import ClusterSpec, Strategy, validate
 from strategy_space.errors import ConfigError
 
@@ -70,7 +70,8 @@ class Trainer:
     Raises:
         TypeError: a model, strategy or cluster that is not one of the objects above.
         ConfigError: a strategy that does not fit the model, an optimizer the runtime does not
-            implement (checked before Ray starts), or a ``restore`` checkpoint that does not
+            implement (checked before Ray starts), a model the workers cannot load (its factories
+            raise there: the worker's error is in the message), or a ``restore`` checkpoint that does not
             exist, is damaged or was written for another model, optimizer or strategy (the
             message says what differs; a missing or damaged one is found before Ray starts).
     """
@@ -116,7 +117,12 @@ class Trainer:
         elif self.pool.description is None or self.pool.model_def is not self.model_def:
             # the first start: likewise, beside the workers' first load of the model
             self.pool.ps.expect(self.model_def, self.strategy.ps_nodes())
-        self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
+        try:
+            self.pool.ensure(self.model_def, self.strategy.resolved_replicas(self.cluster), deadline)
+        except TrialFailed as e:   # at the first start: the model's fault (a restart's failures are counted)
+            if getattr(self, "plan", None) is None:
+                raise load_failure(self.model_def, self.cluster, e) from None
+            raise
         desc = self.pool.description
         self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
                                                desc["optimizer"])
