@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import time
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy
@@ -278,16 +279,20 @@ def prepare_probe(model, strategy, cluster="local", *, steps: int = DEFAULT_PROB
     Raises:
         ConfigError: bad model, strategy, cluster or steps, or a strategy that does not fit them.
     """
-    from autosync.sources import load_cluster, load_model_def, load_model_spec
+    from autosync.sources import load_cluster, load_model_def, load_model_spec, load_strategy_for
     from strategy_space import validate
-    from strategy_space.yaml_io import load_strategy
+    from strategy_space.builders import BUILDERS
 
     if not (isinstance(steps, int) and steps >= 10):
         raise ConfigError(f"--steps must be an integer >= 10 (the loss is smoothed over a tenth of them), got {steps!r}")
-    if not isinstance(strategy, Strategy):
-        strategy = load_strategy(strategy)
+    # a file is read (a bad one refused) before the model is built; a builder's name builds for the model
+    named = isinstance(strategy, str) and strategy in BUILDERS and not os.path.exists(os.path.expanduser(strategy))
+    if not named:
+        strategy = load_strategy_for(strategy, None, None)
     model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
     spec = load_model_spec(model_def)
+    if named:
+        strategy = load_strategy_for(strategy, spec, cluster_spec)
     validate(strategy, spec, cluster_spec)
     return model_def, spec, strategy, cluster_spec
 

@@ -121,6 +121,11 @@ def test_probe_command_prints_efficiency_interval_and_both_curves(setup, tmp_pat
     # and the table form
     assert main(["probe", "--model", f"{script}:model", "--strategy", str(tmp_path / "l.yaml")]) == 0
     assert "statistical efficiency 1 (not probed)" in capsys.readouterr().out
+    # a builder's name, as run and simulate take it (was "file not found: ps"); an unknown one lists them
+    assert main(["probe", "--model", f"{script}:model", "--strategy", "ps", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["statistical_efficiency"] == 1.0
+    assert main(["probe", "--model", f"{script}:model", "--strategy", "pss"]) == 2
+    assert "strategy 'pss' is neither a strategy YAML file nor a builder's name" in capsys.readouterr().err
 
 
 def test_a_stand_in_gives_a_bigger_models_candidate_the_efficiency_of_its_lossy_parts(setup):

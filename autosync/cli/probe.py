@@ -81,7 +81,8 @@ def cmd_probe(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("probe", help="statistical efficiency of a strategy's lossy parts (compressors, staleness)")
     p.add_argument("--model", required=True, metavar="M", help=f"trainable model: {TRAINABLE_FORMS}")
-    p.add_argument("--strategy", required=True, metavar="FILE", help="strategy YAML")
+    p.add_argument("--strategy", required=True, metavar="FILE|BUILDER",
+                   help="strategy YAML file, or a builder's name (ps, all_reduce, ...: lossless, so E = 1)")
     p.add_argument("--cluster", default="local", metavar="C",
                    help=f"cluster: {CLUSTER_FORMS} (default local); a compressor's effect does not depend on the "
                         f"network, so any cluster with the same number of workers gives it; staleness is probed "
