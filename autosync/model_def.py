@@ -53,6 +53,9 @@ class ModelDef:
         from strategy_space.errors import ConfigError
 
         problems = []
+        if not (isinstance(self.name, str) and self.name.strip() and self.name.isprintable() and len(self.name) <= 200):
+            problems.append(f"ModelDef name must be a non-empty printable string of at most 200 characters (reports "
+                            f"and trial records show it), got {self.name!r:.80}")
         for attr in ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn"):
             if not callable(getattr(self, attr)):
                 problems.append(f"ModelDef {self.name}: {attr} must be callable, got {type(getattr(self, attr)).__name__}")

@@ -257,3 +257,17 @@ def test_fit_callbacks_are_checked_before_any_step_and_one_may_come_alone():
         step_callbacks([KerasLike()])
     with pytest.raises(ConfigError, match=r"callbacks must be a list .*got str"):
         step_callbacks("on_step_end")
+
+
+@pytest.mark.parametrize("name", [None, 5, "", "  ", "a\nb", "x" * 201])
+def test_a_model_def_without_a_usable_name_is_refused_at_once(name):
+    """``name=None`` or ``5`` reached the ModelSpec built from the workers' variables and failed
+    there ('NoneType' object is not subscriptable); an empty name made reports and records of
+    nothing."""
+    never = lambda *a: None  # noqa: E731
+    with pytest.raises(ConfigError, match=r"ModelDef name must be a non-empty printable string of at most 200 "
+                                          r"characters"):
+        ModelDef(name=name, model_fn=never, loss_fn=never, optimizer_fn=never, dataset_fn=never, batch_size=8)
+    for fine in ("my model/v2", "x" * 200):
+        assert ModelDef(name=fine, model_fn=never, loss_fn=never, optimizer_fn=never, dataset_fn=never,
+                        batch_size=8).name == fine
