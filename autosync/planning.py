@@ -221,7 +221,11 @@ def compute_source(spec, cluster) -> str:
     from tuner.features.tables import ESTIMATE_FLOPS
 
     if spec.profile is not None and spec.profile.step_time_s > 0:
-        return "the model spec's profile"
+        device = spec.profile.device
+        if device.startswith("cpu") and any(n.gpus for n in cluster.nodes):
+            return (f"the model spec's profile, measured on {device} though this cluster has GPUs: measure it on "
+                    f"the cluster's accelerator, `autosync inspect --profile --out` there")
+        return "the model spec's profile" + (f" ({device})" if device and device != "unknown" else "")
     return _estimated(spec, cluster, ESTIMATE_FLOPS)
 
 

@@ -91,6 +91,14 @@ def test_a_plan_without_a_profile_on_gpus_says_the_estimate_is_a_cpus_and_names_
     assert "GPU" not in _estimated(bare, cpus, 20e9)
     other = dataclasses.replace(bare, variables=bare.variables[1:])   # same name, other variables: not that model
     assert _estimated(other, gpus, 20e9).endswith("`autosync inspect --profile --out`")
+    # a profile measured on a CPU quoted for GPU nodes is said to be one
+    from autosync.planning import compute_source
+
+    on_cpu = dataclasses.replace(shipped, profile=dataclasses.replace(shipped.profile, device="cpu:AMD EPYC x2"))
+    assert compute_source(on_cpu, gpus).startswith("the model spec's profile, measured on cpu:AMD EPYC x2 though "
+                                                   "this cluster has GPUs")
+    assert compute_source(on_cpu, cpus) == "the model spec's profile (cpu:AMD EPYC x2)"
+    assert compute_source(shipped, gpus) == "the model spec's profile (gpu:NVIDIA H200 x1)"
 
 
 def test_outline_counts_what_goes_where():
