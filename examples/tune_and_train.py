@@ -41,9 +41,13 @@ def main(argv=None) -> None:
     with autosync.make_trainer(args.model, result.best_strategy, args.cluster) as trainer:
         history = trainer.fit(steps=args.steps)
         weights = trainer.get_weights()
+        model = trainer.keras_model()   # the trained weights in a Keras model here: evaluate, predict, save
     k = max(1, min(5, len(history.loss) // 2))   # the mean of the first k steps' losses, then of the last k
     print(f"trained {args.steps} steps: loss {np.mean(history.loss[:k]):.4f} -> {np.mean(history.loss[-k:]):.4f}, "
           f"median step {np.median(history.step_times) * 1e3:.1f} ms, {len(weights)} weight arrays")
+    # evaluate on your held-out data; here one batch of the model's data as a single process reads it
+    x, y = next(iter(autosync.load_model_def(args.model).dataset_fn(0, 1)))
+    print(f"evaluated on one batch: loss {model.evaluate(x, y, verbose=0, return_dict=True)['loss']:.4f}")
 
 
 if __name__ == "__main__":

@@ -25,5 +25,6 @@ def test_tune_and_train_example_tunes_saves_and_trains(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("best strategy: ") and "ms/step; best baseline" in lines[0], proc.stdout
     assert any(line.split()[:2] == ["search", "ok"] for line in lines), proc.stdout   # the trials table
-    assert lines[-1].startswith("trained 3 steps: loss ") and lines[-1].endswith("7 weight arrays"), proc.stdout
+    assert lines[-2].startswith("trained 3 steps: loss ") and lines[-2].endswith("7 weight arrays"), proc.stdout
+    assert lines[-1].startswith("evaluated on one batch: loss "), proc.stdout   # Trainer.keras_model
     assert load_strategy(out).variables   # the best strategy, saved as YAML

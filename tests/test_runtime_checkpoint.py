@@ -201,9 +201,10 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
     assert all(f["name"] == "" for f in ray.get([a.ready.remote() for a in idle], timeout=30))
 
 
-def test_a_callback_that_raises_leaves_every_step_the_workers_ran_counted(pool):
+def test_a_callback_that_raises_leaves_every_step_counted_and_the_trained_model_comes_here(pool):
     """A callback raising at the first of a round trip's 3 steps left ``trainer.step`` at 1 while
-    the workers had run 3: later checkpoints and step numbers were off by 2."""
+    the workers had run 3: later checkpoints and step numbers were off by 2. Then the trained
+    model, in this process (``keras_model``), evaluates as the weights say."""
     from autosync.runtime.trainer import Trainer
 
     md = rm.model_def("sgd", learning_rate=0.1)
@@ -224,8 +225,19 @@ def test_a_callback_that_raises_leaves_every_step_the_workers_ran_counted(pool):
         trainer.fit(steps=2)
         assert trainer.step == 5
         weights = trainer.get_weights()
+        # the trained model in this process, compiled with the ModelDef's loss: evaluate on held-out data
+        model = trainer.keras_model(metrics=["mae"])
+        x, y = next(md.batches(7, 8))
+        said = model.evaluate(x, y, verbose=0, return_dict=True)
+        model.fit(x, y, verbose=0)   # the caller's copy: training it leaves the trainer's weights alone
+        assert all(np.array_equal(a, b) for a, b in zip(trainer.get_weights(), weights))
     for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=5)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    reference = md.build_model()
+    reference.set_weights(weights)
+    out = np.asarray(reference(x, training=False))
+    assert said["loss"] == pytest.approx(float(np.mean((np.asarray(y).reshape(out.shape) - out) ** 2)), rel=1e-5)
+    assert said["mae"] == pytest.approx(float(np.mean(np.abs(np.asarray(y).reshape(out.shape) - out))), rel=1e-5)
 
 
 def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):

@@ -358,12 +358,26 @@ class Trainer:
         the model's own ``save_weights``/``load_weights`` where its layout is unknown
         (``weights_file``)."""
         if self._keras_model is None:
-            model = self.model_def.build_model()
-            if not model.built:   # a subclassed model: build it on one batch
-                x, _ = next(self.model_def.batches(0, 1))
-                model(x, training=False)
-            self._keras_model = model
+            self._keras_model = self._built_model()
         return self._keras_model
+
+    def _built_model(self):
+        model = self.model_def.build_model()
+        if not model.built:   # a subclassed model: build it on one batch
+            x, _ = next(self.model_def.batches(0, 1))
+            model(x, training=False)
+        return model
+
+    def keras_model(self, metrics=None):
+        """A new Keras model of this ModelDef in this process, holding the trained weights
+        (``get_weights``) and compiled with the ModelDef's ``loss_fn()`` and ``metrics`` (as
+        ``keras.Model.compile`` takes them): ``evaluate`` it on held-out data, ``predict`` or save it
+        as any Keras model. It is the caller's: what is done to it leaves the Trainer as it was."""
+        weights = self.get_weights()
+        model = self._built_model()
+        model.set_weights(weights)
+        model.compile(loss=self.model_def.loss_fn(), metrics=metrics)
+        return model
 
     def _restore(self, store: CheckpointStore, deadline: float) -> Manifest:
         """Load the checkpoint in ``store`` into the running session (fresh actors).
