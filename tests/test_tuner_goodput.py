@@ -352,3 +352,18 @@ def test_a_twin_that_rises_back_is_flagged_and_a_steady_one_is_not():
 def test_counted_says_one_in_the_singular():
     """tune's lines ('within 5 % of it after 1 trial', '1 probe took') and the lossy parts' names."""
     assert [counted(n, "trial") for n in (0, 1, 3)] == ["0 trials", "1 trial", "3 trials"]
+
+
+def test_a_probe_whose_twin_does_not_learn_gives_the_low_end_and_says_so():
+    """Noise targets (nothing to learn in the probe's steps): the twin's loss stays flat and E came
+    out 1.00 (here [0.96, 1.00]; [0.53, 1.00] for a lossy strategy tune recommended at 1.17x on the
+    testbed, by hand): the probe cannot tell, so E is unknown and counts as 0, with the reason."""
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        flat_twin, flat_candidate = 1.0 + 0.05 * rng.standard_normal(100), 1.0 + 0.05 * rng.standard_normal(100)
+        e = estimate_efficiency(flat_candidate, flat_twin)
+        assert (e.value, e.low, e.high) == (0.0, 0.0, 1.0) and e.probed, (seed, e)
+        assert "within the noise" in e.note and "--probe-steps" in e.note
+        assert goodput_seconds(0.01, e) == float("inf")
+    learning = estimate_efficiency(curve(100, np.random.default_rng(1)), curve(100, np.random.default_rng(2)))
+    assert learning.value > learning.low and "within the noise" not in learning.note

@@ -244,7 +244,10 @@ def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, wi
     loss difference is many steps). The interval shifts the candidate's curve by ``z`` standard
     errors of the two curves' batch noise, averaged over the independent windows the mean spans.
 
-    A candidate whose loss is not finite (diverged) has E = 0.
+    A candidate whose loss is not finite (diverged) has E = 0. Where the twin's loss does not fall
+    by more than the noise, the curves cannot tell how many steps a level is worth: E is then
+    unknown, [0, 1], and counts as 0 (said in the note), so a strategy no probe could judge is not
+    taken for one that trains as well.
     """
     c = np.asarray(candidate, dtype=np.float64)
     t = np.asarray(twin, dtype=np.float64)
@@ -272,6 +275,14 @@ def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, wi
 
     value = e_at(0.0)
     low, high = e_at(z * se), e_at(-z * se)
+    # the twin's first and last windows: a fall within their noise is no learning that levels can be told by
+    fall, noise = float(np.mean(t[:w]) - np.mean(t[-w:])), z * batch_noise(t) * math.sqrt(2.0 / w)
+    if fall <= noise:
+        return Efficiency(0.0, 0.0, 1.0, probed=True, steps=k, source="probe",
+                          note=f"the lossless twin's loss fell by {fall:.3g} in {k} steps, within the noise "
+                               f"({noise:.3g}): the probe cannot tell how this strategy trains (E anywhere in "
+                               f"[0, 1], counted as 0: not recommended); more --probe-steps, or a model that learns "
+                               f"in them, tells more")
     return Efficiency(value, min(low, value), max(high, value), probed=True, steps=k, source="probe",
                       note=_unstable_twin(smooth(t, w), z * se))
 
