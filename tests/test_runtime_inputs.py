@@ -143,12 +143,12 @@ def test_a_model_the_workers_cannot_load_is_a_config_error_that_says_what_failed
 
     runner = RayRunner(_model_def(), CLUSTER, pool=_FailingPool(error))
     said = "worker a:0 failed: RuntimeError: boom" if error == "failed" else "worker a:1 did not load in 300 s"
-    for ask in (runner.optimizer_config, lambda: runner.model, lambda: runner.load_for(STRATEGY)):
+    for ask in (runner.optimizer_config, lambda: runner.model):
         with pytest.raises(ConfigError, match=f"the workers could not load model tiny on cluster pair: {said}; check "
                                               f"that the model trains on this cluster"):
             ask()
     trial = runner.run_one(STRATEGY, "hand")   # a trial records the load's failure as its own, as before
-    assert trial.status == error and said in trial.error
+    assert trial.status == error and said in trial.error and not runner.loaded
 
 
 def test_a_trainer_of_a_model_the_workers_cannot_load_raises_the_same_config_error(monkeypatch):
@@ -164,9 +164,10 @@ def test_a_trainer_of_a_model_the_workers_cannot_load_raises_the_same_config_err
 
 
 def test_run_of_a_model_the_workers_cannot_load_exits_2_with_the_message(monkeypatch, tmp_path, capsys):
-    """``autosync run`` loads the model for its strategy before the trial: a dataset_fn that yields
-    nothing on worker 1 was "trial failed" and exit 1 (tune said the same as a message, exit 2);
-    the parameter servers are expected only where the strategy puts them, as its trial did."""
+    """``autosync run`` of a model whose code raises in the workers (a dataset_fn that yields
+    nothing on worker 1) was "trial failed" and exit 1; tune said the same as a message, exit 2.
+    A trial that times out stays one (exit 1: tests/test_cli_runtime.py); the parameter servers
+    are expected only where the strategy puts them."""
     import autosync.cli.runtime as cli_runtime
     from autosync.cli import main
     from autosync.runtime.runner import RayRunner

@@ -109,6 +109,7 @@ def _fmt(seconds) -> str:
 
 
 def cmd_run(args) -> int:
+    from autosync.runtime.runner import load_failure
     from autosync.sources import load_strategy_for
     from strategy_space.builders import BUILDERS
 
@@ -128,8 +129,9 @@ def cmd_run(args) -> int:
         raise e.with_source(args.strategy) from None
     with ray_output_to_log("run") as log, _runner(args, model_def, spec, cluster,
                                                   timeline=bool(args.timeline)) as runner:
-        runner.load_for(strategy)   # a model the workers cannot load: a message and exit 2, as in tune
         trial = runner.run([strategy], origins=[strategy.origin or "file"])[0]
+        if trial.status == "failed" and not runner.loaded:   # the model's code raised in the workers: as in tune
+            raise load_failure(model_def, cluster, trial.error)
         streams = runner.last_timeline
     phases = _write_timeline(args.timeline, streams, trial, spec, cluster) if args.timeline and streams else None
     if args.json:

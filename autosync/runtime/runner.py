@@ -165,13 +165,10 @@ class RayRunner(Runner):
         except (TrialFailed, TrialTimeout) as e:
             raise load_failure(self.model_def, self.cluster, e) from None
 
-    def load_for(self, strategy: Strategy):
-        """``model``, loaded with parameter servers expected only where ``strategy`` puts them (a
-        command that runs this one strategy: ``run``), so that a model the workers cannot load is
-        a ConfigError there too, not a failed trial."""
-        if self._model is None:
-            self._ps_nodes = strategy.ps_nodes()
-        return self.model
+    @property
+    def loaded(self) -> bool:
+        """Whether the workers have built the model (after a trial: False when its load failed)."""
+        return self._model is not None
 
     def _loaded(self):
         """``model``, raising what the load raised (a trial reports a timeout as one)."""
