@@ -332,6 +332,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0), ("max_steps", max_steps, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not (isinstance(trial_timeout_s, (int, float)) and 0 < trial_timeout_s < math.inf):
+        raise ConfigError(f"trial_timeout_s must be a number of seconds > 0, got {trial_timeout_s!r}")
     if store is not None and not isinstance(store, (str, os.PathLike)):
         raise ConfigError(f"store must be a trial store path (a str or a path) or None (the user's cache), got "
                           f"{type(store).__name__} {store!r:.80}")

@@ -222,6 +222,7 @@ def test_the_python_api_refuses_bad_settings_before_it_starts(tmp_path):
                          ({"patience": 0}, "patience must be an integer >= 1"),
                          ({"steps": "3"}, r"steps must be an integer >= 1, got '3'"),   # was a TypeError
                          ({"max_steps": 0}, "max_steps must be an integer >= 1"),
+                         ({"trial_timeout_s": 0}, "trial_timeout_s must be a number of seconds > 0"),
                          ({"store": 3}, r"store must be a trial store path \(a str or a path\) or None"),
                          ({"warm_start": 3}, r"warm start must be builtin, none or a trial store path .*got int 3")]:
         with pytest.raises(ConfigError, match=said):

@@ -57,3 +57,25 @@ def test_no_report_writes_the_strategy_alone_and_explicit_paths_are_kept(fake_tu
     assert sorted(p.name for p in (tmp_path / "checkout").iterdir()) == ["mine.yaml", "rep"]
     assert main(fake_tune + ["--report", "r", "--no-report"]) == 2
     assert "--no-report and --report DIR contradict each other" in capsys.readouterr().err
+
+
+def test_tune_timeout_limits_each_trial_and_bad_values_are_refused(fake_tune, monkeypatch, capsys):
+    """tune had no per-trial limit on the command line (run and baselines had --timeout): a dataset
+    that hangs on one worker cost 300 s a trial; ``--timeout 20`` recorded each as timed out after
+    20 s and the run ended in 53 s (by hand)."""
+    import autosync.api
+
+    seen = {}
+    make = autosync.api.make_runner
+
+    def recording(*args, **kwargs):
+        seen.update(kwargs)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(autosync.api, "make_runner", recording)
+    assert main(fake_tune + ["--timeout", "20", "--no-report"]) == 0
+    assert seen["trial_timeout_s"] == 20.0
+    capsys.readouterr()
+    for bad in ("0", "-1", "inf", "nan"):
+        assert main(fake_tune + ["--timeout", bad]) == 2
+        assert f"--timeout must be a number of seconds > 0, got {float(bad)}" in capsys.readouterr().err

@@ -100,6 +100,8 @@ def cmd_tune(args) -> int:
         raise ConfigError(f"--confirm must be >= 0, got {args.confirm}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget must be > 0 seconds, got {args.time_budget}")
+    if not 0 < args.timeout < float("inf"):
+        raise ConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     measure = precision_settings(args)
     if args.no_report and args.report:
         raise ConfigError("--no-report and --report DIR contradict each other; give one")
@@ -118,7 +120,7 @@ def cmd_tune(args) -> int:
                           warmup=args.warmup, warm_start=args.warm_start, confirm=args.confirm, on_trial=progress,
                           quality=args.quality, probe_steps=args.probe_steps, on_probe=progress.probed,
                           min_efficiency=args.min_efficiency, probe_model=args.probe_model,
-                          **measure, **compute_settings(args))
+                          trial_timeout_s=args.timeout, **measure, **compute_settings(args))
         finally:
             progress.close()
     folder = run_dir(result.store_path, result.model.name, result.cluster.name, result.outcome.run_id)
@@ -227,6 +229,9 @@ def register(sub) -> None:
                         "a full-size lm1b spec YAML, which has no code to train")
     p.add_argument("--steps", type=int, default=10, help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="limit per trial in seconds (default 300); a trial past it is recorded as timed out and "
+                        "tuning goes on")
     add_precision_flags(p)
     add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
