@@ -419,8 +419,12 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         reasons = sorted({_first_reason(t.error) for t in outcome.trials if not t.ok})
         what = ("every baseline failed (PS and all-reduce alike), so no search was run"
                 if outcome.stop_reason == "baselines_failed" else "every trial failed")
+        timed_out = all(t.status == "timeout" for t in outcome.trials if not t.ok)
         raise ConfigError(f"{what}, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
-                          f"Check that the model trains on this cluster (autosync run --strategy ...)")
+                          f"Check that the model trains on this cluster (autosync run --strategy ...)"
+                          + (f"; every trial ran past its limit of {trial_timeout_s:g} s: a model that is slow to "
+                             f"start or to step needs a longer one (--timeout, trial_timeout_s), a hung one a fix"
+                             if timed_out else ""))
     validate(best.strategy, spec, cluster_spec)
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
                       cluster=cluster_spec, outcome=outcome, store_path=str(store_path),

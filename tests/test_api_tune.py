@@ -108,6 +108,21 @@ def test_every_trial_failing_is_a_clear_error(tmp_path):
         roles = {t.role for t in store.trials()}
     assert roles == {"baseline"}
 
+    class Hung(SyntheticRunner):   # every trial past its limit: the limit is named with how to raise it
+        def run(self, strategies, origins=None):
+            from tuner.records.trial import Trial
+
+            return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "timeout",
+                          error="exceeded the trial limit of 20 s: worker: time limit reached") for s in strategies]
+
+    with pytest.raises(ConfigError, match=r"every trial ran past its limit of 20 s: .*--timeout, trial_timeout_s"):
+        autosync.tune("unused", cluster, trials=4, store=tmp_path / "h.db", settings=FAST, warm_start="none",
+                      runner=Hung(model, cluster), trial_timeout_s=20)
+    with pytest.raises(ConfigError) as broken:
+        autosync.tune("unused", cluster, trials=4, store=tmp_path / "b2.db", settings=FAST, warm_start="none",
+                      runner=Broken(model, cluster))
+    assert "ran past its limit" not in str(broken.value)
+
 
 def test_bad_warm_start_fails_before_measuring(tmp_path):
     model, cluster = tiny_model(), three_node_cluster()
