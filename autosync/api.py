@@ -236,6 +236,11 @@ def make_trainer(model, strategy, cluster="local", **settings):
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
 
 
+def _seconds(value) -> bool:
+    """Whether ``value`` is a finite number of seconds > 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
 def _first_reason(error: str | None) -> str:
     """The first line of a trial's error that says something: a ConfigError of several problems
     starts with "N problems:", and its first problem is on the next line."""
@@ -317,23 +322,18 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     from autosync.sources import load_cluster
 
     quiet_startup()
-    if not isinstance(trials, int) or trials < 0:
-        raise ConfigError(f"trials must be an integer >= 0, got {trials!r}")
-    if not isinstance(confirm, int) or confirm < 0:
-        raise ConfigError(f"confirm must be an integer >= 0, got {confirm!r}")
-    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
-        raise ConfigError(f"patience must be an integer >= 1 (rounds without a better strategy), got {patience!r}")
-    if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and 0 < time_budget_s < math.inf):
+    for name, value, least in (("trials", trials, 0), ("confirm", confirm, 0), ("patience", patience, 1),
+                               ("steps", steps, 1), ("warmup", warmup, 0), ("max_steps", max_steps, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+    if time_budget_s is not None and not _seconds(time_budget_s):
         raise ConfigError(f"time_budget_s must be a number of seconds > 0 or None (no limit), got {time_budget_s!r}")
+    if not _seconds(trial_timeout_s):
+        raise ConfigError(f"trial_timeout_s must be a number of seconds > 0, got {trial_timeout_s!r}")
     if quality not in QUALITIES:
         raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     if not (isinstance(min_efficiency, (int, float)) and 0 <= min_efficiency <= 1):
         raise ConfigError(f"min_efficiency must be a number from 0 to 1, got {min_efficiency!r}")
-    for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0), ("max_steps", max_steps, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
-    if not (isinstance(trial_timeout_s, (int, float)) and 0 < trial_timeout_s < math.inf):
-        raise ConfigError(f"trial_timeout_s must be a number of seconds > 0, got {trial_timeout_s!r}")
     if store is not None and not isinstance(store, (str, os.PathLike)):
         raise ConfigError(f"store must be a trial store path (a str or a path) or None (the user's cache), got "
                           f"{type(store).__name__} {store!r:.80}")

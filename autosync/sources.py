@@ -158,13 +158,9 @@ def load_emulated_model(text, step_time_s: float | None = None):
     """
     from autosync.runtime.emulated import EmulatedModelDef
 
-    from autosync.model_def import ModelDef
-
     if isinstance(text, (ModelSpec, EmulatedModelDef)):
         return text
-    if not isinstance(text, ModelDef):
-        text = _text(text, "the model", f"{MODEL_FORMS} (a str or a path), an autosync.ModelDef or a ModelSpec")
-    yaml_spec = isinstance(text, str) and text.endswith((".yaml", ".yml"))
+    yaml_spec = isinstance(text, (str, os.PathLike)) and os.fspath(text).endswith((".yaml", ".yml"))
     return load_model_spec(text, profile=step_time_s is None and not yaml_spec)
 
 

@@ -135,6 +135,18 @@ def load_cluster_spec(path: str | os.PathLike) -> ClusterSpec:
     return load(path, "cluster")  # type: ignore[return-value]
 
 
+def nearest_existing(path: str | os.PathLike) -> str:
+    """The path itself (absolute), or the closest ancestor of it that exists: where a file or
+    folder to be made at ``path`` would go."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
     p = Path(path)

@@ -11,6 +11,7 @@ import os
 import tempfile
 
 from strategy_space.errors import ConfigError
+from strategy_space.yaml_io import nearest_existing
 
 
 # a file is written through a temp file beside it named ".NAME.XXXXXXXX" (atomic_write_text)
@@ -22,7 +23,7 @@ def _check_length(path: str, flag: str, is_file: bool) -> None:
     room for its temp file), the whole within the limit on a path."""
     full = os.path.abspath(path)
     try:
-        name_max = os.pathconf(_nearest_existing(full), "PC_NAME_MAX")
+        name_max = os.pathconf(nearest_existing(full), "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
     parts = [p for p in full.split(os.sep) if p]
@@ -35,20 +36,9 @@ def _check_length(path: str, flag: str, is_file: bool) -> None:
         raise ConfigError(f"{flag} {path[:80]}...: the path is longer than 4000 bytes; give a shorter one")
 
 
-def _nearest_existing(path: str) -> str:
-    """The path itself, or the closest ancestor of it that exists."""
-    p = os.path.abspath(path)
-    while not os.path.lexists(p):
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    return p
-
-
 def _check_creatable(path: str, flag: str, what: str) -> None:
     """``path`` does not exist: its nearest existing ancestor must be a folder we may write in."""
-    base = _nearest_existing(path)
+    base = nearest_existing(path)
     if not os.path.isdir(base):
         raise ConfigError(f"{flag} {path}: cannot create this {what}: {base} is a file, not a folder; "
                           f"give a path inside a folder")

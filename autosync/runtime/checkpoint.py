@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from strategy_space.errors import ConfigError, short_repr
+from strategy_space.yaml_io import nearest_existing
 
 FORMAT = "autosync-checkpoint"
 FORMAT_VERSION = 1
@@ -203,10 +204,8 @@ class CheckpointStore:
         p = self.path
         if p.exists() and not p.is_dir():
             raise ConfigError(f"checkpoint path {p} is a file, not a directory; give a directory path")
-        base = p.absolute()
-        while not base.exists() and base.parent != base:
-            base = base.parent
-        if not base.is_dir():   # made on the first write, as a folder under a file cannot be
+        base = nearest_existing(p)
+        if not os.path.isdir(base):   # made on the first write, as a folder under a file cannot be
             raise ConfigError(f"checkpoint path {p} cannot be made: {base} is a file, not a directory; give a "
                               f"directory path inside a directory")
         if p.is_dir() and any(p.iterdir()) and not (p / MANIFEST).exists():

@@ -211,6 +211,14 @@ def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, wi
         raise ValueError("the lossless twin's loss is not finite: the model does not train at this setting")
     w = int(window or max(5, k // 10))
     w = max(1, min(w, k))
+    # the twin's first and last windows: a fall within their noise is no learning that levels can be told by
+    fall, noise = float(np.mean(t[:w]) - np.mean(t[-w:])), z * batch_noise(t) * math.sqrt(2.0 / w)
+    if fall <= noise:
+        return Efficiency(0.0, 0.0, 1.0, probed=True, steps=k, source="probe",
+                          note=f"the lossless twin's loss fell by {fall:.3g} in {k} steps, within the noise "
+                               f"({noise:.3g}): the probe cannot tell how this strategy trains (E anywhere in "
+                               f"[0, 1], counted as 0: not recommended); more --probe-steps, or a model that learns "
+                               f"in them, tells more")
     sc, fit = smooth(c, w), decreasing_fit(smooth(t, w))
     steps = np.arange(len(sc)) + (w + 1) / 2
     chosen = np.nonzero(steps >= first * k)[0]
@@ -225,14 +233,6 @@ def estimate_efficiency(candidate: Sequence[float], twin: Sequence[float], *, wi
 
     value = e_at(0.0)
     low, high = e_at(z * se), e_at(-z * se)
-    # the twin's first and last windows: a fall within their noise is no learning that levels can be told by
-    fall, noise = float(np.mean(t[:w]) - np.mean(t[-w:])), z * batch_noise(t) * math.sqrt(2.0 / w)
-    if fall <= noise:
-        return Efficiency(0.0, 0.0, 1.0, probed=True, steps=k, source="probe",
-                          note=f"the lossless twin's loss fell by {fall:.3g} in {k} steps, within the noise "
-                               f"({noise:.3g}): the probe cannot tell how this strategy trains (E anywhere in "
-                               f"[0, 1], counted as 0: not recommended); more --probe-steps, or a model that learns "
-                               f"in them, tells more")
     return Efficiency(value, min(low, value), max(high, value), probed=True, steps=k, source="probe",
                       note=_unstable_twin(smooth(t, w), z * se))
 
