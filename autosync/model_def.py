@@ -37,6 +37,10 @@ class ModelDef:
             None: those of the process that sends the ModelDef to Ray's processes, taken when it
             is pickled, so that a script's ``keras.mixed_precision.set_global_policy(...)`` holds
             on every worker as in the script's own process.
+        name_counts: the Keras name counters ``model_fn`` starts from (``{"dense": 1}``: the next
+            unnamed Dense is ``dense_1``), so that every process names the model's layers, and so
+            its variables, alike whatever it built before (``autosync.models.keras_names``). A
+            script's loader sets it to what the script's top level named; None: from nothing.
     """
 
     name: str
@@ -48,6 +52,7 @@ class ModelDef:
     seed: int = 0
     metadata: dict = field(default_factory=dict, compare=False)
     keras_settings: dict | None = field(default=None, compare=False, repr=False)
+    name_counts: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         from strategy_space.errors import ConfigError
@@ -64,6 +69,12 @@ class ModelDef:
         if self.keras_settings is not None and not isinstance(self.keras_settings, dict):
             problems.append(f"ModelDef {self.name}: keras_settings must be a dict (or None: the sending process's), "
                             f"got {type(self.keras_settings).__name__}")
+        if self.name_counts is not None and not (
+                isinstance(self.name_counts, dict)
+                and all(isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                        for k, n in self.name_counts.items())):
+            problems.append(f"ModelDef {self.name}: name_counts must be a dict of layer-name prefixes to counts >= 0 "
+                            f"(or None), got {self.name_counts!r:.80}")
         if problems:
             raise ConfigError(problems)
 
@@ -78,11 +89,14 @@ class ModelDef:
 
     def build_model(self):
         """``model_fn()`` under the ModelDef's Keras settings (``keras_settings``, set first when
-        it carries them)."""
+        it carries them), its unnamed layers named from ``name_counts``, not from what this
+        process built before."""
+        from autosync.models.keras_names import counting_from
         from autosync.models.keras_settings import apply
 
         apply(self.keras_settings, f"ModelDef {self.name}")
-        return self.model_fn()
+        with counting_from(self.name_counts):
+            return self.model_fn()
 
     def loss(self):
         """A new loss object from ``loss_fn``, reduced as ``keras.Model.compile`` reduces it: a

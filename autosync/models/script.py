@@ -9,6 +9,7 @@ another node could not import either.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -17,6 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from autosync.models import keras_names
 from strategy_space.errors import ConfigError
 
 CONTRACT = ("the function must take no arguments and return autosync.ModelDef(name=..., model_fn=..., "
@@ -61,6 +63,7 @@ def import_script(path: str | Path):
     if added:
         sys.path.insert(0, folder)
     before = set(sys.modules)
+    named_before = keras_names.counts()
     try:
         spec.loader.exec_module(module)
     except KeyboardInterrupt:
@@ -73,6 +76,11 @@ def import_script(path: str | Path):
         if added and folder in sys.path:
             sys.path.remove(folder)
             sys.path.append(folder)
+    # a top level that named Keras objects (a module-level layer the model reuses, named after what
+    # this process had named before) has every process's build count on from here, past those names;
+    # any other builds from nothing, its layers named as in a fresh process
+    named_after = keras_names.counts()
+    module.__autosync_name_counts__ = named_after if named_after != named_before else {}
     _pickle_by_value(module)
     for name in sorted(set(sys.modules) - before):
         if _beside(sys.modules[name], p.parent):
@@ -149,4 +157,6 @@ def load_model_def(path: str | Path, function_name: str):
                           f"fix the function ({CONTRACT})") from e
     if not isinstance(result, ModelDef):
         raise ConfigError(f"{source}() returned {type(result).__name__}, not a ModelDef; {CONTRACT}")
+    if result.name_counts is None:
+        result = dataclasses.replace(result, name_counts=getattr(module, "__autosync_name_counts__", None))
     return result

@@ -1,0 +1,53 @@
+"""The names Keras gives a model's layers, the same in every process that builds it.
+
+A layer created without a name is named from a process-wide counter: the first ``Dense`` is
+``dense``, the next ``dense_1``. Variables are named by their layer's path (``dense_1/kernel``),
+and strategies name variables. A driver that had built the model once already (a notebook that
+tried it, a benchmark going through several models, a user's check before ``make_trainer``) named
+the same variables ``dense_2/...`` where a fresh worker named them ``dense/...``, and every
+strategy was refused for naming variables the other side did not have.
+
+So ``ModelDef.build_model`` builds under counters of its own, started from ``ModelDef.name_counts``
+(empty: the names a fresh process gives; a script whose top level named Keras objects, such as a
+module-level layer the model reuses, sets them to the counters right after its import, so that the
+model's own layers never take that layer's name), and gives the process its counters back
+afterwards: the user's own builds go on numbering as if AutoSync had built nothing.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+
+_KEY = "object_name_uids"   # keras.src.utils.naming keeps its counters under this global attribute
+
+
+def _state():
+    if "keras" not in sys.modules:
+        return None
+    from keras.src.backend.common import global_state
+
+    return global_state
+
+
+def counts() -> dict:
+    """A copy of this process's name counters ({} where Keras was never imported)."""
+    state = _state()
+    if state is None:
+        return {}
+    return dict(state.get_global_attribute(_KEY) or {})
+
+
+@contextlib.contextmanager
+def counting_from(start: dict | None):
+    """Name Keras objects created inside from counters set to ``start`` (None: from nothing);
+    this process's own counters are put back on the way out, exceptions included."""
+    import keras  # noqa: F401  (the counters live in Keras' global state)
+
+    state = _state()
+    saved = state.get_global_attribute(_KEY)
+    state.set_global_attribute(_KEY, collections.defaultdict(int, start or {}))
+    try:
+        yield
+    finally:
+        state.set_global_attribute(_KEY, saved)
