@@ -328,11 +328,15 @@ class AllReduceChannel(SyncChannel):
             return self._backend(backend).allreduce(buf, tag)
 
     def _reduce_dense(self, backend, comp, ms, parts, tag) -> dict:
-        scale = np.float32(1.0 / self.world)
         if comp.kind == "powersgd":
             return self._reduce_powersgd(backend, comp, ms, parts, tag)
         compressor, ef = elementwise(comp), comp.error_feedback
-        flats = [np.asarray(p, dtype=np.float32).ravel() * scale for p in parts]
+        # float32 on the wire, as the cost model counts it, but for float64 gradients sent as they
+        # are (lossless): reduced in float32 they trained off a single process by float32's rounding
+        wide = comp.kind == "none" and any(np.asarray(p).dtype == np.float64 for p in parts)
+        dtype = np.float64 if wide else np.float32
+        scale = dtype(1.0 / self.world)
+        flats = [np.asarray(p, dtype=dtype).ravel() * scale for p in parts]
         if ef:
             memory = self._ef.setdefault(comp, ErrorFeedback())
             flats = [memory.add(m.key, f) for m, f in zip(ms, flats)]

@@ -179,7 +179,9 @@ class GraphAllReduceChannel(SyncChannel):
                         shards.update(out)
                         last = out[ms[-1].key]
                         continue
-                    flat = tf.concat([tf.reshape(tf.cast(p, tf.float32), [-1]) for p in parts], 0) / world
+                    # float64 gradients sent uncompressed are reduced in float64, as the numpy path does
+                    acc = tf.float64 if comp.kind == "none" and any(p.dtype == tf.float64 for p in parts) else tf.float32
+                    flat = tf.concat([tf.reshape(tf.cast(p, acc), [-1]) for p in parts], 0) / world
                     if comp.kind == "fp16" and comp.error_feedback:
                         mem = memory[(g.group, i)]
                         flat = flat + mem
@@ -190,7 +192,7 @@ class GraphAllReduceChannel(SyncChannel):
                     else:
                         wire = flat
                     with tf.control_dependencies(deps):
-                        total = tf.cast(all_reduce(wire, world, next(keys), hint), tf.float32)
+                        total = tf.cast(all_reduce(wire, world, next(keys), hint), acc)
                     last = total
                     offset = 0
                     for m, p in zip(ms, parts):
