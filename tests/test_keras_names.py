@@ -59,14 +59,13 @@ def test_a_model_built_before_does_not_rename_the_next_build():
 
 
 def test_counters_come_back_when_model_fn_raises():
-    def broken():
-        import keras
+    import keras
 
+    def broken():
         keras.layers.Dense(1)
         raise RuntimeError("boom")
 
-    import keras  # noqa: F401
-
+    keras.layers.Dense(1)
     before = keras_names.counts()
     md = ModelDef(name="broken", model_fn=broken, loss_fn=rm.mse, optimizer_fn=rm.make_optimizer,
                   dataset_fn=rm.make_batches, batch_size=8)

@@ -42,9 +42,8 @@ def counts() -> dict:
 def counting_from(start: dict | None):
     """Name Keras objects created inside from counters set to ``start`` (None: from nothing);
     this process's own counters are put back on the way out, exceptions included."""
-    import keras  # noqa: F401  (the counters live in Keras' global state)
+    from keras.src.backend.common import global_state as state
 
-    state = _state()
     saved = state.get_global_attribute(_KEY)
     state.set_global_attribute(_KEY, collections.defaultdict(int, start or {}))
     try:
