@@ -152,3 +152,18 @@ def test_a_driver_that_built_the_model_before_trains_it_with_its_own_names(pool)
         weights = trainer.get_weights()
     for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=3)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scope_left_open_by_a_failed_trace_does_not_prefix_the_next_build():
+    """Keras' name scope entered by a traced call that failed on a layer name TensorFlow refuses
+    is never left; a build after it named every variable ``functional/...`` in the driver only."""
+    from keras.src.backend.common import name_scope
+
+    scope = name_scope.name_scope("functional")
+    scope.__enter__()   # as the failed trace left it: entered, never exited
+    try:
+        assert name_scope.current_path() == "functional"
+        assert paths(unnamed_def().build_model()) == WANT
+        assert name_scope.current_path() == "functional"   # the process's own scopes given back
+    finally:
+        scope.__exit__(None, None, None)

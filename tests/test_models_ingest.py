@@ -273,3 +273,28 @@ def test_batches_carry_sample_weights_in_their_targets():
         == [weighted, "plain", weighted]
     with pytest.raises(ConfigError, match="ModelDef m: dataset_fn must yield"):
         next(dataclasses.replace(md, dataset_fn=lambda i, n: [x]).batches(0, 1))
+
+
+def _model_with_a_name_tensorflow_refuses():
+    import keras
+
+    ids = keras.Input((WIDTH,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="lookup [users]*")(ids))
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+@pytest.mark.integration
+def test_a_step_that_fails_to_trace_is_a_config_error_saying_why():
+    """Eager ingestion passes, the traced step (as fit traces it) fails: a message with the cause,
+    not a traceback (``autosync tune`` and ``inspect --profile`` exited 1 with one)."""
+    md = ModelDef(name="m", model_fn=_model_with_a_name_tensorflow_refuses, loss_fn=_mse, optimizer_fn=_sgd,
+                  dataset_fn=_ids_batches, batch_size=BATCH)
+    assert ingest.model_spec_from_def(md).var("lookup [users]*/embeddings").sparse
+    with pytest.raises(ConfigError, match=r"ModelDef m: tracing and timing the model's training step in a "
+                                          r"tf.function failed: ValueError: .*'lookup \[users\]\*' is not a valid "
+                                          r"scope name.*; the model must train under keras.Model.fit") as e:
+        profile.profiled_model_spec(md)
+    assert "\x1b" not in str(e.value) and 'File "' not in str(e.value)
+    from keras.src.backend.common.name_scope import current_path
+
+    assert current_path() == ""   # the scope the failed trace opened is closed again

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from autosync.exception_text import what_failed
 from autosync.models.fit_batch import batch_loss, check_model, split_batch
 from strategy_space import ModelSpec, VariableSpec
 from strategy_space.errors import ConfigError
@@ -155,8 +156,7 @@ def user_code(model_def, what: str, fix: str = "check that model_fn returns a ke
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - the user's code (sys.exit included): any failure is bad input
-        text = " ".join(str(e).split())
-        detail = f"{type(e).__name__}: {text[:400]}{' ...' if len(text) > 400 else ''}" if text else type(e).__name__
+        detail = what_failed(e)
         raise ConfigError(f"ModelDef {getattr(model_def, 'name', '?')}: {what} failed: {detail}; {fix}") from None
 
 

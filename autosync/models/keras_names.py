@@ -20,6 +20,7 @@ import contextlib
 import sys
 
 _KEY = "object_name_uids"   # keras.src.utils.naming keeps its counters under this global attribute
+_SCOPES = "name_scope_stack"  # and keras.src.backend.common.name_scope the open scopes under this one
 
 
 def _state():
@@ -40,13 +41,32 @@ def counts() -> dict:
 
 @contextlib.contextmanager
 def counting_from(start: dict | None):
-    """Name Keras objects created inside from counters set to ``start`` (None: from nothing);
-    this process's own counters are put back on the way out, exceptions included."""
+    """Name Keras objects created inside from counters set to ``start`` (None: from nothing), and
+    outside any name scope: a traced step that failed while entering one (a layer name TensorFlow
+    refuses) leaves Keras' scope stack behind, and every variable built after it in that process
+    was prefixed with the scope (``functional/dense/kernel``). This process's own counters and
+    scopes are put back on the way out, exceptions included."""
     from keras.src.backend.common import global_state as state
 
-    saved = state.get_global_attribute(_KEY)
+    saved = {key: state.get_global_attribute(key) for key in (_KEY, _SCOPES)}
     state.set_global_attribute(_KEY, collections.defaultdict(int, start or {}))
+    state.set_global_attribute(_SCOPES, [])
     try:
         yield
     finally:
-        state.set_global_attribute(_KEY, saved)
+        for key, value in saved.items():
+            state.set_global_attribute(key, value)
+
+
+@contextlib.contextmanager
+def scopes_closed_on_failure():
+    """Close the Keras name scopes that code failing inside left open (TensorFlow refusing a scope
+    name raises after Keras opened its own): the process's later builds are not prefixed by them."""
+    from keras.src.backend.common import global_state as state
+
+    before = list(state.get_global_attribute(_SCOPES) or [])
+    try:
+        yield
+    except BaseException:
+        state.set_global_attribute(_SCOPES, before)
+        raise

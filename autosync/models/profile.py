@@ -27,8 +27,9 @@ from typing import Any, Callable
 
 from strategy_space import ComputeProfile, ModelSpec
 
+from . import keras_names
 from .fit_batch import batch_loss
-from .ingest import built_model_spec, variable_names
+from .ingest import built_model_spec, user_code, variable_names
 
 
 def device_description() -> str:
@@ -151,9 +152,16 @@ def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 
         ConfigError: as ``model_spec_from_def``.
         ValueError: warmup_steps < 1 or timed_steps < 1.
     """
+    if warmup_steps < 1 or timed_steps < 1:
+        raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
     spec, model, loss, inputs, targets = built_model_spec(model_def)
-    measured = profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps, timed_steps=timed_steps)
-    n = int(getattr(model_def.optimizer_fn(), "gradient_accumulation_steps", None) or 1)
+    # the step traced as keras.Model.fit traces it: what fails here (a layer name TensorFlow refuses
+    # as a scope name, a Python branch on a tensor) fails the user's own fit too, and every worker
+    with user_code(model_def, "tracing and timing the model's training step in a tf.function",
+                   fix="the model must train under keras.Model.fit (which traces its step in a tf.function "
+                       "too); fix model_fn or loss_fn"):
+        measured = profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps, timed_steps=timed_steps)
+        n = int(getattr(model_def.optimizer_fn(), "gradient_accumulation_steps", None) or 1)
     return replace(spec, profile=replace(measured, step_time_s=n * measured.step_time_s))
 
 
@@ -177,7 +185,8 @@ def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_st
     """
     if warmup_steps < 1 or timed_steps < 1:
         raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
-    step, inputs, targets, order = _traced_gradient_step(model, loss, inputs, targets)
+    with keras_names.scopes_closed_on_failure():
+        step, inputs, targets, order = _traced_gradient_step(model, loss, inputs, targets)
     for _ in range(warmup_steps):
         step(inputs, targets)
     times = []

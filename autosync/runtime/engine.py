@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from autosync.exception_text import error_reason
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.plan import SyncPlan, segment_for
 from autosync.runtime.ps_pool import PSPool
@@ -54,20 +55,6 @@ def _remaining(deadline: float | None) -> float | None:
     if left <= 0:
         raise TrialTimeout("time limit reached")
     return left
-
-
-def error_reason(e: BaseException) -> str:
-    """One line that says what failed, without Ray's wrapping tracebacks."""
-    import ray
-
-    cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
-    if cause is not None and not isinstance(cause, ray.exceptions.RayError):
-        return f"{type(cause).__name__}: {cause}".splitlines()[0]
-    if isinstance(e, ray.exceptions.RayError):
-        # Ray's text ends with the original exception line, after its traceback
-        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else type(e).__name__
-    return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
 def dead_actor(e: BaseException, labels: dict[str, str]) -> str | None:

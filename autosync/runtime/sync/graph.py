@@ -179,20 +179,7 @@ class GraphAllReduceChannel(SyncChannel):
                         shards.update(out)
                         last = out[ms[-1].key]
                         continue
-                    # float64 gradients sent uncompressed are reduced in float64, as the numpy path does
-                    acc = tf.float64 if comp.kind == "none" and any(p.dtype == tf.float64 for p in parts) else tf.float32
-                    flat = tf.concat([tf.reshape(tf.cast(p, acc), [-1]) for p in parts], 0) / world
-                    if comp.kind == "fp16" and comp.error_feedback:
-                        mem = memory[(g.group, i)]
-                        flat = flat + mem
-                        wire = tf.cast(flat, tf.float16)
-                        mem.assign(flat - tf.cast(wire, tf.float32))
-                    elif comp.kind == "fp16":
-                        wire = tf.cast(flat, tf.float16)
-                    else:
-                        wire = flat
-                    with tf.control_dependencies(deps):
-                        total = tf.cast(all_reduce(wire, world, next(keys), hint), acc)
+                    total = _reduce_elementwise(comp, parts, world, memory.get((g.group, i)), deps, next(keys), hint)
                     last = total
                     offset = 0
                     for m, p in zip(ms, parts):
@@ -240,6 +227,26 @@ def _squared_norm(grads: list):
 
     return tf.add_n([tf.constant(0.0, tf.float64)] + [tf.reduce_sum(tf.square(tf.cast(
         g.values if isinstance(g, tf.IndexedSlices) else g, tf.float64))) for g in grads])
+
+
+def _reduce_elementwise(comp: Compressor, parts: list, world: int, memory, deps: list, key: int, hint: str):
+    """The mean of ``parts`` over the workers in one collective, under ``none`` or ``fp16``
+    (``memory``: fp16's error-feedback residual, or None). Float64 gradients sent uncompressed
+    are reduced in float64, as the numpy backends do; everything else in float32."""
+    import tensorflow as tf
+
+    acc = tf.float64 if comp.kind == "none" and any(p.dtype == tf.float64 for p in parts) else tf.float32
+    flat = tf.concat([tf.reshape(tf.cast(p, acc), [-1]) for p in parts], 0) / world
+    if comp.kind == "fp16" and memory is not None:
+        flat = flat + memory
+        wire = tf.cast(flat, tf.float16)
+        memory.assign(flat - tf.cast(wire, tf.float32))
+    elif comp.kind == "fp16":
+        wire = tf.cast(flat, tf.float16)
+    else:
+        wire = flat
+    with tf.control_dependencies(deps):
+        return tf.cast(all_reduce(wire, world, key, hint), acc)
 
 
 def _by_compressor(group: ARGroup) -> list[tuple[Compressor | None, list[ARMember]]]:
