@@ -283,8 +283,9 @@ def _transfer_scorer(data, spec, predictor) -> str:
                         protocols=(protocol,))
         acc = _JUDGED[key] = {r["method"]: r["pairwise_acc"] for r in rows}
     held = "leave one model out" if protocol == "lomo" else "leave one cluster out"
-    why = (f"{acc['analytic (default)']:.3f} against {acc['simulator (ratio)']:.3f} pairwise ({held} on the "
-           f"trials learned from)")
+    # each figure named: the sentence's subject is the winner, and a bare "A against B" read backwards
+    why = (f"pairwise order {acc['simulator (ratio)']:.3f} learned, {acc['analytic (default)']:.3f} analytic, "
+           f"{held} on the trials learned from")
     if acc["analytic (default)"] > acc["simulator (ratio)"]:
         return f"analytic (it ranked held-out groups better than the learned simulator: {why})"
     return f"learned (it ranked held-out groups at least as well as the analytic model: {why})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 
@@ -37,6 +38,10 @@ def test_plan_prints_json_and_writes_the_best_predicted_strategy(tmp_path, capsy
     # held-out models better in the warm start quotes the times (planning._transfer_scorer)
     assert "leave one model out on the trials learned from" in result["predictor"], result["predictor"]
     scorer = result["predictor"].split(" (")[0]
+    # each figure says whose it is, and the one named the winner has the higher one
+    found = re.search(r"pairwise order ([0-9.]+) learned, ([0-9.]+) analytic", result["predictor"])
+    assert found, result["predictor"]
+    assert (scorer == "analytic") == (float(found[2]) > float(found[1])), result["predictor"]
     quoted = [r["analytic_s"] for r in ranked] if scorer == "analytic" else None
     assert quoted is None or quoted == times
     assert result["compute_s"] == pytest.approx(load_model_spec(MODEL).profile.step_time_s)
