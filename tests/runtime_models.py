@@ -36,12 +36,16 @@ def mse():
 def make_optimizer(kind: str, **kw):
     import keras
 
+    exclude = kw.pop("exclude_from_weight_decay", None)   # var_names, as Keras' method takes them
     if kind == "subclass":
         return __getattr__("HalfStepSGD")(**kw)
     if isinstance(kw.get("learning_rate"), dict):  # a schedule, as {"cosine": kwargs}
         (name, args), = kw.pop("learning_rate").items()
         kw["learning_rate"] = {"cosine": keras.optimizers.schedules.CosineDecay}[name](**args)
-    return getattr(keras.optimizers, {"sgd": "SGD", "adam": "Adam"}.get(kind, kind))(**kw)
+    optimizer = getattr(keras.optimizers, {"sgd": "SGD", "adam": "Adam"}.get(kind, kind))(**kw)
+    if exclude:
+        optimizer.exclude_from_weight_decay(var_names=exclude)
+    return optimizer
 
 
 def _half_step_sgd():

@@ -42,6 +42,12 @@ OPTIMIZERS = {
     "sgd_ema": ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "use_ema": True, "ema_momentum": 0.5,
                         "ema_overwrite_frequency": 2}),
     "adam_ema": ("adam", {"learning_rate": 0.05, "use_ema": True, "ema_momentum": 0.6}),
+    # weight decay that leaves biases and the embedding alone, as transformer recipes do: a constant
+    # rate (the numpy rules) and a schedule (the Keras optimizer on the shards)
+    "adamw_exclude": ("AdamW", {"learning_rate": 0.05, "weight_decay": 0.5,
+                                "exclude_from_weight_decay": ["bias", "embeddings"]}),
+    "adamw_exclude_cosine": ("AdamW", {"learning_rate": COSINE, "weight_decay": 0.5,
+                                       "exclude_from_weight_decay": ["bias", "embeddings"]}),
 }
 
 
@@ -96,7 +102,9 @@ def _strategy(name, spec):
     ("sgd_accumulate", s) for s in ("ps", "parallax", "gloo", "mix")] + [
     ("adam_accumulate", s) for s in ("graph", "emb_in_graph_ps")] + [("sgd_accumulate_clip", "mix_gloo")] + [
     ("sgd_ema", s) for s in ("ps", "partitioned_ps", "parallax", "gloo", "mix")] + [
-    ("adam_ema", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")])
+    ("adam_ema", s) for s in ("graph", "emb_in_graph_ps", "emb_in_graph_gloo")] + [
+    ("adamw_exclude", s) for s in ("ps", "partitioned_ps", "gloo")] + [
+    ("adamw_exclude_cosine", s) for s in ("ps", "gloo", "graph")])
 def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
     kind, kw = OPTIMIZERS[optimizer]
     md = rm.model_def(kind, **kw)
@@ -112,6 +120,11 @@ def test_user_optimizer_equals_single_process(pool, optimizer, strategy):
         unclipped = rm.reference_weights(rm.model_def(kind, **{k: v for k, v in kw.items() if k != "global_clipnorm"}),
                                          num_workers=2, steps=STEPS * kw.get("gradient_accumulation_steps", 1))
         assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, unclipped))
+    if "exclude_from_weight_decay" in kw:   # the exclusions changed the result: every variable decayed differs
+        decayed = rm.reference_weights(rm.model_def(kind, **{k: v for k, v in kw.items()
+                                                             if k != "exclude_from_weight_decay"}),
+                                       num_workers=2, steps=STEPS)
+        assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(weights, decayed))
 
 
 @pytest.mark.parametrize("optimizer,strategy,match", [

@@ -46,7 +46,7 @@ import numpy as np
 
 from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
-from autosync.runtime.optimizer_config import USER_CLASSES
+from autosync.runtime.optimizer_config import NO_DECAY, USER_CLASSES
 from autosync.runtime.tf_arrays import joined, spec, tensor
 from strategy_space.errors import ConfigError
 
@@ -195,6 +195,7 @@ class KerasOptimizer:
     def __init__(self, config: dict, xla_after: int | None = -1, row_local: bool = True):
         cls = optimizer_class(config)
         self.optimizer = new_optimizer(cls, config)
+        self.no_decay = frozenset(config.get(NO_DECAY) or ()) if config.get("weight_decay") else frozenset()
         # the chunks' updates: traced, then compiled by XLA after ``xla_after`` of them (Keras' own
         # optimizers); a row-local rule's on the rows touched (``keras_update``)
         self.updates = ChunkUpdates(self, config, cls.__module__.startswith("keras."), xla_after, row_local)
@@ -279,6 +280,9 @@ class KerasOptimizer:
 
         for i, key in enumerate(self._order):   # named apart: the slots of each are named after it
             self.variables[key] = keras.Variable(np.array(params[key]), name=f"shard{i}")
+        if self.no_decay:   # the shards of the variables the user's optimizer does not decay
+            self.optimizer.exclude_from_weight_decay(var_list=[self.variables[k] for k in self._order
+                                                               if k[0] in self.no_decay])
         self.updates.reset()
         self.optimizer.build([self.variables[k] for k in self._order])
         # state of the optimizer as a whole, beyond ``iterations`` (Nadam's ``u_product``): an

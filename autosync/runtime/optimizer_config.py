@@ -3,7 +3,7 @@ its class, and the user's own classes it needs, carried by value."""
 from __future__ import annotations
 
 
-def keras_optimizer_config(optimizer) -> dict:
+def keras_optimizer_config(optimizer, variables=None) -> dict:
     """``optimizer.get_config()`` plus its class: ``SGD`` for Keras' own classes, the qualified
     name for anything else (a subclass may change the update rule, so it must not pass for the
     Keras one; Keras also renames instances ``sgd_1``, so the name cannot be trusted).
@@ -11,7 +11,12 @@ def keras_optimizer_config(optimizer) -> dict:
     A class of the user's own (the optimizer's, or its learning-rate schedule's) also travels as
     itself under ``USER_CLASSES`` (name -> class): where it was defined in a model script or in the
     ``__main__`` of a training script, no other process can import it by its module's name, and
-    Ray pickles such a class by value (``keras_optimizer.optimizer_class``, ``new_optimizer``)."""
+    Ray pickles such a class by value (``keras_optimizer.optimizer_class``, ``new_optimizer``).
+
+    With the model's trainable ``variables`` (a worker's), a weight-decaying optimizer's exclusions
+    (``optimizer.exclude_from_weight_decay(var_names=["bias"])``, which its config does not carry)
+    travel as the indices of the variables Keras' own rule leaves undecayed, under ``NO_DECAY``:
+    every synchronizer decays the rest only, whatever its shards are called."""
     cls = type(optimizer)
     name = cls.__name__ if _keras_own(cls) else f"{cls.__module__}.{cls.__qualname__}"
     config = {**optimizer.get_config(), "class": name}
@@ -19,11 +24,17 @@ def keras_optimizer_config(optimizer) -> dict:
     own = {c.__name__: c for c in (cls, type(schedule)) if not _keras_own(c) and c.__module__ != "builtins"}
     if own:
         config[USER_CLASSES] = own
+    if variables is not None and config.get("weight_decay"):
+        kept = [i for i, v in enumerate(variables) if not optimizer._use_weight_decay(v)]
+        if kept:
+            config[NO_DECAY] = kept
     return config
 
 
 # the key of ``keras_optimizer_config`` that carries a user's classes by value
 USER_CLASSES = "_user_classes"
+# and the one with the indices of the variables weight decay leaves alone
+NO_DECAY = "no_weight_decay"
 
 
 def _keras_own(cls) -> bool:

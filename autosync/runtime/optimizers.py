@@ -28,7 +28,7 @@ import numpy as np
 
 from autosync.runtime.blocks import in_blocks
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
-from autosync.runtime.optimizer_config import keras_optimizer_config
+from autosync.runtime.optimizer_config import NO_DECAY, keras_optimizer_config
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
@@ -40,7 +40,7 @@ _UNSUPPORTED = {
 # global_clipnorm's scale is applied to the step's gradients before any rule sees them, on every
 # synchronizer alike (``ps_clip``, ``sync.base``'s held steps), so the rules run it exactly
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency",
-            "global_clipnorm"}
+            "global_clipnorm", NO_DECAY}
 
 
 def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
@@ -75,6 +75,7 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
         self.learning_rate = float(config["learning_rate"])
         wd = config.get("weight_decay")
         self.weight_decay = float(wd) if wd else None
+        self.no_decay = frozenset(config.get(NO_DECAY) or ())   # variable indices Keras does not decay
         self.options = {k: config.get(k, v) for k, v in self._options.items()}
         self.slots: dict = {}
         self._owned: dict = {}  # key -> weak reference to the array it allocated for that variable
@@ -143,7 +144,7 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
             if self._finish_ahead(iteration, params, key, grad):
                 continue
             var = self._writable(params, key)
-            self._decay(var)
+            self._decay(var, key)
             self._apply_one(iteration, key, var, grad)
 
     def _apply_one(self, iteration, key, var: np.ndarray, grad) -> None:
@@ -163,10 +164,11 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
         whole = self.blocks and (rows is None or getattr(self, "moves_untouched_rows", False))
         in_blocks(lambda *part: self._update(iteration, key, *part), var, rows, g, g2, slots, whole)
 
-    def _decay(self, var: np.ndarray) -> None:
+    def _decay(self, var: np.ndarray, key) -> None:
         """Weight decay, in place: Keras decays every variable that has a gradient, before the
-        update step (``var - var * wd * lr``)."""
-        if self.weight_decay is not None:
+        update step (``var - var * wd * lr``), but those excluded from it (``NO_DECAY``: ``key``
+        is (variable index, shard))."""
+        if self.weight_decay is not None and key[0] not in self.no_decay:
             decay = var * var.dtype.type(self.weight_decay)
             decay *= var.dtype.type(self.learning_rate)
             var -= decay

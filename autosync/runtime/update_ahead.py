@@ -141,7 +141,7 @@ class UpdateAhead:
             for out, a in zip((spare[0],) + tuple(spare[1][n] for n in slots), (var,) + tuple(slots.values())):
                 np.copyto(out, a)
             var, slots = spare[0], spare[1]
-        self._decay(var)
+        self._decay(var, key)
         empty = np.zeros((0,) + var.shape[1:], var.dtype)
         self._update_blocked(iteration, key, var, np.zeros(0, np.int64), empty, empty if self.squares_slices else None,
                              slots)
@@ -166,7 +166,7 @@ class UpdateAhead:
         rows, g, g2 = row_sums(grad, var.dtype, self.squares_slices)
         touched = before[rows]   # copies: the rows as they were before the step
         touched_slots = {name: a[rows] for name, a in before_slots.items()}
-        self._decay(touched)
+        self._decay(touched, key)
         self._update(iteration, key, touched, None, g, g2, touched_slots)
         var[rows] = touched
         for name, a in slots.items():

@@ -180,7 +180,7 @@ class TrainingWorker(WorkerCheckpoint):
             "variables": [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype), "sparse": s,
                            "rows": int(np.unique(g.indices.numpy()).size) if s else None}
                           for v, s, g in zip(self.variables, sparse, grads)],
-            "optimizer": keras_optimizer_config(optimizer),
+            "optimizer": keras_optimizer_config(optimizer, self.variables),
             "initial": initial if send_initial else None,
             "initial_digest": weights_digest(initial),
             "row_pull": [self.variables[i].path for i in sorted(self.row_reads.outputs)],
