@@ -117,6 +117,11 @@ def two_output_losses():
     return {"score": "mse", "pair": keras.losses.Huber()}
 
 
+def one_head_loss():
+    """A loss for the ``score`` head alone: ``pair`` is not trained through, as ``compile`` leaves it."""
+    return {"score": "mse"}
+
+
 def two_output_batches(worker: int, num_workers: int):
     """``weighted_batches`` with a target per head."""
     return [(x, {"score": y, "pair": np.concatenate([y, -y], axis=1)}, w)

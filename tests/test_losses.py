@@ -44,6 +44,9 @@ def _cases():
         (keras.Model(x, {"o1": o["o1"], "o2": o["o2"]}), "mse", [Y1, Y2], W),
         (keras.Model(x, o["o1"]), keras.losses.MeanAbsoluteError(), Y1, W),
         (keras.Model(x, o["o1"]), _halved_abs, Y1, None),
+        # an output without a loss (missing from the dict, or None) is left out, as compile leaves it
+        (keras.Model(x, {"o1": o["o1"], "o2": o["o2"]}), {"o2": "mse"}, {"o1": Y1, "o2": Y2}, W),
+        (keras.Model(x, [o["o1"], o["o2"]]), [None, _halved_abs], [Y1, Y2], None),
     ]
 
 
@@ -69,7 +72,10 @@ def test_losses_that_do_not_fit_the_outputs_are_refused():
     named = keras.Model(x, {"o1": o["o1"], "o2": o["o2"]})
     for model, loss, y, match in [
         (pair, ["mse", "mse", "mse"], [Y1, Y2], r"returned 3 losses for a model with 2 outputs"),
-        (named, {"o1": "mse", "o9": "mse"}, {"o1": Y1, "o2": Y2}, r"no loss for output 'o2'"),
+        (named, {"o1": "mse", "o9": "mse"}, {"o1": Y1, "o2": Y2},
+         r"losses are keyed \['o9'\], which is not among the model's outputs \['o1', 'o2'\]"),
+        (named, {"o1": None, "o2": None}, {"o1": Y1, "o2": Y2}, r"gives none of the model's outputs"),
+        (pair, [None, None], [Y1, Y2], r"gives none of the model's outputs"),
         (keras.Model(x, o["o1"]), ["mse", "mse"], Y1, r"returned 2 losses, but the model has one output"),
         (named, "mse", {"o1": Y1, "other": Y2}, r"targets have keys \['o1', 'other'\], but the model's outputs"),
         (pair, "mse", [Y1], r"has 2 outputs; give its targets as a list of 2"),
@@ -77,6 +83,7 @@ def test_losses_that_do_not_fit_the_outputs_are_refused():
         with pytest.raises(ValueError, match=match):
             as_keras_loss(loss, "loss_fn()")(y, model(X))
     for bad, match in [(["mse", 3], r"loss_fn\(\)\[1\] returned int, not a loss"),
+                       (None, r"loss_fn\(\) returned None, not a loss"),
                        ({"o1": "no_such"}, r"loss_fn\(\)\['o1'\] returned 'no_such', which is not a Keras loss name")]:
         with pytest.raises(ConfigError, match=match):
             as_keras_loss(bad, "loss_fn()")

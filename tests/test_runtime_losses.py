@@ -50,15 +50,18 @@ def test_sample_weights_train_as_keras_weighs_them(pool, optimizer, strategy):
 
 
 @pytest.mark.parametrize("model,strategy", [("two_heads", "ps"), ("two_heads", "gloo"), ("two_heads", "graph"),
-                                            ("regularized", "partitioned_ps"), ("regularized", "graph")])
+                                            ("regularized", "partitioned_ps"), ("regularized", "graph"),
+                                            ("one_head", "ps"), ("one_head", "partitioned_ps"), ("one_head", "gloo"),
+                                            ("one_head", "graph")])
 def test_what_keras_fit_minimizes_is_what_trains(pool, model, strategy):
     """A dict of outputs, a dict of losses (one per output) and sample weights; a weight and an
     activity regularizer: the reference is Keras' own ``compile`` + ``train_on_batch`` on the
     global batch."""
     import keras
 
-    if model == "two_heads":
-        md = rm.ModelDef(name="two_heads", model_fn=rm.build_two_output_model, loss_fn=rm.two_output_losses,
+    if model in ("two_heads", "one_head"):   # one_head: a loss for one output only, the other head untrained
+        md = rm.ModelDef(name=model, model_fn=rm.build_two_output_model,
+                         loss_fn=rm.two_output_losses if model == "two_heads" else rm.one_head_loss,
                          optimizer_fn=functools.partial(rm.make_optimizer, "sgd", learning_rate=0.1),
                          dataset_fn=rm.two_output_batches, batch_size=8, seed=7)
     else:
@@ -78,6 +81,12 @@ def test_what_keras_fit_minimizes_is_what_trains(pool, model, strategy):
         losses.append(total[0] if isinstance(total, list) else total)   # two heads: the sum of their losses
     for got, want in zip(weights, fitted.get_weights()):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    if model == "one_head":   # the head without a loss kept its initial weights, the rest moved
+        keras.utils.set_random_seed(md.seed)
+        initial = dict(zip(names := [v.name for v in spec.variables], [v.numpy() for v in md.model_fn().trainable_variables]))
+        final = dict(zip(names, weights))
+        assert all(np.array_equal(final[n], initial[n]) for n in ("pair/kernel", "pair/bias"))
+        assert not np.allclose(final["score/kernel"], initial["score/kernel"])
     # the workers' mean loss is fit's (each worker's loss of its half of the global batch, averaged)
     assert np.allclose(history.loss, losses, rtol=1e-4), (history.loss, losses)
     if model == "regularized":   # the regularizers changed the result: they were not left out

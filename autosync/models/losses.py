@@ -43,10 +43,15 @@ def as_keras_loss(loss: Any, where: str) -> keras.losses.Loss:
         return ModelLoss({k: _one(v, f"{where}[{k!r}]") for k, v in loss.items()})
     if isinstance(loss, (list, tuple)) and loss:
         return ModelLoss([_one(v, f"{where}[{i}]") for i, v in enumerate(loss)])
+    if loss is None:
+        raise ConfigError(f"{where} returned None, not a loss; return a keras.losses.Loss, a function "
+                          f"(y_true, y_pred), a Keras loss name such as 'mse', or a list or dict of them")
     return ModelLoss(_one(loss, where))
 
 
-def _one(loss: Any, where: str) -> keras.losses.Loss:
+def _one(loss: Any, where: str) -> keras.losses.Loss | None:
+    if loss is None:   # one output of several without a loss, as compile takes it: not trained through
+        return None
     if isinstance(loss, keras.losses.Loss):
         return loss
     if isinstance(loss, str):
@@ -72,7 +77,8 @@ class ModelLoss(keras.losses.Loss):
     - a model with several outputs (a list or dict of them): one loss per output, by position
       or by output name (one loss given: the same for every output), their values summed; the
       targets have the outputs' structure; sample weights, one array for all outputs or one per
-      output.
+      output. An output whose loss is None, or missing from a dict, adds nothing (its head gets
+      no gradient and is not trained), as ``compile`` leaves it.
     """
 
     def __init__(self, losses):
@@ -89,11 +95,20 @@ class ModelLoss(keras.losses.Loss):
                                  f"return one loss")
             return self.losses(y_true, y_pred, sample_weight=sample_weight)
         names = list(y_pred) if isinstance(y_pred, dict) else list(range(len(y_pred)))
+        if isinstance(self.losses, dict) and set(self.losses) - set(names):
+            raise ValueError(f"loss_fn's losses are keyed {sorted(set(self.losses) - set(names), key=str)}, which "
+                             f"{'is' if len(set(self.losses) - set(names)) == 1 else 'are'} not among the model's "
+                             f"outputs {names}; key the losses by the model's output names")
+        if not any(self._loss_of(name, position, len(names)) is not None for position, name in enumerate(names)):
+            raise ValueError(f"loss_fn gives none of the model's outputs {names} a loss; give at least one")
         total = 0.0
         for position, name in enumerate(names):
-            total = total + self._loss_of(name, position, len(names))(
-                _part(y_true, name, position, names, "targets"), y_pred[name],
-                sample_weight=_part(sample_weight, name, position, names, "sample weights", whole=True))
+            loss = self._loss_of(name, position, len(names))
+            if loss is None:   # an output without a loss is not trained through, as compile leaves it
+                continue
+            total = total + loss(_part(y_true, name, position, names, "targets"), y_pred[name],
+                                 sample_weight=_part(sample_weight, name, position, names, "sample weights",
+                                                     whole=True))
         return total
 
     def _loss_of(self, name, position: int, count: int) -> keras.losses.Loss:
@@ -101,10 +116,7 @@ class ModelLoss(keras.losses.Loss):
         if isinstance(losses, keras.losses.Loss):
             return losses
         if isinstance(losses, dict):
-            if name not in losses:
-                raise ValueError(f"loss_fn's losses are for outputs {sorted(losses)}, the model has no loss for "
-                                 f"output {name!r}; key the losses by the model's output names")
-            return losses[name]
+            return losses.get(name)
         if len(losses) != count:
             raise ValueError(f"loss_fn returned {len(losses)} losses for a model with {count} outputs; return one "
                              f"per output")
