@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -208,6 +209,7 @@ def test_the_runner_says_what_optimizer_the_workers_built(pool):
 
 SCRIPT_OPTIMIZER = '''
 import functools
+import re
 
 import keras
 
@@ -272,3 +274,28 @@ def test_an_optimizer_and_a_schedule_a_script_defines_train_wherever_updates_run
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (var.name, np.abs(got - want).max())
     initial = rm.reference_weights(md, num_workers=2, steps=0)
     assert all(not np.allclose(a, b) for a, b in zip(weights, initial))
+
+
+def _constant_rate():
+    return 0.05
+
+
+def _callable_rate_optimizer(rate):
+    import keras
+
+    return keras.optimizers.Adam(learning_rate=rate)
+
+
+@pytest.mark.parametrize("rate,name", [(_constant_rate, "_constant_rate"), (lambda: 0.05, "<lambda>")])
+def test_a_callable_learning_rate_is_refused_before_ray_starts(rate, name):
+    """Keras calls it at every update; here updates run in other processes, which never see what
+    the user's process changes: it was accepted, and every parameter server then failed
+    ('Could not locate function'), or Keras' get_config raised 'could not get source code'."""
+    from autosync.runtime.optimizers import check_model_optimizer
+
+    md = dataclasses.replace(rm.model_def("adam"), optimizer_fn=functools.partial(_callable_rate_optimizer, rate))
+    with pytest.raises(ConfigError, match=rf"learning_rate={re.escape(name)} is a callable, .* give a float or a "
+                                          r"keras.optimizers.schedules.LearningRateSchedule"):
+        check_model_optimizer(md)
+    kind, kw = OPTIMIZERS["sgd_cosine"]   # a schedule is a function of the step: accepted
+    assert check_model_optimizer(rm.model_def(kind, **kw))["class"] == "SGD"
