@@ -2,6 +2,8 @@
 its class, and the user's own classes it needs, carried by value."""
 from __future__ import annotations
 
+from strategy_space.errors import ConfigError
+
 
 def keras_optimizer_config(optimizer, variables=None) -> dict:
     """``optimizer.get_config()`` plus its class: ``SGD`` for Keras' own classes, the qualified
@@ -39,3 +41,20 @@ NO_DECAY = "no_weight_decay"
 
 def _keras_own(cls) -> bool:
     return cls.__module__.startswith("keras.")
+
+
+def check_learning_rate(optimizer) -> None:
+    """Refuse a learning rate given as a plain callable (``learning_rate=lambda: rate``), which
+    Keras calls at every update: updates run in parameter servers and other workers, where it
+    would read their own copy of whatever it reads, never what this process changes while
+    training. A ``LearningRateSchedule`` is a function of the step, the same everywhere."""
+    import keras
+
+    rate = getattr(optimizer, "_learning_rate", None)
+    if callable(rate) and not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        name = getattr(rate, "__name__", type(rate).__name__)
+        raise ConfigError(f"optimizer option learning_rate={name} is a callable, which Keras calls at every update; "
+                          f"AutoSync applies updates in parameter servers and other workers, where it would read "
+                          f"their own copy of what it reads, never what your process changes while training; give "
+                          f"a float or a keras.optimizers.schedules.LearningRateSchedule (a function of the step, "
+                          f"the same in every process)")

@@ -28,7 +28,7 @@ import numpy as np
 
 from autosync.runtime.blocks import in_blocks
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
-from autosync.runtime.optimizer_config import NO_DECAY, keras_optimizer_config
+from autosync.runtime.optimizer_config import NO_DECAY, check_learning_rate, keras_optimizer_config
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
@@ -380,29 +380,12 @@ def check_model_optimizer(model_def) -> dict:
             optimizer = model_def.optimizer_fn()
             if not callable(getattr(optimizer, "get_config", None)):
                 raise ConfigError(f"optimizer_fn returned {type(optimizer).__name__}, not a keras optimizer; {fix}")
-            _check_learning_rate(optimizer)
+            check_learning_rate(optimizer)
             config = keras_optimizer_config(optimizer)   # the optimizer's own get_config may raise too
         check_optimizer_config(config)
     except ConfigError as e:
         raise e.with_source(f"model {model_def.name}") from None
     return config
-
-
-def _check_learning_rate(optimizer) -> None:
-    """Refuse a learning rate given as a plain callable (``learning_rate=lambda: rate``), which
-    Keras calls at every update: updates run in parameter servers and other workers, where it
-    would read their own copy of whatever it reads, never what this process changes while
-    training. A ``LearningRateSchedule`` is a function of the step, the same everywhere."""
-    import keras
-
-    rate = getattr(optimizer, "_learning_rate", None)
-    if callable(rate) and not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        name = getattr(rate, "__name__", type(rate).__name__)
-        raise ConfigError(f"optimizer option learning_rate={name} is a callable, which Keras calls at every update; "
-                          f"AutoSync applies updates in parameter servers and other workers, where it would read "
-                          f"their own copy of what it reads, never what your process changes while training; give "
-                          f"a float or a keras.optimizers.schedules.LearningRateSchedule (a function of the step, "
-                          f"the same in every process)")
 
 
 def squares_slices(config: dict) -> bool:
