@@ -49,7 +49,7 @@ def test_example_model_def_unpickles_in_a_process_that_cannot_import_the_script(
     assert out.stdout.split() == ["my_model", "(64,)", "64"]
 
 
-def test_a_script_imports_its_own_modules_and_they_reach_a_process_that_cannot_import_them(tmp_path):
+def test_a_script_imports_its_own_modules_and_they_reach_a_process_that_cannot_import_them(tmp_path, monkeypatch):
     """``from helper import make_model`` beside the script failed (ModuleNotFoundError: the script's
     folder was not on the path, as ``python script.py`` puts it); a worker on another node cannot
     import the folder's modules either, so they travel by value like the script, packages too.
@@ -83,6 +83,13 @@ def test_a_script_imports_its_own_modules_and_they_reach_a_process_that_cannot_i
     # AutoSync's own packages stay by reference even for a script in the checkout it is installed from
     assert not script._beside(sys.modules["autosync.model_def"], Path(REPO).resolve())
     assert script._beside(sys.modules["pkg.sub"], proj.resolve())
+    # a project under the Python's prefix (/usr/local/src with a system Python at /usr) is still the
+    # user's: only the standard library and installed packages stay by reference
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path))
+    assert script._beside(sys.modules["pkg.sub"], proj.resolve())
+    assert not script._beside(sys.modules["json"], Path(sys.modules["json"].__file__).parents[1])
+    monkeypatch.undo()
     blob = tmp_path / "fns.pkl"
     blob.write_bytes(cloudpickle.dumps((md.model_fn, md.optimizer_fn)))
     code = "import pickle, sys; f, g = pickle.loads(open(sys.argv[1], 'rb').read()); print(f(), g())"

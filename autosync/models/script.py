@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 
@@ -103,10 +104,20 @@ def _beside(module, folder: Path) -> bool:
     if not file or not file.endswith(".py") or module.__name__.partition(".")[0] in _installed_names():
         return False
     where = Path(file).resolve()
-    installed = {Path(sys.prefix).resolve(), Path(sys.exec_prefix).resolve(), Path(sys.base_prefix).resolve()}
     if any(part in ("site-packages", "dist-packages") for part in where.parts):
         return False
-    return where.is_relative_to(folder) and not any(where.is_relative_to(d) for d in installed)
+    return where.is_relative_to(folder) and not any(where.is_relative_to(d) for d in _library_dirs())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> frozenset:
+    """Where this Python's standard library and installed packages live (the environment's and the
+    base interpreter's): modules there are every node's own. Not the whole ``sys.prefix``: a
+    project under ``/usr/local/src`` with a system Python at ``/usr`` is the user's code."""
+    bases = [None, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                    "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix}]
+    return frozenset(Path(paths[key]).resolve() for v in bases for paths in [sysconfig.get_paths(vars=v)]
+                     for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
 
 
 def _pickle_by_value(module) -> None:
