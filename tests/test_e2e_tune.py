@@ -139,3 +139,22 @@ def test_tune_of_a_model_spec_probes_lossy_parts_on_a_trainable_stand_in(tmp_pat
                        capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--probe-model" in json.loads(r.stdout)["lossy_note"]
+
+
+def test_a_run_stopped_by_sigterm_says_so_and_exits_143(tmp_path):
+    """A job scheduler stops a job with SIGTERM: Ray's driver handler made it sys.exit(15), status
+    15 and no word. The command now says it was terminated and how to continue, exit 143 as a
+    terminated process; the trials measured are in the store."""
+    db = tmp_path / "t.db"
+    cmd = [sys.executable, "-m", "autosync", "tune", *ARGS, "--trials", "30", "--quality", "exact", "--store", str(db)]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 150
+    while _count(db) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(1)
+    assert p.poll() is None, "the run ended before it could be stopped"
+    p.send_signal(signal.SIGTERM)   # the driver alone, as a scheduler signals the job's main process
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "autosync tune: terminated (SIGTERM); the trials measured so far are in its store: the same command " \
+           "with --resume continues the run" in err
+    assert "Traceback" not in err and _count(db) >= 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from strategy_space.errors import ConfigError
@@ -70,5 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")
         return 0
     except KeyboardInterrupt:
-        print(f"autosync {args.command}: interrupted", file=sys.stderr)
+        _stopped(args, "interrupted")
         return 130
+    except SystemExit as e:
+        # Ray's driver turns SIGTERM (a job scheduler stopping the job) into sys.exit(15), which
+        # ended the command with status 15 and no word; say so, and exit as a terminated process does
+        if e.code != signal.SIGTERM:
+            raise
+        _stopped(args, "terminated (SIGTERM)")
+        return 128 + signal.SIGTERM
+
+
+def _stopped(args, how: str) -> None:
+    """What a command stopped from outside says; a tune run also says that nothing is lost."""
+    resume = ("; the trials measured so far are in its store: the same command with --resume continues the run"
+              if args.command == "tune" else "")
+    print(f"autosync {args.command}: {how}{resume}", file=sys.stderr)
