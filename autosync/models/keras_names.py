@@ -24,10 +24,15 @@ _SCOPES = "name_scope_stack"  # and keras.src.backend.common.name_scope the open
 
 
 def _state():
-    if "keras" not in sys.modules:
-        return None
-    from keras.src.backend.common import global_state
+    return _global_state() if "keras" in sys.modules else None
 
+
+def _global_state():
+    """Keras' process-wide state (a module of Keras' internals), or None where this Keras has none."""
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:
+        return None
     return global_state
 
 
@@ -45,9 +50,12 @@ def counting_from(start: dict | None):
     outside any name scope: a traced step that failed while entering one (a layer name TensorFlow
     refuses) leaves Keras' scope stack behind, and every variable built after it in that process
     was prefixed with the scope (``functional/dense/kernel``). This process's own counters and
-    scopes are put back on the way out, exceptions included."""
-    from keras.src.backend.common import global_state as state
-
+    scopes are put back on the way out, exceptions included. (A Keras that keeps them elsewhere:
+    the build runs as it is.)"""
+    state = _global_state()
+    if state is None:
+        yield
+        return
     saved = {key: state.get_global_attribute(key) for key in (_KEY, _SCOPES)}
     state.set_global_attribute(_KEY, collections.defaultdict(int, start or {}))
     state.set_global_attribute(_SCOPES, [])
@@ -62,8 +70,10 @@ def counting_from(start: dict | None):
 def scopes_closed_on_failure():
     """Close the Keras name scopes that code failing inside left open (TensorFlow refusing a scope
     name raises after Keras opened its own): the process's later builds are not prefixed by them."""
-    from keras.src.backend.common import global_state as state
-
+    state = _global_state()
+    if state is None:
+        yield
+        return
     before = list(state.get_global_attribute(_SCOPES) or [])
     try:
         yield
