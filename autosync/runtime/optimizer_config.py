@@ -26,8 +26,9 @@ def keras_optimizer_config(optimizer, variables=None) -> dict:
     own = {c.__name__: c for c in (cls, type(schedule)) if not _keras_own(c) and c.__module__ != "builtins"}
     if own:
         config[USER_CLASSES] = own
-    if variables is not None and config.get("weight_decay"):
-        kept = [i for i, v in enumerate(variables) if not optimizer._use_weight_decay(v)]
+    decays = getattr(optimizer, "_use_weight_decay", None)   # Keras' own rule, exclusions included
+    if variables is not None and config.get("weight_decay") and callable(decays):
+        kept = [i for i, v in enumerate(variables) if not decays(v)]
         if kept:
             config[NO_DECAY] = kept
     return config

@@ -331,8 +331,9 @@ class AllReduceChannel(SyncChannel):
         if comp.kind == "powersgd":
             return self._reduce_powersgd(backend, comp, ms, parts, tag)
         compressor, ef = elementwise(comp), comp.error_feedback
-        # float32 on the wire, as the cost model counts it, but for float64 gradients sent as they
-        # are (lossless): reduced in float32 they trained off a single process by float32's rounding
+        # float32 on the wire (narrower gradients widened), but float64 ones sent uncompressed go as
+        # they are, as the cost model counts their bytes: reduced in float32 they trained off one
+        # process by float32's rounding
         wide = comp.kind == "none" and any(np.asarray(p).dtype == np.float64 for p in parts)
         dtype = np.float64 if wide else np.float32
         scale = dtype(1.0 / self.world)
