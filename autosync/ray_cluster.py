@@ -20,6 +20,7 @@ import re
 import socket
 from urllib.parse import parse_qsl
 
+from autosync import signals
 from strategy_space import ClusterSpec, NodeSpec
 from strategy_space.cluster_spec import MAX_BANDWIDTH_GBPS, MAX_WORKERS
 from strategy_space.errors import ConfigError
@@ -155,6 +156,7 @@ def connect() -> None:
         raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: "
                           f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; fix by "
                           f"checking that `ray status --address={address}` answers{_auth_hint()}") from None
+    signals.install()   # ray.init replaced the command line's SIGTERM handler (autosync.signals)
 
 
 def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None:

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from autosync import signals
 from strategy_space.errors import ConfigError
 
 # modules of this package that add sub-commands, in help order
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        with signals.terminate_as_interrupt():
+            return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"autosync {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -70,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         # the reader (e.g. `| head`) went away: stop quietly, as Unix tools do
         sys.stdout = open(os.devnull, "w")
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # Ctrl-C, or SIGTERM stopping it as Ctrl-C does (autosync.signals)
+        if signals.terminated():
+            _stopped(args, "terminated (SIGTERM)")
+            return 128 + signal.SIGTERM
         _stopped(args, "interrupted")
         return 130
     except SystemExit as e:
-        # Ray's driver turns SIGTERM (a job scheduler stopping the job) into sys.exit(15), which
-        # ended the command with status 15 and no word; say so, and exit as a terminated process does
+        # a ray.init the handler was not installed again after turns SIGTERM into sys.exit(15)
         if e.code != signal.SIGTERM:
             raise
         _stopped(args, "terminated (SIGTERM)")

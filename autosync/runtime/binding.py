@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from autosync import signals
 from strategy_space import ClusterSpec
 from strategy_space.errors import ConfigError
 
@@ -114,6 +115,7 @@ def _start_ray(cluster: ClusterSpec) -> tuple[bool, object]:
     except BaseException:
         _stop(reaper)
         raise
+    signals.install()   # ray.init replaced the command line's SIGTERM handler (autosync.signals)
     return True, reaper
 
 

@@ -1,0 +1,39 @@
+"""SIGTERM in a command-line run stops it as Ctrl-C does (``autosync.signals``); the process's own
+handler comes back afterwards, and a signal landing in a finalizer, where Python ignores an
+exception, is sent again rather than lost."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from autosync import signals
+
+
+def test_sigterm_inside_raises_terminated_a_keyboard_interrupt_and_the_handler_comes_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        with signals.terminate_as_interrupt():
+            assert not signals.terminated()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)   # the handler raises at the next bytecode; never reached
+    assert isinstance(stopped.value, signals.Terminated) and signals.terminated()
+    assert signal.getsignal(signal.SIGTERM) is before
+    signals.install()   # outside: does nothing
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+class _Finalized:
+    frames: list = []
+
+    def __del__(self):
+        _Finalized.frames.append(sys._getframe())
+
+
+def test_a_signal_in_a_finalizer_is_told_apart():
+    _Finalized()   # collected at once: its __del__ records its frame
+    assert signals._in_finalizer(_Finalized.frames.pop())
+    assert not signals._in_finalizer(sys._getframe())
