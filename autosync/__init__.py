@@ -21,6 +21,11 @@ _LAZY = {
     "load_cluster": "autosync.sources",
     "load_model_def": "autosync.sources",
     "load_model_spec": "autosync.sources",
+    # what the API raises: bad input (a message that says what to fix), and a run that failed or
+    # ran past its limit (a worker's or parameter server's error, a dead actor)
+    "ConfigError": "strategy_space.errors",
+    "TrialFailed": "autosync.runtime.engine",
+    "TrialTimeout": "autosync.runtime.engine",
 }
 
 

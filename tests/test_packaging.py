@@ -49,3 +49,16 @@ def test_every_third_party_module_the_benchmarks_import_is_declared():
                 if not dists & declared:
                     missing.setdefault(top, []).append(name)
     assert not missing, f"imported by the benchmarks but not in install_requires or the bench extra: {missing}"
+
+
+def test_what_the_python_api_raises_is_importable_from_autosync():
+    """A training script catches AutoSync's errors by the package's own names, without reaching
+    into strategy_space or the runtime's engine (neither imports Ray or TensorFlow for it)."""
+    import autosync
+    from autosync.runtime.engine import TrialFailed, TrialTimeout
+    from strategy_space.errors import ConfigError
+
+    assert (autosync.ConfigError, autosync.TrialFailed, autosync.TrialTimeout) == (ConfigError, TrialFailed,
+                                                                                    TrialTimeout)
+    assert issubclass(autosync.TrialTimeout, autosync.TrialFailed) and issubclass(autosync.TrialFailed, RuntimeError)
+    assert {"ConfigError", "TrialFailed", "TrialTimeout"} <= set(dir(autosync))
