@@ -37,3 +37,29 @@ def test_a_signal_in_a_finalizer_is_told_apart():
     _Finalized()   # collected at once: its __del__ records its frame
     assert signals._in_finalizer(_Finalized.frames.pop())
     assert not signals._in_finalizer(sys._getframe())
+
+
+def _interrupted(args):
+    raise KeyboardInterrupt
+
+
+def _terminated(args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)   # the handler raises at the next bytecode; never reached
+    return 0
+
+
+@pytest.mark.parametrize("stop,code,said", [(_interrupted, 130, "interrupted"),
+                                            (_terminated, 143, "terminated (SIGTERM)")])
+def test_the_command_line_says_how_it_was_stopped_and_tune_how_to_go_on(monkeypatch, capsys, stop, code, said):
+    from autosync.cli import main, runtime, tune
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(tune, "cmd_tune", stop)
+    monkeypatch.setattr(runtime, "cmd_run", stop)
+    assert main(["tune"]) == code
+    assert capsys.readouterr().err.strip() == (f"autosync tune: {said}; the trials measured so far are in its store: "
+                                               f"the same command with --resume continues the run")
+    assert main(["run", "--model", "zoo:ncf", "--strategy", "ps"]) == code
+    assert capsys.readouterr().err.strip() == f"autosync run: {said}"
+    assert signal.getsignal(signal.SIGTERM) is before

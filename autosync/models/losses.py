@@ -95,15 +95,15 @@ class ModelLoss(keras.losses.Loss):
                                  f"return one loss")
             return self.losses(y_true, y_pred, sample_weight=sample_weight)
         names = list(y_pred) if isinstance(y_pred, dict) else list(range(len(y_pred)))
-        if isinstance(self.losses, dict) and set(self.losses) - set(names):
-            raise ValueError(f"loss_fn's losses are keyed {sorted(set(self.losses) - set(names), key=str)}, which "
-                             f"{'is' if len(set(self.losses) - set(names)) == 1 else 'are'} not among the model's "
-                             f"outputs {names}; key the losses by the model's output names")
-        if not any(self._loss_of(name, position, len(names)) is not None for position, name in enumerate(names)):
+        unknown = sorted(set(self.losses) - set(names), key=str) if isinstance(self.losses, dict) else []
+        if unknown:
+            raise ValueError(f"loss_fn's losses are keyed {unknown}, which {'is' if len(unknown) == 1 else 'are'} "
+                             f"not among the model's outputs {names}; key the losses by the model's output names")
+        losses = [self._loss_of(name, position, len(names)) for position, name in enumerate(names)]
+        if all(loss is None for loss in losses):
             raise ValueError(f"loss_fn gives none of the model's outputs {names} a loss; give at least one")
         total = 0.0
-        for position, name in enumerate(names):
-            loss = self._loss_of(name, position, len(names))
+        for position, (name, loss) in enumerate(zip(names, losses)):
             if loss is None:   # an output without a loss is not trained through, as compile leaves it
                 continue
             total = total + loss(_part(y_true, name, position, names, "targets"), y_pred[name],

@@ -142,6 +142,11 @@ def gradient_ready_order(model, loss: Callable, inputs: Any, targets: Any) -> li
     return _traced_gradient_step(model, loss, inputs, targets)[3]
 
 
+def _check_steps(warmup_steps: int, timed_steps: int) -> None:
+    if warmup_steps < 1 or timed_steps < 1:
+        raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
+
+
 def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10) -> ModelSpec:
     """``ingest.model_spec_from_def`` with the measured compute profile (step time, device and
     gradient-ready order; see ``profile_model``) of the model it built. Under the optimizer's
@@ -152,8 +157,7 @@ def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 
         ConfigError: as ``model_spec_from_def``.
         ValueError: warmup_steps < 1 or timed_steps < 1.
     """
-    if warmup_steps < 1 or timed_steps < 1:
-        raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
+    _check_steps(warmup_steps, timed_steps)
     spec, model, loss, inputs, targets = built_model_spec(model_def)
     # the step traced as keras.Model.fit traces it: what fails here (a layer name TensorFlow refuses
     # as a scope name, a Python branch on a tensor) fails the user's own fit too, and every worker
@@ -183,8 +187,7 @@ def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_st
     Raises:
         ValueError: warmup_steps < 1 or timed_steps < 1.
     """
-    if warmup_steps < 1 or timed_steps < 1:
-        raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
+    _check_steps(warmup_steps, timed_steps)
     with keras_names.scopes_closed_on_failure():
         step, inputs, targets, order = _traced_gradient_step(model, loss, inputs, targets)
     for _ in range(warmup_steps):

@@ -195,7 +195,7 @@ class KerasOptimizer:
     def __init__(self, config: dict, xla_after: int | None = -1, row_local: bool = True):
         cls = optimizer_class(config)
         self.optimizer = new_optimizer(cls, config)
-        self.no_decay = frozenset(config.get(NO_DECAY) or ()) if config.get("weight_decay") else frozenset()
+        self.no_decay = frozenset(config.get(NO_DECAY) or ())   # set only with weight_decay
         # the chunks' updates: traced, then compiled by XLA after ``xla_after`` of them (Keras' own
         # optimizers); a row-local rule's on the rows touched (``keras_update``)
         self.updates = ChunkUpdates(self, config, cls.__module__.startswith("keras."), xla_after, row_local)
