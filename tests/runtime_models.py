@@ -166,6 +166,33 @@ def build_copy_saving_model():
     return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
 
 
+def build_dropout_model():
+    """Dense features through Dropout and GaussianNoise (two seed generators) into a linear head."""
+    import keras
+
+    x = keras.Input((FEATURES,), name="x")
+    h = keras.layers.Dense(8, activation="tanh", name="hidden")(keras.layers.Dropout(0.5, name="drop")(x))
+    h = keras.layers.GaussianNoise(0.3, name="noise")(h)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+
+
+FEATURES = 6
+
+
+def same_batches(worker: int, num_workers: int, count: int = 8):
+    """The same ``count`` batches for every worker: what tells the workers' updates apart is then
+    their random layers alone."""
+    rng = np.random.RandomState(77)
+    x = rng.normal(size=(count, 8, FEATURES)).astype("float32")
+    return [(x[i], np.tanh(x[i].sum(axis=1, keepdims=True)).astype("float32")) for i in range(count)]
+
+
+def dropout_model_def(optimizer: str = "sgd", **opt_kw) -> ModelDef:
+    return ModelDef(name="tiny_dropout", model_fn=build_dropout_model, loss_fn=mse,
+                    optimizer_fn=functools.partial(make_optimizer, optimizer, **opt_kw), dataset_fn=same_batches,
+                    batch_size=8, seed=11)
+
+
 def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, vocab: int = VOCAB, **opt_kw) -> ModelDef:
     return ModelDef(
         name="tiny_emb" if vocab == VOCAB else f"emb_{vocab}", model_fn=functools.partial(build_model, vocab),

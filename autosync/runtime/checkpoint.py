@@ -6,7 +6,8 @@ A checkpoint directory holds one committed checkpoint at a time::
       manifest.json            # the commit point: names the step directory below
       step-00000040/
         model.weights.h5       # ``model.save_weights``: ``keras.Model.load_weights`` reads it
-        state.npz              # optimizer slots of every PS shard and of the all-reduced variables
+        state.npz              # optimizer slots of every PS shard and of the all-reduced variables,
+                               # each worker's random-layer generator states
 
 ``CheckpointStore.write`` writes a new step directory under a temporary name, fsyncs every file
 and the directory, renames it, then replaces ``manifest.json`` (written to a temporary file and

@@ -3,8 +3,9 @@ checkpoint holds (``autosync.runtime.checkpoint`` puts it on disk).
 
 Arrays are named for ``state.npz``: ``ps/<actor>/<var>.<shard>/<slot>`` for a parameter server's
 optimizer slots, ``channel<c>/<name>`` for the state of worker channel ``c`` (all-reduced
-variables' optimizer, taken from worker 0: every worker holds the same). Reads and writes happen
-between round trips, when no step is in flight.
+variables' optimizer, taken from worker 0: every worker holds the same), ``seeds/<w>/<i>`` for
+worker ``w``'s state of the model's ``i``-th random-layer generator (``random_seeds``: each
+worker's own). Reads and writes happen between round trips, when no step is in flight.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Snapshot:
         positions: per worker (replica order), batches drawn from its data iterator.
         ps_versions: PS actor name -> ``{"version", "chunk_version"}``.
         read_s: seconds spent waiting for the actors' arrays so far.
+        seeds: per worker (replica order), its random layers' generator states.
         layout: the weights file's layout as worker 0 walked it (``weights_file.layout``: None
             when Keras could not say).
     """
@@ -68,6 +70,7 @@ class Snapshot:
     ps_sizes: dict = field(default_factory=dict)
     channel_sizes: list = field(default_factory=list)
     read_s: float = 0.0
+    seeds: tuple = ()
 
     def weights(self):
         """``(index, array)`` of each model weight (``get_weights`` order): worker 0's, but the
@@ -118,6 +121,8 @@ class Snapshot:
         for c, sizes in enumerate(self.channel_sizes):
             for batch in batches(sizes or {}):
                 yield from ((f"channel{c}/{k}", a) for k, a in self._worker0([], {c: batch})["channels"][c].items())
+        for w, states in enumerate(self.seeds):
+            yield from ((f"seeds/{w}/{i}", a) for i, a in enumerate(states))
 
     def _worker0(self, weights: list, channels: dict) -> dict:
         session = self.session
@@ -164,7 +169,8 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
                     ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
                                  for n, s in zip(names, ps_states)},
                     weight_specs=states[0]["weights"], trainable=states[0]["trainable"], layout=states[0]["layout"],
-                    ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)}, channel_sizes=states[0]["channels"])
+                    ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)}, channel_sizes=states[0]["channels"],
+                    seeds=tuple(s["seeds"] for s in states))
 
 
 def write_weights(snap: Snapshot, path: str, model) -> None:
@@ -257,11 +263,21 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         part = ray.put({i: _array(state.weights[i]) for i in batch})   # one copy for every worker
         wait_all([w.assign_weights.remote(part) for w in session.workers], deadline, "worker", names, actors=labels)
         del part
-    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels)
+    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i))
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found
     return problems
+
+
+def _seeds(arrays: Mapping, worker: int) -> list | None:
+    """Worker ``worker``'s random-layer generator states in ``arrays`` (``seeds/<w>/<i>``), in
+    order; None where the checkpoint holds none for it (written before they were kept)."""
+    prefix = f"seeds/{worker}/"
+    found = {int(k[len(prefix):]): k for k in arrays if k.startswith(prefix) and k[len(prefix):].isdigit()}
+    if not found:
+        return None
+    return [arrays[found[i]] if i in found else None for i in range(max(found) + 1)]
 
 
 def _readable(value):

@@ -20,7 +20,7 @@ from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizer_config import keras_optimizer_config
-from autosync.runtime import prefetch, timeline
+from autosync.runtime import prefetch, random_seeds, timeline
 from autosync.runtime.pulled import join_pulled
 from autosync.runtime.rows import check_pulled_rows, find_row_reads
 from autosync.runtime.sync.base import across_collective, hand_over
@@ -127,6 +127,7 @@ class TrainingWorker(WorkerCheckpoint):
         keras.utils.set_random_seed(model_def.seed)
         self.model = model_def.build_model()
         check_model(self.model, f"ModelDef {model_def.name}")
+        self._seeds = random_seeds.initial_states(self.model)   # each trial's random streams start here
         self.loss = model_def.loss()
         optimizer = model_def.optimizer_fn()
         model, loss_fn = self.model, self.loss
@@ -143,8 +144,6 @@ class TrainingWorker(WorkerCheckpoint):
             for var, value in zip(model.trainable_variables, values):
                 var.assign(value)
 
-        self._gradients = gradients
-        self._assign = assign
         self._clipnorm = getattr(optimizer, "global_clipnorm", None)
         # Keras' gradient accumulation: a step draws this many batches and syncs their mean once
         # (outside the graph; in the graph Keras accumulates itself, see ``_gradients_of``)
@@ -214,6 +213,8 @@ class TrainingWorker(WorkerCheckpoint):
             raise ValueError("reset needs the model's initial values (the pool's description) once it has trained")
         for weight, value in self._fixed:
             weight.assign(value)
+        random_seeds.assign([v for v, _ in self._seeds],
+                            [random_seeds.worker_state(initial, worker_index) for _, initial in self._seeds])
         self.batches = prefetch.restart(getattr(self, "batches", None), self.model_def.batches(worker_index, num_workers))
         self._data = (worker_index, num_workers)
         self.drawn = 0   # batches drawn from ``batches`` (the data position a checkpoint keeps)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autosync.runtime import prefetch, weights_file
+from autosync.runtime import prefetch, random_seeds, weights_file
 
 
 class WorkerCheckpoint:
@@ -18,12 +18,13 @@ class WorkerCheckpoint:
 
     def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
-        (batches drawn), and with ``with_sizes`` each model weight's shape and dtype
+        (batches drawn), ``seeds`` (its random layers' generator states, ``random_seeds``: a
+        few bytes each), and with ``with_sizes`` each model weight's shape and dtype
         (``weights``, ``get_weights`` order), the index there of each trainable variable
         (``trainable``), per channel the bytes of each array of its state (``channels``: None
         for a channel that keeps none) and the weights file's layout (``layout``, see
         ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
-        out = {"step": self.step, "position": self.drawn}
+        out = {"step": self.step, "position": self.drawn, "seeds": [np.array(v.numpy()) for v, _ in self._seeds]}
         if with_sizes:
             where = {id(w): i for i, w in enumerate(self.model.weights)}
             out["weights"] = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in self.model.weights]
@@ -65,13 +66,21 @@ class WorkerCheckpoint:
         for i, value in part.items():
             every[i].assign(value)
 
-    def restore_checkpoint(self, position: int, step: int, channels: list) -> list[str]:
+    def restore_checkpoint(self, position: int, step: int, channels: list, seeds: list | None = None) -> list[str]:
         """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
-        the data iterator advanced to ``position`` batches, the step counter, and each channel's
-        state (as ``checkpoint_state`` gave them). Returns the problems found."""
+        the data iterator advanced to ``position`` batches, the step counter, each channel's
+        state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
+        a checkpoint that holds none, written before they were kept, and the streams start
+        afresh). Returns the problems found."""
         if len(channels) > len(self.channels):
             return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
                     f"{len(self.channels)}"]
+        if seeds is not None:
+            if len(seeds) != len(self._seeds) or any(np.shape(s) != (2,) for s in seeds):
+                return [f"the checkpoint holds the state of {len(seeds)} random-layer generators (Dropout, noise, "
+                        f"...), the model has {len(self._seeds)}: its random layers differ from the checkpoint's, "
+                        f"or the checkpoint is damaged"]
+            random_seeds.assign([v for v, _ in self._seeds], seeds)
         channels = list(channels) + [None] * (len(self.channels) - len(channels))
         keep = any(hasattr(c, "load_checkpoint") for c in self.channels)   # all-reduced variables' optimizer
         values = [v.numpy() for v in self.variables] if keep else []
