@@ -11,6 +11,8 @@ The command line (``terminate_as_interrupt``) instead raises ``Terminated``, a
 store closed) runs, and the command says what happened and exits 143. While the main thread is in a finalizer, where an
 exception would be ignored, the signal is sent again a moment later. ``install`` is called again
 after each ``ray.init``, which replaces the handler. The Python API leaves signals to its caller.
+
+``held`` makes Ctrl-C and SIGTERM wait while the embedded Ray starts (``runtime.binding``).
 """
 from __future__ import annotations
 
@@ -44,6 +46,35 @@ def terminate_as_interrupt():
         _enabled = False
         if main and before is not None:
             signal.signal(signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
+def held(signums=(signal.SIGINT, signal.SIGTERM)):
+    """Inside, Ctrl-C and SIGTERM wait: a signal that arrives is recorded, and sent again once the
+    block has ended and the handlers from before are back, so the code inside never sees an
+    exception it cannot survive (``ray.init`` interrupted while it built its C++ core worker left
+    one half made, and the process crashed at exit, SIGSEGV). A handler the code inside sets for
+    one of these signals is not set (``ray.init`` sets one for SIGTERM that calls ``sys.exit``):
+    the caller's stays. Main thread only; elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list = []
+    before = {s: signal.getsignal(s) for s in signums}
+    record = lambda signum, frame: got.append(signum)  # noqa: E731
+    for s in signums:
+        signal.signal(s, record)
+    real = signal.signal
+    signal.signal = lambda signum, handler: record if signum in before else real(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal = real
+        for s, handler in before.items():
+            # None: a handler set outside Python, which cannot be put back: the default instead
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if got:
+            signal.raise_signal(got[0])
 
 
 def install() -> None:

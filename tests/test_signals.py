@@ -63,3 +63,26 @@ def test_the_command_line_says_how_it_was_stopped_and_tune_how_to_go_on(monkeypa
     assert main(["run", "--model", "zoo:ncf", "--strategy", "ps"]) == code
     assert capsys.readouterr().err.strip() == f"autosync run: {said}"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_held_signals_wait_for_the_block_then_reach_the_handlers_from_before():
+    got = []
+    before_term = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    before_int = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals.held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)   # delivered here, and held: the block runs to its end
+                got.append("end of block")
+        assert got == ["end of block"] and signal.getsignal(signal.SIGINT) is before_int
+        with signals.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            got.append("end of block")
+        assert got == ["end of block", "end of block", signal.SIGTERM]
+        with signals.held():   # nothing arrives: nothing is sent
+            pass
+        assert len(got) == 3
+    finally:
+        signal.signal(signal.SIGTERM, before_term)

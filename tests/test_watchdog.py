@@ -71,3 +71,63 @@ def test_the_walk_lists_children_before_theirs_and_skips_a_subtree():
             os.kill(grandchild, signal.SIGKILL)
         driver.kill()
         driver.wait(10)
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_asked_to_sweep_now_it_stops_what_appeared_since_it_started_and_leaves_the_rest():
+    """An interrupted start of Ray (``reaper.sweep_started``): the driver lives on, so only what
+    appeared under it since the watchdog started is stopped, not what it ran before."""
+    from autosync.runtime.reaper import start_reaper, sweep_started
+
+    before = subprocess.Popen(SLEEPER)
+    dog = after = None
+    try:
+        dog = start_reaper(interval_s=0.1, grace_s=0.5)
+        end = time.monotonic() + 10   # its first look at the tree: it is running with SIGUSR1 handled
+        while time.monotonic() < end and dog.pid not in _sigusr1_handlers():
+            time.sleep(0.05)
+        after = subprocess.Popen(SLEEPER)
+        sweep_started(dog, timeout_s=10)
+        assert dog.poll() == 0
+        assert after.wait(10) == -signal.SIGTERM
+        assert before.poll() is None
+    finally:
+        for p in (before, after, dog):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def _sigusr1_handlers() -> set:
+    """Child pids that catch SIGUSR1 (``SigCgt`` in /proc)."""
+    out = set()
+    for pid in watchdog.process_tree(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            continue
+        if caught & (1 << (signal.SIGUSR1 - 1)):
+            out.add(pid)
+    return out
+
+
+def test_a_sweep_stops_what_is_left_of_a_recorded_set_after_a_wait():
+    from autosync.runtime.reaper import sweep
+
+    left = subprocess.Popen(SLEEPER)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        gone.wait(10)
+        seen = {p.pid: watchdog.start_time(p.pid) for p in (left, gone)}
+        seen[gone.pid] = "1"   # exited: its pid, if reused, has another start time
+        t0 = time.monotonic()
+        assert sweep(seen, wait_s=0.3, grace_s=0.5) == [left.pid]
+        assert left.wait(10) == -signal.SIGTERM and time.monotonic() - t0 >= 0.3
+        assert sweep({}, wait_s=5) == []   # nothing recorded: no wait
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait(10)

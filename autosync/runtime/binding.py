@@ -8,6 +8,7 @@ ConfigError that says what was requested, what is available and how to fix it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ class ClusterBinding:
         started_ray: this binding started the embedded Ray (and ``close`` stops it).
         reaper: the watchdog that stops the embedded Ray's processes if the driver is killed
             (``autosync.runtime.reaper``); None when this binding did not start Ray.
+        ray_roots: pid -> start time of the processes ``ray.init`` started here (``close``
+            stops what is left of them and theirs after ``ray.shutdown``).
     """
 
     cluster: ClusterSpec
@@ -38,6 +41,7 @@ class ClusterBinding:
     node_ids: dict
     started_ray: bool = False
     reaper: object = field(default=None, compare=False, repr=False)
+    ray_roots: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def bind(cls, cluster: ClusterSpec) -> "ClusterBinding":
@@ -49,17 +53,17 @@ class ClusterBinding:
         """
         import ray
 
-        started, reaper = False, None
+        started, reaper, roots = False, None, {}
         if not ray.is_initialized():
-            started, reaper = _start_ray(cluster)
+            started, reaper, roots = _start_ray(cluster)
         try:
             keys, node_ids = _resolve(cluster, [n for n in ray.nodes() if n.get("Alive")])
         except ConfigError:
             if started:
-                ray.shutdown()
-                _stop(reaper)
+                _shutdown(reaper, roots)
             raise
-        return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started, reaper=reaper)
+        return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started, reaper=reaper,
+                   ray_roots=roots)
 
     def actor_options(self, node: str, num_cpus: float = 0.0) -> dict:
         """``.options(...)`` keyword arguments that place an actor on ``node``."""
@@ -73,10 +77,22 @@ class ClusterBinding:
     def close(self) -> None:
         """Stop the embedded Ray if this binding started it."""
         if self.started_ray:
-            import ray
+            _shutdown(self.reaper, self.ray_roots)
 
-            ray.shutdown()
-            _stop(self.reaper)
+
+def _shutdown(reaper, roots: dict) -> None:
+    """Stop the embedded Ray, its watchdog, and any of its processes the shutdown left running
+    (agents still starting when a command is interrupted early: ``reaper.sweep``)."""
+    import ray
+
+    from autosync.runtime.reaper import ray_processes, sweep
+
+    seen = ray_processes(roots)
+    try:
+        ray.shutdown()
+    finally:
+        _stop(reaper)
+        sweep(seen)
 
 
 def _stop(reaper) -> None:
@@ -89,17 +105,18 @@ def _is_local(cluster: ClusterSpec) -> bool:
     return len(cluster.nodes) == 1 and cluster.nodes[0].address in LOOPBACK and cluster.nodes[0].resource is None
 
 
-def _start_ray(cluster: ClusterSpec) -> tuple[bool, object]:
-    """Connect to RAY_ADDRESS, or start the embedded Ray for ``local``; returns (started, reaper)."""
+def _start_ray(cluster: ClusterSpec) -> tuple[bool, object, dict]:
+    """Connect to RAY_ADDRESS, or start the embedded Ray for ``local``; returns (started, reaper,
+    the processes ``ray.init`` started: pid -> start time)."""
     import ray
 
-    from autosync.runtime.reaper import start_reaper
+    from autosync.runtime.reaper import children, start_reaper
 
     if os.environ.get("RAY_ADDRESS"):
         from autosync.ray_cluster import connect
 
         connect()   # a cluster that does not answer is a ConfigError that says what to check
-        return False, None
+        return False, None, {}
     if not _is_local(cluster):
         raise ConfigError(
             f"cluster {cluster.name} has {len(cluster.nodes)} node(s) but Ray is not running here; "
@@ -108,15 +125,27 @@ def _start_ray(cluster: ClusterSpec) -> tuple[bool, object]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # started first, so its snapshots of the driver's descendants see Ray's processes as they appear
     reaper = start_reaper()
+    before, roots = children(), {}
     # address="local": a fresh private instance, never a cluster some `ray start` left recorded
     try:
-        ray.init(address="local", num_cpus=cluster.nodes[0].cpus, include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False)
+        # Ctrl-C or SIGTERM wait until Ray has started, then stop it whole (``signals.held``);
+        # the caller's SIGTERM handler stays (Ray's would call sys.exit wherever the thread is)
+        with signals.held():
+            ray.init(address="local", num_cpus=cluster.nodes[0].cpus, include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=False)
+            roots = {p: t for p, t in children().items() if before.get(p) != t}
     except BaseException:
-        _stop(reaper)
+        if ray.is_initialized():   # an interrupt that waited for the start
+            _shutdown(reaper, roots)
+        else:   # the start failed: what it started is stopped by the watchdog, which saw it appear
+            from autosync.runtime.reaper import sweep_started
+
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            sweep_started(reaper)
         raise
-    signals.install()   # ray.init replaced the command line's SIGTERM handler (autosync.signals)
-    return True, reaper
+    signals.install()
+    return True, reaper, roots
 
 
 def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:

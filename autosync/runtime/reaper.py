@@ -12,12 +12,23 @@ period, to every one of them that still runs (the same pid with the same start t
 is never touched), and exits. It is only
 started for the embedded ``local`` cluster: a cluster that outlives the driver on purpose (the
 testbed, one from ``ray start``) is never a descendant of it anyway.
+
+A driver that stops its embedded Ray itself sweeps after it: an interrupt while the agents are
+still starting (Ctrl-C or SIGTERM in the first seconds of a command) left them running for about
+90 s once the raylet was gone. ``ray_processes`` records the instance's processes (what descends
+from the children that appeared during ``ray.init``) before a ``ray.shutdown()``, ``sweep`` stops
+those still running after it. An interrupted ``ray.init`` has
+already stopped the raylet when it raises, and its orphaned agents are no longer the driver's
+descendants: ``sweep_started`` has the watchdog, which recorded them, stop what appeared since it
+started.
 """
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from autosync.runtime import watchdog
 
@@ -35,3 +46,58 @@ def descendants(root: int) -> list[int]:
     """PIDs of every process descended from ``root`` (not ``root`` itself), read from /proc
     (Linux): what a run started, for tests and memory benchmarks (the watchdog's own walk)."""
     return watchdog.process_tree(root)
+
+
+def children() -> dict:
+    """pid -> start time of this process's children now."""
+    me = os.getpid()
+    out = {}
+    for pid in watchdog.process_tree(me):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        born = watchdog.start_time(pid)
+        if parent == me and born is not None:
+            out[pid] = born
+    return out
+
+
+def ray_processes(roots: dict) -> dict:
+    """pid -> start time of the processes of ``roots`` still running (the children that appeared
+    during ``ray.init``: GCS, the raylet, the dashboard, the log monitor) and of everything
+    descended from them now (agents, workers): the embedded Ray's processes, none of the
+    caller's own."""
+    out = {}
+    for root, born in roots.items():
+        if watchdog.start_time(root) != born:
+            continue
+        out[root] = born
+        for pid in watchdog.process_tree(root):
+            t = watchdog.start_time(pid)
+            if t is not None:
+                out[pid] = t
+    return out
+
+
+def sweep(seen: dict, wait_s: float = 2.0, grace_s: float = 1.0) -> list[int]:
+    """After ``ray.shutdown()``: give the processes of ``seen`` (``ray_processes``) ``wait_s`` to
+    exit, then stop the ones left (``watchdog.stop``); returns the pids that had to be signalled."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and any(watchdog.start_time(p) == t for p, t in seen.items()):
+        time.sleep(0.05)
+    return watchdog.stop(seen, grace_s)
+
+
+def sweep_started(reaper: subprocess.Popen | None, timeout_s: float = 6.0) -> None:
+    """Have the watchdog ``reaper`` stop every process that appeared under the driver since it
+    started, then exit (SIGUSR1); wait for it at most ``timeout_s``, then kill it."""
+    if reaper is None or reaper.poll() is not None:
+        return
+    reaper.send_signal(signal.SIGUSR1)
+    try:
+        reaper.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+        reaper.wait()

@@ -55,28 +55,60 @@ def process_tree(root: int, skip: int | None = None) -> list[int]:
     return out
 
 
+class _SweepNow(Exception):
+    """SIGUSR1: the driver asks for the sweep now (``reaper.sweep_started``)."""
+
+
+def _sweep_now(signum, frame):
+    raise _SweepNow
+
+
+def _snapshot(driver: int, me: int) -> dict[int, str]:
+    out = {}
+    for pid in process_tree(driver, skip=me):
+        t = start_time(pid)
+        if t is not None:
+            out[pid] = t
+    return out
+
+
 def watch(driver: int, interval_s: float, grace_s: float) -> None:
-    """Record the driver's descendants until it is gone; then stop the ones still running."""
+    """Record the driver's descendants until it is gone; then stop the ones still running. On
+    SIGUSR1 (the driver's start of Ray was interrupted) stop at once the ones that appeared since
+    the watchdog started, and exit: the driver goes on, and what it ran before is its own."""
     me = os.getpid()
     born = start_time(driver)
+    before = _snapshot(driver, me) if born is not None else {}
     seen: dict[int, str] = {}
-    while born is not None and start_time(driver) == born:
-        for pid in process_tree(driver, skip=me):
-            t = start_time(pid)
-            if t is not None:
-                seen[pid] = t   # a pid reused since is recorded with its new start time
-        time.sleep(interval_s)
+    signal.signal(signal.SIGUSR1, _sweep_now)
+    try:
+        while born is not None and start_time(driver) == born:
+            seen.update(_snapshot(driver, me))   # a pid reused since is recorded with its new start time
+            time.sleep(interval_s)
+    except _SweepNow:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        seen.update(_snapshot(driver, me))
+        seen = {p: t for p, t in seen.items() if before.get(p) != t}
+    stop(seen, grace_s)
+
+
+def stop(seen: dict, grace_s: float) -> list[int]:
+    """SIGTERM to each process of ``seen`` (pid -> start time) that still runs with that start
+    time, SIGKILL to those left after ``grace_s``; returns the pids signalled."""
+    signalled = []
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         alive = [p for p, t in seen.items() if start_time(p) == t]
         for pid in alive:
             try:
                 os.kill(pid, sig)
+                signalled.append(pid)
             except OSError:
                 pass
         end = time.monotonic() + wait
         while alive and time.monotonic() < end:
             time.sleep(0.1)
             alive = [p for p in alive if start_time(p) == seen[p]]
+    return sorted(set(signalled))
 
 
 if __name__ == "__main__":
