@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -280,7 +281,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         model: a ModelDef, ``zoo:NAME`` or ``script.py:function``.
         cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
         trials: search trials (each builder's baseline is measured too, first).
-        time_budget_s: stop proposing after this many seconds (baselines always run).
+        time_budget_s: stop proposing after this many seconds from the call, the workers' start
+            and the model's profile included (baselines always run).
         store: TrialStore path (default: the user's cache); trials of earlier runs, of any model
             and cluster, warm-start the predictor.
         constraints: pinned decisions (a Constraints, a YAML path or the YAML's content as a dict).
@@ -321,6 +323,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     from autosync.probe import default_prober, resolve_stand_in
     from autosync.sources import load_cluster
 
+    called = time.monotonic()   # the time budget counts from here: start-up is part of the wait
     quiet_startup()
     for name, value, least in (("trials", trials, 0), ("confirm", confirm, 0), ("patience", patience, 1),
                                ("steps", steps, 1), ("warmup", warmup, 0), ("max_steps", max_steps, 1)):
@@ -405,8 +408,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
                                     settings=settings or SearchSettings(), warm_start=warm_groups, lossless=lossless,
                                     staleness=STALENESS_OFFERED if timed else (0,), allow_async=timed)
             # the baselines as their builders make them, on the user's pins alone (module search_limits)
-            outcome = tune_loop(runner, trial_store, tuner, Budget(trials=trials, time_s=time_budget_s,
-                                                                   patience=patience, confirm=confirm),
+            budget = Budget(trials=trials, time_s=time_budget_s, patience=patience, confirm=confirm, started=called)
+            outcome = tune_loop(runner, trial_store, tuner, budget,
                                 baselines=BaselineTuner(spec, cluster_spec, constraints=constraints),
                                 resume=resume, on_trial=on_trial, quality=quality,
                                 prober=prober if quality == "goodput" else None, on_probe=on_probe,

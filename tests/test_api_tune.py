@@ -332,3 +332,25 @@ def test_under_emulated_compute_the_search_keeps_to_the_optimizer_the_model_trai
     search = [t.strategy for t in result.outcome.trials if t.role == "search"]
     assert len(search) == 12 and not [s for s in search if any(v.num_shards > 1 for v in s.variables)]
     assert "clipnorm=1.0" in result.search_note
+
+
+def test_the_time_budget_counts_from_the_call(tmp_path, monkeypatch):
+    """What the run spends before its loop (the workers' start, the model's profile) is part of
+    ``time_budget_s``: the budget's clock starts at the call."""
+    import time
+
+    from autosync import api
+
+    seen = []
+    real = api.tune_loop
+
+    def loop(runner, store, tuner, budget, **kw):
+        seen.append(budget)
+        return real(runner, store, tuner, budget, **kw)
+
+    monkeypatch.setattr(api, "tune_loop", loop)
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    t0 = time.monotonic()
+    autosync.tune("unused", cluster, trials=2, time_budget_s=600, store=tmp_path / "s.db", settings=FAST,
+                  warm_start="none", confirm=0, runner=SyntheticRunner(model, cluster, seed=0))
+    assert seen and seen[0].time_s == 600 and t0 <= seen[0].started <= time.monotonic()

@@ -108,6 +108,25 @@ def test_time_budget_stops(tmp_path):
     assert out.stop_reason == "time" and len(out.search_trials) < 100
 
 
+def test_the_time_budget_counts_from_when_it_started_not_from_the_loop(tmp_path):
+    """``Budget.started``: the run's start-up (workers, profile) spent before the loop is part of
+    the budget: started 100 s before a 120 s budget, the loop has 20 s where it alone had 120."""
+    def run(started, name):
+        ticks = iter(range(1000, 100_000, 5))
+        with TrialStore(tmp_path / f"{name}.db") as store:
+            tuner = ModelBasedTuner(MODEL, CLUSTER, settings=FAST)
+            return tune_loop(SyntheticRunner(MODEL, CLUSTER), store, tuner,
+                             Budget(trials=100, time_s=120, started=started), clock=lambda: next(ticks))
+
+    whole, late = run(None, "whole"), run(1000 - 100, "late")
+    assert whole.stop_reason == late.stop_reason == "time"
+    assert len(late.search_trials) < len(whole.search_trials)
+    # the baselines run however little is left
+    spent_out = run(1000 - 500, "spent")
+    assert spent_out.stop_reason == "time" and not spent_out.search_trials
+    assert any(t.role == "baseline" for t in spent_out.trials)
+
+
 class LuckyOnce(SyntheticRunner):
     """The first measurement of one search strategy comes out 10x too fast (a lucky outlier)."""
 

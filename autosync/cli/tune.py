@@ -198,7 +198,8 @@ def register(sub) -> None:
     p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"search trials, on top of one per baseline builder (default {DEFAULT_TRIALS})")
-    p.add_argument("--time-budget", type=float, metavar="S", help="stop proposing after S seconds")
+    p.add_argument("--time-budget", type=float, metavar="S", help="stop proposing S seconds after the run started (start-up counted; "
+                        "the baselines always run)")
     p.add_argument("--out", help="where to write the best strategy (YAML; default: best_strategy.yaml in the run's "
                                  "folder beside the store, runs/MODEL-CLUSTER-RUN/; the path is printed)")
     p.add_argument("--store", help="trial store (SQLite; default: ~/.cache/autosync/trials.db, or under "

@@ -63,6 +63,7 @@ class Budget:
     time_s: float | None = None
     patience: int = 4
     confirm: int = 2
+    started: float | None = None   # when ``time_s`` began, on the loop's clock (None: as the loop starts)
 
 
 def previous_run(store, model: ModelSpec, cluster: ClusterSpec) -> tuple[str | None, list[Trial]]:
@@ -126,7 +127,7 @@ class _TuningRun:
         self.history = History(self.model, self.cluster)
         self.outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], trials=self.history, quality=quality,
                                    efficiency=self.history.efficiency, min_efficiency=min_efficiency)
-        self.start = clock()
+        self.start = clock() if budget.started is None else budget.started
 
     def out_of_time(self) -> bool:
         return self.budget.time_s is not None and self.clock() - self.start > self.budget.time_s
