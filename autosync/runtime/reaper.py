@@ -13,14 +13,13 @@ is never touched), and exits. It is only
 started for the embedded ``local`` cluster: a cluster that outlives the driver on purpose (the
 testbed, one from ``ray start``) is never a descendant of it anyway.
 
-A driver that stops its embedded Ray itself sweeps after it: an interrupt while the agents are
+A driver that stops its embedded Ray itself sweeps after it: a shutdown while the agents are
 still starting (Ctrl-C or SIGTERM in the first seconds of a command) left them running for about
 90 s once the raylet was gone. ``ray_processes`` records the instance's processes (what descends
 from the children that appeared during ``ray.init``) before a ``ray.shutdown()``, ``sweep`` stops
-those still running after it. An interrupted ``ray.init`` has
-already stopped the raylet when it raises, and its orphaned agents are no longer the driver's
-descendants: ``sweep_started`` has the watchdog, which recorded them, stop what appeared since it
-started.
+those still running after it. A ``ray.init`` that fails has already stopped the raylet when it
+raises, and the orphaned agents are no longer the driver's descendants: ``sweep_started`` has the
+watchdog, which recorded them, stop what appeared since it started.
 """
 from __future__ import annotations
 
