@@ -19,6 +19,7 @@ import ray
 from autosync.runtime import binding, reaper, watchdog
 from autosync.sources import local_cluster
 
+signal.signal(signal.SIGINT, signal.default_int_handler)   # whatever the test runner left us
 finished, swept = [], []
 real_init, real_sweep = ray.init, reaper.sweep
 

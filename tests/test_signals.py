@@ -68,6 +68,8 @@ def test_the_command_line_says_how_it_was_stopped_and_tune_how_to_go_on(monkeypa
 def test_held_signals_wait_for_the_block_then_reach_the_handlers_from_before():
     got = []
     before_term = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    # Python's own Ctrl-C handler (a test runner's worker may have set SIGINT ignored)
+    outer_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     before_int = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -84,5 +86,11 @@ def test_held_signals_wait_for_the_block_then_reach_the_handlers_from_before():
         with signals.held():   # nothing arrives: nothing is sent
             pass
         assert len(got) == 3
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # ignored before: ignored after, not raised
+        with signals.held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before_term)
+        signal.signal(signal.SIGINT, outer_int)
