@@ -187,9 +187,17 @@ def same_batches(worker: int, num_workers: int, count: int = 8):
     return [(x[i], np.tanh(x[i].sum(axis=1, keepdims=True)).astype("float32")) for i in range(count)]
 
 
-def dropout_model_def(optimizer: str = "sgd", **opt_kw) -> ModelDef:
+def global_rng_batches(worker: int, num_workers: int):
+    """Batches sampled from numpy's process-wide generator, unseeded here (as quick scripts do):
+    what each worker draws depends on the seed the runtime set where it draws."""
+    while True:
+        x = np.random.normal(size=(8, FEATURES)).astype("float32")
+        yield x, np.tanh(x.sum(axis=1, keepdims=True)).astype("float32")
+
+
+def dropout_model_def(optimizer: str = "sgd", dataset=same_batches, **opt_kw) -> ModelDef:
     return ModelDef(name="tiny_dropout", model_fn=build_dropout_model, loss_fn=mse,
-                    optimizer_fn=functools.partial(make_optimizer, optimizer, **opt_kw), dataset_fn=same_batches,
+                    optimizer_fn=functools.partial(make_optimizer, optimizer, **opt_kw), dataset_fn=dataset,
                     batch_size=8, seed=11)
 
 

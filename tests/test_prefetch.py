@@ -74,3 +74,27 @@ def test_closing_stops_the_drawing_and_restart_replaces_it():
     assert _wait(lambda: not q._thread.is_alive(), timeout=2.0) and list(r) == ["a", "b"]
     with pytest.raises(ValueError, match="depth"):
         Prefetcher(iter(()), depth=0)
+
+
+def test_restart_ends_the_old_thread_before_the_new_one_draws():
+    """The new iterator may reseed the process-wide generators (``random_seeds.seeded``): a draw
+    of the old thread after that would take from the new stream. ``restart`` ends it first, at
+    once when it waits with a full queue, else within its current draw (a second at most)."""
+    src = Counting()
+    p = Prefetcher(src, depth=2)
+    assert _wait(lambda: p.ahead == 2 and src.drawn == 3)   # two queued, a third waiting to be put
+    t0 = time.monotonic()
+    q = restart(p, iter("xy"))
+    assert not p._thread.is_alive() and time.monotonic() - t0 < 0.09   # not a poll interval
+    assert list(q) == ["x", "y"] and src.drawn == 3
+
+    class Slow(Counting):
+        def __next__(self):
+            time.sleep(0.3)
+            return super().__next__()
+
+    slow = Slow()
+    p = Prefetcher(slow, depth=1)
+    time.sleep(0.05)   # its first draw under way
+    restart(p, iter(()))
+    assert not p._thread.is_alive()

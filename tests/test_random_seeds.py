@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autosync.runtime.random_seeds import worker_state
+from autosync.runtime.random_seeds import worker_seed, worker_state
 
 
 def test_worker_zero_keeps_the_seed_and_the_others_get_distinct_reproducible_words():
@@ -18,3 +18,11 @@ def test_worker_zero_keeps_the_seed_and_the_others_get_distinct_reproducible_wor
         assert all(np.array_equal(a, worker_state(initial, k)) for k, a in enumerate(states))
     # another seed, other words: worker k's stream is not one fixed seed whatever the model's
     assert worker_state(np.array([5, 0]), 1)[0] != worker_state(np.array([6, 0]), 1)[0]
+
+
+def test_each_worker_draws_its_data_under_a_seed_of_its_own():
+    seeds = [worker_seed(11, k) for k in range(64)]
+    assert seeds[0] == 11 and len(set(seeds)) == 64 and all(0 < s < 2 ** 31 for s in seeds)
+    assert seeds == [worker_seed(11, k) for k in range(64)]
+    # not the random layers' words: data and masks are separate streams
+    assert seeds[1] != int(worker_state(np.array([11, 0]), 1)[0])

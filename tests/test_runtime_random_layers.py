@@ -1,7 +1,7 @@
-"""Random layers on real Ray + TensorFlow (``autosync.runtime.random_seeds``): each worker draws
-its own dropout masks and noise, as one process on the global batch draws each example's; a trial
-does not depend on what the warm workers ran before; a restored run draws what the uninterrupted
-one would have."""
+"""Random layers and random data on real Ray + TensorFlow (``autosync.runtime.random_seeds``):
+each worker draws its own dropout masks and noise, as one process on the global batch draws each
+example's, and samples its own data from the process-wide generators; a trial does not depend on
+what the warm workers ran before; a restored run draws what the uninterrupted one would have."""
 from __future__ import annotations
 
 import glob
@@ -21,20 +21,26 @@ STEPS = 3
 
 def _reference(md, num_workers: int, steps: int, own_streams: bool = True) -> list:
     """One process: each step, every worker's gradient on its batch with its generators in the
-    state the worker holds (``own_streams``: its own stream; else all share worker 0's, as
-    before each worker had one), then their mean applied."""
+    state the worker holds (``own_streams``: its own stream, and its data drawn under its own
+    seed; else all share worker 0's, as before each worker had one), then their mean applied."""
+    import itertools
+
     import keras
     import tensorflow as tf
 
     from autosync.runtime import random_seeds
 
+    # each worker's batches drawn whole first: the process-wide generators are one per process
+    data = [list(itertools.islice(random_seeds.seeded(random_seeds.worker_seed(md.seed, k if own_streams else 0),
+                                                      md.batches(k, num_workers)), steps))
+            for k in range(num_workers)]
     keras.utils.set_random_seed(md.seed)
     model = md.build_model()
     generators = random_seeds.seed_states(model)
     initial = [v.numpy() for v in generators]
     states = [[random_seeds.worker_state(s, k if own_streams else 0) for s in initial] for k in range(num_workers)]
     loss_fn, optimizer = md.loss(), md.optimizer_fn()
-    streams = [md.batches(k, num_workers) for k in range(num_workers)]
+    streams = [iter(d) for d in data]
     for _ in range(steps):
         grads = []
         for k in range(num_workers):
@@ -76,10 +82,23 @@ def test_each_worker_draws_its_own_masks_and_a_trial_does_not_depend_on_the_last
     assert all(np.array_equal(a, b) for a, b in zip(_fit(pool, md, chosen), got))
 
 
+@pytest.mark.parametrize("strategy", ["ps", "gloo"])
+def test_data_sampled_from_the_global_generators_differs_per_worker(pool, strategy):
+    """A ``dataset_fn`` that samples with ``np.random`` unseeded gave every worker the same
+    batches (every worker had seeded the process-wide generators alike to build the model)."""
+    md = rm.dropout_model_def("sgd", learning_rate=0.2, dataset=rm.global_rng_batches)
+    got = _fit(pool, md, _strategy(strategy, _model_spec(pool, md)))
+    expected = _reference(md, 2, STEPS)
+    for g, want in zip(got, expected):
+        assert np.allclose(g, want, rtol=1e-5, atol=1e-6), (strategy, np.abs(g - want).max())
+    assert not _close(expected, _reference(md, 2, STEPS, own_streams=False))
+
+
 def test_a_restored_run_draws_what_the_uninterrupted_run_would_have(pool, tmp_path):
     from autosync.runtime.trainer import Trainer
 
-    md = rm.dropout_model_def("adam", learning_rate=0.05)
+    # its random layers' masks and its data (sampled from numpy's global generator) alike
+    md = rm.dropout_model_def("adam", learning_rate=0.05, dataset=rm.global_rng_batches)
     strategy = _strategy("ps", _model_spec(pool, md))
     ckpt = tmp_path / "ckpt"
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:

@@ -15,6 +15,7 @@ import threading
 
 PREFETCH_BATCHES = 2   # batches drawn ahead: one for the next step, one for the step after (or accumulation)
 _POLL_S = 0.1   # how often a full queue's producer checks whether it was closed
+RESTART_WAIT_S = 1.0   # how long ``restart`` waits for the old thread to end
 
 
 class Prefetcher:
@@ -69,14 +70,24 @@ class Prefetcher:
         self._done = True
         raise value
 
-    def close(self) -> None:
-        """Stop drawing (the thread ends within ``_POLL_S``, or when its current draw returns)."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop drawing (the thread ends within ``_POLL_S``, or when its current draw returns);
+        wait for that up to ``wait_s``."""
         self._closed.set()
         self._done = True
+        if wait_s > 0:
+            while True:   # what was drawn is dropped: a producer waiting to put one ends at once
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._thread.join(wait_s)
 
 
 def restart(old, source, depth: int = PREFETCH_BATCHES) -> Prefetcher:
-    """A ``Prefetcher`` over ``source`` in place of ``old`` (closed if it is one)."""
+    """A ``Prefetcher`` over ``source`` in place of ``old`` (closed if it is one, and its thread
+    given up to a second to end: a draw it had under way would take from the process-wide random
+    generators the new one starts from, ``random_seeds.seeded``)."""
     if isinstance(old, Prefetcher):
-        old.close()
+        old.close(wait_s=RESTART_WAIT_S)
     return Prefetcher(source, depth)

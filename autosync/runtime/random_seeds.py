@@ -14,6 +14,8 @@ derived from the first and k, so runs stay reproducible. A worker sets these at 
 every trial (``TrainingWorker.reset``), so a trial does not depend on what the warm worker ran
 before, and a checkpoint keeps each worker's current states (a restored run draws what the
 uninterrupted one would have).
+
+``seeded``: each worker's data is drawn under a seed of its own as well (``worker_seed``).
 """
 from __future__ import annotations
 
@@ -38,14 +40,40 @@ def initial_states(model) -> list:
     return [(v, np.array(v.numpy())) for v in seed_states(model)]
 
 
+def _derived(word: int, worker_index: int, kind: str = "") -> int:
+    """Worker ``worker_index``'s word for ``word``: ``word`` for worker 0, else one in [1, 2**31)."""
+    if not worker_index:
+        return int(word)
+    digest = hashlib.blake2b(f"{kind}{int(word)}/{int(worker_index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2 ** 31 - 1) + 1   # fits every dtype Keras uses
+
+
 def worker_state(initial: np.ndarray, worker_index: int) -> np.ndarray:
     """Worker ``worker_index``'s start state for a generator that the seed started at ``initial``
     (``[seed, counter]``): ``initial`` itself for worker 0, another seed word for the others."""
     out = np.array(initial, copy=True)
-    if worker_index:
-        digest = hashlib.blake2b(f"{int(out[0])}/{int(worker_index)}".encode(), digest_size=8).digest()
-        out[0] = int.from_bytes(digest, "little") % (2 ** 31 - 1) + 1   # fits every dtype Keras uses
+    out[0] = _derived(out[0], worker_index)
     return out
+
+
+def worker_seed(seed: int, worker_index: int) -> int:
+    """The seed of the process-wide generators (Python's ``random``, numpy's, TensorFlow's and
+    Keras' global ones) while worker ``worker_index`` draws its data: the ModelDef's ``seed`` for
+    worker 0, one derived from it and the index for the others."""
+    return _derived(seed, worker_index, "data/")
+
+
+def seeded(seed: int, batches):
+    """``batches`` (an iterator not started yet, such as ``ModelDef.batches``) drawn under
+    ``keras.utils.set_random_seed(seed)``, set where its first item is drawn (the prefetch
+    thread). Every worker built the model under one seed, which also left the process-wide
+    generators in one state: a ``dataset_fn`` that samples or shuffles with them (``np.random``,
+    ``random``, ``tf.data``'s ``shuffle`` without a seed) gave every worker the same batches, N
+    copies of one worker's data; and a restored run drew other batches than the uninterrupted one."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    yield from batches
 
 
 def assign(variables: list, values: list) -> None:

@@ -215,7 +215,7 @@ class TrainingWorker(WorkerCheckpoint):
             weight.assign(value)
         random_seeds.assign([v for v, _ in self._seeds],
                             [random_seeds.worker_state(initial, worker_index) for _, initial in self._seeds])
-        self.batches = prefetch.restart(getattr(self, "batches", None), self.model_def.batches(worker_index, num_workers))
+        self.batches = prefetch.restart(getattr(self, "batches", None), self._batches(worker_index, num_workers))
         self._data = (worker_index, num_workers)
         self.drawn = 0   # batches drawn from ``batches`` (the data position a checkpoint keeps)
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
@@ -306,6 +306,11 @@ class TrainingWorker(WorkerCheckpoint):
         none = {v: np.zeros(0, np.int64) for v in self.row_reads.outputs}
         self._assign_pulled(self.step, fresh=True, rows=none)
         self._partial = bool(none)
+
+    def _batches(self, worker_index: int, num_workers: int):
+        """This worker's batches from the start, drawn under its own seed (``random_seeds.seeded``)."""
+        seed = random_seeds.worker_seed(self.model_def.seed, worker_index)
+        return random_seeds.seeded(seed, self.model_def.batches(worker_index, num_workers))
 
     def _next_batch(self):
         self.drawn += 1

@@ -88,7 +88,7 @@ class WorkerCheckpoint:
         for channel, state in zip(self.channels, channels):
             if hasattr(channel, "load_checkpoint"):
                 problems += channel.load_checkpoint(values, state or {})
-        self.batches = prefetch.restart(self.batches, self.model_def.batches(*self._data))
+        self.batches = prefetch.restart(self.batches, self._batches(*self._data))
         self.drawn = 0
         for _ in range(int(position)):   # iterators cannot seek: draw and drop
             self._next_batch()
