@@ -216,3 +216,29 @@ def test_a_save_reads_the_actors_in_bounded_batches():
     assert batches(sizes, 300) == [["a", "b"], ["c"], ["d"], ["e"]]   # d alone: bigger than the limit
     assert batches(sizes, 1) == [[k] for k in sizes] and batches({}, 300) == []
     assert batches(sizes) == [list(sizes)] and BATCH_BYTES >= 2 ** 20
+
+
+@pytest.mark.parametrize("where", ["weights", "manifest"])
+def test_a_full_disk_is_said_in_one_line_and_leaves_nothing_of_the_write(tmp_path, monkeypatch, where):
+    import errno
+
+    store = ck.CheckpointStore(tmp_path / "ckpt")
+    _write(store, 1)
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "weights":
+        write = lambda: store.write(_manifest(2), full, {})  # noqa: E731
+    else:
+        real_open = open
+        monkeypatch.setattr("builtins.open", lambda path, *a, **k: full(path) if str(path).endswith(
+            f"{ck._TMP_PREFIX}{ck.MANIFEST}") else real_open(path, *a, **k))
+        write = lambda: _write(store, 2)  # noqa: E731
+    with pytest.raises(OSError, match=r"checkpoint .*ckpt not written: No space left on device; what it wrote was "
+                                      r"removed and the checkpoint written before is whole") as failed:
+        write()
+    monkeypatch.undo()
+    assert failed.value.errno == errno.ENOSPC
+    _assert_step(store, 1)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["manifest.json", "step-00000001"]

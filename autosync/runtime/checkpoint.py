@@ -224,6 +224,8 @@ class CheckpointStore:
 
         Raises:
             ConfigError: ``path`` is not a place to write a checkpoint (``check_writable``).
+            OSError: the write failed (a full disk, a lost mount): the message names the
+                checkpoint and says that the one before is whole; its errno is the cause's.
         """
         t0 = time.perf_counter()
         self.check_writable()
@@ -240,16 +242,23 @@ class CheckpointStore:
             if (self.path / final).exists():   # the same step again (a restart, a second save)
                 final = f"{final}-{uuid.uuid4().hex[:6]}"
             os.rename(tmp, self.path / final)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise _not_written(e, self.path) from e
             raise
         _fsync_dir(self.path)
         body = dict(manifest.to_dict(), directory=final)
         staged = self.path / f"{_TMP_PREFIX}{MANIFEST}"
-        with open(staged, "w") as f:
-            json.dump(body, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(staged, "w") as f:
+                json.dump(body, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            staged.unlink(missing_ok=True)
+            shutil.rmtree(self.path / final, ignore_errors=True)
+            raise _not_written(e, self.path) from e
         os.replace(staged, self.path / MANIFEST)
         _fsync_dir(self.path)
         self._prune(keep=final)
@@ -350,3 +359,11 @@ def _write_npz(path: Path, items) -> None:
         for name, array in items:
             with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+
+
+def _not_written(error: OSError, path: Path) -> OSError:
+    """The OSError a failed write raises: what failed, where, and that nothing was lost."""
+    cause = error.strerror or str(error)
+    before = ("the checkpoint written before is whole" if (path / MANIFEST).is_file()
+              else "no checkpoint was there before")
+    return OSError(error.errno, f"checkpoint {path} not written: {cause}; what it wrote was removed and {before}")
