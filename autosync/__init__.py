@@ -26,6 +26,8 @@ _LAZY = {
     "ConfigError": "strategy_space.errors",
     "TrialFailed": "autosync.runtime.engine",
     "TrialTimeout": "autosync.runtime.engine",
+    # what it warns of: every worker drew the same data
+    "SameDataWarning": "autosync.runtime.data_check",
 }
 
 

@@ -85,6 +85,21 @@ def test_run_prints_measurement_json(tmp_path):
     assert 0 < out["step_time_s"]["median"] <= out["step_time_s"]["p90"]
     assert out["samples_per_s"] > 0 and out["batch_size"] == 16
     assert out["ray_calls_per_step_per_worker"] == 2 and out["startup_s"] > 0
+    assert "warning" not in proc.stderr   # each worker drew its own data
+
+
+@pytest.mark.integration
+def test_run_warns_on_the_terminal_when_every_worker_draws_the_same_data(tmp_path):
+    """A ``dataset_fn`` that ignores the worker's index (``data_check``): said on the terminal
+    when the command ends (stderr goes to Ray's log while it runs), and the run goes on."""
+    (tmp_path / "same.py").write_text(SCRIPT.replace("np.random.RandomState(worker)", "np.random.RandomState(0)"))
+    proc = _autosync("run", "--model", f"{tmp_path / 'same.py'}:tiny", "--strategy", "ps", "--cluster", "local",
+                     "--steps", "3", "--max-steps", "3", "--warmup", "1", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["status"] == "ok", proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(said) == 1 and said[0].startswith("autosync run: warning: model tiny: workers node0:0, node0:1 all "
+                                                 "drew the same first batch from dataset_fn"), proc.stderr[-3000:]
+    assert "ds.shard(n, i)" in said[0]
 
 
 @pytest.mark.integration

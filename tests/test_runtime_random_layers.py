@@ -119,3 +119,14 @@ def test_a_restored_run_draws_what_the_uninterrupted_run_would_have(pool, tmp_pa
         assert np.allclose(got, want, rtol=1e-6, atol=1e-7), np.abs(got - want).max()
     for got, want in zip(continued, _reference(md, 2, 5)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
+def test_workers_that_draw_the_same_data_are_warned_of_through_the_api(pool):
+    import dataclasses
+
+    from autosync.runtime.data_check import SameDataWarning
+
+    # a name of its own: the pool loads it afresh, and every worker reports its first batch
+    md = dataclasses.replace(rm.dropout_model_def("sgd", learning_rate=0.1), name="tiny_same_data")
+    with pytest.warns(SameDataWarning, match=r"model tiny_same_data: workers node0:0, node1:0 all drew the same"):
+        _fit(pool, md, _strategy("ps", _model_spec(pool, md)), steps=1)

@@ -7,10 +7,12 @@ Bad input raises ``ConfigError``; it is printed as one message and exits with co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
+import warnings
 
 from autosync import signals
 from strategy_space.errors import ConfigError
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        with signals.terminate_as_interrupt():
+        with signals.terminate_as_interrupt(), _data_warnings(args.command):
             return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"autosync {args.command}: error: {e}", file=sys.stderr)
@@ -84,6 +86,30 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _stopped(args, "terminated (SIGTERM)")
         return 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _data_warnings(command: str):
+    """What the runtime warns of the user's data (``data_check``) is said on the terminal when the
+    command ends: during a run, stderr goes to Ray's log (``raylog``), where nobody would read it."""
+    from autosync.runtime.data_check import SameDataWarning
+
+    said: list[str] = []
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, SameDataWarning):
+            said.append(str(message))
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+        for text in dict.fromkeys(said):
+            print(f"autosync {command}: warning: {text}", file=sys.stderr)
 
 
 def _stopped(args, how: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from autosync.exception_text import error_reason
 from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.data_check import check_shards
 from autosync.runtime.plan import SyncPlan, segment_for
 from autosync.runtime.ps_pool import PSPool
 from autosync.runtime.ps_shard import ParameterServerShard
@@ -249,6 +250,8 @@ class WorkerPool:
             raise ConfigError(f"model {model_def.name}: workers {differ} built different initial weights "
                               f"from seed {model_def.seed}; make model_fn deterministic under "
                               f"keras.utils.set_random_seed (no other RNG, no data-dependent init)")
+        if len(stale) == len(slots):   # all loaded together: compare what each drew first
+            check_shards(model_def.name, list(slots), [d.get("batch_digest") for d in loaded])
         return [self.actors[s] for s in slots]
 
     def kill(self, slots) -> None:

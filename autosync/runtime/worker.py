@@ -115,7 +115,8 @@ class TrainingWorker(WorkerCheckpoint):
 
         Returns:
             ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]
-            or None, "initial_digest": str, "row_pull": [names], "full_pull": {name: reason}}``
+            or None, "initial_digest": str, "batch_digest": str (of the first batch: data_check),
+            "row_pull": [names], "full_pull": {name: reason}}``
             (trainable variables in model order; ``row_pull``: sparse variables whose rows each
             step reads are known before it runs and pulled alone from parameter servers;
             ``full_pull``: sparse ones pulled whole, and why).
@@ -148,10 +149,9 @@ class TrainingWorker(WorkerCheckpoint):
         # Keras' gradient accumulation: a step draws this many batches and syncs their mean once
         # (outside the graph; in the graph Keras accumulates itself, see ``_gradients_of``)
         self.accumulate = int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
-        x, y = next(model_def.batches(worker_index, num_workers))
-        # build the model in inference mode first and keep its non-trainable state: the probe
-        # below runs in training mode, which moves BatchNormalization's moving statistics (and
-        # other state, such as dropout seeds); step 0 must start from the initial values
+        x, y = next(self._batches(worker_index, num_workers))   # what its first step draws
+        # build the model in inference mode first and keep its non-trainable state: the probe below
+        # runs in training mode, which moves BatchNormalization's statistics; step 0 starts from these
         model(x, training=False)
         before = {id(w): np.array(w.numpy()) for w in model.weights if not w.trainable}
         _, grads = gradients(x, y)  # traces once; finds which gradients are sparse
@@ -182,6 +182,7 @@ class TrainingWorker(WorkerCheckpoint):
             "optimizer": keras_optimizer_config(optimizer, self.variables),
             "initial": initial if send_initial else None,
             "initial_digest": weights_digest(initial),
+            "batch_digest": weights_digest([np.asarray(a) for a in tf.nest.flatten((x, y))]),
             "row_pull": [self.variables[i].path for i in sorted(self.row_reads.outputs)],
             "full_pull": dict(self.row_reads.full_pull),
         }
