@@ -231,6 +231,21 @@ class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup": self.warmup}
 
 
+class Scaled(keras.optimizers.schedules.LearningRateSchedule):
+    """A user's schedule around another of the user's: its from_config deserializes the inner
+    one, which it finds only if that class travelled too."""
+
+    def __init__(self, inner, scale):
+        self.inner = keras.saving.deserialize_keras_object(inner) if isinstance(inner, dict) else inner
+        self.scale = scale
+
+    def __call__(self, step):
+        return self.scale * self.inner(step)
+
+    def get_config(self):
+        return {"inner": keras.saving.serialize_keras_object(self.inner), "scale": self.scale}
+
+
 class SignMomentum(keras.optimizers.Optimizer):
     """A user's own update rule with a slot of its own: only this script defines it."""
 
@@ -245,7 +260,7 @@ class SignMomentum(keras.optimizers.Optimizer):
 
 
 def make_optimizer():
-    return SignMomentum(learning_rate=WarmupLinear(0.05, 2))
+    return SignMomentum(learning_rate=Scaled(WarmupLinear(0.1, 2), 0.5))
 
 
 def build():
@@ -259,7 +274,8 @@ def build():
 def test_an_optimizer_and_a_schedule_a_script_defines_train_wherever_updates_run(pool, tmp_path, strategy):
     """The classes live in a model script, a module no other process can import by its name:
     they travel by value (``optimizer_config.USER_CLASSES``) to the parameter servers and the numpy
-    all-reduce, which train as one process does (they failed to import there before)."""
+    all-reduce, which train as one process does (they failed to import there before), a schedule
+    nested in the user's own schedule among them."""
     from autosync.models.script import load_model_def
 
     path = tmp_path / "opt_script.py"
@@ -267,7 +283,8 @@ def test_an_optimizer_and_a_schedule_a_script_defines_train_wherever_updates_run
     md = load_model_def(str(path), "build")
     spec = _model_spec(pool, md)
     config = pool.description["optimizer"]
-    assert config["class"].endswith(".SignMomentum") and set(config["_user_classes"]) == {"SignMomentum", "WarmupLinear"}
+    assert config["class"].endswith(".SignMomentum")
+    assert set(config["_user_classes"]) == {"SignMomentum", "Scaled", "WarmupLinear"}
     _, _, weights = _train(pool, md, _strategy(strategy, spec), steps=STEPS)
     expected = rm.reference_weights(md, num_workers=2, steps=STEPS)
     for got, want, var in zip(weights, expected, spec.variables):

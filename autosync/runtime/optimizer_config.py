@@ -23,7 +23,7 @@ def keras_optimizer_config(optimizer, variables=None) -> dict:
     name = cls.__name__ if _keras_own(cls) else f"{cls.__module__}.{cls.__qualname__}"
     config = {**optimizer.get_config(), "class": name}
     schedule = getattr(optimizer, "_learning_rate", None)
-    own = {c.__name__: c for c in (cls, type(schedule)) if not _keras_own(c) and c.__module__ != "builtins"}
+    own = {c.__name__: c for c in (cls, *_classes_within(schedule)) if _users(c)}
     if own:
         config[USER_CLASSES] = own
     decays = getattr(optimizer, "_use_weight_decay", None)   # Keras' own rule, exclusions included
@@ -42,6 +42,28 @@ NO_DECAY = "no_weight_decay"
 
 def _keras_own(cls) -> bool:
     return cls.__module__.startswith("keras.")
+
+
+def _users(cls) -> bool:
+    return not _keras_own(cls) and cls.__module__ != "builtins"
+
+
+def _classes_within(value, depth: int = 4, seen=None) -> list:
+    """The classes of ``value`` and of the objects it holds with a ``get_config`` (a schedule
+    that wraps another: a warm-up around a decay), ``depth`` attributes deep: a user's class
+    nested in a user's schedule is deserialized by that schedule's own ``from_config`` where
+    updates run, which finds it only among the classes carried."""
+    seen = set() if seen is None else seen
+    if value is None or id(value) in seen or depth < 0:
+        return []
+    seen.add(id(value))
+    found = [type(value)] if hasattr(value, "get_config") else []
+    held = (list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple))
+            else list(vars(value).values()) if hasattr(value, "__dict__") and hasattr(value, "get_config") else [])
+    for item in held:
+        if hasattr(item, "get_config") or isinstance(item, (dict, list, tuple)):
+            found += _classes_within(item, depth - 1, seen)
+    return found
 
 
 def check_learning_rate(optimizer) -> None:
