@@ -179,6 +179,29 @@ def build_dropout_model():
 FEATURES = 6
 
 
+def build_lazy_model():
+    """A subclassed model whose layer makes its weights and their initializer only when first
+    called (its initializer's seed drawn then, from Python's global generator)."""
+    import keras
+
+    class Lazy(keras.layers.Layer):
+        def build(self, shape):
+            self.w = self.add_weight(shape=(shape[-1], 1), initializer=keras.initializers.RandomNormal())
+
+        def call(self, x):
+            return keras.ops.matmul(x, self.w)
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.lazy = Lazy()
+
+        def call(self, x, training=False):
+            return self.lazy(x)
+
+    return Net()
+
+
 def same_batches(worker: int, num_workers: int, count: int = 8):
     """The same ``count`` batches for every worker: what tells the workers' updates apart is then
     their random layers alone."""

@@ -130,3 +130,15 @@ def test_workers_that_draw_the_same_data_are_warned_of_through_the_api(pool):
     md = dataclasses.replace(rm.dropout_model_def("sgd", learning_rate=0.1), name="tiny_same_data")
     with pytest.warns(SameDataWarning, match=r"model tiny_same_data: workers node0:0, node1:0 all drew the same"):
         _fit(pool, md, _strategy("ps", _model_spec(pool, md)), steps=1)
+
+
+def test_weights_a_model_makes_when_first_called_are_alike_on_every_worker(pool):
+    """A subclassed model builds on its first call, in the worker's load: before the worker's own
+    data seed is set, so an initializer made then draws its seed alike on every worker (the
+    workers' initial weights are compared: different ones are refused)."""
+    import dataclasses
+
+    md = dataclasses.replace(rm.dropout_model_def("sgd", learning_rate=0.1, dataset=rm.global_rng_batches),
+                             name="tiny_lazy", model_fn=rm.build_lazy_model)
+    weights = _fit(pool, md, _strategy("ps", _model_spec(pool, md)), steps=1)
+    assert len(weights) == 1 and weights[0].shape == (rm.FEATURES, 1)

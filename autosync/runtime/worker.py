@@ -115,11 +115,10 @@ class TrainingWorker(WorkerCheckpoint):
 
         Returns:
             ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]
-            or None, "initial_digest": str, "batch_digest": str (of the first batch: data_check),
-            "row_pull": [names], "full_pull": {name: reason}}``
-            (trainable variables in model order; ``row_pull``: sparse variables whose rows each
-            step reads are known before it runs and pulled alone from parameter servers;
-            ``full_pull``: sparse ones pulled whole, and why).
+            or None, "initial_digest": str, "batch_digest": str (``data_check``), "row_pull": [names],
+            "full_pull": {name: reason}}`` (trainable variables in model order; ``row_pull``: sparse
+            variables whose rows each step reads are known before it runs and pulled alone from
+            parameter servers; ``full_pull``: sparse ones pulled whole, and why).
         """
         import keras
         import tensorflow as tf
@@ -149,10 +148,11 @@ class TrainingWorker(WorkerCheckpoint):
         # Keras' gradient accumulation: a step draws this many batches and syncs their mean once
         # (outside the graph; in the graph Keras accumulates itself, see ``_gradients_of``)
         self.accumulate = int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
-        x, y = next(self._batches(worker_index, num_workers))   # what its first step draws
+        x, y = next(model_def.batches(worker_index, num_workers))
         # build the model in inference mode first and keep its non-trainable state: the probe below
         # runs in training mode, which moves BatchNormalization's statistics; step 0 starts from these
-        model(x, training=False)
+        model(x, training=False)   # before the worker's own seeds: weights built lazily come out alike
+        first = next(self._batches(worker_index, num_workers))   # what its first step will draw
         before = {id(w): np.array(w.numpy()) for w in model.weights if not w.trainable}
         _, grads = gradients(x, y)  # traces once; finds which gradients are sparse
         self.variables = list(model.trainable_variables)
@@ -182,7 +182,7 @@ class TrainingWorker(WorkerCheckpoint):
             "optimizer": keras_optimizer_config(optimizer, self.variables),
             "initial": initial if send_initial else None,
             "initial_digest": weights_digest(initial),
-            "batch_digest": weights_digest([np.asarray(a) for a in tf.nest.flatten((x, y))]),
+            "batch_digest": weights_digest([np.asarray(a) for a in tf.nest.flatten(first)]),
             "row_pull": [self.variables[i].path for i in sorted(self.row_reads.outputs)],
             "full_pull": dict(self.row_reads.full_pull),
         }
