@@ -158,3 +158,13 @@ def test_a_run_stopped_by_sigterm_says_so_and_exits_143(tmp_path):
     assert "autosync tune: terminated (SIGTERM); the trials measured so far are in its store: the same command " \
            "with --resume continues the run" in err
     assert "Traceback" not in err and _count(db) >= 2
+
+
+def test_a_time_budget_spent_on_the_start_leaves_the_baselines_alone(tmp_path):
+    """``--time-budget`` end to end: it counts from the start of the run, so a budget the start
+    itself outlasts measures the baselines (always) and searches nothing."""
+    r = _tune(tmp_path, "--compute", "emulated", "--trials", "6", "--time-budget", "0.5", "--confirm", "0",
+              "--warm-start", "none", "--store", "b.db", "--out", "b.yaml", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert s["stop_reason"] == "time" and s["trials"] == 0 and s["baseline_trials"] >= 3, s

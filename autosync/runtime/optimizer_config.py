@@ -57,12 +57,17 @@ def _classes_within(value, depth: int = 4, seen=None) -> list:
     if value is None or id(value) in seen or depth < 0:
         return []
     seen.add(id(value))
+    if isinstance(value, dict):
+        held = value.values()
+    elif isinstance(value, (list, tuple)):
+        held = value
+    elif hasattr(value, "get_config"):
+        held = vars(value).values() if hasattr(value, "__dict__") else ()
+    else:
+        return []
     found = [type(value)] if hasattr(value, "get_config") else []
-    held = (list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple))
-            else list(vars(value).values()) if hasattr(value, "__dict__") and hasattr(value, "get_config") else [])
     for item in held:
-        if hasattr(item, "get_config") or isinstance(item, (dict, list, tuple)):
-            found += _classes_within(item, depth - 1, seen)
+        found += _classes_within(item, depth - 1, seen)
     return found
 
 

@@ -49,18 +49,7 @@ def descendants(root: int) -> list[int]:
 
 def children() -> dict:
     """pid -> start time of this process's children now."""
-    me = os.getpid()
-    out = {}
-    for pid in watchdog.process_tree(me):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        born = watchdog.start_time(pid)
-        if parent == me and born is not None:
-            out[pid] = born
-    return out
+    return watchdog.children_of(os.getpid())
 
 
 def ray_processes(roots: dict) -> dict:
@@ -70,13 +59,9 @@ def ray_processes(roots: dict) -> dict:
     caller's own."""
     out = {}
     for root, born in roots.items():
-        if watchdog.start_time(root) != born:
-            continue
-        out[root] = born
-        for pid in watchdog.process_tree(root):
-            t = watchdog.start_time(pid)
-            if t is not None:
-                out[pid] = t
+        if watchdog.start_time(root) == born:
+            out[root] = born
+            out.update(watchdog.snapshot(root))
     return out
 
 

@@ -63,12 +63,23 @@ def _sweep_now(signum, frame):
     raise _SweepNow
 
 
-def _snapshot(driver: int, me: int) -> dict[int, str]:
+def snapshot(root: int, skip: int | None = None) -> dict[int, str]:
+    """pid -> start time of the live processes descended from ``root`` (``process_tree``)."""
     out = {}
-    for pid in process_tree(driver, skip=me):
+    for pid in process_tree(root, skip):
         t = start_time(pid)
         if t is not None:
             out[pid] = t
+    return out
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """pid -> start time of ``pid``'s live children."""
+    out = {}
+    for child in _children().get(pid, []):
+        t = start_time(child)
+        if t is not None:
+            out[child] = t
     return out
 
 
@@ -78,16 +89,16 @@ def watch(driver: int, interval_s: float, grace_s: float) -> None:
     the watchdog started, and exit: the driver goes on, and what it ran before is its own."""
     me = os.getpid()
     born = start_time(driver)
-    before = _snapshot(driver, me) if born is not None else {}
+    before = snapshot(driver, me) if born is not None else {}
     seen: dict[int, str] = {}
     signal.signal(signal.SIGUSR1, _sweep_now)
     try:
         while born is not None and start_time(driver) == born:
-            seen.update(_snapshot(driver, me))   # a pid reused since is recorded with its new start time
+            seen.update(snapshot(driver, me))   # a pid reused since is recorded with its new start time
             time.sleep(interval_s)
     except _SweepNow:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        seen.update(_snapshot(driver, me))
+        seen.update(snapshot(driver, me))
         seen = {p: t for p, t in seen.items() if before.get(p) != t}
     stop(seen, grace_s)
 
