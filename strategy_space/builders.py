@@ -15,6 +15,8 @@ import inspect
 import math
 from typing import Callable, Iterable
 
+import numpy as np
+
 from .cluster_spec import ClusterSpec
 from .errors import ConfigError, short_repr
 from .model_spec import ModelSpec, VariableSpec
@@ -52,20 +54,40 @@ class PlacementLedger:
 
     def place_round_robin(self, nbytes: float, shards: int) -> int:
         """Place ``shards`` equal shards on consecutive nodes, starting where the most loaded of
-        those nodes ends up least loaded; return the first node's index."""
+        those nodes ends up least loaded (the lowest such index); return the first node's index.
+
+        Every start is scored at once (``_window_max``): time and memory grow with the number of
+        nodes, not with nodes x shards, so a plan for thousands of workers stays quick."""
         n = len(self.bytes)
         part = nbytes / shards
-
-        def finish(first: int) -> tuple[float, int]:
-            extra = [0.0] * n
-            for i in range(shards):
-                extra[(first + i) % n] += part
-            return max((self.bytes[j] + extra[j]) / self.bw[j] for j in range(n) if extra[j]), first
-
-        first = min(range(n), key=finish)
+        full, rem = divmod(shards, n)   # every node takes `full` shards, `rem` consecutive ones one more
+        taken = 0.0
+        for _ in range(full):           # a node's shards added one by one, as they are placed below
+            taken += part
+        loads = np.asarray(self.bytes)
+        bw = np.asarray(self.bw)
+        worst = np.full(n, -np.inf)
+        if rem:      # the nodes first .. first + rem - 1 take one shard more
+            worst = _window_max((loads + (taken + part)) / bw, rem)
+        if full:     # the others `full` shards each (none when there are fewer shards than nodes)
+            worst = np.maximum(worst, np.roll(_window_max((loads + taken) / bw, n - rem), -rem))
+        first = int(np.argmin(worst))
         for i in range(shards):
             self.bytes[(first + i) % n] += part
         return first
+
+
+def _window_max(a: np.ndarray, w: int) -> np.ndarray:
+    """For each start s, the largest of ``a``'s ``w`` entries from s on, wrapping around (the
+    blocks of prefix and suffix maxima of van Herk and Gil-Werman: linear in ``len(a)``)."""
+    n = len(a)
+    if w >= n:
+        return np.full(n, a.max())
+    line = np.concatenate([a, a[:w - 1], np.full(-(n + w - 1) % w, -np.inf)]).reshape(-1, w)
+    prefix = np.maximum.accumulate(line, axis=1).ravel()
+    suffix = np.maximum.accumulate(line[:, ::-1], axis=1)[:, ::-1].ravel()
+    starts = np.arange(n)
+    return np.maximum(suffix[starts], prefix[starts + w - 1])
 
 
 # share of a step's compute the forward pass takes: no gradient is ready before it

@@ -99,6 +99,9 @@ CASES = {
     # global clipping: held steps (push and pull phases, one more round trip) where a sync PS is
     "wide, global clipping, async and stale PS": (replace(wide_model(seed=5), global_clipnorm=True), _cluster([2, 1]),
                                                   dict(staleness=(0, 2), allow_async=True)),
+    # lines longer than 512 entries (nodes plus shards, groups plus shards) are folded by a cumsum
+    "wide, long lines: 520 nodes, 64 shards": (wide_model(seed=6), _cluster([1] * 520),
+                                               dict(max_shards=64, num_groups=40)),
     "sparse rows that do not divide": (ModelSpec("sp", (VariableSpec("e1", (101, 4), sparse=True, rows_per_step=7),
                                                         VariableSpec("e2", (53, 3), sparse=True, rows_per_step=50),
                                                         VariableSpec("d", (10, 3)))), _cluster([1, 2]),

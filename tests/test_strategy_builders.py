@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from strategy_space import (PS, AllReduce, Strategy, VarConfig, dumps, load_cluster_spec, load_model_spec, loads,
-                            validate)
+from strategy_space import (PS, AllReduce, ClusterSpec, NodeSpec, Strategy, VarConfig, dumps, load_cluster_spec,
+                            load_model_spec, loads, validate)
 from strategy_space.builders import BUILDERS, ConfigError, fusion_groups, get_builder, step_bytes
 from strategy_space.space import StrategySpace
 from tests.conftest import CONFIGS
@@ -121,3 +121,41 @@ def test_ps_nodes_names_the_nodes_that_host_a_parameter_server_shard():
     # shards named out of order and twice, beside an all-reduced variable: each node once, sorted
     mixed = Strategy((VarConfig("a", (PS("h2"), PS("h0"), PS("h2"))), VarConfig("b", (AllReduce(),))))
     assert mixed.ps_nodes() == ("h0", "h2")
+
+
+def _placed_one_start_at_a_time(loads, bandwidths, nbytes, shards):
+    """The first node ``PlacementLedger.place_round_robin`` should pick, by trying every start in
+    turn: shards added one by one, the start whose most loaded node ends up least loaded, the
+    lowest index on a tie."""
+    n = len(loads)
+    part = nbytes / shards
+
+    def worst(first):
+        extra = [0.0] * n
+        for i in range(shards):
+            extra[(first + i) % n] += part
+        return max((loads[j] + extra[j]) / bandwidths[j] for j in range(n) if extra[j])
+
+    return min(range(n), key=lambda first: (worst(first), first))
+
+
+def test_round_robin_placement_picks_the_start_trying_every_start_would():
+    import random
+
+    from strategy_space.builders import PlacementLedger
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        n = rng.randint(1, 12)
+        nodes = tuple(NodeSpec(f"n{i}", bandwidth_gbps=rng.choice([1.0, 10.0, rng.uniform(0.1, 5)])) for i in range(n))
+        ledger = PlacementLedger(ClusterSpec("c", nodes))
+        ledger.bytes = [rng.choice([0.0, 10.0, rng.uniform(0, 100)]) for _ in range(n)]   # ties and not
+        before = list(ledger.bytes)
+        nbytes, shards = rng.choice([1.0, 3.0, rng.uniform(1, 1000)]), rng.randint(1, 30)
+        first = ledger.place_round_robin(nbytes, shards)
+        assert first == _placed_one_start_at_a_time(before, ledger.bw, nbytes, shards)
+        expected = before[:]
+        for i in range(shards):
+            expected[(first + i) % n] += nbytes / shards
+        assert ledger.bytes == expected
+

@@ -420,3 +420,29 @@ def test_the_features_pipeline_ps_steps_as_the_runtime_does():
 
     assert (batch.PS_CHUNKS, batch.PS_CHUNK_MIN_BYTES, batch.SPARSE_CHUNK_MIN_S) == (
         engine.PS_CHUNKS, engine.PS_CHUNK_MIN_BYTES, ps.SPARSE_CHUNK_MIN_S)
+
+
+def test_features_of_a_strategy_with_thousands_of_groups_and_shards_take_memory_linear_in_them():
+    """A 1,024-worker cluster and a variable in 4,096 all-reduce groups, another on 4,096 PS shards:
+    the cumulative sums along the shard lines are folded without an (L, L) matrix (8,200 entries a
+    line here: 540 MB each), and the features still count every byte."""
+    import tracemalloc
+
+    model = ModelSpec("m", (VariableSpec("a", (4096, 64)), VariableSpec("b", (4096, 64))), batch_size=4)
+    cluster = _cluster(nodes=128, workers=8)
+    k = 4096
+    strategy = Strategy((
+        VarConfig("a", tuple(AllReduce(group=g) for g in range(k))),
+        VarConfig("b", tuple(PS(f"n{s % 128}") for s in range(k)))))
+    tables, encoded = FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy])
+    tracemalloc.start()
+    try:
+        X = featurize(tables, encoded)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * 2**20, f"{peak / 2**20:.0f} MiB"
+    f = {n: float(X[0, i]) for n, i in COL.items()}
+    assert f["ps_push_sum_bytes"] == 1024 * 4096 * 64 * 4    # every worker pushes all of b
+    assert f["ps_nodes_used"] == 128
+    assert f["ar_groups"] == k

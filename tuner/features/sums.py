@@ -168,11 +168,11 @@ def block_sums(t: FeatureTables, e: EncodedStrategies, out: FeatureSums, rows: s
     sb = _shard_bytes(t, e)
     flat, L, G = _line_sums(t, e, sb, work)
     # the cumulative sums along the lines and the fold onto nodes are fixed linear maps of the
-    # difference entries: one matrix product each (numpy's cumsum over short rows is slow)
-    out.hosted[:2, :, rows] = (flat[:, :2 * L].reshape(B * 2, L) @ _fold(L, N)).reshape(B, 2, N).transpose(1, 2, 0)
+    # difference entries (``folded``: a matrix product on short lines, where numpy's cumsum is slow)
+    out.hosted[:2, :, rows] = folded(flat[:, :2 * L].reshape(B * 2, L), N).reshape(B, 2, N).transpose(1, 2, 0)
     if t.sparse_cols.size:
         out.hosted[2, :, rows] = _sparse_index_hosting(t, e, sb.base, sb.extra, sb.ps, sb.index_slice).T
-    groups = (flat[:, 2 * L:].reshape(B * 3, G) @ _fold(G, G)).reshape(B, 3 * G)
+    groups = folded(flat[:, 2 * L:].reshape(B * 3, G), G).reshape(B, 3 * G)
     s = out.scal[:, rows].T                      # a view: written in place
     _group_scalars(t, groups, G, s)
     # sums over variables as matrix products, in float64: sums of float32 terms are then exact (bar
@@ -223,7 +223,7 @@ def _sparse_index_hosting(t: FeatureTables, e: EncodedStrategies, base, extra, p
     start = e.dest[:, c] + (np.arange(B, dtype=np.int32) * L)[:, None]
     flat = np.bincount(np.concatenate([start.ravel(), (start + extra[:, c].astype(np.int32)).ravel(), (start + k).ravel()]),
                        np.concatenate([np.add(X, Y, dtype=np.float64).ravel(), -Y.ravel(), -X.ravel()]), minlength=B * L)
-    return flat.reshape(B, L) @ _fold(L, N)
+    return folded(flat.reshape(B, L), N)
 
 
 
@@ -237,9 +237,26 @@ def _row_col(B: int, V: int) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(np.arange(B), V), np.tile(np.arange(V), B)
 
 
+# lines up to this long are folded by one product with a cached (L, n) matrix, faster than a cumsum
+# over short rows; longer ones (clusters of hundreds of workers, thousands of shards) by a cumsum,
+# whose time and memory grow as L rather than L * L
+_FOLD_BY_PRODUCT = 512
+
+
+def folded(flat: np.ndarray, n: int) -> np.ndarray:
+    """(R, L) difference entries on lines of length L -> (R, n) their cumulative sums along each
+    line folded modulo n: entry p adds to every position q >= p of its line, position q to column
+    q % n (L is a multiple of n, or n itself)."""
+    L = flat.shape[1]
+    if L <= _FOLD_BY_PRODUCT:
+        return flat @ _fold(L, n)
+    sums = np.cumsum(flat, axis=1)
+    return sums if n == L else sums.reshape(len(sums), L // n, n).sum(1)
+
+
 @functools.lru_cache(maxsize=64)
 def _fold(L: int, n: int) -> np.ndarray:
     """(L, n) map from difference entries on a line of length L to the cumulative sums folded
-    modulo n: entry p adds to every position q >= p of the line, position q to column q % n."""
+    modulo n (``folded``), for short lines."""
     q = np.arange(L)
     return (q[None, :] >= q[:, None]).astype(np.float64) @ (q[:, None] % n == np.arange(n)[None, :]).astype(np.float64)
