@@ -446,3 +446,28 @@ def test_features_of_a_strategy_with_thousands_of_groups_and_shards_take_memory_
     assert f["ps_push_sum_bytes"] == 1024 * 4096 * 64 * 4    # every worker pushes all of b
     assert f["ps_nodes_used"] == 128
     assert f["ar_groups"] == k
+
+
+def test_a_batch_whose_lines_run_to_a_million_entries_is_featurized_in_blocks_of_bounded_memory():
+    """Each row's bincount lines hold 2 L + 3 G float64 entries: with 100,000 fusion groups
+    (a partitioned all-reduce on a large cluster) that is 2.4 MB a row, so 200 rows in one
+    block took 1.5 GB; blocks now have as many rows as fit in about 256 MB."""
+    import tracemalloc
+
+    k = 100_000
+    model = ModelSpec("m", (VariableSpec("a", (k, 4)), VariableSpec("b", (10,))), batch_size=4)
+    cluster = _cluster()
+    one = Strategy((VarConfig("a", tuple(AllReduce(group=g) for g in range(k))), VarConfig("b", (PS("n0"),))))
+    tables = FeatureTables.from_specs(model, cluster)
+    encoded = StrategySpace(model, cluster).encode([one])
+    batch = encoded.take(np.zeros(200, dtype=np.intp))
+    single = featurize(tables, encoded)
+    tracemalloc.start()
+    try:
+        X = featurize(tables, batch)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 600 * 2**20, f"{peak / 2**20:.0f} MiB"
+    np.testing.assert_array_equal(X, np.repeat(single, 200, axis=0))
+    assert X[0, COL["ar_groups"]] == k

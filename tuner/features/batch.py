@@ -75,6 +75,9 @@ FEATURE_NAMES = (
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 _CHUNK = 1024              # rows per block: measured flat from 256 to 2048 on a 200-variable model
+# the memory a block's arrays may take: a block has fewer rows than _CHUNK only where its shard
+# lines run to a million entries and more (thousands of workers, shards and fusion groups)
+_BLOCK_BYTES = 256 * 2**20
 # a node hosts PS bytes when it holds more than this: an empty node holds rounding noise only (~1e-16
 # of the bytes its sums passed through, see tuner.features.incremental), a shard at least its slices' index
 # bytes (>= 8 rows x slices / dim0, i.e. >= 8 / (2 x shards) bytes)
@@ -107,13 +110,25 @@ def featurize(t: FeatureTables, enc: EncodedStrategies, params: AlphaBeta | None
     params = params or DEFAULT_PARAMS
     B = len(enc)
     parts = FeatureSums.empty(B, t)
+    chunk = block_rows(t, enc)
     # the bincount entries of a block, reused by every block (fresh multi-MB arrays cost page faults)
-    n = 3 * min(B, _CHUNK) * t.V
+    n = 3 * min(B, chunk) * t.V
     work = np.empty(n, dtype=np.intp), np.empty(n, dtype=np.float64)
-    for s in range(0, B, _CHUNK):
-        rows = slice(s, min(s + _CHUNK, B))
-        block_sums(t, enc.take(rows) if B > _CHUNK else enc, parts, rows, work)
+    for s in range(0, B, chunk):
+        rows = slice(s, min(s + chunk, B))
+        block_sums(t, enc.take(rows) if B > chunk else enc, parts, rows, work)
     return assemble(t, params, parts)
+
+
+def block_rows(t: FeatureTables, enc: EncodedStrategies) -> int:
+    """Rows per block of ``featurize``: _CHUNK, or fewer where one row's arrays are large (its
+    bincount lines of ``2 L + 3 G`` float64 entries and their folds, ``features.sums``; a few
+    dozen float64 arrays of one entry per variable), so that a block takes about _BLOCK_BYTES."""
+    if not len(enc):
+        return _CHUNK
+    kmax = int(enc.shards.max())
+    line = 2 * (2 * t.N + kmax) + 3 * (int(enc.group.max()) + kmax + 1)   # L rounded up to N nodes at most
+    return int(np.clip(_BLOCK_BYTES // (8 * (3 * line + 32 * t.V)), 1, _CHUNK))
 
 
 def assemble(t: FeatureTables, p: AlphaBeta, a: FeatureSums) -> np.ndarray:
