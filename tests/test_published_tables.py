@@ -103,7 +103,7 @@ def _fake_terms(i: int, published_rel: list[float], wire_s: float) -> "P.TableTe
     zeros = np.zeros(1)
     terms = {n: zeros.copy() for n in ("wire_s", "ps_latency_rounds", "ring_steps", "ring_steps_objectstore",
                                       "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention",
-                                      "ar_curve_s", "psgd_matrices")}
+                                      "ar_curve_s", "psgd_matrices", "nccl_ring_steps")}
     terms.update(compute_s=np.array([1.0]), wire_s=np.array([wire_s]), exposed_frac=np.ones(1), stale_factor=np.ones(1))
     return P.TableTerms(f"fake{i}", ["compute_only", "synced"], 0, np.array(published_rel), 1.0,
                         np.array([1]), terms)

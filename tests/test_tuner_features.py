@@ -471,3 +471,34 @@ def test_a_batch_whose_lines_run_to_a_million_entries_is_featurized_in_blocks_of
     assert peak < 600 * 2**20, f"{peak / 2**20:.0f} MiB"
     np.testing.assert_array_equal(X, np.repeat(single, 200, axis=0))
     assert X[0, COL["ar_groups"]] == k
+
+
+def test_nccl_rings_count_their_steps_apart_from_cpu_rings():
+    """Where every node has GPUs and the backend is NCCL's (auto, graph), a collective's steps are
+    NCCL's (10 us each, NCCL's latency model); gloo and the object store reduce on the CPU (0.1 ms
+    and a Ray call a step), as do nodes without GPUs."""
+    from tuner.features.alpha_beta import AlphaBeta, net_time
+    from tuner.features.batch import terms_of
+
+    gpus = ClusterSpec("g", tuple(NodeSpec(f"n{i}", gpus=4, workers=4, bandwidth_gbps=1.0) for i in range(3)))
+    cpus = _cluster(nodes=3, workers=4)
+    W = 12
+
+    def ar(backend):
+        return Strategy((VarConfig("a", (AllReduce(backend=backend),)), VarConfig("b", (AllReduce(backend=backend),))))
+
+    for backend in ("auto", "graph"):
+        f = _feat(MODEL, gpus, ar(backend))
+        assert f["nccl_ring_steps"] == 2 * (W - 1) and f["ring_steps"] == 0
+    g = _feat(MODEL, gpus, ar("gloo"))
+    assert g["ring_steps"] == 2 * (W - 1) and g["nccl_ring_steps"] == 0
+    c = _feat(MODEL, cpus, ar("auto"))
+    assert c["ring_steps"] == 2 * (W - 1) and c["nccl_ring_steps"] == 0
+    # the latency they add: 22 steps at 10 us on NCCL, at 0.1 ms on a CPU ring
+    rows = [featurize(FeatureTables.from_specs(MODEL, cl), StrategySpace(MODEL, cl).encode([ar(b)]))
+            for cl, b in ((gpus, "auto"), (gpus, "gloo"))]
+    p = AlphaBeta()
+    nccl, cpu = (net_time(terms_of(X), p)[0] for X in rows)
+    wire = float(rows[0][0, COL["wire_s"]]) / p.efficiency
+    assert nccl - wire == pytest.approx(2 * (W - 1) * p.alpha_nccl_step_s, rel=1e-6)
+    assert cpu - wire == pytest.approx(2 * (W - 1) * p.alpha_step_s, rel=1e-6)

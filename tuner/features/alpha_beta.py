@@ -8,7 +8,8 @@ Step model::
 
     T_net   = wire_s / efficiency                       # busiest NIC (in or out) or intra-node bus
             + alpha_ps * ps_latency_rounds              # a worker's push and pull round trips
-            + alpha_step * ring_steps                   # steps of the collectives (ring or hierarchical)
+            + alpha_step * ring_steps                   # steps of the collectives on CPU rings (gloo)
+            + alpha_nccl_step * nccl_ring_steps         # ... and on NCCL, where every node has GPUs
             + alpha_call * ring_steps_objectstore       # ... a Ray call per step on the object-store backend
             + ar_curve_s                                # calibrated clusters: the collectives on the
                                                         # measured curve (wire and steps then exclude them)
@@ -42,7 +43,7 @@ import numpy as np
 # terms the formula reads; features/batch.py produces every one of them
 TERMS = ("compute_s", "wire_s", "ps_latency_rounds", "ring_steps", "ring_steps_objectstore", "exposed_frac",
          "ps_share", "stale_factor", "cpu_bytes_max", "ps_calls_max", "cpu_contention", "ar_curve_s",
-         "psgd_matrices")
+         "psgd_matrices", "nccl_ring_steps")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class AlphaBeta:
         alpha_server_s: CPU time an actor spends on one method call (Ray task dispatch and
             argument handling, part of the round trip).
         compute_scale: multiplier on the profiled compute time (profiling vs training drift).
+        alpha_nccl_step_s: one step of an NCCL ring between GPUs: 9.6 us over the network and 3.4-5.7 us
+            within a node (NVLink, PCIe) in NCCL's own latency model (``hwLat``, Ring/Simple, in
+            NCCL's src/graph/tuning.cc); 10 us. A CPU ring's step (``alpha_step_s``) is a TCP round
+            trip on the host, ten times that: on 1,024 GPUs a collective of 2(W - 1) steps costs
+            20 ms at NCCL's and 0.2 s at a CPU ring's.
         alpha_matrix_s: a worker's fixed time per PowerSGD matrix and step, whatever its size
             (its projections, orthogonalization, error feedback and reshapes run as a dozen small
             kernels; on this project's CPU testbed PowerSGD strategies ran ~1 ms per compressed
@@ -77,6 +83,7 @@ class AlphaBeta:
     compute_scale: float = 1.0
     alpha_ps_s: float = 0.2e-3
     alpha_matrix_s: float = 1e-3
+    alpha_nccl_step_s: float = 10e-6
 
     def __post_init__(self):
         bad = {k: v for k, v in asdict(self).items() if not (np.isfinite(v) and v > 0)}
@@ -95,7 +102,7 @@ def net_time(terms: Mapping[str, np.ndarray], p: AlphaBeta) -> np.ndarray:
     """``T_net`` of the module doc, per strategy (seconds)."""
     return (terms["wire_s"] / p.efficiency
             + p.alpha_ps_s * terms["ps_latency_rounds"] + p.alpha_call_s * terms["ring_steps_objectstore"]
-            + p.alpha_step_s * terms["ring_steps"]
+            + p.alpha_step_s * terms["ring_steps"] + p.alpha_nccl_step_s * terms["nccl_ring_steps"]
             + terms["ar_curve_s"])
 
 

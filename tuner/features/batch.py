@@ -71,7 +71,7 @@ FEATURE_NAMES = (
     "fp16_raw_bytes", "powersgd_raw_bytes", "sparse_allgather_bytes", "staleness", "stale_factor",
     "async", "exposed_frac", "comm_s", "analytic_s", "model_bytes", "ps_calls_max", "cpu_bytes_max",
     "ps_update_bytes_max", "local_agg_bytes", "cpu_contention", "hierarchical", "cpu_s", "ar_curve_s",
-    "psgd_matrices",
+    "psgd_matrices", "nccl_ring_steps",
 )
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 _CHUNK = 1024              # rows per block: measured flat from 256 to 2048 on a 200-variable model
@@ -344,7 +344,11 @@ def _allreduce_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ring: _R
     f[C["ar_collectives"]] = n_coll
     f[C["ar_max_group_bytes"]] = scalars["max_group"]
     steps = n_coll * np.where(hier, 2 * (Nw - 1) + 2 * (t.workers.max() > 1), 2 * max(W - 1, 0))
-    f[C["ring_steps"]] = steps * ~objectstore * (t.ar_curve is None)
+    # NCCL where every node has a GPU and the backend does not reduce in host memory
+    nccl = (scalars["cpu_ring"] == 0) & (float(t.cpu_collectives.max()) == 0)
+    ring_steps = steps * ~objectstore * (t.ar_curve is None)
+    f[C["ring_steps"]] = ring_steps * ~nccl
+    f[C["nccl_ring_steps"]] = ring_steps * nccl
     if t.ar_curve is not None:
         # fused buffers and (as one buffer) the all-gathers on the measured curve; hierarchical:
         # the leaders' ring moves ring_n / ring of the flat ring's bytes

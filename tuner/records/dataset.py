@@ -42,7 +42,8 @@ def relative_view(X: np.ndarray) -> np.ndarray:
     parts = [
         X[:, [COL[n] for n in _TIMES]] / c,
         np.log(np.maximum(X[:, [COL["compute_s"], COL["analytic_s"], COL["comm_s"]]], 1e-9)),
-        X[:, [COL["ring_steps"]]] * 1e-4 / c,
+        # the collectives' step latency: a CPU ring's step at 0.1 ms, an NCCL ring's at 10 us
+        (X[:, [COL["ring_steps"]]] * 1e-4 + X[:, [COL["nccl_ring_steps"]]] * 1e-5) / c,
         X[:, [COL["ring_steps_objectstore"]]] * 7e-4 / c,
         X[:, [COL["ps_latency_rounds"]]] * 7e-4 / c,
         X[:, [COL[n] for n in _BYTES]] / mb,
