@@ -158,10 +158,11 @@ class TuneResult:
             "confirm_trials": len(self.outcome.confirm_trials),
             "best_measurements": self.best_trial.measurements,
             # the fastest strategy measured, when it was not recommended: its gain over the best
-            # baseline was within the noise between repeated measurements
+            # baseline was within the noise between repeated measurements (``because``: noise), or
+            # only at its probed efficiency, not at its interval's low end (efficiency)
             "fastest_not_significant": (None if fastest is None
                                         or fastest.strategy.fingerprint == self.best_trial.strategy.fingerprint
-                                        else {"origin": fastest.origin, "step_time_s": fastest.median}),
+                                        else self.outcome.not_recommended(fastest)),
             "total_trials": len(self.outcome.trials),
             "failed_trials": sum(1 for t in self.outcome.trials if not t.ok),
             "trials_to_within_5pct": self.outcome.trials_to_within(0.05),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from strategy_space.errors import ConfigError
 from tuner.records.goodput import is_lossless, lossy_parts, probe_model_key
-from tuner.records.outcome import TuneOutcome
+from tuner.records.outcome import TuneOutcome, not_recommended_reason
 from tuner.records.store import TrialStore, open_existing_store
 
 
@@ -198,8 +198,8 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike | Non
         fastest = outcome.fastest
         if fastest.strategy.fingerprint != best.strategy.fingerprint:
             parts.append(f"<p>The fastest strategy measured ({html.escape(fastest.origin)}, "
-                         f"{fastest.median * 1e3:.1f} ms) is not recommended: its gain over the best baseline "
-                         f"is within the noise between repeated measurements.</p>")
+                         f"{fastest.median * 1e3:.1f} ms) is not recommended: "
+                         f"{html.escape(not_recommended_reason(outcome.not_recommended(fastest)))}.</p>")
     for title, name in files.items():
         parts.append(f"<h2>{html.escape(title.capitalize())}</h2><img src='{name}' alt='{html.escape(title)}'>")
     if best is not None and model is not None:

@@ -38,7 +38,9 @@ def test_tune_result(result, tmp_path):
     if fastest.strategy.fingerprint == result.best_trial.strategy.fingerprint:
         assert s["fastest_not_significant"] is None
     else:
-        assert s["fastest_not_significant"] == {"origin": fastest.origin, "step_time_s": fastest.median}
+        assert s["fastest_not_significant"] == result.outcome.not_recommended(fastest)
+        assert s["fastest_not_significant"]["origin"] == fastest.origin
+        assert s["fastest_not_significant"]["step_time_s"] == fastest.median
         assert result.best_trial.strategy.fingerprint == result.best_baseline.strategy.fingerprint
     assert set(result.speedup_over_baselines) == set(result.baselines)
     df = result.trials

@@ -367,3 +367,35 @@ def test_a_probe_whose_twin_does_not_learn_gives_the_low_end_and_says_so():
         assert goodput_seconds(0.01, e) == float("inf")
     learning = estimate_efficiency(curve(100, np.random.default_rng(1)), curve(100, np.random.default_rng(2)))
     assert learning.value > learning.low and "within the noise" not in learning.note
+
+
+def test_a_lossy_gain_is_recommended_only_if_it_holds_at_the_low_end_of_the_efficiency_interval():
+    """Measured 3 times each: the lossy strategy's steps are 8 % shorter than the baseline's,
+    beyond the noise between measurements. At its probed E 0.98 that is 1.06x in goodput; but an
+    interval reaching 0.90 cannot rule out a strategy that trains 10 % slower, so the baseline is
+    recommended and the summary says why; a probe whose interval stays above 0.97 keeps the gain."""
+    from tuner.records.outcome import not_recommended_reason
+
+    base = build("all_reduce", MODEL, CLUSTER)
+    lossy = with_lossy(base)
+    wobble = (1.0, 1.01, 0.99)
+    trials = ([ok_trial(base, 0.100 * w, "baseline") for w in wobble]
+              + [ok_trial(lossy, 0.092 * w, "search" if i == 0 else "confirm") for i, w in enumerate(wobble)])
+    wide = TuneOutcome("r", trials, quality="goodput")
+    wide.efficiency[lossy.fingerprint] = Efficiency(0.98, 0.90, 1.0, probed=True, steps=100, source="probe")
+    fastest = wide.fastest
+    assert fastest.strategy == lossy and wide.best.strategy == base
+    assert wide.significant_gain(fastest, wide.best, efficiency="value") is True
+    assert wide.significant_gain(fastest, wide.best) is False
+    said = wide.not_recommended(fastest)
+    assert said["because"] == "efficiency" and said["efficiency_interval"] == [0.90, 1.0]
+    assert "0.90 to 1.00" in not_recommended_reason(said)
+    narrow = TuneOutcome("r", trials, quality="goodput", efficiency={
+        lossy.fingerprint: Efficiency(0.98, 0.97, 0.99, probed=True, steps=100, source="probe")})
+    assert narrow.best.strategy == lossy
+    # a gain within the noise is said to be that, whatever the interval
+    close = [ok_trial(base, 0.100 * w, "baseline") for w in wobble] + [
+        ok_trial(lossy, 0.099 * w, "search" if i == 0 else "confirm") for i, w in enumerate(wobble[::-1])]
+    noisy = TuneOutcome("r", close, quality="goodput", efficiency={
+        lossy.fingerprint: Efficiency(1.0, 0.99, 1.0, probed=True, steps=100, source="probe")})
+    assert noisy.best.strategy == base and noisy.not_recommended(noisy.fastest)["because"] == "noise"

@@ -14,6 +14,7 @@ from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space.errors import ConfigError
 from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, counted
+from tuner.records.outcome import not_recommended_reason
 
 DEFAULT_MODEL = "zoo:ncf"
 DEFAULT_TRIALS = 12
@@ -177,7 +178,8 @@ def not_recommended_line(summary: dict) -> str:
     """Why the fastest strategy measured is not the recommendation (``fastest_not_significant``)."""
     f = summary["fastest_not_significant"]
     return (f"the fastest strategy measured ({f['origin']}, {f['step_time_s'] * 1e3:.1f} ms) is not recommended: "
-            f"its gain over the best baseline is within the noise between repeated measurements")
+            + not_recommended_reason(f))
+
 
 
 def cmd_report(args) -> int:

@@ -1,6 +1,8 @@
 """What a tuning run measured (``TuneOutcome``) and how its recommendation is judged: the fastest
 strategy, pooled over its repeated measurements, is recommended over the best baseline only when it
-is faster beyond the noise between measurements (``TuneOutcome.significant_gain``).
+is faster beyond the noise between measurements (``TuneOutcome.significant_gain``), and, when
+lossy, still so at the low end of its statistical efficiency's interval: a strategy is not called
+faster on a convergence cost the probe could not rule out.
 
 "Fastest" is by the run's figure (``TuneOutcome.figure``): under the ``goodput`` and ``exact``
 qualities, seconds per step of lossless progress (step time / statistical efficiency,
@@ -107,11 +109,27 @@ class TuneOutcome:
         gain = self.significant_gain(fastest, base)
         return fastest if gain is None or gain else base
 
-    def significant_gain(self, a: Trial, b: Trial, z: float = 1.0) -> bool | None:
+    def not_recommended(self, fastest: Trial) -> dict:
+        """What a summary says of ``fastest`` when it is not the recommendation: its origin and
+        step time, and ``because``: ``noise`` (its gain over the recommendation is within the
+        noise between measurements) or ``efficiency`` (beyond the noise at the efficiency its
+        probe measured, not at the low end of that efficiency's interval, also given)."""
+        out = {"origin": fastest.origin, "step_time_s": fastest.median, "because": "noise"}
+        best = self.best
+        if best is not None and self.significant_gain(fastest, best, efficiency="value"):
+            e = self.efficiency_of(fastest.strategy)
+            out.update(because="efficiency", efficiency=e.value, efficiency_interval=[e.low, e.high])
+        return out
+
+    def significant_gain(self, a: Trial, b: Trial, z: float = 1.0, efficiency: str = "interval") -> bool | None:
         """Whether strategy ``a`` is faster than ``b`` by more than ``z`` standard errors, on the
         log medians of their separate measurements (each shifted by its log efficiency, unless
         the quality is ``step``) (the noise that matters is between
         measurements: each run of a strategy lands on its own placement and contention).
+
+        ``efficiency="interval"``: a probed efficiency counts at the end of its 95 % interval that
+        favours ``b`` (``a``'s low end, ``b``'s high end), so that a gain resting on a convergence
+        cost the probe cannot rule out is no gain; ``"value"``: at the probe's estimate.
 
         Only the re-measurements count for the means: a strategy's first measurement is how it
         was picked (the leader of many noisy single measurements is flattered by its noise). The
@@ -129,8 +147,8 @@ class TuneOutcome:
         la, lb = per.get(fa, [])[1:], per.get(fb, [])[1:]
         if not la or not lb:
             return None
-        shift = {fp: 0.0 if self.quality == "step" else float(np.log(self.figure(t) / t.median))
-                 for fp, t in ((fa, a), (fb, b))}
+        shift = {fa: self._log_inverse_efficiency(a, "low" if efficiency == "interval" else "value"),
+                 fb: self._log_inverse_efficiency(b, "high" if efficiency == "interval" else "value")}
         repeated = [v for v in per.values() if len(v) > 1]
         dof = sum(len(v) - 1 for v in repeated)
         var = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in repeated) / dof
@@ -139,6 +157,17 @@ class TuneOutcome:
             var = max(var, float(np.mean(floor)))
         se = np.sqrt(var * (1 / len(la) + 1 / len(lb)))
         return bool(np.mean(lb) + shift[fb] - np.mean(la) - shift[fa] > z * se)
+
+    def _log_inverse_efficiency(self, t: Trial, end: str) -> float:
+        """log(1 / E) of ``t``'s strategy, E at ``end`` (``value``, ``low`` or ``high``) of its
+        probed interval; log(figure / median) otherwise (0 for lossless, and under ``step``)."""
+        if self.quality == "step":
+            return 0.0
+        e = self.efficiency_of(t.strategy)
+        point = float(np.log(self.figure(t) / t.median))
+        if e is None or not e.probed or end == "value" or not np.isfinite(point):
+            return point
+        return float(-np.log(max(min(getattr(e, end), 1.0), 1e-9)))
 
     @property
     def baselines(self) -> dict[str, Trial]:
@@ -192,3 +221,13 @@ def merge_measurements(trials: list[Trial]) -> Trial:
         return trials[0]
     steps = tuple(x for t in trials for x in t.step_times)
     return dataclasses.replace(trials[0], step_times=steps, measurements=len(trials))
+
+
+def not_recommended_reason(f: dict) -> str:
+    """Why a strategy is not the recommendation, in words (``TuneOutcome.not_recommended``'s dict)."""
+    if f.get("because") == "efficiency":
+        low, high = f["efficiency_interval"]
+        return (f"its gain over the best baseline holds at the statistical efficiency its probe measured "
+                f"({f['efficiency']:.2f}), not at the low end of that figure's 95 % interval ({low:.2f} to {high:.2f}): "
+                f"it could train that much slower (more --probe-steps narrow the interval)")
+    return "its gain over the best baseline is within the noise between repeated measurements"
