@@ -156,3 +156,21 @@ def test_gpu_workers_sharing_a_node_without_its_link_speed_are_told_what_was_ass
     assert unsaid["breakdown"]["intra_s"] == pytest.approx(10 * said["breakdown"]["intra_s"], rel=1e-5)
     assert main(argv + ["--cluster", str(paths["unsaid"])]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("assumed: intra-node bandwidth 40 Gbit/s")
+
+
+def test_the_breakdown_shows_the_collectives_steps_on_nccl_apart_from_cpu_rings(tmp_path, capsys):
+    """On GPU nodes an all-reduce's steps are NCCL's (10 us each), on CPU nodes a CPU ring's (0.1 ms):
+    the breakdown shows which, so a comm_s well above wire_s is explained."""
+    from strategy_space import ClusterSpec, NodeSpec
+
+    model = tiny_model(profile=True)
+    save(model, tmp_path / "m.yaml")
+    for name, gpus in (("g", 2), ("c", 0)):
+        nodes = tuple(NodeSpec(f"n{i}", gpus=gpus, workers=2, bandwidth_gbps=1.0) for i in range(3))
+        save(ClusterSpec(name, nodes, intra_node_bandwidth_gbps=100.0 if gpus else None), tmp_path / f"{name}.yaml")
+    got = {name: _json(capsys, ["simulate", "--model", str(tmp_path / "m.yaml"), "--cluster",
+                                str(tmp_path / f"{name}.yaml"), "--strategy", "all_reduce", "--json"])["breakdown"]
+           for name in ("g", "c")}
+    steps = got["c"]["ring_steps"]
+    assert steps > 0 and got["c"]["nccl_ring_steps"] == 0
+    assert got["g"]["nccl_ring_steps"] == steps and got["g"]["ring_steps"] == 0

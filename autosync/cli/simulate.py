@@ -80,7 +80,8 @@ def run(args) -> int:
             predictor = "learned" if sim.regressor_ is not None else "analytic (fitted)"
     keys = ("compute_s", "comm_s", "wire_s", "nic_in_s", "nic_out_s", "intra_s", "ar_ring_s", "exposed_frac",
             "ps_share", "ps_messages", "ar_collectives", "ps_push_max_node_bytes", "ar_wire_bytes", "cpu_s",
-            "cpu_bytes_max", "ps_calls_max", "ar_curve_s")
+            "cpu_bytes_max", "ps_calls_max", "ar_curve_s", "ring_steps", "nccl_ring_steps", "ring_steps_objectstore",
+            "ps_latency_rounds")
     breakdown = {k: float(X[0, COL[k]]) for k in keys}
     result = {"model": model.name, "cluster": cluster.name, "predictor": predictor, "step_time_s": step,
               "samples_per_s": model.batch_size * cluster.num_workers / step if step > 0 else None,
