@@ -494,6 +494,9 @@ def test_nccl_rings_count_their_steps_apart_from_cpu_rings():
     assert g["ring_steps"] == 2 * (W - 1) and g["nccl_ring_steps"] == 0
     c = _feat(MODEL, cpus, ar("auto"))
     assert c["ring_steps"] == 2 * (W - 1) and c["nccl_ring_steps"] == 0
+    # a CPU node without workers (parameter servers alone) takes no part in the GPUs' ring
+    with_ps_node = ClusterSpec("gp", gpus.nodes + (NodeSpec("ps", workers=0, bandwidth_gbps=1.0),))
+    assert _feat(MODEL, with_ps_node, ar("auto"))["nccl_ring_steps"] == 2 * (W - 1)
     # the latency they add: 22 steps at 10 us on NCCL, at 0.1 ms on a CPU ring
     rows = [featurize(FeatureTables.from_specs(MODEL, cl), StrategySpace(MODEL, cl).encode([ar(b)]))
             for cl, b in ((gpus, "auto"), (gpus, "gloo"))]

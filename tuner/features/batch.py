@@ -344,8 +344,10 @@ def _allreduce_columns(f: np.ndarray, t: FeatureTables, a: FeatureSums, ring: _R
     f[C["ar_collectives"]] = n_coll
     f[C["ar_max_group_bytes"]] = scalars["max_group"]
     steps = n_coll * np.where(hier, 2 * (Nw - 1) + 2 * (t.workers.max() > 1), 2 * max(W - 1, 0))
-    # NCCL where every node has a GPU and the backend does not reduce in host memory
-    nccl = (scalars["cpu_ring"] == 0) & (float(t.cpu_collectives.max()) == 0)
+    # NCCL where every node with workers has GPUs and the backend does not reduce in host memory (a
+    # node without workers, e.g. one that hosts parameter servers alone, takes no part in the ring)
+    ring_nodes = t.cpu_collectives[t.workers > 0]
+    nccl = (scalars["cpu_ring"] == 0) & (ring_nodes.size > 0 and float(ring_nodes.max()) == 0)
     ring_steps = steps * ~objectstore * (t.ar_curve is None)
     f[C["ring_steps"]] = ring_steps * ~nccl
     f[C["nccl_ring_steps"]] = ring_steps * nccl
