@@ -181,7 +181,6 @@ def not_recommended_line(summary: dict) -> str:
             + not_recommended_reason(f))
 
 
-
 def cmd_report(args) -> int:
     from autosync.api import default_store_path
     from autosync.report import write_report

@@ -27,7 +27,8 @@ The path of a strategy, top-down (no module is visited twice):
    History at its next ``next_batch`` — step 4 again.
 
 At the end ``TuneOutcome.best`` recommends the fastest strategy only when it beats the best baseline
-beyond the noise (``tuner/records/outcome.py``).
+beyond the noise, a lossy one even at the low end of its efficiency's interval
+(``tuner/records/outcome.py``).
 
 Under the ``goodput`` quality (``tuner/records/goodput.py``), "fastest" is in seconds per step of lossless
 progress: after each round, a lossy strategy whose step time could lead is probed for its
