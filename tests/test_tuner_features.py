@@ -422,25 +422,30 @@ def test_the_features_pipeline_ps_steps_as_the_runtime_does():
         engine.PS_CHUNKS, engine.PS_CHUNK_MIN_BYTES, ps.SPARSE_CHUNK_MIN_S)
 
 
+def _featurized_with_peak(tables, encoded):
+    """``featurize``'s matrix and the most memory it held at once (bytes, as tracemalloc counts numpy's)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        X = featurize(tables, encoded)
+        return X, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_features_of_a_strategy_with_thousands_of_groups_and_shards_take_memory_linear_in_them():
     """A 1,024-worker cluster and a variable in 4,096 all-reduce groups, another on 4,096 PS shards:
     the cumulative sums along the shard lines are folded without an (L, L) matrix (8,200 entries a
     line here: 540 MB each), and the features still count every byte."""
-    import tracemalloc
-
     model = ModelSpec("m", (VariableSpec("a", (4096, 64)), VariableSpec("b", (4096, 64))), batch_size=4)
     cluster = _cluster(nodes=128, workers=8)
     k = 4096
     strategy = Strategy((
         VarConfig("a", tuple(AllReduce(group=g) for g in range(k))),
         VarConfig("b", tuple(PS(f"n{s % 128}") for s in range(k)))))
-    tables, encoded = FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy])
-    tracemalloc.start()
-    try:
-        X = featurize(tables, encoded)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    X, peak = _featurized_with_peak(FeatureTables.from_specs(model, cluster),
+                                    StrategySpace(model, cluster).encode([strategy]))
     assert peak < 100 * 2**20, f"{peak / 2**20:.0f} MiB"
     f = {n: float(X[0, i]) for n, i in COL.items()}
     assert f["ps_push_sum_bytes"] == 1024 * 4096 * 64 * 4    # every worker pushes all of b
@@ -451,9 +456,7 @@ def test_features_of_a_strategy_with_thousands_of_groups_and_shards_take_memory_
 def test_a_batch_whose_lines_run_to_a_million_entries_is_featurized_in_blocks_of_bounded_memory():
     """Each row's bincount lines hold 2 L + 3 G float64 entries: with 100,000 fusion groups
     (a partitioned all-reduce on a large cluster) that is 2.4 MB a row, so 200 rows in one
-    block took 1.5 GB; blocks now have as many rows as fit in about 256 MB."""
-    import tracemalloc
-
+    block took 1.7 GB; blocks now have as many rows as fit in about 256 MB."""
     k = 100_000
     model = ModelSpec("m", (VariableSpec("a", (k, 4)), VariableSpec("b", (10,))), batch_size=4)
     cluster = _cluster()
@@ -462,12 +465,7 @@ def test_a_batch_whose_lines_run_to_a_million_entries_is_featurized_in_blocks_of
     encoded = StrategySpace(model, cluster).encode([one])
     batch = encoded.take(np.zeros(200, dtype=np.intp))
     single = featurize(tables, encoded)
-    tracemalloc.start()
-    try:
-        X = featurize(tables, batch)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    X, peak = _featurized_with_peak(tables, batch)
     assert peak < 600 * 2**20, f"{peak / 2**20:.0f} MiB"
     np.testing.assert_array_equal(X, np.repeat(single, 200, axis=0))
     assert X[0, COL["ar_groups"]] == k
