@@ -15,7 +15,8 @@ from typing import Any, Mapping, Union
 
 from .compressor import Compressor
 from .errors import ConfigError, short_repr
-from .strict import FORMAT_VERSION, check_header, check_keys, fingerprint, get_typed, parse_items
+from .strict import (FORMAT_VERSION, MAX_PROBLEMS_KEPT, check_header, check_keys, fingerprint, get_typed,
+                     parse_items)
 
 # The all-reduce backends a strategy may name (``AllReduce.backend``): the one registry of their
 # names (their order numbers them in the encoding). The runtime maps each but ``auto`` to its
@@ -241,7 +242,7 @@ class VarConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping, where: str) -> "VarConfig":
-        check_keys(data, where, {"var"}, {"partition", "ps", "all_reduce", "shards"})
+        check_keys(data, where, {"var"}, {"partition", "ps", "all_reduce", "shards", *_PER_SHARD})
         name = get_typed(data, "var", str, where)
         where = f"variable {name}"
         axis, shards = 0, 1
@@ -251,7 +252,9 @@ class VarConfig:
             shards = get_typed(part, "shards", int, f"{where}.partition")
             if not 1 <= shards <= MAX_SHARDS:
                 raise ConfigError(f"{where}.partition.shards must be from 1 to {MAX_SHARDS}, got {short_repr(shards)}")
-        if "shards" in data:
+        if _PER_SHARD.keys() & data.keys():
+            syncs = _per_shard_syncs(data, shards, where)
+        elif "shards" in data:
             if "ps" in data or "all_reduce" in data:
                 raise ConfigError(f"{where}: give either one synchronizer ('ps'/'all_reduce') for all shards or a 'shards' list, not both")
             items = get_typed(data, "shards", list, where)
@@ -262,6 +265,50 @@ class VarConfig:
         else:
             syncs = (_sync_from_dict(data, where),) * shards
         return cls(name=name, synchronizers=syncs, axis=axis)
+
+
+# The compact form of a partitioned variable whose shards share one synchronizer's options and differ
+# only in where each lives: one ``ps:`` without its destination plus ``destinations: [...]``, or one
+# ``all_reduce:`` without its group plus ``groups: [...]`` (what the YAML writer uses past a few shards:
+# a list of names is ~10x shorter than a list of synchronizers).
+_PER_SHARD = {"destinations": ("ps", "destination", str), "groups": ("all_reduce", "group", int)}
+
+
+def _per_shard_syncs(data: Mapping, shards: int, where: str) -> tuple[Synchronizer, ...]:
+    """The shards' synchronizers of a variable in the compact form (see ``_PER_SHARD``)."""
+    given = sorted(_PER_SHARD.keys() & data.keys())
+    key = given[0]
+    kind, field_name, typ = _PER_SHARD[key]
+    others = sorted({"shards", "ps", "all_reduce", *_PER_SHARD} & data.keys() - {key, kind})
+    if len(given) > 1 or others or kind not in data:
+        raise ConfigError(f"{where}: '{key}' goes with one '{kind}:' entry (its options, no {field_name}) "
+                          f"and nothing else" + (f"; remove {', '.join(others)}" if others else ""))
+    body = data[kind] if data[kind] is not None else {}
+    if not isinstance(body, Mapping):
+        raise ConfigError(f"{where}.{kind}: expected a mapping of options, got {short_repr(body)}")
+    if field_name in body:
+        raise ConfigError(f"{where}: give each shard's {field_name} in '{key}' or one {kind}.{field_name} for all "
+                          f"shards, not both")
+    items = get_typed(data, key, list, where)
+    if len(items) != shards:
+        raise ConfigError(f"{where}: partition.shards is {shards} but '{key}' has {len(items)} entries")
+    # the options checked once, with a stand-in for the per-shard field; then each shard's value
+    template = (PS if kind == "ps" else AllReduce).from_dict({**body, field_name: typ("x" if typ is str else 0)}, where)
+    syncs: dict = {}
+    problems: list[str] = []
+    for i, value in enumerate(items):
+        try:   # typed before it is looked up (True == 1 as a key)
+            if not isinstance(value, typ) or isinstance(value, bool):
+                raise ConfigError(f"expected {'a node name' if typ is str else 'an integer'}, got {short_repr(value)}")
+            if value not in syncs:
+                syncs[value] = dataclasses.replace(template, **{field_name: value})
+        except ConfigError as e:
+            problems.extend(p if p.startswith(where) else f"{where}.{key}[{i}]: {p}" for p in e.problems)
+            if len(problems) >= MAX_PROBLEMS_KEPT:
+                break
+    if problems:
+        raise ConfigError(problems)
+    return tuple(syncs[v] for v in items)
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,42 @@ def _represent_dict(dumper, data):
     return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
 
 
+class _Inline(list):
+    """A list written on (wrapped) lines of its own, whatever its length: a shard's node names."""
+
+
 _Dumper.add_representer(list, _represent_list)
 _Dumper.add_representer(dict, _represent_dict)
+_Dumper.add_representer(_Inline, lambda dumper, data: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=True))
+
+# Past this many shards, a variable whose shards differ only in destination (or fusion group) is
+# written in the compact form (``strategy._PER_SHARD``): a 512-shard list of synchronizers is 40 KB
+# a variable, enough to put a plan for a few hundred nodes past the size every reader accepts.
+COMPACT_SHARDS = 8
+
+
+def _compact(var: dict) -> dict:
+    """A variable's dict with its shard list in the compact form, where it has one."""
+    shards = var.get("shards")
+    if not shards or len(shards) <= COMPACT_SHARDS or len({next(iter(s)) for s in shards}) != 1:
+        return var
+    kind = next(iter(shards[0]))
+    key, per_shard = ("destinations", "destination") if kind == "ps" else ("groups", "group")
+    options = [{k: v for k, v in s[kind].items() if k != per_shard} for s in shards]
+    if any(o != options[0] for o in options):
+        return var
+    out = {k: v for k, v in var.items() if k != "shards"}
+    out[kind], out[key] = options[0], _Inline(s[kind][per_shard] for s in shards)
+    return out
 
 
 def dumps(obj: Loaded) -> str:
     """YAML text of a Strategy, ModelSpec or ClusterSpec."""
-    return yaml.dump(obj.to_dict(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    d = obj.to_dict()
+    if isinstance(obj, Strategy):
+        d["variables"] = [_compact(v) for v in d["variables"]]
+    return yaml.dump(d, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 def parse_text(text: str, source: str = "<string>") -> Any:
