@@ -37,6 +37,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Seque
     return "\n".join(out)
 
 
+# Past this many shards the destination/group cell names the first and last few and how many
+# distinct: a variable over 512 nodes would otherwise be a 3,000-character cell.
+SHOWN_SHARDS = 8
+
+
+def _elided(where: list[str]) -> str:
+    if len(where) <= SHOWN_SHARDS:
+        return ",".join(where)
+    distinct = len(set(where))
+    return (",".join(where[:3]) + ",...," + ",".join(where[-2:])
+            + f" ({distinct} distinct)")
+
+
 def describe_strategy(strategy: Strategy, model: ModelSpec | None) -> tuple[list[tuple], dict[str, float], dict[int, float]]:
     """Rows of the ``show`` table plus bytes per PS node and per AR group (per worker-step)."""
     rows = []
@@ -74,7 +87,7 @@ def describe_strategy(strategy: Strategy, model: ModelSpec | None) -> tuple[list
             ("sparse" if var.sparse else "dense") if var is not None else "?",
             sync_name,
             cfg.num_shards if cfg.partitioned else 1,
-            ",".join(where),
+            _elided(where),
             ",".join(sorted(comps)) or "-",
             extra.strip() or "-",
         ))

@@ -98,3 +98,36 @@ def test_bad_input_exit_2_without_traceback(tmp_path):
         r = subprocess.run([sys.executable, "-m", "autosync", *args], capture_output=True, text=True, cwd=REPO)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr and "error:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("builder", ["partitioned_ps", "partitioned_all_reduce"])
+def test_show_names_a_few_of_many_shards_and_counts_each_group_s_variables(builder, tmp_path, capsys):
+    from strategy_space import AllReduce, ClusterSpec, NodeSpec, load_model_spec
+
+    bert = os.path.join(CONFIGS, "models", "bert_base.yaml")
+    cluster = tmp_path / "c64.yaml"
+    save(ClusterSpec("c64", tuple(NodeSpec(f"n{i}", address=f"10.0.{i}.1", bandwidth_gbps=10.0) for i in range(64))),
+         cluster)
+    f = tmp_path / "s.yaml"
+    assert main(["build", "--builder", builder, "--model", bert, "--cluster", str(cluster), "--out", str(f)]) == 0
+    capsys.readouterr()
+    assert main(["show", str(f), "--model", bert]) == 0
+    out = capsys.readouterr().out
+    strategy, spec = load_strategy(f), load_model_spec(bert)
+    wide = [c for c in strategy.variables if c.num_shards == 64]
+    assert wide, "some variable spans every node"
+    for c in wide:
+        row = next(line for line in out.splitlines() if line.startswith(c.name + " "))
+        first = c.synchronizers[0]
+        name = first.destination if builder == "partitioned_ps" else f"g{first.group}"
+        assert f" {name},", row
+        assert ",...," in row and "(64 distinct)" in row and len(row) < 200, row
+    if builder == "partitioned_all_reduce":
+        groups = out[out.index("all-reduce fusion groups"):].splitlines()[3:]
+        counted = {line.split()[0]: int(line.split()[-1]) for line in groups if line.startswith("g")}
+        expect = {}
+        for c in strategy.variables:
+            for g in {s.group for s in c.synchronizers if isinstance(s, AllReduce)}:
+                expect[f"g{g}"] = expect.get(f"g{g}", 0) + 1
+        assert counted == expect and len(counted) > 64
+    assert len(spec.variables) == len(strategy.variables)

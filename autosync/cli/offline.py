@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
 from autosync.cli.paths import check_output_file
 from autosync.formatting import describe_strategy, human_bytes, table
 from autosync.sources import CLUSTER_FORMS, MODEL_FORMS, load_cluster, load_model_spec
-from strategy_space import validate
+from strategy_space import AllReduce, validate
 from strategy_space.builders import BUILDERS, builder_options, get_builder
 from strategy_space.errors import ConfigError
 from strategy_space.yaml_io import dumps, load_strategy, save
@@ -89,9 +90,10 @@ def cmd_show(args) -> int:
                                                  for n, b in sorted(ps_bytes.items())], right=(1, 2)))
     if group_bytes:
         print("\nall-reduce fusion groups:")
+        members = Counter(g for c in strategy.variables
+                          for g in {s.group for s in c.synchronizers if isinstance(s, AllReduce)})
         print(table(["group", "bytes", "variables"],
-                    [(f"g{g}", human_bytes(b), sum(1 for r in rows if f"g{g}" in r[5].split(",")))
-                     for g, b in sorted(group_bytes.items())], right=(1, 2)))
+                    [(f"g{g}", human_bytes(b), members[g]) for g, b in sorted(group_bytes.items())], right=(1, 2)))
     return 0
 
 
