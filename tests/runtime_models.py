@@ -384,3 +384,25 @@ def teacher_model_def(batch: int = 16) -> ModelDef:
     return ModelDef(name="linear_teacher", model_fn=build_linear_student, loss_fn=mse,
                     optimizer_fn=functools.partial(make_optimizer, "sgd", learning_rate=0.25),
                     dataset_fn=functools.partial(teacher_batches, batch=batch), batch_size=batch, seed=3)
+
+
+# ---- a scalar trainable variable (a learned temperature) beside an embedding and a dense layer ----
+def build_tempered_model():
+    import keras
+
+    class Temperature(keras.layers.Layer):
+        def build(self, shape):
+            self.t = self.add_weight(shape=(), initializer="ones", name="t")
+
+        def call(self, x):
+            return x * self.t
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    return keras.Model(ids, Temperature(name="temperature")(keras.layers.Dense(1, name="out")(x)))
+
+
+def tempered_model_def(optimizer: str = "adam", **opt_kw) -> ModelDef:
+    return ModelDef(name="tempered", model_fn=build_tempered_model, loss_fn=mse,
+                    optimizer_fn=functools.partial(make_any_optimizer, optimizer, **opt_kw),
+                    dataset_fn=functools.partial(make_batches, batch=8), batch_size=8, seed=7)

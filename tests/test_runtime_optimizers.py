@@ -52,6 +52,33 @@ def test_matches_keras(name, kw, sparse):
     assert not np.allclose(params["k"], init)
 
 
+@pytest.mark.parametrize("name,kw", [
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+    ("adam", {"learning_rate": 0.05, "amsgrad": True}),
+    ("adamw", {"learning_rate": 0.05, "weight_decay": 0.1}),
+    ("adagrad", {"learning_rate": 0.2}),
+])
+@pytest.mark.integration
+def test_a_scalar_variable_stays_an_array_and_matches_keras(name, kw):
+    """A scalar (a learned temperature) arrives as a 0-d array; every rule keeps it one, and its
+    value is served as a read-only 0-d array (numpy's arithmetic on 0-d arrays gives scalars)."""
+    import keras
+
+    var = keras.Variable(np.float32(1.5))
+    opt = keras_optimizer(name, **kw)
+    ours = make_optimizer(keras_optimizer_config(opt))
+    params = {"k": np.array(1.5, np.float32)}
+    ours.add_variable("k", params["k"])
+    for step in range(4):
+        g = np.array(0.3 * (step - 1.5), np.float32)
+        opt.apply_gradients([(g, var)])
+        ours.apply(step, params, {"k": g})
+        served = ours.snapshot(params, "k")
+        assert isinstance(served, np.ndarray) and served.shape == () and not served.flags.writeable
+    np.testing.assert_allclose(params["k"], var.numpy(), rtol=2e-6, atol=2e-6)
+    assert float(params["k"]) != 1.5
+
+
 @pytest.mark.integration
 def test_numpy_rules_run_the_common_configs_and_keras_the_rest():
     import keras

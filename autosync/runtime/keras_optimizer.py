@@ -219,7 +219,7 @@ class KerasOptimizer:
 
     def _fresh(self, params: dict, key, tensor) -> None:
         """Store ``tensor`` (the variable's value just read) as ``params[key]``: a read-only view."""
-        view = tensor._numpy()
+        view = np.asarray(tensor._numpy())   # (a scalar: a 0-d array)
         view.flags.writeable = False
         params[key] = view
         self._stale.discard(key)
@@ -257,7 +257,7 @@ class KerasOptimizer:
                 ids, sizes = joined([rows[k] for k in keys], np.int64)
                 flat = [tensor(ids, np.int64), tensor(sizes, np.int64)]
             for key, value in zip(keys, fn(flat)):
-                out[key] = value._numpy()
+                out[key] = np.asarray(value._numpy())
         return out
 
     def _gatherer(self, keys: tuple):

@@ -299,7 +299,7 @@ class Adagrad(NumpyOptimizer):
         if rows is None:
             acc += g2
             step = lr * g
-            denom = acc + eps
+            denom = np.add(acc, eps, out=np.empty_like(acc))   # (an array even for a scalar variable)
             np.sqrt(denom, out=denom)
             step /= denom
             var -= step

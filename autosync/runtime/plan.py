@@ -51,7 +51,10 @@ class ShardRef:
         return n // max(1, shape[self.axis] if shape else 1) * (self.stop - self.start) * itemsize
 
     def slicer(self, ndim: int) -> tuple:
-        """Index that selects this shard from the full variable (a view, no copy)."""
+        """Index that selects this shard from the full variable (a view, no copy); a scalar is
+        one shard, selected whole by ``()``."""
+        if ndim == 0:
+            return ()
         return (slice(None),) * self.axis + (slice(self.start, self.stop),) + (slice(None),) * (ndim - self.axis - 1)
 
 

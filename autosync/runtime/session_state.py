@@ -307,8 +307,9 @@ def _read_batches(reads: list):
 
 
 def _part(value, index: tuple) -> np.ndarray:
-    """A contiguous copy of ``value[index]`` (see ``_array``): of a dataset, only that part is read."""
-    return np.ascontiguousarray(_readable(value)[index])
+    """A contiguous copy of ``value[index]`` (see ``_array``): of a dataset, only that part is read.
+    (``asarray``: a scalar's part, read by ``()``, stays a 0-d array; ``ascontiguousarray`` makes it 1-d.)"""
+    return np.asarray(_readable(value)[index], order="C")
 
 
 def _nbytes(shape, dtype) -> int:

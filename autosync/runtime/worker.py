@@ -50,7 +50,7 @@ def _to_numpy(grad):
         return None
     if hasattr(grad, "indices") and hasattr(grad, "values"):
         return grad.indices.numpy(), grad.values.numpy()
-    return grad.numpy()
+    return np.asarray(grad.numpy())   # (a scalar variable's gradient: a 0-d array, not a numpy scalar)
 
 
 class TrainingWorker(WorkerCheckpoint):
@@ -164,7 +164,7 @@ class TrainingWorker(WorkerCheckpoint):
         for weight, value in self._fixed:
             weight.assign(value)
         self._trained = False
-        initial = [v.numpy() for v in self.variables]
+        initial = [np.asarray(v.numpy()) for v in self.variables]   # (a scalar variable: a 0-d array)
         sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
         self.row_reads = find_row_reads(model, self.variables, sparse)
         # the per-step calls, past tf.function's per-call dispatch (``fast_call``)
@@ -352,7 +352,7 @@ class TrainingWorker(WorkerCheckpoint):
             # values are its own, updated by the step's push
             parts.update(channel.pull(step, fresh=fresh, rows=rows) if pending is None or pending[i] is None
                          else channel.finish_pull(pending[i]))
-        pulled = join_pulled(parts, self.layout, [v.shape[0] for v in self.variables])
+        pulled = join_pulled(parts, self.layout, [v.shape[0] if len(v.shape) else 1 for v in self.variables])
         by_rows = self.row_reads.outputs
         if len(pulled) < len(self.variables):
             self._assign_each(pulled)

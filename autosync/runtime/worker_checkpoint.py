@@ -83,7 +83,7 @@ class WorkerCheckpoint:
             random_seeds.assign([v for v, _ in self._seeds], seeds)
         channels = list(channels) + [None] * (len(self.channels) - len(channels))
         keep = any(hasattr(c, "load_checkpoint") for c in self.channels)   # all-reduced variables' optimizer
-        values = [v.numpy() for v in self.variables] if keep else []
+        values = [np.asarray(v.numpy()) for v in self.variables] if keep else []
         problems = []
         for channel, state in zip(self.channels, channels):
             if hasattr(channel, "load_checkpoint"):
