@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .calibration import Calibration
-from .errors import ConfigError, short_repr
+from .errors import ConfigError, listed_names, short_repr
 from .strict import check_header, check_keys, fingerprint, get_typed, parse_items
 
 # plausibility caps: far above real machines, low enough that nothing downstream overflows or
@@ -204,7 +204,7 @@ class ClusterSpec:
             return self._index[name]
         except KeyError:
             raise KeyError(f"cluster {self.name} has no node {short_repr(name)}; nodes: "
-                           f"{', '.join(self.node_names)}") from None
+                           f"{listed_names(self.node_names)}") from None
 
     def node(self, name: str) -> NodeSpec:
         return self.nodes[self.node_index(name)]

@@ -69,6 +69,19 @@ _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
 _SHORT.maxlevel = 2
 
 
+# Names listed in full up to this many; past it, the first and last few and how many (the nodes of
+# a 512-node cluster, its 4,096 worker slots).
+LISTED_NAMES = 12
+
+
+def listed_names(names) -> str:
+    """``names`` joined for a message: all of them, or the first and last few and the count."""
+    names = list(names)
+    if len(names) <= LISTED_NAMES:
+        return ", ".join(names)
+    return f"{', '.join(names[:6])}, ..., {', '.join(names[-2:])} ({len(names)} in all)"
+
+
 def short_repr(value) -> str:
     """A repr for error messages, built from a bounded part of ``value`` (never the whole of a
     huge or deeply nested one)."""

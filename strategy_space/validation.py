@@ -1,10 +1,20 @@
 """Check a Strategy against a ModelSpec and a ClusterSpec; report every problem at once."""
 from __future__ import annotations
 
+from collections import Counter
+
 from .cluster_spec import ClusterSpec
-from .errors import Problems, StrategyError, short_repr
+from .errors import Problems, StrategyError, listed_names, short_repr
 from .model_spec import ModelSpec
 from .strategy import PS, AllReduce, Strategy
+
+
+def _where(places: list[str]) -> str:
+    """The first of ``places`` a problem was found at, and how many more."""
+    if len(places) == 1:
+        return places[0]
+    more = ", ".join(places[1:3]) + (", ..." if len(places) > 3 else "")
+    return f"{places[0]} and {len(places) - 1} more ({more})"
 
 
 def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Strategy:
@@ -16,7 +26,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
     """
     p = Problems(StrategyError)
     nodes = set(cluster.node_names)
-    node_list = ", ".join(cluster.node_names)
+    bad_destinations: dict[str, list[str]] = {}   # one problem per unknown node, however many shards name it
 
     seen: dict[str, int] = {}
     for cfg in strategy.variables:
@@ -57,8 +67,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
             at = f"{where}" + (f" shard {i}" if cfg.partitioned else "")
             if isinstance(sync, PS):
                 if sync.destination not in nodes:
-                    p.add(f"{at}: ps.destination {short_repr(sync.destination)} is not a node of cluster "
-                          f"{cluster.name}; allowed: {node_list}")
+                    bad_destinations.setdefault(sync.destination, []).append(at)
                 if not sync.sync and sync.staleness:
                     p.add(f"{at}: staleness {sync.staleness} needs sync: true (asynchronous PS has no "
                           f"staleness bound); set sync: true or staleness: 0")
@@ -73,6 +82,9 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
                     if no_gpu:
                         p.add(f"{at}: backend nccl needs GPUs but node(s) {', '.join(no_gpu)} have none; "
                               f"use backend gloo, objectstore or auto")
+    for destination, places in bad_destinations.items():
+        p.add(f"{_where(places)}: ps.destination {short_repr(destination)} is not a node of cluster {cluster.name}; "
+              f"allowed: {listed_names(cluster.node_names)}")
     if len(ps_modes) > 1:
         modes = "; ".join(f"sync={s}, staleness={st} (e.g. {at})" for (s, st), at in ps_modes.items())
         p.add(f"parameter servers must share one sync mode and staleness per strategy, got: {modes}")
@@ -82,8 +94,8 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
     for r in reps:
         if r not in devices:
             p.add(f"replica {short_repr(r)} is not a worker slot of cluster {cluster.name}; "
-                  f"allowed: {', '.join(cluster.devices)}")
-    dups = sorted({r for r in reps if reps.count(r) > 1})
+                  f"allowed: {listed_names(cluster.devices)}")
+    dups = sorted(r for r, n in Counter(reps).items() if n > 1)
     if dups:
         p.add(f"replicas listed more than once: {', '.join(dups)}")
     p.raise_if_any()

@@ -134,3 +134,21 @@ def test_several_errors_reported_together():
 def test_builder_output_for_another_cluster_is_rejected():
     s = get_builder("ps_lb").build(MODEL, ClusterSpec("x", (NodeSpec("p"), NodeSpec("q"))))
     check(s, r"ps.destination '[pq]' is not a node of cluster two")
+
+
+def test_a_big_cluster_s_unknown_node_is_one_problem_with_a_short_list_of_what_is_allowed():
+    big = ClusterSpec("big", tuple(NodeSpec(f"n{i}", address=f"10.0.{i}.1", workers=8) for i in range(64)))
+    wrong = Strategy(tuple(VarConfig(v.name, (PS("n99"),) * 3) if len(v.shape) and v.shape[0] >= 3
+                           else VarConfig(v.name, (PS("n99"),)) for v in MODEL.variables),
+                     replicas=("n0:0", "n0:0", "n1:9"))
+    with pytest.raises(StrategyError) as e:
+        validate(wrong, MODEL, big)
+    problems = e.value.problems
+    unknown = [p for p in problems if "ps.destination 'n99'" in p]
+    places = sum(c.num_shards for c in wrong.variables)
+    assert len(unknown) == 1 and f"and {places - 1} more" in unknown[0]
+    assert unknown[0].endswith("allowed: n0, n1, n2, n3, n4, n5, ..., n62, n63 (64 in all)")
+    slot = next(p for p in problems if "replica 'n1:9'" in p)
+    assert slot.endswith("allowed: n0:0, n0:1, n0:2, n0:3, n0:4, n0:5, ..., n63:6, n63:7 (512 in all)")
+    assert any(p == "replicas listed more than once: n0:0" for p in problems)
+    assert all(len(p) < 400 for p in problems)

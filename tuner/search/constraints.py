@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strategy_space.errors import short_repr
+from strategy_space.errors import listed_names, short_repr
 from strategy_space.strict import check_keys, get_typed
 from strategy_space.errors import ConfigError, Problems
 from strategy_space.encoding import BACKEND_ID, COMPRESSOR_ID, KIND_AR, KIND_PS, EncodedStrategies
@@ -209,7 +209,7 @@ class Constraints:
             where = rule.label
             if rule.destination is not None and rule.destination not in cluster.node_names:
                 out.append(f"{where}: destination {short_repr(rule.destination)} is not a node of cluster "
-                           f"{cluster.name}; allowed: {', '.join(cluster.node_names)}")
+                           f"{cluster.name}; allowed: {listed_names(cluster.node_names)}")
             if rule.backend == "nccl" and no_gpu:
                 out.append(f"{where}: backend nccl needs GPUs but node(s) {', '.join(no_gpu[:5])} of cluster "
                            f"{cluster.name} have none; pin backend gloo, objectstore or auto, or leave it free")
