@@ -174,24 +174,15 @@ def load_strategy_for(strategy, model, cluster: ClusterSpec):
     and ``cluster``, as ``autosync build`` writes it; a file of that name wins).
 
     Raises:
-        ConfigError: neither an existing file nor a builder's name (the builders are listed), or
-            a file that is not a valid strategy.
+        ConfigError: see ``strategy_space.builders.resolve_strategy``.
     """
-    from strategy_space import Strategy
-    from strategy_space.builders import BUILDERS, get_builder
-    from strategy_space.yaml_io import load_strategy
+    from strategy_space.builders import resolve_strategy
 
-    if isinstance(strategy, Strategy):
-        return strategy
-    strategy = _text(strategy, "the strategy", "a strategy YAML path (a str or a path), a builder's name or a Strategy")
-    if not os.path.exists(os.path.expanduser(strategy)):
-        if strategy in BUILDERS:
-            if not isinstance(model, ModelSpec):
-                from autosync.models.ingest import model_spec_from_def
+    def spec() -> ModelSpec:
+        if isinstance(model, ModelSpec):
+            return model
+        from autosync.models.ingest import model_spec_from_def
 
-                model = model_spec_from_def(model)
-            return get_builder(strategy).build(model, cluster)
-        raise ConfigError(f"strategy {strategy!r} is neither a strategy YAML file nor a builder's name; give the path "
-                          f"of a strategy file (autosync tune writes best_strategy.yaml, autosync build writes one) or "
-                          f"a builder: {', '.join(BUILDERS)}")
-    return load_strategy(strategy)
+        return model_spec_from_def(model)
+
+    return resolve_strategy(strategy, spec, cluster)

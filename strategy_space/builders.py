@@ -368,3 +368,32 @@ def get_builder(name: str, **options) -> StrategyBuilder:
 def build_all(model: ModelSpec, cluster: ClusterSpec, names: Iterable[str] | None = None) -> dict[str, Strategy]:
     """Every registered builder's strategy (or just ``names``), keyed by builder name."""
     return {n: get_builder(n).build(model, cluster) for n in (names or BUILDERS)}
+
+
+def resolve_strategy(strategy, model: ModelSpec | Callable[[], ModelSpec], cluster: ClusterSpec) -> Strategy:
+    """A Strategy given as itself, as a strategy YAML path, or as a builder's name (``ps``,
+    ``all_reduce``, ...: the strategy that builder makes for ``model`` and ``cluster``, as
+    ``autosync build`` writes it; a file of that name wins). ``model`` may be a function that
+    makes the ModelSpec, called only for a builder's name.
+
+    Raises:
+        ConfigError: neither an existing file nor a builder's name (the builders are listed), a
+            file that is not a valid strategy, or something that is not a name at all.
+    """
+    import os
+
+    from .yaml_io import load_strategy
+
+    if isinstance(strategy, Strategy):
+        return strategy
+    text = os.fspath(strategy) if isinstance(strategy, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(f"the strategy must be a strategy YAML path (a str or a path), a builder's name or a "
+                          f"Strategy, got {type(strategy).__name__} {strategy!r:.80}")
+    if os.path.exists(os.path.expanduser(text)):
+        return load_strategy(text)
+    if text in BUILDERS:
+        return get_builder(text).build(model() if callable(model) else model, cluster)
+    raise ConfigError(f"strategy {text!r} is neither a strategy YAML file nor a builder's name; give the path "
+                      f"of a strategy file (autosync tune writes best_strategy.yaml, autosync build writes one) or "
+                      f"a builder: {', '.join(BUILDERS)}")

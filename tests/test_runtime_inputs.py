@@ -273,3 +273,33 @@ def test_a_model_def_without_a_usable_name_is_refused_at_once(name):
     for fine in ("my model/v2", "x" * 200):
         assert ModelDef(name=fine, model_fn=never, loss_fn=never, optimizer_fn=never, dataset_fn=never,
                         batch_size=8).name == fine
+
+
+def test_a_runner_measures_builders_names_and_files_as_make_trainer_takes_them(monkeypatch, tmp_path):
+    """``runner.run(["ps", "best.yaml"])`` (or one alone) measures what those name, as
+    ``make_trainer`` takes them: it raised AttributeError ('str' object has no attribute 'origin')."""
+    from autosync.runtime.runner import RayRunner
+    from strategy_space.builders import get_builder
+
+    class Recording(RayRunner):
+        model = SPEC   # what the workers would build
+
+        def __init__(self):
+            self.cluster, self.ran = CLUSTER, []
+
+        def run_one(self, strategy, origin=""):
+            self.ran.append((strategy, origin))
+            return origin
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "best.yaml").write_text(STRATEGY_YAML)
+    runner = Recording()
+    assert runner.run(["ps", "best.yaml", STRATEGY], origins=["a", "b", "c"]) == ["a", "b", "c"]
+    assert [s for s, _ in runner.ran] == [get_builder("ps").build(SPEC, CLUSTER), STRATEGY, STRATEGY]
+    runner.ran.clear()
+    assert runner.run("all_reduce") == ["all_reduce"]
+    assert runner.ran == [(get_builder("all_reduce").build(SPEC, CLUSTER), "all_reduce")]
+    with pytest.raises(ConfigError, match=r"strategy 'pss' is neither a strategy YAML file nor a builder's name"):
+        runner.run(["ps", "pss"])
+    with pytest.raises(ConfigError, match=r"the strategy must be a strategy YAML path .*, got int 5"):
+        runner.run([5])

@@ -12,6 +12,7 @@ a timeout Trial that says so (``tuner.cost_models.analytic.beyond_trial_limit``)
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
@@ -22,6 +23,7 @@ from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_
 from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool, wait_all
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from strategy_space import ClusterSpec, ModelSpec, Strategy, validate
+from strategy_space.builders import resolve_strategy
 from strategy_space.errors import ConfigError, short_repr
 from tuner.cost_models.analytic import beyond_trial_limit
 from tuner.records.precision import MeasurePolicy
@@ -206,6 +208,17 @@ class RayRunner(Runner):
         return dict(self.pool.description["optimizer"])
 
     def run(self, strategies: Sequence[Strategy], origins: Sequence[str] | None = None) -> list[Trial]:
+        """Measure each of ``strategies``: Strategy objects, strategy YAML paths or builders' names
+        (``"ps"``, ...: what that builder makes for this model and cluster), or one of them alone.
+
+        Raises:
+            ConfigError: a name that is neither a file nor a builder, or a file that is not a
+                strategy (before anything runs).
+        """
+        if isinstance(strategies, (str, bytes, os.PathLike, Strategy)):
+            strategies = [strategies]
+        if not all(isinstance(s, Strategy) for s in strategies):
+            strategies = [resolve_strategy(s, lambda: self.model, self.cluster) for s in strategies]
         if origins is not None and len(origins) != len(strategies):
             raise ValueError(f"origins has {len(origins)} entries for {len(strategies)} strategies")
         return [self.run_one(s, origins[i] if origins else s.origin) for i, s in enumerate(strategies)]
