@@ -133,6 +133,13 @@ def test_cli_argument_errors(tmp_path, monkeypatch, capsys):
     assert "no testbed is up" in capsys.readouterr().err
     assert _cli(["testbed", "up", "--bandwidth", "200mbps"], monkeypatch) == 2
     assert "byte units" in capsys.readouterr().err
+    # zero and empty are refused, not read as "not given" (``--nodes 0`` brought up the default 3 hosts)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert _cli(["testbed", "up", "--nodes", "0"], monkeypatch) == 2
+    assert "nodes must be an integer in 1..16, got 0" in capsys.readouterr().err
+    assert _cli(["testbed", "up", "--bandwidth", ""], monkeypatch) == 2
+    assert "bandwidth '' is not a rate" in capsys.readouterr().err
+    assert not (tmp_path / state.STATE_FILE).exists()
     assert _cli(["testbed", "status"], monkeypatch) == 0
     assert "no testbed recorded" in capsys.readouterr().out
 

@@ -84,6 +84,7 @@ def test_oversubscription_warning():
     (["--like", "PAPER", "--bandwidth", "1gbit"], "--like takes the bandwidth from"),
     (["--like", "PAPER", "--dilation", "0"], "--dilation must be a number"),
     (["--like", "nope.yaml", "--dilation", "2"], "nope.yaml"),
+    (["--like", "PAPER", "--dilation", "250", "--nodes", "0"], "--nodes 0 with --like: the target"),
 ])
 def test_bad_combinations_exit_2(tmp_path, monkeypatch, capsys, paper_b, argv, message):
     monkeypatch.setenv(state.ENV_DIR, str(tmp_path))

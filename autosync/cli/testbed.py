@@ -77,7 +77,9 @@ def up_config(args, mem_available_mb: float, cores: int):
         if args.dilation is not None:
             raise ConfigError("--dilation scales the links of a target cluster: give it with --like CLUSTER.yaml "
                               "(without --like, set the rate directly with --bandwidth)")
-        config = TestbedConfig(nodes=args.nodes or DEFAULTS["nodes"], bandwidth=args.bandwidth or DEFAULTS["bandwidth"],
+        # (``--nodes 0`` or ``--bandwidth ""`` is refused by TestbedConfig, not read as "not given")
+        config = TestbedConfig(nodes=DEFAULTS["nodes"] if args.nodes is None else args.nodes,
+                               bandwidth=DEFAULTS["bandwidth"] if args.bandwidth is None else args.bandwidth,
                                cpus_per_node=args.cpus_per_node, object_store_mb=args.object_store_mb)
         notes: list[str] = []
     else:
