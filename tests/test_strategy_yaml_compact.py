@@ -5,6 +5,8 @@ import os
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strategy_space import (AllReduce, ClusterSpec, ConfigError, NodeSpec, PS, Strategy, VarConfig, dumps,
                             load_model_spec, load_strategy, loads, save)
@@ -85,3 +87,24 @@ def test_compact_form_reports_at_most_the_kept_problems():
     with pytest.raises(ConfigError) as e:
         VarConfig.from_dict(body, "variables[0]")
     assert len(e.value.problems) == MAX_PROBLEMS_KEPT
+
+
+
+_SHARDS = st.lists(st.one_of(
+    st.builds(PS, destination=st.sampled_from(["a", "b", "c"]), local_replication=st.booleans(),
+              staleness=st.sampled_from([0, 3])),
+    st.builds(AllReduce, compressor=st.sampled_from(["none", "fp16"]), group=st.integers(0, 5),
+              hierarchical=st.booleans())), min_size=1, max_size=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_SHARDS, min_size=1, max_size=4), st.lists(st.sampled_from(["a", "b", "c"]), max_size=12))
+def test_any_shard_lists_read_back_as_written(shard_lists, pattern):
+    """Shards alike but for destination (or group) in the compact form, any others in the long one:
+    every mix reads back equal, with the same fingerprint."""
+    variables = [VarConfig(f"v{i}", tuple(shards)) for i, shards in enumerate(shard_lists)]
+    if pattern:   # one variable whose shards surely differ only in destination
+        variables.append(VarConfig("w", tuple(PS(d, staleness=3) for d in pattern * 2)))
+    s = Strategy(tuple(variables))
+    back = loads(dumps(s))
+    assert back == s and back.fingerprint == s.fingerprint
