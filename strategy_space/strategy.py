@@ -304,7 +304,9 @@ def _per_shard_syncs(data: Mapping, shards: int, where: str) -> tuple[Synchroniz
                 syncs[value] = dataclasses.replace(template, **{field_name: value})
         except ConfigError as e:
             problems.extend(p if p.startswith(where) else f"{where}.{key}[{i}]: {p}" for p in e.problems)
-            if len(problems) >= MAX_PROBLEMS_KEPT:
+            if len(problems) >= MAX_PROBLEMS_KEPT:   # as ``parse_items`` stops
+                problems.append(f"{where}.{key}: stopped reading at item {i + 1} of {len(items)} after "
+                                f"{len(problems)} problems; fix these first")
                 break
     if problems:
         raise ConfigError(problems)

@@ -86,7 +86,9 @@ def test_compact_form_reports_at_most_the_kept_problems():
     body = {"var": "emb", "partition": {"shards": 5000}, "ps": {}, "destinations": [0] * 5000}
     with pytest.raises(ConfigError) as e:
         VarConfig.from_dict(body, "variables[0]")
-    assert len(e.value.problems) == MAX_PROBLEMS_KEPT
+    assert len(e.value.problems) == MAX_PROBLEMS_KEPT + 1
+    assert e.value.problems[-1].endswith(f"stopped reading at item {MAX_PROBLEMS_KEPT} of 5000 after "
+                                         f"{MAX_PROBLEMS_KEPT} problems; fix these first")
 
 
 
