@@ -391,7 +391,7 @@ def resolve_strategy(strategy, model: ModelSpec | Callable[[], ModelSpec], clust
         raise ConfigError(f"the strategy must be a strategy YAML path (a str or a path), a builder's name or a "
                           f"Strategy, got {type(strategy).__name__} {strategy!r:.80}")
     if os.path.exists(os.path.expanduser(text)):
-        return load_strategy(text)
+        return load_strategy(os.path.expanduser(text))
     if text in BUILDERS:
         return get_builder(text).build(model() if callable(model) else model, cluster)
     raise ConfigError(f"strategy {text!r} is neither a strategy YAML file nor a builder's name; give the path "

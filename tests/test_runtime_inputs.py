@@ -303,3 +303,13 @@ def test_a_runner_measures_builders_names_and_files_as_make_trainer_takes_them(m
         runner.run(["ps", "pss"])
     with pytest.raises(ConfigError, match=r"the strategy must be a strategy YAML path .*, got int 5"):
         runner.run([5])
+
+
+def test_a_strategy_path_under_home_is_read_where_it_was_found(monkeypatch, tmp_path):
+    """``make_trainer(..., "~/best.yaml")``: the file was found under the home folder, then read
+    unexpanded ('file not found: ~/best.yaml')."""
+    from autosync.sources import load_strategy_for
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "best.yaml").write_text(STRATEGY_YAML)
+    assert load_strategy_for("~/best.yaml", SPEC, CLUSTER) == STRATEGY
