@@ -359,7 +359,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             raise ConfigError(f"the constraints pin lossy parts ({'; '.join(constraints.lossy_pins())}) but quality "
                               f"exact never proposes one; use --quality goodput (measures what they cost in "
                               f"convergence) or drop those pins")
-    store_path = Path(store) if store is not None else default_store_path()
+    store_path = Path(store).expanduser() if store is not None else default_store_path()
     check_store_file(store_path)   # a damaged store fails now, untouched, before any worker starts
     if resume:   # a resume with nothing to resume fails before any worker starts
         _check_resumable(store_path)

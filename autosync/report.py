@@ -172,7 +172,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike | Non
 
         out_dir = run_dir(store_path, model.name if model else "model", cluster.name if cluster else "cluster",
                           run_id) / "report"
-    out = Path(out_dir)
+    out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     # re-measurements pooled per strategy, ranked as the run ranked them (runs before goodput: step)
     quality = trials[0].meta.get("quality", "step")

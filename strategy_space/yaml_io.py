@@ -108,7 +108,7 @@ def parse_text(text: str, source: str = "<string>") -> Any:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    p = Path(path)
+    p = Path(path).expanduser()   # (the Python API is given "~/x.yaml" unexpanded by any shell)
     try:   # (is_dir raises, not answers False, for a name too long or a loop of links)
         if p.is_dir():
             raise ConfigError(f"{p} is a directory; give the path of a YAML file")
@@ -178,7 +178,7 @@ def nearest_existing(path: str | os.PathLike) -> str:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
-    p = Path(path)
+    p = Path(path).expanduser()   # (the Python API is given "~/x.yaml" unexpanded by any shell)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:

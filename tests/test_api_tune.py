@@ -356,3 +356,17 @@ def test_the_time_budget_counts_from_the_call(tmp_path, monkeypatch):
     autosync.tune("unused", cluster, trials=2, time_budget_s=600, store=tmp_path / "s.db", settings=FAST,
                   warm_start="none", confirm=0, runner=SyntheticRunner(model, cluster, seed=0))
     assert seen and seen[0].time_s == 600 and t0 <= seen[0].started <= time.monotonic()
+
+
+def test_a_store_and_a_report_under_home_go_there(tmp_path, monkeypatch):
+    """``autosync.tune(..., store="~/runs/t.db")`` and ``write_report(..., "~/r")`` from Python (no
+    shell expands the ~) made folders named '~' in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    result = autosync.tune("unused", cluster, trials=2, store="~/runs/t.db", settings=FAST, warm_start="none",
+                           runner=SyntheticRunner(model, cluster, seed=3))
+    assert (tmp_path / "home" / "runs" / "t.db").is_file() and str(result.store_path).startswith(str(tmp_path / "home"))
+    out = write_report("~/runs/t.db", "~/r")
+    assert (tmp_path / "home" / "r" / "index.html").is_file() and out == tmp_path / "home" / "r"
+    assert not (tmp_path / "~").exists()

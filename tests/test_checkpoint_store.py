@@ -51,6 +51,15 @@ def test_write_read_and_replace(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["manifest.json", "step-00000002"]
 
 
+def test_a_checkpoint_under_home_is_written_there(tmp_path, monkeypatch):
+    """``trainer.save("~/ckpt")`` from Python made a folder named '~' in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    _write(ck.CheckpointStore("~/ckpt"), 1)
+    assert not (tmp_path / "~").exists()
+    _assert_step(ck.CheckpointStore(tmp_path / "home" / "ckpt"), 1)
+
+
 @pytest.mark.parametrize("crash", ["weights", "state", "reading", "commit"])
 def test_a_crash_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch, crash):
     store = ck.CheckpointStore(tmp_path / "ckpt")

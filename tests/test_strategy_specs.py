@@ -1,6 +1,6 @@
 import pytest
 
-from strategy_space import ClusterSpec, ConfigError, ModelSpec, NodeSpec, VariableSpec, dumps, loads
+from strategy_space import ClusterSpec, ConfigError, ModelSpec, NodeSpec, VariableSpec, dumps, loads, save
 from tests.fakes import three_node_cluster, tiny_model, two_node_cluster
 
 
@@ -132,3 +132,16 @@ def test_what_the_links_inside_a_node_are_taken_to_be(node, intra, says):
     assert (note is None) == (says is None)
     if says:
         assert says in note and "intra_node_bandwidth_gbps" in note and f"{DEFAULT_INTRA_GBPS:g} Gbit/s" in note
+
+
+def test_a_path_under_home_is_written_and_read_there(monkeypatch, tmp_path):
+    """``save(strategy, "~/runs/best.yaml")`` from Python (no shell expands the ~) made a folder
+    named '~' in the working directory, and reading '~/c.yaml' said 'file not found'."""
+    from strategy_space import load_cluster_spec
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    cluster = ClusterSpec("c", (NodeSpec("a", address="10.0.0.1"),))
+    save(cluster, "~/runs/c.yaml")
+    assert (tmp_path / "home" / "runs" / "c.yaml").is_file() and not (tmp_path / "~").exists()
+    assert load_cluster_spec("~/runs/c.yaml") == cluster

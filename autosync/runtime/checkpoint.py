@@ -197,7 +197,7 @@ class CheckpointStore:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
 
     def check_writable(self) -> None:
         """Raise ConfigError unless ``path`` is absent, an empty directory or a checkpoint

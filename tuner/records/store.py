@@ -79,7 +79,7 @@ def check_store_file(path: str | os.PathLike) -> None:
         StoreError: a directory, a file that is not SQLite, a damaged database, or an SQLite
             database that is not a trial store (or of another schema version).
     """
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     if os.path.isdir(path):
         raise _store_error(path, "it is a directory")
     if not os.path.exists(path):
@@ -124,7 +124,7 @@ def open_existing_store(path: str | os.PathLike) -> "TrialStore":
     Raises:
         StoreError: as ``check_store_file``, or the file is missing or empty.
     """
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     check_store_file(path)
     if not os.path.isfile(path):
         raise StoreError(f"trial store not found: {path} (give the path of an existing trial store file)")
@@ -169,7 +169,7 @@ class TrialStore:
     """
 
     def __init__(self, path: str | os.PathLike, timeout_s: float = 30.0):
-        self.path = os.fspath(path)
+        self.path = os.path.expanduser(os.fspath(path))
         self._parsed: dict[str, Strategy] = {}
         # (table, fingerprint) of the specs this store has committed: a spec is immutable, so it is
         # written (and dumped to YAML) once, not with every trial
@@ -405,7 +405,7 @@ class TrialStore:
 
     def export_parquet(self, path: str | os.PathLike) -> str:
         """Write ``to_dataframe()`` to a Parquet file atomically; returns the path."""
-        path = os.fspath(path)
+        path = os.path.expanduser(os.fspath(path))
         tmp = f"{path}.tmp{os.getpid()}"
         self.to_dataframe().to_parquet(tmp, index=False)
         os.replace(tmp, path)
