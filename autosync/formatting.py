@@ -37,6 +37,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Seque
     return "\n".join(out)
 
 
+def headline(error: str | None) -> str:
+    """An error's first line for a table cell: a ConfigError of several problems ("3 problems:"
+    then one per line) is headed by its first problem and how many more."""
+    lines = [line.strip() for line in (error or "").strip().splitlines()]
+    if not lines:
+        return ""
+    count = lines[0].split(" ")[0]
+    if len(lines) > 1 and lines[0] == f"{count} problems:" and count.isdigit():
+        first = lines[1][2:] if lines[1].startswith("- ") else lines[1]
+        more = int(count) - 1
+        return first + (f" (and {more} more)" if more > 0 else "")
+    return lines[0]
+
+
 # Past this many shards the destination/group cell names the first and last few and how many
 # distinct: a variable over 512 nodes would otherwise be a 3,000-character cell.
 SHOWN_SHARDS = 8

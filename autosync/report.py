@@ -160,7 +160,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike | Non
     Raises:
         ConfigError: missing store, or no such run in it.
     """
-    from autosync.formatting import describe_strategy
+    from autosync.formatting import describe_strategy, headline
 
     with open_existing_store(store_path) as store:
         run_id, trials = _run_trials(store, run_id)
@@ -183,7 +183,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike | Non
     best = outcome.best
     rows = [(i, t.role, t.origin, t.status, f"{t.median * 1e3:.1f}" if t.ok else "-",
              f"{t.predicted_s * 1e3:.1f}" if t.predicted_s else "-",
-             (t.error or "").splitlines()[0][:80] if t.error else "") for i, t in enumerate(trials, 1)]
+             headline(t.error)[:80]) for i, t in enumerate(trials, 1)]
     parts = [f"<h1>AutoSync tuning report</h1><p>model <b>{html.escape(model.name if model else '?')}</b> on cluster "
              f"<b>{html.escape(cluster.name if cluster else '?')}</b>{_compute_note(cluster)}, run {html.escape(run_id)}, "
              f"{len(trials)} trials.</p>"]

@@ -3,7 +3,9 @@
 The runtime refuses some strategies under some optimizers, before any parameter server starts:
 - a variable split into shards updated separately, under ``clipnorm`` or an optimizer whose rule
   reads whole variables (Lamb, Adafactor, Muon): ``runtime.keras_optimizer.whole_variable_reasons``;
-- staleness or an asynchronous parameter server under ``global_clipnorm``: ``check_global_clipnorm``.
+- staleness or an asynchronous parameter server under ``global_clipnorm``: ``check_global_clipnorm``;
+- a variable with a constraint (``kernel_constraint=NonNeg()``) anywhere but the graph all-reduce,
+  the one synchronizer that applies it: ``check_constraints``; such a variable is pinned there.
 
 A search that proposed them would spend its trials on refusals (seen: two of three search trials
 of a model with ``clipnorm`` failed so). ``tune`` and ``plan`` therefore keep every searched
@@ -76,8 +78,8 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
     from autosync.runtime.keras_optimizer import whole_variable_reasons
 
     rules = tuple(user.rules) if user is not None else ()
+    pinned, problems = _constrained_pins(optimizer_config, rules)
     staleness = user.staleness if user is not None else None
-    problems = []
     partition_note = staleness_note = ""
     reasons = [reason for reason, _ in whole_variable_reasons(optimizer_config)]
     if reasons:
@@ -95,5 +97,28 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
                           "gradient of a step before any update")
     if problems:
         raise ConfigError(problems)
-    constraints = Constraints(rules, staleness) if reasons else user
+    constraints = Constraints(pinned + rules, staleness) if reasons or pinned else user
     return SearchLimits(constraints, partition_note, staleness_note)
+
+
+def _constrained_pins(optimizer_config: dict, rules: tuple) -> tuple[tuple, list[str]]:
+    """Pins that keep each variable with a constraint on the graph all-reduce, whole: the one
+    synchronizer that applies it (``keras_optimizer.check_constraints``); and the problems of the
+    user's rules that would move one elsewhere."""
+    import fnmatch
+    import glob
+
+    from autosync.runtime.optimizer_config import CONSTRAINED
+
+    constrained = sorted(optimizer_config.get(CONSTRAINED) or {})
+    problems = []
+    for rule in rules:
+        moves = [what for what, bad in (("sync ps", rule.sync == "ps"),
+                                        (f"backend {rule.backend}", rule.backend not in (None, "graph")),
+                                        (f"shards {rule.shards}", (rule.shards or 1) > 1)) if bad]
+        problems += [f"{rule.label}: pins {', '.join(moves)} on {name}, which has a constraint that only the graph "
+                     f"all-reduce applies (Keras applies it after each update); leave {name} free or pin sync "
+                     f"all_reduce, backend graph" for name in constrained
+                     if moves and fnmatch.fnmatchcase(name, rule.match)]
+    return tuple(Rule(match=glob.escape(name), sync="all_reduce", backend="graph", shards=1)
+                 for name in constrained), problems

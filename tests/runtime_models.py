@@ -406,3 +406,19 @@ def tempered_model_def(optimizer: str = "adam", **opt_kw) -> ModelDef:
     return ModelDef(name="tempered", model_fn=build_tempered_model, loss_fn=mse,
                     optimizer_fn=functools.partial(make_any_optimizer, optimizer, **opt_kw),
                     dataset_fn=functools.partial(make_batches, batch=8), batch_size=8, seed=7)
+
+
+# ---- variables with constraints, which Keras' optimizer applies after each update ----
+def build_constrained_model():
+    import keras
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="emb")(ids))
+    x = keras.layers.Dense(6, activation="tanh", name="hidden", kernel_constraint=keras.constraints.NonNeg())(x)
+    return keras.Model(ids, keras.layers.Dense(1, name="out", kernel_constraint=keras.constraints.MaxNorm(0.3))(x))
+
+
+def constrained_model_def(optimizer: str = "adam", **opt_kw) -> ModelDef:
+    return ModelDef(name="constrained", model_fn=build_constrained_model, loss_fn=mse,
+                    optimizer_fn=functools.partial(make_any_optimizer, optimizer, **opt_kw),
+                    dataset_fn=functools.partial(make_batches, batch=8), batch_size=8, seed=7)

@@ -44,3 +44,24 @@ def test_global_clipnorm_proposes_no_staleness():
     assert not limits.staleness_ok and limits.constraints == Constraints(staleness=0)
     assert limits.staleness_note.startswith("staleness and asynchronous PS not proposed: the optimizer's global_clipnorm")
     assert limits.partition_note == ""
+
+
+def test_a_variable_with_a_constraint_is_pinned_whole_to_the_graph_all_reduce_before_the_users_rules():
+    from autosync.runtime.optimizer_config import CONSTRAINED
+
+    config = {"class": "Adam", "learning_rate": 0.1, CONSTRAINED: {"out/kernel": "MaxNorm", "emb[1]/embeddings": "NonNeg"}}
+    user = Constraints((Rule(match="emb*", compressor="none"),), staleness=1)
+    limits = search_limits(config, user)
+    *pins, own = limits.constraints.rules
+    assert own == user.rules[0] and limits.constraints.staleness == 1
+    assert [(p.sync, p.backend, p.shards) for p in pins] == [("all_reduce", "graph", 1)] * 2
+    assert [p.selects(n, False) for p in pins for n in ("emb[1]/embeddings", "emb1/embeddings", "out/kernel")] == \
+        [True, False, False, False, False, True]   # each pin selects its variable alone, brackets and all
+    clash = Constraints((Rule(match="out/*", sync="ps"), Rule(match="*", backend="gloo"), Rule(match="o*", shards=2)))
+    with pytest.raises(ConfigError) as e:
+        search_limits(config, clash)
+    assert len(e.value.problems) == 4
+    assert e.value.problems[0] == ("constraint rule match='out/*': pins sync ps on out/kernel, which has a constraint "
+                                   "that only the graph all-reduce applies (Keras applies it after each update); leave "
+                                   "out/kernel free or pin sync all_reduce, backend graph")
+    assert all("pins backend gloo on" in p for p in e.value.problems[1:3]) and "shards 2 on out/kernel" in e.value.problems[3]

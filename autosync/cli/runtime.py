@@ -7,7 +7,7 @@ import os
 import sys
 
 from autosync.cli.raylog import ray_output_to_log
-from autosync.formatting import table
+from autosync.formatting import headline, table
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
 from strategy_space import validate
 from strategy_space.errors import ConfigError
@@ -197,10 +197,10 @@ def cmd_baselines(args) -> int:
     def note(r) -> str:
         if r["same_as"]:
             return f"same strategy as {r['same_as']} (one measurement)"
-        text = (r.get("error") or "").splitlines()[0] if r.get("error") else ""
+        text = headline(r.get("error"))
         if r["attempts"] > 1:
             text = (f"failed twice: {text}" if r["status"] != "ok"
-                    else f"ok on the retry; first run: {(r['first_error'] or '').splitlines()[0]}")
+                    else f"ok on the retry; first run: {headline(r['first_error'])}")
         return text[:110]
 
     rows = [(r["builder"], r["status"], _fmt((r["step_time_s"] or {}).get("median")),

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from autosync.formatting import table
+from autosync.formatting import headline, table
 from autosync.cli.paths import check_output_dir, check_output_file
 from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
@@ -79,7 +79,7 @@ def result_table(result) -> str:
 
     def row(name, t):
         if not t.ok:
-            return (name, t.status, "-", "-", "-") + (("-",) if goodput else ()) + (t.error.splitlines()[0][:60],)
+            return (name, t.status, "-", "-", "-") + (("-",) if goodput else ()) + (headline(t.error)[:60],)
         cells = (name, "ok", f"{t.median * 1e3:.1f} ms", f"{t.p90 * 1e3:.1f} ms", _efficiency_cell(result, t))
         if goodput:
             cells += (f"{figure(t) * 1e3:.1f} ms",)

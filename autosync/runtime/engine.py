@@ -318,8 +318,8 @@ class Session:
         graph_groups, numpy_groups = split_groups(list(plan.ar_groups), list(plan.layout))
         outside = [r for p in plan.ps_actors for r in p.shards] + [m for g in numpy_groups for m in g.members]
         check_global_clipnorm(desc["optimizer"], plan, bool(graph_groups) and bool(outside))
-        if not numpy_rules(desc["optimizer"]):   # before any PS starts: what shard-wise Keras cannot honour
-            check_keras_apply(desc["optimizer"], outside, [v["name"] for v in desc["variables"]])
+        # before any PS starts: what updates outside the graph cannot honour (a constraint, clipnorm on shards)
+        check_keras_apply(desc["optimizer"], outside, [v["name"] for v in desc["variables"]])
         binding = self.pool.binding
         shapes = [v["shape"] for v in desc["variables"]]
         # pipelined push/pull chunks: synchronous PS without node aggregation only

@@ -46,7 +46,7 @@ import numpy as np
 
 from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
-from autosync.runtime.optimizer_config import NO_DECAY, USER_CLASSES
+from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, USER_CLASSES
 from autosync.runtime.tf_arrays import joined, spec, tensor
 from strategy_space.errors import ConfigError
 
@@ -120,8 +120,9 @@ def whole_variable_reasons(config: dict) -> list[tuple[str, str]]:
 
 
 def check_keras_apply(config: dict, shards, names) -> None:
-    """Refuse what a Keras optimizer applied shard by shard cannot honour (see the module doc): for
-    a configuration the numpy rules do not run (``optimizers.numpy_rules``).
+    """Refuse what a Keras optimizer applied shard by shard, outside the training graph, cannot
+    honour (see the module doc; its shard-wise part is empty for the configurations the numpy rules
+    run, ``optimizers.numpy_rules``).
 
     Args:
         config: the optimizer's ``keras_optimizer_config``.
@@ -131,8 +132,10 @@ def check_keras_apply(config: dict, shards, names) -> None:
 
     Raises:
         ConfigError: ``clipnorm``, Lamb, Adafactor or Muon on a partitioned variable
-            (``whole_variable_reasons``); see also ``check_global_clipnorm``.
+            (``whole_variable_reasons``: none under the numpy rules' configurations), or a variable
+            with a constraint among ``shards`` (``check_constraints``); see also ``check_global_clipnorm``.
     """
+    check_constraints(config, shards, names)
     problems = []
     reasons = whole_variable_reasons(config)
     for s in shards:
@@ -142,6 +145,30 @@ def check_keras_apply(config: dict, shards, names) -> None:
                             f"{fix}" for reason, fix in reasons)
     if problems:
         raise ConfigError(sorted(set(problems)))
+
+
+def check_constraints(config: dict, outside, names) -> None:
+    """Refuse a variable with a constraint updated outside the training graph: Keras' optimizer
+    applies ``kernel_constraint=NonNeg()``, ``MaxNorm`` ... to the variable after each update, and
+    only the ``graph`` all-reduce updates with the model's own optimizer and variables; a parameter
+    server or the numpy all-reduce channel would train the variable unconstrained.
+
+    Args:
+        config: the optimizer's ``keras_optimizer_config`` (with the workers' variables).
+        outside: the shards updated outside the graph (objects with ``var_index`` or a ``key``).
+        names: variable names by index.
+
+    Raises:
+        ConfigError: naming each such variable, its constraint, and what to do.
+    """
+    constrained = config.get(CONSTRAINED) or {}
+    index = [s.key[0] if isinstance(getattr(s, "key", None), tuple) else s.var_index for s in outside]
+    hit = sorted({names[i] for i in index if names[i] in constrained})
+    if hit:
+        raise ConfigError([f"variable {n} has a constraint ({constrained[n]}), which Keras applies after each update; "
+                           f"only the graph all-reduce applies it here (a parameter server or the gloo/objectstore "
+                           f"all-reduce would train it unconstrained): give it all_reduce with backend graph, one "
+                           f"shard (autosync tune does), or drop the constraint" for n in hit])
 
 
 def check_global_clipnorm(config: dict, plan, graph_beside_others: bool) -> None:

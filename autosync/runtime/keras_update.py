@@ -89,9 +89,9 @@ def new_optimizer(cls, config: dict):
     evaluated at Keras' count of batches (module doc)."""
     import keras
 
-    from autosync.runtime.optimizer_config import NO_DECAY, USER_CLASSES
+    from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, USER_CLASSES
 
-    own = ("class", "global_clipnorm", "gradient_accumulation_steps", USER_CLASSES, NO_DECAY)
+    own = ("class", "global_clipnorm", "gradient_accumulation_steps", USER_CLASSES, NO_DECAY, CONSTRAINED)
     # a user's schedule class is found by its name among the classes the config carries
     with keras.saving.custom_object_scope(config.get(USER_CLASSES) or {}):
         optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})

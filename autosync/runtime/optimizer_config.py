@@ -18,7 +18,10 @@ def keras_optimizer_config(optimizer, variables=None) -> dict:
     With the model's trainable ``variables`` (a worker's), a weight-decaying optimizer's exclusions
     (``optimizer.exclude_from_weight_decay(var_names=["bias"])``, which its config does not carry)
     travel as the indices of the variables Keras' own rule leaves undecayed, under ``NO_DECAY``:
-    every synchronizer decays the rest only, whatever its shards are called."""
+    every synchronizer decays the rest only, whatever its shards are called. Their constraints
+    (``kernel_constraint=NonNeg()``, ...), which Keras' optimizer applies to a variable after each
+    of its updates, travel as ``{variable name: constraint class}`` under ``CONSTRAINED``: only an
+    update in the training graph applies them (``keras_optimizer.check_constraints``)."""
     cls = type(optimizer)
     name = cls.__name__ if _keras_own(cls) else f"{cls.__module__}.{cls.__qualname__}"
     config = {**optimizer.get_config(), "class": name}
@@ -31,6 +34,10 @@ def keras_optimizer_config(optimizer, variables=None) -> dict:
         kept = [i for i, v in enumerate(variables) if not decays(v)]
         if kept:
             config[NO_DECAY] = kept
+    constrained = {v.path: type(v.constraint).__name__ for v in variables or ()
+                   if getattr(v, "constraint", None) is not None}
+    if constrained:
+        config[CONSTRAINED] = constrained
     return config
 
 
@@ -38,6 +45,8 @@ def keras_optimizer_config(optimizer, variables=None) -> dict:
 USER_CLASSES = "_user_classes"
 # and the one with the indices of the variables weight decay leaves alone
 NO_DECAY = "no_weight_decay"
+# and the variables with a constraint Keras applies after each update (name -> its class)
+CONSTRAINED = "constrained_variables"
 
 
 def _keras_own(cls) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 
 from autosync.runtime.blocks import in_blocks
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
-from autosync.runtime.optimizer_config import NO_DECAY, check_learning_rate, keras_optimizer_config
+from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, check_learning_rate, keras_optimizer_config
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
@@ -40,7 +40,7 @@ _UNSUPPORTED = {
 # global_clipnorm's scale is applied to the step's gradients before any rule sees them, on every
 # synchronizer alike (``ps_clip``, ``sync.base``'s held steps), so the rules run it exactly
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency",
-            "global_clipnorm", NO_DECAY}
+            "global_clipnorm", NO_DECAY, CONSTRAINED}
 
 
 def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from autosync.runtime.optimizer_config import CONSTRAINED
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
 from autosync.runtime.sync.backends import resolve_backend
 from strategy_space import AllReduce, Compressor, ModelSpec, Strategy, VariableSpec, shard_bounds
@@ -174,6 +175,9 @@ class SyncPlan:
                 ``global_clipnorm`` with gradient accumulation the ``graph`` backend cannot hold
                 its part of a step beside other synchronizers (``check_global_clipnorm``): there
                 backend ``auto`` on GPUs resolves to ``nccl`` (outside the graph) instead.
+                A variable with a constraint (``CONSTRAINED``), which Keras applies after each
+                update, is reduced in the graph where its backend is ``auto`` (the one backend
+                that applies it; ``keras_optimizer.check_constraints`` refuses the others).
             described: the workers' description of the variables, whose ``rows`` (a sparse
                 variable's distinct rows in a worker's first batch) stand in for rows per step
                 the spec does not give (a spec built from the description has none).
@@ -193,6 +197,7 @@ class SyncPlan:
             graph_on_gpus = tuple(b for b in graph_on_gpus if b == "graph")
             if gpus:
                 backends["auto"] = "nccl"
+        constrained = set((optimizer or {}).get(CONSTRAINED) or ())
         slots = strategy.resolved_replicas(cluster)
         # hierarchical all-reduce differs from flat only where a node holds several workers
         shared_nodes = len({s.rsplit(":", 1)[0] for s in slots}) < len(slots)
@@ -211,6 +216,8 @@ class SyncPlan:
                     if sync.backend not in backends:
                         backends[sync.backend] = resolve_backend(sync.backend, gpus).name
                     backend = "hierarchical" if sync.hierarchical and shared_nodes else backends[sync.backend]
+                    if sync.backend == "auto" and var.name in constrained and backend != "hierarchical":
+                        backend = resolve_backend("graph", gpus).name
                     groups.setdefault(sync.group, []).append(ARMember(
                         key=(var_index, shard_index), start=start, stop=stop, axis=axis,
                         num_shards=cfg.num_shards, sparse=var.sparse,
