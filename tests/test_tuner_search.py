@@ -48,6 +48,27 @@ def test_constraints_are_never_violated(proposals):
                for v in ("embedding/embeddings", "dense/bias", "steps"))
 
 
+def test_a_graph_pin_keeps_its_variable_s_all_reduce_flat():
+    """A hierarchical all-reduce stages through the object store whatever its backend: a variable
+    pinned to the graph backend (one with a constraint, which only the graph applies) stays flat,
+    while the others may still be hierarchical where a node holds several workers."""
+    space = StrategySpace(MODEL, two_node_cluster())   # node a holds two workers
+    assert space.multi_worker_nodes
+    cons = Constraints((Rule(match="dense/kernel", sync="all_reduce", backend="graph", shards=1),)).compile(space)
+    rng = np.random.default_rng(2)
+    e = space.sample_encoded(rng, 64)
+    e.kind[:] = KIND_AR
+    e.hierarchical[:] = 1
+    e = cons.apply(space.normalize(e), space)
+    pinned = MODEL.names.index("dense/kernel")
+    assert not e.hierarchical[:, pinned].any() and e.hierarchical[:, pinned + 1].all()
+    assert not cons.violations(e).any()
+    for r in range(3):
+        assert not space.decode(e, r).config("dense/kernel").synchronizers[0].hierarchical
+    e.hierarchical[:, pinned] = 1
+    assert cons.violations(e).all()
+
+
 def test_constraint_errors_are_clear(tmp_path):
     space = StrategySpace(MODEL, CLUSTER)
     with pytest.raises(ConfigError, match=r"match='nothing\*': selects no variable of model tiny"):

@@ -241,6 +241,7 @@ class CompiledConstraints:
             if mask.any():
                 arr = getattr(e, name)
                 arr[:, mask] = self.value[name][mask]
+        e.hierarchical[:, self.in_graph] = 0   # a hierarchical all-reduce stages outside the graph
         if self.staleness is not None:
             e.sync[:] = 1
             e.staleness[:] = self.staleness
@@ -273,7 +274,14 @@ class CompiledConstraints:
                 bad |= (differs & applies.get(name, True)).any(axis=1)
         if self.staleness is not None:
             bad |= ((e.staleness != self.staleness) & ps).any(axis=1)
+        bad |= ((e.hierarchical != 0) & ~ps & self.in_graph).any(axis=1)
         return bad
+
+    @property
+    def in_graph(self) -> np.ndarray:
+        """Per variable, whether a rule pins its all-reduce to the graph backend: reduced inside
+        the training step, so flat (a hierarchical all-reduce stages through the object store)."""
+        return self.mask["backend"] & (self.value["backend"] == BACKEND_ID["graph"])
 
 
 def load_constraints(path: str) -> Constraints:
