@@ -433,4 +433,4 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
                       cluster=cluster_spec, outcome=outcome, store_path=str(store_path),
                       warm_start_trials=sum(len(trials) for _, _, trials in warm_groups), quality=quality,
-                      lossy_note=lossy_note, search_note=limits.partition_note)
+                      lossy_note=lossy_note, search_note=limits.search_note)

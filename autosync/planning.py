@@ -211,7 +211,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 target_trials=int(getattr(predictor, "n_target_", 0)),
                 compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
                 compute_source=compute_source(spec, cluster_spec),
-                assumed=cluster_spec.assumptions(), search_note=limits.partition_note)
+                assumed=cluster_spec.assumptions(), search_note=limits.search_note)
 
 
 def compute_source(spec, cluster) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategy_space.errors import ConfigError
+from strategy_space.errors import ConfigError, listed_names
 from tuner.search.constraints import Constraints, Rule
 
 
@@ -36,11 +36,18 @@ class SearchLimits:
         constraints: the user's constraints with the optimizer's pins before them (None: neither).
         partition_note: why no variable is partitioned ("" when partitioning is free).
         staleness_note: why staleness is not proposed ("" when it may be).
+        constraint_note: which variables are kept on the graph all-reduce for their constraint.
     """
 
     constraints: Constraints | None
     partition_note: str = ""
     staleness_note: str = ""
+    constraint_note: str = ""
+
+    @property
+    def search_note(self) -> str:
+        """What the search keeps out, for a run's summary ("" when nothing)."""
+        return "; ".join(n for n in (self.partition_note, self.constraint_note) if n)
 
     @property
     def staleness_ok(self) -> bool:
@@ -76,9 +83,11 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
             under ``clipnorm``, staleness under ``global_clipnorm``), saying which and what to change.
     """
     from autosync.runtime.keras_optimizer import whole_variable_reasons
+    from autosync.runtime.optimizer_config import CONSTRAINED
 
     rules = tuple(user.rules) if user is not None else ()
-    pinned, problems = _constrained_pins(optimizer_config, rules)
+    constrained = sorted(optimizer_config.get(CONSTRAINED) or {})
+    pinned, problems = _constrained_pins(constrained, rules)
     staleness = user.staleness if user is not None else None
     partition_note = staleness_note = ""
     reasons = [reason for reason, _ in whole_variable_reasons(optimizer_config)]
@@ -98,19 +107,18 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
     if problems:
         raise ConfigError(problems)
     constraints = Constraints(pinned + rules, staleness) if reasons or pinned else user
-    return SearchLimits(constraints, partition_note, staleness_note)
+    constraint_note = (f"kept whole on the graph all-reduce, which alone applies their constraints: "
+                       f"{listed_names(constrained)}" if constrained else "")
+    return SearchLimits(constraints, partition_note, staleness_note, constraint_note)
 
 
-def _constrained_pins(optimizer_config: dict, rules: tuple) -> tuple[tuple, list[str]]:
-    """Pins that keep each variable with a constraint on the graph all-reduce, whole: the one
-    synchronizer that applies it (``keras_optimizer.check_constraints``); and the problems of the
-    user's rules that would move one elsewhere."""
+def _constrained_pins(constrained: list[str], rules: tuple) -> tuple[tuple, list[str]]:
+    """Pins that keep each of the ``constrained`` variables on the graph all-reduce, whole: the one
+    synchronizer that applies their constraints (``keras_optimizer.check_constraints``); and the
+    problems of the user's rules that would move one elsewhere."""
     import fnmatch
     import glob
 
-    from autosync.runtime.optimizer_config import CONSTRAINED
-
-    constrained = sorted(optimizer_config.get(CONSTRAINED) or {})
     problems = []
     for rule in rules:
         moves = [what for what, bad in (("sync ps", rule.sync == "ps"),

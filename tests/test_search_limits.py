@@ -54,6 +54,8 @@ def test_a_variable_with_a_constraint_is_pinned_whole_to_the_graph_all_reduce_be
     limits = search_limits(config, user)
     *pins, own = limits.constraints.rules
     assert own == user.rules[0] and limits.constraints.staleness == 1
+    assert limits.search_note == ("kept whole on the graph all-reduce, which alone applies their constraints: "
+                                  "emb[1]/embeddings, out/kernel") and limits.partition_note == ""
     assert [(p.sync, p.backend, p.shards) for p in pins] == [("all_reduce", "graph", 1)] * 2
     assert [p.selects(n, False) for p in pins for n in ("emb[1]/embeddings", "emb1/embeddings", "out/kernel")] == \
         [True, False, False, False, False, True]   # each pin selects its variable alone, brackets and all
