@@ -78,6 +78,30 @@ def test_embedding_lookup_is_sparse_with_measured_rows_and_dense_layers_are_dens
 
 
 @pytest.mark.integration
+def test_unused_variables_and_synchronized_batch_norm_inside_a_nested_model_are_warned_of():
+    """An unused layer never changes; a BatchNormalization with synchronized=True (sharing batch
+    statistics across tf.distribute's replicas) normalizes each worker's own batch here: both said."""
+    import keras
+
+    inner = keras.Sequential([keras.layers.Dense(4, name="d"), keras.layers.BatchNormalization(synchronized=True,
+                                                                                                 name="sync_bn")],
+                             name="block")
+    x = keras.Input((3,))
+    unused = keras.layers.Dense(2, name="unused")
+    unused.build((None, 3))
+    model = keras.Model(x, keras.layers.Dense(1, name="out")(inner(x)))
+    model.unused = unused
+    data = np.ones((BATCH, 3), np.float32)
+    with pytest.warns(UserWarning) as caught:
+        ingest.model_spec_from_model(model, _mse(), data, np.ones((BATCH, 1), np.float32), name="m",
+                                     batch_size=BATCH)
+    said = [str(w.message) for w in caught]
+    assert any("sync_bn normalize(s) with synchronized=True" in m and "each normalize over their own batch" in m
+               for m in said), said
+    assert any("the loss does not depend on 2 trainable variable(s) (unused/kernel, unused/bias)" in m for m in said), said
+
+
+@pytest.mark.integration
 def test_tied_embedding_used_sparsely_and_densely_is_dense():
     ids, y = next(_tied_batches(0, 1))
     spec = ingest.model_spec_from_model(TiedLM(), _mse(), ids, y, name="tied", batch_size=BATCH)

@@ -122,7 +122,20 @@ def model_spec_from_model(model, loss: Callable, inputs: Any, targets: Any, *, n
         warnings.warn(f"model {name}: the loss does not depend on {len(unused)} trainable variable(s) "
                       f"({', '.join(unused[:5])}); they are listed as dense but will never change",
                       stacklevel=2)
+    synced = [layer.name for layer in _all_layers(model) if getattr(layer, "synchronized", False) is True]
+    if synced:
+        warnings.warn(f"model {name}: {', '.join(synced[:5])} normalize(s) with synchronized=True, which shares "
+                      f"batch statistics across the replicas of a tf.distribute strategy; AutoSync's workers each "
+                      f"normalize over their own batch, as with synchronized=False", stacklevel=2)
     return ModelSpec(name=name, variables=tuple(specs), batch_size=batch_size)
+
+
+def _all_layers(layer, depth: int = 0) -> list:
+    """``layer``'s layers and theirs, nested models included (bounded depth)."""
+    found = []
+    for inner in getattr(layer, "layers", None) or () if depth < 32 else ():
+        found += [inner, *_all_layers(inner, depth + 1)]
+    return found
 
 
 def model_spec_from_def(model_def) -> ModelSpec:
