@@ -40,6 +40,17 @@ def test_a_damaged_store_is_one_message_exit_2_and_left_untouched(tmp_path, caps
     assert _files(tmp_path) == before   # nothing written, nothing changed, no report folder
 
 
+@pytest.mark.parametrize("argv", [["report", "--store", ""], ["tune", "--store", "", "--trials", "0"]],
+                         ids=["report", "tune"])
+def test_an_empty_store_path_is_refused_not_read_as_the_default_store(tmp_path, capsys, monkeypatch, argv):
+    """``report --store ''`` wrote the report of the default store's latest run."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert main(argv) == 2
+    assert "--store ''" in _one_error(capsys, argv[0])
+    assert not (tmp_path / "cache").exists()
+
+
 RMSPROP_SCRIPT = '''
 import functools
 import keras

@@ -186,6 +186,8 @@ def cmd_report(args) -> int:
     from autosync.report import write_report
 
     check_output_dir(args.out, "--out")
+    if args.store is not None and not args.store.strip():   # (not read as "not given": the default store)
+        raise ConfigError("--store '': give the path of a trial store file, or leave --store out for the default")
     out = write_report(args.store or default_store_path(), args.out, run_id=args.run)
     print(f"report written to {out / 'index.html'}")
     return 0
