@@ -131,9 +131,11 @@ def model_spec_from_model(model, loss: Callable, inputs: Any, targets: Any, *, n
 
 
 def _all_layers(layer, depth: int = 0) -> list:
-    """``layer``'s layers and theirs, nested models included (bounded depth)."""
+    """``layer``'s layers and theirs, nested models included (32 deep at most)."""
+    if depth >= 32:
+        return []
     found = []
-    for inner in getattr(layer, "layers", None) or () if depth < 32 else ():
+    for inner in getattr(layer, "layers", None) or ():
         found += [inner, *_all_layers(inner, depth + 1)]
     return found
 

@@ -139,12 +139,17 @@ def check_keras_apply(config: dict, shards, names) -> None:
     problems = []
     reasons = whole_variable_reasons(config)
     for s in shards:
-        var = s.key[0] if hasattr(s, "key") and isinstance(s.key, tuple) else s.var_index
         if s.num_shards > 1:
-            problems.extend(f"{reason}, but {names[var]} is split into {s.num_shards} shards updated separately; "
+            problems.extend(f"{reason}, but {names[_var_index(s)]} is split into {s.num_shards} shards updated separately; "
                             f"{fix}" for reason, fix in reasons)
     if problems:
         raise ConfigError(sorted(set(problems)))
+
+
+def _var_index(shard) -> int:
+    """The variable a PS shard (``ShardRef``) or an all-reduce member (``ARMember``) belongs to."""
+    key = getattr(shard, "key", None)
+    return key[0] if isinstance(key, tuple) else shard.var_index
 
 
 def check_constraints(config: dict, outside, names) -> None:
@@ -162,8 +167,7 @@ def check_constraints(config: dict, outside, names) -> None:
         ConfigError: naming each such variable, its constraint, and what to do.
     """
     constrained = config.get(CONSTRAINED) or {}
-    index = [s.key[0] if isinstance(getattr(s, "key", None), tuple) else s.var_index for s in outside]
-    hit = sorted({names[i] for i in index if names[i] in constrained})
+    hit = sorted({names[_var_index(s)] for s in outside} & constrained.keys())
     if hit:
         raise ConfigError([f"variable {n} has a constraint ({constrained[n]}), which Keras applies after each update; "
                            f"only the graph all-reduce applies it here (a parameter server or the gloo/objectstore "

@@ -217,8 +217,7 @@ class RayRunner(Runner):
         """
         if isinstance(strategies, (str, bytes, os.PathLike, Strategy)):
             strategies = [strategies]
-        if not all(isinstance(s, Strategy) for s in strategies):
-            strategies = [resolve_strategy(s, lambda: self.model, self.cluster) for s in strategies]
+        strategies = [resolve_strategy(s, lambda: self.model, self.cluster) for s in strategies]
         if origins is not None and len(origins) != len(strategies):
             raise ValueError(f"origins has {len(origins)} entries for {len(strategies)} strategies")
         return [self.run_one(s, origins[i] if origins else s.origin) for i, s in enumerate(strategies)]
