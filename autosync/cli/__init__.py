@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        with signals.terminate_as_interrupt(), _data_warnings(args.command):
+        with signals.terminate_as_interrupt(), _warnings(args.command):
             return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"autosync {args.command}: error: {e}", file=sys.stderr)
@@ -88,20 +88,30 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
 
 
+# the packages whose warnings are AutoSync's own
+_OWN = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), p, "")
+             for p in ("autosync", "strategy_space", "tuner"))
+
+
 @contextlib.contextmanager
-def _data_warnings(command: str):
-    """What the runtime warns of the user's data (``data_check``) is said on the terminal when the
-    command ends: during a run, stderr goes to Ray's log (``raylog``), where nobody would read it."""
+def _warnings(command: str):
+    """AutoSync's own warnings (of the user's model, ...) are said as the command's: ``autosync
+    CMD: warning: TEXT``, on the terminal even while Ray's output goes to a log (``raylog``),
+    where nobody would read them; what the runtime warns of the user's data (``data_check``)
+    when the command ends. Other libraries' warnings are shown as Python shows them."""
+    from autosync.cli import raylog
     from autosync.runtime.data_check import SameDataWarning
 
     said: list[str] = []
     shown = warnings.showwarning
 
-    def show(message, category, *args, **kwargs):
+    def show(message, category, filename, *args, **kwargs):
         if issubclass(category, SameDataWarning):
             said.append(str(message))
+        elif os.path.abspath(str(filename)).startswith(_OWN):
+            print(f"autosync {command}: warning: {message}", file=raylog.terminal())
         else:
-            shown(message, category, *args, **kwargs)
+            shown(message, category, filename, *args, **kwargs)
 
     warnings.showwarning = show
     try:

@@ -42,6 +42,16 @@ _TF_CHATTER = re.compile(r"^(WARNING: All log messages before absl::InitializeLo
                          r"|\s*)$")
 
 
+# the real stderr of each block running (innermost last): where a command's own messages go
+_TERMINALS: list = []
+
+
+def terminal() -> IO[str]:
+    """Where a command's own messages go now: the real stderr while a block sends Ray's output to
+    a log, ``sys.stderr`` otherwise."""
+    return _TERMINALS[-1] if _TERMINALS else sys.stderr
+
+
 def _worth_naming(path: str) -> bool:
     with open(path, errors="replace") as f:
         return any(not _TF_CHATTER.match(line.rstrip("\n")) for line in f)
@@ -82,6 +92,7 @@ def ray_output_to_log(command: str):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     log = RayLog(path, terminal)
+    _TERMINALS.append(terminal)
     failed = other = None
     try:
         yield log
@@ -90,6 +101,7 @@ def ray_output_to_log(command: str):
     except BaseException as e:   # noqa: BLE001 - re-raised below, once the log is named
         other = e
     finally:
+        _TERMINALS.remove(terminal)
         if not ray_was_up and _ray_is_up():
             _disconnect_ray()
         _flush()
