@@ -447,3 +447,30 @@ def test_a_worker_allocates_what_it_sends_not_its_tables():
     sent = dense + sum(v.rows_per_step * v.shape[1] * 4 for v in spec.variables if v.sparse)
     # gradients, the rows drawn and pulled, Python's own bookkeeping: a few times what it sends
     assert peak < 8 * sent + (256 << 10) < tables / 20, (peak, sent, tables)
+
+
+@pytest.mark.integration
+def test_a_graph_all_reduce_runs_under_emulated_compute_as_auto_does(ray_session):
+    """Emulated workers hold no TensorFlow graph: an all-reduce pinned to backend ``graph`` (what
+    ``tune`` pins a constrained variable to) runs on the nodes' collective backend, reduced in the
+    step as ``auto``'s is; it failed every trial before ("'ActorHandle' object has no attribute
+    'collective_address'"). TensorFlow workers keep the graph."""
+    import autosync
+    from autosync.runtime.plan import SyncPlan
+    from strategy_space import AllReduce, Strategy, VarConfig
+
+    spec = dataclasses.replace(SPEC, variables=SPEC.variables[:3], profile=ComputeProfile(0.005))
+
+    def every(backend):
+        return Strategy(tuple(VarConfig(v.name, (AllReduce(backend=backend),)) for v in spec.variables),
+                        origin=backend)
+
+    runner = autosync.make_runner(spec, "local", compute="emulated", steps=3, warmup=1, precision=None)
+    for graph, want in ((False, "gloo"), (True, "graph")):
+        plan = SyncPlan.build(every("graph"), spec, runner.cluster, graph=graph)
+        assert {(m.backend, m.in_step) for g in plan.ar_groups for m in g.members} == {(want, True)}
+    try:
+        graph, auto = runner.run([every("graph"), every("auto")])
+    finally:
+        runner.close()
+    assert graph.ok and auto.ok, (graph.error, auto.error)

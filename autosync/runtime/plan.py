@@ -167,7 +167,7 @@ class SyncPlan:
 
     @classmethod
     def build(cls, strategy: Strategy, model: ModelSpec, cluster, optimizer: dict | None = None,
-              described: list | None = None) -> "SyncPlan":
+              described: list | None = None, graph: bool = True) -> "SyncPlan":
         """Plan a strategy that ``validate`` accepted.
 
         Args:
@@ -181,6 +181,7 @@ class SyncPlan:
             described: the workers' description of the variables, whose ``rows`` (a sparse
                 variable's distinct rows in a worker's first batch) stand in for rows per step
                 the spec does not give (a spec built from the description has none).
+            graph: the workers run TensorFlow; not so under emulated compute (``_resolved``).
 
         Raises:
             ConfigError: an all-reduce backend that cannot run here (e.g. gloo without torch).
@@ -214,10 +215,10 @@ class SyncPlan:
             for shard_index, (sync, (start, stop)) in enumerate(zip(cfg.synchronizers, bounds)):
                 if isinstance(sync, AllReduce):
                     if sync.backend not in backends:
-                        backends[sync.backend] = resolve_backend(sync.backend, gpus).name
+                        backends[sync.backend] = _resolved(sync.backend, gpus, graph)
                     backend = "hierarchical" if sync.hierarchical and shared_nodes else backends[sync.backend]
                     if sync.backend == "auto" and var.name in constrained and backend != "hierarchical":
-                        backend = resolve_backend("graph", gpus).name
+                        backend = _resolved("graph", gpus, graph)
                     groups.setdefault(sync.group, []).append(ARMember(
                         key=(var_index, shard_index), start=start, stop=stop, axis=axis,
                         num_shards=cfg.num_shards, sparse=var.sparse,
@@ -243,6 +244,15 @@ class SyncPlan:
             layout=tuple(layout),
             rows_per_step=tuple((v.rows_per_step or seen[i]) if v.sparse else 0 for i, v in enumerate(model.variables)),
         )
+
+
+def _resolved(backend: str, gpus: bool, graph: bool) -> str:
+    """The collective backend that runs ``backend`` (``resolve_backend``), except where the workers
+    hold no TensorFlow graph (emulated compute, ``graph`` False): there ``graph`` and ``auto`` run
+    on the nodes' own backend (NCCL on GPUs), still reduced inside the step (``ARMember.in_step``)."""
+    if not graph and backend in ("auto", "graph"):
+        backend = "nccl" if gpus else "auto"
+    return resolve_backend(backend, gpus).name
 
 
 def _graph_cannot_hold(optimizer: dict | None) -> bool:

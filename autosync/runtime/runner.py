@@ -244,7 +244,8 @@ class RayRunner(Runner):
             if doomed:
                 return self._failed(common, "timeout", doomed, meta)
             desc = self.pool.description or {}
-            plan = SyncPlan.build(strategy, model, self.cluster, desc.get("optimizer"), desc.get("variables"))
+            plan = SyncPlan.build(strategy, model, self.cluster, desc.get("optimizer"), desc.get("variables"),
+                                  graph=self.compute != "emulated")
             before = set(self.pool.actors)
             self.pool.ensure(self.model_def, plan.replicas, deadline)
             if set(plan.replicas) - before:
