@@ -126,8 +126,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     Raises:
         ConfigError: bad input, said before any work.
     """
-    from autosync.runtime.optimizers import check_model_optimizer
-    from autosync.search_limits import search_limits
+    from autosync.search_limits import built_model_optimizer, search_limits
     from autosync.sources import is_trainable, load_cluster, load_model_def, load_model_spec
     from tuner.search.baseline_tuner import BaselineTuner
     from tuner.cost_models.analytic import AnalyticCostModel, lower_bound_of_row
@@ -145,9 +144,9 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     constraints = as_constraints(constraints)
     optimizer: dict = {}   # a trainable model's optimizer: what the runtime refuses under it is not planned
     if is_trainable(model):
-        model = load_model_def(model)
-        optimizer = check_model_optimizer(model)
-    spec = model if hasattr(model, "variables") else load_model_spec(model)
+        spec, optimizer = built_model_optimizer(load_model_def(model))
+    else:
+        spec = model if hasattr(model, "variables") else load_model_spec(model)
     limits = search_limits(optimizer, constraints)
     constraints = limits.constraints
     if constraints is not None and constraints.cluster_problems(cluster_spec):

@@ -68,10 +68,25 @@ def target_optimizer(model, compute: str, runner) -> dict:
 
     compute = getattr(runner, "compute", compute)
     if compute == "emulated" and is_trainable(model):
-        from autosync.runtime.optimizers import check_model_optimizer
-
-        return check_model_optimizer(load_model_def(model))
+        return built_model_optimizer(load_model_def(model))[1]
     return runner.optimizer_config()
+
+
+def built_model_optimizer(model_def) -> tuple:
+    """``(ModelSpec, optimizer config)`` of a trainable model, its model built here once: the
+    config with the model's variables (``check_model_optimizer``), so that it names those whose
+    constraints pin them (``search_limits``) where no worker builds the model (``plan``, emulated
+    compute). The optimizer is checked before the model is built.
+
+    Raises:
+        ConfigError: see ``check_model_optimizer`` and ``model_spec_from_def``.
+    """
+    from autosync.models.ingest import built_model_spec
+    from autosync.runtime.optimizers import check_model_optimizer
+
+    check_model_optimizer(model_def)
+    spec, model = built_model_spec(model_def)[:2]
+    return spec, check_model_optimizer(model_def, model.trainable_variables)
 
 
 def search_limits(optimizer_config: dict, user: Constraints | None = None) -> SearchLimits:

@@ -12,7 +12,7 @@ import pytest
 
 from autosync.cli import main
 from autosync.planning import outline
-from strategy_space import load_cluster_spec, load_model_spec, load_strategy, validate
+from strategy_space import AllReduce, load_cluster_spec, load_model_spec, load_strategy, validate
 from strategy_space.builders import BUILDERS
 from tests.conftest import REPO
 
@@ -195,3 +195,28 @@ def test_a_plan_for_a_trainable_model_keeps_out_what_its_optimizer_makes_the_run
     assert split(clipped) == set() and {f"{b}+pins" for b in builders} <= named
     assert clipped.search_note.startswith("no variable partitioned: optimizer option clipnorm=1.0 clips each")
     assert clipped.search_note in autosync.planning.format_plan(clipped)
+
+
+@pytest.mark.integration   # builds a Keras model
+def test_a_plan_keeps_a_constrained_variable_whole_on_the_graph_all_reduce_and_so_does_emulated_tuning():
+    """The runtime refuses a variable with a constraint (``kernel_constraint=NonNeg()``) anywhere
+    but the graph all-reduce (only there does Keras' optimizer apply it). A plan builds the model,
+    so it knows them: every strategy it ranks keeps them there, one shard, and its note names
+    them; tuning under emulated compute, where no worker builds the model, pins them alike."""
+    import autosync
+    from autosync.search_limits import search_limits, target_optimizer
+    from tests import runtime_models as rm
+
+    constrained = {"hidden/kernel", "out/kernel"}
+    plan = autosync.plan(rm.constrained_model_def("adam", learning_rate=0.1), CLUSTER, top=3)
+    assert plan.ranked and "graph all-reduce" in plan.search_note
+    assert all(n in plan.search_note for n in constrained)
+    for ranked in plan.ranked:
+        for v in ranked.strategy.variables:
+            if v.name in constrained:
+                (sync,) = v.synchronizers
+                assert isinstance(sync, AllReduce) and sync.backend == "graph" and not sync.hierarchical, \
+                    (ranked.origin, v)
+    config = target_optimizer(rm.constrained_model_def("sgd", learning_rate=0.1), "emulated", runner=None)
+    assert config["constrained_variables"] == {"hidden/kernel": "NonNeg", "out/kernel": "MaxNorm"}
+    assert {r.match for r in search_limits(config).constraints.rules if r.backend == "graph"} == constrained

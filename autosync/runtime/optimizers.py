@@ -361,9 +361,13 @@ def check_optimizer_config(config: dict) -> None:
         raise ConfigError(problems)
 
 
-def check_model_optimizer(model_def) -> dict:
+def check_model_optimizer(model_def, variables=None) -> dict:
     """The one optimizer check every command runs on a trainable model, before Ray starts
     (``tune``, ``run``, ``baselines`` refuse; ``inspect`` warns).
+
+    Args:
+        variables: the model's trainable variables, when built: the config then carries what
+            depends on them (their constraints, the weight decay's exclusions).
 
     Returns:
         the optimizer's ``keras_optimizer_config`` (``plan`` keeps out what the runtime refuses
@@ -381,7 +385,7 @@ def check_model_optimizer(model_def) -> dict:
             if not callable(getattr(optimizer, "get_config", None)):
                 raise ConfigError(f"optimizer_fn returned {type(optimizer).__name__}, not a keras optimizer; {fix}")
             check_learning_rate(optimizer)
-            config = keras_optimizer_config(optimizer)   # the optimizer's own get_config may raise too
+            config = keras_optimizer_config(optimizer, variables)   # the optimizer's own get_config may raise too
         check_optimizer_config(config)
     except ConfigError as e:
         raise e.with_source(f"model {model_def.name}") from None
