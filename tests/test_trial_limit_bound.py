@@ -65,3 +65,18 @@ def test_the_runner_records_such_a_strategy_as_timed_out_without_starting_it():
     assert trial.status == "timeout" and not trial.worth_another_run
     assert trial.error == beyond_trial_limit(BIG, slow, trial.strategy, steps=13, limit_s=300.0) != ""
     assert trial.origin == "all_reduce" and trial.model_fingerprint == BIG.fingerprint
+
+
+def test_a_strategy_the_features_cannot_encode_is_run_not_failed():
+    """A variable whose shards use different options (one on a PS with local replication, one
+    without) cannot be encoded for the cost model; the bound cannot judge it, so the trial runs
+    (it failed with "cannot be encoded for the tuner ... such strategies run" before)."""
+    from strategy_space import PS, AllReduce, Strategy, VarConfig, validate
+
+    two = cluster(0.1)
+    mixed = Strategy((VarConfig("dense/kernel", (AllReduce(),)),
+                      VarConfig("embedding", (PS("n0", local_replication=True), PS("n1")))))
+    validate(mixed, BIG, two)
+    with pytest.raises(Exception, match="cannot be encoded for the tuner"):
+        step_lower_bound(BIG, two, mixed)
+    assert beyond_trial_limit(BIG, two, mixed, steps=13, limit_s=300.0) == ""

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from strategy_space import ClusterSpec, ModelSpec
+from strategy_space import ClusterSpec, ConfigError, ModelSpec
 from strategy_space.encoding import EncodedStrategies
 
 from tuner.features.alpha_beta import AlphaBeta, step_time
@@ -132,8 +132,12 @@ def beyond_trial_limit(model: ModelSpec, cluster: ClusterSpec, strategy, *, step
     they may: the bytes its busiest NIC must move per step (``step_lower_bound``), at the cluster's
     stated bandwidth, already take longer. Such a trial would only spend the whole limit to time
     out (e.g. any uncompressed strategy for VGG-16's 138M dense parameters on three nodes at
-    100 Mbit/s: 59 s a step on the busiest NIC, 13 steps 767 s against a 300 s limit)."""
-    nic_s = step_lower_bound(model, cluster, strategy)["busiest_nic_s"]
+    100 Mbit/s: 59 s a step on the busiest NIC, 13 steps 767 s against a 300 s limit). A strategy
+    the features cannot encode (a variable's shards on different kinds of synchronizer) runs."""
+    try:
+        nic_s = step_lower_bound(model, cluster, strategy)["busiest_nic_s"]
+    except ConfigError:
+        return ""
     if not nic_s * steps > limit_s:
         return ""
     slowest = min(n.bandwidth_gbps for n in cluster.nodes)
