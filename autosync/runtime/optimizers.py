@@ -363,11 +363,8 @@ def check_optimizer_config(config: dict) -> None:
 
 def check_model_optimizer(model_def, variables=None) -> dict:
     """The one optimizer check every command runs on a trainable model, before Ray starts
-    (``tune``, ``run``, ``baselines`` refuse; ``inspect`` warns).
-
-    Args:
-        variables: the model's trainable variables, when built: the config then carries what
-            depends on them (their constraints, the weight decay's exclusions).
+    (``tune``, ``run``, ``baselines`` refuse; ``inspect`` warns). With the model's trainable
+    ``variables`` the config also says their constraints and weight-decay exclusions.
 
     Returns:
         the optimizer's ``keras_optimizer_config`` (``plan`` keeps out what the runtime refuses
