@@ -24,8 +24,8 @@ _LAZY = {
     # what the API raises: bad input (a message that says what to fix), and a run that failed or
     # ran past its limit (a worker's or parameter server's error, a dead actor)
     "ConfigError": "strategy_space.errors",
-    "TrialFailed": "autosync.runtime.engine",
-    "TrialTimeout": "autosync.runtime.engine",
+    "TrialFailed": "autosync.runtime.waiting",
+    "TrialTimeout": "autosync.runtime.waiting",
     # what it warns of: every worker drew the same data
     "SameDataWarning": "autosync.runtime.data_check",
 }

@@ -167,6 +167,7 @@ class TuneResult:
             "failed_trials": sum(1 for t in self.outcome.trials if not t.ok),
             "trials_to_within_5pct": self.outcome.trials_to_within(0.05),
             "stop_reason": self.outcome.stop_reason,
+            "stop_note": self.outcome.stop_note,
             "run_id": self.outcome.run_id,
             "store": self.store_path,
             "warm_start_trials": self.warm_start_trials,

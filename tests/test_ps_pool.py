@@ -223,3 +223,31 @@ def test_wait_all_names_the_actor_that_died_and_who_lost_it(monkeypatch, awaited
     with pytest.raises(TrialFailed) as e:
         wait_all(["ref"], None, what, [who], {dead: "parameter server ps@n0", "cd" * 14: "worker n0:0"})
     assert str(e.value) == expected
+
+
+def test_a_wait_on_actors_of_a_lost_node_fails_naming_it_instead_of_waiting_out_the_deadline(monkeypatch):
+    """An actor pinned to a node that left the cluster is never placed: its refs would wait until
+    the trial's deadline (300 s by default). Given ``alive``, a wait asks it whenever
+    ``ALIVE_CHECK_S`` pass without progress and fails with what it says; while the cluster is
+    whole it goes on waiting (and without ``alive`` it waits as before, to the deadline)."""
+    import time
+
+    import ray
+
+    from autosync.runtime.waiting import ALIVE_CHECK_S, TrialFailed, TrialTimeout, wait_all
+
+    asked = []
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (asked.append(timeout), ([], refs))[1])
+    said = iter(["", "", "node(s) n1 left the Ray cluster (Ray reports them dead), ..."])
+    with pytest.raises(TrialFailed) as e:
+        wait_all(["ref"], time.monotonic() + 300, "worker", ["n1:0"], alive=lambda: next(said))
+    assert str(e.value).startswith("node(s) n1 left the Ray cluster") and not isinstance(e.value, TrialTimeout)
+    assert len(asked) == 3 and all(0 < t <= ALIVE_CHECK_S for t in asked)
+    asked.clear()
+    with pytest.raises(TrialFailed, match="node\\(s\\) n1 left"):   # no deadline: asked all the same
+        wait_all(["ref"], None, "worker", ["n1:0"], alive=lambda: "node(s) n1 left")
+    assert asked == [ALIVE_CHECK_S]
+    asked.clear()
+    with pytest.raises(TrialTimeout):
+        wait_all(["ref"], time.monotonic() + 0.05, "worker", ["n1:0"])
+    assert asked and all(t <= 0.05 for t in asked)

@@ -305,3 +305,40 @@ def test_when_every_baseline_fails_no_search_is_run(tmp_path):
     baselines = [t for t in out.trials if t.role == "baseline"]
     assert out.stop_reason == "baselines_failed" and not out.search_trials and out.best is None
     assert len(baselines) == runner.calls == 2 * len({t.strategy.fingerprint for t in baselines}) >= 10
+
+
+def test_a_run_whose_cluster_loses_a_node_stops_there_and_says_which(tmp_path):
+    """Once a node has left the cluster (the runner says so: ``Runner.lost_nodes``) every later trial
+    would fail, or time out waiting for it: the run stops at the first failed trial after the loss,
+    that trial says why, and the summary's note names the node and how to go on."""
+    import dataclasses
+
+    from tuner.records.outcome import NODES_LOST
+
+    class LosesANode(SyntheticRunner):
+        after = 7   # trials that run before the node goes
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.calls = 0
+
+        def lost_nodes(self):
+            return ["n2"] if self.calls > self.after else []
+
+        def run(self, strategies, origins=None):
+            self.calls += len(strategies)
+            got = super().run(strategies, origins)
+            if self.calls > self.after:
+                got = [dataclasses.replace(t, status="failed", step_times=(), error="parameter server ps@n2 died")
+                       for t in got]
+            return got
+
+    runner = LosesANode(MODEL, CLUSTER, seed=1)
+    out = run(tmp_path, Budget(trials=20, patience=10, confirm=2), runner=runner)
+    assert out.stop_reason == NODES_LOST and runner.calls == LosesANode.after + 1
+    assert out.stop_note.startswith("node(s) n2 left the Ray cluster") and "--resume continues the run" in out.stop_note
+    last = out.trials[-1]
+    assert not last.ok and last.error.startswith("node(s) n2 left") and "(parameter server ps@n2 died)" in last.error
+    with TrialStore(tmp_path / "t.db") as store:   # stored as said
+        assert [t.error for t in store.trials() if not t.ok] == [last.error]
+    assert out.best is not None   # what was measured before the loss still recommends

@@ -140,6 +140,8 @@ def cmd_tune(args) -> int:
           f"({summary['baseline_trials']} baselines, {summary['trials']} search, {summary['confirm_trials']} "
           f"re-measurements, {summary['failed_trials']} failed), "
           f"stopped: {summary['stop_reason']}")
+    if summary["stop_note"]:
+        print(f"stopped early: {summary['stop_note']}")
     print(result_table(result))
     print(quality_line(summary))
     if any(name.endswith(PINNED_SUFFIX) for name in result.baselines):

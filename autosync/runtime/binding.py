@@ -74,6 +74,21 @@ class ClusterBinding:
         spec = self.cluster.node(node)
         return spec.cpus / max(1, spec.workers or 1)
 
+    def lost_nodes(self) -> list[str]:
+        """The spec's nodes whose Ray node has left the cluster since binding (Ray reports it dead,
+        or no longer knows it), in spec order: nothing placed there runs again."""
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return [name for name, node_id in self.node_ids.items() if node_id not in alive]
+
+    def lost_note(self) -> str:
+        """What the cluster has lost (``lost_nodes``, said by ``lost_nodes_note``), or ""."""
+        from tuner.records.trial import lost_nodes_note
+
+        lost = self.lost_nodes()
+        return lost_nodes_note(lost) if lost else ""
+
     def close(self) -> None:
         """Stop the embedded Ray if this binding started it."""
         if self.started_ray:

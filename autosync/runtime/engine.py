@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 
-from autosync.exception_text import error_reason
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.data_check import check_shards
 from autosync.runtime.plan import SyncPlan, segment_for
@@ -22,6 +21,7 @@ from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
 from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
 from autosync.runtime.sync.ps import PSChannel, pipelined_sparse, ps_chunks
+from autosync.runtime.waiting import TrialFailed, TrialTimeout, dead_actor, wait_all  # noqa: F401 (also this module's)
 from strategy_space.errors import ConfigError
 
 
@@ -39,83 +39,6 @@ def ps_chunk_limit() -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"AUTOSYNC_PS_CHUNKS must be a whole number >= 1 (1 turns PS pipelining off), got {raw!r}")
     return int(raw)
-
-
-class TrialFailed(RuntimeError):
-    """A session raised (a worker or PS error, a dead actor)."""
-
-
-class TrialTimeout(TrialFailed):
-    """A session exceeded its time limit."""
-
-
-def _remaining(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TrialTimeout("time limit reached")
-    return left
-
-
-def dead_actor(e: BaseException, labels: dict[str, str]) -> str | None:
-    """The label (``labels``: actor id hex -> e.g. ``parameter server ps@host1``) of the actor
-    whose death caused ``e``, if it is one of them: a worker whose call to a killed parameter
-    server failed names the server, not itself."""
-    import re
-
-    import ray
-
-    stack, seen = [e], 0
-    while stack and seen < 16:
-        x = stack.pop()
-        seen += 1
-        if isinstance(x, ray.exceptions.RayActorError) and getattr(x, "actor_id", None) in labels:
-            return labels[x.actor_id]
-        stack += [c for c in (getattr(x, "cause", None), x.__cause__, x.__context__) if isinstance(c, BaseException)]
-    text = str(e)
-    for m in re.finditer(r"actor_id:?\s*([0-9a-f]{16,})", text):
-        if m.group(1) in labels:
-            return labels[m.group(1)]
-    return None
-
-
-def wait_all(refs: list, deadline: float | None, what: str, names: list | None = None,
-             actors: dict[str, str] | None = None) -> list:
-    """``ray.get`` of all refs, failing fast on the first error and at the deadline.
-
-    Args:
-        actors: actor id hex -> label of the actors the refs depend on; an error caused by the
-            death of one of them is reported as that actor's death (``dead_actor``).
-
-    Raises:
-        TrialFailed: one raised (its reason, prefixed by its name, or the actor that died).
-        TrialTimeout: not all finished before ``deadline``.
-    """
-    import ray
-
-    index = {r: i for i, r in enumerate(refs)}
-    pending = list(refs)
-    results: list = [None] * len(refs)
-    while pending:
-        try:
-            timeout = _remaining(deadline)
-        except TrialTimeout:
-            raise TrialTimeout(f"{what}: time limit reached with {len(pending)} of {len(refs)} unfinished") from None
-        done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
-        if not done:
-            continue
-        i = index[done[0]]
-        try:
-            results[i] = ray.get(done[0])
-        except Exception as e:  # noqa: BLE001 - any task/actor error fails the session
-            who = names[i] if names else f"#{i}"
-            died = dead_actor(e, actors) if actors else None
-            if died is not None:   # (an awaited actor's own death is not one it "lost")
-                lost = "" if died == f"{what} {who}" else f"; {what} {who} lost it"
-                raise TrialFailed(f"{died} died (the actor process exited or was killed{lost})") from None
-            raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from None
-    return results
 
 
 class WorkerPool:
@@ -190,7 +113,8 @@ class WorkerPool:
     def _join_graph(self, slots: tuple[str, ...], deadline: float | None) -> None:
         """Make the (fresh) workers of ``slots`` one TensorFlow cluster for in-graph collectives."""
         workers = [self.actors[s] for s in slots]
-        addresses = wait_all([w.collective_address.remote() for w in workers], deadline, "worker", list(slots))
+        addresses = wait_all([w.collective_address.remote() for w in workers], deadline, "worker", list(slots),
+                             alive=self.binding.lost_note)
         wait_all([w.join_collective.remote(i, addresses) for i, w in enumerate(workers)], deadline, "worker",
                  list(slots))
         self._joined.add(slots)
@@ -234,7 +158,7 @@ class WorkerPool:
         first = stale[0] if self.description is None else None
         refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots), s == first) for s in stale]
         try:
-            loaded = wait_all(refs, deadline, "worker", stale)
+            loaded = wait_all(refs, deadline, "worker", stale, alive=self.binding.lost_note)
         except TrialFailed:
             self.kill_all()
             raise
@@ -331,7 +255,8 @@ class Session:
         self.chunks = [ps_chunks(p.shards, shapes, itemsize, limit, PS_CHUNK_MIN_BYTES,
                                  pipelined_sparse(plan, p, binding.cluster, shapes, itemsize)) for p in plan.ps_actors]
         self.ps_actors, ready = self.pool.ps.start(plan, desc["optimizer"], self.chunks, self.pool.description_ref)
-        ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in plan.ps_actors], self.actor_labels())
+        ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in plan.ps_actors], self.actor_labels(),
+                           alive=binding.lost_note)
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
         links = self._start_links(deadline)
         n = self.plan.num_workers

@@ -27,7 +27,7 @@ from strategy_space.builders import resolve_strategy
 from strategy_space.errors import ConfigError, short_repr
 from tuner.cost_models.analytic import beyond_trial_limit
 from tuner.records.precision import MeasurePolicy
-from tuner.records.trial import Runner, Trial
+from tuner.records.trial import Runner, Trial, lost_nodes_note
 
 
 def summarize_steps(results: list[dict], warmup: int, untimed_tail: int = 0) -> dict:
@@ -239,6 +239,8 @@ class RayRunner(Runner):
             model = self._loaded()
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
+            if lost := self.lost_nodes():   # its actors could never be placed: fail now, not at the trial limit
+                return self._failed(common, "failed", f"not run: {lost_nodes_note(lost)}", meta)
             doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
                                         limit_s=self.trial_timeout_s)
             if doomed:
@@ -310,6 +312,10 @@ class RayRunner(Runner):
     def _failed(self, common: dict, status: str, reason: str, meta: dict) -> Trial:
         common.setdefault("model_fingerprint", self._model.fingerprint if self._model else "")
         return Trial(status=status, error=reason, finished_at=time.time(), meta=meta, **common)
+
+    def lost_nodes(self) -> list[str]:
+        """The cluster's nodes that left the Ray cluster since the runner bound it (none can run a trial)."""
+        return self.binding.lost_nodes()
 
     def close(self) -> None:
         """Kill the workers and stop the embedded Ray if this runner started them (a shared pool

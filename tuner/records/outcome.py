@@ -21,6 +21,10 @@ from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, EXACT, Efficiency, goo
 from tuner.records.trial import Trial
 
 
+# the stop of a run whose cluster lost nodes: every later trial would fail or time out
+NODES_LOST = "nodes_lost"
+
+
 @dataclass
 class TuneOutcome:
     """What a tuning run measured.
@@ -29,8 +33,9 @@ class TuneOutcome:
         run_id: id stored in every trial (``Trial.run_id``).
         trials: this run's trials in measurement order (resumed ones included): in a run of
             ``tune_loop``, its ``History`` (the one record of what was measured).
-        stop_reason: ``trials``, ``time``, ``patience``, ``exhausted`` or ``baselines_failed`` (no
-            search: every baseline failed).
+        stop_reason: ``trials``, ``time``, ``patience``, ``exhausted``, ``baselines_failed`` (no
+            search: every baseline failed) or ``nodes_lost`` (nodes left the cluster: ``NODES_LOST``).
+        stop_note: what a stop other than the budget's says (which nodes were lost), or "".
         quality: ``goodput``, ``exact`` or ``step`` (``tuner.records.goodput.QUALITIES``): what ``figure``
             ranks by.
         efficiency: strategy fingerprint -> its measured statistical efficiency (lossy strategies
@@ -43,6 +48,7 @@ class TuneOutcome:
     run_id: str
     trials: Sequence[Trial] = field(default_factory=list)
     stop_reason: str = ""
+    stop_note: str = ""
     quality: str = "step"
     efficiency: dict = field(default_factory=dict)
     probe_seconds: float = 0.0

@@ -168,6 +168,11 @@ class Runner(abc.ABC):
         empty where the runner has none to say (fakes, emulated models without options)."""
         return {}
 
+    def lost_nodes(self) -> list[str]:
+        """The cluster's nodes that have left it since the runner started (no trial can run there
+        again: a tuning run stops, ``lost_nodes_note``); none where the runner cannot tell."""
+        return []
+
     def close(self) -> None:
         """Release everything the runner holds (actors, processes)."""
 
@@ -176,3 +181,10 @@ class Runner(abc.ABC):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def lost_nodes_note(names: Sequence[str]) -> str:
+    """What a trial or a tuning run says of nodes that left the cluster (``Runner.lost_nodes``)."""
+    shown = ", ".join(list(names)[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return (f"node(s) {shown} left the Ray cluster (Ray reports them dead), so no strategy can run on this "
+            f"cluster: bring them back (or give a cluster without them) and run again")

@@ -48,8 +48,8 @@ from strategy_space import ClusterSpec, ModelSpec
 from tuner.records.dataset import store_groups
 from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
 from tuner.records.history import History
-from tuner.records.outcome import TuneOutcome
-from tuner.records.trial import Runner, Trial
+from tuner.records.outcome import NODES_LOST, TuneOutcome
+from tuner.records.trial import Runner, Trial, lost_nodes_note
 from tuner.search.base import Proposal, Tuner
 from tuner.search.baseline_tuner import BaselineTuner
 
@@ -182,12 +182,17 @@ class _TuningRun:
         probe the trials."""
         got = []
         for p in proposals:
-            if role != "baseline" and self.out_of_time():
+            if self.outcome.stop_reason == NODES_LOST or (role != "baseline" and self.out_of_time()):
                 break
             # a failed baseline is run once more before it drops out of the comparison (a fault can
             # be passing; a time-out is not: Trial.worth_another_run); both attempts are stored
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = self.runner.run([p.strategy], [p.origin])
+                lost = [] if t.ok else getattr(self.runner, "lost_nodes", list)()
+                if lost:   # every later trial would fail, or time out waiting for them
+                    note = lost_nodes_note(lost)
+                    self.outcome.stop_reason, self.outcome.stop_note = NODES_LOST, note + "; --resume continues the run"
+                    t = dataclasses.replace(t, error=t.error if note in t.error else f"{note} ({t.error})")
                 t = dataclasses.replace(t, run_id=self.outcome.run_id, role=role, predicted_s=p.predicted_s,
                                         aliases=p.aliases, meta={**t.meta, **p.meta, "quality": self.quality,
                                                                  "min_efficiency": self.min_efficiency,
@@ -197,7 +202,7 @@ class _TuningRun:
                 got.append(t)
                 if self.on_trial:
                     self.on_trial(t, self.outcome)
-                if not t.worth_another_run:
+                if not t.worth_another_run or self.outcome.stop_reason == NODES_LOST:
                     break
         self.probe(got)
         return got
@@ -211,6 +216,8 @@ class _TuningRun:
         the tuner has nothing left, or every baseline failed); the reason is the outcome's
         ``stop_reason``."""
         outcome, budget = self.outcome, self.budget
+        if outcome.stop_reason == NODES_LOST:
+            return
         baselines = [t for t in outcome.trials if t.role == "baseline"]
         if baselines and not any(t.ok for t in baselines):
             # every builder's strategy failed, each run twice unless it timed out: PS and all-reduce
@@ -236,6 +243,8 @@ class _TuningRun:
                 outcome.stop_reason = "exhausted"
                 return
             self.measure(proposals, "search")
+            if outcome.stop_reason == NODES_LOST:
+                return
             new_best = self._figure_of_leader()
             stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
             best = min(best, new_best)
@@ -247,7 +256,7 @@ class _TuningRun:
         left unconfirmed when the cap is reached cannot be recommended (``TuneOutcome.best``)."""
         confirm = self.budget.confirm
         for _ in range(1 + 5 * confirm if confirm else 0):
-            if self.out_of_time():
+            if self.out_of_time() or self.outcome.stop_reason == NODES_LOST:
                 return
             need = [t for t in (self.outcome.best_baseline, self.outcome.leader())
                     if t is not None and t.measurements < 1 + confirm]
