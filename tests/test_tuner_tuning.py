@@ -337,6 +337,8 @@ def test_a_run_whose_cluster_loses_a_node_stops_there_and_says_which(tmp_path):
     out = run(tmp_path, Budget(trials=20, patience=10, confirm=2), runner=runner)
     assert out.stop_reason == NODES_LOST and runner.calls == LosesANode.after + 1
     assert out.stop_note.startswith("node(s) n2 left the Ray cluster") and "--resume continues the run" in out.stop_note
+    assert out.stop_note.endswith("nothing was re-measured, so the recommendation rests on single measurements")
+    assert not out.confirm_trials
     last = out.trials[-1]
     assert not last.ok and last.error.startswith("node(s) n2 left") and "(parameter server ps@n2 died)" in last.error
     with TrialStore(tmp_path / "t.db") as store:   # stored as said

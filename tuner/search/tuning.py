@@ -256,11 +256,13 @@ class _TuningRun:
         left unconfirmed when the cap is reached cannot be recommended (``TuneOutcome.best``)."""
         confirm = self.budget.confirm
         for _ in range(1 + 5 * confirm if confirm else 0):
-            if self.out_of_time() or self.outcome.stop_reason == NODES_LOST:
-                return
             need = [t for t in (self.outcome.best_baseline, self.outcome.leader())
                     if t is not None and t.measurements < 1 + confirm]
-            if not need:
+            if not need or self.out_of_time():
+                return
+            if self.outcome.stop_reason == NODES_LOST:
+                self.outcome.stop_note += ("; nothing was re-measured, so the recommendation rests on single "
+                                           "measurements")
                 return
             t = need[0]
             self.measure([Proposal(t.strategy, t.origin, aliases=t.aliases)], "confirm")
