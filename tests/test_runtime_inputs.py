@@ -255,7 +255,8 @@ def test_fit_callbacks_are_checked_before_any_step_and_one_may_come_alone():
         def on_train_batch_end(self, batch, logs=None):
             pass
 
-    with pytest.raises(ConfigError, match=r"callbacks\[0\] .*got KerasLike .*a Keras callback needs a wrapper"):
+    with pytest.raises(ConfigError, match=r"callbacks\[0\] .*got KerasLike .*a Keras callback acts on keras.Model.fit's "
+                                          r"loop.*set trainer.stop_training = True in it to stop early"):
         step_callbacks([KerasLike()])
     with pytest.raises(ConfigError, match=r"callbacks must be a list .*got str"):
         step_callbacks("on_step_end")

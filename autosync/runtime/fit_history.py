@@ -59,7 +59,10 @@ def step_callbacks(callbacks) -> list[StepCallback]:
         call = getattr(cb, "on_step_end", None) if hasattr(cb, "on_step_end") else cb
         if not callable(call):
             raise ConfigError(f"callbacks[{i}] is neither a function fn(step, logs) nor an object with a method "
-                              f"on_step_end(step, logs): got {type(cb).__name__} {short_repr(cb)} (a Keras "
-                              f"callback needs a wrapper: lambda step, logs: cb.on_train_batch_end(step, logs))")
+                              f"on_step_end(step, logs): got {type(cb).__name__} {short_repr(cb)}"
+                              + (" (a Keras callback acts on keras.Model.fit's loop: its epochs and its model, which "
+                                 "Trainer.fit does not run; write a function of the step's logs instead, and set "
+                                 "trainer.stop_training = True in it to stop early)"
+                                 if hasattr(cb, "on_train_batch_end") else ""))
         calls.append(call)
     return calls
