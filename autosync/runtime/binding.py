@@ -79,7 +79,10 @@ class ClusterBinding:
         or no longer knows it), in spec order: nothing placed there runs again."""
         import ray
 
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        except Exception:  # noqa: BLE001 - Ray cannot say (not connected, shutting down): none known lost
+            return []
         return [name for name, node_id in self.node_ids.items() if node_id not in alive]
 
     def lost_note(self) -> str:
