@@ -257,6 +257,30 @@ def test_more_failures_than_allowed_raise_naming_each(pool, tmp_path):
         assert trainer.session is None
 
 
+def test_a_failure_after_a_node_left_the_cluster_is_not_restarted(pool, tmp_path, monkeypatch):
+    """A restart would place actors on the node that left, and wait for it (``waiting.wait_all``'s
+    ``alive`` fails it after a few seconds, each restart again): ``fit`` stops at the failure and
+    says which node, whatever ``max_failures`` still allows."""
+    from autosync.runtime.binding import ClusterBinding
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    strategy = _strategy(pool, md, "ps")
+    gone = "node(s) node1 left the Ray cluster (Ray reports them dead), so no strategy can run on this cluster"
+
+    def kill_ps(step, logs):
+        monkeypatch.setattr(ClusterBinding, "lost_note", lambda self: gone)
+        _kill(trainer.session.ps_actors[0], "ready")
+
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        with pytest.raises(RuntimeError, match=r"training failed 1 time, and cannot restart: node\(s\) node1 left the "
+                                               r"Ray cluster .*: at step 1: parameter server ps@node0 died"):
+            trainer.fit(steps=4, callbacks=[kill_ps], steps_per_call=1, checkpoint_dir=tmp_path / "ckpt",
+                        max_failures=3)
+        assert trainer.session is None
+        monkeypatch.undo()
+
+
 def test_restore_refuses_missing_damaged_and_foreign_checkpoints(tmp_path):
     """Found before any Ray actor starts."""
     import autosync

@@ -269,10 +269,12 @@ class Trainer:
                     raise
                 self._salvage()
                 failures.append(f"at step {self.step}: {e}")
-                if len(failures) > max_failures:
+                lost = getattr(self.pool.binding, "lost_note", str)()   # no restart could place its actors
+                if len(failures) > max_failures or lost:
                     listed = "; ".join(failures)
-                    raise RuntimeError(f"training failed {len(failures)} times, more than max_failures="
-                                       f"{max_failures}: {listed}") from e
+                    why = f"and cannot restart: {lost}" if lost else f"more than max_failures={max_failures}"
+                    times = f"{len(failures)} time{'s' if len(failures) > 1 else ''}"
+                    raise RuntimeError(f"training failed {times}, {why}: {listed}") from e
 
     def _salvage(self) -> None:
         """After a failure: kill the session's parameter servers and helpers, and the workers
