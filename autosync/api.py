@@ -389,7 +389,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     store_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         # what the model's optimizer makes the runtime refuse is never proposed (a clashing pin fails here)
-        limits = search_limits(target_optimizer(model, compute, runner), constraints)
+        limits = search_limits(target_optimizer(model, compute, runner), constraints,
+                               {v.name for v in spec.variables if v.sparse})
         with TrialStore(store_path) as trial_store:
             lossy_note = ""
             if quality == "goodput" and prober is None:

@@ -147,7 +147,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         spec, optimizer = built_model_optimizer(load_model_def(model))
     else:
         spec = model if hasattr(model, "variables") else load_model_spec(model)
-    limits = search_limits(optimizer, constraints)
+    limits = search_limits(optimizer, constraints, {v.name for v in spec.variables if v.sparse})
     constraints = limits.constraints
     if constraints is not None and constraints.cluster_problems(cluster_spec):
         raise ConfigError(constraints.cluster_problems(cluster_spec))

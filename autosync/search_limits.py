@@ -89,9 +89,11 @@ def built_model_optimizer(model_def) -> tuple:
     return spec, check_model_optimizer(model_def, model.trainable_variables)
 
 
-def search_limits(optimizer_config: dict, user: Constraints | None = None) -> SearchLimits:
+def search_limits(optimizer_config: dict, user: Constraints | None = None, sparse=None) -> SearchLimits:
     """The pins that keep a search inside what the runtime runs under ``optimizer_config``
-    (``keras_optimizer_config``; empty for a runner that has none to say).
+    (``keras_optimizer_config``; empty for a runner that has none to say). ``sparse``: the
+    model's sparse variables' names, which a rule's ``sparse`` selects by (None: unknown, and
+    such a rule is taken to select every variable its ``match`` does).
 
     Raises:
         ConfigError: a user's pin the runtime would refuse under this optimizer (shards above 1
@@ -102,7 +104,7 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
 
     rules = tuple(user.rules) if user is not None else ()
     constrained = sorted(optimizer_config.get(CONSTRAINED) or {})
-    pinned, problems = _constrained_pins(constrained, rules)
+    pinned, problems = _constrained_pins(constrained, rules, sparse)
     staleness = user.staleness if user is not None else None
     partition_note = staleness_note = ""
     reasons = [reason for reason, _ in whole_variable_reasons(optimizer_config)]
@@ -127,12 +129,15 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None) -> Se
     return SearchLimits(constraints, partition_note, staleness_note, constraint_note)
 
 
-def _constrained_pins(constrained: list[str], rules: tuple) -> tuple[tuple, list[str]]:
+def _constrained_pins(constrained: list[str], rules: tuple, sparse) -> tuple[tuple, list[str]]:
     """Pins that keep each of the ``constrained`` variables on the graph all-reduce, whole: the one
     synchronizer that applies their constraints (``keras_optimizer.check_constraints``); and the
-    problems of the user's rules that would move one elsewhere."""
-    import fnmatch
+    problems of the user's rules that would move one elsewhere (``search_limits``' ``sparse``)."""
     import glob
+
+    def selects(rule, name: str) -> bool:
+        return (rule.selects(name, name in sparse) if sparse is not None
+                else rule.selects(name, True) or rule.selects(name, False))
 
     problems = []
     for rule in rules:
@@ -142,6 +147,6 @@ def _constrained_pins(constrained: list[str], rules: tuple) -> tuple[tuple, list
         problems += [f"{rule.label}: pins {', '.join(moves)} on {name}, which has a constraint that only the graph "
                      f"all-reduce applies (Keras applies it after each update); leave {name} free or pin sync "
                      f"all_reduce, backend graph" for name in constrained
-                     if moves and fnmatch.fnmatchcase(name, rule.match)]
+                     if moves and selects(rule, name)]
     return tuple(Rule(match=glob.escape(name), sync="all_reduce", backend="graph", shards=1)
                  for name in constrained), problems

@@ -67,3 +67,18 @@ def test_a_variable_with_a_constraint_is_pinned_whole_to_the_graph_all_reduce_be
                                    "that only the graph all-reduce applies (Keras applies it after each update); leave "
                                    "out/kernel free or pin sync all_reduce, backend graph")
     assert all("pins backend gloo on" in p for p in e.value.problems[1:3]) and "shards 2 on out/kernel" in e.value.problems[3]
+
+
+def test_a_users_rule_for_sparse_variables_does_not_clash_with_a_dense_constrained_one():
+    """``sparse: true, sync: ps`` pins the embeddings, not a constrained dense kernel: no clash
+    where the model says which variables are sparse; a constrained embedding it does move."""
+    from autosync.runtime.optimizer_config import CONSTRAINED
+
+    config = {"class": "Adam", "learning_rate": 0.1, CONSTRAINED: {"out/kernel": "MaxNorm"}}
+    user = Constraints((Rule(match="*", sparse=True, sync="ps"),))
+    limits = search_limits(config, user, sparse={"emb/embeddings"})
+    assert limits.constraints.rules[-1] == user.rules[0]
+    with pytest.raises(ConfigError, match="pins sync ps on out/kernel"):
+        search_limits(config, user, sparse={"out/kernel"})
+    with pytest.raises(ConfigError, match="pins sync ps on out/kernel"):   # sparsity unknown: taken to select
+        search_limits(config, user)
