@@ -466,10 +466,10 @@ def test_a_graph_all_reduce_runs_under_emulated_compute_as_auto_does(ray_session
                         origin=backend)
 
     runner = autosync.make_runner(spec, "local", compute="emulated", steps=3, warmup=1, precision=None)
-    for graph, want in ((False, "gloo"), (True, "graph")):
-        plan = SyncPlan.build(every("graph"), spec, runner.cluster, graph=graph)
-        assert {(m.backend, m.in_step) for g in plan.ar_groups for m in g.members} == {(want, True)}
     try:
+        for graph, want in ((False, "gloo"), (True, "graph")):
+            plan = SyncPlan.build(every("graph"), spec, runner.cluster, graph=graph)
+            assert {(m.backend, m.in_step) for g in plan.ar_groups for m in g.members} == {(want, True)}
         graph, auto = runner.run([every("graph"), every("auto")])
     finally:
         runner.close()
