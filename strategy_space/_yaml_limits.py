@@ -186,6 +186,11 @@ def construct_from_events(loader):
                 except TypeError:
                     raise _error(f"a mapping key must be a plain value, got a {type(value).__name__}",
                                  event.start_mark) from None
+            if value is not _MERGE and value in top.value:
+                # PyYAML keeps the last of two equal keys without a word: the first value, which
+                # the writer meant too, would be dropped unseen
+                raise _error(f"the key {str(value)[:80]!r} appears twice in one mapping (the second would "
+                             f"silently replace the first); keep one", event.start_mark)
             top.key, top.has_key = value, True
         else:
             if top.key is _MERGE:

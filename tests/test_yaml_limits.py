@@ -83,6 +83,30 @@ def test_a_few_aliases_still_load(tmp_path):
     assert load(path, "strategy").variables == s.variables
 
 
+@pytest.mark.parametrize("libyaml", [True, False])
+def test_a_key_written_twice_in_one_mapping_is_refused(tmp_path, monkeypatch, libyaml):
+    """PyYAML keeps the last of two equal keys silently: ``group: 0, group: 3`` would train
+    group 3 while the writer reads group 0. Merged keys (``<<``) still give way to written ones."""
+    import strategy_space.yaml_io as yaml_io
+
+    if not libyaml:   # the pure-Python loader alone (PyYAML without libyaml)
+        monkeypatch.setattr(yaml_io, "FastLoader", yaml_io.PlainLoader)
+    model, cluster = tiny_model(), three_node_cluster()
+    path = tmp_path / "s.yaml"
+    save(get_builder("all_reduce").build(model, cluster), path)
+    text = path.read_text()
+    assert text.count("group: 0}") >= 2
+    line = text[:text.index("group: 0}")].count("\n") + 1
+    path.write_text(text.replace("group: 0}", "group: 0, group: 3}", 1))
+    with pytest.raises(ConfigError, match=rf"line {line}, .*the key 'group' appears twice in one mapping"):
+        load(path, "strategy")
+    path.write_text(text.replace("version: 1\n", "version: 1\nversion: 1\n", 1))
+    with pytest.raises(ConfigError, match="the key 'version' appears twice"):
+        load(path, "strategy")
+    path.write_text("base: &b {x: 1, y: 2}\nm: {<<: *b, x: 3}\n")
+    assert yaml_io.parse_text(path.read_text()) == {"base": {"x": 1, "y": 2}, "m": {"x": 3, "y": 2}}
+
+
 def test_a_directory_is_not_reported_as_a_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="is a directory"):
         load(tmp_path, "model")
