@@ -242,3 +242,46 @@ def test_typed_fields_round_trip_and_old_meta_keys_load_onto_them(tmp_path):
     assert {x.role for x in trials} >= {"baseline", "search"} and all(x.run_id for x in trials)
     assert {x.compute for x in trials} <= {"", "real", "emulated"}   # the shipped dataset predates the key
     assert not any(set(x.meta) & set(META_FIELDS) for x in trials)
+
+
+def test_a_write_the_disk_refuses_is_a_store_error_and_keeps_what_was_stored(tmp_path):
+    """A full disk (here: SQLite's page limit, which fails a write as a full disk does) mid-run:
+    the write is rolled back and said as a StoreError naming the store and the fix, not a
+    traceback; every trial committed before is kept and the store takes writes again once there
+    is room."""
+    from tuner.records.store import StoreError
+
+    trials = [t for s in range(8) for t in _trials(seed=s)]
+    path = tmp_path / "t.db"
+    with TrialStore(path) as st:
+        st.add_many(trials[:2], MODEL, CLUSTER)
+        pages = st._db.execute("PRAGMA page_count").fetchone()[0]
+        st._db.execute(f"PRAGMA max_page_count={pages}")
+        with pytest.raises(StoreError, match=rf"cannot write to the trial store {path} \(database or disk is "
+                                             rf"full\); what it held before is kept.*free space on its disk"):
+            st.add_many(trials[2:], MODEL, CLUSTER)
+        assert not st._db.in_transaction
+        kept = len(st.trials())
+        assert 2 <= kept < len(trials)
+        st._db.execute(f"PRAGMA max_page_count={pages * 100}")
+        assert st.add_many(trials, MODEL, CLUSTER) == len(trials) - kept
+    with TrialStore(path) as st:
+        assert len(st.trials()) == len(trials)
+
+
+def test_a_store_locked_past_its_timeout_is_a_store_error(tmp_path):
+    from tuner.records.store import StoreError
+
+    path = tmp_path / "t.db"
+    with TrialStore(path, timeout_s=0.2) as st:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")   # another process's write in progress
+        try:
+            with pytest.raises(StoreError, match=r"\(database is locked\).*another process holds its lock"):
+                st.add_many(_trials(), MODEL, CLUSTER)
+            with pytest.raises(StoreError, match="another process holds its lock"):
+                TrialStore(path, timeout_s=0.2)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert st.add_many(_trials(), MODEL, CLUSTER) == len(_trials())

@@ -20,16 +20,15 @@ import platform
 import sqlite3
 import sys
 import time
-import urllib.parse
 from typing import Iterable
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy, dumps, loads
 from strategy_space.errors import ConfigError, short_repr
 
 from tuner.records.goodput import ProbeResult
+from tuner.records.store_file import SCHEMA_VERSION, StoreError, check_store_file, store_error, write_error
 from tuner.records.trial import Trial
 
-SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS models (fingerprint TEXT PRIMARY KEY, name TEXT NOT NULL, spec_yaml TEXT NOT NULL,
@@ -54,69 +53,6 @@ _TRIAL_COLS = ("uid", "model_fp", "cluster_fp", "strategy_fp", "status", "median
                "batch_size", "breakdown", "origin", "started_at", "finished_at", "meta", "env")
 
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-_NEEDED_TABLES = {"info", "models", "clusters", "strategies", "trials"}
-
-
-class StoreError(ConfigError):
-    """A file given as a trial store that is not one (or is damaged); it is left as it is."""
-
-
-def _store_error(path: str, why: str) -> StoreError:
-    return StoreError(f"{path} is not a readable AutoSync trial store: {why}. The file was left unchanged; "
-                      f"give another trial store file (a new path starts an empty store) or move this one away")
-
-
-def check_store_file(path: str | os.PathLike) -> None:
-    """Check, without writing anything, that ``path`` is missing, empty, or a readable AutoSync
-    trial store of this schema version.
-
-    The file is read through an immutable read-only connection (no lock, journal or WAL files
-    are created). When a write-ahead log sits beside it (a writer was killed before
-    checkpointing), the main file alone may not be consistent, so only its header is checked.
-
-    Raises:
-        StoreError: a directory, a file that is not SQLite, a damaged database, or an SQLite
-            database that is not a trial store (or of another schema version).
-    """
-    path = os.path.expanduser(os.fspath(path))
-    if os.path.isdir(path):
-        raise _store_error(path, "it is a directory")
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
-    except OSError as e:
-        raise _store_error(path, f"it cannot be read ({e.strerror or e})") from None
-    if not head:
-        return
-    if head != SQLITE_MAGIC:
-        raise _store_error(path, "it is not an SQLite database (wrong file header)")
-    wal = path + "-wal"
-    if os.path.exists(wal) and os.path.getsize(wal) > 0:
-        return
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro&immutable=1"
-    try:
-        db = sqlite3.connect(uri, uri=True)
-        try:
-            check = db.execute("PRAGMA quick_check").fetchone()
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            version = (db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone()
-                       if "info" in tables else None)
-        finally:
-            db.close()
-    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:   # (a damaged table name is not UTF-8)
-        raise _store_error(path, f"SQLite cannot read it ({str(e)[:200]}); it is damaged or truncated") from None
-    if not check or check[0] != "ok":
-        raise _store_error(path, f"the database is damaged ({str(check[0] if check else '')[:120]})")
-    if tables and not _NEEDED_TABLES <= tables:
-        raise _store_error(path, f"it is an SQLite database without AutoSync's tables (it has "
-                                 f"{', '.join(sorted(tables)[:5])}{' ...' if len(tables) > 5 else ''})")
-    if version is not None and str(version[0]) != str(SCHEMA_VERSION):
-        raise _store_error(path, f"it has schema version {str(version[0])[:20]}, this AutoSync reads {SCHEMA_VERSION}")
-
-
 def open_existing_store(path: str | os.PathLike) -> "TrialStore":
     """Open a trial store that must already exist and hold the tables (for commands that only
     read one: a missing, empty or damaged file is an error and is not created or changed).
@@ -129,7 +65,7 @@ def open_existing_store(path: str | os.PathLike) -> "TrialStore":
     if not os.path.isfile(path):
         raise StoreError(f"trial store not found: {path} (give the path of an existing trial store file)")
     if os.path.getsize(path) == 0:
-        raise _store_error(path, "the file is empty")
+        raise store_error(path, "the file is empty")
     return TrialStore(path)
 
 
@@ -178,12 +114,13 @@ class TrialStore:
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         try:
             self._open()
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError, StoreError) as e:
             self._db.close()
-            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                raise StoreError(f"{self.path}: the trial store is locked by another process ({e}); wait for "
-                                 f"it to finish or give another store file") from None
-            raise _store_error(self.path, f"SQLite cannot use it ({e})") from None
+            if isinstance(e, StoreError):
+                raise
+            if isinstance(e, sqlite3.OperationalError):   # a full disk, a read-only folder, a lock
+                raise write_error(self.path, e) from None
+            raise store_error(self.path, f"SQLite cannot use it ({e})") from None
 
     def _open(self) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -197,22 +134,36 @@ class TrialStore:
         found = self._db.execute("SELECT value FROM info WHERE key='schema_version'").fetchone()[0]
         if str(found) != str(SCHEMA_VERSION):
             self._db.close()
-            raise _store_error(self.path, f"it has schema version {str(found)[:20]}, this AutoSync reads "
+            raise store_error(self.path, f"it has schema version {str(found)[:20]}, this AutoSync reads "
                                           f"{SCHEMA_VERSION}")
 
     # ---- plumbing ---------------------------------------------------------------------------
     class _Tx:
-        def __init__(self, db):
-            self.db = db
+        """One write transaction. A write SQLite refuses (a full disk, a read-only file, a lock
+        held past the timeout) is rolled back and raised as a ``StoreError`` naming the store."""
+
+        def __init__(self, store: "TrialStore"):
+            self.db, self.path = store._db, store.path
 
         def __enter__(self):
-            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as e:
+                raise write_error(self.path, e) from None
 
-        def __exit__(self, exc_type, *_):
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        def __exit__(self, exc_type, exc, _tb):
+            try:
+                if exc_type is None:
+                    self.db.execute("COMMIT")
+            except sqlite3.OperationalError as e:
+                exc = e
+            if self.db.in_transaction:   # (SQLite has rolled back some failed writes itself)
+                self.db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise write_error(self.path, exc) from None
 
     def _tx(self) -> "_Tx":
-        return self._Tx(self._db)
+        return self._Tx(self)
 
     def close(self) -> None:
         self._db.close()
@@ -317,7 +268,7 @@ class TrialStore:
             return self._db.execute(sql, args).fetchall()
         except (sqlite3.Error, UnicodeDecodeError) as e:
             why = " ".join(str(e).split())
-            raise _store_error(self.path, f"reading it failed ({why[:160]}{'...' if len(why) > 160 else ''}); it "
+            raise store_error(self.path, f"reading it failed ({why[:160]}{'...' if len(why) > 160 else ''}); it "
                                           f"is damaged") from None
 
     def _trial(self, row: sqlite3.Row) -> Trial:
@@ -353,7 +304,7 @@ class TrialStore:
                 out.append(self._trial(row[1:]))
             except (ValueError, TypeError, KeyError, AttributeError) as e:   # bad JSON, a wrong type, a bad strategy
                 why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-                raise _store_error(self.path, f"trial row id={row[0]} is damaged ({why}); delete it with "
+                raise store_error(self.path, f"trial row id={row[0]} is damaged ({why}); delete it with "
                                               f"`sqlite3 {self.path} 'DELETE FROM trials WHERE id={row[0]}'`") from None
         return out
 
@@ -390,7 +341,7 @@ class TrialStore:
             return loads(rows[0][0], kind, source=f"{kind} {fingerprint}")
         except (ConfigError, TypeError, AttributeError) as e:   # damaged YAML, or not text at all
             why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-            raise _store_error(self.path, f"its {kind} spec {fingerprint} is damaged ({why})") from None
+            raise store_error(self.path, f"its {kind} spec {fingerprint} is damaged ({why})") from None
 
     # ---- export and merge -------------------------------------------------------------------
     def to_dataframe(self):
