@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -74,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         # the reader (e.g. `| head`) went away: stop quietly, as Unix tools do
         sys.stdout = open(os.devnull, "w")
         return 0
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            raise
+        # a full disk or a read-only file system met while writing an output
+        print(f"autosync {args.command}: error: cannot write{f' {e.filename}' if e.filename else ''}: "
+              f"{e.strerror}; make room (or give another output path) and run the command again", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:   # Ctrl-C, or SIGTERM stopping it as Ctrl-C does (autosync.signals)
         if signals.terminated():
             _stopped(args, "terminated (SIGTERM)")
@@ -87,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         _stopped(args, "terminated (SIGTERM)")
         return 128 + signal.SIGTERM
 
+
+# a write the file system refuses for want of room or of write access to the whole file system
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 # the packages whose warnings are AutoSync's own
 _OWN = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), p, "")

@@ -12,6 +12,7 @@ from autosync.cli.paths import check_output_dir, check_output_file
 from autosync.cli.raylog import ray_output_to_log
 from autosync.cli.runtime import add_compute_flags, add_precision_flags, compute_settings, precision_settings
 from autosync.sources import CLUSTER_FORMS, TRAINABLE_FORMS
+from strategy_space import dumps
 from strategy_space.errors import ConfigError
 from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, DEFAULT_PROBE_STEPS, DEFAULT_QUALITY, QUALITIES, counted
 from tuner.records.outcome import not_recommended_reason
@@ -126,12 +127,7 @@ def cmd_tune(args) -> int:
             progress.close()
     folder = run_dir(result.store_path, result.model.name, result.cluster.name, result.outcome.run_id)
     out = args.out or str(folder / "best_strategy.yaml")
-    result.save(out)
-    report_dir = None
-    if not args.no_report:
-        from autosync.report import write_report
-
-        report_dir = write_report(result.store_path, args.report or folder / "report", run_id=result.outcome.run_id)
+    report_dir = _write_results(result, out, None if args.no_report else args.report or folder / "report")
     summary = result.summary() | {"out": out, "report": str(report_dir) if report_dir else None}
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -159,6 +155,34 @@ def cmd_tune(args) -> int:
         print(f"report written to {report_dir / 'index.html'}")
     print(f"trials stored in {result.store_path} (run {result.outcome.run_id}; --resume continues it)")
     return 0
+
+
+def _write_results(result, out: str, report: Path | str | None) -> Path | None:
+    """Write the best strategy to ``out`` and the run's report into ``report`` (None: none).
+
+    Raises:
+        ConfigError: a write the file system refuses (a full disk, a read-only folder); the best
+            strategy is then printed to stderr, so that a run of hours does not end with nothing.
+    """
+    run = result.outcome.run_id
+    try:
+        result.save(out)
+    except OSError as e:
+        print(f"# the best strategy of run {run}, which could not be written to {out}:\n{dumps(result.best_strategy)}",
+              file=sys.stderr)
+        raise ConfigError(f"cannot write the best strategy to {out} ({e.strerror or e}); it is printed above. The "
+                          f"run's trials are in the store {result.store_path}: once there is room, `autosync report "
+                          f"--store {result.store_path} --run {run}` writes its report") from None
+    if report is None:
+        return None
+    from autosync.report import write_report
+
+    try:
+        return write_report(result.store_path, report, run_id=run)
+    except OSError as e:
+        raise ConfigError(f"cannot write the report to {report} ({e.strerror or e}); the best strategy was written "
+                          f"to {out}. Once there is room, `autosync report --store {result.store_path} --run {run} "
+                          f"--out {report}` writes it") from None
 
 
 def quality_line(summary: dict) -> str:
