@@ -289,6 +289,9 @@ def _per_shard_syncs(data: Mapping, shards: int, where: str) -> tuple[Synchroniz
     if field_name in body:
         raise ConfigError(f"{where}: give each shard's {field_name} in '{key}' or one {kind}.{field_name} for all "
                           f"shards, not both")
+    # the keys this form allows there: the synchronizer's options less the one given per shard
+    check_keys(body, f"{where}.{kind}", set(),
+               {f.name for f in dataclasses.fields(PS if kind == "ps" else AllReduce)} - {field_name})
     items = get_typed(data, key, list, where)
     if len(items) != shards:
         raise ConfigError(f"{where}: partition.shards is {shards} but '{key}' has {len(items)} entries")

@@ -62,7 +62,10 @@ def test_compact_form_only_past_a_few_shards_and_only_where_the_shards_share_the
       "variable emb.destinations[2]: expected a node name, got True"]),
     ({"ps": {"destination": "a"}, "destinations": ["a", "b", "c"]},
      ["variable emb: give each shard's destination in 'destinations' or one ps.destination for all shards, not both"]),
-    ({"ps": {"stale": 1}, "destinations": ["a", "b", "c"]}, ["variable emb.ps: unknown key(s) stale"]),
+    ({"ps": {"stale": 1}, "destinations": ["a", "b", "c"]},   # (no destination offered: it is per shard here)
+     ["variable emb.ps: unknown key(s) stale; allowed keys are local_replication, staleness, sync"]),
+    ({"all_reduce": {"grup": 1}, "groups": [0, 1, 2]},
+     ["variable emb.all_reduce: unknown key(s) grup; allowed keys are backend, compressor, hierarchical"]),
     ({"ps": None, "destinations": ["a", "b"]}, ["variable emb: partition.shards is 3 but 'destinations' has 2 entries"]),
     ({"all_reduce": {}, "destinations": ["a", "b", "c"]},
      ["variable emb: 'destinations' goes with one 'ps:' entry (its options, no destination) and nothing else; "
