@@ -141,9 +141,9 @@ def calibrate(cluster: ClusterSpec, *, sizes=SIZES, reps: int = 5, backend: str 
         cls = resolve_backend(backend, gpus)
         chief = cluster.chief.name
         actor = ray.remote(_CollectiveProbe)
-        for d in devices:
+        for d in devices:   # each on its worker slot's GPU, where it has one (as the workers)
             node = d.split(":")[0]
-            probes.append(actor.options(**binding.actor_options(node)).remote())
+            probes.append(actor.options(**binding.actor_options(node, num_gpus=binding.slot_gpus(d))).remote())
         group = f"calibrate-{cls.name}-{time.time_ns()}"
         setup = cls.prepare(len(probes), group, binding.actor_options(chief))
         ray.get([p.connect.remote(cls.name, r, len(probes), setup) for r, p in enumerate(probes)], timeout=timeout_s)

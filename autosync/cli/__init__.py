@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
     skip_keras_extras()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # the driver builds the model only to read its variables: on a GPU node TensorFlow would
+    # otherwise reserve the memory of every GPU there, which that node's workers need
+    os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

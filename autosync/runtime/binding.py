@@ -65,9 +65,26 @@ class ClusterBinding:
         return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started, reaper=reaper,
                    ray_roots=roots)
 
-    def actor_options(self, node: str, num_cpus: float = 0.0) -> dict:
-        """``.options(...)`` keyword arguments that place an actor on ``node``."""
-        return {"num_cpus": num_cpus, "resources": {self.keys[node]: PIN_AMOUNT}}
+    def actor_options(self, node: str, num_cpus: float = 0.0, num_gpus: int = 0) -> dict:
+        """``.options(...)`` keyword arguments that place an actor on ``node``, with ``num_gpus``
+        GPUs of it (Ray then shows the actor those alone, ``CUDA_VISIBLE_DEVICES``).
+
+        On a node with GPUs an actor given none is kept off them (``CUDA_VISIBLE_DEVICES`` empty):
+        Ray leaves every GPU visible to an actor that asks for none, and TensorFlow, when a
+        parameter server imports it, would take the memory of all of them from the workers.
+        """
+        options = {"num_cpus": num_cpus, "resources": {self.keys[node]: PIN_AMOUNT}}
+        if num_gpus:
+            options["num_gpus"] = num_gpus
+        elif self.cluster.node(node).gpus > 0:
+            options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+        return options
+
+    def slot_gpus(self, slot: str) -> int:
+        """GPUs a worker in ``slot`` (``node:i``) computes on: one for each of the node's first
+        ``gpus`` slots (as Horovod and Ray Train give each worker its own GPU), none past them."""
+        node, index = slot.rsplit(":", 1)
+        return 1 if int(index) < self.cluster.node(node).gpus else 0
 
     def worker_cpus(self, node: str) -> float:
         """CPUs for each worker on ``node``: the node's CPUs shared by its workers."""
@@ -200,6 +217,13 @@ def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:
             problems.append(f"node {spec.name}: requested {needed:g} CPUs for {spec.workers} worker(s), "
                             f"available {have:g} on Ray node {ray_node['NodeManagerAddress']}; fix by lowering "
                             f"cpus in the cluster spec to <= {have:g} or starting Ray there with --num-cpus={needed:g}")
+            continue
+        gpus = min(spec.gpus, spec.workers or 0)   # one per worker computing on a GPU (slot_gpus)
+        have = ray_node["Resources"].get("GPU", 0.0)
+        if gpus > have + 1e-9:
+            problems.append(f"node {spec.name}: requested {gpus} GPUs, one for each of its first {gpus} worker(s), "
+                            f"available {have:g} on Ray node {ray_node['NodeManagerAddress']}; fix by setting gpus "
+                            f"in the cluster spec to <= {have:g} or starting Ray there with --num-gpus={gpus}")
             continue
         keys[spec.name] = key
         node_ids[spec.name] = ray_node["NodeID"]

@@ -128,7 +128,7 @@ class WorkerPool:
         """
         import ray
 
-        from autosync.runtime.emulated import worker_class
+        from autosync.runtime.emulated import EmulatedWorker, worker_class
 
         if model_def is not self.model_def:
             self.model_def, self.description, self.description_ref = model_def, None, None
@@ -146,7 +146,9 @@ class WorkerPool:
                 self.kinds[slot] = kind
                 node = slot.rsplit(":", 1)[0]
                 cpus = self.binding.worker_cpus(node)
-                self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus)).remote(cpus)
+                # a worker computing for real takes its GPU; an emulated one runs no TensorFlow
+                gpus = self.binding.slot_gpus(slot) if kind is not EmulatedWorker else 0
+                self.actors[slot] = cls.options(**self.binding.actor_options(node, cpus, gpus)).remote(cpus)
         if ("graph", slots) in self._groups and slots not in self._joined:
             try:
                 self._join_graph(slots, deadline)

@@ -248,10 +248,11 @@ class SyncPlan:
 
 def _resolved(backend: str, gpus: bool, graph: bool) -> str:
     """The collective backend that runs ``backend`` (``resolve_backend``), except where the workers
-    hold no TensorFlow graph (emulated compute, ``graph`` False): there ``graph`` and ``auto`` run
-    on the nodes' own backend (NCCL on GPUs), still reduced inside the step (``ARMember.in_step``)."""
-    if not graph and backend in ("auto", "graph"):
-        backend = "nccl" if gpus else "auto"
+    hold no TensorFlow graph (emulated compute, ``graph`` False): their synthetic gradients live in
+    host memory, on no GPU, so ``graph``, ``auto`` and ``nccl`` run on the CPU backend there (gloo),
+    still reduced inside the step where the strategy says so (``ARMember.in_step``)."""
+    if not graph and backend in ("auto", "graph", "nccl"):
+        return resolve_backend("auto", False).name
     return resolve_backend(backend, gpus).name
 
 
