@@ -61,7 +61,7 @@ def test_the_runner_records_such_a_strategy_as_timed_out_without_starting_it():
     runner.cluster, runner.compute, runner.model_def = slow, "real", SimpleNamespace(name="big", batch_size=32)
     runner.warmup, runner.steps, runner.trial_timeout_s = 3, 10, 300.0
     runner._model, runner._given_spec, runner.pool = BIG, None, _NoPool()
-    runner.binding = SimpleNamespace(lost_nodes=list)   # every node still in the cluster
+    runner.binding = SimpleNamespace(lost_for=lambda strategy: None)   # every node still in the cluster
     [trial] = runner.run([get_builder("all_reduce").build(BIG, slow)], ["all_reduce"])
     assert trial.status == "timeout" and not trial.worth_another_run
     assert trial.error == beyond_trial_limit(BIG, slow, trial.strategy, steps=13, limit_s=300.0) != ""

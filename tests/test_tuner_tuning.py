@@ -344,3 +344,45 @@ def test_a_run_whose_cluster_loses_a_node_stops_there_and_says_which(tmp_path):
     with TrialStore(tmp_path / "t.db") as store:   # stored as said
         assert [t.error for t in store.trials() if not t.ok] == [last.error]
     assert out.best is not None   # what was measured before the loss still recommends
+
+
+def test_a_run_goes_on_when_a_node_without_workers_leaves(tmp_path):
+    """A node that hosts only parameter servers (``workers: 0``) leaves: the strategies that place
+    a shard there fail at once, saying so, and the run goes on with the others (a node with
+    workers would have stopped it: every strategy trains on every worker)."""
+    import dataclasses
+
+    from strategy_space import ClusterSpec, NodeSpec
+    from tuner.records.outcome import NODES_LOST
+    from tuner.records.trial import lost_nodes_note
+
+    cluster = ClusterSpec("ps-node", (NodeSpec("w0", workers=1, chief=True), NodeSpec("w1", workers=1),
+                                      NodeSpec("ps", workers=0)))
+
+    class LosesThePSNode(SyntheticRunner):
+        after = 7
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.calls = 0
+
+        def lost_nodes(self):
+            return ["ps"] if self.calls > self.after else []
+
+        def run(self, strategies, origins=None):
+            self.calls += len(strategies)
+            got = super().run(strategies, origins)
+            return [dataclasses.replace(t, status="failed", step_times=(),
+                                        error=f"not run: {lost_nodes_note(['ps'], workers=False)}")
+                    if self.calls > self.after and "ps" in t.strategy.ps_nodes() else t for t in got]
+
+    runner = LosesThePSNode(MODEL, cluster, seed=1)
+    with TrialStore(tmp_path / "t.db") as store:
+        tuner = ModelBasedTuner(MODEL, cluster, settings=FAST)
+        out = tune_loop(runner, store, tuner, Budget(trials=16, patience=10, confirm=2))
+    assert out.stop_reason != NODES_LOST and not out.stop_note
+    late = out.trials[LosesThePSNode.after:]
+    failed = [t for t in late if not t.ok]
+    assert failed and all("ps" in t.strategy.ps_nodes() for t in failed)
+    assert all("no strategy that places parameter servers there can run" in t.error for t in failed)
+    assert any(t.ok for t in late) and out.best is not None

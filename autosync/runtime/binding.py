@@ -102,6 +102,14 @@ class ClusterBinding:
             return []
         return [name for name, node_id in self.node_ids.items() if node_id not in alive]
 
+    def lost_for(self, strategy) -> tuple[list[str], bool] | None:
+        """The lost nodes (``lost_nodes``) ``strategy`` places workers or parameter servers on, and
+        whether any of them held its workers (``lost_nodes_note``); None where it needs none."""
+        lost = self.lost_nodes()
+        workers = {s.rsplit(":", 1)[0] for s in strategy.resolved_replicas(self.cluster)}
+        needed = [n for n in lost if n in workers or n in strategy.ps_nodes()]
+        return (needed, any(n in workers for n in needed)) if needed else None
+
     def lost_note(self) -> str:
         """What the cluster has lost (``lost_nodes``, said by ``lost_nodes_note``), or ""."""
         from tuner.records.trial import lost_nodes_note

@@ -239,8 +239,8 @@ class RayRunner(Runner):
             model = self._loaded()
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
-            if lost := self.lost_nodes():   # its actors could never be placed: fail now, not at the trial limit
-                return self._failed(common, "failed", f"not run: {lost_nodes_note(lost)}", meta)
+            if lost := self.binding.lost_for(strategy):   # its actors could never be placed: fail now
+                return self._failed(common, "failed", f"not run: {lost_nodes_note(*lost)}", meta)
             doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,
                                         limit_s=self.trial_timeout_s)
             if doomed:
@@ -314,7 +314,7 @@ class RayRunner(Runner):
         return Trial(status=status, error=reason, finished_at=time.time(), meta=meta, **common)
 
     def lost_nodes(self) -> list[str]:
-        """The cluster's nodes that left the Ray cluster since the runner bound it (none can run a trial)."""
+        """The cluster's nodes that left the Ray cluster since the runner bound it."""
         return self.binding.lost_nodes()
 
     def close(self) -> None:

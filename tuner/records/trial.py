@@ -183,8 +183,18 @@ class Runner(abc.ABC):
         self.close()
 
 
-def lost_nodes_note(names: Sequence[str]) -> str:
-    """What a trial or a tuning run says of nodes that left the cluster (``Runner.lost_nodes``)."""
+def lost_nodes_note(names: Sequence[str], workers: bool = True) -> str:
+    """What a trial or a tuning run says of nodes that left the cluster (``Runner.lost_nodes``):
+    nodes that held workers (``workers``), without which no strategy runs, or nodes that held
+    none, without which no strategy that places parameter servers there runs."""
     shown = ", ".join(list(names)[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    return (f"node(s) {shown} left the Ray cluster (Ray reports them dead), so no strategy can run on this "
-            f"cluster: bring them back (or give a cluster without them) and run again")
+    which = "no strategy can run on this cluster" if workers else "no strategy that places parameter servers there can run"
+    return (f"node(s) {shown} left the Ray cluster (Ray reports them dead), so {which}: bring them back (or give "
+            f"a cluster without them) and run again")
+
+
+def workers_lost(names: Sequence[str], cluster) -> list[str]:
+    """Of the lost nodes ``names``, those that held workers of ``cluster`` (a name the cluster does
+    not know counts as one): every strategy trains on every worker, so none runs after their loss."""
+    known = {n.name: n for n in cluster.nodes}
+    return [n for n in names if n not in known or (known[n].workers or 0) > 0]

@@ -49,7 +49,7 @@ from tuner.records.dataset import store_groups
 from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
 from tuner.records.history import History
 from tuner.records.outcome import NODES_LOST, TuneOutcome
-from tuner.records.trial import Runner, Trial, lost_nodes_note
+from tuner.records.trial import Runner, Trial, lost_nodes_note, workers_lost
 from tuner.search.base import Proposal, Tuner
 from tuner.search.baseline_tuner import BaselineTuner
 
@@ -188,8 +188,10 @@ class _TuningRun:
             # be passing; a time-out is not: Trial.worth_another_run); both attempts are stored
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = self.runner.run([p.strategy], [p.origin])
-                lost = [] if t.ok else getattr(self.runner, "lost_nodes", list)()
-                if lost:   # every later trial would fail, or time out waiting for them
+                # a lost node that held workers fails every later trial (or makes it wait); one that
+                # held none fails only the strategies that place parameter servers there: go on
+                lost = workers_lost([] if t.ok else getattr(self.runner, "lost_nodes", list)(), self.cluster)
+                if lost:
                     note = lost_nodes_note(lost)
                     self.outcome.stop_reason, self.outcome.stop_note = NODES_LOST, note + "; --resume continues the run"
                     t = dataclasses.replace(t, error=t.error if note in t.error else f"{note} ({t.error})")
