@@ -49,6 +49,11 @@ emulated = make_runner(runner.model, spec, compute="emulated", step_time_s=0.01,
 trial = emulated.run(["all_reduce"])[0]
 out["emulated"] = [trial.status, trial.error, {s: visible(a) for s, a in emulated.pool.actors.items()}]
 emulated.close()
+big = ClusterSpec(name="big", nodes=(NodeSpec(name="g", cpus=2, gpus=4, workers=4, resource="g0", chief=True),))
+emulated = make_runner(runner.model, big, compute="emulated", step_time_s=0.01, steps=2, warmup=1)
+trial = emulated.run(["ps"])[0]   # emulated workers take no GPU: a spec with more GPUs than Ray's binds
+out["emulated_more_gpus"] = [trial.status, trial.error]
+emulated.close()
 ray.shutdown()
 cluster.shutdown()
 print("RESULT " + json.dumps(out))
@@ -65,6 +70,7 @@ def test_each_real_worker_takes_a_gpu_and_nothing_else_sees_one(tmp_path):
     status, error, emulated = out["emulated"]
     assert status == "ok", error
     assert set(emulated.values()) == {""}, emulated                         # synthetic gradients: none
+    assert out["emulated_more_gpus"] == ["ok", ""], out["emulated_more_gpus"]
 
 
 def _binding(gpus: int, workers: int) -> ClusterBinding:

@@ -226,7 +226,8 @@ def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:
                             f"available {have:g} on Ray node {ray_node['NodeManagerAddress']}; fix by lowering "
                             f"cpus in the cluster spec to <= {have:g} or starting Ray there with --num-cpus={needed:g}")
             continue
-        gpus = min(spec.gpus, spec.workers or 0)   # one per worker computing on a GPU (slot_gpus)
+        # one per worker computing on a GPU (slot_gpus); emulated workers take none
+        gpus = min(spec.gpus, spec.workers or 0) if cluster.compute != "emulated" else 0
         have = ray_node["Resources"].get("GPU", 0.0)
         if gpus > have + 1e-9:
             problems.append(f"node {spec.name}: requested {gpus} GPUs, one for each of its first {gpus} worker(s), "
