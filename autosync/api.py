@@ -198,7 +198,8 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
     """
     from autosync.runtime.optimizers import check_model_optimizer
     from autosync.runtime.runner import RayRunner, check_real_compute
-    from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
+    from autosync.runtime.gpu_profile import profiled_spec
+    from autosync.sources import load_cluster, load_emulated_model, load_model_def
 
     quiet_startup()
     cluster_spec = load_cluster(cluster)
@@ -211,8 +212,8 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
         # fail now, not after every trial failed: the runtime applies updates with its own
         # implementations of the Keras optimizers
         check_model_optimizer(model)
-        if profile and model_spec is None:
-            model_spec = load_model_spec(model, profile=True)
+        if profile and model_spec is None:   # measured where the workers compute, on a GPU cluster
+            model_spec = profiled_spec(model, cluster_spec)
     return RayRunner(model, cluster_spec, compute=compute, step_time_s=step_time_s, optimizer=optimizer,
                      model_spec=model_spec, **settings)
 

@@ -17,7 +17,7 @@ from autosync.runtime.binding import ClusterBinding
 from tests.runtime_helpers import run_cluster_script
 
 SCRIPT = r'''
-import json, os
+import dataclasses, functools, json, os
 import ray
 from ray.cluster_utils import Cluster
 
@@ -49,6 +49,24 @@ emulated = make_runner(runner.model, spec, compute="emulated", step_time_s=0.01,
 trial = emulated.run(["all_reduce"])[0]
 out["emulated"] = [trial.status, trial.error, {s: visible(a) for s, a in emulated.pool.actors.items()}]
 emulated.close()
+def marked_model(path):   # where each build of the model ran: process, visible GPUs, actor (None: a task)
+    with open(path, "a") as f:
+        f.write(json.dumps([os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            ray.get_runtime_context().get_actor_id()]) + "\n")
+    return rm.build_model()
+marks = os.path.join(os.environ["MARKS_DIR"], "marks.jsonl")
+md = dataclasses.replace(rm.model_def("sgd", learning_rate=0.1), model_fn=functools.partial(marked_model, marks))
+profiled = make_runner(md, spec, profile=True, steps=2, warmup=1)
+out["profile"] = [profiled.given_spec.profile is not None, profiled.run(["ps"])[0].status]
+profiled.close()
+out["builds"] = [json.loads(line) for line in open(marks)]
+out["driver_pid"] = os.getpid()
+def failing():
+    raise ValueError("no such layer")
+try:
+    make_runner(dataclasses.replace(md, model_fn=failing), spec, profile=True)
+except ConfigError as e:   # the user's error, said as the profile in the driver says it
+    out["bad"] = [type(e).__name__, str(e)]
 big = ClusterSpec(name="big", nodes=(NodeSpec(name="g", cpus=2, gpus=4, workers=4, resource="g0", chief=True),))
 emulated = make_runner(runner.model, big, compute="emulated", step_time_s=0.01, steps=2, warmup=1)
 trial = emulated.run(["ps"])[0]   # emulated workers take no GPU: a spec with more GPUs than Ray's binds
@@ -61,7 +79,8 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.integration
-def test_each_real_worker_takes_a_gpu_and_nothing_else_sees_one(tmp_path):
+def test_each_real_worker_takes_a_gpu_and_nothing_else_sees_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARKS_DIR", str(tmp_path))
     out = run_cluster_script(tmp_path, SCRIPT)
     assert "requested 4 GPUs" in out["too_many"] and "available 2" in out["too_many"], out["too_many"]
     assert [t[:2] for t in out["trials"]] == [["ps", "ok"], ["all_reduce", "ok"]], out["trials"]
@@ -71,6 +90,12 @@ def test_each_real_worker_takes_a_gpu_and_nothing_else_sees_one(tmp_path):
     assert status == "ok", error
     assert set(emulated.values()) == {""}, emulated                         # synthetic gradients: none
     assert out["emulated_more_gpus"] == ["ok", ""], out["emulated_more_gpus"]
+    # tune's profile ran in a task of its own on the first worker's GPU, not in the driver
+    assert out["profile"] == [True, "ok"], out["profile"]
+    tasks = [b for b in out["builds"] if b[2] is None and b[0] != out["driver_pid"]]
+    kind, said = out["bad"]
+    assert kind == "ConfigError" and "no such layer" in said and "RayTaskError" not in said, said
+    assert [b[1] for b in tasks] == ["0"] and not [b for b in out["builds"] if b[0] == out["driver_pid"]], out
 
 
 def _binding(gpus: int, workers: int) -> ClusterBinding:
