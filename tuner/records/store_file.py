@@ -16,7 +16,8 @@ _NEEDED_TABLES = {"info", "models", "clusters", "strategies", "trials"}
 
 
 class StoreError(ConfigError):
-    """A file given as a trial store that is not one (or is damaged); it is left as it is."""
+    """A file given as a trial store that is not one (or is damaged), left as it is; or a write
+    to a store that SQLite refused (``write_error``), rolled back."""
 
 
 def store_error(path: str, why: str) -> StoreError:
