@@ -307,33 +307,36 @@ def test_when_every_baseline_fails_no_search_is_run(tmp_path):
     assert len(baselines) == runner.calls == 2 * len({t.strategy.fingerprint for t in baselines}) >= 10
 
 
+class LosesANode(SyntheticRunner):
+    """A runner whose cluster loses ``node`` after ``after`` trials: from then on a trial fails
+    with ``error(trial)``, or runs where that is ""."""
+    after = 7
+
+    def __init__(self, *a, node: str, error, **kw):
+        super().__init__(*a, **kw)
+        self.calls, self.node, self.error = 0, node, error
+
+    def lost_nodes(self):
+        return [self.node] if self.calls > self.after else []
+
+    def run(self, strategies, origins=None):
+        import dataclasses
+
+        self.calls += len(strategies)
+        got = super().run(strategies, origins)
+        if self.calls <= self.after:
+            return got
+        return [dataclasses.replace(t, status="failed", step_times=(), error=self.error(t)) if self.error(t) else t
+                for t in got]
+
+
 def test_a_run_whose_cluster_loses_a_node_stops_there_and_says_which(tmp_path):
     """Once a node has left the cluster (the runner says so: ``Runner.lost_nodes``) every later trial
     would fail, or time out waiting for it: the run stops at the first failed trial after the loss,
     that trial says why, and the summary's note names the node and how to go on."""
-    import dataclasses
-
     from tuner.records.outcome import NODES_LOST
 
-    class LosesANode(SyntheticRunner):
-        after = 7   # trials that run before the node goes
-
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.calls = 0
-
-        def lost_nodes(self):
-            return ["n2"] if self.calls > self.after else []
-
-        def run(self, strategies, origins=None):
-            self.calls += len(strategies)
-            got = super().run(strategies, origins)
-            if self.calls > self.after:
-                got = [dataclasses.replace(t, status="failed", step_times=(), error="parameter server ps@n2 died")
-                       for t in got]
-            return got
-
-    runner = LosesANode(MODEL, CLUSTER, seed=1)
+    runner = LosesANode(MODEL, CLUSTER, seed=1, node="n2", error=lambda t: "parameter server ps@n2 died")
     out = run(tmp_path, Budget(trials=20, patience=10, confirm=2), runner=runner)
     assert out.stop_reason == NODES_LOST and runner.calls == LosesANode.after + 1
     assert out.stop_note.startswith("node(s) n2 left the Ray cluster") and "--resume continues the run" in out.stop_note
@@ -350,8 +353,6 @@ def test_a_run_goes_on_when_a_node_without_workers_leaves(tmp_path):
     """A node that hosts only parameter servers (``workers: 0``) leaves: the strategies that place
     a shard there fail at once, saying so, and the run goes on with the others (a node with
     workers would have stopped it: every strategy trains on every worker)."""
-    import dataclasses
-
     from strategy_space import ClusterSpec, NodeSpec
     from tuner.records.outcome import NODES_LOST
     from tuner.records.trial import lost_nodes_note
@@ -359,29 +360,14 @@ def test_a_run_goes_on_when_a_node_without_workers_leaves(tmp_path):
     cluster = ClusterSpec("ps-node", (NodeSpec("w0", workers=1, chief=True), NodeSpec("w1", workers=1),
                                       NodeSpec("ps", workers=0)))
 
-    class LosesThePSNode(SyntheticRunner):
-        after = 7
-
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.calls = 0
-
-        def lost_nodes(self):
-            return ["ps"] if self.calls > self.after else []
-
-        def run(self, strategies, origins=None):
-            self.calls += len(strategies)
-            got = super().run(strategies, origins)
-            return [dataclasses.replace(t, status="failed", step_times=(),
-                                        error=f"not run: {lost_nodes_note(['ps'], workers=False)}")
-                    if self.calls > self.after and "ps" in t.strategy.ps_nodes() else t for t in got]
-
-    runner = LosesThePSNode(MODEL, cluster, seed=1)
+    said = f"not run: {lost_nodes_note(['ps'], workers=False)}"
+    runner = LosesANode(MODEL, cluster, seed=1, node="ps",
+                        error=lambda t: said if "ps" in t.strategy.ps_nodes() else "")   # the others run
     with TrialStore(tmp_path / "t.db") as store:
         tuner = ModelBasedTuner(MODEL, cluster, settings=FAST)
         out = tune_loop(runner, store, tuner, Budget(trials=16, patience=10, confirm=2))
     assert out.stop_reason != NODES_LOST and not out.stop_note
-    late = out.trials[LosesThePSNode.after:]
+    late = out.trials[LosesANode.after:]
     failed = [t for t in late if not t.ok]
     assert failed and all("ps" in t.strategy.ps_nodes() for t in failed)
     assert all("no strategy that places parameter servers there can run" in t.error for t in failed)

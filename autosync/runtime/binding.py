@@ -219,23 +219,28 @@ def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:
                             f"fix by giving each node a custom resource label (node.resource)")
             continue
         ray_node = matches[0]
-        needed = (spec.workers or 0) * (spec.cpus / max(1, spec.workers or 1))
-        have = ray_node["Resources"].get("CPU", 0.0)
-        if needed > have + 1e-9:
-            problems.append(f"node {spec.name}: requested {needed:g} CPUs for {spec.workers} worker(s), "
-                            f"available {have:g} on Ray node {ray_node['NodeManagerAddress']}; fix by lowering "
-                            f"cpus in the cluster spec to <= {have:g} or starting Ray there with --num-cpus={needed:g}")
-            continue
-        # one per worker computing on a GPU (slot_gpus); emulated workers take none
-        gpus = min(spec.gpus, spec.workers or 0) if cluster.compute != "emulated" else 0
-        have = ray_node["Resources"].get("GPU", 0.0)
-        if gpus > have + 1e-9:
-            problems.append(f"node {spec.name}: requested {gpus} GPUs, one for each of its first {gpus} worker(s), "
-                            f"available {have:g} on Ray node {ray_node['NodeManagerAddress']}; fix by setting gpus "
-                            f"in the cluster spec to <= {have:g} or starting Ray there with --num-gpus={gpus}")
+        short = _short_of(spec, ray_node, cluster.compute == "emulated")
+        if short:
+            problems.append(short)
             continue
         keys[spec.name] = key
         node_ids[spec.name] = ray_node["NodeID"]
     if problems:
         raise ConfigError(problems)
     return keys, node_ids
+
+
+def _short_of(spec, ray_node: dict, emulated: bool) -> str:
+    """What ``ray_node`` lacks of the CPUs and GPUs the workers of ``spec`` ask for, or "": each
+    worker its share of the node's CPUs, and one GPU each for as many as the node has GPUs
+    (``ClusterBinding.slot_gpus``; emulated workers take none)."""
+    workers = spec.workers or 0
+    gpus = 0 if emulated else min(spec.gpus, workers)
+    for resource, needed, which, key in (("CPU", workers * spec.cpus / max(1, workers), f"{workers} worker(s)", "cpus"),
+                                         ("GPU", gpus, f"one each of its first {gpus} worker(s)", "gpus")):
+        have = ray_node["Resources"].get(resource, 0.0)
+        if needed > have + 1e-9:
+            return (f"node {spec.name}: requested {needed:g} {resource}s for {which}, available {have:g} on Ray node "
+                    f"{ray_node['NodeManagerAddress']}; fix by lowering {key} in the cluster spec to <= {have:g} or "
+                    f"starting Ray there with --num-{key}={needed:g}")
+    return ""
