@@ -371,4 +371,7 @@ def test_a_run_goes_on_when_a_node_without_workers_leaves(tmp_path):
     failed = [t for t in late if not t.ok]
     assert failed and all("ps" in t.strategy.ps_nodes() for t in failed)
     assert all("no strategy that places parameter servers there can run" in t.error for t in failed)
+    # once the loss is known, no search trial is spent on a strategy with shards there
+    first = late.index(failed[0])
+    assert not [t for t in late[first + 1:] if t.role == "search" and "ps" in t.strategy.ps_nodes()]
     assert any(t.ok for t in late) and out.best is not None

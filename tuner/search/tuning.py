@@ -129,6 +129,7 @@ class _TuningRun:
         self.outcome = TuneOutcome(run_id=uuid.uuid4().hex[:12], trials=self.history, quality=quality,
                                    efficiency=self.history.efficiency, min_efficiency=min_efficiency)
         self.start = clock() if budget.started is None else budget.started
+        self.gone: set[str] = set()   # lost nodes that held no workers: no search trial places shards there
 
     def out_of_time(self) -> bool:
         return self.budget.time_s is not None and self.clock() - self.start > self.budget.time_s
@@ -184,13 +185,17 @@ class _TuningRun:
         for p in proposals:
             if self.outcome.stop_reason == NODES_LOST or (role != "baseline" and self.out_of_time()):
                 break
+            if role == "search" and self.gone.intersection(p.strategy.ps_nodes()):
+                continue   # it would fail at once: not a trial spent
             # a failed baseline is run once more before it drops out of the comparison (a fault can
             # be passing; a time-out is not: Trial.worth_another_run); both attempts are stored
             for attempt in range(2 if role == "baseline" else 1):
                 [t] = self.runner.run([p.strategy], [p.origin])
                 # a lost node that held workers fails every later trial (or makes it wait); one that
                 # held none fails only the strategies that place parameter servers there: go on
-                lost = workers_lost([] if t.ok else getattr(self.runner, "lost_nodes", list)(), self.cluster)
+                gone = [] if t.ok else getattr(self.runner, "lost_nodes", list)()
+                lost = workers_lost(gone, self.cluster)
+                self.gone.update(n for n in gone if n not in lost)
                 if lost:
                     note = lost_nodes_note(lost)
                     self.outcome.stop_reason, self.outcome.stop_note = NODES_LOST, note + "; --resume continues the run"
