@@ -22,3 +22,18 @@ def test_a_search_trial_says_its_round_and_where_it_looked():
     assert "last: search 19.5 ms (round 1, within 2 changes of the best)" in line
     assert "(round 3, whole space)" in _line(search_round=3, trust_radius=None)
     assert "round" not in _line()   # a trial without the search's record (a resumed old run)
+
+
+def test_a_failed_probe_says_its_whole_first_line():
+    """A probe that failed says why: the reason is not cut at a few words (it was at 80 characters,
+    mid-sentence), only past its first line or a long limit."""
+    from autosync.cli.tune import PROBE_NOTE_CHARS
+
+    reason = ("TrialFailed: parameter server ps@node0 died (the actor process exited or was killed; "
+              "node(s) host2 left the Ray cluster)")
+    out = io.StringIO()
+    Progress(12, stream=out).probed(NS(origin="search"), NS(source="failed", note=reason + "\nTraceback ..."))
+    assert out.getvalue() == f"probe: search failed: {reason}\n"
+    out = io.StringIO()
+    Progress(12, stream=out).probed(NS(origin="search"), NS(source="failed", note="x" * 1000))
+    assert len(out.getvalue()) == len("probe: search failed: \n") + PROBE_NOTE_CHARS and " ...\n" in out.getvalue()

@@ -21,6 +21,9 @@ DEFAULT_MODEL = "zoo:ncf"
 DEFAULT_TRIALS = 12
 
 
+PROBE_NOTE_CHARS = 400   # a failed probe's reason: the first line, which says what died and why
+
+
 class Progress:
     """One updating line on a terminal, one line per trial otherwise (both on stderr)."""
 
@@ -54,13 +57,19 @@ class Progress:
     def probed(self, trial, efficiency) -> None:
         """One line per statistical-efficiency probe."""
         text = (f"probe: {trial.origin} efficiency {efficiency.value:.2f} [{efficiency.low:.2f}, {efficiency.high:.2f}]"
-                if efficiency.source != "failed" else f"probe: {trial.origin} failed: {efficiency.note[:80]}")
+                if efficiency.source != "failed" else f"probe: {trial.origin} failed: {_first_line(efficiency.note)}")
         self.stream.write(("\r" + text.ljust(150) + "\n") if self.tty else text + "\n")
         self.stream.flush()
 
     def close(self) -> None:
         if self.tty:
             self.stream.write("\n")
+
+
+def _first_line(text: str, limit: int = PROBE_NOTE_CHARS) -> str:
+    """The first line of ``text``, cut past ``limit`` characters (a probe's failure says why in it)."""
+    line = (text or "").strip().split("\n", 1)[0]
+    return line if len(line) <= limit else line[:limit - 4] + " ..."
 
 
 def _efficiency_cell(result, t) -> str:
