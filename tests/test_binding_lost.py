@@ -27,3 +27,14 @@ def test_lost_for_names_the_nodes_a_strategy_needs_and_whether_they_held_workers
     assert _binding(["ps"]).lost_for(all_reduce) is None        # it needs no parameter server there
     assert _binding(["w1"]).lost_for(all_reduce) == (["w1"], True)
     assert _binding(["w1", "ps"]).lost_for(on_ps_node) == (["w1", "ps"], True)
+
+
+def test_lost_note_says_only_the_nodes_a_wait_is_on():
+    """A wait on actors being placed asks ``lost_note`` of the nodes it places them on: a node
+    that left elsewhere (a parameter-server-only node no strategy of the wait uses) does not fail
+    it, and a node that held no workers is not said to stop every strategy."""
+    assert _binding(["ps"]).lost_note({"w0", "w1"}) == ""
+    assert "node(s) ps left" in _binding(["ps"]).lost_note({"w0", "ps"})
+    assert "no strategy that places parameter servers there can run" in _binding(["ps"]).lost_note()
+    assert "so no strategy can run on this cluster" in _binding(["w1", "ps"]).lost_note()
+    assert _binding([]).lost_note() == ""

@@ -240,20 +240,17 @@ def test_a_callback_that_raises_leaves_every_step_counted_and_the_trained_model_
     assert said["mae"] == pytest.approx(float(np.mean(np.abs(np.asarray(y).reshape(out.shape) - out))), rel=1e-5)
 
 
-GONE = "node(s) node1 left the Ray cluster (Ray reports them dead), so no strategy can run on this cluster"
-
-
 @pytest.mark.parametrize("lost, max_failures, said", [
-    ("", 1, r"training failed 2 times, more than max_failures=1: at step 1: parameter server ps@node0 died.*; "
+    ([], 1, r"training failed 2 times, more than max_failures=1: at step 1: parameter server ps@node0 died.*; "
             r"at step 1: parameter server"),
     # a restart would place actors on the node that left, and wait for it (``waiting.wait_all``'s
     # ``alive`` fails it after a few seconds, each restart again): fit stops at the failure, naming it
-    (GONE, 3, r"training failed 1 time, and cannot restart: node\(s\) node1 left the Ray cluster .*: at step 1: "
+    (["node1"], 3, r"training failed 1 time, and cannot restart: node\(s\) node1 left the Ray cluster .*: at step 1: "
               r"parameter server ps@node0 died"),
 ], ids=["more_than_allowed", "after_a_node_left"])
 def test_failures_fit_cannot_recover_from_raise_naming_each(pool, tmp_path, monkeypatch, lost, max_failures, said):
-    """More failures than ``max_failures``, or one after a node left the Ray cluster (``ClusterBinding.lost_note``
-    says so), whatever ``max_failures`` still allows."""
+    """More failures than ``max_failures``, or one after a node the strategy uses left the Ray cluster
+    (``ClusterBinding.lost_for`` says so), whatever ``max_failures`` still allows."""
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.trainer import Trainer
 
@@ -262,7 +259,7 @@ def test_failures_fit_cannot_recover_from_raise_naming_each(pool, tmp_path, monk
 
     def kill_ps(step, logs):
         if lost:
-            monkeypatch.setattr(ClusterBinding, "lost_note", lambda self: lost)
+            monkeypatch.setattr(ClusterBinding, "lost_nodes", lambda self: lost)
         _kill(trainer.session.ps_actors[0], "ready")
 
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:

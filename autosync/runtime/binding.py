@@ -81,10 +81,8 @@ class ClusterBinding:
         return options
 
     def slot_gpus(self, slot: str) -> int:
-        """GPUs a worker in ``slot`` (``node:i``) computes on: one for each of the node's first
-        ``gpus`` slots (as Horovod and Ray Train give each worker its own GPU), none past them."""
-        node, index = slot.rsplit(":", 1)
-        return 1 if int(index) < self.cluster.node(node).gpus else 0
+        """``slot_gpus`` of this binding's cluster."""
+        return slot_gpus(self.cluster, slot)
 
     def worker_cpus(self, node: str) -> float:
         """CPUs for each worker on ``node``: the node's CPUs shared by its workers."""
@@ -110,12 +108,14 @@ class ClusterBinding:
         needed = [n for n in lost if n in workers or n in strategy.ps_nodes()]
         return (needed, any(n in workers for n in needed)) if needed else None
 
-    def lost_note(self) -> str:
-        """What the cluster has lost (``lost_nodes``, said by ``lost_nodes_note``), or ""."""
-        from tuner.records.trial import lost_nodes_note
+    def lost_note(self, nodes=None) -> str:
+        """What the cluster has lost of ``nodes`` (every node: None), said by ``lost_nodes_note``,
+        or "": a wait on actors being placed on ``nodes`` asks it (``waiting.wait_all``'s ``alive``),
+        so that a node nothing there needs leaving does not fail it."""
+        from tuner.records.trial import lost_nodes_note, workers_lost
 
-        lost = self.lost_nodes()
-        return lost_nodes_note(lost) if lost else ""
+        lost = [n for n in self.lost_nodes() if nodes is None or n in nodes]
+        return lost_nodes_note(lost, bool(workers_lost(lost, self.cluster))) if lost else ""
 
     def close(self) -> None:
         """Stop the embedded Ray if this binding started it."""
@@ -189,6 +189,13 @@ def _start_ray(cluster: ClusterSpec) -> tuple[bool, object, dict]:
         raise
     signals.install()
     return True, reaper, roots
+
+
+def slot_gpus(cluster: ClusterSpec, slot: str) -> int:
+    """GPUs a worker in ``slot`` (``node:i``) computes on: one for each of the node's first
+    ``gpus`` slots (as Horovod and Ray Train give each worker its own GPU), none past them."""
+    node, index = slot.rsplit(":", 1)
+    return 1 if int(index) < cluster.node(node).gpus else 0
 
 
 def _resolve(cluster: ClusterSpec, ray_nodes: list) -> tuple[dict, dict]:

@@ -114,7 +114,7 @@ class WorkerPool:
         """Make the (fresh) workers of ``slots`` one TensorFlow cluster for in-graph collectives."""
         workers = [self.actors[s] for s in slots]
         addresses = wait_all([w.collective_address.remote() for w in workers], deadline, "worker", list(slots),
-                             alive=self.binding.lost_note)
+                             alive=lambda: self.binding.lost_note(slot_nodes(slots)))
         wait_all([w.join_collective.remote(i, addresses) for i, w in enumerate(workers)], deadline, "worker",
                  list(slots))
         self._joined.add(slots)
@@ -160,7 +160,7 @@ class WorkerPool:
         first = stale[0] if self.description is None else None
         refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots), s == first) for s in stale]
         try:
-            loaded = wait_all(refs, deadline, "worker", stale, alive=self.binding.lost_note)
+            loaded = wait_all(refs, deadline, "worker", stale, alive=lambda: self.binding.lost_note(slot_nodes(stale)))
         except TrialFailed:
             self.kill_all()
             raise
@@ -258,7 +258,7 @@ class Session:
                                  pipelined_sparse(plan, p, binding.cluster, shapes, itemsize)) for p in plan.ps_actors]
         self.ps_actors, ready = self.pool.ps.start(plan, desc["optimizer"], self.chunks, self.pool.description_ref)
         ps_info = wait_all(ready, deadline, "parameter server", [p.name for p in plan.ps_actors], self.actor_labels(),
-                           alive=binding.lost_note)
+                           alive=lambda: binding.lost_note({p.node for p in plan.ps_actors}))
         pairs = list(zip(self.ps_actors, self.plan.ps_actors))
         links = self._start_links(deadline)
         n = self.plan.num_workers
@@ -365,3 +365,8 @@ class Session:
         self.close()
         self.pool.kill_all()
         self.workers = []
+
+
+def slot_nodes(slots) -> set[str]:
+    """The nodes of worker slots (``node:i``)."""
+    return {s.rsplit(":", 1)[0] for s in slots}

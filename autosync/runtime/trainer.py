@@ -34,6 +34,7 @@ from autosync.runtime.plan import SyncPlan, model_spec_from_vars
 from autosync.runtime.runner import load_failure, require_resolved, session_timeline, summarize_steps
 from strategy_space import ClusterSpec, Strategy, validate
 from strategy_space.errors import ConfigError
+from tuner.records.trial import lost_nodes_note
 
 
 # after a failure, how long a worker may take to answer before it is started again (a worker
@@ -269,7 +270,9 @@ class Trainer:
                     raise
                 self._salvage()
                 failures.append(f"at step {self.step}: {e}")
-                lost = getattr(self.pool.binding, "lost_note", str)()   # no restart could place its actors
+                # a node this strategy places actors on has left: no restart could place them
+                gone = getattr(self.pool.binding, "lost_for", lambda strategy: None)(self.strategy)
+                lost = lost_nodes_note(*gone) if gone else ""
                 if len(failures) > max_failures or lost:
                     listed = "; ".join(failures)
                     why = f"and cannot restart: {lost}" if lost else f"more than max_failures={max_failures}"
