@@ -31,17 +31,17 @@ def profiled_spec(model_def, cluster: ClusterSpec, timeout_s: float = PROFILE_TI
         ConfigError: the model cannot be built or traced (what the profile in this process says),
             or the task could not run on the node (its reason).
     """
+    from autosync.runtime.binding import ClusterBinding, slot_gpus
+
     slot = cluster.devices[0]
     node = slot.rsplit(":", 1)[0]
-    if cluster.compute == "emulated" or int(slot.rsplit(":", 1)[1]) >= cluster.node(node).gpus:
+    if cluster.compute == "emulated" or not slot_gpus(cluster, slot):
         return _profile_here(model_def)
     import ray
 
-    from autosync.runtime.binding import ClusterBinding
-
     binding = ClusterBinding.bind(cluster)
     try:
-        options = binding.actor_options(node, binding.worker_cpus(node), binding.slot_gpus(slot))
+        options = binding.actor_options(node, binding.worker_cpus(node), 1)
         task = ray.remote(max_calls=1, max_retries=0)(_profile_here).options(**options)
         try:
             return ray.get(task.remote(model_def), timeout=timeout_s)

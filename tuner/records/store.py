@@ -135,7 +135,7 @@ class TrialStore:
         if str(found) != str(SCHEMA_VERSION):
             self._db.close()
             raise store_error(self.path, f"it has schema version {str(found)[:20]}, this AutoSync reads "
-                                          f"{SCHEMA_VERSION}")
+                              f"{SCHEMA_VERSION}")
 
     # ---- plumbing ---------------------------------------------------------------------------
     class _Tx:
@@ -269,7 +269,7 @@ class TrialStore:
         except (sqlite3.Error, UnicodeDecodeError) as e:
             why = " ".join(str(e).split())
             raise store_error(self.path, f"reading it failed ({why[:160]}{'...' if len(why) > 160 else ''}); it "
-                                          f"is damaged") from None
+                              f"is damaged") from None
 
     def _trial(self, row: sqlite3.Row) -> Trial:
         (uid, mfp, cfp, sfp, status, _, steps, error, bs, breakdown, origin, t0, t1, meta, _env, yaml_text) = row
@@ -305,7 +305,7 @@ class TrialStore:
             except (ValueError, TypeError, KeyError, AttributeError) as e:   # bad JSON, a wrong type, a bad strategy
                 why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
                 raise store_error(self.path, f"trial row id={row[0]} is damaged ({why}); delete it with "
-                                              f"`sqlite3 {self.path} 'DELETE FROM trials WHERE id={row[0]}'`") from None
+                                  f"`sqlite3 {self.path} 'DELETE FROM trials WHERE id={row[0]}'`") from None
         return out
 
     def trials_for(self, model_fp: str, cluster_fp: str) -> list[Trial]:

@@ -81,6 +81,6 @@ def check_store_file(path: str | os.PathLike) -> None:
         raise store_error(path, f"the database is damaged ({str(check[0] if check else '')[:120]})")
     if tables and not _NEEDED_TABLES <= tables:
         raise store_error(path, f"it is an SQLite database without AutoSync's tables (it has "
-                                 f"{', '.join(sorted(tables)[:5])}{' ...' if len(tables) > 5 else ''})")
+                          f"{', '.join(sorted(tables)[:5])}{' ...' if len(tables) > 5 else ''})")
     if version is not None and str(version[0]) != str(SCHEMA_VERSION):
         raise store_error(path, f"it has schema version {str(version[0])[:20]}, this AutoSync reads {SCHEMA_VERSION}")
