@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from autosync.search_limits import search_limits, target_optimizer
-from autosync.tflog import quiet_startup
+from autosync.tflog import driver_startup
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.search.constraints import Constraints, as_constraints
@@ -201,7 +201,7 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
     from autosync.runtime.gpu_profile import profiled_spec
     from autosync.sources import load_cluster, load_emulated_model, load_model_def
 
-    quiet_startup()
+    driver_startup()
     cluster_spec = load_cluster(cluster)
     if compute == "emulated":
         if model_spec is None:
@@ -235,7 +235,7 @@ def make_trainer(model, strategy, cluster="local", **settings):
     from autosync.runtime.trainer import Trainer
     from autosync.sources import load_cluster, load_model_def, load_strategy_for
 
-    quiet_startup()
+    driver_startup()
     model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
 
@@ -327,7 +327,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     from autosync.sources import load_cluster
 
     called = time.monotonic()   # the time budget counts from here: start-up is part of the wait
-    quiet_startup()
+    driver_startup()
     for name, value, least in (("trials", trials, 0), ("confirm", confirm, 0), ("patience", patience, 1),
                                ("steps", steps, 1), ("warmup", warmup, 0), ("max_steps", max_steps, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:

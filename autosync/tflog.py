@@ -58,6 +58,18 @@ def quiet_startup(modules: tuple[str, ...] = ("tensorflow",)) -> None:
         sys.meta_path.insert(0, _QuietImport(todo))
 
 
+def driver_startup() -> None:
+    """``quiet_startup``, and TensorFlow told to take GPU memory as it needs it
+    (``TF_FORCE_GPU_ALLOW_GROWTH=true`` unless set): for the process that drives a run, the command
+    line's or a user's script calling the API. It builds the model only to read its variables, and
+    TensorFlow otherwise reserves nearly all the memory of every GPU it sees at its first
+    operation, which on a GPU node is the memory that node's workers train in. No effect once
+    TensorFlow has set up its GPUs in this process (a script that trained on them first keeps
+    its own setting)."""
+    quiet_startup()
+    os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+
+
 class _QuietImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: wraps the loader of the first import of each of ``modules`` so that
     the module's top level runs with its start-up noise filtered out of file descriptor 2."""

@@ -86,11 +86,11 @@ def test_the_python_api_silences_the_startup_before_it_loads_a_model(call, monke
     """A script that calls the API before importing TensorFlow gets no start-up lines either: the
     entry points arrange it before anything can import TensorFlow (here the model name is bad, so
     the call stops right after)."""
-    from autosync import api
+    from autosync import api, tflog
     from strategy_space import ConfigError
 
     calls = []
-    monkeypatch.setattr(api, "quiet_startup", lambda: calls.append(call))
+    monkeypatch.setattr(tflog, "quiet_startup", lambda: calls.append(call))   # (through api's driver_startup)
     args = {"tune": ("zoo:no_such_model",), "make_runner": ("zoo:no_such_model",),
             "make_trainer": ("zoo:no_such_model", "no_such_strategy.yaml")}[call]
     with pytest.raises(ConfigError):

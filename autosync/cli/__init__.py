@@ -54,15 +54,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if not tflog.wanted():
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    tflog.quiet_startup()
+    tflog.driver_startup()   # and TensorFlow's GPU memory taken as needed (see there)
     # Keras' scikit-learn wrappers and matplotlib galleries, which no command uses: 2 s of the import
     from autosync.runtime.lean_import import skip_keras_extras
 
     skip_keras_extras()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # the driver builds the model only to read its variables: on a GPU node TensorFlow would
-    # otherwise reserve the memory of every GPU there, which that node's workers need
-    os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
