@@ -19,6 +19,8 @@ DTYPE_BYTES = {
     "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1,
 }
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+# the largest dimension a variable may have: shard, row and group counts are encoded in int32
+MAX_DIMENSION = 2 ** 31 - 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class VariableSpec:
             problems.append(f"variable name must be a non-empty string, got {short_repr(self.name)}")
         if any(d < 1 for d in self.shape):
             problems.append(f"variable {self.name}: every dimension of shape must be >= 1, got {list(self.shape)}")
+        elif any(d > MAX_DIMENSION for d in self.shape):
+            problems.append(f"variable {self.name}: a dimension of shape {list(self.shape)} is over {MAX_DIMENSION:,} "
+                            f"(2^31 - 1), the most any dimension may have here (strategies and their features "
+                            f"count shards and rows in 32 bits); a table that long is usually hashed into fewer rows")
         if self.dtype not in DTYPE_BYTES:
             problems.append(f"variable {self.name}: dtype {short_repr(self.dtype)} is not one of "
                             f"{', '.join(DTYPE_BYTES)}")

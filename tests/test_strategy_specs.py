@@ -12,6 +12,7 @@ def test_variable_bytes_and_rows():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(name="x", shape=(0, 3)), r"every dimension of shape must be >= 1, got \[0, 3\]"),
+    (dict(name="x", shape=(2 ** 31, 4), sparse=True), r"a dimension of shape \[2147483648, 4\] is over 2,147,483,647"),
     (dict(name="x", shape=(3,), dtype="float8"), r"dtype 'float8' is not one of"),
     (dict(name="x", shape=(3,), rows_per_step=2), r"rows_per_step is only allowed when sparse is true"),
     (dict(name="x", shape=(3, 2), sparse=True, rows_per_step=4), r"rows_per_step must be in \[1, 3\]"),
@@ -19,6 +20,18 @@ def test_variable_bytes_and_rows():
 def test_variable_rules(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         VariableSpec(**kwargs)
+
+
+def test_the_longest_dimension_allowed_is_planned():   # the strategy space and the features count in int32
+    from strategy_space.space import StrategySpace
+    from tuner.features.tables import FeatureTables
+    import numpy as np
+
+    model = ModelSpec("m", (VariableSpec("e", (2 ** 31 - 1, 4), sparse=True, rows_per_step=100), VariableSpec("d", (4,))))
+    space = StrategySpace(model, two_node_cluster())
+    assert space.shard_max[0] == space.max_shards
+    space.sample(np.random.default_rng(0))
+    assert FeatureTables.from_specs(model, two_node_cluster()).dims[0, 0] == 2 ** 31 - 1
 
 
 def test_model_rejects_duplicate_names():

@@ -15,15 +15,12 @@ def weights_digest(arrays: list) -> str:
     return h.hexdigest()
 
 
-def zeros_digest(variables: list, chunk_bytes: int = 1 << 16) -> str:
-    """``weights_digest`` of all-zero arrays of these sizes, ``variables``: ``(shape, dtype)``
-    pairs, hashed from one reused block of zero bytes (the arrays are never allocated)."""
-    h = hashlib.sha1()
-    zeros = memoryview(bytes(chunk_bytes))
+def zeros_digest(variables: list) -> str:
+    """A digest of all-zero arrays of these sizes, ``variables``: ``(shape, dtype)`` pairs, read
+    from the sizes alone (emulated workers compare it among themselves): hashing the zero bytes
+    of a full-size embedding spec would take a worker minutes (hours for a table of terabytes)
+    before its first step."""
+    h = hashlib.sha1(b"zeros")
     for shape, dtype in variables:
-        left = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        while left > 0:
-            n = min(left, chunk_bytes)
-            h.update(zeros[:n])
-            left -= n
+        h.update(f"{tuple(int(d) for d in shape)}:{np.dtype(dtype).str};".encode())
     return h.hexdigest()
