@@ -13,6 +13,7 @@ import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DROP = ("in user code:", "Arguments received by", "•")
+LOW_MEMORY = "running low on memory"   # in the text of Ray's memory monitor's kills
 
 
 def what_failed(e: BaseException, limit: int = 400) -> str:
@@ -42,8 +43,23 @@ def error_reason(e: BaseException) -> str:
     cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
     if cause is not None and not isinstance(cause, ray.exceptions.RayError):
         return what_failed(cause)
+    if isinstance(e, ray.exceptions.OutOfMemoryError) or LOW_MEMORY in str(e):
+        return f"OutOfMemoryError: {out_of_memory(str(e))}"
     if isinstance(e, ray.exceptions.RayError):
         # Ray's text ends with the original exception line, after its traceback
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         return lines[-1] if lines else type(e).__name__
     return what_failed(e)
+
+
+def out_of_memory(text: str) -> str:
+    """A sentence for Ray's memory monitor killing a process (its ``OutOfMemoryError`` text is a
+    page: object store statistics, the ten largest processes, advice on Ray's own settings): the
+    node's use and limit, what the process killed held, and what to change."""
+    node = re.search(r"Memory on the node \(IP: ([^,)]+)[^)]*\) was ([\d.]+\s*GB used / [\d.]+\s*GB limit)", text)
+    used = re.search(r"Selected to kill:.*?actual memory used=([\d.]+\s*GB)", text, re.S)
+    where = f"the node at {node.group(1)} had {node.group(2)}" if node else "its node ran low on memory"
+    what = f", {used.group(1)} of it in the process killed" if used else ""
+    return (f"Ray killed it for memory: {where}{what}. What the strategy keeps on that node (its workers' "
+            f"model copies, parameter-server shards with their optimizer slots) does not fit there: spread the "
+            f"shards over more nodes, run fewer workers there, or use a node with more memory")

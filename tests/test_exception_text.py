@@ -2,7 +2,7 @@
 said only "ValueError: in user code:" in a worker's failure, and a screen of frames elsewhere."""
 from __future__ import annotations
 
-from autosync.exception_text import what_failed
+from autosync.exception_text import out_of_memory, what_failed
 
 # the text of a ValueError from a tf.function whose model has a layer name TensorFlow refuses
 TRACED = ('in user code:\n\n    File "/x/autosync/models/profile.py", line 67, in step  *\n'
@@ -27,3 +27,30 @@ def test_plain_errors_stay_as_they_are_and_long_ones_are_cut():
     assert what_failed(ValueError("first line\n  second line")) == "ValueError: first line second line"
     long = what_failed(ValueError("x" * 1000), limit=50)
     assert len(long) == 54 and long.endswith(" ...") and long.startswith("ValueError: xxx")
+
+
+# Ray 2.60's text when its memory monitor kills a process (shortened: 16 object store lines, ten processes)
+KILLED_FOR_MEMORY = """1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 10.0.0.7, \
+ID: 2fd74bee36c0f804bcddc4d7b327b41ebd54801c64d9d736f024e12b) was 22.82GB used / 23.54GB limit (0.969529)
+OOM kill reason: Memory usage 24321724416B exceeded threshold of 24012392448B (95.0% of 25276203008B limit)
+Object store memory usage: [- objects spillable: 0
+- bytes spillable: 0]
+Ray killed 1 worker(s) based on the killing policy
+Considered workers: [
+Selected to kill: (Actor(7833105268165e6db77a9bcb01000000): job ID=01000000, lease ID=00000000277db342602158b6, \
+task name=ParameterServerShard.__init__, required resources={}, pid=8072, actual memory used=21.75GB, worker ID=d017)
+]
+Top 10 memory users: PID\tMEM(GB)\tCOMMAND
+8072\t21.75\tray::ParameterServerShard.apply
+Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/en/latest/ray-observability/\
+user-guides/debug-apps/debug-memory.html. Consider provisioning more memory on this node or reducing task parallelism"""
+
+
+def test_a_kill_for_memory_is_one_sentence_with_the_nodes_use_and_what_to_change():
+    assert out_of_memory(KILLED_FOR_MEMORY) == (
+        "Ray killed it for memory: the node at 10.0.0.7 had 22.82GB used / 23.54GB limit, 21.75GB of it in the "
+        "process killed. What the strategy keeps on that node (its workers' model copies, parameter-server shards "
+        "with their optimizer slots) does not fit there: spread the shards over more nodes, run fewer workers "
+        "there, or use a node with more memory")
+    assert out_of_memory("1 worker(s) were killed due to the node running low on memory.").startswith(
+        "Ray killed it for memory: its node ran low on memory. What")

@@ -225,6 +225,33 @@ def test_wait_all_names_the_actor_that_died_and_who_lost_it(monkeypatch, awaited
     assert str(e.value) == expected
 
 
+@pytest.mark.parametrize("error", ["died", "oom"])
+def test_wait_all_says_when_ray_killed_an_actor_for_memory(monkeypatch, error):
+    """Ray's memory monitor's kill: its page of statistics becomes a sentence with the node's use,
+    whether the wait saw the actor die or the out-of-memory error itself."""
+    import ray
+
+    from autosync.runtime.engine import TrialFailed, wait_all
+    from tests.test_exception_text import KILLED_FOR_MEMORY
+
+    dead = "ab" * 14
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
+
+    def get(ref):
+        if error == "oom":
+            raise ray.exceptions.OutOfMemoryError(KILLED_FOR_MEMORY)
+        raise RuntimeError(f"The actor died unexpectedly. actor_id: {dead}\n{KILLED_FOR_MEMORY}")
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(TrialFailed) as e:
+        wait_all(["ref"], None, "worker", ["n0:0"], {dead: "parameter server ps@n0"})
+    said = {"died": "parameter server ps@n0 died (Ray killed it for memory: the node at 10.0.0.7 had 22.82GB used / "
+                    "23.54GB limit, 21.75GB of it in the process killed. What",
+            "oom": "worker n0:0 failed: OutOfMemoryError: Ray killed it for memory: the node at 10.0.0.7 had "}[error]
+    assert str(e.value).startswith(said) and "\n" not in str(e.value)
+    assert str(e.value).endswith("or use a node with more memory" + ("; worker n0:0 lost it)" if error == "died" else ""))
+
+
 def test_a_wait_on_actors_of_a_lost_node_fails_naming_it_instead_of_waiting_out_the_deadline(monkeypatch):
     """An actor pinned to a node that left the cluster is never placed: its refs would wait until
     the trial's deadline (300 s by default). Given ``alive``, a wait asks it whenever
