@@ -379,6 +379,21 @@ def test_shaping_limits_bandwidth(testbed, monkeypatch):
     assert tb.cluster_spec.nodes[0].bandwidth_gbps == 1.0
 
 
+@pytest.mark.multinode
+def test_each_host_can_run_at_its_own_rate(testbed):
+    """A testbed like a cluster whose nodes differ (``--like``): host1 at 200mbit beside host0 at
+    1gbit sends at 200mbit."""
+    tb, _ = testbed
+    netns.shape(tb.state.switch, [1_000_000_000, 200_000_000])
+    try:
+        rates = [netns.link_rate(ns, "eth0") for ns in ("host0", "host1")]
+        slow = _measure_mbit(10_000_000)
+    finally:
+        tb.shape("1gbit")
+    assert rates == ["htb rate 1Gbit ceil 1Gbit", "htb rate 200Mbit ceil 200Mbit"]
+    assert 150 < slow < 230
+
+
 _ECHO = r"""
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

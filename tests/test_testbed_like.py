@@ -64,13 +64,52 @@ def test_bad_like_settings(paper_b, kw, message):
         like_config(target, **kw)
 
 
-def test_mixed_bandwidths_and_rates_out_of_range_are_refused():
-    mixed = ClusterSpec("m", (NodeSpec("a", bandwidth_gbps=1.0), NodeSpec("b", bandwidth_gbps=10.0)))
-    with pytest.raises(ConfigError, match="mixes node bandwidths"):
-        like_config(mixed, 2)
+MIXED = ClusterSpec("mixed", (NodeSpec("a", workers=2, bandwidth_gbps=0.5), NodeSpec("b", workers=1, bandwidth_gbps=0.1),
+                               NodeSpec("c", workers=0, bandwidth_gbps=1.0)))
+
+
+def test_a_cluster_whose_nodes_differ_gets_each_nodes_rate_and_workers():
+    c = like_config(MIXED, 2).config
+    assert (c.node_bandwidths, c.node_workers, c.workers_per_node) == (("250mbit", "50mbit", "500mbit"), (2, 1, 0), 2)
+    assert c.rates_bps == (250_000_000, 50_000_000, 500_000_000) and c.links == "host0 250mbit, host1 50mbit, host2 500mbit"
+    spec = state.cluster_spec(c)
+    assert [(n.workers, n.bandwidth_gbps) for n in spec.nodes] == [(2, 0.25), (1, 0.05), (0, 0.5)]
+    assert spec.num_workers == 3 and spec.compute_dilation == 2.0
+    assert "3 workers (2 + 1 + 0 on 3 nodes) on 2 cores" in oversubscription_warning(c, 2)
+    uniform = like_config(ClusterSpec("u", (NodeSpec("a", bandwidth_gbps=0.4), NodeSpec("b", bandwidth_gbps=0.4))), 2)
+    assert (uniform.config.node_bandwidths, uniform.config.node_workers, uniform.config.links) == ((), (), "200mbit")
+
+
+def test_rates_out_of_range_and_nodes_without_workers_are_refused():
     slow = ClusterSpec("s", (NodeSpec("a", bandwidth_gbps=0.01),))
-    with pytest.raises(ConfigError, match="outside the 1mbit..100gbit"):
+    with pytest.raises(ConfigError, match="node a: 0.01 Gbit/s / 100 = 100000 bit/s is outside the 1mbit..100gbit"):
         like_config(slow, 100)
+    servers_first = ClusterSpec("p", (NodeSpec("ps", workers=0), NodeSpec("w", workers=1)))
+    with pytest.raises(ConfigError, match=r"the 1 node\(s\) of p brought up \(ps\) hold no worker"):
+        like_config(servers_first, 2, nodes=1)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(node_bandwidths=("1gbit",)), r"node_bandwidths must give one value per node \(2\), got 1"),
+    (dict(node_bandwidths=("1gbit", "fast")), "'fast' is not a rate"),
+    (dict(node_workers=(0, 0)), r"node_workers must be integers >= 0 with at least one worker in all, got \[0, 0\]"),
+    (dict(node_workers=(1, -1)), "node_workers must be integers >= 0"),
+    (dict(node_workers=(1, 2, 3)), r"node_workers must give one value per node \(2\), got 3"),
+])
+def test_per_node_settings_are_checked(kw, message):
+    from autosync.testbed.config import TestbedConfig
+
+    with pytest.raises(ConfigError, match=message):
+        TestbedConfig(nodes=2, **kw)
+
+
+def test_per_node_settings_survive_the_state_file_and_a_reshape(tmp_path):
+    st = state.new_state(like_config(MIXED, 2).config, tmp_path)
+    state.save_state(st, tmp_path)
+    back = state.load_state(tmp_path)
+    assert back == st and back.config.node_bandwidths == ("250mbit", "50mbit", "500mbit")
+    reshaped = state.set_bandwidth(back, "100mbit", tmp_path).config   # `testbed shape`: every host alike
+    assert reshaped.rates_bps == (100_000_000,) * 3 and reshaped.workers_of == (2, 1, 0)
 
 
 def test_oversubscription_warning():
@@ -114,3 +153,24 @@ def test_up_like_writes_the_scaled_cluster_spec(tmp_path, monkeypatch, capsys, p
     assert {(n.bandwidth_gbps, n.workers) for n in spec.nodes} == {(0.2, 4)}
     assert spec.compute_dilation == 250.0 and spec.compute == "real"
     assert tb_mod._dir(tmp_path) == tmp_path.resolve()
+
+
+def test_up_like_a_mixed_cluster_shapes_each_host_at_its_own_rate(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(state.ENV_DIR, str(tmp_path))
+    shaped = []
+    for mod, name in ((netns, "check_requirements"), (netns, "create_lan"), (ray_nodes, "ray_executable"),
+                      (ray_nodes, "start_nodes")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: None)
+    monkeypatch.setattr(netns, "shape", lambda switch, rates: shaped.append(list(rates)))
+    monkeypatch.setattr(netns, "namespace_exists", lambda ns: False)
+    monkeypatch.setattr(ray_nodes, "probe", lambda *a, **k: {"ok": True, "alive": []})
+    monkeypatch.setattr(ray_nodes, "testbed_env", lambda d: {})
+    from strategy_space.yaml_io import save
+
+    save(MIXED, str(tmp_path / "mixed.yaml"))
+    assert _cli(["testbed", "up", "--like", str(tmp_path / "mixed.yaml"), "--dilation", "2"], monkeypatch) == 0
+    assert shaped == [[250_000_000, 50_000_000, 500_000_000]]
+    assert ("at host0 250mbit, host1 50mbit, host2 500mbit like mixed (workers per node 2, 1, 0, compute dilation 2)"
+            in capsys.readouterr().out)
+    spec = load(str(tmp_path / state.CLUSTER_FILE), "cluster")
+    assert [(n.workers, n.bandwidth_gbps) for n in spec.nodes] == [(2, 0.25), (1, 0.05), (0, 0.5)]

@@ -119,9 +119,11 @@ def _up(args) -> int:
     except TestbedError as e:
         return _failed("up", f"{e}\n(everything it had made has been removed)")
     st = tb.state
-    like = (f" like {st.config.like} ({st.config.workers_per_node} workers per node, compute dilation "
-            f"{st.config.compute_dilation:g})" if st.config.like else "")
-    print(f"testbed up in {st.up_seconds:.1f} s: {', '.join(st.namespaces)} at {st.config.bandwidth}{like}; "
+    each = (f"{st.config.workers_per_node} workers per node" if not st.config.node_workers else
+            f"workers per node {', '.join(map(str, st.config.node_workers))}")
+    like = (f" like {st.config.like} ({each}, compute dilation {st.config.compute_dilation:g})"
+            if st.config.like else "")
+    print(f"testbed up in {st.up_seconds:.1f} s: {', '.join(st.namespaces)} at {st.config.links}{like}; "
           f"Ray head {st.ray_address}")
     print(f"state: {tb.state_dir}; use `--cluster testbed`, or `autosync testbed exec -- CMD` to run a driver")
     return 0

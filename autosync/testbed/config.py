@@ -135,6 +135,10 @@ class TestbedConfig:
         cpus_per_node: logical CPUs each Ray node advertises (``--num-cpus``).
         object_store_mb: object store of each Ray node, in MiB (>= 100).
         workers_per_node: training replicas each node's ClusterSpec entry gets.
+        node_bandwidths: per host (host0 first), its own rate instead of ``bandwidth``: a testbed
+            shaped like a cluster whose nodes differ (``--like``); empty: every host at ``bandwidth``.
+        node_workers: per host, its own worker count instead of ``workers_per_node`` (0: a host
+            that only holds parameter servers); empty: ``workers_per_node`` each.
         compute_dilation: recorded in the ClusterSpec: emulated compute runs this many times
             slower (``--like ... --dilation K``).
         like: name of the cluster this testbed stands for (``--like``), or None.
@@ -149,6 +153,8 @@ class TestbedConfig:
     workers_per_node: int = 1
     compute_dilation: float = 1.0
     like: str | None = None
+    node_bandwidths: tuple = ()
+    node_workers: tuple = ()
 
     def __post_init__(self):
         problems = Problems()
@@ -166,9 +172,36 @@ class TestbedConfig:
         try:
             # one spelling per rate (1000mbit -> 1gbit), so states and specs compare equal
             object.__setattr__(self, "bandwidth", format_rate(parse_rate(self.bandwidth)))
-        except ConfigError as e:
-            problems.items.extend(e.problems)
+            object.__setattr__(self, "node_bandwidths", tuple(format_rate(parse_rate(b))
+                                                              for b in self.node_bandwidths))
+        except (ConfigError, TypeError) as e:
+            problems.items.extend(getattr(e, "problems", [str(e)]))
+        workers = tuple(self.node_workers)
+        object.__setattr__(self, "node_workers", workers)
+        for name, given in (("node_bandwidths", self.node_bandwidths), ("node_workers", workers)):
+            if given and isinstance(self.nodes, int) and len(given) != self.nodes:
+                problems.add(f"{name} must give one value per node ({self.nodes}), got {len(given)}")
+        if workers and not (all(isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in workers)
+                            and sum(workers) >= 1):
+            problems.add(f"node_workers must be integers >= 0 with at least one worker in all, got {list(workers)}")
         problems.raise_if_any()
+
+    @property
+    def rates_bps(self) -> tuple:
+        """Each host's rate in bit/s (None: unshaped), host0 first."""
+        return tuple(parse_rate(b) for b in self.node_bandwidths) or (self.rate_bps,) * self.nodes
+
+    @property
+    def workers_of(self) -> tuple[int, ...]:
+        """Each host's worker count, host0 first."""
+        return self.node_workers or (self.workers_per_node,) * self.nodes
+
+    @property
+    def links(self) -> str:
+        """The links in words: ``200mbit``, or per host where they differ (``host0 500mbit, host1 ...``)."""
+        if len(set(self.node_bandwidths)) < 2:
+            return self.node_bandwidths[0] if self.node_bandwidths else self.bandwidth
+        return ", ".join(f"{host_ns(i)} {b}" for i, b in enumerate(self.node_bandwidths))
 
     @property
     def rate_bps(self) -> int | None:

@@ -136,9 +136,9 @@ def _wait_forwarding(switch: str, nodes: int, timeout_s: float = 5.0) -> None:
     raise TestbedError(f"bridge ports in {switch} are not forwarding after {timeout_s:.0f} s:\n{out}")
 
 
-def shape(switch: str, nodes: int, bps: int | None) -> None:
-    """Limit every host's link to ``bps`` bit/s in each direction (None: remove the limits)."""
-    for i in range(nodes):
+def shape(switch: str, rates: Sequence[int | None]) -> None:
+    """Limit host ``i``'s link to ``rates[i]`` bit/s in each direction (None: remove its limits)."""
+    for i, bps in enumerate(rates):
         _shape_device(host_ns(i), "eth0", bps)
         _shape_device(switch, switch_port(i), bps)
 

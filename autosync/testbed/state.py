@@ -90,7 +90,7 @@ class TestbedState:
             raise ValueError(f"state version {data.get('version')!r}, expected {STATE_VERSION}")
         data = dict(data)
         data.pop("version")
-        data["config"] = TestbedConfig(**data["config"])
+        data["config"] = TestbedConfig(**data["config"])   # (lists read back as the tuples they were)
         data["namespaces"] = tuple(data["namespaces"])
         return cls(**data)
 
@@ -139,13 +139,12 @@ def clear(directory: Path | None = None) -> None:
 
 
 def cluster_spec(config: TestbedConfig) -> ClusterSpec:
-    """The ClusterSpec of a testbed: ``host0..`` with their 10.77.0.x addresses, one worker each,
-    the custom resource ``hostI`` for pinning, host0 as chief."""
-    gbps = rate_gbps(config.rate_bps)
+    """The ClusterSpec of a testbed: ``host0..`` with their 10.77.0.x addresses, their workers and
+    link rates, the custom resource ``hostI`` for pinning, host0 as chief."""
     nodes = tuple(
         NodeSpec(name=host_ns(i), address=host_address(i), cpus=config.cpus_per_node, gpus=0,
-                 workers=config.workers_per_node, chief=(i == 0), bandwidth_gbps=gbps, resource=host_ns(i))
-        for i in range(config.nodes)
+                 workers=workers, chief=(i == 0), bandwidth_gbps=rate_gbps(bps), resource=host_ns(i))
+        for i, (workers, bps) in enumerate(zip(config.workers_of, config.rates_bps))
     )
     return ClusterSpec(name=CLUSTER_NAME, nodes=nodes, compute_dilation=config.compute_dilation)
 
@@ -162,7 +161,7 @@ def mark_up(st: TestbedState, up_seconds: float, directory: Path | None = None) 
 def set_bandwidth(st: TestbedState, bandwidth: str, directory: Path | None = None) -> TestbedState:
     """Record a new link rate in the state and the ClusterSpec."""
     directory = directory or state_dir()
-    st = replace(st, config=replace(st.config, bandwidth=bandwidth))
+    st = replace(st, config=replace(st.config, bandwidth=bandwidth, node_bandwidths=()))
     save_state(st, directory)
     if st.phase == "up":
         save(cluster_spec(st.config), directory / CLUSTER_FILE)

@@ -60,7 +60,7 @@ def _check_nothing_there(config: TestbedConfig, directory: Path) -> None:
     recorded = state.load_state(directory)
     if recorded is not None:
         raise ConfigError(f"a testbed is already up ({recorded.config.nodes} nodes at "
-                          f"{recorded.config.bandwidth}, phase {recorded.phase}, state in {directory}); "
+                          f"{recorded.config.links}, phase {recorded.phase}, state in {directory}); "
                           f"use it, or run `autosync testbed down` first")
     clashing = [ns for ns in (*config.namespaces, SWITCH_NS) if netns.namespace_exists(ns)]
     if clashing:
@@ -102,9 +102,9 @@ def up(config: TestbedConfig, directory: str | Path | None = None, start_timeout
     # recorded before anything exists, so that `down` always knows what to remove
     state.save_state(st, directory)
     try:
-        say(f"creating namespaces {', '.join(st.all_namespaces)} and shaping links to {config.bandwidth}")
+        say(f"creating namespaces {', '.join(st.all_namespaces)} and shaping links to {config.links}")
         netns.create_lan(st.switch, config.nodes, owner=str(directory))
-        netns.shape(st.switch, config.nodes, config.rate_bps)
+        netns.shape(st.switch, config.rates_bps)
         env = ray_nodes.testbed_env(directory)
         say(f"starting {config.nodes} Ray node(s), head in host0 (about 5-10 s each on a 2-core machine)")
         ray_nodes.start_nodes(config, Path(st.ray_temp_root), directory / "logs", env, start_timeout_s)
@@ -194,7 +194,7 @@ def shape(bandwidth: str, directory: str | Path | None = None) -> state.TestbedS
     directory = _dir(directory)
     st = _require_up(directory)
     netns.check_requirements()
-    netns.shape(st.switch, st.config.nodes, bps)
+    netns.shape(st.switch, [bps] * st.config.nodes)
     return state.set_bandwidth(st, format_rate(bps), directory)
 
 
