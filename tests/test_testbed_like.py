@@ -155,7 +155,8 @@ def test_up_like_writes_the_scaled_cluster_spec(tmp_path, monkeypatch, capsys, p
     assert tb_mod._dir(tmp_path) == tmp_path.resolve()
 
 
-def test_up_like_a_mixed_cluster_shapes_each_host_at_its_own_rate(tmp_path, monkeypatch, capsys):
+def _system_replaced(tmp_path, monkeypatch) -> list:
+    """``up`` with the system calls replaced; returns the list each ``netns.shape`` call's rates land in."""
     monkeypatch.setenv(state.ENV_DIR, str(tmp_path))
     shaped = []
     for mod, name in ((netns, "check_requirements"), (netns, "create_lan"), (ray_nodes, "ray_executable"),
@@ -165,6 +166,32 @@ def test_up_like_a_mixed_cluster_shapes_each_host_at_its_own_rate(tmp_path, monk
     monkeypatch.setattr(netns, "namespace_exists", lambda ns: False)
     monkeypatch.setattr(ray_nodes, "probe", lambda *a, **k: {"ok": True, "alive": []})
     monkeypatch.setattr(ray_nodes, "testbed_env", lambda d: {})
+    return shaped
+
+
+def test_up_with_a_rate_per_host(tmp_path, monkeypatch, capsys):
+    shaped = _system_replaced(tmp_path, monkeypatch)
+    assert _cli(["testbed", "up", "--bandwidth", "500mbit, 100mbit"], monkeypatch) == 0
+    assert shaped == [[500_000_000, 100_000_000]]
+    assert "host0, host1 at host0 500mbit, host1 100mbit;" in capsys.readouterr().out
+    spec = load(str(tmp_path / state.CLUSTER_FILE), "cluster")
+    assert [(n.workers, n.bandwidth_gbps) for n in spec.nodes] == [(1, 0.5), (1, 0.1)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bandwidth", "1gbit,2gbit", "--nodes", "3"], "--bandwidth 1gbit,2gbit gives 2 rates for --nodes 3: give one"),
+    (["--bandwidth", "1gbit,,2gbit"], "bandwidth '' is not a rate"),
+])
+def test_bad_rates_per_host_exit_2(tmp_path, monkeypatch, capsys, argv, message):
+    _system_replaced(tmp_path, monkeypatch)
+    assert _cli(["testbed", "up", *argv], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / state.STATE_FILE).exists()
+
+
+def test_up_like_a_mixed_cluster_shapes_each_host_at_its_own_rate(tmp_path, monkeypatch, capsys):
+    shaped = _system_replaced(tmp_path, monkeypatch)
     from strategy_space.yaml_io import save
 
     save(MIXED, str(tmp_path / "mixed.yaml"))

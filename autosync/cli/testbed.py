@@ -26,10 +26,11 @@ def register(subparsers) -> None:
     up.add_argument("--nodes", type=int, help=f"number of hosts (default {DEFAULTS['nodes']}; with --like: "
                                                f"as many of the target's as fit)")
     up.add_argument("--bandwidth", help=f"per-host rate each direction: 1gbit, 200mbit, ... or none "
-                                        f"(default {DEFAULTS['bandwidth']})")
+                                        f"(default {DEFAULTS['bandwidth']}); a comma-separated list gives each "
+                                        f"host its own (host0 first; --nodes defaults to its length)")
     up.add_argument("--like", metavar="CLUSTER.yaml",
-                    help="shape the testbed like this cluster: its nodes (as many as fit), its workers per node, "
-                         "links at its bandwidth / --dilation")
+                    help="shape the testbed like this cluster: its nodes (as many as fit), each with its workers "
+                         "and its link at its bandwidth / --dilation")
     up.add_argument("--dilation", type=float, metavar="K",
                     help="with --like: links run K times slower than the target's and the ClusterSpec records "
                          "compute_dilation K (emulated compute K times slower), keeping the target's "
@@ -78,8 +79,13 @@ def up_config(args, mem_available_mb: float, cores: int):
             raise ConfigError("--dilation scales the links of a target cluster: give it with --like CLUSTER.yaml "
                               "(without --like, set the rate directly with --bandwidth)")
         # (``--nodes 0`` or ``--bandwidth ""`` is refused by TestbedConfig, not read as "not given")
-        config = TestbedConfig(nodes=DEFAULTS["nodes"] if args.nodes is None else args.nodes,
-                               bandwidth=DEFAULTS["bandwidth"] if args.bandwidth is None else args.bandwidth,
+        bandwidth = DEFAULTS["bandwidth"] if args.bandwidth is None else args.bandwidth
+        each = tuple(b.strip() for b in bandwidth.split(",")) if "," in bandwidth else ()
+        nodes = (len(each) or DEFAULTS["nodes"]) if args.nodes is None else args.nodes
+        if each and len(each) != nodes:
+            raise ConfigError(f"--bandwidth {bandwidth} gives {len(each)} rates for --nodes {nodes}: give one per "
+                              f"host (host0 first), or one rate for all")
+        config = TestbedConfig(nodes=nodes, bandwidth=each[0] if each else bandwidth, node_bandwidths=each,
                                cpus_per_node=args.cpus_per_node, object_store_mb=args.object_store_mb)
         notes: list[str] = []
     else:
