@@ -5,6 +5,7 @@ which Keras trains with loss scaling, is refused before any worker starts."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 
 import numpy as np
@@ -104,3 +105,34 @@ def test_a_mixed_float16_model_is_refused_before_any_worker_starts(tmp_path, res
         model_spec_from_def(md)
     with pytest.raises(ConfigError, match="ModelDef m: Keras refuses image_data_format='channels_middle'"):
         keras_settings.apply({"image_data_format": "channels_middle"}, "ModelDef m")
+
+
+def _float8_model():
+    import keras
+
+    x = keras.Input((4,), name="x")
+    model = keras.Model(x, keras.layers.Dense(2, name="d")(keras.layers.Dense(3, name="h")(x)))
+    model.layers[1].quantize("float8")   # the Dense layers alone: an InputLayer has nothing to quantize
+    model.layers[2].quantize("float8")
+    return model
+
+
+def _batches(worker_index, num_workers):
+    yield np.ones((2, 4), np.float32), np.ones((2, 2), np.float32)
+
+
+@pytest.mark.integration
+def test_a_float8_model_is_refused_before_any_gradient_is_taken():
+    """Keras overwrites a float8 layer's scales and amax histories with their "gradient"; averaged
+    and applied as weights they would train to nonsense (and its gradient failed in the model's
+    ingestion with "too many values to unpack")."""
+    from autosync.model_def import ModelDef
+    from autosync.models.ingest import model_spec_from_def
+
+    md = ModelDef(name="f8", model_fn=_float8_model, loss_fn=rm.mse,
+                  optimizer_fn=functools.partial(rm.make_optimizer, "sgd"), dataset_fn=_batches, batch_size=2)
+    with pytest.raises(ConfigError, match=r"ModelDef f8: variables h/inputs_scale, h/inputs_amax_history, "
+                                          r"h/kernel_scale, h/kernel_amax_history \(and 8 more\) are overwritten "
+                                          r"with their gradient .*float8.*mixed_bfloat16"):
+        model_spec_from_def(md)
+    keras_settings.check_precision(rm.build_model(rm.VOCAB), "ModelDef plain")   # the same layers unquantized pass

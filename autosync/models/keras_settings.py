@@ -58,7 +58,9 @@ def apply(settings: dict | None, where: str = "ModelDef") -> None:
 def check_precision(model, where: str) -> None:
     """Refuse a model whose dtype policy is ``mixed_float16``: Keras' ``compile`` wraps its
     optimizer in a ``LossScaleOptimizer`` (dynamic loss scaling), which no synchronizer applies, so
-    its float16 gradients would underflow here where ``fit`` scales them.
+    its float16 gradients would underflow here where ``fit`` scales them; and one with float8
+    layers, whose scale and history variables Keras overwrites with their "gradient"
+    (``overwrite_with_gradient``) instead of applying the optimizer.
 
     Raises:
         ConfigError: the policy, and the policies that train here.
@@ -70,3 +72,12 @@ def check_precision(model, where: str) -> None:
                           f"not scale the loss, so float16 gradients would underflow. Use "
                           f"keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed) or "
                           f"float32")
+    overwritten = [v.path for v in model.trainable_variables if getattr(v, "overwrite_with_gradient", False)]
+    if overwritten:
+        raise ConfigError(f"{where}: variables {', '.join(overwritten[:4])}"
+                          f"{f' (and {len(overwritten) - 4} more)' if len(overwritten) > 4 else ''} are overwritten "
+                          f"with their gradient (overwrite_with_gradient: Keras float8 training, "
+                          f"model.quantize('float8')); AutoSync's synchronizers average gradients and apply the "
+                          f"optimizer's rule to every variable, so these scales and histories would be trained as "
+                          f"weights. Train without float8 quantization (quantize for inference after training), or "
+                          f"with keras.mixed_precision.set_global_policy('mixed_bfloat16')")
