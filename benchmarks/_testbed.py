@@ -96,7 +96,7 @@ def run_in_testbed(script: str, argv: Sequence[str], *, nodes: int, bandwidth: s
 
     try:
         with Testbed(nodes=nodes, bandwidth=bandwidth, cpus_per_node=1, object_store_mb=1000) as tb:
-            print(f"testbed up: {nodes} nodes at {tb.config.bandwidth}", flush=True)
+            print(f"testbed up: {nodes} nodes at {tb.config.links}", flush=True)
             cmd = [sys.executable, os.path.abspath(script), "--inside", *strip_flags(argv, outer_flags), *extra]
             return tb.exec(cmd).returncode
     except ConfigError as e:

@@ -201,7 +201,7 @@ def outer(args, argv) -> int:
 
     try:
         with Testbed(nodes=args.nodes, bandwidth=args.bandwidth, cpus_per_node=1, object_store_mb=1000) as tb:
-            print(f"testbed up: {args.nodes} nodes at {tb.config.bandwidth}", flush=True)
+            print(f"testbed up: {args.nodes} nodes at {tb.config.links}", flush=True)
             extra = []
             if args.cpuset:
                 print(f"pinned: {pin_nodes(tb.state.namespaces, os.cpu_count() or 1)}", flush=True)

@@ -103,6 +103,16 @@ def test_per_node_settings_are_checked(kw, message):
         TestbedConfig(nodes=2, **kw)
 
 
+def test_a_list_of_rates_is_a_rate_per_host():   # what the benchmarks' --bandwidth passes to Testbed
+    from autosync.testbed.config import TestbedConfig
+
+    c = TestbedConfig(nodes=3, bandwidth="100mbit, 1000mbit,1gbit")
+    assert (c.bandwidth, c.node_bandwidths, c.rates_bps) == ("100mbit", ("100mbit", "1gbit", "1gbit"),
+                                                             (100_000_000, 1_000_000_000, 1_000_000_000))
+    with pytest.raises(ConfigError, match=r"node_bandwidths must give one value per node \(2\), got 3"):
+        TestbedConfig(nodes=2, bandwidth="1gbit,1gbit,1gbit")
+
+
 def test_per_node_settings_survive_the_state_file_and_a_reshape(tmp_path):
     st = state.new_state(like_config(MIXED, 2).config, tmp_path)
     state.save_state(st, tmp_path)

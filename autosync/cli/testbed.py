@@ -85,8 +85,8 @@ def up_config(args, mem_available_mb: float, cores: int):
         if each and len(each) != nodes:
             raise ConfigError(f"--bandwidth {bandwidth} gives {len(each)} rates for --nodes {nodes}: give one per "
                               f"host (host0 first), or one rate for all")
-        config = TestbedConfig(nodes=nodes, bandwidth=each[0] if each else bandwidth, node_bandwidths=each,
-                               cpus_per_node=args.cpus_per_node, object_store_mb=args.object_store_mb)
+        config = TestbedConfig(nodes=nodes, bandwidth=bandwidth, cpus_per_node=args.cpus_per_node,
+                               object_store_mb=args.object_store_mb)
         notes: list[str] = []
     else:
         if args.bandwidth is not None:

@@ -131,7 +131,8 @@ class TestbedConfig:
 
     Attributes:
         nodes: number of hosts (namespaces, one Ray node each), 1..16.
-        bandwidth: per-host rate each direction, e.g. ``1gbit``, ``200mbit`` or ``none``.
+        bandwidth: per-host rate each direction, e.g. ``1gbit``, ``200mbit`` or ``none``; a
+            comma-separated list (``500mbit,100mbit``) sets ``node_bandwidths``.
         cpus_per_node: logical CPUs each Ray node advertises (``--num-cpus``).
         object_store_mb: object store of each Ray node, in MiB (>= 100).
         workers_per_node: training replicas each node's ClusterSpec entry gets.
@@ -169,6 +170,11 @@ class TestbedConfig:
         if not (isinstance(self.object_store_mb, int) and self.object_store_mb >= 100):
             problems.add(f"object_store_mb must be an integer >= 100 (Ray needs at least ~75 MiB), "
                          f"got {self.object_store_mb!r}")
+        if isinstance(self.bandwidth, str) and "," in self.bandwidth and not self.node_bandwidths:
+            # "500mbit,100mbit": a rate per host, host0 first (``testbed up --bandwidth``, the benchmarks' flag)
+            each = tuple(b.strip() for b in self.bandwidth.split(","))
+            object.__setattr__(self, "node_bandwidths", each)
+            object.__setattr__(self, "bandwidth", each[0])
         try:
             # one spelling per rate (1000mbit -> 1gbit), so states and specs compare equal
             object.__setattr__(self, "bandwidth", format_rate(parse_rate(self.bandwidth)))
