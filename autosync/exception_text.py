@@ -13,7 +13,6 @@ import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DROP = ("in user code:", "Arguments received by", "•")
-LOW_MEMORY = "running low on memory"   # in the text of Ray's memory monitor's kills
 
 
 def what_failed(e: BaseException, limit: int = 400) -> str:
@@ -43,8 +42,9 @@ def error_reason(e: BaseException) -> str:
     cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else None
     if cause is not None and not isinstance(cause, ray.exceptions.RayError):
         return what_failed(cause)
-    if isinstance(e, ray.exceptions.OutOfMemoryError) or LOW_MEMORY in str(e):
-        return f"OutOfMemoryError: {out_of_memory(str(e))}"
+    memory = out_of_memory(str(e))
+    if memory:
+        return f"OutOfMemoryError: {memory}"
     if isinstance(e, ray.exceptions.RayError):
         # Ray's text ends with the original exception line, after its traceback
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
@@ -52,10 +52,13 @@ def error_reason(e: BaseException) -> str:
     return what_failed(e)
 
 
-def out_of_memory(text: str) -> str:
+def out_of_memory(text: str) -> str | None:
     """A sentence for Ray's memory monitor killing a process (its ``OutOfMemoryError`` text is a
     page: object store statistics, the ten largest processes, advice on Ray's own settings): the
-    node's use and limit, what the process killed held, and what to change."""
+    node's use and limit, what the process killed held, and what to change; None for any other
+    error's ``text``."""
+    if "running low on memory" not in text:
+        return None
     node = re.search(r"Memory on the node \(IP: ([^,)]+)[^)]*\) was ([\d.]+\s*GB used / [\d.]+\s*GB limit)", text)
     used = re.search(r"Selected to kill:.*?actual memory used=([\d.]+\s*GB)", text, re.S)
     where = f"the node at {node.group(1)} had {node.group(2)}" if node else "its node ran low on memory"

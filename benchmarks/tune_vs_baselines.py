@@ -511,9 +511,9 @@ def inside(args) -> int:
     store_path = args.store or os.path.join(args.out, f"{args.name}.db")
     ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(_peer)
-    rates = list(dict.fromkeys(format_rate(round(n.bandwidth_gbps * 1e9)) for n in cluster.nodes))
-    rates = rates if len(rates) == 1 else [format_rate(round(n.bandwidth_gbps * 1e9)) for n in cluster.nodes]
-    results = {"meta": {"nodes": len(cluster.nodes), "bandwidth": ",".join(rates),   # per node where they differ
+    rates = [format_rate(round(n.bandwidth_gbps * 1e9)) for n in cluster.nodes]
+    results = {"meta": {"nodes": len(cluster.nodes),   # one rate, or each node's where they differ
+                        "bandwidth": rates[0] if len(set(rates)) == 1 else ",".join(rates),
                         "cpus_per_node": cluster.nodes[0].cpus, "compute": args.compute, "warm_start": args.warm_start, "trials": args.trials,
                         "patience": args.patience, "confirm": args.confirm, "warmup": args.warmup, "steps": args.steps,
                         "trial_timeout_s": args.trial_timeout,

@@ -54,3 +54,4 @@ def test_a_kill_for_memory_is_one_sentence_with_the_nodes_use_and_what_to_change
         "there, or use a node with more memory")
     assert out_of_memory("1 worker(s) were killed due to the node running low on memory.").startswith(
         "Ray killed it for memory: its node ran low on memory. What")
+    assert out_of_memory("RuntimeError: boom") is None
