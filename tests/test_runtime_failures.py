@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import pytest
@@ -71,6 +72,15 @@ def test_failed_and_timed_out_trials_are_contained(runner):
     pids = _pids(failed)
     assert len(pids) == 3, failed.meta  # two workers and one PS started before the failure
     assert _all_dead(pids), "a failed trial left actors running"
+
+    # a batch whose ids lie outside the table fails saying so (Keras on a CPU refuses them; a PS
+    # cannot serve them, and -1 would wrap in a narrow id dtype)
+    runner.flag.write_text("badid")
+    for s in (strategy, get_builder("all_reduce").build(runner.model, runner.cluster)):
+        outside = runner.run([s])[0]
+        assert outside.status == "failed", outside
+        assert re.search(rf"batch 3 looks up rows \[-1, {rm.VOCAB}\] of emb/embeddings, a table of "
+                         rf"{rm.VOCAB} rows \(ids must be in \[0, {rm.VOCAB}\)", outside.error), outside.error
 
     runner.flag.unlink()
     ok = runner.run([strategy])[0]

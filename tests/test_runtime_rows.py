@@ -253,3 +253,17 @@ def test_ids_sliced_from_inputs_are_read_in_numpy_and_computed_ones_are_traced()
     assert not hasattr(reads.ids, "traced") and len(reads.outputs) == 2   # the tf.function itself
     modulo = next(v for v in reads.outputs if reads.outputs[v] == ["t0"])
     np.testing.assert_array_equal(reads.ids(batch)[modulo].numpy(), batch[0][:, 0] % 7)
+
+
+def test_ids_outside_a_table_are_refused_naming_the_table_and_the_batch():
+    from types import SimpleNamespace
+
+    from autosync.runtime.rows import check_row_ids
+
+    tables = [SimpleNamespace(path="dense/kernel", shape=(3, 2)), SimpleNamespace(path="user/embeddings", shape=(10, 4))]
+    check_row_ids(tables, {1: np.array([0, 4, 9])}, batch=1)             # every id in the table
+    check_row_ids(tables, {1: np.zeros(0, np.int64)}, batch=1)            # a batch that reads none
+    for ids, bad in (([3, 10], [10]), ([-2, -1, 5], [-2, -1]), ([-1, 0, 10, 12], [-1, 10, 12])):
+        with pytest.raises(ValueError, match=re.escape(f"batch 7 looks up rows {bad} of user/embeddings, a table "
+                                                       f"of 10 rows (ids must be in [0, 10)")):
+            check_row_ids(tables, {1: np.array(ids, np.int64)}, batch=7)

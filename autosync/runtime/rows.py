@@ -212,6 +212,25 @@ def _ids_function(feeds_model, plan: dict):
     return tf.function(ids)
 
 
+def check_row_ids(variables: list, rows: dict, batch: int) -> None:
+    """The row ids a step's batch looks up (``rows``: variable index -> sorted unique ids) lie in
+    their tables, as Keras requires on a CPU (on a GPU it would read zeros): a parameter server
+    cannot serve a row it does not hold, and a negative id would wrap to another row in a narrow
+    index dtype. ``batch``: the batch's number in the worker's data (from 1), for the message.
+
+    Raises:
+        ValueError: naming the table, its size, the ids and the batch.
+    """
+    for v, ids in rows.items():
+        size = variables[v].shape[0]
+        bad = ids[(ids < 0) | (ids >= size)] if ids.size and (ids[0] < 0 or ids[-1] >= size) else ids[:0]
+        if bad.size:
+            raise ValueError(
+                f"batch {batch} looks up rows {bad[:5].tolist()} of {variables[v].path}, a table of {size} "
+                f"rows (ids must be in [0, {size}), as Keras requires on a CPU): map the ids into the table "
+                f"in the dataset (e.g. unknown ids to an out-of-vocabulary row) or give the table more rows")
+
+
 def check_pulled_rows(variables: list, rows: dict, grads: list) -> None:
     """The gradient of a row-pulled variable (``rows``: variable index -> the sorted, unique row
     ids pulled for the step) touches only rows that were pulled; ``variables`` (each with a

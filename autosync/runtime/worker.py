@@ -22,7 +22,7 @@ from autosync.runtime.fast_call import FlatFunction, RowAssign
 from autosync.runtime.optimizer_config import keras_optimizer_config
 from autosync.runtime import prefetch, random_seeds, timeline
 from autosync.runtime.pulled import join_pulled
-from autosync.runtime.rows import check_pulled_rows, find_row_reads
+from autosync.runtime.rows import check_pulled_rows, check_row_ids, find_row_reads
 from autosync.runtime.sync.base import across_collective, hand_over
 from autosync.runtime.worker_checkpoint import WorkerCheckpoint
 
@@ -322,6 +322,8 @@ class TrainingWorker(WorkerCheckpoint):
         ``gradient_accumulation_steps``) and the rows of the row-pulled variables they read."""
         batches = [self._next_batch() for _ in range(self.accumulate)]
         reads = [self.row_reads.rows(x) for x, _ in batches]
+        for k, r in enumerate(reads):
+            check_row_ids(self.variables, r, self.drawn - len(reads) + k + 1)
         return batches, {v: reduce(np.union1d, [r[v] for r in reads]) for v in reads[0]}
 
     def _gradients_of(self, batches: list) -> tuple[float, list]:
