@@ -26,8 +26,9 @@ _LAZY = {
     "ConfigError": "strategy_space.errors",
     "TrialFailed": "autosync.runtime.waiting",
     "TrialTimeout": "autosync.runtime.waiting",
-    # what it warns of: every worker drew the same data
+    # what it warns of: every worker drew the same data; the loss diverged on an exact strategy
     "SameDataWarning": "autosync.runtime.data_check",
+    "DivergedWarning": "autosync.runtime.data_check",
 }
 
 

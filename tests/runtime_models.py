@@ -130,8 +130,8 @@ def two_output_batches(worker: int, num_workers: int):
 
 def faulty_batches(worker: int, num_workers: int, flag: str, at: int = 3):
     """Like ``make_batches``, but worker 1 misbehaves at batch ``at`` while file ``flag`` exists:
-    it raises if the file says ``raise``, hangs if it says ``hang`` and yields ids -1 and ``VOCAB``
-    (outside the embedding) if it says ``badid``."""
+    it raises if the file says ``raise``, hangs if it says ``hang``, yields ids -1 and ``VOCAB``
+    (outside the embedding) if it says ``badid`` and a nan target if it says ``nan``."""
     for i, b in enumerate(make_batches(worker, num_workers, count=1000)):
         if worker == 1 and i == at and os.path.exists(flag):
             with open(flag) as f:
@@ -140,6 +140,9 @@ def faulty_batches(worker: int, num_workers: int, flag: str, at: int = 3):
                 raise ValueError("injected failure in worker 1")
             if mode == "badid":
                 b[0][0, :2] = -1, VOCAB
+            elif mode == "nan":
+                b[1][0] = np.nan
+            if mode in ("badid", "nan"):
                 yield b
                 continue
             time.sleep(3600)

@@ -9,7 +9,7 @@ import warnings
 import autosync.models
 from autosync.cli import _warnings
 from autosync.cli.raylog import ray_output_to_log
-from autosync.runtime.data_check import SameDataWarning
+from autosync.runtime.data_check import DivergedWarning, SameDataWarning
 
 OURS = os.path.join(os.path.dirname(autosync.models.__file__), "ingest.py")
 
@@ -26,6 +26,7 @@ def test_autosyncs_own_warning_reaches_the_terminal_while_rays_output_goes_to_a_
         with _warnings("tune"), ray_output_to_log("tune") as log:
             warnings.warn_explicit("model m: bn normalizes with synchronized=True", UserWarning, OURS, 10)
             warnings.warn_explicit("the same first batch", SameDataWarning, OURS, 20)
+            warnings.warn_explicit("its loss became nan", DivergedWarning, OURS, 21)
             warnings.warn_explicit("a library's own notice", DeprecationWarning, "/elsewhere/lib.py", 30)
             out, err = capfd.readouterr()
             assert out == ""
@@ -35,7 +36,8 @@ def test_autosyncs_own_warning_reaches_the_terminal_while_rays_output_goes_to_a_
     out, err = capfd.readouterr()
     # the library's warning went where Ray's output goes (the log, named), the data warning comes last
     assert log_path is not None and "autosync tune: Ray's own messages are in" in err
-    assert err.rstrip("\n").splitlines()[-1] == "autosync tune: warning: the same first batch"
+    assert err.rstrip("\n").splitlines()[-2:] == ["autosync tune: warning: the same first batch",
+                                                 "autosync tune: warning: its loss became nan"]
     with open(log_path) as f:
         logged = f.read()
     os.remove(log_path)

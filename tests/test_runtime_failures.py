@@ -5,8 +5,10 @@ import functools
 import re
 import time
 
+import numpy as np
 import pytest
 
+from autosync.runtime.data_check import DivergedWarning
 from autosync.runtime.reaper import descendants
 from tests import runtime_models as rm
 
@@ -81,6 +83,12 @@ def test_failed_and_timed_out_trials_are_contained(runner):
         assert outside.status == "failed", outside
         assert re.search(rf"batch 3 looks up rows \[-1, {rm.VOCAB}\] of emb/embeddings, a table of "
                          rf"{rm.VOCAB} rows \(ids must be in \[0, {rm.VOCAB}\)", outside.error), outside.error
+
+    # a nan in the data: the trial is measured, and the divergence of a lossless strategy is said
+    runner.flag.write_text("nan")
+    with pytest.warns(DivergedWarning, match=r"its loss became nan in a trial of a lossless, synchronous strategy"):
+        diverged = runner.run([strategy])[0]
+    assert diverged.status == "ok" and not np.isfinite(diverged.meta["loss"][-1]), diverged
 
     runner.flag.unlink()
     ok = runner.run([strategy])[0]

@@ -111,13 +111,13 @@ def _warnings(command: str):
     where nobody would read them; what the runtime warns of the user's data (``data_check``)
     when the command ends. Other libraries' warnings are shown as Python shows them."""
     from autosync.cli import raylog
-    from autosync.runtime.data_check import SameDataWarning
+    from autosync.runtime.data_check import TrainingWarning
 
     said: list[str] = []
     shown = warnings.showwarning
 
     def show(message, category, filename, *args, **kwargs):
-        if issubclass(category, SameDataWarning):
+        if issubclass(category, TrainingWarning):
             said.append(str(message))
         elif os.path.abspath(str(filename)).startswith(_OWN):
             print(f"autosync {command}: warning: {message}", file=raylog.terminal())

@@ -12,6 +12,7 @@ a timeout Trial that says so (``tuner.cost_models.analytic.beyond_trial_limit``)
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Sequence
@@ -19,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from autosync.model_def import ModelDef
+from autosync.runtime.data_check import check_losses
 from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
 from autosync.runtime.engine import Session, TrialFailed, TrialTimeout, WorkerPool, wait_all
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
@@ -60,8 +62,7 @@ def summarize_steps(results: list[dict], warmup: int, untimed_tail: int = 0) -> 
 
 
 def combine_summaries(parts: list[dict]) -> dict:
-    """One summary of several consecutive ``run`` batches: step times and losses concatenated,
-    breakdown and call counts averaged by steps."""
+    """One summary of consecutive ``run`` batches: step times and losses joined, the rest averaged by steps."""
     if len(parts) == 1:
         return parts[0]
     n = [len(p["step_times"]) for p in parts]
@@ -259,6 +260,7 @@ class RayRunner(Runner):
             if self.timeline:
                 session_timeline(session, True, deadline)
             summary = self._measure(session, deadline)
+            check_losses(model.name, summary["loss"], strategy)
             if self.timeline:
                 self.last_timeline = session_timeline(session, False, deadline)
             meta["ps_stats"] = session.ps_stats(deadline)
@@ -401,8 +403,6 @@ def emulated_setup(model, cluster: ClusterSpec, model_spec, step_time_s, optimiz
         TypeError: neither a ModelSpec nor an EmulatedModelDef (a trainable model's spec, with
             its measured compute time, comes from ``autosync.load_model_spec(model, profile=True)``).
     """
-    import dataclasses
-
     from strategy_space import ComputeProfile
 
     cluster = dataclasses.replace(require_resolved(cluster, (ClusterSpec,), "the cluster"), compute="emulated")
