@@ -8,8 +8,9 @@ batch (the runtime holds every lossless strategy to that), so one twin curve per
 steps, seed) serves every candidate: it is stored once and reused, and in a tuning run it is
 trained with the fastest lossless strategy measured (on a slow network the candidate's own twin,
 uncompressed, can be several times slower). Probes are stored in the trial
-store under ``tuner.records.goodput.probe_cache_key`` — per model and lossy parts; for staleness and
-asynchrony, whose effect depends on timing, per cluster too — and a probe found there is not run
+store under ``tuner.records.goodput.probe_cache_key`` — per model, how it trains (its layers, initial
+weights, loss, optimizer and data: ``autosync.models.training_key``) and lossy parts; for staleness
+and asynchrony, whose effect depends on timing, per cluster too — and a probe found there is not run
 again.
 """
 from __future__ import annotations
@@ -95,9 +96,20 @@ class TrainingProber(Prober):
         self.workers = len(cluster.devices)
         self._memo: dict[str, ProbeResult] = {}
         self._lossless: Strategy | None = None
+        self._training: str | None = None
+
+    @property
+    def training(self) -> str:
+        """The digest of how the model trains (``training_digest``), computed on first use."""
+        if self._training is None:
+            from autosync.models.training_key import training_digest
+
+            self._training = training_digest(self.model_def, self.workers)
+        return self._training
 
     def _key(self, parts: LossyParts) -> str:
-        return probe_cache_key(self.model_key, parts, self.workers, self.steps, self.seed, self.cluster.fingerprint)
+        return probe_cache_key(self.model_key, parts, self.workers, self.steps, self.seed, self.cluster.fingerprint,
+                               self.training)
 
     def _cached(self, key: str) -> ProbeResult | None:
         if key in self._memo:
@@ -130,7 +142,8 @@ class TrainingProber(Prober):
         started = time.time()
         losses, wall = self._train(self._lossless or lossless_twin(strategy))
         result = ProbeResult(self.model_def.name, self.model_key, _TWIN.key, "lossless", self.workers, self.cluster.name,
-                             self.steps, self.seed, EXACT, tuple(losses), tuple(losses), wall, wall, started)
+                             self.steps, self.seed, EXACT, tuple(losses), tuple(losses), wall, wall, started,
+                             {"training": self.training})
         self._keep(key, result)
         return result
 
@@ -149,7 +162,7 @@ class TrainingProber(Prober):
         e = dataclasses.replace(estimate_efficiency(losses, twin.twin_loss), note=self.note)
         result = ProbeResult(self.model_def.name, self.model_key, parts.key, parts.describe(), self.workers,
                              self.cluster.name, self.steps, self.seed, e, tuple(losses), twin.twin_loss, wall,
-                             twin.twin_wall_s, started)
+                             twin.twin_wall_s, started, {"training": self.training})
         self._keep(key, result)
         if self.on_result:
             self.on_result(result)

@@ -3,6 +3,8 @@ that measurably hurts gets E clearly below 1, the probe is deterministic for a s
 strategy is never trained, and ``autosync probe`` prints what it measured."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -59,13 +61,21 @@ def strategies(compressor: str):
     return lossless, lossy
 
 
-def prober(setup, store=None, seed=None):
+def prober(setup, store=None, seed=None, **change):
     from autosync.models.ingest import model_spec_from_def
     from autosync.probe import TrainingProber
 
     cluster, pool = setup
-    md = rm.teacher_model_def()
+    md = dataclasses.replace(rm.teacher_model_def(), **change)
     return TrainingProber(md, model_spec_from_def(md), cluster, steps=STEPS, seed=seed, store=store, pool=pool)
+
+
+class Trained(Exception):
+    """Raised where a prober would train: its probe was not found in the cache."""
+
+
+def _must_not_train(strategy):
+    raise Trained(strategy.origin)
 
 
 def test_powersgd_rank_1_without_error_feedback_costs_convergence_and_the_probe_is_deterministic(setup, tmp_path):
@@ -83,6 +93,16 @@ def test_powersgd_rank_1_without_error_feedback_costs_convergence_and_the_probe_
         again._train = None   # would fail if called
         cached = again.probe(lossy)
         assert cached.efficiency.source == "cache" and cached.candidate_loss == first.candidate_loss
+        assert cached.meta["training"] == again.training
+        # the same variables trained another way (learning rate, optimizer, loss, layers, data) are
+        # another model to a probe: its cached efficiency is not theirs
+        other_lr = functools.partial(rm.make_optimizer, "sgd", learning_rate=0.05)
+        for change in ({"optimizer_fn": other_lr}, {"optimizer_fn": functools.partial(rm.make_optimizer, "adam")},
+                       {"loss_fn": lambda: "mae"}, {"dataset_fn": functools.partial(rm.teacher_batches, batch=16, seed=1)}):
+            other = prober(setup, store, **change)
+            other._train = _must_not_train
+            with pytest.raises(Trained):
+                other.probe(lossy)
     # deterministic for a seed: the same curves from scratch (no store)
     fresh = prober(setup).probe(lossy)
     assert fresh.candidate_loss == pytest.approx(first.candidate_loss, rel=1e-5)

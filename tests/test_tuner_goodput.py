@@ -226,6 +226,10 @@ def test_probes_round_trip_through_the_store(tmp_path):
     r = ProbeResult("tiny", "tiny:fp", parts.key, parts.describe(), 3, "three", 50, 0, e, (1.0, 0.9), (1.0, 0.8), 1.5, 1.4, 7.0)
     key = probe_cache_key("tiny:fp", parts, 3, 50, 0)
     assert key != probe_cache_key("tiny:fp", parts, 3, 50, 1) != probe_cache_key("tiny:fp", parts, 2, 50, 0)
+    # how the model trains (a digest of its optimizer, loss, layers, weights and data) is part of it
+    trained = probe_cache_key("tiny:fp", parts, 3, 50, 0, training="d1")
+    assert trained != key and trained != probe_cache_key("tiny:fp", parts, 3, 50, 0, training="d2")
+    assert trained == probe_cache_key("tiny:fp", parts, 3, 50, 0, "other cluster", "d1")   # not timing-dependent
     with TrialStore(tmp_path / "p.db") as store:
         assert store.probe(key) is None
         assert store.add_probe(key, r) and not store.add_probe(key, r)

@@ -391,8 +391,11 @@ def probe_model_key(model) -> str:
 
 
 def probe_cache_key(model_key: str, parts: LossyParts, workers: int, steps: int, seed: int,
-                    cluster_fingerprint: str | None = None) -> str:
-    """The cache key of a probe: per (model, lossy parts, workers, steps, seed); for staleness and
-    asynchrony also the cluster (their effect depends on its timing)."""
+                    cluster_fingerprint: str | None = None, training: str | None = None) -> str:
+    """The cache key of a probe: per (model, how it trains, lossy parts, workers, steps, seed); for
+    staleness and asynchrony also the cluster (their effect depends on its timing). ``training``:
+    a digest of the model's layers, initial weights, loss, optimizer and data
+    (``autosync.models.training_key``): a probe of another learning rate is not this one's."""
     return fingerprint({"model": model_key, "lossy": parts.key, "workers": int(workers), "steps": int(steps),
-                        "seed": int(seed), "cluster": cluster_fingerprint if parts.timing_dependent else None})
+                        "seed": int(seed), "cluster": cluster_fingerprint if parts.timing_dependent else None,
+                        "training": training})

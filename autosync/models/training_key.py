@@ -1,0 +1,70 @@
+"""What a model's training curve depends on beyond its variables' names and shapes, as a digest.
+
+A statistical-efficiency probe (``autosync.probe``) trains a lossy strategy beside its lossless
+twin and is stored for reuse. Whether a compressor or staleness costs convergence depends on how
+the model trains: its optimizer (class, learning rate or schedule, momentum, clipping, decay), its
+loss, its layers (an activation changed keeps every variable's shape), its initial weights and its
+data. Keyed on the variables alone, a probe of a learning rate that diverged would be reused after
+the user lowered it. ``training_digest`` covers them, computed in the driver the way a worker builds
+the model (``autosync.runtime.worker``): under the ModelDef's seed, worker 0 of ``workers``.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from strategy_space.strict import fingerprint
+
+# object addresses in the text of a value that has no config of its own (``<function f at 0x7f...>``)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _plain(value) -> str:
+    """A JSON-able stand-in for a value ``json`` cannot write: its text without addresses."""
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return _ADDRESS.sub("", repr(value))
+
+
+def _config(obj) -> object:
+    """``obj.get_config()`` with its class, or its class alone where it has none (a subclassed
+    model, a plain function)."""
+    cls = type(obj) if not callable(obj) or hasattr(obj, "get_config") else None
+    name = _plain(cls) if cls is not None else _plain(obj)
+    try:
+        return {"class": name, "config": obj.get_config()}
+    except Exception:  # noqa: BLE001 - NotImplementedError (subclassed models), or a user's own error
+        return {"class": name}
+
+
+def training_digest(model_def, workers: int) -> str:
+    """A 16-hex-digit digest of the model's layers, initial weights, loss, optimizer and worker 0's
+    first batch (of ``workers``), as every worker builds and draws them.
+
+    Raises:
+        ConfigError: the user's factories fail (``ingest.user_code``).
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from autosync.models.ingest import user_code
+    from autosync.runtime import random_seeds
+    from autosync.runtime.digest import weights_digest
+    from autosync.runtime.optimizer_config import USER_CLASSES, keras_optimizer_config
+
+    with user_code(model_def, "building the model, its loss, optimizer and first batch for the probe cache"):
+        keras.utils.set_random_seed(model_def.seed)
+        model = model_def.build_model()
+        x, _ = next(model_def.batches(0, workers))
+        model(x, training=False)   # weights built lazily come out as the worker's do
+        weights = weights_digest([np.asarray(w.numpy()) for w in model.weights])
+        seed = random_seeds.worker_seed(model_def.seed, 0)
+        first = next(random_seeds.seeded(seed, model_def.batches(0, workers)))
+        batch = weights_digest([np.asarray(a) for a in tf.nest.flatten(first)])
+        # not its name: Keras names a process's second Adam ``adam_1``
+        optimizer = {k: v for k, v in keras_optimizer_config(model_def.optimizer_fn()).items()
+                     if k not in (USER_CLASSES, "name")}
+        parts = {"model": _config(model), "weights": weights, "batch": batch, "loss": _config(model_def.loss()),
+                 "optimizer": optimizer, "batch_size": model_def.batch_size}
+    return fingerprint(json.loads(json.dumps(parts, default=_plain)))
