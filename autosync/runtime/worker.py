@@ -114,11 +114,10 @@ class TrainingWorker(WorkerCheckpoint):
                 driver needs one worker's copy, and every worker's digest to compare).
 
         Returns:
-            ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays]
-            or None, "initial_digest": str, "batch_digest": str (``data_check``), "row_pull": [names],
-            "full_pull": {name: reason}}`` (trainable variables in model order; ``row_pull``: sparse
-            variables whose rows each step reads are known before it runs and pulled alone from
-            parameter servers; ``full_pull``: sparse ones pulled whole, and why).
+            ``{"variables": [{name, shape, dtype, sparse}], "optimizer": config, "initial": [arrays] or None,
+            "initial_digest": str, "batch_digest": str (``data_check``), "row_pull": [names], "full_pull": {name:
+            reason}}`` (trainable variables in model order; ``row_pull``: sparse variables whose rows a step
+            reads are known before it runs, pulled alone; ``full_pull``: sparse ones pulled whole, and why).
         """
         import keras
         import tensorflow as tf
@@ -156,6 +155,7 @@ class TrainingWorker(WorkerCheckpoint):
         before = {id(w): np.array(w.numpy()) for w in model.weights if not w.trainable}
         _, grads = gradients(x, y)  # traces once; finds which gradients are sparse
         self.variables = list(model.trainable_variables)
+        self._leading = [v.shape[0] if len(v.shape) else 1 for v in self.variables]   # rows (Keras' shape is slow)
         trainable = {id(v) for v in self.variables}
         # the worker keeps the initial values of the non-trainable weights only (counters, moving
         # statistics: small); the trainable ones come with every reset from the pool's copy in
@@ -354,7 +354,7 @@ class TrainingWorker(WorkerCheckpoint):
             # values are its own, updated by the step's push
             parts.update(channel.pull(step, fresh=fresh, rows=rows) if pending is None or pending[i] is None
                          else channel.finish_pull(pending[i]))
-        pulled = join_pulled(parts, self.layout, [v.shape[0] if len(v.shape) else 1 for v in self.variables])
+        pulled = join_pulled(parts, self.layout, self._leading)
         by_rows = self.row_reads.outputs
         if len(pulled) < len(self.variables):
             self._assign_each(pulled)

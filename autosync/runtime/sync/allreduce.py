@@ -16,6 +16,7 @@ worker holds identical values. ``pull`` hands back those values.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -417,7 +418,7 @@ class AllReduceChannel(SyncChannel):
     def _unpack(total: np.ndarray, ms, parts) -> dict:
         out, offset = {}, 0
         for m, p in zip(ms, parts):
-            n = int(np.prod(np.shape(p)))
+            n = math.prod(np.shape(p))   # not np.prod: a few microseconds a variable, every step
             out[m.key] = total[offset:offset + n].reshape(np.shape(p))
             offset += n
         return out
