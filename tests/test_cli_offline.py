@@ -42,7 +42,15 @@ def test_validate_ok_and_bad(specs, tmp_path, capsys):
     good = tmp_path / "good.yaml"
     main(["build", "--builder", "ps_lb", "--model", model, "--cluster", cluster, "--out", str(good)])
     assert main(["validate", str(good), "--model", model, "--cluster", cluster]) == 0
-    assert "valid for model tiny (6 variables)" in capsys.readouterr().out
+    assert "valid for model tiny (6 variables) on cluster three (3 nodes, 3 replicas)" in capsys.readouterr().out
+    # the file as run and probe take it, --strategy FILE, works too; neither or both is refused
+    assert main(["validate", "--strategy", str(good), "--model", model, "--cluster", cluster]) == 0
+    assert main(["show", "--strategy", str(good)]) == 0
+    assert f"{good}: valid for model tiny" in capsys.readouterr().out
+    for given in ([], [str(good), "--strategy", str(good)]):
+        assert main(["validate", *given, "--model", model, "--cluster", cluster]) == 2
+        assert "autosync validate: error: give the strategy YAML file once: autosync validate FILE (or --strategy " \
+               "FILE)" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("destination: h1", "destination: h9"))
     assert main(["validate", str(bad), "--model", model, "--cluster", cluster]) == 2
@@ -131,3 +139,20 @@ def test_show_names_a_few_of_many_shards_and_counts_each_group_s_variables(build
                 expect[f"g{g}"] = expect.get(f"g{g}", 0) + 1
         assert counted == expect and len(counted) > 64
     assert len(spec.variables) == len(strategy.variables)
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["tune", "--trails", "5"], "autosync tune: error: unrecognized arguments: --trails 5 (--trails: did you mean "
+                                "--trials?); see autosync tune --help"),
+    (["run", "--model", "zoo:ncf", "--strategy", "ps", "--setps=3"], "autosync run: error: unrecognized arguments: "
+                                                                     "--setps=3 (--setps: did you mean --steps?)"),
+    (["testbed", "up", "--nodse", "3"], "autosync testbed up: error: unrecognized arguments: --nodse 3 (--nodse: did "
+                                        "you mean --nodes?)"),
+    (["builders", "--zzz"], "autosync builders: error: unrecognized arguments: --zzz; see autosync builders --help"),
+])
+def test_an_unknown_argument_is_said_by_its_command_with_the_option_meant(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err, err
+    assert err.startswith(f"usage: autosync {' '.join(argv[:2 if argv[0] == 'testbed' else 1])} ")   # its own usage

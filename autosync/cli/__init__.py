@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     skip_keras_extras()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(parser, args, extra)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
@@ -94,6 +96,35 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _stopped(args, "terminated (SIGTERM)")
         return 128 + signal.SIGTERM
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str]) -> None:
+    """Arguments no parser took, said by the command's own parser (its usage, ``autosync CMD:
+    error:``, exit code 2) rather than the top level's, with the option meant where one is close
+    (``--trails`` -> ``--trials``)."""
+    import difflib
+
+    command = parser
+    for dest in ("command", "testbed_command"):   # down to the (sub-)command given
+        chosen = getattr(args, dest, None)
+        commands = _commands(command)
+        if chosen is None or chosen not in commands:
+            break
+        command = commands[chosen]
+    options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for word in extra:
+        name = word.split("=", 1)[0]
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6) if name.startswith("-") else []
+        if close:
+            hints.append(f"{name}: did you mean {close[0]}?")
+    command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else "")
+                  + f"; see {command.prog} --help")
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict:
+    """A parser's sub-commands, name -> parser ({} where it has none)."""
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
 
 
 # a write the file system refuses for want of room or of write access to the whole file system

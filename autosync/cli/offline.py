@@ -55,21 +55,36 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _strategy_file(args) -> str:
+    """The strategy YAML of ``validate`` and ``show``: given as FILE, or as ``--strategy FILE`` as
+    ``run`` and ``probe`` take it.
+
+    Raises:
+        ConfigError: neither, or both.
+    """
+    if (args.file is None) == (args.strategy_file is None):
+        raise ConfigError(f"give the strategy YAML file once: autosync {args.command} FILE (or --strategy FILE)"
+                          + (f", not both {args.file} and --strategy {args.strategy_file}" if args.file else ""))
+    args.file = args.strategy_file if args.file is None else args.file
+    return args.file
+
+
 def cmd_validate(args) -> int:
-    strategy = load_strategy(args.file)
+    strategy = load_strategy(_strategy_file(args))
     model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
     try:
         validate(strategy, model, cluster)
     except ConfigError as e:
         raise e.with_source(args.file) from None
+    nodes, replicas = len(cluster.nodes), len(strategy.resolved_replicas(cluster))
     print(f"{args.file}: valid for model {model.name} ({len(model.variables)} variables) on cluster "
-          f"{cluster.name} ({len(cluster.nodes)} nodes, {len(strategy.resolved_replicas(cluster))} replicas)")
+          f"{cluster.name} ({nodes} node{'s' * (nodes != 1)}, {replicas} replica{'s' * (replicas != 1)})")
     return 0
 
 
 def cmd_show(args) -> int:
-    strategy = load_strategy(args.file)
+    strategy = load_strategy(_strategy_file(args))
     model = load_model_spec(args.model) if args.model else None
     cluster = load_cluster(args.cluster) if args.cluster else None
     if model is not None and cluster is not None:
@@ -97,6 +112,12 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _add_file(p) -> None:
+    p.add_argument("file", nargs="?", help="strategy YAML file")
+    p.add_argument("--strategy", dest="strategy_file", metavar="FILE", help="the strategy YAML file, as run takes it "
+                   "(instead of FILE)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("builders", help="list the baseline strategy builders")
     p.set_defaults(func=cmd_builders)
@@ -109,11 +130,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("validate", help="check a strategy YAML against a model and a cluster")
-    p.add_argument("file", help="strategy YAML file")
+    _add_file(p)
     add_model_cluster(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("show", help="print a strategy as a readable table")
-    p.add_argument("file", help="strategy YAML file")
+    _add_file(p)
     add_model_cluster(p, model_required=False, cluster_required=False)
     p.set_defaults(func=cmd_show)
