@@ -285,3 +285,17 @@ def test_a_store_locked_past_its_timeout_is_a_store_error(tmp_path):
             holder.execute("ROLLBACK")
             holder.close()
         assert st.add_many(_trials(), MODEL, CLUSTER) == len(_trials())
+
+
+def test_a_trial_prints_as_one_line_however_many_steps_it_holds():
+    from strategy_space import Strategy
+    from tuner.records.trial import Trial
+
+    ok = Trial(Strategy(()), "m", "c", "ok", step_times=(0.0022,) * 400 + (0.0031,), origin="ps", role="baseline",
+               run_id="ed561cdcf86f", meta={"loss": [0.5] * 400})
+    assert repr(ok) == "Trial(ps: ok, median 2.2 ms of 401 steps, baseline of run ed561cdcf86f)"
+    failed = Trial(Strategy(()), "m", "c", "failed", error="worker node0:1 failed: " + "x" * 300)
+    assert repr(failed).startswith("Trial(strategy: failed: worker node0:1 failed: xxx") and len(repr(failed)) < 130
+    assert repr(Trial(Strategy(()), "m", "c", "timeout", error="ran past 8 s", origin="search", run_id="r1",
+                      role="search")) == "Trial(search: timeout: ran past 8 s, search of run r1)"
+    assert str([ok]) == f"[{ok!r}]"
