@@ -53,3 +53,39 @@ def test_the_digest_is_stable_and_moves_with_everything_that_changes_training():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-1] == base
+
+
+SCRIPT = """
+import keras, numpy as np
+from autosync import ModelDef
+
+def model():
+    x = keras.Input((4,))
+    return keras.Model(x, keras.layers.Dense(1, name="w")(x))
+
+def my_loss(y, p):
+    return keras.ops.mean(keras.ops.square(y - p)) * SCALE
+
+def data(i, n):
+    rng = np.random.default_rng(i)
+    while True:
+        yield rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+
+def build():
+    return ModelDef(name="edited", model_fn=model, loss_fn=lambda: my_loss, dataset_fn=data, batch_size=8,
+                    optimizer_fn=lambda: keras.optimizers.SGD(0.1))
+"""
+
+
+def test_a_loss_function_edited_under_its_name_is_another_training(tmp_path):
+    """Keras' config of a loss function is its name: the digest reads the script's code too."""
+    script = tmp_path / "m.py"
+    code = ("from autosync.sources import load_model_def; from autosync.models.training_key import training_digest; "
+            f"print(training_digest(load_model_def('{script}:build'), 2))")
+    digests = []
+    for scale in ("1.0", "2.0"):
+        script.write_text(SCRIPT.replace("SCALE", scale))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        digests.append(r.stdout.split()[-1])
+    assert digests[0] != digests[1], digests   # (the same file gives the same digest: the test above)

@@ -6,12 +6,21 @@ the model trains: its optimizer (class, learning rate or schedule, momentum, cli
 loss, its layers (an activation changed keeps every variable's shape), its initial weights and its
 data. Keyed on the variables alone, a probe of a learning rate that diverged would be reused after
 the user lowered it. ``training_digest`` covers them, computed in the driver the way a worker builds
-the model (``autosync.runtime.worker``): under the ModelDef's seed, worker 0 of ``workers``.
+the model (``autosync.runtime.worker``): under the ModelDef's seed, worker 0 of ``workers``; and the
+code of the ModelDef's four factories (the file each is defined in: a model script, the zoo; a
+function typed in a notebook, its compiled code), since a custom layer's ``call``, a loss function
+or a learning-rate function edited under the same name leaves every config as it was.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import json
+import marshal
 import re
+import warnings
+from pathlib import Path
 
 from strategy_space.strict import fingerprint
 
@@ -37,9 +46,24 @@ def _config(obj) -> object:
         return {"class": name}
 
 
+def _code(fn) -> str:
+    """A digest of a factory's code: the file it is defined in, else its compiled code (with the
+    arguments a ``functools.partial`` binds)."""
+    bound = []
+    while isinstance(fn, functools.partial):
+        bound.append(_ADDRESS.sub("", repr((fn.args, sorted(fn.keywords.items())))))
+        fn = fn.func
+    try:
+        text = Path(inspect.getsourcefile(fn) or "").read_bytes()
+    except (TypeError, OSError):   # a builtin, or code with no file (a notebook's, exec'd text)
+        code = getattr(fn, "__code__", None)
+        text = marshal.dumps(code) if code is not None else _plain(fn).encode()
+    return hashlib.sha1(text + repr(bound).encode()).hexdigest()
+
+
 def training_digest(model_def, workers: int) -> str:
     """A 16-hex-digit digest of the model's layers, initial weights, loss, optimizer and worker 0's
-    first batch (of ``workers``), as every worker builds and draws them.
+    first batch (of ``workers``), as every worker builds and draws them, and of its factories' code.
 
     Raises:
         ConfigError: the user's factories fail (``ingest.user_code``).
@@ -53,7 +77,9 @@ def training_digest(model_def, workers: int) -> str:
     from autosync.runtime.digest import weights_digest
     from autosync.runtime.optimizer_config import USER_CLASSES, keras_optimizer_config
 
-    with user_code(model_def, "building the model, its loss, optimizer and first batch for the probe cache"):
+    with user_code(model_def, "building the model, its loss, optimizer and first batch for the probe cache"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # e.g. Keras on a lambda in a config: the workers say it where it matters
         keras.utils.set_random_seed(model_def.seed)
         model = model_def.build_model()
         x, _ = next(model_def.batches(0, workers))
@@ -66,5 +92,6 @@ def training_digest(model_def, workers: int) -> str:
         optimizer = {k: v for k, v in keras_optimizer_config(model_def.optimizer_fn()).items()
                      if k not in (USER_CLASSES, "name")}
         parts = {"model": _config(model), "weights": weights, "batch": batch, "loss": _config(model_def.loss()),
-                 "optimizer": optimizer, "batch_size": model_def.batch_size}
+                 "optimizer": optimizer, "batch_size": model_def.batch_size,
+                 "code": [_code(getattr(model_def, f)) for f in ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn")]}
     return fingerprint(json.loads(json.dumps(parts, default=_plain)))
