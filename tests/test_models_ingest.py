@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -143,10 +144,33 @@ def test_a_first_batch_of_another_size_than_batch_size_is_refused():
         with pytest.raises(ConfigError, match=rf"ModelDef m: the first batch of dataset_fn\(0, 1\) holds {2 * BATCH} "
                                               rf"examples, but batch_size is {BATCH}; .*set batch_size={2 * BATCH}"):
             ingest.first_batch(md)
-    for inputs in (ids[:BATCH], {"ids": ids[:BATCH]}, [[1, 2, 3]] * BATCH):   # the right size; a plain list
+    for inputs in (ids[:BATCH], {"ids": ids[:BATCH]}, [ids[:BATCH], ids[:BATCH]]):   # the right size
         md = ModelDef(name="m", model_fn=never, loss_fn=never, optimizer_fn=never, batch_size=BATCH,
                       dataset_fn=lambda w, n, x=inputs: iter([(x, y[:BATCH])]))
         assert ingest.first_batch(md)[0] is inputs
+
+
+def test_python_values_where_arrays_belong_are_refused_naming_where():
+    """A list of numbers (or strings, or lists) in a batch is read as that many separate inputs, as
+    Keras reads a list: the model then failed with 'expects 2 named input(s) ... received 64 input
+    tensors'. Arrays, tensors and numpy scalars pass."""
+    never = lambda *a: None  # noqa: E731 - only the data is read
+    ids = np.zeros((BATCH, WIDTH), np.int32)
+    y = np.zeros((BATCH, 1), np.float32)
+    cases = [(([[1, 2, 3]] * BATCH, y), "inputs[0][0]"),
+             (({"a": ids, "b": list(range(BATCH))}, y), "inputs['b'][0]"),
+             (({"a": ids, "s": ["x"] * BATCH}, y), "inputs['s'][0]"),
+             ((ids, y.tolist()), "targets[0][0]")]
+    for batch, where in cases:
+        md = ModelDef(name="m", model_fn=never, loss_fn=never, optimizer_fn=never, batch_size=BATCH,
+                      dataset_fn=lambda w, n, b=batch: iter([b]))
+        with pytest.raises(ConfigError, match=rf"ModelDef m: the first batch of dataset_fn\(0, 1\) holds a Python value "
+                                              rf"at {re.escape(where)} where an array belongs .*np.asarray"):
+            ingest.first_batch(md)
+    ok = ({"a": ids, "n": np.full(BATCH, np.float32(2))}, (y, np.float32(1.0)))   # numpy scalars are arrays' values
+    md = ModelDef(name="m", model_fn=never, loss_fn=never, optimizer_fn=never, batch_size=BATCH,
+                  dataset_fn=lambda w, n: iter([ok]))
+    assert ingest.first_batch(md)[0] is ok[0]
 
 
 @pytest.mark.integration

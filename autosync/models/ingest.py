@@ -50,6 +50,12 @@ def first_batch(model_def, worker_index: int = 0, num_workers: int = 1) -> tuple
     where = f"ModelDef {model_def.name}"
     for batch in model_def.dataset_fn(worker_index, num_workers):
         inputs, targets = split_batch(batch, where)
+        number = _python_number_at(inputs, "inputs") or _python_number_at(targets, "targets")
+        if number is not None:
+            raise ConfigError(f"{where}: the first batch of dataset_fn({worker_index}, {num_workers}) holds a Python "
+                              f"value at {number} where an array belongs (a list of numbers, strings or lists is read "
+                              f"as that many separate inputs, as Keras reads a list); give each input and target as a "
+                              f"numpy array (np.asarray(...)) or a tensor")
         examples = _leading_dim(inputs)
         if examples is not None and examples != model_def.batch_size:
             raise ConfigError(f"{where}: the first batch of dataset_fn({worker_index}, {num_workers}) holds {examples} "
@@ -60,6 +66,23 @@ def first_batch(model_def, worker_index: int = 0, num_workers: int = 1) -> tuple
         return inputs, targets
     raise ConfigError(f"{where}: dataset_fn({worker_index}, {num_workers}) yielded no batches; it must yield "
                       f"(inputs, targets) batches of batch_size examples")
+
+
+def _python_number_at(value: Any, path: str, depth: int = 0) -> str | None:
+    """Where a batch's structure (lists, tuples and dicts of arrays) holds a Python number or
+    string instead of an array, e.g. ``inputs['a'][0][0]``; None where it holds none (its first 64
+    entries of each list, to a depth of 8: what a structure of inputs holds)."""
+    if isinstance(value, (bool, int, float, complex, str, bytes)) and not isinstance(value, np.generic):
+        return path
+    if depth >= 8:
+        return None
+    items = (value.items() if isinstance(value, dict) else enumerate(value)
+             if isinstance(value, (list, tuple)) else ())
+    for n, (key, item) in enumerate(items):
+        found = None if n >= 64 else _python_number_at(item, f"{path}[{key!r}]", depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _leading_dim(inputs: Any) -> int | None:
