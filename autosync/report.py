@@ -30,6 +30,18 @@ def _run_trials(store: TrialStore, run_id: str | None):
     return run_id, chosen
 
 
+def run_probes(probes: list, trials: list) -> list:
+    """The stored probes of a model that speak for one run (``trials``): those of the training
+    digest (``autosync.models.training_key``) of the probes the run measured itself, started
+    between its first trial's start and its last trial's end; all of them where it measured none,
+    probes of several digests, or probes stored before digests were."""
+    start, end = min(t.started_at for t in trials), max(t.finished_at for t in trials)
+    own = {p.meta.get("training") for p in probes if start <= p.started_at <= end}
+    if len(own) != 1 or None in own:
+        return probes
+    return [p for p in probes if p.meta.get("training") in own]
+
+
 def _efficiencies(outcome: TuneOutcome, probes: list) -> dict:
     """Lossy-parts key -> the latest probe of it (of this model); fills ``outcome.efficiency`` for
     the run's lossy strategies that have one."""
@@ -166,7 +178,7 @@ def write_report(store_path: str | os.PathLike, out_dir: str | os.PathLike | Non
         run_id, trials = _run_trials(store, run_id)
         model = store.model(trials[0].model_fingerprint)
         cluster = store.cluster(trials[0].cluster_fingerprint)
-        stored_probes = store.probes(probe_model_key(model)) if model is not None else []
+        stored_probes = run_probes(store.probes(probe_model_key(model)), trials) if model is not None else []
     if out_dir is None:
         from autosync.api import run_dir
 

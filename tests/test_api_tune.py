@@ -370,3 +370,23 @@ def test_a_store_and_a_report_under_home_go_there(tmp_path, monkeypatch):
     out = write_report("~/runs/t.db", "~/r")
     assert (tmp_path / "home" / "r" / "index.html").is_file() and out == tmp_path / "home" / "r"
     assert not (tmp_path / "~").exists()
+
+
+def test_a_report_reads_the_probes_of_its_runs_training_only():
+    """A run's report, written again after a run at another learning rate, shows its own
+    efficiencies: the probes of the training digest the run probed with, not the latest."""
+    from types import SimpleNamespace
+
+    from autosync.report import run_probes
+
+    def probe(started, training):
+        return SimpleNamespace(started_at=started, meta={} if training is None else {"training": training})
+
+    run = [SimpleNamespace(started_at=100.0, finished_at=110.0), SimpleNamespace(started_at=120.0, finished_at=200.0)]
+    cached, own, later = probe(50.0, "d1"), probe(150.0, "d1"), probe(300.0, "d2")
+    assert run_probes([cached, own, later], run) == [cached, own]        # the later run's digest left out
+    assert run_probes([cached, later], run) == [cached, later]           # it probed nothing: all, as before
+    mixed = [own, probe(160.0, "d2"), later]
+    assert run_probes(mixed, run) == mixed                               # two digests in one run: all
+    old = [probe(150.0, None), later]
+    assert run_probes(old, run) == old                                   # stored before digests: all
