@@ -108,6 +108,8 @@ def parse_text(text: str, source: str = "<string>") -> Any:
 
 
 def read_text(path: str | os.PathLike) -> str:
+    if not os.fspath(path).strip():   # Path("") is "." (the current folder), not what was meant
+        raise ConfigError("the file path is empty; give the path of a YAML file")
     p = Path(path).expanduser()   # (the Python API is given "~/x.yaml" unexpanded by any shell)
     try:   # (is_dir raises, not answers False, for a name too long or a loop of links)
         if p.is_dir():

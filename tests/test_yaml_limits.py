@@ -110,6 +110,9 @@ def test_a_key_written_twice_in_one_mapping_is_refused(tmp_path, monkeypatch, li
 def test_a_directory_is_not_reported_as_a_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="is a directory"):
         load(tmp_path, "model")
+    for empty in ("", "  "):   # Path("") is the current folder: said as the empty path it is
+        with pytest.raises(ConfigError, match="^the file path is empty; give the path of a YAML file$"):
+            load(empty, "strategy")
 
 
 def test_a_device_or_a_pipe_is_not_reported_as_a_missing_file(tmp_path):
