@@ -298,4 +298,3 @@ def test_a_trial_prints_as_one_line_however_many_steps_it_holds():
     assert repr(failed).startswith("Trial(strategy: failed: worker node0:1 failed: xxx") and len(repr(failed)) < 130
     assert repr(Trial(Strategy(()), "m", "c", "timeout", error="ran past 8 s", origin="search", run_id="r1",
                       role="search")) == "Trial(search: timeout: ran past 8 s, search of run r1)"
-    assert str([ok]) == f"[{ok!r}]"

@@ -105,12 +105,12 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str]) -> No
     import difflib
 
     command = parser
-    for dest in ("command", "testbed_command"):   # down to the (sub-)command given
-        chosen = getattr(args, dest, None)
-        commands = _commands(command)
-        if chosen is None or chosen not in commands:
+    for _ in range(8):   # down to the (sub-)command given, however deep
+        sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, sub.dest, None) if sub is not None else None
+        if chosen not in (sub.choices if sub is not None else {}):
             break
-        command = commands[chosen]
+        command = sub.choices[chosen]
     options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
     hints = []
     for word in extra:
@@ -120,11 +120,6 @@ def _unrecognized(parser: argparse.ArgumentParser, args, extra: list[str]) -> No
             hints.append(f"{name}: did you mean {close[0]}?")
     command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else "")
                   + f"; see {command.prog} --help")
-
-
-def _commands(parser: argparse.ArgumentParser) -> dict:
-    """A parser's sub-commands, name -> parser ({} where it has none)."""
-    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
 
 
 # a write the file system refuses for want of room or of write access to the whole file system

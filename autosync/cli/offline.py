@@ -65,32 +65,33 @@ def _strategy_file(args) -> str:
     if (args.file is None) == (args.strategy_file is None):
         raise ConfigError(f"give the strategy YAML file once: autosync {args.command} FILE (or --strategy FILE)"
                           + (f", not both {args.file} and --strategy {args.strategy_file}" if args.file else ""))
-    args.file = args.strategy_file if args.file is None else args.file
-    return args.file
+    return args.strategy_file if args.file is None else args.file
 
 
 def cmd_validate(args) -> int:
-    strategy = load_strategy(_strategy_file(args))
+    path = _strategy_file(args)
+    strategy = load_strategy(path)
     model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
     try:
         validate(strategy, model, cluster)
     except ConfigError as e:
-        raise e.with_source(args.file) from None
+        raise e.with_source(path) from None
     nodes, replicas = len(cluster.nodes), len(strategy.resolved_replicas(cluster))
-    print(f"{args.file}: valid for model {model.name} ({len(model.variables)} variables) on cluster "
+    print(f"{path}: valid for model {model.name} ({len(model.variables)} variables) on cluster "
           f"{cluster.name} ({nodes} node{'s' * (nodes != 1)}, {replicas} replica{'s' * (replicas != 1)})")
     return 0
 
 
 def cmd_show(args) -> int:
-    strategy = load_strategy(_strategy_file(args))
+    path = _strategy_file(args)
+    strategy = load_strategy(path)
     model = load_model_spec(args.model) if args.model else None
     cluster = load_cluster(args.cluster) if args.cluster else None
     if model is not None and cluster is not None:
         validate(strategy, model, cluster)
     rows, ps_bytes, group_bytes = describe_strategy(strategy, model)
-    print(f"strategy {args.file}" + (f" ({strategy.origin})" if strategy.origin else "")
+    print(f"strategy {path}" + (f" ({strategy.origin})" if strategy.origin else "")
           + (f" for model {model.name}" if model else ""))
     print(table(["variable", "size", "grad", "sync", "shards", "destination/group", "compressor", "ps options"],
                 rows, right=(1, 4)))

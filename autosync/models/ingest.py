@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 
 import warnings
 from typing import Any, Callable, Sequence
@@ -74,12 +75,11 @@ def _python_number_at(value: Any, path: str, depth: int = 0) -> str | None:
     entries of each list, to a depth of 8: what a structure of inputs holds)."""
     if isinstance(value, (bool, int, float, complex, str, bytes)) and not isinstance(value, np.generic):
         return path
-    if depth >= 8:
+    if depth >= 8 or not isinstance(value, (dict, list, tuple)):
         return None
-    items = (value.items() if isinstance(value, dict) else enumerate(value)
-             if isinstance(value, (list, tuple)) else ())
-    for n, (key, item) in enumerate(items):
-        found = None if n >= 64 else _python_number_at(item, f"{path}[{key!r}]", depth + 1)
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in itertools.islice(items, 64):
+        found = _python_number_at(item, f"{path}[{key!r}]", depth + 1)
         if found is not None:
             return found
     return None

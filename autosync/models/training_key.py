@@ -35,11 +35,10 @@ def _plain(value) -> str:
     return _ADDRESS.sub("", repr(value))
 
 
-def _config(obj) -> object:
-    """``obj.get_config()`` with its class, or its class alone where it has none (a subclassed
-    model, a plain function)."""
-    cls = type(obj) if not callable(obj) or hasattr(obj, "get_config") else None
-    name = _plain(cls) if cls is not None else _plain(obj)
+def _config(obj) -> dict:
+    """A Keras object's (a model, a loss) ``get_config()`` with its class, or its class alone where
+    it has none (a subclassed model)."""
+    name = _plain(type(obj))
     try:
         return {"class": name, "config": obj.get_config()}
     except Exception:  # noqa: BLE001 - NotImplementedError (subclassed models), or a user's own error

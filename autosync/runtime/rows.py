@@ -221,10 +221,10 @@ def check_row_ids(variables: list, rows: dict, batch: int) -> None:
     Raises:
         ValueError: naming the table, its size, the ids and the batch.
     """
-    for v, ids in rows.items():
+    for v, ids in rows.items():   # sorted: the ends say whether any id lies outside
         size = variables[v].shape[0]
-        bad = ids[(ids < 0) | (ids >= size)] if ids.size and (ids[0] < 0 or ids[-1] >= size) else ids[:0]
-        if bad.size:
+        if ids.size and (ids[0] < 0 or ids[-1] >= size):
+            bad = ids[(ids < 0) | (ids >= size)]
             raise ValueError(
                 f"batch {batch} looks up rows {bad[:5].tolist()} of {variables[v].path}, a table of {size} "
                 f"rows (ids must be in [0, {size}), as Keras requires on a CPU): map the ids into the table "
