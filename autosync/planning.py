@@ -24,6 +24,7 @@ import numpy as np
 
 from strategy_space import Strategy
 from strategy_space.errors import ConfigError
+from strategy_space.memory import memory_problems
 
 # the repository's configs (model specs measured on GPUs among them); absent from a wheel install
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -70,6 +71,8 @@ class Plan:
         assumed: what else the predictions take on trust about the cluster, each with how to say
             it instead (``ClusterSpec.intra_node_assumption``).
         search_note: what the model's optimizer keeps out of the plan, and why (``autosync.search_limits``).
+        unfit: the baselines left out as they cannot fit a node's memory (``strategy_space.memory``),
+            each as (builder, the problems); the search proposes none such.
     """
 
     model: str
@@ -83,14 +86,16 @@ class Plan:
     compute_source: str
     assumed: list[str] = field(default_factory=list)
     search_note: str = ""
+    unfit: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
     def best(self) -> PlannedStrategy:
         return self.ranked[0]
 
     @property
-    def best_baseline(self) -> PlannedStrategy:
-        return min((p for p in self.ranked if p.origin != "search"), key=lambda p: p.predicted_s)
+    def best_baseline(self) -> PlannedStrategy | None:
+        """The baseline predicted fastest (None where no baseline fits the cluster's memory)."""
+        return min((p for p in self.ranked if p.origin != "search"), key=lambda p: p.predicted_s, default=None)
 
     def to_dict(self) -> dict:
         best, base = self.best, self.best_baseline
@@ -98,9 +103,10 @@ class Plan:
                 "trained_on_trials": self.trained_on, "groups": self.groups, "target_trials": self.target_trials,
                 "compute_s": self.compute_s, "compute_source": self.compute_source, "assumed": self.assumed,
                 "search_note": self.search_note,
-                "best": best.to_dict(), "best_baseline": base.to_dict(),
-                "predicted_speedup_over_best_baseline": base.predicted_s / best.predicted_s,
-                "ranked": [p.to_dict() for p in self.ranked]}
+                "best": best.to_dict(), "best_baseline": base.to_dict() if base else None,
+                "predicted_speedup_over_best_baseline": base.predicted_s / best.predicted_s if base else None,
+                "ranked": [p.to_dict() for p in self.ranked],
+                "unfit": [{"origin": name, "problems": problems} for name, problems in self.unfit]}
 
     def save(self, path: str) -> None:
         """Write the recommended strategy as a strategy YAML (``autosync run --strategy``)."""
@@ -181,12 +187,19 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
     candidates: list[tuple[str, Strategy, list]] = [
         (b.origin, b.strategy, list(b.aliases))
         for b in BaselineTuner(spec, cluster_spec, constraints=constraints, lossless=True).proposals()]
+    unfit = [(name, memory_problems(strategy, spec, cluster_spec)) for name, strategy, _ in candidates]
+    unfit = [(name, problems) for name, problems in unfit if problems]
+    candidates = [c for c in candidates if c[0] not in dict(unfit)]
     seen = {s.canonical().fingerprint for _, s, _ in candidates}
     for p in searched:
         key = p.strategy.canonical().fingerprint
         if key not in seen:
             seen.add(key)
             candidates.append(("search", p.strategy, []))
+    if not candidates:
+        name, problems = min(unfit, key=lambda u: len(u[1]))
+        raise ConfigError([f"no strategy of model {spec.name} fits the memory of cluster {cluster_spec.name} (every "
+                           f"baseline, and the search found none); {name}, e.g.:"] + problems)
     encoded = tuner.space.encode([s for _, s, _ in candidates])
     X = predictor.features(encoded)
     analytic = AnalyticCostModel().predict(X)
@@ -210,7 +223,7 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
                 target_trials=int(getattr(predictor, "n_target_", 0)),
                 compute_s=float(estimate_compute_s(spec) * cluster_spec.compute_dilation),
                 compute_source=compute_source(spec, cluster_spec),
-                assumed=cluster_spec.assumptions(), search_note=limits.search_note)
+                assumed=cluster_spec.assumptions(), search_note=limits.search_note, unfit=unfit)
 
 
 def compute_source(spec, cluster) -> str:
@@ -326,9 +339,10 @@ def format_plan(p: Plan) -> str:
     def ms(s: float) -> str:
         return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.2f} s"
 
-    best = p.best_baseline.predicted_s
+    best = p.best_baseline.predicted_s if p.best_baseline else None
     rows = [(("best: " if i == 0 else "") + r.origin + (f" (= {', '.join(r.aliases)})" if r.aliases else ""),
-             outline(r.strategy), ms(r.predicted_s), ms(r.analytic_s), ms(r.lower_bound_s), f"{best / r.predicted_s:.2f}x")
+             outline(r.strategy), ms(r.predicted_s), ms(r.analytic_s), ms(r.lower_bound_s),
+             f"{best / r.predicted_s:.2f}x" if best else "-")
             for i, r in enumerate(p.ranked)]
     learned = (f"{p.predictor}; learned from {p.trained_on} measured trials of {p.groups} (model, cluster) groups, "
                f"{p.target_trials} of them this model on this cluster" if p.trained_on else p.predictor)
@@ -338,7 +352,8 @@ def format_plan(p: Plan) -> str:
               right=(2, 3, 4, 5)),
         f"predictor: {learned}; lossless strategies only (a lossy part's cost to convergence needs the model "
         f"to train: `autosync tune`); measure before trusting a gain (`autosync run`)",
-    ] + [f"assumed: {a}" for a in p.assumed] + ([p.search_note] if p.search_note else []))
+    ] + [f"assumed: {a}" for a in p.assumed] + ([p.search_note] if p.search_note else [])
+      + [f"does not fit, left out: {name}: {'; '.join(problems)}" for name, problems in p.unfit])
 
 
 def plan_json(p: Plan) -> str:

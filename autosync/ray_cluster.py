@@ -113,8 +113,11 @@ def describe_nodes(ray_nodes: list[dict], *, workers: int | None = None, gbps: f
             n_workers = workers   # more workers than CPUs share them (the binding gives each cpus / workers)
         else:
             n_workers = gpus or 1
+        # Ray splits a node's memory at start into its tasks' and actors' share and the object store's
+        memory = float(res.get("memory", 0)) + float(res.get("object_store_memory", 0))
         nodes.append(NodeSpec(name=f"node{i}", address=address, cpus=max(1, cpus), gpus=gpus, workers=n_workers,
-                              chief=(i == 0), bandwidth_gbps=float(gbps), resource=resource))
+                              chief=(i == 0), bandwidth_gbps=float(gbps), resource=resource,
+                              memory_gib=memory / 2**30 if memory > 0 else None))
     if problems:
         raise ConfigError(problems)
     if not any(n.workers for n in nodes):

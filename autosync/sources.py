@@ -29,13 +29,22 @@ LOCAL_WORKERS = 2
 
 def local_cluster(workers: int | None = None) -> ClusterSpec:
     """The embedded default: one node on this machine with ``workers`` training replicas
-    (default 2) sharing its CPUs."""
+    (default 2) sharing its CPUs and its memory (what strategies must fit: ``strategy_space.memory``)."""
     cpus = os.cpu_count() or 1
     return ClusterSpec(
         name="local",
         nodes=(NodeSpec(name="node0", address="127.0.0.1", cpus=cpus, workers=workers or LOCAL_WORKERS,
-                        chief=True, bandwidth_gbps=10.0),),
+                        chief=True, bandwidth_gbps=10.0, memory_gib=machine_memory_gib()),),
     )
+
+
+def machine_memory_gib() -> float | None:
+    """This machine's physical memory in GiB (None where the system does not say)."""
+    try:
+        nbytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return nbytes / 2**30 if nbytes > 0 else None
 
 
 def _testbed_cluster() -> ClusterSpec:

@@ -21,6 +21,7 @@ MAX_CPUS = 2**16
 MAX_GPUS = 2**10
 MAX_WORKERS = 2**10
 MAX_BANDWIDTH_GBPS = 1e5
+MAX_MEMORY_GIB = 2.0**20   # 1 PiB
 # what the cost model takes for the bandwidth between the workers of one node when the cluster does
 # not give ``intra_node_bandwidth_gbps``: the path of this project's CPU workers and parameter servers
 # on one node (host memory, the local object store). The GPUs of a node talk over their own links,
@@ -49,6 +50,10 @@ class NodeSpec:
         bandwidth_gbps: NIC bandwidth in Gbit/s, each direction.
         resource: optional custom Ray resource label that pins actors to this node (used
             instead of the address when set, e.g. ``host1`` on the emulated testbed).
+        memory_gib: the node's memory in GiB (2^30 bytes), or None (not known: not checked). A
+            strategy whose floor there is larger is refused (``strategy_space.memory``). Not part
+            of the fingerprint, as a node's memory does not change a step's time.
+        gpu_memory_gib: the memory of each of its GPUs in GiB, or None (not checked).
     """
 
     name: str
@@ -59,6 +64,8 @@ class NodeSpec:
     chief: bool = False
     bandwidth_gbps: float = 10.0
     resource: str | None = None
+    memory_gib: float | None = None
+    gpu_memory_gib: float | None = None
 
     def __post_init__(self):
         problems = []
@@ -78,6 +85,15 @@ class NodeSpec:
         if not _bandwidth_ok(self.bandwidth_gbps):
             problems.append(f"node {self.name}: bandwidth_gbps must be a number > 0 and at most {MAX_BANDWIDTH_GBPS:g} "
                             f"(Gbit/s, e.g. 10 or 1e1), got {short_repr(self.bandwidth_gbps)}")
+        for key in ("memory_gib", "gpu_memory_gib"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and 0 < value <= MAX_MEMORY_GIB):
+                problems.append(f"node {self.name}: {key} must be a number of GiB > 0 and at most "
+                                f"{MAX_MEMORY_GIB:.0f}, or left out, got {short_repr(value)}")
+        if self.gpu_memory_gib is not None and self.gpus == 0:
+            problems.append(f"node {self.name}: gpu_memory_gib is given but the node has no GPUs (gpus: 0); "
+                            f"remove it or set gpus")
         if problems:
             raise ConfigError(problems)
 
@@ -95,11 +111,15 @@ class NodeSpec:
             d["chief"] = True
         if self.resource is not None:
             d["resource"] = self.resource
+        for key in ("memory_gib", "gpu_memory_gib"):
+            if getattr(self, key) is not None:
+                d[key] = float(getattr(self, key))
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping, where: str = "node") -> "NodeSpec":
-        check_keys(data, where, {"name"}, {"address", "cpus", "gpus", "workers", "chief", "bandwidth_gbps", "resource"})
+        check_keys(data, where, {"name"}, {"address", "cpus", "gpus", "workers", "chief", "bandwidth_gbps", "resource",
+                                           "memory_gib", "gpu_memory_gib"})
         name = get_typed(data, "name", str, where)
         where = f"node {name}"
         return cls(
@@ -111,6 +131,8 @@ class NodeSpec:
             chief=get_typed(data, "chief", bool, where, False),
             bandwidth_gbps=float(get_typed(data, "bandwidth_gbps", (int, float), where, 10.0)),
             resource=get_typed(data, "resource", (str, type(None)), where, None),
+            memory_gib=get_typed(data, "memory_gib", (int, float, type(None)), where, None),
+            gpu_memory_gib=get_typed(data, "gpu_memory_gib", (int, float, type(None)), where, None),
         )
 
 
@@ -227,6 +249,9 @@ class ClusterSpec:
         d = self.to_dict()
         d.pop("name")
         d.pop("calibration", None)
+        for node in d["nodes"]:   # a node's memory decides what fits, not how fast it runs
+            node.pop("memory_gib", None)
+            node.pop("gpu_memory_gib", None)
         return fingerprint(d)
 
     def to_dict(self) -> dict:

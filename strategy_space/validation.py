@@ -5,6 +5,7 @@ from collections import Counter
 
 from .cluster_spec import ClusterSpec
 from .errors import Problems, StrategyError, listed_names, short_repr
+from .memory import memory_problems
 from .model_spec import ModelSpec
 from .strategy import PS, AllReduce, Strategy
 
@@ -98,5 +99,7 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
     dups = sorted(r for r, n in Counter(reps).items() if n > 1)
     if dups:
         p.add(f"replicas listed more than once: {', '.join(dups)}")
+    for problem in memory_problems(strategy, model, cluster):   # where the cluster gives memory
+        p.add(problem)
     p.raise_if_any()
     return strategy

@@ -11,6 +11,7 @@ from autosync.sources import CLUSTER_FORMS, MODEL_FORMS, load_cluster, load_mode
 from strategy_space import AllReduce, validate
 from strategy_space.builders import BUILDERS, builder_options, get_builder
 from strategy_space.errors import ConfigError
+from strategy_space.memory import memory_floor
 from strategy_space.yaml_io import dumps, load_strategy, save
 
 
@@ -110,7 +111,17 @@ def cmd_show(args) -> int:
                           for g in {s.group for s in c.synchronizers if isinstance(s, AllReduce)})
         print(table(["group", "bytes", "variables"],
                     [(f"g{g}", human_bytes(b), members[g]) for g, b in sorted(group_bytes.items())], right=(1, 2)))
+    if cluster is not None:
+        print("\nmemory per node, at least (every worker holds the whole model; strategy_space/memory.py):")
+        print(table(["node", "host", "node's memory", "each GPU", "GPU's memory"],
+                    [(f.node, human_bytes(f.host_bytes), _gib(n.memory_gib),
+                      human_bytes(f.gpu_bytes) if f.gpu_workers else "-", _gib(n.gpu_memory_gib))
+                     for f, n in zip(memory_floor(strategy, model, cluster), cluster.nodes)], right=(1, 2, 3, 4)))
     return 0
+
+
+def _gib(value: float | None) -> str:
+    return "not given" if value is None else f"{value:.3g} GiB"
 
 
 def _add_file(p) -> None:

@@ -151,8 +151,7 @@ class RayRunner(Runner):
 
     @property
     def given_spec(self):
-        """The ModelSpec given (or, with emulated compute, made) for recording trials; None when
-        the workers' own description is used (see ``model``)."""
+        """The ModelSpec given (or, emulated, made) for recording trials; None: the workers' (``model``)."""
         return self._given_spec
 
     @property
@@ -237,9 +236,10 @@ class RayRunner(Runner):
         try:
             if self._model is None:
                 self._ps_nodes = strategy.ps_nodes()
-            model = self._loaded()
+            model = self._given_spec or self._loaded()   # one that cannot fit (memory) fails before any worker loads
             common["model_fingerprint"] = model.fingerprint
             validate(strategy, model, self.cluster)
+            self._loaded()
             if lost := self.binding.lost_for(strategy):   # its actors could never be placed: fail now
                 return self._failed(common, "failed", f"not run: {lost_nodes_note(*lost)}", meta)
             doomed = beyond_trial_limit(model, self.cluster, strategy, steps=self.warmup + self.steps,

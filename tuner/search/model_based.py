@@ -28,6 +28,7 @@ import numpy as np
 
 from strategy_space import ClusterSpec, ModelSpec, Strategy
 from strategy_space.encoding import EncodedStrategies
+from strategy_space.memory import fits_encoded
 
 from tuner.cost_models.predictor import Predictor
 from tuner.cost_models.scoring import PerLosslessStep
@@ -124,12 +125,17 @@ class ModelBasedTuner(Tuner):
             if best:  # start some chains from the best measured strategies
                 parts.append(self._decode_keys([key for _, key in best]))
             cand = self.project(EncodedStrategies.concat(parts))
+        cand = cand.take(np.flatnonzero(fits_encoded(cand, self.model, self.cluster)))   # no strategy that cannot fit
+        if not len(cand):
+            return []
         cand_X = rows.of(cand)
         cand_ranked, cand_s = self.predictor.order(cand, cand_X)
         if self.last_radius is not None:
             pool = Pool(cand.take(cand_ranked), cand_s[cand_ranked])
         else:
             pool = self._anneal(cand, cand_ranked, cand_s, efficiency if costs else None, k, rng)
+            fits = np.flatnonzero(fits_encoded(pool.encoded, self.model, self.cluster))   # the chains may leave it
+            pool = Pool(pool.encoded.take(fits), pool.predicted[fits])
         pool_X = rows.of(pool.encoded)
         fused, seconds = self.predictor.order(pool.encoded, pool_X)
         seen = history.feature_keys()

@@ -1,0 +1,225 @@
+"""Memory admission (``strategy_space.memory``): what a strategy must hold on each node, the nodes'
+memory in the ClusterSpec, and every path that refuses or never proposes a strategy that cannot fit:
+``validate``, the search, ``plan``, the runner (before its workers load), the command line."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autosync.cli import main
+from autosync.ray_cluster import describe_nodes
+from autosync.sources import local_cluster, machine_memory_gib
+from strategy_space import (PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, StrategyError, VarConfig,
+                            VariableSpec, dumps, load_cluster_spec, save, validate)
+from strategy_space.builders import BUILDERS, get_builder
+from strategy_space.errors import ConfigError
+from strategy_space.memory import GIB, fits_encoded, memory_floor, memory_problems
+from strategy_space.space import StrategySpace
+from tuner.records.history import History
+from tuner.search.model_based import ModelBasedTuner, SearchSettings
+
+MIB = 2**20
+# a 2.4 GiB table (rows do not split evenly), a 244 MiB dense kernel, a bias and a scalar
+MODEL = ModelSpec("big", (VariableSpec("emb", (10_000_003, 64), sparse=True), VariableSpec("w", (6400, 10007)),
+                          VariableSpec("b", (1000,)), VariableSpec("s", ())))
+DENSE = MODEL.var("w").bytes + MODEL.var("b").bytes + MODEL.var("s").bytes
+
+
+def _cluster(memory=None, gpu_memory=None, gpus=0, workers=(1, 1, 1), compute="real") -> ClusterSpec:
+    return ClusterSpec("c", tuple(NodeSpec(f"n{i}", workers=w, gpus=gpus, memory_gib=memory, gpu_memory_gib=gpu_memory,
+                                           bandwidth_gbps=1.0) for i, w in enumerate(workers)), compute=compute)
+
+
+def _strategy(emb_nodes=("n0",), w=None) -> Strategy:
+    """emb partitioned over ``emb_nodes`` on parameter servers; w all-reduced with compressor ``w``
+    (None: on a PS of n1); b and s all-reduced."""
+    wsync = PS("n1") if w is None else AllReduce(compressor=w)
+    return Strategy((VarConfig("emb", tuple(PS(n) for n in emb_nodes)), VarConfig("w", (wsync,)),
+                     VarConfig("b", (AllReduce(),)), VarConfig("s", (AllReduce(),))))
+
+
+def test_the_floor_counts_each_workers_model_the_object_store_the_driver_and_each_nodes_shards():
+    emb = MODEL.var("emb")
+    floors = {f.node: dict(f.host) for f in memory_floor(_strategy(("n0", "n2")), MODEL, _cluster(workers=(2, 1, 0)))}
+    per_worker = MODEL.total_bytes + DENSE
+    first_half = 5_000_002 * emb.row_bytes   # 10,000,003 rows in two: the first shard one row longer
+    assert floors["n0"] == {"2 workers' model and gradients": 2 * per_worker,
+                            "the object store's copy of the initial values": MODEL.total_bytes,
+                            "the driver's copy of the model": MODEL.total_bytes,
+                            "parameter-server shards": first_half}
+    assert floors["n1"] == {"1 worker' model and gradients": per_worker,
+                            "the object store's copy of the initial values": MODEL.total_bytes,
+                            "parameter-server shards": MODEL.var("w").bytes}
+    assert floors["n2"] == {"parameter-server shards": emb.bytes - first_half}   # no workers: its shard only
+
+
+def test_error_feedback_residuals_gpus_replicas_and_emulated_compute():
+    ef = memory_floor(_strategy(w="fp16_ef"), MODEL, _cluster())
+    plain = memory_floor(_strategy(w="fp16"), MODEL, _cluster())
+    assert ef[1].host_bytes - plain[1].host_bytes == MODEL.var("w").bytes   # the residual each worker keeps
+    gpu = memory_floor(_strategy(w="fp16_ef"), MODEL, _cluster(gpus=2, workers=(3, 1, 1)))
+    # 3 workers on 2 GPUs: one GPU runs two; the host keeps the object store's, the driver's and shards
+    assert (gpu[0].gpu_workers, gpu[0].gpu_bytes) == (2, 2 * (MODEL.total_bytes + DENSE + MODEL.var("w").bytes))
+    assert "3 workers' model and gradients" not in dict(gpu[0].host)
+    only = dataclasses.replace(_strategy(), replicas=("n0:0",))
+    assert [f.host_bytes > 0 for f in memory_floor(only, MODEL, _cluster())] == [True, True, False]
+    assert dict(memory_floor(only, MODEL, _cluster())[1].host) == {"parameter-server shards": MODEL.var("w").bytes}
+    emulated = memory_floor(_strategy(), MODEL, _cluster(compute="emulated"))
+    assert dict(emulated[1].host) == {"1 worker' model and gradients": DENSE,   # a synthetic dense gradient alone
+                                      "parameter-server shards": MODEL.var("w").bytes}
+
+
+def test_validate_refuses_a_strategy_that_cannot_fit_and_says_what_takes_the_memory_and_what_to_change():
+    cluster = _cluster(memory=9.5)
+    assert validate(_strategy(("n0", "n1", "n2")), MODEL, cluster)   # the table spread: at most 8.9 GiB a node
+    with pytest.raises(StrategyError) as e:
+        validate(_strategy(("n0",)), MODEL, cluster)    # the whole table on n0
+    text = str(e.value)
+    assert "node n0: the strategy needs at least 10.5 GiB of memory there" in text
+    assert "parameter-server shards 2.38 GiB" in text and "but the node has 9.5 GiB (memory_gib)" in text
+    assert "partition the large variables across nodes" in text and "node n1" not in text
+    # where the workers' copies alone do not fit, no placement helps: said so
+    with pytest.raises(StrategyError, match="node n1: .* run fewer workers on it"):
+        validate(_strategy(("n0", "n1", "n2")), MODEL, _cluster(memory=4.0))
+    with pytest.raises(StrategyError, match=r"node n0: each GPU holds at least 2.86 GiB \(1 worker\(s\)'.*has 2.5 GiB"):
+        validate(_strategy(("n0", "n1", "n2")), MODEL, _cluster(gpus=1, gpu_memory=2.5))
+    assert validate(_strategy(("n0",)), MODEL, _cluster())   # a cluster that gives no memory is not checked
+
+
+@pytest.mark.parametrize("memory, gpus, gpu_memory, workers, compute", [
+    (8.5, 0, None, (1, 1, 1), "real"), (9.5, 0, None, (1, 1, 1), "real"), (2.0, 0, None, (3, 2, 2), "emulated"),
+    (7.0, 2, 6.0, (1, 2, 3), "real"), (None, 1, 3.0, (1, 1, 1), "real")])
+def test_the_searchs_vectorized_check_judges_as_memory_problems(memory, gpus, gpu_memory, workers, compute):
+    cluster = _cluster(memory=memory, gpu_memory=gpu_memory, gpus=gpus, workers=workers, compute=compute)
+    space = StrategySpace(MODEL, cluster)
+    e = space.sample_encoded(np.random.default_rng(3), 300)
+    fits = fits_encoded(e, MODEL, cluster)
+    assert fits.tolist() == [not memory_problems(space.decode(e, i), MODEL, cluster) for i in range(len(e))]
+    assert 0 < fits.sum() < len(fits)   # both kinds drawn: the comparison tells something
+
+
+def test_the_search_never_proposes_a_strategy_that_cannot_fit():
+    cluster = _cluster(memory=8.9)
+    proposed = []
+    for seed in range(3):
+        tuner = ModelBasedTuner(MODEL, cluster, lossless=True, settings=SearchSettings(batch=8, seed=seed))
+        proposed += [p.strategy for p in tuner.next_batch(8, History(MODEL, cluster))]
+    assert len(proposed) >= 12 and all(validate(s, MODEL, cluster) for s in proposed)
+    unchecked = []   # the same search where memory is not given proposes some that would not fit
+    for seed in range(3):
+        tuner = ModelBasedTuner(MODEL, _cluster(), lossless=True, settings=SearchSettings(batch=8, seed=seed))
+        unchecked += [p.strategy for p in tuner.next_batch(8, History(MODEL, _cluster()))]
+    assert any(memory_problems(s, MODEL, cluster) for s in unchecked)
+
+
+def test_a_plan_leaves_out_the_baselines_that_cannot_fit_and_says_why():
+    import autosync
+    from autosync.planning import format_plan
+
+    cluster = _cluster(memory=9.0)
+    p = autosync.plan(MODEL, cluster, top=3, scorer="analytic", warm_start="none")
+    unfit = dict(p.unfit)
+    assert {"ps", "ps_lb"} <= set(unfit) and all(validate(r.strategy, MODEL, cluster) for r in p.ranked)
+    assert not {r.origin for r in p.ranked} & set(unfit)
+    assert "node n0: the strategy needs at least" in unfit["ps"][0]
+    assert "does not fit, left out: ps" in format_plan(p)
+    assert p.to_dict()["unfit"][0]["problems"]
+    with pytest.raises(ConfigError, match="no strategy of model big fits the memory of cluster c"):
+        autosync.plan(MODEL, _cluster(memory=3.0), top=2, scorer="analytic", warm_start="none")
+
+
+def test_node_memory_is_checked_written_and_kept_out_of_the_fingerprint():
+    node = NodeSpec("a", gpus=1, memory_gib=64, gpu_memory_gib=80)
+    assert NodeSpec.from_dict(node.to_dict()) == node
+    assert "memory_gib" not in NodeSpec("a").to_dict()
+    plain, given = ClusterSpec("c", (NodeSpec("a"),)), ClusterSpec("c", (NodeSpec("a", memory_gib=64),))
+    assert plain.fingerprint == given.fingerprint   # trials measured before stay in their group
+    for bad in (0, -1, float("nan"), float("inf"), 2.0**21, True, "64"):
+        with pytest.raises(ConfigError, match="memory_gib must be a number of GiB > 0"):
+            NodeSpec("a", memory_gib=bad)
+    with pytest.raises(ConfigError, match="gpu_memory_gib is given but the node has no GPUs"):
+        NodeSpec("a", gpu_memory_gib=16)
+    with pytest.raises(ConfigError, match=r"node a.memory_gib: expected int or float or NoneType, got str"):
+        NodeSpec.from_dict({"name": "a", "memory_gib": "64G"})
+
+
+def test_local_and_ray_clusters_give_the_memory_they_know():
+    total = machine_memory_gib()
+    assert total is not None and local_cluster().nodes[0].memory_gib == total
+    nodes = [{"Alive": True, "NodeManagerAddress": "10.0.0.1", "NodeID": "a" * 32,
+              "Resources": {"CPU": 4.0, "memory": 6 * GIB, "object_store_memory": 2 * GIB, "node:__internal_head__": 1}},
+             {"Alive": True, "NodeManagerAddress": "10.0.0.2", "NodeID": "b" * 32, "Resources": {"CPU": 4.0}}]
+    assert [n.memory_gib for n in describe_nodes(nodes).nodes] == [8.0, None]
+
+
+def test_validate_at_the_command_line_says_the_memory_problem_with_exit_2(tmp_path, capsys):
+    cluster = _cluster(memory=9.5)
+    (tmp_path / "c.yaml").write_text(dumps(cluster))
+    (tmp_path / "m.yaml").write_text(dumps(MODEL))
+    save(_strategy(("n0",)), tmp_path / "s.yaml")
+    assert main(["validate", str(tmp_path / "s.yaml"), "--model", str(tmp_path / "m.yaml"),
+                 "--cluster", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "node n0: the strategy needs at least 10.5 GiB" in err and "Traceback" not in err
+    assert load_cluster_spec(str(tmp_path / "c.yaml")).nodes[0].memory_gib == 9.5
+
+
+def test_every_builder_fits_where_memory_is_plenty():
+    cluster = _cluster(memory=1024.0)
+    assert all(not memory_problems(get_builder(b).build(MODEL, cluster), MODEL, cluster) for b in BUILDERS)
+
+
+def test_tuning_records_the_baselines_that_cannot_fit_and_searches_among_those_that_can(tmp_path):
+    """The runner refuses what cannot fit (a failed trial saying why), the run goes on, and every
+    searched strategy fits."""
+    import autosync
+    from tuner.synthetic.runner import SyntheticRunner
+
+    cluster = _cluster(memory=8.9)
+    result = autosync.tune("unused", cluster, trials=6, store=tmp_path / "t.db", warm_start="none", quality="step",
+                           settings=SearchSettings(batch=3, candidates=64, chains=12, anneal_steps=8),
+                           runner=SyntheticRunner(MODEL, cluster, seed=1))
+    failed = {name: t.error for name, t in result.baselines.items() if not t.ok}
+    assert "ps" in failed and "node n0: the strategy needs at least" in failed["ps"]
+    searched = [t for t in result.outcome.trials if t.origin in ("search", "explore")]
+    assert searched and all(t.ok for t in searched)
+    assert not memory_problems(result.best_strategy, MODEL, cluster)
+
+
+@pytest.mark.integration
+def test_a_real_trial_that_cannot_fit_fails_before_any_worker_loads_and_one_that_fits_runs(ray_session):
+    from autosync.runtime.runner import RayRunner
+    from autosync.sources import load_model_def, load_model_spec
+
+    spec = load_model_spec("zoo:ncf")
+    ps, ar = (get_builder(b).build(spec, local_cluster()) for b in ("ps", "all_reduce"))
+    floor = lambda s: memory_floor(s, spec, local_cluster())[0].host_bytes   # noqa: E731
+    assert floor(ps) - floor(ar) == spec.total_bytes   # the parameter server's copy of every variable
+    node = dataclasses.replace(local_cluster().nodes[0], memory_gib=(floor(ps) + floor(ar)) / 2 / GIB)
+    cluster = dataclasses.replace(local_cluster(), nodes=(node,))
+    runner = RayRunner(load_model_def("zoo:ncf"), cluster, model_spec=spec, warmup=1, steps=2, trial_timeout_s=120)
+    try:
+        refused = runner.run([ps])[0]
+        assert refused.status == "failed" and "node node0: the strategy needs at least" in refused.error
+        assert "parameter-server shards" in refused.error and not runner.loaded   # no worker was started for it
+        assert runner.run([ar])[0].ok
+    finally:
+        runner.close()
+
+
+def test_show_gives_each_nodes_memory_floor_beside_its_memory(tmp_path, capsys):
+    cluster = ClusterSpec("c", (NodeSpec("n0", workers=1, memory_gib=64), NodeSpec("n1", gpus=2, workers=2),
+                                NodeSpec("n2", workers=1)))
+    (tmp_path / "c.yaml").write_text(dumps(cluster))
+    (tmp_path / "m.yaml").write_text(dumps(MODEL))
+    save(_strategy(("n0", "n1", "n2")), tmp_path / "s.yaml")
+    assert main(["show", str(tmp_path / "s.yaml"), "--model", str(tmp_path / "m.yaml"),
+                 "--cluster", str(tmp_path / "c.yaml")]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("n0 ", "n1 ", "n2 "))}
+    floors = {f.node: f for f in memory_floor(_strategy(("n0", "n1", "n2")), MODEL, cluster)}
+    assert rows["n0"][1:5] == [f"{floors['n0'].host_bytes / GIB:.1f}", "GiB", "64", "GiB"]
+    assert rows["n1"][5:7] == [f"{floors['n1'].gpu_bytes / GIB:.1f}", "GiB"]   # one worker per GPU
+    assert rows["n2"][3:5] == ["not", "given"]
