@@ -6,7 +6,8 @@ server); ``validate`` refuses it up front where the cluster gives a node's memor
 ``gpu_memory_gib``), and the search never proposes it.
 
 The figures are floors of what this project's runtime holds, counted from the variables alone (no
-activations, no framework overhead, no optimizer slots: the ModelSpec does not know the optimizer),
+activations, no framework overhead, no optimizer slots beyond the full-size arrays the ModelSpec
+says the optimizer keeps per variable),
 so a strategy is never refused that would fit:
 
 * a training worker builds the whole model (every variable, also those its parameter servers hold)
@@ -16,7 +17,9 @@ so a strategy is never refused that would fit:
 * a node with training workers keeps one copy of the initial values in its object store, which
   every reset reads (host memory);
 * the chief's driver builds the model once to read it (host memory);
-* each parameter-server shard holds its values in the host memory of its node.
+* each parameter-server shard holds its values in the host memory of its node, and the optimizer's
+  slots for them (``ModelSpec.optimizer_slots``: Adam 2 arrays of its size); a worker holds the slots
+  of the variables it all-reduces.
 
 With emulated compute (``ClusterSpec.compute``) a worker builds no model: it keeps one synthetic
 gradient of each dense variable, and no initial values are built (they are zeros).
@@ -35,6 +38,7 @@ from .model_spec import ModelSpec
 from .strategy import PS, AllReduce, Strategy, shard_bounds
 
 GIB = 2**30
+_SHARDS = "parameter-server shards (values and optimizer slots)"
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ def memory_floor(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> 
     Variables or destinations the model or cluster does not have are skipped (``validate`` says so).
     """
     ps_bytes = {n.name: 0 for n in cluster.nodes}
-    residual = 0   # error-feedback residuals each worker keeps
+    residual = 0   # what each worker keeps per all-reduced variable: error-feedback residuals, optimizer slots
+    slots = model.optimizer_slots
     for cfg in strategy.variables:
         if cfg.name not in model._index:  # noqa: SLF001 - same package
             continue
@@ -121,9 +126,9 @@ def memory_floor(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> 
         per_slice = var.bytes // dim
         for sync, (start, stop) in zip(cfg.synchronizers, shard_bounds(dim, cfg.num_shards)):
             if isinstance(sync, PS) and sync.destination in ps_bytes:
-                ps_bytes[sync.destination] += (stop - start) * per_slice
-            elif isinstance(sync, AllReduce) and sync.codec.error_feedback:
-                residual += (stop - start) * per_slice
+                ps_bytes[sync.destination] += (stop - start) * per_slice * (1 + slots)
+            elif isinstance(sync, AllReduce):
+                residual += (stop - start) * per_slice * (slots + sync.codec.error_feedback)
     base, nodes = _nodes(model, cluster, _training_workers(strategy.replicas, cluster))
     out = []
     for node, part in zip(cluster.nodes, nodes):
@@ -132,7 +137,7 @@ def memory_floor(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> 
         if w:
             host.append((f"{w} worker{'s' if w > 1 else ''}' model and gradients", w * (base + residual)))
         if ps_bytes[node.name]:
-            host.append(("parameter-server shards", ps_bytes[node.name]))
+            host.append((_SHARDS, ps_bytes[node.name]))
         out.append(NodeMemory(node.name, tuple(sorted(host, key=lambda p: -p[1])),
                               part.gpu_workers * (base + residual), part.gpu_workers))
     return out
@@ -147,7 +152,7 @@ def memory_problems(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) 
     for floor, node in zip(memory_floor(strategy, model, cluster), cluster.nodes):
         if node.memory_gib is not None and floor.host_bytes > node.memory_gib * GIB:
             parts = ", ".join(f"{what} {size_text(b)}" for what, b in floor.host)
-            ps = dict(floor.host).get("parameter-server shards", 0)
+            ps = dict(floor.host).get(_SHARDS, 0)
             fix = ("host fewer or smaller parameter-server shards there (ps.destination; partition the large "
                    "variables across nodes)" if ps > floor.host_bytes - node.memory_gib * GIB else
                    "run fewer workers on it (every worker builds the whole model) or use nodes with more memory")
@@ -183,15 +188,15 @@ def fits_encoded(e: EncodedStrategies, model: ModelSpec, cluster: ClusterSpec) -
     shards = np.maximum(e.shards.astype(np.int64), 1)
     base_rows, extra = np.divmod(dim, shards)
     ps = e.kind == KIND_PS
-    ef = np.isin(e.compressor, [i for i, k in enumerate(COMPRESSOR_KINDS) if k.endswith("_ef")]) & ~ps
-    residual = (ef * nbytes).sum(axis=1)   # (B,)
+    ef = np.isin(e.compressor, [i for i, k in enumerate(COMPRESSOR_KINDS) if k.endswith("_ef")])
+    residual = (~ps * (ef + model.optimizer_slots) * nbytes).sum(axis=1)   # (B,)
     base, nodes = _nodes(model, cluster, _training_workers((), cluster))
     ok = np.ones(B, bool)
     for n, (node, part) in enumerate(zip(cluster.nodes, nodes)):
         r = (n - e.dest.astype(np.int64)) % N
         count = np.where(r < shards, (shards - r + N - 1) // N, 0)
         longer = np.where(r < extra, (extra - r + N - 1) // N, 0)
-        held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1)
+        held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1) * (1 + model.optimizer_slots)
         host = sum(b for _, b in part.fixed) + held + part.cpu_workers * (base + residual)
         if node.memory_gib is not None:
             ok &= host <= node.memory_gib * GIB

@@ -21,6 +21,9 @@ DTYPE_BYTES = {
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 # the largest dimension a variable may have: shard, row and group counts are encoded in int32
 MAX_DIMENSION = 2 ** 31 - 1
+# an optimizer keeping more full-size arrays per variable than this is not one Keras ships (Adam with
+# amsgrad and an EMA keeps 4)
+MAX_SLOTS = 16
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,11 @@ class ModelSpec:
             numpy all-reduce) is held until every shard agrees on the scale, which costs a round
             trip and the overlap of its pushes with its pulls. Part of the fingerprint (and
             written) only when true, so other specs keep theirs.
+        optimizer_slots: arrays of a variable's full size the model's optimizer keeps per variable
+            (Adam 2, SGD with momentum 1, Adagrad 1): what a parameter server holds per shard, and
+            a worker per all-reduced variable, besides the values (``strategy_space.memory``; 0:
+            none or not known). Written only when > 0; not part of the fingerprint (a step moves
+            the same bytes whatever the optimizer keeps).
     """
 
     name: str
@@ -169,6 +177,7 @@ class ModelSpec:
     batch_size: int = 32
     profile: ComputeProfile | None = None
     global_clipnorm: bool = False
+    optimizer_slots: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "variables", tuple(self.variables))
@@ -186,6 +195,11 @@ class ModelSpec:
         if not isinstance(self.global_clipnorm, bool):
             problems.append(f"model {self.name}: global_clipnorm must be true or false, got "
                             f"{short_repr(self.global_clipnorm)}")
+        if not (isinstance(self.optimizer_slots, int) and not isinstance(self.optimizer_slots, bool)
+                and 0 <= self.optimizer_slots <= MAX_SLOTS):
+            problems.append(f"model {self.name}: optimizer_slots must be an integer from 0 to {MAX_SLOTS} (arrays "
+                            f"of a variable's size the optimizer keeps per variable), got "
+                            f"{short_repr(self.optimizer_slots)}")
         if self.profile is not None and self.profile.ready_order:
             order = self.profile.ready_order
             if sorted(order) != sorted(seen):
@@ -244,13 +258,16 @@ class ModelSpec:
         }
         if self.global_clipnorm:
             d["global_clipnorm"] = True
+        if self.optimizer_slots:
+            d["optimizer_slots"] = self.optimizer_slots
         if self.profile is not None:
             d["profile"] = self.profile.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ModelSpec":
-        check_keys(data, "model", {"name", "variables"}, {"kind", "version", "batch_size", "profile", "global_clipnorm"})
+        check_keys(data, "model", {"name", "variables"},
+                   {"kind", "version", "batch_size", "profile", "global_clipnorm", "optimizer_slots"})
         check_header(data, "model")
         variables = parse_items(get_typed(data, "variables", list, "model"), VariableSpec.from_dict, "variables")
         profile = data.get("profile")
@@ -260,4 +277,5 @@ class ModelSpec:
             batch_size=get_typed(data, "batch_size", int, "model", 32),
             profile=ComputeProfile.from_dict(profile) if profile is not None else None,
             global_clipnorm=get_typed(data, "global_clipnorm", bool, "model", False),
+            optimizer_slots=get_typed(data, "optimizer_slots", int, "model", 0),
         )

@@ -15,7 +15,7 @@ from strategy_space import (PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Str
                             VariableSpec, dumps, load_cluster_spec, save, validate)
 from strategy_space.builders import BUILDERS, get_builder
 from strategy_space.errors import ConfigError
-from strategy_space.memory import GIB, fits_encoded, memory_floor, memory_problems
+from strategy_space.memory import _SHARDS, GIB, fits_encoded, memory_floor, memory_problems
 from strategy_space.space import StrategySpace
 from tuner.records.history import History
 from tuner.search.model_based import ModelBasedTuner, SearchSettings
@@ -48,11 +48,26 @@ def test_the_floor_counts_each_workers_model_the_object_store_the_driver_and_eac
     assert floors["n0"] == {"2 workers' model and gradients": 2 * per_worker,
                             "the object store's copy of the initial values": MODEL.total_bytes,
                             "the driver's copy of the model": MODEL.total_bytes,
-                            "parameter-server shards": first_half}
+                            _SHARDS: first_half}
     assert floors["n1"] == {"1 worker' model and gradients": per_worker,
                             "the object store's copy of the initial values": MODEL.total_bytes,
-                            "parameter-server shards": MODEL.var("w").bytes}
-    assert floors["n2"] == {"parameter-server shards": emb.bytes - first_half}   # no workers: its shard only
+                            _SHARDS: MODEL.var("w").bytes}
+    assert floors["n2"] == {_SHARDS: emb.bytes - first_half}   # no workers: its shard only
+
+
+def test_the_optimizers_slots_count_on_each_shard_and_on_each_worker_for_what_it_all_reduces():
+    adam = dataclasses.replace(MODEL, optimizer_slots=2)
+    plain = {f.node: dict(f.host) for f in memory_floor(_strategy(("n0",), w="fp16_ef"), MODEL, _cluster())}
+    slots = {f.node: dict(f.host) for f in memory_floor(_strategy(("n0",), w="fp16_ef"), adam, _cluster())}
+    assert slots["n0"][_SHARDS] == 3 * plain["n0"][_SHARDS] == 3 * MODEL.var("emb").bytes
+    ar = MODEL.var("w").bytes + MODEL.var("b").bytes + MODEL.var("s").bytes
+    worker = "1 worker' model and gradients"
+    assert slots["n1"][worker] - plain["n1"][worker] == 2 * ar   # w's residual was counted already
+    assert ModelSpec.from_dict(adam.to_dict()) == adam and "optimizer_slots" not in MODEL.to_dict()
+    assert adam.fingerprint == MODEL.fingerprint   # a step moves the same bytes
+    for bad in (-1, 17, 1.5, True):
+        with pytest.raises(ConfigError, match="optimizer_slots must be an integer from 0 to 16"):
+            dataclasses.replace(MODEL, optimizer_slots=bad)
 
 
 def test_error_feedback_residuals_gpus_replicas_and_emulated_compute():
@@ -65,10 +80,10 @@ def test_error_feedback_residuals_gpus_replicas_and_emulated_compute():
     assert "3 workers' model and gradients" not in dict(gpu[0].host)
     only = dataclasses.replace(_strategy(), replicas=("n0:0",))
     assert [f.host_bytes > 0 for f in memory_floor(only, MODEL, _cluster())] == [True, True, False]
-    assert dict(memory_floor(only, MODEL, _cluster())[1].host) == {"parameter-server shards": MODEL.var("w").bytes}
+    assert dict(memory_floor(only, MODEL, _cluster())[1].host) == {_SHARDS: MODEL.var("w").bytes}
     emulated = memory_floor(_strategy(), MODEL, _cluster(compute="emulated"))
     assert dict(emulated[1].host) == {"1 worker' model and gradients": DENSE,   # a synthetic dense gradient alone
-                                      "parameter-server shards": MODEL.var("w").bytes}
+                                      _SHARDS: MODEL.var("w").bytes}
 
 
 def test_validate_refuses_a_strategy_that_cannot_fit_and_says_what_takes_the_memory_and_what_to_change():
@@ -78,7 +93,7 @@ def test_validate_refuses_a_strategy_that_cannot_fit_and_says_what_takes_the_mem
         validate(_strategy(("n0",)), MODEL, cluster)    # the whole table on n0
     text = str(e.value)
     assert "node n0: the strategy needs at least 10.5 GiB of memory there" in text
-    assert "parameter-server shards 2.38 GiB" in text and "but the node has 9.5 GiB (memory_gib)" in text
+    assert f"{_SHARDS} 2.38 GiB" in text and "but the node has 9.5 GiB (memory_gib)" in text
     assert "partition the large variables across nodes" in text and "node n1" not in text
     # where the workers' copies alone do not fit, no placement helps: said so
     with pytest.raises(StrategyError, match="node n1: .* run fewer workers on it"):
@@ -88,15 +103,17 @@ def test_validate_refuses_a_strategy_that_cannot_fit_and_says_what_takes_the_mem
     assert validate(_strategy(("n0",)), MODEL, _cluster())   # a cluster that gives no memory is not checked
 
 
-@pytest.mark.parametrize("memory, gpus, gpu_memory, workers, compute", [
-    (8.5, 0, None, (1, 1, 1), "real"), (9.5, 0, None, (1, 1, 1), "real"), (2.0, 0, None, (3, 2, 2), "emulated"),
-    (7.0, 2, 6.0, (1, 2, 3), "real"), (None, 1, 3.0, (1, 1, 1), "real")])
-def test_the_searchs_vectorized_check_judges_as_memory_problems(memory, gpus, gpu_memory, workers, compute):
+@pytest.mark.parametrize("memory, gpus, gpu_memory, workers, compute, slots", [
+    (8.5, 0, None, (1, 1, 1), "real", 0), (9.5, 0, None, (1, 1, 1), "real", 0),
+    (2.0, 0, None, (3, 2, 2), "emulated", 0), (7.0, 2, 6.0, (1, 2, 3), "real", 0), (None, 1, 3.0, (1, 1, 1), "real", 0),
+    (12.0, 0, None, (1, 1, 1), "real", 2), (None, 1, 3.4, (1, 1, 1), "real", 1)])
+def test_the_searchs_vectorized_check_judges_as_memory_problems(memory, gpus, gpu_memory, workers, compute, slots):
     cluster = _cluster(memory=memory, gpu_memory=gpu_memory, gpus=gpus, workers=workers, compute=compute)
-    space = StrategySpace(MODEL, cluster)
+    model = dataclasses.replace(MODEL, optimizer_slots=slots)
+    space = StrategySpace(model, cluster)
     e = space.sample_encoded(np.random.default_rng(3), 300)
-    fits = fits_encoded(e, MODEL, cluster)
-    assert fits.tolist() == [not memory_problems(space.decode(e, i), MODEL, cluster) for i in range(len(e))]
+    fits = fits_encoded(e, model, cluster)
+    assert fits.tolist() == [not memory_problems(space.decode(e, i), model, cluster) for i in range(len(e))]
     assert 0 < fits.sum() < len(fits)   # both kinds drawn: the comparison tells something
 
 
@@ -194,17 +211,19 @@ def test_a_real_trial_that_cannot_fit_fails_before_any_worker_loads_and_one_that
     from autosync.sources import load_model_def, load_model_spec
 
     spec = load_model_spec("zoo:ncf")
+    assert spec.optimizer_slots == 2   # its Adam's m and v, counted on a copy of the optimizer
     ps, ar = (get_builder(b).build(spec, local_cluster()) for b in ("ps", "all_reduce"))
     floor = lambda s: memory_floor(s, spec, local_cluster())[0].host_bytes   # noqa: E731
-    assert floor(ps) - floor(ar) == spec.total_bytes   # the parameter server's copy of every variable
+    # the parameter server's values and slots of every variable, against each worker's slots of them
+    assert floor(ps) - floor(ar) == (1 + 2 - 2 * 2) * spec.total_bytes
     node = dataclasses.replace(local_cluster().nodes[0], memory_gib=(floor(ps) + floor(ar)) / 2 / GIB)
     cluster = dataclasses.replace(local_cluster(), nodes=(node,))
     runner = RayRunner(load_model_def("zoo:ncf"), cluster, model_spec=spec, warmup=1, steps=2, trial_timeout_s=120)
     try:
-        refused = runner.run([ps])[0]
+        refused = runner.run([ar])[0]
         assert refused.status == "failed" and "node node0: the strategy needs at least" in refused.error
-        assert "parameter-server shards" in refused.error and not runner.loaded   # no worker was started for it
-        assert runner.run([ar])[0].ok
+        assert "2 workers' model and gradients" in refused.error and not runner.loaded   # no worker started for it
+        assert runner.run([ps])[0].ok
     finally:
         runner.close()
 
@@ -223,3 +242,23 @@ def test_show_gives_each_nodes_memory_floor_beside_its_memory(tmp_path, capsys):
     assert rows["n0"][1:5] == [f"{floors['n0'].host_bytes / GIB:.1f}", "GiB", "64", "GiB"]
     assert rows["n1"][5:7] == [f"{floors['n1'].gpu_bytes / GIB:.1f}", "GiB"]   # one worker per GPU
     assert rows["n2"][3:5] == ["not", "given"]
+
+
+@pytest.mark.integration
+def test_the_optimizers_full_size_slots_are_counted_on_a_copy_of_it():
+    import keras
+
+    from autosync.runtime.optimizer_config import full_size_slots
+
+    class Unbuildable(keras.optimizers.SGD):   # its config does not make it again
+        def __init__(self, rate, **kwargs):
+            super().__init__(learning_rate=rate, **kwargs)
+
+    counts = {name: full_size_slots(o) for name, o in {
+        "sgd": keras.optimizers.SGD(0.1), "momentum": keras.optimizers.SGD(0.1, momentum=0.9),
+        "adam": keras.optimizers.Adam(), "amsgrad+ema": keras.optimizers.Adam(amsgrad=True, use_ema=True),
+        "rmsprop": keras.optimizers.RMSprop(momentum=0.9, centered=True), "adagrad": keras.optimizers.Adagrad(),
+        "accumulated": keras.optimizers.SGD(0.1, gradient_accumulation_steps=4),
+        "unbuildable": Unbuildable(0.1)}.items()}
+    assert counts == {"sgd": 0, "momentum": 1, "adam": 2, "amsgrad+ema": 4, "rmsprop": 3, "adagrad": 1,
+                      "accumulated": 1, "unbuildable": 0}

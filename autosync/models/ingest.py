@@ -210,9 +210,13 @@ def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
         loss = model_def.loss()
         spec = model_spec_from_model(model, loss, inputs, targets, name=model_def.name,
                                      batch_size=model_def.batch_size)
-        # the cost of a held step (``ModelSpec.global_clipnorm``) is the optimizer's to say
-        if getattr(model_def.optimizer_fn(), "global_clipnorm", None) is not None:
-            spec = dataclasses.replace(spec, global_clipnorm=True)
+        # the cost of a held step (``ModelSpec.global_clipnorm``) and the optimizer's state a node
+        # must hold (``optimizer_slots``) are the optimizer's to say
+        from autosync.runtime.optimizer_config import full_size_slots
+
+        optimizer = model_def.optimizer_fn()
+        spec = dataclasses.replace(spec, global_clipnorm=getattr(optimizer, "global_clipnorm", None) is not None,
+                                   optimizer_slots=full_size_slots(optimizer))
     return spec, model, loss, inputs, targets
 
 
