@@ -249,9 +249,8 @@ def _first_reason(error: str | None) -> str:
     """The first line of a trial's error that says something: a ConfigError of several problems
     starts with "N problems:", and its first problem is on the next line."""
     lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")]
-    if len(lines) > 1 and lines[0].endswith(" problems:"):
-        return f"{lines[0]} {lines[1]}"[:200]
-    return (lines[0] if lines else "no error recorded")[:200]
+    line = f"{lines[0]} {lines[1]}" if len(lines) > 1 and lines[0].endswith(" problems:") else lines[0] if lines else ""
+    return (line if len(line) <= 400 else line[:399] + "…") or "no error recorded"
 
 
 def _check_resumable(store_path: Path) -> None:
@@ -427,11 +426,13 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         what = ("every baseline failed (PS and all-reduce alike), so no search was run"
                 if outcome.stop_reason == "baselines_failed" else "every trial failed")
         timed_out = all(t.status == "timeout" for t in outcome.trials if not t.ok)
-        raise ConfigError(f"{what}, so there is no strategy to recommend; reasons: {'; '.join(reasons)}. "
-                          f"Check that the model trains on this cluster (autosync run --strategy ...)"
+        refused = all(t.meta.get("refused") for t in outcome.trials if not t.ok)   # before they ran: said why
+        raise ConfigError(f"{what}, so there is no strategy to recommend ("
+                          + ("each was refused before it ran: fix what it says" if refused else
+                             "check that the model trains on this cluster: autosync run --strategy ...")
                           + (f"; every trial ran past its limit of {trial_timeout_s:g} s: a model that is slow to "
                              f"start or to step needs a longer one (--timeout, trial_timeout_s), a hung one a fix"
-                             if timed_out else ""))
+                             if timed_out else "") + f"); reasons: {'; '.join(reasons)}.")
     validate(best.strategy, spec, cluster_spec)
     return TuneResult(best_strategy=best.strategy, best_trial=best, baselines=outcome.baselines, model=spec,
                       cluster=cluster_spec, outcome=outcome, store_path=str(store_path),

@@ -200,6 +200,8 @@ def test_tuning_records_the_baselines_that_cannot_fit_and_searches_among_those_t
                            runner=SyntheticRunner(MODEL, cluster, seed=1))
     failed = {name: t.error for name, t in result.baselines.items() if not t.ok}
     assert "ps" in failed and "node n0: the strategy needs at least" in failed["ps"]
+    # refused before it ran, so not run a second time as a failure that may pass would be
+    assert sum(t.origin == "ps" for t in result.outcome.trials) == 1 and not result.baselines["ps"].worth_another_run
     searched = [t for t in result.outcome.trials if t.origin in ("search", "explore")]
     assert searched and all(t.ok for t in searched)
     assert not memory_problems(result.best_strategy, MODEL, cluster)
@@ -223,6 +225,7 @@ def test_a_real_trial_that_cannot_fit_fails_before_any_worker_loads_and_one_that
         refused = runner.run([ar])[0]
         assert refused.status == "failed" and "node node0: the strategy needs at least" in refused.error
         assert "2 workers' model and gradients" in refused.error and not runner.loaded   # no worker started for it
+        assert not refused.worth_another_run   # a tuning run does not try it again
         assert runner.run([ps])[0].ok
     finally:
         runner.close()
@@ -262,3 +265,16 @@ def test_the_optimizers_full_size_slots_are_counted_on_a_copy_of_it():
         "unbuildable": Unbuildable(0.1)}.items()}
     assert counts == {"sgd": 0, "momentum": 1, "adam": 2, "amsgrad+ema": 4, "rmsprop": 3, "adagrad": 1,
                       "accumulated": 1, "unbuildable": 0}
+
+
+def test_tuning_where_nothing_fits_says_so_with_the_reasons(tmp_path):
+    import autosync
+    from tuner.synthetic.runner import SyntheticRunner
+
+    cluster = _cluster(memory=3.0)
+    with pytest.raises(ConfigError) as e:
+        autosync.tune("unused", cluster, trials=3, store=tmp_path / "t.db", warm_start="none", quality="step",
+                      runner=SyntheticRunner(MODEL, cluster, seed=1))
+    text = str(e.value)
+    assert "every baseline failed" in text and "each was refused before it ran: fix what it says" in text
+    assert "the node has 3 GiB (memory_gib); run fewer workers on it" in text and "Check that the model" not in text

@@ -268,7 +268,7 @@ class RayRunner(Runner):
         except ConfigError as e:
             if session is not None:
                 session.close()
-            return self._failed(common, "failed", str(e), meta)
+            return self._failed(common, "failed", str(e), {**meta, "refused": True})   # it would fail again
         except TrialTimeout as e:
             session_abort(session, self.pool)
             return self._failed(common, "timeout", f"exceeded the trial limit of {self.trial_timeout_s:g} s: {e}", meta)

@@ -110,8 +110,9 @@ class Trial:
         pass). Not a time-out: a strategy too slow for the trial limit would spend another whole
         limit on the same answer (lm1b-full's ps and ps_lb baselines on 3 nodes at 100mbit took the
         whole 300 s limit with 13 steps a trial, 23-32 s a step: a synchronous PS's push and pull of
-        its 88 MB of dense kernels do not overlap there)."""
-        return self.status == "failed"
+        its 88 MB of dense kernels do not overlap there). Nor a strategy the runner refused before
+        running it (``meta["refused"]``: it does not validate, or cannot fit a node's memory)."""
+        return self.status == "failed" and not self.meta.get("refused")
 
     @property
     def median(self) -> float:

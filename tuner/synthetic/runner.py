@@ -54,7 +54,8 @@ class SyntheticRunner(Runner):
                 base, breakdown = simulate_step(self.model, self.cluster, s, compute, self._rng, self.truth)
             except (ConfigError, KeyError, ValueError) as e:
                 out.append(Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed",
-                                 error=f"{type(e).__name__}: {e}", origin=origin, started_at=started))
+                                 error=f"{type(e).__name__}: {e}", origin=origin, started_at=started,
+                                 meta={"refused": True}))
                 continue
             run_bias = np.exp(self._rng.normal(0, self.truth.step_noise / 2))
             noise = np.exp(self._rng.normal(0, self.truth.step_noise, self.steps))
