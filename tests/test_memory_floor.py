@@ -162,9 +162,14 @@ def test_node_memory_is_checked_written_and_kept_out_of_the_fingerprint():
         NodeSpec.from_dict({"name": "a", "memory_gib": "64G"})
 
 
-def test_local_and_ray_clusters_give_the_memory_they_know():
+def test_local_and_ray_clusters_give_the_memory_they_know(tmp_path):
     total = machine_memory_gib()
     assert total is not None and local_cluster().nodes[0].memory_gib == total
+    # a container's limit where it is lower; "max" (none), garbage and a missing file are no limit
+    for name, text in (("v2", "max\n"), ("bad", "lots"), ("v1", "9223372036854771712\n"), ("low", f"{2**31}\n")):
+        (tmp_path / name).write_text(text)
+    assert machine_memory_gib([str(tmp_path / n) for n in ("v2", "bad", "v1", "missing")]) == machine_memory_gib(())
+    assert machine_memory_gib([str(tmp_path / "v2"), str(tmp_path / "low")]) == 2.0
     nodes = [{"Alive": True, "NodeManagerAddress": "10.0.0.1", "NodeID": "a" * 32,
               "Resources": {"CPU": 4.0, "memory": 6 * GIB, "object_store_memory": 2 * GIB, "node:__internal_head__": 1}},
              {"Alive": True, "NodeManagerAddress": "10.0.0.2", "NodeID": "b" * 32, "Resources": {"CPU": 4.0}}]
