@@ -107,6 +107,10 @@ class TrainingProber(Prober):
             self._training = training_digest(self.model_def, self.workers)
         return self._training
 
+    @property
+    def training_known(self) -> str | None:
+        return self._training
+
     def _key(self, parts: LossyParts) -> str:
         return probe_cache_key(self.model_key, parts, self.workers, self.steps, self.seed, self.cluster.fingerprint,
                                self.training)
@@ -242,6 +246,10 @@ class StandInProber(Prober):
                      f"{inner.workers} workers; lossy parts moved onto its variables of the same names): an "
                      f"estimate for {tuned.name}, whose own convergence was not measured")
         inner.note = self.note
+
+    @property
+    def training_known(self) -> str | None:
+        return self.inner.training_known
 
     def translate(self, strategy: Strategy) -> Strategy:
         """The stand-in's strategy carrying ``strategy``'s lossy parts (see the class)."""

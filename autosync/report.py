@@ -32,11 +32,13 @@ def _run_trials(store: TrialStore, run_id: str | None):
 
 def run_probes(probes: list, trials: list) -> list:
     """The stored probes of a model that speak for one run (``trials``): those of the training
-    digest (``autosync.models.training_key``) of the probes the run measured itself, started
-    between its first trial's start and its last trial's end; all of them where it measured none,
-    probes of several digests, or probes stored before digests were."""
+    digest (``autosync.models.training_key``) its trials carry (``Prober.training_known``), else
+    of the probes it measured itself, started between its first trial's start and its last
+    trial's end; all of them where it names none, several digests, or probes stored before
+    digests were."""
     start, end = min(t.started_at for t in trials), max(t.finished_at for t in trials)
-    own = {p.meta.get("training") for p in probes if start <= p.started_at <= end}
+    own = ({t.meta["training"] for t in trials if t.meta.get("training")}
+           or {p.meta.get("training") for p in probes if start <= p.started_at <= end})
     if len(own) != 1 or None in own:
         return probes
     return [p for p in probes if p.meta.get("training") in own]

@@ -382,7 +382,8 @@ def test_a_report_reads_the_probes_of_its_runs_training_only():
     def probe(started, training):
         return SimpleNamespace(started_at=started, meta={} if training is None else {"training": training})
 
-    run = [SimpleNamespace(started_at=100.0, finished_at=110.0), SimpleNamespace(started_at=120.0, finished_at=200.0)]
+    run = [SimpleNamespace(started_at=100.0, finished_at=110.0, meta={}),
+           SimpleNamespace(started_at=120.0, finished_at=200.0, meta={})]
     cached, own, later = probe(50.0, "d1"), probe(150.0, "d1"), probe(300.0, "d2")
     assert run_probes([cached, own, later], run) == [cached, own]        # the later run's digest left out
     assert run_probes([cached, later], run) == [cached, later]           # it probed nothing: all, as before
@@ -390,3 +391,28 @@ def test_a_report_reads_the_probes_of_its_runs_training_only():
     assert run_probes(mixed, run) == mixed                               # two digests in one run: all
     old = [probe(150.0, None), later]
     assert run_probes(old, run) == old                                   # stored before digests: all
+    # a run whose probes all came from the cache: its trials name the digest it read them under
+    named = run + [SimpleNamespace(started_at=210.0, finished_at=220.0, meta={"training": "d1"})]
+    assert run_probes([cached, later], named) == [cached]
+
+
+def test_the_trials_after_a_probe_carry_the_digest_of_the_training_it_probed(tmp_path):
+    """A run whose probes come from the cache stores none itself: its trials name the training
+    digest (``Prober.training_known``) for its report (``report.run_probes``)."""
+    from tests.test_tuner_goodput import LossyIsFast
+
+    class Digesting(StoringProber):
+        training_known = None
+
+        def efficiency(self, strategy):
+            self.training_known = "d1"   # as TrainingProber's, computed at its first probe
+            return super().efficiency(strategy)
+
+    model, cluster = tiny_model(profile=True), three_node_cluster()
+    db = tmp_path / "d.db"
+    result = autosync.tune("unused", cluster, trials=9, store=db, settings=FAST, warm_start="none",
+                           runner=LossyIsFast(model, cluster, seed=3), prober=Digesting(db, model, 1.0))
+    assert result.outcome.efficiency   # a lossy strategy was probed
+    named = [t.meta.get("training") for t in result.outcome.trials]
+    first = named.index("d1")   # every trial from the first one stored after a probe on
+    assert first > 0 and set(named[:first]) == {None} and set(named[first:]) == {"d1"}

@@ -270,6 +270,13 @@ class Prober(abc.ABC):
         process, so a prober may train the lossless curve with it instead of the candidate's
         own twin (the same losses, in less time). The default ignores it."""
 
+    @property
+    def training_known(self) -> str | None:
+        """The digest of how the probed model trains (``ProbeResult.meta["training"]``) once a probe
+        has computed it, else None (also where none is kept): a run's later trials carry it, so
+        that its report reads the probes of its own training, those found in the cache too."""
+        return None
+
 
 def lossy_extents(e: EncodedStrategies, weights: np.ndarray) -> dict[str, np.ndarray]:
     """Per lossy feature in the batch, the share of the model's parameters each strategy holds

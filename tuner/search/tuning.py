@@ -200,10 +200,12 @@ class _TuningRun:
                     note = lost_nodes_note(lost)
                     self.outcome.stop_reason, self.outcome.stop_note = NODES_LOST, note + "; --resume continues the run"
                     t = dataclasses.replace(t, error=t.error if note in t.error else f"{note} ({t.error})")
+                training = getattr(self.prober, "training_known", None)   # (``report.run_probes``)
                 t = dataclasses.replace(t, run_id=self.outcome.run_id, role=role, predicted_s=p.predicted_s,
                                         aliases=p.aliases, meta={**t.meta, **p.meta, "quality": self.quality,
                                                                  "min_efficiency": self.min_efficiency,
-                                                                 **({"attempt": attempt + 1} if attempt else {})})
+                                                                 **({"attempt": attempt + 1} if attempt else {}),
+                                                                 **({"training": training} if training else {})})
                 self.store.add(t, self.model, self.cluster)
                 self.history.add([t], [p])
                 got.append(t)
