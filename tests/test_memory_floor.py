@@ -19,6 +19,7 @@ from strategy_space.memory import _SHARDS, GIB, fits_encoded, memory_floor, memo
 from strategy_space.space import StrategySpace
 from tuner.records.history import History
 from tuner.search.model_based import ModelBasedTuner, SearchSettings
+from tuner.search.random_tuner import RandomTuner
 
 MIB = 2**20
 # a 2.4 GiB table (rows do not split evenly), a 244 MiB dense kernel, a bias and a scalar
@@ -129,6 +130,8 @@ def test_the_search_never_proposes_a_strategy_that_cannot_fit():
         tuner = ModelBasedTuner(MODEL, _cluster(), lossless=True, settings=SearchSettings(batch=8, seed=seed))
         unchecked += [p.strategy for p in tuner.next_batch(8, History(MODEL, _cluster()))]
     assert any(memory_problems(s, MODEL, cluster) for s in unchecked)
+    drawn = RandomTuner(MODEL, cluster, seed=0).next_batch(40, History(MODEL, cluster))
+    assert len(drawn) == 40 and all(validate(p.strategy, MODEL, cluster) for p in drawn)
 
 
 def test_a_plan_leaves_out_the_baselines_that_cannot_fit_and_says_why():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from strategy_space.memory import fits_encoded
+
 from tuner.records.history import History
 from tuner.search.base import Proposal, Tuner
 
@@ -20,6 +22,7 @@ class RandomTuner(Tuner):
 
     def next_batch(self, k: int, history: History) -> list[Proposal]:
         e = self.project(self.space.sample_encoded(self.rng, self.tries * max(k, 1)))
+        e = e.take(np.flatnonzero(fits_encoded(e, self.model, self.cluster)))   # none that cannot fit a node
         keys = e.row_keys()
         seen_keys, seen = set(history.latest_seconds()), history.canonical_keys()
         out = []
