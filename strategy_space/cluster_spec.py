@@ -53,7 +53,8 @@ class NodeSpec:
         memory_gib: the node's memory in GiB (2^30 bytes), or None (not known: not checked). A
             strategy whose floor there is larger is refused (``strategy_space.memory``). Not part
             of the fingerprint, as a node's memory does not change a step's time.
-        gpu_memory_gib: the memory of each of its GPUs in GiB, or None (not checked).
+        gpu_memory_gib: the memory of each of its GPUs in GiB, or None (not checked; unused on a node
+            without GPUs, e.g. a GPU cluster's spec with ``gpus`` set to 0).
     """
 
     name: str
@@ -91,9 +92,6 @@ class NodeSpec:
                                           and 0 < value <= MAX_MEMORY_GIB):
                 problems.append(f"node {self.name}: {key} must be a number of GiB > 0 and at most "
                                 f"{MAX_MEMORY_GIB:.0f}, or left out, got {short_repr(value)}")
-        if self.gpu_memory_gib is not None and self.gpus == 0:
-            problems.append(f"node {self.name}: gpu_memory_gib is given but the node has no GPUs (gpus: 0); "
-                            f"remove it or set gpus")
         if problems:
             raise ConfigError(problems)
 
