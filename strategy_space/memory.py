@@ -135,7 +135,8 @@ def memory_floor(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> 
         host = list(part.fixed)
         w = part.cpu_workers
         if w:
-            host.append((f"{w} worker{'s' if w > 1 else ''}' model and gradients", w * (base + residual)))
+            whose = "workers'" if w > 1 else "worker's"
+            host.append((f"{w} {whose} model and gradients", w * (base + residual)))
         if ps_bytes[node.name]:
             host.append((_SHARDS, ps_bytes[node.name]))
         out.append(NodeMemory(node.name, tuple(sorted(host, key=lambda p: -p[1])),
@@ -160,7 +161,7 @@ def memory_problems(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) 
                             f"there ({parts}) but the node has {node.memory_gib:g} GiB (memory_gib); {fix}")
         if node.gpu_memory_gib is not None and floor.gpu_bytes > node.gpu_memory_gib * GIB:
             problems.append(f"node {node.name}: each GPU holds at least {size_text(floor.gpu_bytes)} "
-                            f"({floor.gpu_workers} worker(s)' model and gradients) but has {node.gpu_memory_gib:g} "
+                            f"({floor.gpu_workers} {'workers' if floor.gpu_workers > 1 else 'worker'} on it: the model and gradients) but has {node.gpu_memory_gib:g} "
                             f"GiB (gpu_memory_gib); every worker builds the whole model: use GPUs with more memory "
                             f"or fewer workers per GPU")
     return problems

@@ -50,7 +50,7 @@ def test_the_floor_counts_each_workers_model_the_object_store_the_driver_and_eac
                             "the object store's copy of the initial values": MODEL.total_bytes,
                             "the driver's copy of the model": MODEL.total_bytes,
                             _SHARDS: first_half}
-    assert floors["n1"] == {"1 worker' model and gradients": per_worker,
+    assert floors["n1"] == {"1 worker's model and gradients": per_worker,
                             "the object store's copy of the initial values": MODEL.total_bytes,
                             _SHARDS: MODEL.var("w").bytes}
     assert floors["n2"] == {_SHARDS: emb.bytes - first_half}   # no workers: its shard only
@@ -62,7 +62,7 @@ def test_the_optimizers_slots_count_on_each_shard_and_on_each_worker_for_what_it
     slots = {f.node: dict(f.host) for f in memory_floor(_strategy(("n0",), w="fp16_ef"), adam, _cluster())}
     assert slots["n0"][_SHARDS] == 3 * plain["n0"][_SHARDS] == 3 * MODEL.var("emb").bytes
     ar = MODEL.var("w").bytes + MODEL.var("b").bytes + MODEL.var("s").bytes
-    worker = "1 worker' model and gradients"
+    worker = "1 worker's model and gradients"
     assert slots["n1"][worker] - plain["n1"][worker] == 2 * ar   # w's residual was counted already
     assert ModelSpec.from_dict(adam.to_dict()) == adam and "optimizer_slots" not in MODEL.to_dict()
     assert adam.fingerprint == MODEL.fingerprint   # a step moves the same bytes
@@ -83,7 +83,7 @@ def test_error_feedback_residuals_gpus_replicas_and_emulated_compute():
     assert [f.host_bytes > 0 for f in memory_floor(only, MODEL, _cluster())] == [True, True, False]
     assert dict(memory_floor(only, MODEL, _cluster())[1].host) == {_SHARDS: MODEL.var("w").bytes}
     emulated = memory_floor(_strategy(), MODEL, _cluster(compute="emulated"))
-    assert dict(emulated[1].host) == {"1 worker' model and gradients": DENSE,   # a synthetic dense gradient alone
+    assert dict(emulated[1].host) == {"1 worker's model and gradients": DENSE,   # a synthetic dense gradient alone
                                       _SHARDS: MODEL.var("w").bytes}
 
 
@@ -99,7 +99,7 @@ def test_validate_refuses_a_strategy_that_cannot_fit_and_says_what_takes_the_mem
     # where the workers' copies alone do not fit, no placement helps: said so
     with pytest.raises(StrategyError, match="node n1: .* run fewer workers on it"):
         validate(_strategy(("n0", "n1", "n2")), MODEL, _cluster(memory=4.0))
-    with pytest.raises(StrategyError, match=r"node n0: each GPU holds at least 2.86 GiB \(1 worker\(s\)'.*has 2.5 GiB"):
+    with pytest.raises(StrategyError, match=r"node n0: each GPU holds at least 2.86 GiB \(1 worker on it: .*has 2.5 GiB"):
         validate(_strategy(("n0", "n1", "n2")), MODEL, _cluster(gpus=1, gpu_memory=2.5))
     assert validate(_strategy(("n0",)), MODEL, _cluster())   # a cluster that gives no memory is not checked
 
