@@ -22,7 +22,8 @@ so a strategy is never refused that would fit:
   of the variables it all-reduces.
 
 With emulated compute (``ClusterSpec.compute``) a worker builds no model: it keeps one synthetic
-gradient of each dense variable, and no initial values are built (they are zeros).
+gradient of each dense variable, no initial values are built (they are zeros), and updates run the
+emulated optimizer (``--optimizer``): the model's slots are not counted.
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def memory_floor(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> 
     """
     ps_bytes = {n.name: 0 for n in cluster.nodes}
     residual = 0   # what each worker keeps per all-reduced variable: error-feedback residuals, optimizer slots
-    slots = model.optimizer_slots
+    slots = _slots(model, cluster)
     for cfg in strategy.variables:
         if cfg.name not in model._index:  # noqa: SLF001 - same package
             continue
@@ -167,6 +168,12 @@ def memory_problems(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) 
     return problems
 
 
+def _slots(model: ModelSpec, cluster: ClusterSpec) -> int:
+    """The optimizer's full-size slots per variable; 0 with emulated compute, whose updates run the
+    emulated optimizer (``--optimizer``, SGD by default), not the model's."""
+    return model.optimizer_slots if cluster.compute == "real" else 0
+
+
 def _checked(cluster: ClusterSpec) -> bool:
     return any(n.memory_gib is not None or n.gpu_memory_gib is not None for n in cluster.nodes)
 
@@ -190,14 +197,14 @@ def fits_encoded(e: EncodedStrategies, model: ModelSpec, cluster: ClusterSpec) -
     base_rows, extra = np.divmod(dim, shards)
     ps = e.kind == KIND_PS
     ef = np.isin(e.compressor, [i for i, k in enumerate(COMPRESSOR_KINDS) if k.endswith("_ef")])
-    residual = (~ps * (ef + model.optimizer_slots) * nbytes).sum(axis=1)   # (B,)
+    residual = (~ps * (ef + _slots(model, cluster)) * nbytes).sum(axis=1)   # (B,)
     base, nodes = _nodes(model, cluster, _training_workers((), cluster))
     ok = np.ones(B, bool)
     for n, (node, part) in enumerate(zip(cluster.nodes, nodes)):
         r = (n - e.dest.astype(np.int64)) % N
         count = np.where(r < shards, (shards - r + N - 1) // N, 0)
         longer = np.where(r < extra, (extra - r + N - 1) // N, 0)
-        held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1) * (1 + model.optimizer_slots)
+        held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1) * (1 + _slots(model, cluster))
         host = sum(b for _, b in part.fixed) + held + part.cpu_workers * (base + residual)
         if node.memory_gib is not None:
             ok &= host <= node.memory_gib * GIB

@@ -66,6 +66,8 @@ def test_the_optimizers_slots_count_on_each_shard_and_on_each_worker_for_what_it
     assert slots["n1"][worker] - plain["n1"][worker] == 2 * ar   # w's residual was counted already
     assert ModelSpec.from_dict(adam.to_dict()) == adam and "optimizer_slots" not in MODEL.to_dict()
     assert adam.fingerprint == MODEL.fingerprint   # a step moves the same bytes
+    emulated = _cluster(compute="emulated")   # its updates run the emulated optimizer, not the model's
+    assert memory_floor(_strategy(), adam, emulated) == memory_floor(_strategy(), MODEL, emulated)
     for bad in (-1, 17, 1.5, True):
         with pytest.raises(ConfigError, match="optimizer_slots must be an integer from 0 to 16"):
             dataclasses.replace(MODEL, optimizer_slots=bad)
@@ -107,7 +109,8 @@ def test_validate_refuses_a_strategy_that_cannot_fit_and_says_what_takes_the_mem
 @pytest.mark.parametrize("memory, gpus, gpu_memory, workers, compute, slots", [
     (8.5, 0, None, (1, 1, 1), "real", 0), (9.5, 0, None, (1, 1, 1), "real", 0),
     (2.0, 0, None, (3, 2, 2), "emulated", 0), (7.0, 2, 6.0, (1, 2, 3), "real", 0), (None, 1, 3.0, (1, 1, 1), "real", 0),
-    (12.0, 0, None, (1, 1, 1), "real", 2), (None, 1, 3.4, (1, 1, 1), "real", 1)])
+    (12.0, 0, None, (1, 1, 1), "real", 2), (None, 1, 3.4, (1, 1, 1), "real", 1),
+    (2.0, 0, None, (3, 2, 2), "emulated", 2)])
 def test_the_searchs_vectorized_check_judges_as_memory_problems(memory, gpus, gpu_memory, workers, compute, slots):
     cluster = _cluster(memory=memory, gpu_memory=gpu_memory, gpus=gpus, workers=workers, compute=compute)
     model = dataclasses.replace(MODEL, optimizer_slots=slots)
