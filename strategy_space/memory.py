@@ -161,10 +161,10 @@ def memory_problems(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) 
             problems.append(f"node {node.name}: the strategy needs at least {size_text(floor.host_bytes)} of memory "
                             f"there ({parts}) but the node has {node.memory_gib:g} GiB (memory_gib); {fix}")
         if node.gpu_memory_gib is not None and floor.gpu_bytes > node.gpu_memory_gib * GIB:
-            problems.append(f"node {node.name}: each GPU holds at least {size_text(floor.gpu_bytes)} "
-                            f"({floor.gpu_workers} {'workers' if floor.gpu_workers > 1 else 'worker'} on it: the model and gradients) but has {node.gpu_memory_gib:g} "
-                            f"GiB (gpu_memory_gib); every worker builds the whole model: use GPUs with more memory "
-                            f"or fewer workers per GPU")
+            on_it = f"{floor.gpu_workers} {'workers' if floor.gpu_workers > 1 else 'worker'} on it"
+            problems.append(f"node {node.name}: each GPU holds at least {size_text(floor.gpu_bytes)} ({on_it}: the "
+                            f"model and gradients) but has {node.gpu_memory_gib:g} GiB (gpu_memory_gib); every worker "
+                            f"builds the whole model: use GPUs with more memory or fewer workers per GPU")
     return problems
 
 
