@@ -24,7 +24,7 @@ import numpy as np
 
 from strategy_space import Strategy
 from strategy_space.errors import ConfigError
-from strategy_space.memory import memory_problems
+from strategy_space.memory import memory_floor, memory_problems, size_text
 
 # the repository's configs (model specs measured on GPUs among them); absent from a wheel install
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -42,6 +42,8 @@ class PlannedStrategy:
         lower_bound_s: the larger of compute and the busiest NIC's time (``step_lower_bound``).
         busiest_nic_s: the least time the busiest NIC needs for the bytes of one step.
         aliases: other builders that build the same strategy.
+        memory_bytes: the largest host-memory floor of a node (``strategy_space.memory``), what the
+            fullest node must hold at least.
     """
 
     origin: str
@@ -51,11 +53,12 @@ class PlannedStrategy:
     lower_bound_s: float
     busiest_nic_s: float
     aliases: list[str] = field(default_factory=list)
+    memory_bytes: int = 0
 
     def to_dict(self) -> dict:
         return {"origin": self.origin, "aliases": self.aliases, "predicted_s": self.predicted_s,
                 "analytic_s": self.analytic_s, "lower_bound_s": self.lower_bound_s,
-                "busiest_nic_s": self.busiest_nic_s}
+                "busiest_nic_s": self.busiest_nic_s, "memory_bytes": self.memory_bytes}
 
 
 @dataclass
@@ -216,7 +219,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
             alike.append(float(seconds[i]))
         bound = lower_bound_of_row(X[i])
         ranked.append(PlannedStrategy(name, dataclasses.replace(strategy, origin=name), float(seconds[i]),
-                                      float(analytic[i]), bound["overlapped_s"], bound["busiest_nic_s"], aliases))
+                                      float(analytic[i]), bound["overlapped_s"], bound["busiest_nic_s"], aliases,
+                                      max(f.host_bytes for f in memory_floor(strategy, spec, cluster_spec))))
     learned = getattr(predictor, "n_trials_", 0)
     return Plan(model=spec.name, cluster=cluster_spec.name, ranked=ranked, predictor=scorer,
                 trained_on=int(learned), groups=int(getattr(predictor, "n_groups_", 0)),
@@ -342,14 +346,14 @@ def format_plan(p: Plan) -> str:
     best = p.best_baseline.predicted_s if p.best_baseline else None
     rows = [(("best: " if i == 0 else "") + r.origin + (f" (= {', '.join(r.aliases)})" if r.aliases else ""),
              outline(r.strategy), ms(r.predicted_s), ms(r.analytic_s), ms(r.lower_bound_s),
-             f"{best / r.predicted_s:.2f}x" if best else "-")
+             f"{best / r.predicted_s:.2f}x" if best else "-", size_text(r.memory_bytes))
             for i, r in enumerate(p.ranked)]
     learned = (f"{p.predictor}; learned from {p.trained_on} measured trials of {p.groups} (model, cluster) groups, "
                f"{p.target_trials} of them this model on this cluster" if p.trained_on else p.predictor)
     return "\n".join([
         f"{p.model} on {p.cluster}: predicted, nothing run (compute {ms(p.compute_s)} a step, {p.compute_source})",
-        table(("strategy", "outline", "predicted step", "analytic", "lower bound", "vs best baseline"), rows,
-              right=(2, 3, 4, 5)),
+        table(("strategy", "outline", "predicted step", "analytic", "lower bound", "vs best baseline",
+               "fullest node"), rows, right=(2, 3, 4, 5, 6)),
         f"predictor: {learned}; lossless strategies only (a lossy part's cost to convergence needs the model "
         f"to train: `autosync tune`); measure before trusting a gain (`autosync run`)",
     ] + [f"assumed: {a}" for a in p.assumed] + ([p.search_note] if p.search_note else [])

@@ -147,7 +147,10 @@ def test_a_plan_leaves_out_the_baselines_that_cannot_fit_and_says_why():
     assert {"ps", "ps_lb"} <= set(unfit) and all(validate(r.strategy, MODEL, cluster) for r in p.ranked)
     assert not {r.origin for r in p.ranked} & set(unfit)
     assert "node n0: the strategy needs at least" in unfit["ps"][0]
-    assert "does not fit, left out: ps" in format_plan(p)
+    assert "does not fit, left out: ps" in format_plan(p) and "fullest node" in format_plan(p)
+    for r in p.ranked:   # what the fullest node holds at least, beside each strategy's times
+        assert r.memory_bytes == max(f.host_bytes for f in memory_floor(r.strategy, MODEL, cluster)) <= 9 * GIB
+        assert r.to_dict()["memory_bytes"] == r.memory_bytes
     assert p.to_dict()["unfit"][0]["problems"]
     with pytest.raises(ConfigError, match="no strategy of model big fits the memory of cluster c"):
         autosync.plan(MODEL, _cluster(memory=3.0), top=2, scorer="analytic", warm_start="none")
