@@ -53,6 +53,8 @@ def test_inspect_zoo_model_prints_sparse_rows():
     assert "model ncf-small: batch size 256 per worker" in r.stdout
     # Adam at a constant rate (the numpy rules, with the summed squares): rows summed per worker
     assert "parameter-server pushes: a sparse gradient's repeated rows summed by each worker" in r.stdout
+    # Adam's m and v: what the memory check counts with each shard
+    assert "optimizer state: 2 array(s) of each variable's size" in r.stdout and "(3.6 MiB for the whole model)" in r.stdout
 
 
 def test_models_lists_the_zoo_without_building():

@@ -65,6 +65,10 @@ def cmd_inspect(args) -> int:
     spec = load_model_spec(model, profile=args.profile)
     print(f"model {spec.name}: batch size {spec.batch_size} per worker, fingerprint {spec.fingerprint}")
     print(variables_table(spec))
+    if spec.optimizer_slots:   # what the memory check counts (strategy_space.memory)
+        print(f"optimizer state: {spec.optimizer_slots} array(s) of each variable's size, held with its parameter-server "
+              f"shard or by each worker that all-reduces it ({human_bytes(spec.optimizer_slots * spec.total_bytes)} "
+              f"for the whole model)")
     if any(v.sparse for v in spec.variables) and is_trainable_source(args.model):
         print_row_reads(args.model, [v.name for v in spec.variables])
     if spec.profile is not None:
