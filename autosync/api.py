@@ -248,9 +248,9 @@ def _seconds(value) -> bool:
 def _first_reason(error: str | None) -> str:
     """The first line of a trial's error that says something: a ConfigError of several problems
     starts with "N problems:", and its first problem is on the next line."""
-    lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")]
-    line = f"{lines[0]} {lines[1]}" if len(lines) > 1 and lines[0].endswith(" problems:") else lines[0] if lines else ""
-    return (line if len(line) <= 400 else line[:399] + "…") or "no error recorded"
+    lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")] or ["no error recorded"]
+    line = " ".join(lines[:2]) if lines[0].endswith(" problems:") else lines[0]
+    return line if len(line) <= 400 else line[:399] + "…"
 
 
 def _check_resumable(store_path: Path) -> None:

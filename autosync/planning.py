@@ -201,8 +201,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
             candidates.append(("search", p.strategy, []))
     if not candidates:
         name, problems = min(unfit, key=lambda u: len(u[1]))
-        raise ConfigError([f"no strategy of model {spec.name} fits the memory of cluster {cluster_spec.name} (every "
-                           f"baseline, and the search found none); {name}, e.g.:"] + problems)
+        raise ConfigError([f"no strategy of model {spec.name} fits the memory of cluster {cluster_spec.name}: no "
+                           f"baseline does and the search found none; what {name} needs:"] + problems)
     encoded = tuner.space.encode([s for _, s, _ in candidates])
     X = predictor.features(encoded)
     analytic = AnalyticCostModel().predict(X)
