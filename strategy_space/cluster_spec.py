@@ -150,6 +150,9 @@ class ClusterSpec:
         compute_dilation: emulated compute runs this many times slower than the profile (a testbed
             whose links run K times slower than the cluster it stands for keeps its
             communication-to-compute ratio with dilation K).
+        shared_memory_gib: the nodes share one machine with this much memory in GiB (the testbed's
+            network namespaces), or None: what they hold together must fit it
+            (``strategy_space.memory``). Not part of the fingerprint.
     """
 
     name: str
@@ -158,6 +161,7 @@ class ClusterSpec:
     calibration: Calibration | None = None
     compute: str = "real"
     compute_dilation: float = 1.0
+    shared_memory_gib: float | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -182,6 +186,11 @@ class ClusterSpec:
         if not (isinstance(self.compute_dilation, (int, float)) and 1 <= self.compute_dilation <= 10_000):
             problems.append(f"cluster {self.name}: compute_dilation must be a number in [1, 10000], "
                             f"got {self.compute_dilation!r}")
+        shared = self.shared_memory_gib
+        if shared is not None and not (isinstance(shared, (int, float)) and not isinstance(shared, bool)
+                                       and 0 < shared <= MAX_MEMORY_GIB):
+            problems.append(f"cluster {self.name}: shared_memory_gib must be a number of GiB > 0 and at most "
+                            f"{MAX_MEMORY_GIB:.0f}, or left out, got {short_repr(shared)}")
         if problems:
             raise ConfigError(problems)
         if not chiefs:
@@ -247,6 +256,7 @@ class ClusterSpec:
         d = self.to_dict()
         d.pop("name")
         d.pop("calibration", None)
+        d.pop("shared_memory_gib", None)
         for node in d["nodes"]:   # a node's memory decides what fits, not how fast it runs
             node.pop("memory_gib", None)
             node.pop("gpu_memory_gib", None)
@@ -264,12 +274,15 @@ class ClusterSpec:
             d["compute"] = self.compute
         if self.compute_dilation != 1:
             d["compute_dilation"] = float(self.compute_dilation)
+        if self.shared_memory_gib is not None:
+            d["shared_memory_gib"] = float(self.shared_memory_gib)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ClusterSpec":
         check_keys(data, "cluster", {"name", "nodes"},
-                   {"kind", "version", "intra_node_bandwidth_gbps", "calibration", "compute", "compute_dilation"})
+                   {"kind", "version", "intra_node_bandwidth_gbps", "calibration", "compute", "compute_dilation",
+                    "shared_memory_gib"})
         check_header(data, "cluster")
         nodes = parse_items(get_typed(data, "nodes", list, "cluster"), NodeSpec.from_dict, "nodes")
         intra = get_typed(data, "intra_node_bandwidth_gbps", (int, float, type(None)), "cluster", None)
@@ -278,4 +291,5 @@ class ClusterSpec:
                    intra_node_bandwidth_gbps=float(intra) if intra is not None else None,
                    calibration=Calibration.from_dict(cal) if cal is not None else None,
                    compute=get_typed(data, "compute", str, "cluster", "real"),
-                   compute_dilation=float(get_typed(data, "compute_dilation", (int, float), "cluster", 1.0)))
+                   compute_dilation=float(get_typed(data, "compute_dilation", (int, float), "cluster", 1.0)),
+                   shared_memory_gib=get_typed(data, "shared_memory_gib", (int, float, type(None)), "cluster", None))

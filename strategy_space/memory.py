@@ -3,7 +3,8 @@
 A strategy that cannot fit a node starts anyway without this check and fails minutes later (a
 ``MemoryError`` at once past RAM plus swap, else Ray's memory monitor kills a worker or a parameter
 server); ``validate`` refuses it up front where the cluster gives a node's memory (``NodeSpec.memory_gib``,
-``gpu_memory_gib``), and the search never proposes it.
+``gpu_memory_gib``) or the memory of the one machine its nodes share (``ClusterSpec.shared_memory_gib``:
+the testbed), and the search never proposes it.
 
 The figures are floors of what this project's runtime holds, counted from the variables alone (no
 activations, no framework overhead, no optimizer slots beyond the full-size arrays the ModelSpec
@@ -151,7 +152,14 @@ def memory_problems(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) 
     if not _checked(cluster):
         return []
     problems = []
-    for floor, node in zip(memory_floor(strategy, model, cluster), cluster.nodes):
+    floors = memory_floor(strategy, model, cluster)
+    total = sum(f.host_bytes for f in floors)
+    if cluster.shared_memory_gib is not None and total > cluster.shared_memory_gib * GIB:
+        each = ", ".join(f"{f.node} {size_text(f.host_bytes)}" for f in floors if f.host_bytes)
+        problems.append(f"the cluster's nodes share one machine of {cluster.shared_memory_gib:g} GiB "
+                        f"(shared_memory_gib) and the strategy needs at least {size_text(total)} on them together "
+                        f"({each}); run fewer workers, or a smaller model, on this machine")
+    for floor, node in zip(floors, cluster.nodes):
         if node.memory_gib is not None and floor.host_bytes > node.memory_gib * GIB:
             parts = ", ".join(f"{what} {size_text(b)}" for what, b in floor.host)
             ps = dict(floor.host).get(_SHARDS, 0)
@@ -175,7 +183,8 @@ def _slots(model: ModelSpec, cluster: ClusterSpec) -> int:
 
 
 def _checked(cluster: ClusterSpec) -> bool:
-    return any(n.memory_gib is not None or n.gpu_memory_gib is not None for n in cluster.nodes)
+    return cluster.shared_memory_gib is not None or any(
+        n.memory_gib is not None or n.gpu_memory_gib is not None for n in cluster.nodes)
 
 
 def fits_encoded(e: EncodedStrategies, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
@@ -200,14 +209,18 @@ def fits_encoded(e: EncodedStrategies, model: ModelSpec, cluster: ClusterSpec) -
     residual = (~ps * (ef + _slots(model, cluster)) * nbytes).sum(axis=1)   # (B,)
     base, nodes = _nodes(model, cluster, _training_workers((), cluster))
     ok = np.ones(B, bool)
+    total = np.zeros(B)
     for n, (node, part) in enumerate(zip(cluster.nodes, nodes)):
         r = (n - e.dest.astype(np.int64)) % N
         count = np.where(r < shards, (shards - r + N - 1) // N, 0)
         longer = np.where(r < extra, (extra - r + N - 1) // N, 0)
         held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1) * (1 + _slots(model, cluster))
         host = sum(b for _, b in part.fixed) + held + part.cpu_workers * (base + residual)
+        total += host
         if node.memory_gib is not None:
             ok &= host <= node.memory_gib * GIB
         if node.gpu_memory_gib is not None and part.gpu_workers:
             ok &= part.gpu_workers * (base + residual) <= node.gpu_memory_gib * GIB
+    if cluster.shared_memory_gib is not None:
+        ok &= total <= cluster.shared_memory_gib * GIB
     return ok

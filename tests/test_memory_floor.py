@@ -10,7 +10,8 @@ import pytest
 
 from autosync.cli import main
 from autosync.ray_cluster import describe_nodes
-from autosync.sources import local_cluster, machine_memory_gib
+from autosync.host_memory import machine_memory_gib
+from autosync.sources import local_cluster
 from strategy_space import (PS, AllReduce, ClusterSpec, ModelSpec, NodeSpec, Strategy, StrategyError, VarConfig,
                             VariableSpec, dumps, load_cluster_spec, save, validate)
 from strategy_space.builders import BUILDERS, get_builder
@@ -291,3 +292,29 @@ def test_tuning_where_nothing_fits_says_so_with_the_reasons(tmp_path):
     text = str(e.value)
     assert "every baseline failed" in text and "each was refused before it ran: fix what it says" in text
     assert "the node has 3 GiB (memory_gib); run fewer workers on it" in text and "Check that the model" not in text
+
+
+def test_nodes_sharing_one_machine_must_fit_it_together():
+    """The testbed's hosts are network namespaces of one machine: each node's floor may fit while
+    their sum does not."""
+    from autosync.testbed import state
+    from autosync.testbed.config import TestbedConfig
+
+    shared = dataclasses.replace(_cluster(), shared_memory_gib=20.0)
+    spread = _strategy(("n0", "n1", "n2"))
+    total = sum(f.host_bytes for f in memory_floor(spread, MODEL, shared))
+    assert 20 * GIB < total < 22 * GIB
+    [problem] = memory_problems(spread, MODEL, shared)
+    assert problem.startswith("the cluster's nodes share one machine of 20 GiB (shared_memory_gib) and the strategy "
+                              "needs at least 21.7 GiB on them together (n0 8.9 GiB, n1 6.52 GiB, n2 6.28 GiB)")
+    assert not memory_problems(spread, MODEL, dataclasses.replace(shared, shared_memory_gib=22.0))
+    space = StrategySpace(MODEL, shared)
+    e = space.sample_encoded(np.random.default_rng(5), 300)
+    fits = fits_encoded(e, MODEL, shared)
+    assert fits.tolist() == [not memory_problems(space.decode(e, i), MODEL, shared) for i in range(len(e))]
+    assert 0 < fits.sum() < len(fits)
+    assert ClusterSpec.from_dict(shared.to_dict()) == shared and shared.fingerprint == _cluster().fingerprint
+    with pytest.raises(ConfigError, match="shared_memory_gib must be a number of GiB > 0"):
+        dataclasses.replace(shared, shared_memory_gib=-1)
+    testbed = state.cluster_spec(TestbedConfig(nodes=3, bandwidth="200mbit", cpus_per_node=1))
+    assert testbed.shared_memory_gib == machine_memory_gib() and all(n.memory_gib is None for n in testbed.nodes)

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from autosync.host_memory import machine_memory_gib
 from strategy_space import ClusterSpec, NodeSpec
 from strategy_space.errors import ConfigError
 from strategy_space.yaml_io import atomic_write_text, load_cluster_spec as _load_yaml, save
@@ -140,13 +141,16 @@ def clear(directory: Path | None = None) -> None:
 
 def cluster_spec(config: TestbedConfig) -> ClusterSpec:
     """The ClusterSpec of a testbed: ``host0..`` with their 10.77.0.x addresses, their workers and
-    link rates, the custom resource ``hostI`` for pinning, host0 as chief."""
+    link rates, the custom resource ``hostI`` for pinning, host0 as chief, and the machine's memory
+    they share."""
     nodes = tuple(
         NodeSpec(name=host_ns(i), address=host_address(i), cpus=config.cpus_per_node, gpus=0,
                  workers=workers, chief=(i == 0), bandwidth_gbps=rate_gbps(bps), resource=host_ns(i))
         for i, (workers, bps) in enumerate(zip(config.workers_of, config.rates_bps))
     )
-    return ClusterSpec(name=CLUSTER_NAME, nodes=nodes, compute_dilation=config.compute_dilation)
+    # every host is a network namespace of this machine: what they hold together must fit its memory
+    return ClusterSpec(name=CLUSTER_NAME, nodes=nodes, compute_dilation=config.compute_dilation,
+                       shared_memory_gib=machine_memory_gib())
 
 
 def mark_up(st: TestbedState, up_seconds: float, directory: Path | None = None) -> TestbedState:
