@@ -271,14 +271,19 @@ def test_the_optimizers_full_size_slots_are_counted_on_a_copy_of_it():
         def __init__(self, rate, **kwargs):
             super().__init__(learning_rate=rate, **kwargs)
 
+    class Hoarding(keras.optimizers.SGD):   # keeps 20 arrays of each variable's size
+        def build(self, variables):
+            super().build(variables)
+            self.hoard = [self.add_variable_from_reference(v, f"hoard{i}") for v in variables for i in range(20)]
+
     counts = {name: full_size_slots(o) for name, o in {
         "sgd": keras.optimizers.SGD(0.1), "momentum": keras.optimizers.SGD(0.1, momentum=0.9),
         "adam": keras.optimizers.Adam(), "amsgrad+ema": keras.optimizers.Adam(amsgrad=True, use_ema=True),
         "rmsprop": keras.optimizers.RMSprop(momentum=0.9, centered=True), "adagrad": keras.optimizers.Adagrad(),
         "accumulated": keras.optimizers.SGD(0.1, gradient_accumulation_steps=4),
-        "unbuildable": Unbuildable(0.1)}.items()}
+        "unbuildable": Unbuildable(0.1), "hoarding": Hoarding(0.1)}.items()}
     assert counts == {"sgd": 0, "momentum": 1, "adam": 2, "amsgrad+ema": 4, "rmsprop": 3, "adagrad": 1,
-                      "accumulated": 1, "unbuildable": 0}
+                      "accumulated": 1, "unbuildable": 0, "hoarding": 16}   # at most ModelSpec's cap: not refused
 
 
 def test_tuning_where_nothing_fits_says_so_with_the_reasons(tmp_path):

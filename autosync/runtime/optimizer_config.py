@@ -101,14 +101,16 @@ def full_size_slots(optimizer) -> int:
     """Arrays of a variable's full size ``optimizer`` keeps for each variable it updates (Adam 2, with
     amsgrad 3; SGD with momentum 1; Adagrad, RMSprop, Lion 1; Keras' EMA and gradient accumulation
     one more each): counted on a copy of it built for a 3 x 5 stand-in variable, so a subclass counts
-    as it builds (``ModelSpec.optimizer_slots``). 0 where no copy can be built from its config: a
-    memory floor never counts what it cannot see."""
+    as it builds (``ModelSpec.optimizer_slots``). 0 where no copy can be built from its config, and at
+    most ``MAX_SLOTS``: a memory floor never counts what it cannot see, nor refuses a model for it."""
     import keras
     import numpy as np
+
+    from strategy_space.model_spec import MAX_SLOTS
 
     try:
         copy = type(optimizer).from_config(optimizer.get_config())
         copy.build([keras.Variable(np.zeros((3, 5), "float32"), name="stand_in")])
-        return sum(tuple(v.shape) == (3, 5) for v in copy.variables)
+        return min(sum(tuple(v.shape) == (3, 5) for v in copy.variables), MAX_SLOTS)
     except Exception:  # noqa: BLE001 - the user's class: a count it cannot make is 0, not a failure
         return 0
