@@ -24,7 +24,7 @@ import numpy as np
 
 from strategy_space import Strategy
 from strategy_space.errors import ConfigError
-from strategy_space.memory import memory_floor, memory_problems, size_text
+from strategy_space.memory import memory_floor, memory_problems
 
 # the repository's configs (model specs measured on GPUs among them); absent from a wheel install
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -192,7 +192,8 @@ def plan(model, cluster, *, top: int = 5, store=None, warm_start="builtin", cons
         for b in BaselineTuner(spec, cluster_spec, constraints=constraints, lossless=True).proposals()]
     unfit = [(name, memory_problems(strategy, spec, cluster_spec)) for name, strategy, _ in candidates]
     unfit = [(name, problems) for name, problems in unfit if problems]
-    candidates = [c for c in candidates if c[0] not in dict(unfit)]
+    left_out = {name for name, _ in unfit}
+    candidates = [c for c in candidates if c[0] not in left_out]
     seen = {s.canonical().fingerprint for _, s, _ in candidates}
     for p in searched:
         key = p.strategy.canonical().fingerprint
@@ -338,7 +339,7 @@ def outline(strategy: Strategy) -> str:
 
 def format_plan(p: Plan) -> str:
     """The plan as the command prints it."""
-    from autosync.formatting import table
+    from autosync.formatting import human_bytes, table
 
     def ms(s: float) -> str:
         return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.2f} s"
@@ -346,7 +347,7 @@ def format_plan(p: Plan) -> str:
     best = p.best_baseline.predicted_s if p.best_baseline else None
     rows = [(("best: " if i == 0 else "") + r.origin + (f" (= {', '.join(r.aliases)})" if r.aliases else ""),
              outline(r.strategy), ms(r.predicted_s), ms(r.analytic_s), ms(r.lower_bound_s),
-             f"{best / r.predicted_s:.2f}x" if best else "-", size_text(r.memory_bytes))
+             f"{best / r.predicted_s:.2f}x" if best else "-", human_bytes(r.memory_bytes))
             for i, r in enumerate(p.ranked)]
     learned = (f"{p.predictor}; learned from {p.trained_on} measured trials of {p.groups} (model, cluster) groups, "
                f"{p.target_trials} of them this model on this cluster" if p.trained_on else p.predictor)

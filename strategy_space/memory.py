@@ -17,7 +17,8 @@ so a strategy is never refused that would fit:
   all-reduced variable with error feedback (``*_ef`` compressors) keeps a residual of its size;
 * a node with training workers keeps one copy of the initial values in its object store, which
   every reset reads (host memory);
-* the chief's driver builds the model once to read it (host memory);
+* the driver, on the chief, keeps one copy of the initial values, which the parameter servers
+  start from (the worker pool's description; host memory);
 * each parameter-server shard holds its values in the host memory of its node, and the optimizer's
   slots for them (``ModelSpec.optimizer_slots``: Adam 2 arrays of its size); a worker holds the slots
   of the variables it all-reduces.
