@@ -15,7 +15,7 @@ import signal
 import sys
 import warnings
 
-from autosync import signals
+from autosync import signals, time_limit
 from strategy_space.errors import ConfigError
 
 # modules of this package that add sub-commands, in help order
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        with signals.terminate_as_interrupt(), _warnings(args.command):
+        with signals.terminate_as_interrupt(), time_limit.exit_when_stuck(args.command), _warnings(args.command):
             return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"autosync {args.command}: error: {e}", file=sys.stderr)

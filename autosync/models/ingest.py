@@ -182,13 +182,16 @@ def user_code(model_def, what: str, fix: str = "check that model_fn returns a ke
                                                 "(inputs, targets) batches fit its inputs and loss_fn"):
     """Report an exception raised by the user's factories (or ``sys.exit`` called in them) as bad
     input: one ConfigError naming the ModelDef, what was being done, the error's first lines and
-    ``fix``.
+    ``fix``. The body is stopped past the driver's limit on the user's code (``autosync.time_limit``).
 
     Raises:
         ConfigError: whatever the body raised (a ConfigError passes through as it is).
     """
+    from autosync.time_limit import bounded
+
     try:
-        yield
+        with bounded(f"ModelDef {getattr(model_def, 'name', '?')}: {what}"):
+            yield
     except ConfigError:
         raise
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from autosync.models import keras_names
+from autosync.time_limit import Overrun, bounded
 from strategy_space.errors import ConfigError
 
 CONTRACT = ("the function must take no arguments and return autosync.ModelDef(name=..., model_fn=..., "
@@ -66,13 +67,17 @@ def import_script(path: str | Path):
     before = set(sys.modules)
     named_before = keras_names.counts()
     try:
-        spec.loader.exec_module(module)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # the user's code (sys.exit included): report any failure as bad input
+        with bounded(f"importing model script {path}"):
+            try:
+                spec.loader.exec_module(module)
+            except (KeyboardInterrupt, Overrun):
+                raise
+            except BaseException as e:  # the user's code (sys.exit included): report any failure as bad input
+                raise ConfigError(f"importing model script {path} failed{_where_in_script(e, p)}: "
+                                  f"{type(e).__name__}: {e}; fix the script so that it imports cleanly") from e
+    except BaseException:
         del sys.modules[module_name]
-        raise ConfigError(f"importing model script {path} failed{_where_in_script(e, p)}: "
-                          f"{type(e).__name__}: {e}; fix the script so that it imports cleanly") from e
+        raise
     finally:
         if added and folder in sys.path:
             sys.path.remove(folder)
@@ -159,13 +164,14 @@ def load_model_def(path: str | Path, function_name: str):
                           f"define def {function_name}() in the script or name another one after the colon; {CONTRACT}")
     if not callable(fn):
         raise ConfigError(f"{source}: {function_name} is not callable (it is a {type(fn).__name__} value); {CONTRACT}")
-    try:
-        result = fn()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # the user's code (sys.exit included)
-        raise ConfigError(f"{source}() raised {type(e).__name__}{_where_in_script(e, Path(path).resolve())}: {e}; "
-                          f"fix the function ({CONTRACT})") from e
+    with bounded(f"{source}()"):
+        try:
+            result = fn()
+        except (KeyboardInterrupt, Overrun):
+            raise
+        except BaseException as e:  # the user's code (sys.exit included)
+            raise ConfigError(f"{source}() raised {type(e).__name__}{_where_in_script(e, Path(path).resolve())}: {e}; "
+                              f"fix the function ({CONTRACT})") from e
     if not isinstance(result, ModelDef):
         raise ConfigError(f"{source}() returned {type(result).__name__}, not a ModelDef; {CONTRACT}")
     if result.name_counts is None:

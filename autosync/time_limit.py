@@ -1,0 +1,156 @@
+"""A limit on the user's code that the driver runs: reading a model never hangs a command.
+
+The driver runs a user's code to read a model: the script's top level, the function that returns
+the ModelDef, ``model_fn``, the first batch of ``dataset_fn``, ``optimizer_fn``, and a traced
+step to time it. A download that never ends, a data source that never answers or a stray
+``while True`` there hung ``autosync tune`` with no word (the workers' calls are bounded by the
+trial limit). Each such block runs under ``bounded``: past ``limit_s()`` seconds
+(``AUTOSYNC_MODEL_TIMEOUT``, default 300) the main thread gets an exception at the Python line it
+is on (SIGALRM, again every few seconds should the code catch it), which becomes a ConfigError
+that says what ran, where it was stopped and how to give it longer.
+
+Code stuck where Python never runs a signal handler (inside a C call that never returns) cannot be
+stopped that way. The command line (``exit_when_stuck``) then prints the same message and ends
+the process with exit code 2 once the limit and as long again (at most 30 s) have passed; the
+Python API leaves its caller's process alone.
+
+Only the main thread of a process that is not a Ray worker is bounded (signals reach only it;
+workers are bounded by the trial limit), and only where no one else handles SIGALRM.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import traceback
+from pathlib import Path
+
+from strategy_space.errors import ConfigError
+
+ENV = "AUTOSYNC_MODEL_TIMEOUT"
+DEFAULT_S = 300.0
+AGAIN_S = 5.0    # the exception is raised again this often while the code goes on (it caught it)
+GRACE_S = 30.0   # the command line ends a process stuck this long past the limit (or the limit, if shorter)
+_OWN = Path(__file__).resolve().parent
+_state = {"active": False, "hard": None}   # hard: the command that ends stuck code
+
+
+class Overrun(BaseException):
+    """Raised in the main thread when a bounded block runs past its limit; a BaseException, so
+    that a user's ``except Exception`` does not swallow it."""
+
+
+def limit_s() -> float:
+    """Seconds a block of the user's code may run in the driver: ``AUTOSYNC_MODEL_TIMEOUT``.
+
+    Raises:
+        ConfigError: the variable is set to something that is not a number of seconds > 0.
+    """
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return DEFAULT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{ENV}={text!r} is not a number of seconds > 0; set it to the seconds that reading "
+                          f"a model may take (e.g. {ENV}=900) or unset it (default {DEFAULT_S:g})")
+    return value
+
+
+@contextlib.contextmanager
+def exit_when_stuck(command: str):
+    """Inside (the command line's ``command``), a bounded block that Python cannot stop ends the
+    process, after printing the message a ConfigError would have given."""
+    before = _state["hard"]
+    _state["hard"] = command
+    try:
+        yield
+    finally:
+        _state["hard"] = before
+
+
+def _boundable() -> bool:
+    if _state["active"] or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN):
+        return False   # someone else's alarm: leave it be
+    worker = sys.modules.get("ray._private.worker")
+    return worker is None or getattr(worker.global_worker, "mode", None) != getattr(worker, "WORKER_MODE", -1)
+
+
+def _library(filename: str) -> bool:
+    where = Path(filename).resolve()
+    if where.is_relative_to(_OWN) or any(part in ("site-packages", "dist-packages") for part in where.parts):
+        return True
+    return any(where.is_relative_to(Path(p).resolve()) for key, p in sysconfig.get_paths().items()
+               if key in ("stdlib", "platstdlib"))
+
+
+def where_stopped(frame) -> str:
+    """``file:line in function`` of the deepest frame of the user's own code under ``frame``
+    (not the standard library's, an installed package's or AutoSync's), else of ``frame``."""
+    frames = traceback.extract_stack(frame) if frame is not None else []
+    own = [f for f in frames if not f.filename.startswith("<") and not _library(f.filename)]
+    chosen = (own or frames or [None])[-1]
+    return f"{chosen.filename}:{chosen.lineno} in {chosen.name}" if chosen else "an unknown place"
+
+
+def _message(what: str, limit: float, where: str) -> str:
+    return (f"{what} did not finish within {limit:g} s and was stopped at {where}; code that waits on something "
+            f"that never answers (a download, a data source, a lock) or loops forever hangs there: fix it, or, if it "
+            f"needs longer, set {ENV} to more seconds (now {limit:g})")
+
+
+@contextlib.contextmanager
+def bounded(what: str):
+    """Inside, the user's code is stopped once it has run ``limit_s()`` seconds.
+
+    Args:
+        what: what the block does, the message's subject ("ModelDef ncf: building the model").
+
+    Raises:
+        ConfigError: the block ran past the limit (what, where it was stopped, and how to give it
+            longer), or ``AUTOSYNC_MODEL_TIMEOUT`` is not a number of seconds.
+    """
+    limit = limit_s()
+    if not _boundable():
+        yield
+        return
+    stopped: list[str] = []
+
+    def alarm(signum, frame):
+        if not stopped:
+            stopped.append(where_stopped(frame))
+        raise Overrun(stopped[0])
+
+    done = threading.Event()
+
+    def stuck():
+        if not done.wait(limit + min(GRACE_S, limit)) and _state["hard"]:
+            where = stopped[0] if stopped else "a call Python cannot interrupt"
+            print(f"autosync {_state['hard']}: error: {_message(what, limit, where)} (the process was ended: the "
+                  f"code did not give control back)", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    _state["active"] = True
+    watchdog = threading.Thread(target=stuck, name="autosync-time-limit", daemon=True)
+    watchdog.start()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit, AGAIN_S)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Overrun:
+        raise ConfigError(_message(what, limit, stopped[0] if stopped else "an unknown place")) from None
+    finally:
+        done.set()
+        signal.signal(signal.SIGALRM, before)
+        _state["active"] = False
