@@ -36,7 +36,8 @@ DEFAULT_S = 300.0
 AGAIN_S = 5.0    # the exception is raised again this often while the code goes on (it caught it)
 GRACE_S = 30.0   # the command line ends a process stuck this long past the limit (or the limit, if shorter)
 _OWN = Path(__file__).resolve().parent
-_state = {"active": False, "hard": None}   # hard: the command that ends stuck code
+# hard: the command that ends stuck code; allowed: its limit per trial, which reading the model may take too
+_state = {"active": False, "hard": None, "allowed": 0.0}
 
 
 class Overrun(BaseException):
@@ -45,14 +46,15 @@ class Overrun(BaseException):
 
 
 def limit_s() -> float:
-    """Seconds a block of the user's code may run in the driver: ``AUTOSYNC_MODEL_TIMEOUT``.
+    """Seconds a block of the user's code may run in the driver: ``AUTOSYNC_MODEL_TIMEOUT``, else
+    the default or the command's longer limit per trial (``allowing``).
 
     Raises:
         ConfigError: the variable is set to something that is not a number of seconds > 0.
     """
     text = os.environ.get(ENV, "").strip()
     if not text:
-        return DEFAULT_S
+        return max(DEFAULT_S, _state["allowed"])
     try:
         value = float(text)
     except ValueError:
@@ -73,6 +75,19 @@ def exit_when_stuck(command: str):
         yield
     finally:
         _state["hard"] = before
+
+
+@contextlib.contextmanager
+def allowing(seconds: float | None):
+    """Inside, the default limit is at least ``seconds`` (a command's ``--timeout`` per trial: a
+    model whose trials may run that long may take as long to read); None changes nothing."""
+    before = _state["allowed"]
+    if isinstance(seconds, (int, float)) and 0 < seconds < math.inf:
+        _state["allowed"] = float(seconds)
+    try:
+        yield
+    finally:
+        _state["allowed"] = before
 
 
 def _boundable() -> bool:

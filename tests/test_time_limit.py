@@ -109,11 +109,19 @@ def test_a_bad_limit_is_refused(monkeypatch, value):
             pass
 
 
-def test_the_default_limit(monkeypatch):
+def test_the_default_limit_a_longer_trial_limit_and_the_variable(monkeypatch):
     monkeypatch.delenv(time_limit.ENV, raising=False)
     assert time_limit.limit_s() == time_limit.DEFAULT_S
-    monkeypatch.setenv(time_limit.ENV, " 900 ")
-    assert time_limit.limit_s() == 900.0
+    with time_limit.allowing(900.0):   # tune --timeout 900: its model may take as long to read
+        assert time_limit.limit_s() == 900.0
+        with time_limit.allowing(None):
+            assert time_limit.limit_s() == 900.0
+    with time_limit.allowing(10.0):    # a shorter trial limit does not shorten the default
+        assert time_limit.limit_s() == time_limit.DEFAULT_S
+    assert time_limit.limit_s() == time_limit.DEFAULT_S
+    monkeypatch.setenv(time_limit.ENV, " 60 ")
+    with time_limit.allowing(900.0):   # the variable, where set, is the limit
+        assert time_limit.limit_s() == 60.0
 
 
 def test_a_script_that_hangs_at_import_or_in_its_function(tmp_path, short):

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        with signals.terminate_as_interrupt(), time_limit.exit_when_stuck(args.command), _warnings(args.command):
+        with signals.terminate_as_interrupt(), time_limit.exit_when_stuck(args.command), \
+                time_limit.allowing(getattr(args, "timeout", None)), _warnings(args.command):
             return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"autosync {args.command}: error: {e}", file=sys.stderr)
