@@ -90,3 +90,35 @@ def test_unknown_zoo_model_exits_2():
     r = _autosync("inspect", "--model", "zoo:alexnet")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "valid models: resnet50, vgg16, bert, lm1b, ncf, dlrm" in r.stderr
+
+
+@pytest.mark.integration
+def test_inspect_of_a_model_whose_second_build_fails_exits_2(tmp_path):
+    # a sparse model's row reads are found on a second build, which is the user's code too
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent("""
+        import numpy as np
+        import keras
+        import autosync
+
+        CALLS = []
+
+        def _model():
+            CALLS.append(1)
+            if len(CALLS) > 1:
+                raise RuntimeError("the second build fails")
+            return keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(100, 4),
+                                     keras.layers.Flatten(), keras.layers.Dense(1)])
+
+        def _data(i, n):
+            while True:
+                yield np.zeros((8, 2), "int32"), np.zeros((8, 1), "float32")
+
+        def build():
+            return autosync.ModelDef(name="second", model_fn=_model, loss_fn=lambda: "mse", batch_size=8,
+                                     optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=_data)
+    """))
+    r = _autosync("inspect", "--model", f"{path}:build")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert ("autosync inspect: error: ModelDef second: building the model a second time to find its row reads "
+            "failed: RuntimeError: the second build fails") in r.stderr

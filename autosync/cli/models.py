@@ -93,15 +93,16 @@ def print_row_reads(source: str, names: list[str]) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from autosync.models.ingest import variable_names
+    from autosync.models.ingest import user_code, variable_names
     from autosync.runtime.optimizer_config import keras_optimizer_config
     from autosync.runtime.optimizers import sparse_form
     from autosync.runtime.rows import first_gradient, row_reads_of
     from autosync.sources import load_model_def
 
     model_def = load_model_def(source)
-    gradient = first_gradient(model_def)
-    reads = row_reads_of(model_def, gradient)
+    with user_code(model_def, "building the model a second time to find its row reads"):
+        gradient = first_gradient(model_def)
+        reads = row_reads_of(model_def, gradient)
     # this second build of the model is named by Keras as a second one (dense_2/kernel where the
     # table, like every worker's only build, says dense/kernel): its variables are named by
     # position as the table names them
