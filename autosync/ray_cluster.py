@@ -29,6 +29,9 @@ RAY_FORMS = "ray, ray?workers=N, ray?gbps=X, ray?intra_gbps=X (several: ray?work
 DEFAULT_GBPS = 10.0
 CONNECT_PROBE_S = 5.0   # a head that does not accept a TCP connection in this long is not there
 HEAD_RESOURCE = "node:__internal_head__"
+# an HTTP/2 client's connection preface and an empty SETTINGS frame; a gRPC server answers with its own
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4   # the frame type in an HTTP/2 frame header's fourth byte
 # resources every Ray node may have; anything else is a user's label
 _STANDARD = ("node:", "CPU", "GPU", "memory", "object_store_memory", "accelerator_type")
 
@@ -163,8 +166,9 @@ def connect() -> None:
 
 
 def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None:
-    """Why nothing accepts a TCP connection at ``address``'s host and port (None: something does,
-    or the address names no port to try: ``auto``)."""
+    """Why nothing that could be a Ray head answers at ``address``'s host and port: nothing
+    accepts a TCP connection there, or what does is not a gRPC server (None: it may be a head, or
+    the address names no port to try: ``auto``)."""
     m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d+)", address)
     if m is None:
         return None
@@ -172,14 +176,49 @@ def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None
     if not 0 < port < 65536:
         return f"port {port} is not a TCP port"
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        connection = socket.create_connection((host, port), timeout=timeout_s)
     except socket.gaierror:
         return f"host {host} is unknown here"
     except ConnectionRefusedError:
         return f"nothing listens at {host}:{port}"
     except OSError as e:   # a timeout, an unreachable network
         return f"{host}:{port} did not answer in {timeout_s:g} s ({e.strerror or type(e).__name__})"
-    return None
+    with connection:
+        return _not_grpc(connection, f"{host}:{port}", timeout_s)
+
+
+def _not_grpc(connection: socket.socket, where: str, timeout_s: float) -> str | None:
+    """Why what listens at ``where`` is not a Ray head (None: it may be). A head's GCS, and the
+    Ray Client server of ``ray://``, speak gRPC: an HTTP/2 server answers a client's connection
+    preface with a SETTINGS frame. Ray's connect to anything else (its dashboard's HTTP port, an
+    unrelated service) waited on it for minutes. Not asked with TLS (``RAY_USE_TLS``), where the
+    first bytes are a TLS handshake."""
+    if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes"):
+        return None
+    reply = b""
+    try:
+        connection.settimeout(timeout_s)
+        connection.sendall(_HTTP2_PREFACE)
+        for _ in range(8):   # a frame header's first 4 bytes, however the reply is split
+            part = connection.recv(64)
+            reply += part
+            if not part or len(reply) >= 4:
+                break
+    except socket.timeout:
+        if not reply:
+            return (f"something listens at {where} but answered nothing in {timeout_s:g} s (a Ray head's GCS "
+                    f"answers at once)")
+    except OSError as e:
+        return f"something listens at {where} but dropped the connection ({e.strerror or type(e).__name__})"
+    if len(reply) >= 4 and reply[3] == _SETTINGS:
+        return None
+    # a status line, or an error page without one (Python's http.server to an HTTP/2 preface)
+    if reply.startswith(b"HTTP/") or reply.lstrip()[:9].lower().startswith((b"<!doctype", b"<html")):
+        return (f"an HTTP server answers at {where}, not a Ray head (Ray's dashboard, port 8265, takes `ray job "
+                f"submit`; a driver connects to the head's GCS port, 6379 unless `ray start --head --port` said "
+                f"otherwise)")
+    said = f"answered {reply[:24]!r}" if reply else "closed the connection"
+    return f"something listens at {where} but it is not a Ray head (it {said}, where a head's GCS speaks gRPC)"
 
 
 def _auth_hint() -> str:

@@ -128,10 +128,64 @@ def test_an_address_nothing_answers_at_is_told_apart_before_ray_tries_it():
     assert _unreachable("nosuchhost.invalid:6379") == "host nosuchhost.invalid is unknown here"
     assert _unreachable("127.0.0.1:70000") == "port 70000 is not a TCP port"
     assert _unreachable("auto") is None   # nothing to try: Ray finds it
-    with socket.socket() as listening:
+    with socket.socket() as listening:   # accepts (the kernel's backlog) and never answers
         listening.bind(("127.0.0.1", 0))
         listening.listen()
-        assert _unreachable(f"127.0.0.1:{listening.getsockname()[1]}") is None
+        where = f"127.0.0.1:{listening.getsockname()[1]}"
+        assert _unreachable(where, timeout_s=0.3) == (f"something listens at {where} but answered nothing in 0.3 s "
+                                                      f"(a Ray head's GCS answers at once)")
+
+
+def _serving(reply: bytes | None):
+    """A loopback server that answers each connection's first bytes with ``reply`` (None: closes it)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        for _ in range(4):
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1024)
+                if reply is not None:
+                    conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("reply, expected", [
+    (bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]) + bytes(6), None),   # a gRPC server's SETTINGS frame
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "an HTTP server answers at {where}, not a Ray head (Ray's dashboard"),
+    (b"<!DOCTYPE HTML>\n<html><body>505</body></html>", "an HTTP server answers at {where}, not a Ray head"),
+    (b"-ERR unknown command\r\n", "something listens at {where} but it is not a Ray head (it answered b'-ERR unknown"),
+    (None, "something listens at {where} but it is not a Ray head (it closed the connection, where a head's GCS "
+           "speaks gRPC)"),
+])
+def test_what_listens_must_speak_grpc_as_a_ray_head_does(monkeypatch, reply, expected):
+    """Ray's connect to a port where something else listens (measured: Python's http.server) waited
+    on it past 3 minutes, logging GCS time-outs."""
+    from autosync.ray_cluster import _unreachable
+
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    with _serving(reply) as server:
+        where = f"127.0.0.1:{server.getsockname()[1]}"
+        why = _unreachable(where, timeout_s=5)
+        assert why == expected if expected is None else why.startswith(expected.format(where=where)), why
+        monkeypatch.setenv("RAY_USE_TLS", "1")   # a TLS head's first bytes are a handshake: not asked
+        assert _unreachable(where, timeout_s=5) is None
+
+
+@pytest.mark.integration
+def test_a_real_ray_head_passes_the_check(ray_session):
+    from autosync.ray_cluster import _unreachable
+
+    gcs = ray_session.get_runtime_context().gcs_address
+    assert _unreachable(gcs) is None
 
 
 @pytest.mark.parametrize("mode, token, hinted", [(None, True, True), ("disabled", True, True),
