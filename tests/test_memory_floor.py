@@ -323,3 +323,29 @@ def test_nodes_sharing_one_machine_must_fit_it_together():
         dataclasses.replace(shared, shared_memory_gib=-1)
     testbed = state.cluster_spec(TestbedConfig(nodes=3, bandwidth="200mbit", cpus_per_node=1))
     assert testbed.shared_memory_gib == machine_memory_gib() and all(n.memory_gib is None for n in testbed.nodes)
+
+
+@pytest.mark.integration
+def test_without_a_given_spec_the_workers_optimizer_slots_are_counted(ray_session):
+    """The runner without a spec (``make_runner(profile=False)``) and the Trainer check a strategy
+    against the spec the workers describe: their optimizer's slots count there too."""
+    from autosync.runtime.runner import RayRunner
+    from autosync.runtime.trainer import Trainer
+    from autosync.sources import load_model_def, load_model_spec
+
+    spec = load_model_spec("zoo:ncf")   # Adam: 2 slots
+    ps = get_builder("ps").build(spec, local_cluster())
+    without = memory_floor(ps, dataclasses.replace(spec, optimizer_slots=0), local_cluster())[0].host_bytes
+    # room for the strategy's values, not for the parameter server's m and v of every variable
+    node = dataclasses.replace(local_cluster().nodes[0], memory_gib=(without + spec.total_bytes) / GIB)
+    cluster = dataclasses.replace(local_cluster(), nodes=(node,))
+    runner = RayRunner(load_model_def("zoo:ncf"), cluster, warmup=1, steps=2, trial_timeout_s=120)
+    try:
+        assert runner.model.optimizer_slots == 2
+        refused = runner.run([ps])[0]
+        assert refused.status == "failed" and "node node0: the strategy needs at least" in refused.error
+        assert _SHARDS in refused.error
+    finally:
+        runner.close()
+    with pytest.raises(ConfigError, match=r"node node0: the strategy needs at least .*parameter-server shards"):
+        Trainer(load_model_def("zoo:ncf"), ps, cluster, timeout_s=120)

@@ -264,12 +264,29 @@ def _graph_cannot_hold(optimizer: dict | None) -> bool:
 
 
 def model_spec_from_vars(name: str, variables: list[dict], batch_size: int,
-                         optimizer: dict | None = None) -> ModelSpec:
+                         optimizer: dict | None = None, *, slots: bool = False) -> ModelSpec:
     """A ModelSpec from the variable facts a worker reports (name, shape, dtype, sparse) and, when
-    given, its optimizer's config (``global_clipnorm``)."""
+    given, its optimizer's config (``global_clipnorm``; with ``slots``, the full-size arrays it
+    keeps per variable, which the memory check counts: this builds a copy of it, so the driver
+    imports Keras)."""
     return ModelSpec(name=name, batch_size=batch_size, variables=tuple(
         VariableSpec(name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], sparse=v["sparse"])
-        for v in variables), global_clipnorm=bool(optimizer) and optimizer.get("global_clipnorm") is not None)
+        for v in variables), global_clipnorm=bool(optimizer) and optimizer.get("global_clipnorm") is not None,
+        optimizer_slots=_optimizer_slots(optimizer) if slots and optimizer else 0)
+
+
+def _optimizer_slots(config: dict) -> int:
+    """``full_size_slots`` of the optimizer a worker's ``keras_optimizer_config`` describes, built
+    as the runtime builds it (``keras_update.new_optimizer``); 0 where it cannot be built here."""
+    from autosync.runtime.keras_optimizer import optimizer_class
+    from autosync.runtime.keras_update import new_optimizer
+    from autosync.runtime.optimizer_config import full_size_slots
+
+    try:
+        optimizer = new_optimizer(optimizer_class(config), config)
+    except Exception:  # noqa: BLE001 - a count that cannot be made is 0, not a failure (full_size_slots)
+        return 0
+    return full_size_slots(optimizer)
 
 
 def segment_for(plan: SyncPlan, description: dict, numpy_members: list, shapes: list, itemsize: list,

@@ -179,10 +179,9 @@ class RayRunner(Runner):
             nodes = self._ps_nodes if self._ps_nodes is not None else [n.name for n in self.cluster.nodes]
             self.pool.ps.expect(self.model_def, nodes)
             self.pool.ensure(self.model_def, self.cluster.devices, time.monotonic() + self.trial_timeout_s)
-            desc = self.pool.description
+            desc, given = self.pool.description, self._given_spec
             built = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
-                                         desc["optimizer"])
-            given = self._given_spec
+                                         desc["optimizer"], slots=given is None)   # slots: what memory counts
             if given is not None:
                 facts = lambda m: [(v.name, v.shape, v.dtype, v.sparse) for v in m.variables]  # noqa: E731
                 if facts(given) != facts(built) or given.batch_size != built.batch_size:

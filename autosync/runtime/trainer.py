@@ -126,7 +126,7 @@ class Trainer:
             raise
         desc = self.pool.description
         self.model_spec = model_spec_from_vars(self.model_def.name, desc["variables"], self.model_def.batch_size,
-                                               desc["optimizer"])
+                                               desc["optimizer"], slots=True)   # what the memory check counts
         validate(self.strategy, self.model_spec, self.cluster)
         self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster, desc["optimizer"], desc["variables"])
         self.session = Session(self.pool, self.plan)
