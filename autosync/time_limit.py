@@ -15,7 +15,8 @@ the process with exit code 2 once the limit and as long again (at most 30 s) hav
 Python API leaves its caller's process alone.
 
 Only the main thread of a process that is not a Ray worker is bounded (signals reach only it;
-workers are bounded by the trial limit), and only where no one else handles SIGALRM.
+workers are bounded by the trial limit), only where no one else handles SIGALRM, and not where
+there is none (Windows).
 """
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def allowing(seconds: float | None):
 
 def _boundable() -> bool:
     if _state["active"] or threading.current_thread() is not threading.main_thread():
+        return False
+    if not hasattr(signal, "setitimer"):   # Windows: no SIGALRM
         return False
     if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN):
         return False   # someone else's alarm: leave it be

@@ -83,6 +83,12 @@ def test_someone_elses_alarm_handler_is_left_alone(short):
         signal.signal(signal.SIGALRM, previous)
 
 
+def test_where_there_is_no_alarm_nothing_is_bounded(short, monkeypatch):
+    monkeypatch.delattr(signal, "setitimer")   # as on Windows
+    with time_limit.bounded("x"):
+        time.sleep(0.6)
+
+
 def test_only_the_main_thread_is_bounded_and_nested_blocks_keep_the_outer_one(short):
     out = []
 
