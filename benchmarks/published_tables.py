@@ -40,6 +40,7 @@ from _published import (MIN_GAP, RIDGES, TableTerms, fit_params_selected, leave_
                         params_dict,
                         score, summary)
 from _testbed import write_json  # noqa: E402
+from strategy_space.errors import ConfigError  # noqa: E402
 from tuner.features.alpha_beta import AlphaBeta  # noqa: E402
 
 ORDER_TARGET, RATIO_TOLERANCE = 0.9, 0.25                        # issue 16 (default mode)
@@ -152,7 +153,17 @@ def main(argv=None) -> int:
     if not paths:
         print(f"no published tables under {args.dir}", file=sys.stderr)
         return 2
-    tables = [load_table(p) for p in paths]
+    tables = []
+    for path in paths:
+        try:
+            tables.append(load_table(path))
+        except ConfigError as e:
+            print(f"published_tables.py: error: {e}", file=sys.stderr)
+            return 2
+        except (KeyError, TypeError, ValueError, AttributeError) as e:   # a field of the wrong kind
+            print(f"published_tables.py: error: {path}: a field is missing or of the wrong kind ({type(e).__name__}: "
+                  f"{e}); the tables under benchmarks/published/ show each field", file=sys.stderr)
+            return 2
     terms = [TableTerms.of(t) for t in tables]
     if args.leave_one_out:
         out = {"commit": commit, "run_started": started, "mode": "leave_one_out"} | run_leave_one_out(

@@ -69,6 +69,20 @@ def test_a_table_with_an_empty_quote_or_an_unknown_key_is_refused(tmp_path):
         P.load_table(str(bad))
 
 
+@pytest.mark.parametrize("change, said", [
+    (lambda t: t + "strategies: [1, 2\n", "not valid YAML"),
+    (lambda t: t.replace("step_time_s:", "step_time_s: fast\n  was:"), "a field is missing or of the wrong kind "
+                                                                       "(ValueError: could not convert string"),
+])
+def test_the_script_says_what_is_wrong_with_a_table_and_exits_2(tmp_path, capsys, change, said):
+    text = open(os.path.join(BENCH, "published", "parallax_eurosys19_image.yaml")).read()
+    text = text.replace("../../configs/models/resnet50.yaml", os.path.join(REPO, "configs", "models", "resnet50.yaml"))
+    (tmp_path / "bad.yaml").write_text(change(text))
+    assert _module("published_tables").main(["--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"published_tables.py: error: {tmp_path / 'bad.yaml'}") and said in err
+
+
 def test_pairs_closer_than_the_gap_are_excluded_and_a_predicted_tie_is_a_miss():
     published = np.array([1.0, 1.03, 1.5])
     pairs, agree, errors = P.order_and_errors(np.array([1.0, 1.0, 1.2]), published, ref=0)
