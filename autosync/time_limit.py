@@ -91,15 +91,16 @@ def allowing(seconds: float | None):
         _state["allowed"] = before
 
 
-def _boundable() -> bool:
+def _boundable(in_worker: bool) -> bool:
     if _state["active"] or threading.current_thread() is not threading.main_thread():
         return False
     if not hasattr(signal, "setitimer"):   # Windows: no SIGALRM
         return False
     if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN):
         return False   # someone else's alarm: leave it be
-    worker = sys.modules.get("ray._private.worker")
-    return worker is None or getattr(worker.global_worker, "mode", None) != getattr(worker, "WORKER_MODE", -1)
+    ray_worker = sys.modules.get("ray._private.worker")   # a Ray process's: is it a worker's?
+    mode = getattr(getattr(ray_worker, "global_worker", None), "mode", None)
+    return in_worker or ray_worker is None or mode != getattr(ray_worker, "WORKER_MODE", -1)
 
 
 def _library(filename: str) -> bool:
@@ -119,25 +120,29 @@ def where_stopped(frame) -> str:
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}" if chosen else "an unknown place"
 
 
-def _message(what: str, limit: float, where: str) -> str:
-    return (f"{what} did not finish within {limit:g} s and was stopped at {where}; code that waits on something "
-            f"that never answers (a download, a data source, a lock) or loops forever hangs there: fix it, or, if it "
-            f"needs longer, set {ENV} to more seconds (now {limit:g})")
+def _message(what: str, limit: float, where: str, longer: str | None) -> str:
+    secs = f"{limit:.1f}".rstrip("0").rstrip(".")
+    return (f"{what} did not finish within {secs} s and was stopped at {where} (a wait on something that never "
+            f"answers, or a loop?); fix it, or, if it needs longer, {longer or f'set {ENV} to more seconds (now {secs})'}")
 
 
 @contextlib.contextmanager
-def bounded(what: str):
+def bounded(what: str, *, seconds: float | None = None, longer: str | None = None, in_worker: bool = False):
     """Inside, the user's code is stopped once it has run ``limit_s()`` seconds.
 
     Args:
         what: what the block does, the message's subject ("ModelDef ncf: building the model").
+        seconds: the limit instead of ``limit_s()``; ``longer`` then says how to give it more.
+        in_worker: bound a Ray worker's main thread too (its load, within what is left of the
+            trial's limit: the trial fails saying where the code hung, before the driver's wait
+            ends with only "time limit reached").
 
     Raises:
         ConfigError: the block ran past the limit (what, where it was stopped, and how to give it
             longer), or ``AUTOSYNC_MODEL_TIMEOUT`` is not a number of seconds.
     """
-    limit = limit_s()
-    if not _boundable():
+    limit = limit_s() if seconds is None else float(seconds)
+    if not _boundable(in_worker) or not limit > 0:
         yield
         return
     stopped: list[str] = []
@@ -152,8 +157,8 @@ def bounded(what: str):
     def stuck():
         if not done.wait(limit + min(GRACE_S, limit)) and _state["hard"]:
             where = stopped[0] if stopped else "a call Python cannot interrupt"
-            print(f"autosync {_state['hard']}: error: {_message(what, limit, where)} (the process was ended: the "
-                  f"code did not give control back)", file=sys.stderr, flush=True)
+            print(f"autosync {_state['hard']}: error: {_message(what, limit, where, longer)} (the process was "
+                  f"ended: the code did not give control back)", file=sys.stderr, flush=True)
             os._exit(2)
 
     before = signal.signal(signal.SIGALRM, alarm)
@@ -167,7 +172,7 @@ def bounded(what: str):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except Overrun:
-        raise ConfigError(_message(what, limit, stopped[0] if stopped else "an unknown place")) from None
+        raise ConfigError(_message(what, limit, stopped[0] if stopped else "an unknown place", longer)) from None
     finally:
         done.set()
         signal.signal(signal.SIGALRM, before)

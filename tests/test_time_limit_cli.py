@@ -44,11 +44,54 @@ SCRIPT = """
 ])
 def test_a_hanging_model_is_stopped_with_a_message(tmp_path, hang, argv, where):
     (tmp_path / "hangs.py").write_text(textwrap.dedent(SCRIPT))
-    env = dict(os.environ, HANG=hang, HOME=str(tmp_path), **{time_limit.ENV: "10"})
+    env = dict(os.environ, HANG=hang, HOME=str(tmp_path), **{time_limit.ENV: "40"})
     out = subprocess.run([sys.executable, "-m", "autosync", *argv, "--model", f"{tmp_path}/hangs.py:build"],
                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
     assert out.returncode == 2, out.stderr[-2000:]
     assert (f"autosync {argv[0]}: error: ModelDef hangs: building the model and one gradient on its first batch did "
-            f"not finish within 10 s and was stopped at {tmp_path}/hangs.py:") in out.stderr
-    assert where in out.stderr and "set AUTOSYNC_MODEL_TIMEOUT to more seconds (now 10)" in out.stderr
+            f"not finish within 40 s and was stopped at {tmp_path}/hangs.py:") in out.stderr
+    assert where in out.stderr and "set AUTOSYNC_MODEL_TIMEOUT to more seconds (now 40)" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _hangs_on_workers():
+    import keras
+    import numpy as np
+
+    from autosync import ModelDef
+
+    driver = os.getpid()
+
+    def data(i, n):
+        if os.getpid() != driver:   # a source the workers cannot reach
+            import time
+
+            time.sleep(10_000)
+        while True:
+            yield np.zeros((8, 4), "float32"), np.zeros((8, 1), "float32")
+
+    return ModelDef(name="hangs_there", model_fn=lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                    loss_fn=lambda: "mse", optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=data,
+                    batch_size=8)
+
+
+def test_a_model_that_hangs_on_the_workers_fails_its_trial_saying_where(ray_session):
+    """The driver reads the model; the workers' dataset_fn hangs: the trial fails with where it hung,
+    before the limit (it said only "time limit reached with 2 of 2 unfinished")."""
+    from autosync.runtime.runner import RayRunner
+    from autosync.sources import local_cluster
+    from strategy_space.builders import get_builder
+    from strategy_space.errors import ConfigError
+
+    model_def = _hangs_on_workers()
+    runner = RayRunner(model_def, local_cluster(), warmup=1, steps=2, trial_timeout_s=60)
+    try:
+        with pytest.raises(ConfigError) as e:
+            runner.model
+    finally:
+        runner.close()
+    text = str(e.value)
+    assert "ModelDef hangs_there: worker " in text and " building the model and drawing its first batches did not " \
+        "finish within " in text, text
+    assert f"was stopped at {__file__}:" in text and " in data (a wait on" in text
+    assert "give the trial longer (--timeout" in text

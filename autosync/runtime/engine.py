@@ -29,6 +29,9 @@ from strategy_space.errors import ConfigError
 # none under PS_CHUNK_MIN_BYTES; AUTOSYNC_PS_CHUNKS=1 turns it off (one push and one pull per actor)
 PS_CHUNKS = 4
 PS_CHUNK_MIN_BYTES = 1 << 20
+# a training worker's load stops its user code this long (or a tenth of what is left, if more)
+# before the trial's deadline, so that its error, not the wait's time-out, says what happened
+LOAD_MARGIN_S = 5.0
 
 
 def ps_chunk_limit() -> int:
@@ -158,7 +161,8 @@ class WorkerPool:
         # one worker sends its initial values (the parameter servers start from them); the others
         # send only their digest, so the driver never holds more than one copy of the model
         first = stale[0] if self.description is None else None
-        refs = [self.actors[s].load.remote(model_def, slots.index(s), len(slots), s == first) for s in stale]
+        refs = [self._load(self.actors[s], kind, deadline, model_def, slots.index(s), len(slots), s == first)
+                for s in stale]
         try:
             loaded = wait_all(refs, deadline, "worker", stale, alive=lambda: self.binding.lost_note(slot_nodes(stale)))
         except TrialFailed:
@@ -179,6 +183,18 @@ class WorkerPool:
         if len(stale) == len(slots):   # all loaded together: compare what each drew first
             check_shards(model_def.name, list(slots), [d.get("batch_digest") for d in loaded])
         return [self.actors[s] for s in slots]
+
+    @staticmethod
+    def _load(actor, kind, deadline: float | None, *args):
+        """A worker's ``load``; a training worker's within what is left of ``deadline``, less a
+        margin (``TrainingWorker.load_within``): its error arrives before the wait on it ends. The
+        worker is told when to stop on the wall clock (nodes' clocks agree to well within the
+        margin where NTP runs; one far ahead stops a slow load early, saying so)."""
+        if deadline is None or not hasattr(kind, "load_within"):   # an emulated worker runs no user code
+            return actor.load.remote(*args)
+        left = deadline - time.monotonic()
+        # on the wall clock: the worker starts its load only once its process is up
+        return actor.load_within.remote(time.time() + left - max(LOAD_MARGIN_S, 0.1 * left), *args)
 
     def kill(self, slots) -> None:
         """Kill the workers of ``slots`` only (``ensure`` starts them again); collective groups

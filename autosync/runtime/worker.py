@@ -53,6 +53,9 @@ def _to_numpy(grad):
     return np.asarray(grad.numpy())   # (a scalar variable's gradient: a 0-d array, not a numpy scalar)
 
 
+LOAD_MIN_S = 5.0   # a load left less of the trial's limit than this runs unbounded (``load_within``)
+
+
 class TrainingWorker(WorkerCheckpoint):
     """State of one training replica (wrapped with ``ray.remote`` by the runtime).
 
@@ -105,6 +108,21 @@ class TrainingWorker(WorkerCheckpoint):
         from autosync.runtime.sync.tf_collective import join
 
         return join(rank, addresses)
+
+    def load_within(self, stop_at: float, model_def, worker_index: int, num_workers: int,
+                    send_initial: bool = True) -> dict:
+        """``load``, its user code stopped at ``stop_at`` (``time.time()``: the trial's deadline less a
+        margin): a hang in ``model_fn`` or ``dataset_fn`` fails the trial saying where it hung,
+        before the driver's wait would end with only "time limit reached" (``autosync.time_limit``)."""
+        from autosync.time_limit import bounded
+
+        left = stop_at - time.time()
+        if left < LOAD_MIN_S:   # the process's start took the trial's time: the driver's wait says so
+            return self.load(model_def, worker_index, num_workers, send_initial)
+        with bounded(f"ModelDef {model_def.name}: worker {worker_index} building the model and drawing its first "
+                     f"batches", seconds=left, in_worker=True,
+                     longer="give the trial longer (--timeout, trial_timeout_s, timeout_s)"):
+            return self.load(model_def, worker_index, num_workers, send_initial)
 
     def load(self, model_def, worker_index: int, num_workers: int, send_initial: bool = True) -> dict:
         """Build the model from its seed and probe one gradient.
