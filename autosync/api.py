@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from autosync.exception_text import first_reason
 from autosync.search_limits import search_limits, target_optimizer
 from autosync.tflog import driver_startup
+from autosync.time_limit import allowing
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
 from strategy_space.yaml_io import save as save_yaml
 from tuner.search.constraints import Constraints, as_constraints
@@ -203,17 +205,18 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
 
     driver_startup()
     cluster_spec = load_cluster(cluster)
-    if compute == "emulated":
-        if model_spec is None:
-            model = load_emulated_model(model, step_time_s)
-    else:
-        check_real_compute(compute, cluster_spec, step_time_s)
-        model = load_model_def(model)
-        # fail now, not after every trial failed: the runtime applies updates with its own
-        # implementations of the Keras optimizers
-        check_model_optimizer(model)
-        if profile and model_spec is None:   # measured where the workers compute, on a GPU cluster
-            model_spec = profiled_spec(model, cluster_spec)
+    with allowing(settings.get("trial_timeout_s")):   # a model whose trials may take that long may load as long
+        if compute == "emulated":
+            if model_spec is None:
+                model = load_emulated_model(model, step_time_s)
+        else:
+            check_real_compute(compute, cluster_spec, step_time_s)
+            model = load_model_def(model)
+            # fail now, not after every trial failed: the runtime applies updates with its own
+            # implementations of the Keras optimizers
+            check_model_optimizer(model)
+            if profile and model_spec is None:   # measured where the workers compute, on a GPU cluster
+                model_spec = profiled_spec(model, cluster_spec)
     return RayRunner(model, cluster_spec, compute=compute, step_time_s=step_time_s, optimizer=optimizer,
                      model_spec=model_spec, **settings)
 
@@ -236,21 +239,14 @@ def make_trainer(model, strategy, cluster="local", **settings):
     from autosync.sources import load_cluster, load_model_def, load_strategy_for
 
     driver_startup()
-    model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
+    with allowing(settings.get("timeout_s")):
+        model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
 
 
 def _seconds(value) -> bool:
     """Whether ``value`` is a finite number of seconds > 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-
-
-def _first_reason(error: str | None) -> str:
-    """The first line of a trial's error that says something: a ConfigError of several problems
-    starts with "N problems:", and its first problem is on the next line."""
-    lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")] or ["no error recorded"]
-    line = " ".join(lines[:2]) if lines[0].endswith(" problems:") else lines[0]
-    return line if len(line) <= 400 else line[:399] + "…"
 
 
 def _check_resumable(store_path: Path) -> None:
@@ -422,7 +418,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             runner.close()
     best = outcome.best
     if best is None:
-        reasons = sorted({_first_reason(t.error) for t in outcome.trials if not t.ok})
+        reasons = sorted({first_reason(t.error) for t in outcome.trials if not t.ok})
         what = ("every baseline failed (PS and all-reduce alike), so no search was run"
                 if outcome.stop_reason == "baselines_failed" else "every trial failed")
         timed_out = all(t.status == "timeout" for t in outcome.trials if not t.ok)

@@ -66,3 +66,11 @@ def out_of_memory(text: str) -> str | None:
     return (f"Ray killed it for memory: {where}{what}. What the strategy keeps on that node (its workers' "
             f"model copies, parameter-server shards with their optimizer slots) does not fit there: spread the "
             f"shards over more nodes, run fewer workers there, or use a node with more memory")
+
+
+def first_reason(error: str | None) -> str:
+    """The first line of a trial's error that says something: a ConfigError of several problems
+    starts with "N problems:", and its first problem is on the next line (at most 400 characters)."""
+    lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")] or ["no error recorded"]
+    line = " ".join(lines[:2]) if lines[0].endswith(" problems:") else lines[0]
+    return line if len(line) <= 400 else line[:399] + "…"

@@ -165,3 +165,25 @@ def test_the_command_line_ends_code_that_never_gives_control_back(tmp_path):
     assert out.stderr.startswith("autosync inspect: error: ModelDef m: building the model did not finish within "
                                  "0.5 s and was stopped at <string>:")
     assert out.stderr.rstrip().endswith("(the process was ended: the code did not give control back)")
+
+
+@pytest.mark.parametrize("call, limit", [
+    (lambda api: api.make_runner("zoo:ncf", "local", trial_timeout_s=900.0), 900.0),
+    (lambda api: api.make_runner("zoo:ncf", "local", trial_timeout_s=60.0), time_limit.DEFAULT_S),
+    (lambda api: api.make_trainer("zoo:ncf", "ps", "local", timeout_s=1200.0), 1200.0),
+])
+def test_the_apis_longer_trial_limit_is_reading_the_models_too(monkeypatch, call, limit):
+    import autosync.api as api
+    import autosync.sources as sources
+
+    class Read(Exception):
+        pass
+
+    def reading(model):
+        raise Read(time_limit.limit_s())
+
+    monkeypatch.delenv(time_limit.ENV, raising=False)
+    monkeypatch.setattr(sources, "load_model_def", reading)
+    with pytest.raises(Read) as e:
+        call(api)
+    assert e.value.args == (limit,) and time_limit.limit_s() == time_limit.DEFAULT_S
