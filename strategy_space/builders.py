@@ -175,13 +175,10 @@ class _AROptions:
 
 class PSBuilder(StrategyBuilder, _PSOptions):
     name = "ps"
-    description = ("every variable on one parameter server: a node without workers where the cluster has one (the "
-                   "fastest), as TensorFlow's parameter-server tasks run apart, else the chief")
+    description = "every variable on one parameter server (the chief)"
 
     def build(self, model, cluster):
-        servers = [n for n in cluster.nodes if n.workers == 0]
-        host = max(servers, key=lambda n: n.bandwidth_gbps) if servers else cluster.chief
-        first = cluster.node_index(host.name)
+        first = cluster.node_index(cluster.chief.name)
         return Strategy(tuple(VarConfig(v.name, _ps_shards(first, 1, cluster, self.proto)) for v in model.variables),
                         origin=self.name)
 

@@ -31,19 +31,6 @@ def test_ps_puts_everything_on_chief():
     assert {sync.destination for c in s.variables for sync in c.synchronizers} == {"h0"}
 
 
-def test_ps_puts_everything_on_the_fastest_node_without_workers_where_there_is_one():
-    """As TensorFlow's parameter-server tasks run apart: a node the cluster gives no workers is
-    there to serve (it sat idle while the chief served)."""
-    workers = (NodeSpec("w0", workers=1, chief=True), NodeSpec("w1", workers=1, bandwidth_gbps=25.0))
-    servers = (NodeSpec("s0", workers=0, bandwidth_gbps=10.0), NodeSpec("s1", workers=0, bandwidth_gbps=25.0),
-               NodeSpec("s2", workers=0, bandwidth_gbps=25.0))
-    for nodes, host in [(workers + servers[:1], "s0"), (workers + servers, "s1"), (servers[2:] + workers, "s2")]:
-        cluster = ClusterSpec("c", nodes)
-        s = get_builder("ps").build(tiny_model(), cluster)
-        validate(s, tiny_model(), cluster)
-        assert {sync.destination for c in s.variables for sync in c.synchronizers} == {host}
-
-
 def test_ps_lb_balances_by_bytes_per_bandwidth():
     model, cluster = tiny_model(), three_node_cluster()
     s = get_builder("ps_lb").build(model, cluster)
