@@ -84,7 +84,7 @@ def test_a_model_that_hangs_on_the_workers_fails_its_trial_saying_where(ray_sess
     from strategy_space.errors import ConfigError
 
     model_def = _hangs_on_workers()
-    runner = RayRunner(model_def, local_cluster(), warmup=1, steps=2, trial_timeout_s=60)
+    runner = RayRunner(model_def, local_cluster(), warmup=1, steps=2, trial_timeout_s=75)
     try:
         with pytest.raises(ConfigError) as e:
             runner.model
