@@ -41,6 +41,11 @@ _OWN = Path(__file__).resolve().parent
 _state = {"active": False, "hard": None, "allowed": 0.0}
 
 
+class CodeTimeout(ConfigError):
+    """What ``bounded`` raises for a block that ran past its limit: bad input, and a time-out (a
+    trial that fails with it is not run again: ``runtime.waiting.wait_all``)."""
+
+
 class Overrun(BaseException):
     """Raised in the main thread when a bounded block runs past its limit; a BaseException, so
     that a user's ``except Exception`` does not swallow it."""
@@ -122,8 +127,9 @@ def where_stopped(frame) -> str:
 
 def _message(what: str, limit: float, where: str, longer: str | None) -> str:
     secs = f"{limit:.1f}".rstrip("0").rstrip(".")
+    longer = longer or f"set {ENV} to more seconds (now {secs})"
     return (f"{what} did not finish within {secs} s and was stopped at {where} (a wait on something that never "
-            f"answers, or a loop?); fix it, or, if it needs longer, {longer or f'set {ENV} to more seconds (now {secs})'}")
+            f"answers, or a loop?); fix it, or, if it needs longer, {longer}")
 
 
 @contextlib.contextmanager
@@ -172,7 +178,7 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except Overrun:
-        raise ConfigError(_message(what, limit, stopped[0] if stopped else "an unknown place", longer)) from None
+        raise CodeTimeout(_message(what, limit, stopped[0] if stopped else "an unknown place", longer)) from None
     finally:
         done.set()
         signal.signal(signal.SIGALRM, before)

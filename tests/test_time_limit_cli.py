@@ -76,22 +76,28 @@ def _hangs_on_workers():
 
 
 def test_a_model_that_hangs_on_the_workers_fails_its_trial_saying_where(ray_session):
-    """The driver reads the model; the workers' dataset_fn hangs: the trial fails with where it hung,
-    before the limit (it said only "time limit reached with 2 of 2 unfinished")."""
+    """The driver reads the model; the workers' dataset_fn hangs: the trial times out saying where it
+    hung, before the limit (it said only "time limit reached with 2 of 2 unfinished"), and is not run
+    again (a time-out: ``Trial.worth_another_run``)."""
     from autosync.runtime.runner import RayRunner
     from autosync.sources import local_cluster
     from strategy_space.builders import get_builder
-    from strategy_space.errors import ConfigError
 
     model_def = _hangs_on_workers()
     runner = RayRunner(model_def, local_cluster(), warmup=1, steps=2, trial_timeout_s=75)
     try:
-        with pytest.raises(ConfigError) as e:
-            runner.model
+        strategy = get_builder("ps").build(runner.given_spec or _spec(model_def), local_cluster())
+        [trial] = runner.run([strategy])
     finally:
         runner.close()
-    text = str(e.value)
+    text = trial.error
+    assert trial.status == "timeout" and not trial.worth_another_run, text
     assert "ModelDef hangs_there: worker " in text and " building the model and drawing its first batches did not " \
         "finish within " in text, text
     assert f"was stopped at {__file__}:" in text and " in data (a wait on" in text
-    assert "give the trial longer (--timeout" in text
+
+
+def _spec(model_def):
+    from autosync.models.ingest import model_spec_from_def
+
+    return model_spec_from_def(model_def)

@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from autosync.exception_text import error_reason, out_of_memory
+from autosync.time_limit import CodeTimeout
 
 # how often a wait that may be waiting on a lost node asks whether the cluster still has it
 ALIVE_CHECK_S = 5.0
@@ -96,5 +97,8 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
                 lost = "" if died == f"{what} {who}" else f"; {what} {who} lost it"
                 how = out_of_memory(str(e)) or "the actor process exited or was killed"
                 raise TrialFailed(f"{died} died ({how}{lost})") from None
+            if isinstance(e, CodeTimeout) or isinstance(getattr(e, "cause", None), CodeTimeout):
+                # its user code hung, stopped short of the limit (``time_limit``): a time-out that says where
+                raise TrialTimeout(f"{what} {who} stopped: {error_reason(e)}") from None
             raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from None
     return results
