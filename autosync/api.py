@@ -420,7 +420,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     if best is None:
         reasons = sorted({first_reason(t.error) for t in outcome.trials if not t.ok})
         what = ("every baseline failed (PS and all-reduce alike), so no search was run"
-                if outcome.stop_reason == "baselines_failed" else "every trial failed")
+                if outcome.stop_reason == "baselines_failed" else "every trial failed" + (
+                    f" and the run stopped: {outcome.stop_note}" if outcome.stop_note else ""))
         timed_out = all(t.status == "timeout" for t in outcome.trials if not t.ok)
         refused = all(t.meta.get("refused") for t in outcome.trials if not t.ok)   # before they ran: said why
         raise ConfigError(f"{what}, so there is no strategy to recommend ("
