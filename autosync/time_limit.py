@@ -14,9 +14,10 @@ stopped that way. The command line (``exit_when_stuck``) then prints the same me
 the process with exit code 2 once the limit and as long again (at most 30 s) have passed; the
 Python API leaves its caller's process alone.
 
-Only the main thread of a process that is not a Ray worker is bounded (signals reach only it;
-workers are bounded by the trial limit), only where no one else handles SIGALRM, and not where
-there is none (Windows).
+Only the main thread is bounded (signals reach only it), of the driver, or of a Ray worker where
+it asks (``in_worker``: a training worker's load, within what is left of the trial's limit, so that
+the trial says where its code hung: ``TrainingWorker.load_within``); only where no one else
+handles SIGALRM, and not where there is none (Windows).
 """
 from __future__ import annotations
 
@@ -144,8 +145,9 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
             ends with only "time limit reached").
 
     Raises:
-        ConfigError: the block ran past the limit (what, where it was stopped, and how to give it
-            longer), or ``AUTOSYNC_MODEL_TIMEOUT`` is not a number of seconds.
+        CodeTimeout: the block ran past the limit (what, where it was stopped, and how to give it
+            longer).
+        ConfigError: ``AUTOSYNC_MODEL_TIMEOUT`` is not a number of seconds.
     """
     limit = limit_s() if seconds is None else float(seconds)
     if not _boundable(in_worker) or not limit > 0:
@@ -169,8 +171,8 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
 
     before = signal.signal(signal.SIGALRM, alarm)
     _state["active"] = True
-    watchdog = threading.Thread(target=stuck, name="autosync-time-limit", daemon=True)
-    watchdog.start()
+    if _state["hard"]:
+        threading.Thread(target=stuck, name="autosync-time-limit", daemon=True).start()
     try:
         signal.setitimer(signal.ITIMER_REAL, limit, AGAIN_S)
         try:

@@ -67,7 +67,8 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
     Raises:
         TrialFailed: one raised (its reason, prefixed by its name, or the actor that died), or
             ``alive`` said the cluster lost a node.
-        TrialTimeout: not all finished before ``deadline``.
+        TrialTimeout: not all finished before ``deadline``, or one's own limit stopped the user's
+            code it ran (``time_limit.CodeTimeout``: a worker's load; its reason says where).
     """
     import ray
 

@@ -112,7 +112,7 @@ class TrainingWorker(WorkerCheckpoint):
     def load_within(self, stop_at: float, model_def, worker_index: int, num_workers: int,
                     send_initial: bool = True) -> dict:
         """``load``, its user code stopped at ``stop_at`` (``time.time()``: the trial's deadline less a
-        margin): a hang in ``model_fn`` or ``dataset_fn`` fails the trial saying where it hung,
+        margin): a hang in ``model_fn`` or ``dataset_fn`` times the trial out saying where it hung,
         before the driver's wait would end with only "time limit reached" (``autosync.time_limit``)."""
         from autosync.time_limit import bounded
 
