@@ -18,7 +18,9 @@ def _add_common(p) -> None:
     p.add_argument("--cluster", default="local", metavar="C", help=f"cluster: {CLUSTER_FORMS} (default local)")
     p.add_argument("--steps", type=int, default=10, metavar="N", help="timed steps per trial (default 10)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed warm-up steps (default 2)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="limit per trial in seconds (default 300)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="limit per trial in seconds (default 300); reading the model in this process may take as "
+                        "long (or AUTOSYNC_MODEL_TIMEOUT seconds, where set)")
     add_precision_flags(p)
     add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

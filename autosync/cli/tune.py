@@ -270,7 +270,8 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per trial (default 3)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="limit per trial in seconds (default 300); a trial past it is recorded as timed out and "
-                        "tuning goes on")
+                        "tuning goes on; reading the model in this process may take as long (or "
+                        "AUTOSYNC_MODEL_TIMEOUT seconds, where set)")
     add_precision_flags(p)
     add_compute_flags(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
