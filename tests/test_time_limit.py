@@ -37,7 +37,7 @@ def test_a_block_past_the_limit_is_stopped_where_it_was(short):
             _sleeper()
     text = str(e.value)
     assert text.startswith("ModelDef m: building the model did not finish within 0.3 s and was stopped at ")
-    assert f"{__file__}:31 in _sleeper" in text
+    assert f"{__file__}:{_sleeper.__code__.co_firstlineno + 1} in _sleeper" in text
     assert f"set {time_limit.ENV} to more seconds (now 0.3)" in text
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
