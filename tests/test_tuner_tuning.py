@@ -375,34 +375,3 @@ def test_a_run_goes_on_when_a_node_without_workers_leaves(tmp_path):
     first = late.index(failed[0])
     assert not [t for t in late[first + 1:] if t.role == "search" and "ps" in t.strategy.ps_nodes()]
     assert any(t.ok for t in late) and out.best is not None
-
-
-class NeverLoads(SyntheticRunner):
-    """A runner whose workers never build the model (``loaded`` stays False, as ``RayRunner``'s
-    does when its first load fails): each trial times out, or fails where ``status`` says."""
-
-    def __init__(self, *a, status="timeout", **kw):
-        super().__init__(*a, **kw)
-        self.loaded, self.status, self.calls = False, status, 0
-
-    def run(self, strategies, origins=None):
-        import dataclasses
-
-        self.calls += len(strategies)
-        return [dataclasses.replace(t, status=self.status, step_times=(), error="worker node0:0 stopped: ...")
-                for t in super().run(strategies, origins)]
-
-
-def test_a_run_whose_workers_time_out_building_the_model_stops_at_the_first_trial(tmp_path):
-    """Every trial starts with the workers' load of the model, whatever its strategy: once that timed
-    out (a hung dataset_fn on the workers, a model slower to build than the limit), each later trial
-    would wait a whole limit as long. A load that failed fast may be passing: the run goes on."""
-    from tuner.records.outcome import LOAD_TIMED_OUT
-
-    hung = NeverLoads(MODEL, CLUSTER, seed=1)
-    out = run(tmp_path, Budget(trials=20, patience=10, confirm=2), runner=hung)
-    assert hung.calls == 1 and len(out.trials) == 1 and out.best is None
-    assert out.stop_reason == LOAD_TIMED_OUT and "did not build the model within the trial limit" in out.stop_note
-    failing = NeverLoads(MODEL, CLUSTER, seed=1, status="failed")
-    out = run(tmp_path, Budget(trials=20, patience=10, confirm=2), runner=failing, name="f.db")
-    assert failing.calls > 1 and out.stop_reason == "baselines_failed"

@@ -23,9 +23,6 @@ from tuner.records.trial import Trial
 
 # the stop of a run whose cluster lost nodes: every later trial would fail or time out
 NODES_LOST = "nodes_lost"
-# the stop of a run whose workers timed out building the model: every trial starts with that load
-LOAD_TIMED_OUT = "load_timed_out"
-HALTS = (NODES_LOST, LOAD_TIMED_OUT)   # stops after which nothing more is measured
 
 
 @dataclass
@@ -37,8 +34,7 @@ class TuneOutcome:
         trials: this run's trials in measurement order (resumed ones included): in a run of
             ``tune_loop``, its ``History`` (the one record of what was measured).
         stop_reason: ``trials``, ``time``, ``patience``, ``exhausted``, ``baselines_failed`` (no
-            search: every baseline failed), ``nodes_lost`` (nodes left the cluster: ``NODES_LOST``) or
-            ``load_timed_out`` (the workers never built the model within a trial's limit).
+            search: every baseline failed) or ``nodes_lost`` (nodes left the cluster: ``NODES_LOST``).
         stop_note: what a stop other than the budget's says (which nodes were lost), or "".
         quality: ``goodput``, ``exact`` or ``step`` (``tuner.records.goodput.QUALITIES``): what ``figure``
             ranks by.

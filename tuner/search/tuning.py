@@ -48,7 +48,7 @@ from strategy_space import ClusterSpec, ModelSpec
 from tuner.records.dataset import store_groups
 from tuner.records.goodput import DEFAULT_MIN_EFFICIENCY, QUALITIES, Efficiency, Prober, failed_efficiency, is_lossless
 from tuner.records.history import History
-from tuner.records.outcome import HALTS, LOAD_TIMED_OUT, NODES_LOST, TuneOutcome
+from tuner.records.outcome import NODES_LOST, TuneOutcome
 from tuner.records.trial import Runner, Trial, lost_nodes_note, workers_lost
 from tuner.search.base import Proposal, Tuner
 from tuner.search.baseline_tuner import BaselineTuner
@@ -183,7 +183,7 @@ class _TuningRun:
         probe the trials."""
         got = []
         for p in proposals:
-            if self.outcome.stop_reason in HALTS or (role != "baseline" and self.out_of_time()):
+            if self.outcome.stop_reason == NODES_LOST or (role != "baseline" and self.out_of_time()):
                 break
             if role == "search" and self.gone.intersection(p.strategy.ps_nodes()):
                 continue   # it would fail at once: not a trial spent
@@ -206,16 +206,12 @@ class _TuningRun:
                                                                  "min_efficiency": self.min_efficiency,
                                                                  **({"attempt": attempt + 1} if attempt else {}),
                                                                  **({"training": training} if training else {})})
-                if t.status == "timeout" and getattr(self.runner, "loaded", True) is False and not lost:
-                    self.outcome.stop_reason, self.outcome.stop_note = LOAD_TIMED_OUT, (
-                        "the workers did not build the model within the trial limit, and every strategy's trial "
-                        "starts with that load: fix what the trial's error says, or give --timeout more")
                 self.store.add(t, self.model, self.cluster)
                 self.history.add([t], [p])
                 got.append(t)
                 if self.on_trial:
                     self.on_trial(t, self.outcome)
-                if not t.worth_another_run or self.outcome.stop_reason in HALTS:
+                if not t.worth_another_run or self.outcome.stop_reason == NODES_LOST:
                     break
         self.probe(got)
         return got
@@ -229,7 +225,7 @@ class _TuningRun:
         the tuner has nothing left, or every baseline failed); the reason is the outcome's
         ``stop_reason``."""
         outcome, budget = self.outcome, self.budget
-        if outcome.stop_reason in HALTS:
+        if outcome.stop_reason == NODES_LOST:
             return
         baselines = [t for t in outcome.trials if t.role == "baseline"]
         if baselines and not any(t.ok for t in baselines):
@@ -256,7 +252,7 @@ class _TuningRun:
                 outcome.stop_reason = "exhausted"
                 return
             self.measure(proposals, "search")
-            if outcome.stop_reason in HALTS:
+            if outcome.stop_reason == NODES_LOST:
                 return
             new_best = self._figure_of_leader()
             stale_rounds = 0 if new_best < best * (1 - 1e-3) else stale_rounds + 1
@@ -273,7 +269,7 @@ class _TuningRun:
                     if t is not None and t.measurements < 1 + confirm]
             if not need or self.out_of_time():
                 return
-            if self.outcome.stop_reason in HALTS:
+            if self.outcome.stop_reason == NODES_LOST:
                 self.outcome.stop_note += ("; nothing was re-measured, so the recommendation rests on single "
                                            "measurements")
                 return
