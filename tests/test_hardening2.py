@@ -330,6 +330,27 @@ def test_item5_every_trial_failing_names_the_first_problem_of_each_reason(tmp_pa
     assert "problems:;" not in msg and "problems:." not in msg
 
 
+def test_every_trial_failing_after_a_node_left_says_the_run_stopped_and_why(tmp_path):
+    import autosync
+    from tuner.synthetic.runner import SyntheticRunner
+    from tuner.records.trial import Trial
+
+    class Lost(SyntheticRunner):
+        def lost_nodes(self):
+            return ["h1"]
+
+        def run(self, strategies, origins=None):
+            return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error="worker died")
+                    for s in strategies]
+
+    model, cluster = tiny_model(), three_node_cluster()
+    with pytest.raises(ConfigError) as info:
+        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", warm_start="none",
+                      runner=Lost(model, cluster))
+    msg = str(info.value)
+    assert msg.startswith("every trial failed and the run stopped: node(s) h1 left the Ray cluster"), msg
+
+
 # -- item 11: --resume with nothing to resume --
 
 @pytest.mark.parametrize("store", ["missing", "empty", "no-run"])
