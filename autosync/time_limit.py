@@ -22,6 +22,7 @@ handles SIGALRM, and not where there is none (Windows).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -109,12 +110,22 @@ def _boundable(in_worker: bool) -> bool:
     return in_worker or ray_worker is None or mode != getattr(ray_worker, "WORKER_MODE", -1)
 
 
+@functools.lru_cache(maxsize=1)
+def library_dirs() -> frozenset:
+    """Where this Python's standard library and installed packages live (the environment's and the
+    base interpreter's): modules there are every node's own, and not the user's code. Not the whole
+    ``sys.prefix``: a project under ``/usr/local/src`` with a system Python at ``/usr`` is the user's."""
+    bases = [None, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                    "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix}]
+    return frozenset(Path(paths[key]).resolve() for v in bases for paths in [sysconfig.get_paths(vars=v)]
+                     for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
+
+
 def _library(filename: str) -> bool:
     where = Path(filename).resolve()
     if where.is_relative_to(_OWN) or any(part in ("site-packages", "dist-packages") for part in where.parts):
         return True
-    return any(where.is_relative_to(Path(p).resolve()) for key, p in sysconfig.get_paths().items()
-               if key in ("stdlib", "platstdlib"))
+    return any(where.is_relative_to(d) for d in library_dirs())
 
 
 def where_stopped(frame) -> str:

@@ -15,12 +15,11 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import sys
-import sysconfig
 import traceback
 from pathlib import Path
 
 from autosync.models import keras_names
-from autosync.time_limit import Overrun, bounded
+from autosync.time_limit import Overrun, bounded, library_dirs
 from strategy_space.errors import ConfigError
 
 CONTRACT = ("the function must take no arguments and return autosync.ModelDef(name=..., model_fn=..., "
@@ -111,18 +110,7 @@ def _beside(module, folder: Path) -> bool:
     where = Path(file).resolve()
     if any(part in ("site-packages", "dist-packages") for part in where.parts):
         return False
-    return where.is_relative_to(folder) and not any(where.is_relative_to(d) for d in _library_dirs())
-
-
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> frozenset:
-    """Where this Python's standard library and installed packages live (the environment's and the
-    base interpreter's): modules there are every node's own. Not the whole ``sys.prefix``: a
-    project under ``/usr/local/src`` with a system Python at ``/usr`` is the user's code."""
-    bases = [None, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
-                    "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix}]
-    return frozenset(Path(paths[key]).resolve() for v in bases for paths in [sysconfig.get_paths(vars=v)]
-                     for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
+    return where.is_relative_to(folder) and not any(where.is_relative_to(d) for d in library_dirs())
 
 
 def _pickle_by_value(module) -> None:
