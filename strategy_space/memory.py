@@ -207,7 +207,8 @@ def fits_encoded(e: EncodedStrategies, model: ModelSpec, cluster: ClusterSpec) -
     base_rows, extra = np.divmod(dim, shards)
     ps = e.kind == KIND_PS
     ef = np.isin(e.compressor, [i for i, k in enumerate(COMPRESSOR_KINDS) if k.endswith("_ef")])
-    residual = (~ps * (ef + _slots(model, cluster)) * nbytes).sum(axis=1)   # (B,)
+    slots = _slots(model, cluster)
+    residual = (~ps * (ef + slots) * nbytes).sum(axis=1)   # (B,)
     base, nodes = _nodes(model, cluster, _training_workers((), cluster))
     ok = np.ones(B, bool)
     total = np.zeros(B)
@@ -215,7 +216,7 @@ def fits_encoded(e: EncodedStrategies, model: ModelSpec, cluster: ClusterSpec) -
         r = (n - e.dest.astype(np.int64)) % N
         count = np.where(r < shards, (shards - r + N - 1) // N, 0)
         longer = np.where(r < extra, (extra - r + N - 1) // N, 0)
-        held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1) * (1 + _slots(model, cluster))
+        held = (ps * (count * base_rows + longer) * per_slice).sum(axis=1) * (1 + slots)
         host = sum(b for _, b in part.fixed) + held + part.cpu_workers * (base + residual)
         total += host
         if node.memory_gib is not None:
