@@ -310,44 +310,37 @@ def test_item5_pinning_nccl_on_a_cluster_without_gpus_is_refused_before_any_tria
     assert _files(specs) == before
 
 
-def test_item5_every_trial_failing_names_the_first_problem_of_each_reason(tmp_path):
+def _all_failed_message(tmp_path, error: str, lost: list[str]) -> str:
+    """What ``autosync.tune`` raises when every trial fails with ``error`` on a cluster that has lost
+    ``lost``."""
     import autosync
     from tuner.synthetic.runner import SyntheticRunner
     from tuner.records.trial import Trial
 
-    class Refusing(SyntheticRunner):
+    class Failing(SyntheticRunner):
+        def lost_nodes(self):
+            return lost
+
         def run(self, strategies, origins=None):
-            error = str(ConfigError(["variable a: first thing wrong", "variable b: second thing wrong"]))
             return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error=error)
                     for s in strategies]
 
     model, cluster = tiny_model(), three_node_cluster()
     with pytest.raises(ConfigError) as info:
         autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", warm_start="none",
-                      runner=Refusing(model, cluster))
-    msg = str(info.value)
+                      runner=Failing(model, cluster))
+    return str(info.value)
+
+
+def test_item5_every_trial_failing_names_the_first_problem_of_each_reason(tmp_path):
+    msg = _all_failed_message(tmp_path, str(ConfigError(["variable a: first thing wrong",
+                                                         "variable b: second thing wrong"])), [])
     assert "reasons: 2 problems: variable a: first thing wrong." in msg, msg
     assert "problems:;" not in msg and "problems:." not in msg
 
 
 def test_every_trial_failing_after_a_node_left_says_the_run_stopped_and_why(tmp_path):
-    import autosync
-    from tuner.synthetic.runner import SyntheticRunner
-    from tuner.records.trial import Trial
-
-    class Lost(SyntheticRunner):
-        def lost_nodes(self):
-            return ["h1"]
-
-        def run(self, strategies, origins=None):
-            return [Trial(s, self.model.fingerprint, self.cluster.fingerprint, "failed", error="worker died")
-                    for s in strategies]
-
-    model, cluster = tiny_model(), three_node_cluster()
-    with pytest.raises(ConfigError) as info:
-        autosync.tune("unused", cluster, trials=1, store=tmp_path / "b.db", warm_start="none",
-                      runner=Lost(model, cluster))
-    msg = str(info.value)
+    msg = _all_failed_message(tmp_path, "worker died", ["h1"])
     assert msg.startswith("every trial failed and the run stopped: node(s) h1 left the Ray cluster"), msg
 
 
