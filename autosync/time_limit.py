@@ -15,9 +15,9 @@ the process with exit code 2 once the limit and as long again (at most 30 s) hav
 Python API leaves its caller's process alone.
 
 Only the main thread is bounded (signals reach only it), of the driver, or of a Ray worker where
-it asks (``in_worker``: a training worker's load, within what is left of the trial's limit, so that
-the trial says where its code hung: ``TrainingWorker.load_within``); only where no one else
-handles SIGALRM, and not where there is none (Windows).
+it asks (``in_worker``: a training worker's load and its steps' data draws, within what is left of
+the trial's limit, so that the trial says where its code hung: ``TrainingWorker.load_within`` and
+``run_within``); only where no one else handles SIGALRM, and not where there is none (Windows).
 """
 from __future__ import annotations
 
@@ -145,7 +145,8 @@ def _message(what: str, limit: float, where: str, longer: str | None) -> str:
 
 
 @contextlib.contextmanager
-def bounded(what: str, *, seconds: float | None = None, longer: str | None = None, in_worker: bool = False):
+def bounded(what: str, *, seconds: float | None = None, longer: str | None = None, in_worker: bool = False,
+            gate=None, where=None):
     """Inside, the user's code is stopped once it has run ``limit_s()`` seconds.
 
     Args:
@@ -154,6 +155,13 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
         in_worker: bound a Ray worker's main thread too (its load, within what is left of the
             trial's limit: the trial fails saying where the code hung, before the driver's wait
             ends with only "time limit reached").
+        gate: a function saying whether the main thread now runs the user's code; past the limit
+            the block is stopped only while it does (a training worker's steps: its data draws,
+            not its waits on other workers, whose hang is not its own), asked again every
+            ``AGAIN_S``.
+        where: ``frame -> "file:line in function"``, where the code was stopped (the main
+            thread's ``frame`` when the alarm came), instead of ``where_stopped``: where the user's
+            code runs on another thread the main thread waits for (a prefetching thread).
 
     Raises:
         CodeTimeout: the block ran past the limit (what, where it was stopped, and how to give it
@@ -167,8 +175,10 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
     stopped: list[str] = []
 
     def alarm(signum, frame):
+        if gate is not None and not gate():
+            return
         if not stopped:
-            stopped.append(where_stopped(frame))
+            stopped.append((where or where_stopped)(frame))
         raise Overrun(stopped[0])
 
     done = threading.Event()

@@ -42,6 +42,31 @@ def test_a_block_past_the_limit_is_stopped_where_it_was(short):
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+def test_a_gated_block_is_stopped_only_while_the_users_code_runs(short):
+    """A training worker's steps: past the limit, a wait outside the user's code goes on (another
+    worker's data hung); the user's code is stopped once it runs, where ``where`` says it was."""
+    state = {"user": False, "waited": 0.0}
+    seen = []
+
+    def where(frame):
+        seen.append(frame.f_code.co_name)
+        return "data.py:7 in source"
+
+    with pytest.raises(ConfigError) as e:
+        with time_limit.bounded("ModelDef m: worker 1 running 4 training steps", gate=lambda: state["user"],
+                                where=where):
+            t0 = time.monotonic()
+            time.sleep(1.0)   # past the limit (0.3 s) and two repeats (0.2 s), outside the user's code
+            state["waited"] = time.monotonic() - t0
+            state["user"] = True
+            _sleeper()
+    assert state["waited"] >= 0.99   # not cut short
+    assert str(e.value).startswith("ModelDef m: worker 1 running 4 training steps did not finish within 0.3 s and "
+                                   "was stopped at data.py:7 in source (")
+    assert seen == ["_sleeper"]
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
 def test_code_that_catches_exceptions_is_stopped_too(short):
     caught = []
 

@@ -97,6 +97,49 @@ def test_a_model_that_hangs_on_the_workers_fails_its_trial_saying_where(ray_sess
     assert f"was stopped at {__file__}:" in text and " in data (a wait on" in text
 
 
+def _hangs_later():
+    import keras
+    import numpy as np
+
+    from autosync import ModelDef
+
+    driver = os.getpid()
+
+    def data(i, n):
+        for k in range(10_000):
+            if k == 6 and i == 1 and os.getpid() != driver:   # worker 1's source stops answering mid-run
+                import time
+
+                time.sleep(10_000)
+            yield np.full((8, 4), i, "float32"), np.zeros((8, 1), "float32")
+
+    return ModelDef(name="hangs_later", model_fn=lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                    loss_fn=lambda: "mse", optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=data,
+                    batch_size=8)
+
+
+def test_a_dataset_that_hangs_in_a_later_step_fails_its_trial_saying_where(ray_session):
+    """Worker 1's dataset_fn hangs at its 7th batch, drawn ahead on the prefetching thread while worker 0
+    waits for its push: the trial times out naming worker 1 and the line in data where it hung (it said
+    only "time limit reached with 2 of 2 unfinished"); worker 0, waiting, is not the one blamed."""
+    from autosync.runtime.runner import RayRunner
+    from autosync.sources import local_cluster
+    from strategy_space.builders import get_builder
+
+    model_def = _hangs_later()
+    runner = RayRunner(model_def, local_cluster(), warmup=2, steps=8, trial_timeout_s=75)
+    try:
+        strategy = get_builder("ps").build(runner.given_spec or _spec(model_def), local_cluster())
+        [trial] = runner.run([strategy])
+    finally:
+        runner.close()
+    text = trial.error
+    assert trial.status == "timeout" and not trial.worth_another_run, text
+    assert "ModelDef hangs_later: worker 1 running 11 training steps, drawing their batches from dataset_fn, did not " \
+        "finish within " in text, text
+    assert f"was stopped at {__file__}:" in text and " in data (a wait on" in text, text
+
+
 def _spec(model_def):
     from autosync.models.ingest import model_spec_from_def
 

@@ -44,6 +44,14 @@ def ps_chunk_limit() -> int:
     return int(raw)
 
 
+def stop_at(deadline: float) -> float:
+    """When (``time.time()``) a worker stops the user's code it runs, for a wait that ends at
+    ``deadline`` (``time.monotonic()``): a margin earlier (``LOAD_MARGIN_S``, or a tenth of what is
+    left), so that its error, which says where the code was, arrives before the wait ends."""
+    left = deadline - time.monotonic()
+    return time.time() + left - max(LOAD_MARGIN_S, 0.1 * left)
+
+
 class WorkerPool:
     """Warm TensorFlow worker actors, one per replica slot.
 
@@ -192,9 +200,8 @@ class WorkerPool:
         margin where NTP runs; one far ahead stops a slow load early, saying so)."""
         if deadline is None or not hasattr(kind, "load_within"):   # an emulated worker runs no user code
             return actor.load.remote(*args)
-        left = deadline - time.monotonic()
         # on the wall clock: the worker starts its load only once its process is up
-        return actor.load_within.remote(time.time() + left - max(LOAD_MARGIN_S, 0.1 * left), *args)
+        return actor.load_within.remote(stop_at(deadline), *args)
 
     def kill(self, slots) -> None:
         """Kill the workers of ``slots`` only (``ensure`` starts them again); collective groups
@@ -341,8 +348,11 @@ class Session:
         return out
 
     def run(self, steps: int, deadline: float | None = None) -> list[dict]:
-        """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``)."""
-        refs = [w.run.remote(steps) for w in self.workers]
+        """Run ``steps`` steps on every worker; per-worker results (see ``TrainingWorker.run``). Given
+        a ``deadline``, a training worker's data draws stop short of it (``run_within``): a
+        ``dataset_fn`` that hangs times out saying where."""
+        within = deadline is not None and all(hasattr(self.pool.kinds.get(s), "run_within") for s in self.plan.replicas)
+        refs = [w.run_within.remote(stop_at(deadline), steps) if within else w.run.remote(steps) for w in self.workers]
         try:
             return wait_all(refs, deadline, "worker", list(self.plan.replicas), actors=self.actor_labels())
         except BaseException:

@@ -58,6 +58,12 @@ class Prefetcher:
             if not item[0]:
                 return
 
+    def drawing_frame(self):
+        """The Python frame the drawing thread is in now (None once it ended): where a draw hangs."""
+        import sys
+
+        return sys._current_frames().get(self._thread.ident) if self._thread.is_alive() else None
+
     def __iter__(self):
         return self
 

@@ -83,6 +83,7 @@ class TrainingWorker(WorkerCheckpoint):
         self.channels: list = []
         self.step = 0
         self._partial = False  # some row-pulled tables are current only on the rows last read
+        self._drawing = False  # in the user's dataset_fn (``_next_batch``)
 
     def timeline(self, record: bool) -> dict | None:
         """Start recording this worker's timeline, or stop and return it (``timeline.toggle``)."""
@@ -123,6 +124,27 @@ class TrainingWorker(WorkerCheckpoint):
                      f"batches", seconds=left, in_worker=True,
                      longer="give the trial longer (--timeout, trial_timeout_s, timeout_s)"):
             return self.load(model_def, worker_index, num_workers, send_initial)
+
+    def run_within(self, stop_at: float, steps: int) -> dict:
+        """``run``, its data draws stopped at ``stop_at`` (as ``load_within``): a ``dataset_fn``
+        that hangs in a later batch times the trial out saying where. Only the draws: a worker
+        waiting on another (whose data hung) is not stopped, so the trial names the one that hung."""
+        from autosync.time_limit import bounded
+
+        left = stop_at - time.time()
+        if left < LOAD_MIN_S:
+            return self.run(steps)
+        with bounded(f"ModelDef {self.model_def.name}: worker {self._data[0]} running {steps} training steps, drawing "
+                     f"their batches from dataset_fn,", seconds=left, in_worker=True, gate=lambda: self._drawing,
+                     where=self._where_drawing, longer="give the trial longer (--timeout, trial_timeout_s, timeout_s)"):
+            return self.run(steps)
+
+    def _where_drawing(self, frame) -> str:
+        """Where a data draw was stopped: in the thread drawing ahead (``prefetch``), else ``frame``."""
+        from autosync.time_limit import where_stopped
+
+        drawing = getattr(self.batches, "drawing_frame", None)
+        return where_stopped((drawing and drawing()) or frame)
 
     def load(self, model_def, worker_index: int, num_workers: int, send_initial: bool = True) -> dict:
         """Build the model from its seed and probe one gradient.
@@ -333,7 +355,11 @@ class TrainingWorker(WorkerCheckpoint):
 
     def _next_batch(self):
         self.drawn += 1
-        return next(self.batches)
+        self._drawing = True   # the user's code runs (``run_within``)
+        try:
+            return next(self.batches)
+        finally:
+            self._drawing = False
 
     def _draw(self) -> tuple[list, dict]:
         """The next step's batches (``accumulate`` of them: the optimizer's
