@@ -11,23 +11,42 @@ as chief. A node with no CPUs (a head started with ``--num-cpus=0``) hosts no wo
 host parameter servers. Ray does not know a NIC's speed: links are assumed at 10 Gbit/s unless
 ``ray?gbps=X`` says otherwise; ``autosync calibrate --cluster ray`` measures what they really do.
 Nor does it know the links between a node's GPUs: ``ray?intra_gbps=X`` gives them (the cluster's
-``intra_node_bandwidth_gbps``; without it the cost model takes its default and says so).
+``intra_node_bandwidth_gbps``; without it the cost model takes its default and says so). Nor a
+GPU's memory: a task that takes no resources runs ``nvidia-smi`` on each GPU node (the smallest of
+its GPUs counts); where it does not answer, the accelerator type Ray reports is looked up
+(``ACCELERATOR_GIB``, the type's largest variant, said in a warning); ``ray?gpu_gib=X`` gives it for
+every node instead. A node whose GPU memory stays unknown is not checked, and the predictions say so.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
+import subprocess
+import warnings
 from urllib.parse import parse_qsl
 
 from autosync import signals
 from strategy_space import ClusterSpec, NodeSpec
-from strategy_space.cluster_spec import MAX_BANDWIDTH_GBPS, MAX_WORKERS
+from strategy_space.cluster_spec import MAX_BANDWIDTH_GBPS, MAX_MEMORY_GIB, MAX_WORKERS
 from strategy_space.errors import ConfigError
 
-RAY_FORMS = "ray, ray?workers=N, ray?gbps=X, ray?intra_gbps=X (several: ray?workers=N&gbps=X)"
+RAY_FORMS = "ray, ray?workers=N, ray?gbps=X, ray?intra_gbps=X, ray?gpu_gib=X (several: ray?workers=N&gbps=X)"
 DEFAULT_GBPS = 10.0
 CONNECT_PROBE_S = 5.0   # a head that does not accept a TCP connection in this long is not there
+GPU_PROBE_S = 30.0   # how long the GPU nodes' nvidia-smi may take, together (a worker process starts first)
+NVIDIA_SMI = ("nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits")
+# GiB of one GPU of each accelerator type Ray reports (``accelerator_type:X``), where nvidia-smi does
+# not answer; a type sold with several memory sizes takes the largest (V100 16 or 32 GB, A100 40 or
+# 80, H100 80 or 94, H20 96 or 141), so that a strategy is never refused for memory the GPU may have
+ACCELERATOR_GIB = {
+    "K80": 12, "P4": 8, "P100": 16, "V100": 32, "T4": 16, "A10G": 24, "L4": 24, "L40S": 48,
+    "A100": 80, "A100-40G": 40, "A100-80G": 80, "H100": 94, "H200": 141, "H20": 141, "B200": 192, "B300": 288,
+    "GB200": 192, "GB300": 288, "RTX-PRO-6000": 96, "AMD-Instinct-MI100": 32, "AMD-Instinct-MI210": 64,
+    "AMD-Instinct-MI250X-MI250": 128, "AMD-Instinct-MI300A": 128, "Intel-GPU-Max-1100": 48,
+    "Intel-GPU-Max-1550": 128,
+}
 HEAD_RESOURCE = "node:__internal_head__"
 # an HTTP/2 client's connection preface and an empty SETTINGS frame; a gRPC server answers with its own
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
@@ -42,7 +61,8 @@ def is_ray_cluster(text: str) -> bool:
 
 
 def parse_options(text: str) -> dict:
-    """``ray?workers=2&gbps=25&intra_gbps=2400`` -> ``{"workers": 2, "gbps": 25.0, "intra_gbps": 2400.0}``.
+    """``ray?workers=2&gbps=25&intra_gbps=2400&gpu_gib=80`` -> ``{"workers": 2, "gbps": 25.0,
+    "intra_gbps": 2400.0, "gpu_gib": 80.0}``.
 
     Raises:
         ConfigError: an unknown option or a value out of range.
@@ -65,6 +85,15 @@ def parse_options(text: str) -> dict:
                 raise ConfigError(f"--cluster {text}: {key} must be a number > 0 and at most {MAX_BANDWIDTH_GBPS:g} "
                                   f"({what} in Gbit/s), got {value!r}")
             options[key] = gbps
+        elif key == "gpu_gib":
+            try:
+                gib = float(value)
+            except ValueError:
+                gib = float("nan")
+            if not 0 < gib <= MAX_MEMORY_GIB:
+                raise ConfigError(f"--cluster {text}: gpu_gib must be a number > 0 (the memory of each GPU in GiB, "
+                                  f"e.g. 80 for an H100), got {value!r}")
+            options[key] = gib
         else:
             raise ConfigError(f"--cluster {text}: unknown option {key!r}; give {RAY_FORMS}")
     if "?" in text and not options:
@@ -73,9 +102,14 @@ def parse_options(text: str) -> dict:
 
 
 def describe_nodes(ray_nodes: list[dict], *, workers: int | None = None, gbps: float = DEFAULT_GBPS,
-                   intra_gbps: float | None = None, name: str = "ray") -> ClusterSpec:
+                   intra_gbps: float | None = None, name: str = "ray", gpu_gib: float | None = None,
+                   gpu_mib: dict | None = None) -> ClusterSpec:
     """A ClusterSpec of ``ray.nodes()`` entries (only the alive ones count); ``intra_gbps``: its
     ``intra_node_bandwidth_gbps`` (None: not known).
+
+    A GPU node's ``gpu_memory_gib`` is ``gpu_gib`` where given, else the smallest of the MiB that
+    ``gpu_mib`` (NodeID -> MiB of each GPU, ``probe_gpu_memory``) lists for it, else its
+    accelerator type's (``ACCELERATOR_GIB``, with a warning), else unknown.
 
     Nodes are ``node0`` (the head), then ``node1``, ... by address. A node is found again by its
     address; where several Ray nodes share an address (several on one machine), by a custom
@@ -120,13 +154,75 @@ def describe_nodes(ray_nodes: list[dict], *, workers: int | None = None, gbps: f
         memory = float(res.get("memory", 0)) + float(res.get("object_store_memory", 0))
         nodes.append(NodeSpec(name=f"node{i}", address=address, cpus=max(1, cpus), gpus=gpus, workers=n_workers,
                               chief=(i == 0), bandwidth_gbps=float(gbps), resource=resource,
-                              memory_gib=memory / 2**30 if memory > 0 else None))
+                              memory_gib=memory / 2**30 if memory > 0 else None,
+                              gpu_memory_gib=_gpu_gib(n, f"node{i}", gpu_gib, gpu_mib or {}) if gpus else None))
     if problems:
         raise ConfigError(problems)
     if not any(n.workers for n in nodes):
         raise ConfigError("no node of the Ray cluster has a CPU for a worker; add a node with CPUs "
                           "(ray start --address=<head> --num-cpus=N)")
     return ClusterSpec(name=name, nodes=tuple(nodes), intra_node_bandwidth_gbps=intra_gbps)
+
+
+def _gpu_gib(node: dict, name: str, given: float | None, measured: dict) -> float | None:
+    """The memory of each GPU of Ray node ``node`` in GiB (see ``describe_nodes``); None: unknown."""
+    if given is not None:
+        return given
+    mib = measured.get(node.get("NodeID"))
+    if mib:
+        return min(mib) / 1024
+    kinds = [k.partition(":")[2] for k in node.get("Resources", {}) if k.startswith("accelerator_type:")]
+    known = [ACCELERATOR_GIB[k] for k in kinds if k in ACCELERATOR_GIB]
+    if not known:
+        return None
+    warnings.warn(f"--cluster ray: {name} ({node.get('NodeManagerAddress')}): nvidia-smi did not answer there, so its "
+                  f"GPU memory is taken from its accelerator type ({', '.join(kinds)}) as {min(known):g} GiB, the "
+                  f"largest that type comes with; give it with ray?gpu_gib=X where the GPUs have less", stacklevel=2)
+    return float(min(known))
+
+
+def probe_gpu_memory(ray_nodes: list[dict], timeout_s: float = GPU_PROBE_S, command=NVIDIA_SMI) -> dict:
+    """NodeID -> MiB of each GPU ``command`` (nvidia-smi) lists, for each alive node Ray gives GPUs
+    to, by a task pinned there that takes no resources (it waits for no busy GPU or CPU); a node
+    where it is missing, fails or does not answer within ``timeout_s`` (all nodes together) is
+    left out."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ids = [n["NodeID"] for n in ray_nodes if n.get("Alive") and float(n.get("Resources", {}).get("GPU", 0)) > 0]
+    if not ids:
+        return {}
+    task = ray.remote(num_cpus=0, max_retries=0)(gpu_mib)
+    refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(i, soft=False)).remote(command): i
+            for i in ids}
+    done, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    for ref in late:
+        ray.cancel(ref, force=True)
+    out = {}
+    for ref in done:
+        try:
+            mib = ray.get(ref)
+        except Exception:  # noqa: BLE001 - a node that cannot run it (AutoSync missing there, ...) is left out
+            continue
+        if mib:
+            out[refs[ref]] = mib
+    return out
+
+
+def gpu_mib(command=NVIDIA_SMI) -> list[float] | None:
+    """MiB of each GPU that ``command`` (nvidia-smi's memory query) lists on this machine; None
+    where it is missing, fails, or prints anything but numbers ("[N/A]")."""
+    try:
+        out = subprocess.run(list(command), capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        mib = [float(line) for line in out.stdout.split()]
+    except ValueError:
+        return None
+    return mib if mib and all(0 < m < math.inf for m in mib) else None
 
 
 def _labels(node: dict) -> list[str]:
@@ -243,5 +339,7 @@ def ray_cluster(text: str = "ray") -> ClusterSpec:
 
     options = parse_options(text)
     connect()
-    return describe_nodes(ray.nodes(), workers=options.get("workers"), gbps=options.get("gbps", DEFAULT_GBPS),
-                          intra_gbps=options.get("intra_gbps"))
+    nodes = ray.nodes()
+    measured = {} if "gpu_gib" in options else probe_gpu_memory(nodes)
+    return describe_nodes(nodes, workers=options.get("workers"), gbps=options.get("gbps", DEFAULT_GBPS),
+                          intra_gbps=options.get("intra_gbps"), gpu_gib=options.get("gpu_gib"), gpu_mib=measured)

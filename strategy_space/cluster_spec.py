@@ -207,7 +207,19 @@ class ClusterSpec:
     def assumptions(self) -> list[str]:
         """Every figure a prediction for this cluster takes on trust, each with how to give it
         (``plan``, ``simulate`` and ``tune`` print them)."""
-        return [a for a in (self.intra_node_assumption(),) if a]
+        return [a for a in (self.intra_node_assumption(), self.gpu_memory_assumption()) if a]
+
+    def gpu_memory_assumption(self) -> str | None:
+        """What is not checked for want of a figure: the memory of the GPUs of nodes that train on
+        GPUs and give no ``gpu_memory_gib`` (a strategy too large for them fails at its first step
+        instead of being refused); None where every such node gives it."""
+        unknown = [n.name for n in self.nodes if n.gpus > 0 and (n.workers or 0) > 0 and n.gpu_memory_gib is None]
+        if not unknown:
+            return None
+        named = ", ".join(unknown[:4]) + (f" and {len(unknown) - 4} more" if len(unknown) > 4 else "")
+        return (f"GPU memory not checked on {named} (cluster {self.name} gives no gpu_memory_gib there): a strategy "
+                f"too large for a GPU fails at its first step instead of being refused; set gpu_memory_gib per node "
+                f"in the cluster YAML (ray?gpu_gib=X for --cluster ray)")
 
     def intra_node_assumption(self) -> str | None:
         """What a prediction for this cluster takes on trust about the links inside a node, for the

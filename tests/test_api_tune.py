@@ -83,7 +83,7 @@ def test_a_run_on_gpu_nodes_whose_links_the_cluster_does_not_give_says_what_was_
     from strategy_space import ClusterSpec
 
     model, three = tiny_model(profile=True), three_node_cluster()
-    gpus = ClusterSpec("gpus", tuple(dataclasses.replace(n, gpus=2, workers=2) for n in three.nodes))
+    gpus = ClusterSpec("gpus", tuple(dataclasses.replace(n, gpus=2, workers=2, gpu_memory_gib=80.0) for n in three.nodes))
     for cluster, said in ((gpus, True), (dataclasses.replace(gpus, intra_node_bandwidth_gbps=2400.0), False)):
         result = autosync.tune("unused", cluster, trials=1, store=tmp_path / f"{said}.db", settings=FAST,
                                warm_start="none", confirm=0, runner=SyntheticRunner(model, cluster, seed=0))

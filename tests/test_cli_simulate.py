@@ -138,7 +138,8 @@ def test_gpu_workers_sharing_a_node_without_its_link_speed_are_told_what_was_ass
     from strategy_space import ClusterSpec, NodeSpec
 
     model = tiny_model(profile=True)
-    nodes = tuple(NodeSpec(f"g{i}", address=f"10.0.0.{i + 1}", cpus=16, gpus=4, bandwidth_gbps=25.0) for i in range(2))
+    nodes = tuple(NodeSpec(f"g{i}", address=f"10.0.0.{i + 1}", cpus=16, gpus=4, bandwidth_gbps=25.0,
+                           gpu_memory_gib=80.0) for i in range(2))
     paths = {}
     for label, intra in (("unsaid", None), ("said", 400.0)):
         cluster = ClusterSpec("gpus", nodes, intra_node_bandwidth_gbps=intra)
@@ -156,6 +157,29 @@ def test_gpu_workers_sharing_a_node_without_its_link_speed_are_told_what_was_ass
     assert unsaid["breakdown"]["intra_s"] == pytest.approx(10 * said["breakdown"]["intra_s"], rel=1e-5)
     assert main(argv + ["--cluster", str(paths["unsaid"])]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("assumed: intra-node bandwidth 40 Gbit/s")
+
+
+def test_gpu_nodes_without_their_gpus_memory_are_told_it_was_not_checked(tmp_path, capsys):
+    """A GPU cluster whose YAML gives no gpu_memory_gib: the prediction says the GPUs' memory was not
+    checked, naming the nodes; a CPU-only node and a node that gives it are not named."""
+    from strategy_space import ClusterSpec, NodeSpec
+
+    model = tiny_model(profile=True)
+    nodes = (NodeSpec("ps0", address="10.0.0.1", cpus=16, bandwidth_gbps=25.0, chief=True),
+             NodeSpec("g1", address="10.0.0.2", cpus=16, gpus=1, bandwidth_gbps=25.0),
+             NodeSpec("g2", address="10.0.0.3", cpus=16, gpus=1, bandwidth_gbps=25.0, gpu_memory_gib=16.0))
+    cluster = ClusterSpec("gpus", nodes)
+    save(cluster, tmp_path / "c.yaml")
+    save(model, tmp_path / "model.yaml")
+    save(build_all(model, cluster)["all_reduce"], tmp_path / "ar.yaml")
+    argv = ["simulate", "--model", str(tmp_path / "model.yaml"), "--strategy", str(tmp_path / "ar.yaml"),
+            "--cluster", str(tmp_path / "c.yaml")]
+    (line,) = _json(capsys, argv + ["--json"])["assumed"]
+    assert line.startswith("GPU memory not checked on g1 (cluster gpus gives no gpu_memory_gib there)")
+    assert "ray?gpu_gib=X" in line
+    given = ClusterSpec("gpus", tuple(n if n.gpus == 0 else NodeSpec(n.name, address=n.address, cpus=16, gpus=1,
+                                                                      gpu_memory_gib=16.0) for n in nodes))
+    assert given.assumptions() == []
 
 
 def test_the_breakdown_shows_the_collectives_steps_on_nccl_apart_from_cpu_rings(tmp_path, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autosync.ray_cluster import describe_nodes, parse_options
+from autosync.ray_cluster import describe_nodes, gpu_mib, parse_options, probe_gpu_memory
 from strategy_space.errors import ConfigError
 
 
@@ -62,12 +62,15 @@ def test_a_cluster_without_workers_or_nodes_is_refused():
     ("ray?intra_gbps=fast", "intra_gbps must be a number > 0"),
     ("ray?nodes=3", "unknown option 'nodes'"),
     ("ray?", "no option after"),
+    ("ray?gpu_gib=0", "gpu_gib must be a number > 0 .* each GPU in GiB"),
+    ("ray?gpu_gib=lots", "gpu_gib must be a number > 0"),
 ])
 def test_bad_options_say_what_is_allowed(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_options(text)
     assert parse_options("ray?workers=2&gbps=25") == {"workers": 2, "gbps": 25.0}
     assert parse_options("ray?gbps=25&intra_gbps=2400") == {"gbps": 25.0, "intra_gbps": 2400.0}
+    assert parse_options("ray?gpu_gib=79.5") == {"gpu_gib": 79.5}
 
 
 def test_the_links_inside_a_gpu_node_are_an_option_and_said_to_be_assumed_without_it():
@@ -78,6 +81,52 @@ def test_the_links_inside_a_gpu_node_are_an_option_and_said_to_be_assumed_withou
     said = describe_nodes(nodes, gbps=25.0, intra_gbps=7200.0)
     assert said.intra_node_bandwidth_gbps == said.intra_node_gbps == 7200.0
     assert said.intra_node_assumption() is None
+
+
+def test_a_gpus_memory_is_measured_else_its_accelerator_types_else_unknown_unless_given():
+    """nvidia-smi's figure (the node's smallest GPU) first; else the accelerator type Ray reports, at
+    its largest variant, with a warning; else unknown (not checked, and said); ray?gpu_gib wins."""
+    nodes = [_node("10.0.0.1", cpus=16, gpus=2, head=True, node_id="a" * 32, **{"accelerator_type:A100": 1.0}),
+             _node("10.0.0.2", cpus=16, gpus=1, node_id="b" * 32, **{"accelerator_type:T4": 1.0}),
+             _node("10.0.0.3", cpus=16, gpus=1, node_id="c" * 32, **{"accelerator_type:Mystery-9": 1.0}),
+             _node("10.0.0.4", cpus=16, node_id="d" * 32)]
+    with pytest.warns(UserWarning, match=r"node1 \(10.0.0.2\): nvidia-smi did not answer there, so its GPU memory is "
+                                         r"taken from its accelerator type \(T4\) as 16 GiB"):
+        spec = describe_nodes(nodes, gpu_mib={"a" * 32: [81920.0, 40960.0]})
+    assert [n.gpu_memory_gib for n in spec.nodes] == [40.0, 16.0, None, None]
+    assert spec.gpu_memory_assumption().startswith("GPU memory not checked on node2 ")
+    given = describe_nodes(nodes, gpu_gib=24.0, gpu_mib={"a" * 32: [81920.0]})
+    assert [n.gpu_memory_gib for n in given.nodes] == [24.0, 24.0, 24.0, None] and given.gpu_memory_assumption() is None
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("echo 81559; echo 81559", [81559.0, 81559.0]),
+    ("echo '[N/A]'", None),                       # a driver that cannot tell
+    ("echo 'NVIDIA-SMI has failed' >&2; exit 9", None),
+    ("", None),                                   # no GPU listed
+])
+def test_nvidia_smis_answer_is_read_or_left_alone(tmp_path, script, expected):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    assert gpu_mib((str(fake), "--query-gpu=memory.total")) == expected
+    assert gpu_mib((str(tmp_path / "missing"),)) is None
+
+
+@pytest.mark.integration
+def test_each_gpu_nodes_memory_is_asked_of_the_node_itself(ray_session, tmp_path):
+    """A task pinned to the node, taking no resources, runs the query there; a node without GPUs
+    is not asked, and a query that fails leaves the node out."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 23034\n")
+    fake.chmod(0o755)
+    (node,) = [dict(n) for n in ray_session.nodes() if n["Alive"]]
+    gpu_node = {**node, "Resources": {**node["Resources"], "GPU": 1.0}}
+    assert probe_gpu_memory([gpu_node], command=(str(fake),)) == {node["NodeID"]: [23034.0]}
+    assert probe_gpu_memory([node], command=(str(fake),)) == {}
+    assert probe_gpu_memory([gpu_node], command=(str(tmp_path / "missing"),)) == {}
+    spec = describe_nodes([gpu_node], gpu_mib=probe_gpu_memory([gpu_node], command=(str(fake),)))
+    assert spec.nodes[0].gpu_memory_gib == pytest.approx(22.494, abs=1e-3)
 
 
 @pytest.mark.integration
