@@ -8,9 +8,9 @@ arithmetic follows Keras step by step in the variable's dtype (float32 scalars, 
 order), so results match a single-process Keras optimizer to float rounding. They run the common
 configurations (SGD, Adam, AdamW, Adagrad with a constant learning rate, no per-variable clipping;
 ``global_clipnorm``'s scale is applied before them); every other one (another Keras optimizer, a
-subclass, a schedule, clipnorm or clipvalue) runs the Keras optimizer
-object itself (``keras_optimizer``), and ``check_optimizer_config`` refuses, before Ray starts, the
-options no synchronizer can honour.
+subclass, a schedule, clipnorm or clipvalue) runs the Keras optimizer object itself
+(``keras_optimizer``), and ``check_optimizer_config`` refuses, before Ray starts, the options no
+synchronizer can honour. An all-reduce channel's small dense variables update together (``fused``).
 
 Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
 embedding lookup, exactly what ``tf.IndexedSlices`` holds), or as ``(indices, values, squares)``
@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 
 from autosync.runtime.blocks import in_blocks
+from autosync.runtime.fused import FusedUpdates
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
 from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, check_learning_rate, keras_optimizer_config
 from strategy_space.errors import ConfigError, short_repr
@@ -53,7 +54,7 @@ def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
     return out
 
 
-class NumpyOptimizer(UpdateAhead, abc.ABC):
+class NumpyOptimizer(FusedUpdates, UpdateAhead, abc.ABC):
     """Base class: holds hyper-parameters and per-variable slots; ``apply`` updates one step.
 
     Updates write in place, a row-sparse one only the rows it touches, except where that could
@@ -140,6 +141,8 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
         if type(self)._apply_one is NumpyOptimizer._apply_one:   # rules that sum repeated rows first
             sparse = {k: g for k, g in grads.items() if isinstance(g, tuple)}
             grads = {**grads, **row_sums_many(sparse, {k: params[k].dtype for k in sparse}, self.squares_slices)}
+        if self.fuse_small:   # small dense variables together (``fused``)
+            grads = self._apply_fused(iteration, params, grads)
         for key, grad in grads.items():
             if self._finish_ahead(iteration, params, key, grad):
                 continue
@@ -165,9 +168,8 @@ class NumpyOptimizer(UpdateAhead, abc.ABC):
         in_blocks(lambda *part: self._update(iteration, key, *part), var, rows, g, g2, slots, whole)
 
     def _decay(self, var: np.ndarray, key) -> None:
-        """Weight decay, in place: Keras decays every variable that has a gradient, before the
-        update step (``var - var * wd * lr``), but those excluded from it (``NO_DECAY``: ``key``
-        is (variable index, shard))."""
+        """Weight decay, in place, as Keras decays every variable with a gradient before its update
+        (``var - var * wd * lr``) but those excluded (``NO_DECAY``; ``key``: (variable, shard))."""
         if self.weight_decay is not None and key[0] not in self.no_decay:
             decay = var * var.dtype.type(self.weight_decay)
             decay *= var.dtype.type(self.learning_rate)

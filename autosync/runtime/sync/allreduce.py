@@ -249,6 +249,7 @@ class AllReduceChannel(SyncChannel):
             from autosync.runtime.optimizers import make_optimizer
 
             self._optimizer = make_optimizer(self.optimizer_config)
+            self._optimizer.fuse_small = True   # small dense members in one pass of the rule (``fused``)
             for key, value in self.params.items():
                 self._optimizer.add_variable(key, value)
         with timeline.span("update"):
