@@ -2,7 +2,8 @@
 pass per variable (``optimizers.NumpyOptimizer``, for the all-reduced variables' local updates).
 
 The numpy rules are element-wise, and each call costs a fixed ~10 us of Python and numpy
-dispatch per operation whatever the variable's size: Adam makes about a dozen. A model of many
+dispatch per operation whatever the variable's size: Adam makes about a dozen. Plain SGD makes
+one, which joining the gradients into one buffer costs more than (it stays per variable). A model of many
 small variables (biases, normalization scales, the layers of a deep narrow network) spent most of
 its synchronization there: a 602-variable MLP of 326 KB, all-reduced on one machine, 7.5 ms of its
 26 ms step in the rule alone (py-spy). ``Fusion`` keeps the small variables of one update and their
@@ -47,8 +48,8 @@ class _Group:
 class FusedUpdates:
     """The fused part of a numpy rule's updates (module doc): a mixin of
     ``optimizers.NumpyOptimizer`` (it uses the rule's ``slots``, ``slot_names``, ``weight_decay``,
-    ``no_decay``, its copy-on-write and update-ahead records, ``_decay``, ``_update_blocked`` and
-    ``_apply_one``). Off unless ``fuse_small`` is set by the variables' holder."""
+    ``no_decay``, its copy-on-write and update-ahead records, ``_decay`` and ``_update_blocked``).
+    Off unless ``fuse_small`` is set by the variables' holder, and for a rule without slots."""
 
     fuse_small = False   # the holder's choice: an all-reduce channel's local update sets it
 
@@ -56,6 +57,8 @@ class FusedUpdates:
         """Update, together, the small dense variables of ``grads`` that may be updated in place (no
         update ahead, no live snapshot); return the gradients of the others, for the per-variable
         path."""
+        if not self.slot_names:   # a rule of one pass (plain SGD): joining the gradients costs more than it saves
+            return grads
         picked: dict = {}
         for key, grad in grads.items():
             var = params[key]
@@ -75,11 +78,8 @@ class FusedUpdates:
                 del rest[k]
             if decays:
                 self._decay(group.var, keys[0])
-            if self.slot_names:
-                g2 = np.square(g) if self.squares_slices else None
-                self._update_blocked(iteration, None, group.var, None, g, g2, slots=group.slots)
-            else:   # a rule without slots (plain SGD) updates in its own ``_apply_one``
-                self._apply_one(iteration, None, group.var, g)
+            g2 = np.square(g) if self.squares_slices else None
+            self._update_blocked(iteration, None, group.var, None, g, g2, slots=group.slots)
         return rest
 
     def _fused_group(self, index: tuple, params: dict) -> _Group:
