@@ -39,6 +39,7 @@ def _args(argv=None):
     p.add_argument("--steps", type=int, default=50, help="timed updates per round (default 50)")
     p.add_argument("--repeats", type=int, default=5, help="rounds, each path in turn (default 5)")
     p.add_argument("--out", help="JSON file for the rows")
+    p.add_argument("--what-else-ran", default="not said", help="what else ran on the machine (recorded in each row)")
     return p.parse_args(argv)
 
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
                    "per_variable_ms_range": [min(medians[False]) * 1e3, max(medians[False]) * 1e3],
                    "fused_ms_range": [min(medians[True]) * 1e3, max(medians[True]) * 1e3],
                    "speedup": before / after, "steps": args.steps, "repeats": args.repeats,
-                   "commit": commit(), "run_started": started}
+                   "commit": commit(), "run_started": started, "what_else_ran": args.what_else_ran}
             rows.append(row)
             print(f"{name:28s} {kind:8s} {len(shapes):4d} vars ({row['small_variables']:3d} small): "
                   f"per variable {row['per_variable_ms']:7.3f} ms [{row['per_variable_ms_range'][0]:.3f}-"
