@@ -2,13 +2,13 @@
 pass per variable (``optimizers.NumpyOptimizer``, for the all-reduced variables' local updates).
 
 The numpy rules are element-wise, and each call costs a fixed ~10 us of Python and numpy
-dispatch per operation whatever the variable's size: Adam makes about a dozen. Plain SGD makes
-one, which joining the gradients into one buffer costs more than (it stays per variable). A model of many
-small variables (biases, normalization scales, the layers of a deep narrow network) spent most of
+dispatch per operation whatever the variable's size: Adam makes about a dozen. A model of many
+small variables (biases, normalization scales, the layers of a deep narrow network) spent much of
 its synchronization there: a 602-variable MLP of 326 KB, all-reduced on one machine, 7.5 ms of its
-26 ms step in the rule alone (py-spy). ``Fusion`` keeps the small variables of one update and their
-slots as views into one flat buffer each, so that a step updates them with one call of the rule;
-every value goes through the same operations as alone (bit for bit the same update).
+26 ms step in the rule alone (py-spy). ``FusedUpdates`` keeps the small variables of one update
+and their slots as views into one flat buffer each, so that a step updates them with one call of
+the rule; every value goes through the same operations as alone (bit for bit the same update).
+Plain SGD makes one pass, which costs less than joining its gradients: it stays per variable.
 
 The views replace the arrays in the holder's ``params`` and the optimizer's ``slots`` (a
 checkpoint reads and names them per variable as before). Where something replaced one of them
