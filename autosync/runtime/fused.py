@@ -1,5 +1,6 @@
 """Small dense variables updated together: one pass of a numpy rule over one buffer instead of one
-pass per variable (``optimizers.NumpyOptimizer``, for the all-reduced variables' local updates).
+pass per variable (``optimizers.NumpyOptimizer``: the all-reduced variables' local updates and a
+parameter server's shards).
 
 The numpy rules are element-wise, and each call costs a fixed ~10 us of Python and numpy
 dispatch per operation whatever the variable's size: Adam makes about a dozen. A model of many
@@ -51,11 +52,11 @@ class FusedUpdates:
     ``no_decay``, its copy-on-write and update-ahead records, ``_decay`` and ``_update_blocked``).
     Off unless ``fuse_small`` is set by the variables' holder, and for a rule without slots."""
 
-    fuse_small = False   # the holder's choice: an all-reduce channel's local update sets it
+    fuse_small = False   # the holder's choice: an all-reduce channel and a parameter server set it
 
     def _apply_fused(self, iteration: int, params: dict, grads: dict) -> dict:
         """Update, together, the small dense variables of ``grads`` that may be updated in place (no
-        update ahead, no live snapshot); return the gradients of the others, for the per-variable
+        update ahead, no live snapshot: a pull still being sent reads it); return the gradients of the others, for the per-variable
         path."""
         if not self.slot_names:   # a rule of one pass (plain SGD): joining the gradients costs more than it saves
             return grads

@@ -10,7 +10,7 @@ configurations (SGD, Adam, AdamW, Adagrad with a constant learning rate, no per-
 ``global_clipnorm``'s scale is applied before them); every other one (another Keras optimizer, a
 subclass, a schedule, clipnorm or clipvalue) runs the Keras optimizer object itself
 (``keras_optimizer``), and ``check_optimizer_config`` refuses, before Ray starts, the options no
-synchronizer can honour. An all-reduce channel's small dense variables update together (``fused``).
+synchronizer can honour. Small dense variables update together where their holder asks (``fused``).
 
 Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
 embedding lookup, exactly what ``tf.IndexedSlices`` holds), or as ``(indices, values, squares)``

@@ -104,6 +104,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         self.sparse_keys = frozenset(sparse_keys)
         self.shared_keys = frozenset(shared_keys)
         self.optimizer = make_optimizer(optimizer_config)
+        self.optimizer.fuse_small = True   # small dense shards in one pass of the rule (``fused``)
         self._dense_rule = sparse_form(optimizer_config) == "dense"   # rows summed over the workers in ``_apply``
         for key, value in self.params.items():
             self.optimizer.add_variable(key, value)
