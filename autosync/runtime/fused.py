@@ -56,8 +56,8 @@ class FusedUpdates:
 
     def _apply_fused(self, iteration: int, params: dict, grads: dict) -> dict:
         """Update, together, the small dense variables of ``grads`` that may be updated in place (no
-        update ahead, no live snapshot: a pull still being sent reads it); return the gradients of the others, for the per-variable
-        path."""
+        update ahead, no live snapshot: a pull still being sent reads it); return the gradients of
+        the others, for the per-variable path."""
         if not self.slot_names:   # a rule of one pass (plain SGD): joining the gradients costs more than it saves
             return grads
         picked: dict = {}
