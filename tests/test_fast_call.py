@@ -259,3 +259,27 @@ def test_outputs_it_does_not_pack_keep_tensorflows_packing():
     got = flat(np.array([2.0, 4.0], np.float32))
     assert sorted(got) == ["double", "half"]
     np.testing.assert_array_equal(got["half"].numpy(), [1.0, 2.0])
+
+
+def test_joined_assign_sets_every_variable_small_ones_through_one_array_each_dtype():
+    """Five small float32 variables travel as one array (a scalar among them); two float64 ones, too few
+    to join, and a large one go alone; every variable gets exactly its value, on the fast path."""
+    import keras
+
+    from autosync.runtime import fast_call
+
+    shapes = [((3, 4), "float32"), ((4,), "float32"), ((), "float32"), ((2, 2, 2), "float32"), ((5,), "float32"),
+              ((3,), "float64"), ((2, 3), "float64"), ((fast_call.JOIN_VALUES + 1,), "float32")]
+    variables = [keras.Variable(np.zeros(s, d)) for s, d in shapes]
+    rng = np.random.default_rng(0)
+    initial = [np.zeros(s, d) for s, d in shapes]
+    joined = fast_call.JoinedAssign(variables, initial)
+    assert joined.groups == [[0, 1, 2, 3, 4]] and joined.alone == [5, 6, 7]
+    for _ in range(2):
+        values = [rng.normal(size=s).astype(d) for s, d in shapes]
+        values[3] = values[3].transpose(2, 0, 1)   # a strided value
+        joined(values)
+        for var, value in zip(variables, values):
+            np.testing.assert_array_equal(np.asarray(var.numpy()), value)
+            assert np.asarray(var.numpy()).dtype == value.dtype
+    assert joined.fallbacks == 0

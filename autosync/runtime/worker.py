@@ -18,7 +18,7 @@ import numpy as np
 
 from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
-from autosync.runtime.fast_call import FlatFunction, RowAssign
+from autosync.runtime.fast_call import FlatFunction, JoinedAssign, RowAssign
 from autosync.runtime.optimizer_config import keras_optimizer_config
 from autosync.runtime import prefetch, random_seeds, timeline
 from autosync.runtime.pulled import join_pulled
@@ -177,12 +177,6 @@ class TrainingWorker(WorkerCheckpoint):
                 loss = batch_loss(model, loss_fn, x, y)
             return loss, tape.gradient(loss, model.trainable_variables)
 
-        @tf.function
-        def assign(values):
-            # one graph call for all pulled values instead of one eager op per variable
-            for var, value in zip(model.trainable_variables, values):
-                var.assign(value)
-
         self._clipnorm = getattr(optimizer, "global_clipnorm", None)
         # Keras' gradient accumulation: a step draws this many batches and syncs their mean once
         # (outside the graph; in the graph Keras accumulates itself, see ``_gradients_of``)
@@ -209,7 +203,7 @@ class TrainingWorker(WorkerCheckpoint):
         self.row_reads = find_row_reads(model, self.variables, sparse)
         # the per-step calls, past tf.function's per-call dispatch (``fast_call``)
         self._gradients = FlatFunction(gradients, (x, y))
-        self._assign = FlatFunction(assign, (initial,))
+        self._assign = JoinedAssign(self.variables, initial)   # one graph call, small values joined
         self._assign_rows = self._row_assigner(initial)
         if hasattr(self.row_reads.ids, "python_function"):   # a tf.function (``rows``: not where ids are inputs)
             self.row_reads.ids = FlatFunction(self.row_reads.ids, (x,))
