@@ -79,17 +79,7 @@ def test_a_model_that_hangs_on_the_workers_fails_its_trial_saying_where(ray_sess
     """The driver reads the model; the workers' dataset_fn hangs: the trial times out saying where it
     hung, before the limit (it said only "time limit reached with 2 of 2 unfinished"), and is not run
     again (a time-out: ``Trial.worth_another_run``)."""
-    from autosync.runtime.runner import RayRunner
-    from autosync.sources import local_cluster
-    from strategy_space.builders import get_builder
-
-    model_def = _hangs_on_workers()
-    runner = RayRunner(model_def, local_cluster(), warmup=1, steps=2, trial_timeout_s=75)
-    try:
-        strategy = get_builder("ps").build(runner.given_spec or _spec(model_def), local_cluster())
-        [trial] = runner.run([strategy])
-    finally:
-        runner.close()
+    trial = _ps_trial(_hangs_on_workers(), warmup=1, steps=2)
     text = trial.error
     assert trial.status == "timeout" and not trial.worth_another_run, text
     assert "ModelDef hangs_there: worker " in text and " building the model and drawing its first batches did not " \
@@ -122,22 +112,27 @@ def test_a_dataset_that_hangs_in_a_later_step_fails_its_trial_saying_where(ray_s
     """Worker 1's dataset_fn hangs at its 7th batch, drawn ahead on the prefetching thread while worker 0
     waits for its push: the trial times out naming worker 1 and the line in data where it hung (it said
     only "time limit reached with 2 of 2 unfinished"); worker 0, waiting, is not the one blamed."""
-    from autosync.runtime.runner import RayRunner
-    from autosync.sources import local_cluster
-    from strategy_space.builders import get_builder
-
-    model_def = _hangs_later()
-    runner = RayRunner(model_def, local_cluster(), warmup=2, steps=8, trial_timeout_s=75)
-    try:
-        strategy = get_builder("ps").build(runner.given_spec or _spec(model_def), local_cluster())
-        [trial] = runner.run([strategy])
-    finally:
-        runner.close()
+    trial = _ps_trial(_hangs_later(), warmup=2, steps=8)
     text = trial.error
     assert trial.status == "timeout" and not trial.worth_another_run, text
     assert "ModelDef hangs_later: worker 1 running 11 training steps, drawing their batches from dataset_fn, did not " \
         "finish within " in text, text
     assert f"was stopped at {__file__}:" in text and " in data (a wait on" in text, text
+
+
+def _ps_trial(model_def, warmup: int, steps: int):
+    """One trial of the ``ps`` builder's strategy on ``local``, its limit 75 s."""
+    from autosync.runtime.runner import RayRunner
+    from autosync.sources import local_cluster
+    from strategy_space.builders import get_builder
+
+    runner = RayRunner(model_def, local_cluster(), warmup=warmup, steps=steps, trial_timeout_s=75)
+    try:
+        strategy = get_builder("ps").build(runner.given_spec or _spec(model_def), local_cluster())
+        [trial] = runner.run([strategy])
+    finally:
+        runner.close()
+    return trial
 
 
 def _spec(model_def):
