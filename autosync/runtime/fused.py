@@ -49,7 +49,8 @@ class _Group:
 class FusedUpdates:
     """The fused part of a numpy rule's updates (module doc): a mixin of
     ``optimizers.NumpyOptimizer`` (it uses the rule's ``slots``, ``slot_names``, ``weight_decay``,
-    ``no_decay``, its copy-on-write and update-ahead records, ``_decay`` and ``_update_blocked``).
+    ``no_decay``, its copy-on-write and update-ahead records, ``_fused`` (a dict it keeps its buffers
+    in), ``_decay`` and ``_update_blocked``).
     Off unless ``fuse_small`` is set by the variables' holder, and for a rule without slots."""
 
     fuse_small = False   # the holder's choice: an all-reduce channel and a parameter server set it
@@ -84,7 +85,7 @@ class FusedUpdates:
         return rest
 
     def _fused_group(self, index: tuple, params: dict) -> _Group:
-        groups = self.__dict__.setdefault("_fused", {})   # (dtype, decays, keys) -> _Group
+        groups = self._fused   # (dtype, decays, keys) -> _Group
         group = groups.get(index)
         if group is not None and group.holds(params, self.slots):
             return group

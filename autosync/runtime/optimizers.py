@@ -81,7 +81,7 @@ class NumpyOptimizer(FusedUpdates, UpdateAhead, abc.ABC):
         self.slots: dict = {}
         self._owned: dict = {}  # key -> weak reference to the array it allocated for that variable
         self._readers: dict = {}  # key -> weak references to the snapshots handed out since
-        self._ahead, self._spare = {}, {}  # updates computed ahead (``update_ahead``)
+        self._ahead, self._spare, self._fused = {}, {}, {}  # updates ahead (``update_ahead``), ``fused`` buffers
         self.copies = 0  # copies made on write (a received value's first update, or a live snapshot)
 
     def add_variable(self, key, value: np.ndarray) -> None:
