@@ -340,6 +340,6 @@ def ray_cluster(text: str = "ray") -> ClusterSpec:
     options = parse_options(text)
     connect()
     nodes = ray.nodes()
-    measured = {} if "gpu_gib" in options else probe_gpu_memory(nodes)
+    measured = {} if "gpu_gib" in options else probe_gpu_memory(nodes, command=NVIDIA_SMI)
     return describe_nodes(nodes, workers=options.get("workers"), gbps=options.get("gbps", DEFAULT_GBPS),
                           intra_gbps=options.get("intra_gbps"), gpu_gib=options.get("gpu_gib"), gpu_mib=measured)

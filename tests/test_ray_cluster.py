@@ -155,6 +155,29 @@ def test_the_connected_ray_instance_is_described_and_bound(ray_session):
     assert binding.node_ids == {"node0": ray_session.nodes()[0]["NodeID"]} and not binding.started_ray
 
 
+@pytest.mark.integration
+def test_a_gpu_nodes_memory_comes_through_the_cluster_option_as_a_user_gives_it(ray_session, monkeypatch, tmp_path):
+    """``--cluster ray`` end to end (``load_cluster``) on the session's node, which Ray is made to report
+    with a GPU: nvidia-smi's figure (a fake on the node) where nothing is given, ``ray?gpu_gib=X`` where
+    it is (and then nvidia-smi is not asked: the fake would fail)."""
+    import ray
+
+    from autosync import ray_cluster
+    from autosync.sources import load_cluster
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 40960\necho 81920\n")
+    fake.chmod(0o755)
+    nodes = [{**n, "Resources": {**n["Resources"], "GPU": 1.0}} for n in ray.nodes()]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray_cluster, "NVIDIA_SMI", (str(fake),))
+    (node,) = load_cluster("ray").nodes
+    assert (node.gpus, node.gpu_memory_gib) == (1, 40.0)
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    (node,) = load_cluster("ray?gpu_gib=12").nodes
+    assert node.gpu_memory_gib == 12.0
+
+
 def _closed_port() -> int:
     """A loopback port nothing listens at (bound, then closed)."""
     import socket
