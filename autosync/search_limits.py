@@ -86,7 +86,7 @@ def built_model_optimizer(model_def) -> tuple:
 
     check_model_optimizer(model_def)
     spec, model = built_model_spec(model_def)[:2]
-    return spec, check_model_optimizer(model_def, model.trainable_variables)
+    return spec, check_model_optimizer(model_def, model.trainable_variables, model)
 
 
 def search_limits(optimizer_config: dict, user: Constraints | None = None, sparse=None) -> SearchLimits:
@@ -100,6 +100,7 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None, spars
             under ``clipnorm``, staleness under ``global_clipnorm``), saying which and what to change.
     """
     from autosync.runtime.keras_optimizer import whole_variable_reasons
+    from autosync.runtime.loss_scale import LOSS_SCALE
     from autosync.runtime.optimizer_config import CONSTRAINED
 
     rules = tuple(user.rules) if user is not None else ()
@@ -115,12 +116,13 @@ def search_limits(optimizer_config: dict, user: Constraints | None = None, spars
         rules = (Rule(shards=1),) + rules
         partition_note = f"no variable partitioned: {why}, which shards updated separately cannot do"
     clip = optimizer_config.get("global_clipnorm")
-    if clip is not None:
+    held = ("the optimizer's global_clipnorm" if clip is not None else
+            "the optimizer's dynamic loss scaling" if optimizer_config.get(LOSS_SCALE) is not None else None)
+    if held is not None:
         if staleness:
-            problems.append(f"constraints: pin staleness {staleness}, but the optimizer's global_clipnorm={clip!r} "
+            problems.append(f"constraints: pin staleness {staleness}, but {held}{f'={clip!r}' if clip is not None else ''} "
                             f"needs every gradient of a step before any update; pin staleness 0 or leave it free")
-        staleness_note = ("staleness and asynchronous PS not proposed: the optimizer's global_clipnorm needs every "
-                          "gradient of a step before any update")
+        staleness_note = f"staleness and asynchronous PS not proposed: {held} needs every gradient of a step before any update"
     if problems:
         raise ConfigError(problems)
     constraints = Constraints(pinned + rules, staleness) if reasons or pinned else user

@@ -163,7 +163,8 @@ class ModelSpec:
         global_clipnorm: the model's optimizer clips a step's gradients by the norm of all of them
             (Keras ``global_clipnorm``): a step carried outside the graph (a synchronous PS, the
             numpy all-reduce) is held until every shard agrees on the scale, which costs a round
-            trip and the overlap of its pushes with its pulls. Part of the fingerprint (and
+            trip and the overlap of its pushes with its pulls. Dynamic loss scaling (a
+            ``LossScaleOptimizer``, a ``mixed_float16`` model) holds its steps alike: true then too. Part of the fingerprint (and
             written) only when true, so other specs keep theirs.
         optimizer_slots: arrays of a variable's full size the model's optimizer keeps per variable
             (Adam 2, SGD with momentum 1, Adagrad 1): what a parameter server holds per shard, and

@@ -37,6 +37,9 @@ def make_optimizer(kind: str, **kw):
     import keras
 
     exclude = kw.pop("exclude_from_weight_decay", None)   # var_names, as Keras' method takes them
+    scaling = kw.pop("loss_scale", None)   # dynamic loss scaling: a LossScaleOptimizer's options
+    if scaling is not None:
+        return keras.optimizers.LossScaleOptimizer(make_optimizer(kind, **kw), **scaling)
     if kind == "subclass":
         return __getattr__("HalfStepSGD")(**kw)
     if isinstance(kw.get("learning_rate"), dict):  # a schedule, as {"cosine": kwargs}
@@ -77,6 +80,15 @@ def make_batches(worker: int, num_workers: int, batch: int = 8, count: int = 4, 
         x = rng.randint(0, vocab, size=(batch, IDS)).astype("int32")
         y = (np.sin(x.sum(axis=1, keepdims=True) / 7.0)).astype("float32")
         out.append((x, y))
+    return out
+
+
+def nan_batches(worker: int, num_workers: int, at: int = 1):
+    """``make_batches`` with a nan target in worker 1's batch ``at``: that step's global-batch
+    gradient is not finite (a loss-scaled step is skipped; anything else diverges)."""
+    out = make_batches(worker, num_workers)
+    if worker == 1:
+        out[at][1][0] = np.nan
     return out
 
 
@@ -257,7 +269,7 @@ def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
             x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            loss = opt.scale_loss(loss_fn(y, model(x, training=True)))   # a LossScaleOptimizer's scale, or 1
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
     if steps and opt.use_ema:   # as Keras' fit ends

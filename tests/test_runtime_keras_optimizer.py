@@ -260,10 +260,16 @@ def test_options_that_cannot_be_honoured_are_refused_with_the_reason():
     for accepted in (keras.optimizers.SGD(global_clipnorm=1.0), keras.optimizers.SGD(gradient_accumulation_steps=2),
                      keras.optimizers.Adam(use_ema=True)):
         check_optimizer_config(keras_optimizer_config(accepted))   # held steps, accumulating workers, averages
-    for opt, match in [(keras.optimizers.SGD(loss_scale_factor=128.0), r"loss_scale_factor=128.0 .*do not scale the loss.*mixed_bfloat16"),
-                       (keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), r"wraps other optimizers")]:
+    # dynamic loss scaling: described by the inner optimizer, with its settings (``loss_scale``)
+    scaled = keras_optimizer_config(keras.optimizers.LossScaleOptimizer(keras.optimizers.RMSprop(0.01), 256.0, 50))
+    check_optimizer_config(scaled)
+    assert scaled["class"] == "RMSprop" and scaled["learning_rate"] == pytest.approx(0.01)
+    assert scaled["loss_scale"] == {"initial_scale": 256.0, "dynamic_growth_steps": 50}
+    for opt, match in [(keras.optimizers.SGD(loss_scale_factor=128.0),
+                        r"loss_scale_factor=128.0 .*fixed loss scale .*LossScaleOptimizer.*mixed_bfloat16"),
+                       ({"class": "LossScaleOptimizer"}, r"wraps other optimizers")]:
         with pytest.raises(ConfigError, match=match):
-            check_optimizer_config(keras_optimizer_config(opt))
+            check_optimizer_config(opt if isinstance(opt, dict) else keras_optimizer_config(opt))
 
 
 def test_shard_wise_limits_are_refused_per_strategy():

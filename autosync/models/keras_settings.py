@@ -56,22 +56,14 @@ def apply(settings: dict | None, where: str = "ModelDef") -> None:
 
 
 def check_precision(model, where: str) -> None:
-    """Refuse a model whose dtype policy is ``mixed_float16``: Keras' ``compile`` wraps its
-    optimizer in a ``LossScaleOptimizer`` (dynamic loss scaling), which no synchronizer applies, so
-    its float16 gradients would underflow here where ``fit`` scales them; and one with float8
-    layers, whose scale and history variables Keras overwrites with their "gradient"
-    (``overwrite_with_gradient``) instead of applying the optimizer.
+    """Refuse a model with float8 layers, whose scale and history variables Keras overwrites with
+    their "gradient" (``overwrite_with_gradient``) instead of applying the optimizer. (A
+    ``mixed_float16`` model trains with dynamic loss scaling, as Keras' ``compile`` gives it:
+    ``autosync.runtime.loss_scale``.)
 
     Raises:
-        ConfigError: the policy, and the policies that train here.
+        ConfigError: the variables, and the policies that train here.
     """
-    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
-    if policy == "mixed_float16":
-        raise ConfigError(f"{where}: the model's dtype policy is mixed_float16, which Keras trains with dynamic loss "
-                          f"scaling (compile wraps the optimizer in a LossScaleOptimizer); AutoSync's synchronizers do "
-                          f"not scale the loss, so float16 gradients would underflow. Use "
-                          f"keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed) or "
-                          f"float32")
     overwritten = [v.path for v in model.trainable_variables if getattr(v, "overwrite_with_gradient", False)]
     if overwritten:
         raise ConfigError(f"{where}: variables {', '.join(overwritten[:4])}"

@@ -57,6 +57,7 @@ _LINEAR_IN_SLICES = frozenset({"sgd", "lion"})
 # iteration): a shard alone gives another update
 _WHOLE_VARIABLE = frozenset({"lamb", "adafactor", "muon"})
 # wrappers of other optimizers: apply the inner one in optimizer_fn instead
+# (a LossScaleOptimizer is described by its inner one: ``loss_scale``)
 _WRAPPERS = frozenset({"LossScaleOptimizer", "MultiOptimizer", "OptimizerMap"})
 
 
@@ -176,9 +177,10 @@ def check_constraints(config: dict, outside, names) -> None:
 
 
 def check_global_clipnorm(config: dict, plan, graph_beside_others: bool) -> None:
-    """Refuse a ``global_clipnorm`` a plan cannot honour: every gradient of a step must be in
-    before any update (no staleness, no asynchronous PS), and under gradient accumulation the
-    ``graph`` backend cannot hold its part beside other synchronizers.
+    """Refuse a ``global_clipnorm``, or dynamic loss scaling (``loss_scale``), a plan cannot honour:
+    every gradient of a step must be in before any update (no staleness, no asynchronous PS), and
+    under gradient accumulation the ``graph`` backend cannot hold its part beside other
+    synchronizers (loss scaling is refused with accumulation altogether).
 
     Args:
         config: the optimizer's ``keras_optimizer_config``.
@@ -188,15 +190,25 @@ def check_global_clipnorm(config: dict, plan, graph_beside_others: bool) -> None
     Raises:
         ConfigError: saying which part of the strategy and what to change.
     """
-    clip = config.get("global_clipnorm")
-    if clip is None:
+    from autosync.runtime.loss_scale import LOSS_SCALE
+
+    clip, scaled = config.get("global_clipnorm"), config.get(LOSS_SCALE) is not None
+    if clip is None and not scaled:
         return
-    head = f"optimizer option global_clipnorm={clip!r} clips by the norm of all of a step's gradients"
+    head = (f"optimizer option global_clipnorm={clip!r} clips by the norm of all of a step's gradients"
+            if clip is not None else "the optimizer scales the loss dynamically (a LossScaleOptimizer, what compile "
+                                     "gives a mixed_float16 model) and skips a step unless all its gradients are finite")
+    accumulate = int(config.get("gradient_accumulation_steps") or 1)
+    if scaled and accumulate > 1:
+        raise ConfigError(f"the optimizer scales the loss dynamically (a LossScaleOptimizer, or a mixed_float16 "
+                          f"model's) and its inner optimizer accumulates gradient_accumulation_steps={accumulate}: "
+                          f"AutoSync does not run the two together; drop the accumulation (a larger batch), or "
+                          f"train in mixed_bfloat16 or float32 (no loss scaling)")
     if plan.ps_actors and (not plan.sync or plan.staleness):
         mode = "asynchronous" if not plan.sync else f"staleness {plan.staleness}"
         raise ConfigError(f"{head}, but this strategy's parameter servers apply updates without waiting for every "
-                          f"worker ({mode}); use staleness 0, or clipnorm (per variable)")
-    if (config.get("gradient_accumulation_steps") or 1) > 1 and graph_beside_others:
+                          f"worker ({mode}); use staleness 0{', or clipnorm (per variable)' if clip is not None else ''}")
+    if accumulate > 1 and graph_beside_others:
         raise ConfigError(f"{head}, but with gradient_accumulation_steps the graph all-reduce backend accumulates "
                           f"inside the training step, which cannot wait for the other synchronizers' part of the "
                           f"norm; beside parameter servers use backend auto (nccl on GPUs there), nccl or gloo, "

@@ -2,6 +2,7 @@
 its class, and the user's own classes it needs, carried by value."""
 from __future__ import annotations
 
+from autosync.runtime.loss_scale import LOSS_SCALE, unwrapped
 from strategy_space.errors import ConfigError
 
 
@@ -21,10 +22,16 @@ def keras_optimizer_config(optimizer, variables=None) -> dict:
     every synchronizer decays the rest only, whatever its shards are called. Their constraints
     (``kernel_constraint=NonNeg()``, ...), which Keras' optimizer applies to a variable after each
     of its updates, travel as ``{variable name: constraint class}`` under ``CONSTRAINED``: only an
-    update in the training graph applies them (``keras_optimizer.check_constraints``)."""
+    update in the training graph applies them (``keras_optimizer.check_constraints``).
+
+    A ``LossScaleOptimizer`` is described by its inner optimizer, with the dynamic loss scaling's
+    settings under ``LOSS_SCALE`` (``loss_scale``)."""
+    optimizer, scaling = unwrapped(optimizer)   # a LossScaleOptimizer: its inner one, and the scaling
     cls = type(optimizer)
     name = cls.__name__ if _keras_own(cls) else f"{cls.__module__}.{cls.__qualname__}"
     config = {**optimizer.get_config(), "class": name}
+    if scaling is not None:
+        config[LOSS_SCALE] = scaling
     schedule = getattr(optimizer, "_learning_rate", None)
     own = {c.__name__: c for c in (cls, *_classes_within(schedule)) if _users(c)}
     if own:
@@ -87,6 +94,7 @@ def check_learning_rate(optimizer) -> None:
     training. A ``LearningRateSchedule`` is a function of the step, the same everywhere."""
     import keras
 
+    optimizer, _ = unwrapped(optimizer)
     rate = getattr(optimizer, "_learning_rate", None)
     if callable(rate) and not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         name = getattr(rate, "__name__", type(rate).__name__)
@@ -108,6 +116,7 @@ def full_size_slots(optimizer) -> int:
 
     from strategy_space.model_spec import MAX_SLOTS
 
+    optimizer, _ = unwrapped(optimizer)
     try:
         copy = type(optimizer).from_config(optimizer.get_config())
         copy.build([keras.Variable(np.zeros((3, 5), "float32"), name="stand_in")])

@@ -6,11 +6,11 @@ Importing TensorFlow in a parameter-server process costs seconds (see
 fresh one per trial; these numpy versions of the Keras 3 formulas need no TensorFlow at all. The
 arithmetic follows Keras step by step in the variable's dtype (float32 scalars, same operation
 order), so results match a single-process Keras optimizer to float rounding. They run the common
-configurations (SGD, Adam, AdamW, Adagrad with a constant learning rate, no per-variable clipping;
-``global_clipnorm``'s scale is applied before them); every other one (another Keras optimizer, a
-subclass, a schedule, clipnorm or clipvalue) runs the Keras optimizer object itself
-(``keras_optimizer``), and ``check_optimizer_config`` refuses, before Ray starts, the options no
-synchronizer can honour. Small dense variables update together where their holder asks (``fused``).
+configurations (SGD, Adam, AdamW, Adagrad, a constant learning rate, no per-variable clipping;
+``global_clipnorm`` and loss scaling act before them); any other (another Keras optimizer, a subclass,
+a schedule, clipnorm, clipvalue) runs the Keras optimizer itself (``keras_optimizer``), and
+``check_optimizer_config`` refuses, before Ray starts, the options no synchronizer can honour.
+Small dense variables update together where their holder asks (``fused``).
 
 Sparse gradients arrive as ``(indices, values)`` with possibly repeated indices (one slice per
 embedding lookup, exactly what ``tf.IndexedSlices`` holds), or as ``(indices, values, squares)``
@@ -28,20 +28,19 @@ import numpy as np
 
 from autosync.runtime.blocks import in_blocks
 from autosync.runtime.fused import FusedUpdates
+from autosync.runtime.loss_scale import LOSS_SCALE, wrapped_for_policy
 from autosync.runtime.update_ahead import UpdateAhead, row_sums as _row_sums, row_sums_many
 from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, check_learning_rate, keras_optimizer_config
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
-_UNSUPPORTED = {
-    "clipnorm": None, "clipvalue": None,
-    "use_ema": False, "loss_scale_factor": None, "gradient_accumulation_steps": None,
-}
+_UNSUPPORTED = {"clipnorm": None, "clipvalue": None, "use_ema": False, "loss_scale_factor": None,
+                "gradient_accumulation_steps": None}
 # handled by every optimizer here (weight decay by the base class) or not part of the update rule;
-# global_clipnorm's scale is applied to the step's gradients before any rule sees them, on every
-# synchronizer alike (``ps_clip``, ``sync.base``'s held steps), so the rules run it exactly
+# global_clipnorm's scale (and loss scaling's, ``loss_scale``) is applied before any rule sees the
+# gradients, on every synchronizer alike (``ps_clip``, ``sync.base``'s held steps)
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency",
-            "global_clipnorm", NO_DECAY, CONSTRAINED}
+            "global_clipnorm", NO_DECAY, CONSTRAINED, LOSS_SCALE}
 
 
 def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
@@ -316,8 +315,8 @@ OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}
 
 # options that cannot be honoured where updates run, and why
 _REFUSED = {
-    "loss_scale_factor": ("the synchronizers do not scale the loss (a mixed_float16 model is refused for the same "
-                          "reason); train in mixed_bfloat16 or float32"),
+    "loss_scale_factor": ("a fixed loss scale is not applied by the synchronizers; use dynamic loss scaling "
+                          "(keras.optimizers.LossScaleOptimizer(optimizer)), mixed_bfloat16 or float32"),
 }
 _REFUSED_DEFAULTS = {"loss_scale_factor": None}
 
@@ -363,10 +362,11 @@ def check_optimizer_config(config: dict) -> None:
         raise ConfigError(problems)
 
 
-def check_model_optimizer(model_def, variables=None) -> dict:
+def check_model_optimizer(model_def, variables=None, model=None) -> dict:
     """The one optimizer check every command runs on a trainable model, before Ray starts
     (``tune``, ``run``, ``baselines`` refuse; ``inspect`` warns). With the model's trainable
-    ``variables`` the config also says their constraints and weight-decay exclusions.
+    ``variables`` the config also says their constraints and weight-decay exclusions; with the
+    ``model`` (built), the loss scaling Keras' compile gives a mixed_float16 one (``loss_scale``).
 
     Returns:
         the optimizer's ``keras_optimizer_config`` (``plan`` keeps out what the runtime refuses
@@ -380,7 +380,7 @@ def check_model_optimizer(model_def, variables=None) -> dict:
     try:
         fix = "make optimizer_fn build and return a keras optimizer"
         with user_code(model_def, "optimizer_fn()", fix):
-            optimizer = model_def.optimizer_fn()
+            optimizer = wrapped_for_policy(model_def.optimizer_fn(), model)   # (None: as it is)
             if not callable(getattr(optimizer, "get_config", None)):
                 raise ConfigError(f"optimizer_fn returned {type(optimizer).__name__}, not a keras optimizer; {fix}")
             check_learning_rate(optimizer)

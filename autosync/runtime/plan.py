@@ -256,6 +256,14 @@ def _resolved(backend: str, gpus: bool, graph: bool) -> str:
     return resolve_backend(backend, gpus).name
 
 
+def holds_steps(optimizer: dict | None) -> bool:
+    """Whether the optimizer's steps are held until every synchronizer's part is in
+    (``ModelSpec.global_clipnorm``): it clips by the global norm, or scales the loss dynamically."""
+    from autosync.runtime.loss_scale import LOSS_SCALE
+
+    return bool(optimizer) and (optimizer.get("global_clipnorm") is not None or optimizer.get(LOSS_SCALE) is not None)
+
+
 def _graph_cannot_hold(optimizer: dict | None) -> bool:
     """Whether the optimizer clips by the global norm over accumulated batches, which the graph
     all-reduce cannot wait for beside other synchronizers (``check_global_clipnorm``)."""
@@ -271,7 +279,7 @@ def model_spec_from_vars(name: str, variables: list[dict], batch_size: int,
     imports Keras)."""
     return ModelSpec(name=name, batch_size=batch_size, variables=tuple(
         VariableSpec(name=v["name"], shape=tuple(v["shape"]), dtype=v["dtype"], sparse=v["sparse"])
-        for v in variables), global_clipnorm=bool(optimizer) and optimizer.get("global_clipnorm") is not None,
+        for v in variables), global_clipnorm=holds_steps(optimizer),
         optimizer_slots=_optimizer_slots(optimizer) if slots and optimizer else 0)
 
 

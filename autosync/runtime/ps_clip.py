@@ -1,4 +1,4 @@
-"""``global_clipnorm`` on a synchronous parameter-server actor: held steps.
+"""``global_clipnorm`` and dynamic loss scaling on a synchronous parameter-server actor: held steps.
 
 Keras clips a step's gradients by the norm of all of them together. The shards of one step live
 on several actors and channels, so none may update before all of them agree on the scale
@@ -13,9 +13,11 @@ on several actors and channels, so none may update before all of them agree on t
                                      ``IndexedSlices`` values; under gradient
                                      accumulation its sparse shards' summed rows)
                                      over ``num_workers ** 2``;
-    ``clip_scale(t, scale)``         the scale every worker computed from the sum of all parts;
-                                     the first one received releases the update of ``t`` (the
-                                     gradients times the scale), the others are ignored.
+    ``clip_scale(t, scale, it)``     the scale every worker computed from the sum of all parts
+                                     (None: skip the step, dynamic loss scaling) and the
+                                     optimizer's count of updates before it; the first one received
+                                     releases the update of ``t`` (the gradients times the scale),
+                                     the others are ignored.
 
 A step's update waits for its scale, so with ``global_clipnorm`` the pull of ``t + 1`` is served
 one round trip after the last push of ``t`` (no chunk is updated before the whole step is in).
@@ -33,17 +35,22 @@ class HeldSteps:
     ``_apply_complete_steps``."""
 
     def _setup_clip(self, optimizer_config: dict) -> None:
+        from autosync.runtime.loss_scale import LOSS_SCALE
+
         self.clip = optimizer_config.get("global_clipnorm") if self.sync else None
+        # every step is held under global_clipnorm or dynamic loss scaling (which may skip one)
+        self.holds = self.sync and (self.clip is not None or optimizer_config.get(LOSS_SCALE) is not None)
+        self._skipped = 0   # steps skipped so far: an update's iteration is its step less these
         # under gradient accumulation Keras clips the dense sum of a sparse gradient (repeated rows
         # added first): its part is then summed here, from every worker's rows
         self._clip_dense_rows = (optimizer_config.get("gradient_accumulation_steps") or 1) > 1
-        self._scales: dict[int, float] = {}   # step -> its scale, until applied
+        self._scales: dict[int, tuple] = {}   # step -> (its scale or None: skipped, iteration), until applied
         self._norm_parts: dict[int, list] = {}   # step -> [sum of workers' sparse parts, workers that asked]
         self._norms: dict[int, float] = {}   # step -> this actor's part, kept one step after it is applied
 
     def _held(self, step: int) -> bool:
         """Whether the update of ``step`` waits for its scale."""
-        return self.clip is not None and step not in self._scales
+        return self.holds and step not in self._scales
 
     async def clip_norm(self, worker: int, step: int, local: float) -> float:
         """This actor's part of the squared global norm of ``step`` (module doc)."""
@@ -64,13 +71,14 @@ class HeldSteps:
                 self._norms[step] = self._dense_sq(step) + sparse / float(self.num_workers) ** 2
             return self._norms[step]
 
-    async def clip_scale(self, step: int, scale: float) -> None:
-        """Release the update of ``step`` with ``scale`` (the first one received counts)."""
+    async def clip_scale(self, step: int, scale, iteration: int | None = None) -> None:
+        """Release the update of ``step`` with ``scale`` (None: skip it, dynamic loss scaling) as
+        the optimizer's update ``iteration`` (None: ``step``); the first one received counts."""
         if self._error:
             raise RuntimeError(self._error)
         if step < self.version or step in self._scales:
             return
-        self._scales[step] = float(scale)
+        self._scales[step] = (None if scale is None else float(scale), step if iteration is None else int(iteration))
         try:
             self._apply_complete_steps()
         except Exception as e:
@@ -104,12 +112,22 @@ class HeldSteps:
 
     def _clip_factor(self, step: int):
         """The scale the update of ``step`` multiplies its gradients by (None: no clipping)."""
-        return None if self.clip is None else np.float32(self._scales[step])
+        return None if self.clip is None else np.float32(self._scales[step][0])
+
+    def _skips(self, step: int) -> bool:
+        """Whether ``step`` is skipped (dynamic loss scaling: a reduced gradient not finite)."""
+        return self.holds and self._scales[step][0] is None
+
+    def _iteration(self, step: int) -> int:
+        """The optimizer's count of updates before ``step``'s (Keras ``iterations``)."""
+        return self._scales[step][1] if self.holds and step in self._scales else step - self._skipped
 
     def _clip_applied(self, step: int) -> None:
         """Forget what ``step`` needed once it is applied in every chunk (its norm one step later:
         a late reader of it is a worker not yet past that step)."""
-        if self.clip is not None:
+        if self.holds:
+            scale, iteration = self._scales[step]
+            self._skipped = step - iteration + (scale is None)   # what the next step's update ahead counts
             self._scales.pop(step, None)
             self._norm_parts.pop(step, None)
             self._norms.pop(step - 1, None)

@@ -198,7 +198,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
             raise
         finally:
             timeline.add("push", t0, time.perf_counter(), step=step, source=source, chunk=chunk)
-            if applied or self.clip is not None:   # held steps: a clip_norm may wait for this push
+            if applied or self.holds:   # held steps: a clip_norm may wait for this push
                 async with self._condition():
                     self._condition().notify_all()
 
@@ -358,7 +358,8 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
                 entry["dense"][key] = aligned_copy(g)
         for c in covered:   # a step waiting for more pushes: its update is computed ahead meanwhile
             if step == self.chunk_version[c] and min(self._pending[(step, c)]["weight"].values()) < self.num_workers:
-                self.optimizer.update_ahead(step, self.params, [k for k in self.chunks[c] if k in self.sparse_keys])
+                self.optimizer.update_ahead(self._iteration(step), self.params,
+                                            [k for k in self.chunks[c] if k in self.sparse_keys])
 
     def _apply_complete_steps(self) -> bool:
         applied = False
@@ -381,6 +382,8 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         return applied
 
     def _apply(self, step: int, entry: dict) -> None:
+        if self._skips(step):   # dynamic loss scaling: a gradient was not finite, nothing changes
+            return
         t0 = time.perf_counter()
         n = self.num_workers
         scale = self._clip_factor(step)   # global_clipnorm's (``ps_clip``), or None
@@ -405,7 +408,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
                 vals *= vals.dtype.type(scale)
                 squares = None if squares is None else squares * squares.dtype.type(scale * scale)
             grads[key] = (idx, vals, squares)
-        self.optimizer.apply(step, self.params, grads)
+        self.optimizer.apply(self._iteration(step), self.params, grads)
         self.stats_["apply_s"] += time.perf_counter() - t0
 
 

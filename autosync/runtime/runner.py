@@ -189,10 +189,11 @@ class RayRunner(Runner):
                                       f"the workers built (names, shapes, dtypes, sparsity or batch size differ); "
                                       f"build the spec from the same ModelDef")
                 if given.global_clipnorm != built.global_clipnorm:
+                    does = ("clips by the global norm" if desc["optimizer"].get("global_clipnorm") is not None else
+                            "scales the loss dynamically" if built.global_clipnorm else "does not clip by the global norm")
                     raise ConfigError(f"the model spec given for {self.model_def.name} says global_clipnorm "
-                                      f"{str(given.global_clipnorm).lower()} but the workers' optimizer "
-                                      f"{'clips' if built.global_clipnorm else 'does not clip'} by the global norm; "
-                                      f"build the spec from the same ModelDef")
+                                      f"{str(given.global_clipnorm).lower()} but the workers' optimizer {does} (held "
+                                      f"steps: {str(built.global_clipnorm).lower()}); build the spec from the same ModelDef")
             self._model = given or built
         return self._model
 

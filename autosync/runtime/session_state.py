@@ -5,7 +5,8 @@ Arrays are named for ``state.npz``: ``ps/<actor>/<var>.<shard>/<slot>`` for a pa
 optimizer slots, ``channel<c>/<name>`` for the state of worker channel ``c`` (all-reduced
 variables' optimizer, taken from worker 0: every worker holds the same), ``seeds/<w>/<i>`` for
 worker ``w``'s state of the model's ``i``-th random-layer generator (``random_seeds``: each
-worker's own). Reads and writes happen between round trips, when no step is in flight.
+worker's own), ``loss_scale`` for dynamic loss scaling's ``[scale, counter, skipped]`` (worker 0's:
+every worker holds the same). Reads and writes happen between round trips, when no step is in flight.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class Snapshot:
     channel_sizes: list = field(default_factory=list)
     read_s: float = 0.0
     seeds: tuple = ()
+    loss_scale: list | None = None
 
     def weights(self):
         """``(index, array)`` of each model weight (``get_weights`` order): worker 0's, but the
@@ -123,6 +125,8 @@ class Snapshot:
                 yield from ((f"channel{c}/{k}", a) for k, a in self._worker0([], {c: batch})["channels"][c].items())
         for w, states in enumerate(self.seeds):
             yield from ((f"seeds/{w}/{i}", a) for i, a in enumerate(states))
+        if self.loss_scale is not None:
+            yield "loss_scale", np.asarray(self.loss_scale, np.float64)
 
     def _worker0(self, weights: list, channels: dict) -> dict:
         session = self.session
@@ -170,7 +174,7 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
                                  for n, s in zip(names, ps_states)},
                     weight_specs=states[0]["weights"], trainable=states[0]["trainable"], layout=states[0]["layout"],
                     ps_sizes={n: s["sizes"] for n, s in zip(names, ps_states)}, channel_sizes=states[0]["channels"],
-                    seeds=tuple(s["seeds"] for s in states))
+                    seeds=tuple(s["seeds"] for s in states), loss_scale=states[0].get("loss_scale"))
 
 
 def write_weights(snap: Snapshot, path: str, model) -> None:
@@ -263,7 +267,9 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         part = ray.put({i: _array(state.weights[i]) for i in batch})   # one copy for every worker
         wait_all([w.assign_weights.remote(part) for w in session.workers], deadline, "worker", names, actors=labels)
         del part
-    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i))
+    scaling = state.arrays.get("loss_scale")
+    scaling = None if scaling is None else [float(x) for x in _array(scaling)]
+    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i), scaling)
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found

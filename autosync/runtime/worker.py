@@ -19,6 +19,7 @@ import numpy as np
 from autosync.models.fit_batch import batch_loss, check_model
 from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, JoinedAssign, RowAssign
+from autosync.runtime.loss_scale import LossScale, per_worker, scaled_gradients, unwrapped, wrapped_for_policy
 from autosync.runtime.optimizer_config import keras_optimizer_config
 from autosync.runtime import prefetch, random_seeds, timeline
 from autosync.runtime.pulled import join_pulled
@@ -168,19 +169,23 @@ class TrainingWorker(WorkerCheckpoint):
         check_model(self.model, f"ModelDef {model_def.name}")
         self._seeds = random_seeds.initial_states(self.model)   # each trial's random streams start here
         self.loss = model_def.loss()
-        optimizer = model_def.optimizer_fn()
+        optimizer = wrapped_for_policy(model_def.optimizer_fn(), self.model)   # as Keras' compile would
+        inner, self._scaling = unwrapped(optimizer)   # dynamic loss scaling's settings, or None
         model, loss_fn = self.model, self.loss
+        # what the step multiplies the loss by (``loss_scale.per_worker``): set when it changes
+        self._scale = None if self._scaling is None else tf.Variable(1.0, dtype=tf.float32, trainable=False)
+        scale = self._scale
 
         @tf.function
         def gradients(x, y):
             with tf.GradientTape() as tape:
                 loss = batch_loss(model, loss_fn, x, y)
-            return loss, tape.gradient(loss, model.trainable_variables)
+            return loss, scaled_gradients(tape, loss, model.trainable_variables, scale)
 
-        self._clipnorm = getattr(optimizer, "global_clipnorm", None)
+        self._clipnorm = getattr(inner, "global_clipnorm", None)
         # Keras' gradient accumulation: a step draws this many batches and syncs their mean once
         # (outside the graph; in the graph Keras accumulates itself, see ``_gradients_of``)
-        self.accumulate = int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+        self.accumulate = int(getattr(inner, "gradient_accumulation_steps", None) or 1)
         x, y = next(model_def.batches(worker_index, num_workers))
         # build the model in inference mode first and keep its non-trainable state: the probe below
         # runs in training mode, which moves BatchNormalization's statistics; step 0 starts from these
@@ -221,6 +226,12 @@ class TrainingWorker(WorkerCheckpoint):
             "full_pull": dict(self.row_reads.full_pull),
         }
 
+    def _set_scale(self) -> None:
+        """Give the step dynamic loss scaling's current scale (over the workers: ``per_worker``)."""
+        if self._scale is not None:
+            self._scale_set = self._loss_scale.scale if self._loss_scale else np.float32(self._scaling["initial_scale"])
+            self._scale.assign(per_worker(self._scale_set, self._data[1]))
+
     def _row_assigner(self, initial: list) -> RowAssign:
         """One graph call that assigns whole variables and scatters the pulled rows of the
         row-pulled ones (``fast_call.RowAssign``)."""
@@ -256,11 +267,16 @@ class TrainingWorker(WorkerCheckpoint):
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
             old.close()
         self.channels = channels
-        # global_clipnorm beside other channels: every channel holds its step until the scale is
-        # known (``sync.base``); in the graph alone Keras clips itself
-        self._clip = self._clipnorm if channels and not (len(channels) == 1 and channels[0].in_graph) else None
+        # global_clipnorm beside other channels, or dynamic loss scaling: every channel holds its step
+        # until the scale is known (``sync.base``); in the graph alone Keras clips itself
+        graph_alone = len(channels) == 1 and channels[0].in_graph
+        self._loss_scale = LossScale(**self._scaling) if self._scaling and channels else None
+        self._hold = bool(channels) and (self._loss_scale is not None or (self._clipnorm is not None and not graph_alone))
+        self._clip = self._clipnorm if self._hold else None
+        self._set_scale()
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
-        self._compute = next((c.bind(self.model, self.loss, self.model_def.optimizer_fn(), hold=self._clip is not None)
+        inner = unwrapped(self.model_def.optimizer_fn())[0]
+        self._compute = next((c.bind(self.model, self.loss, inner, hold=self._hold, scale=self._scale)
                               for c in channels if c.in_graph), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
@@ -285,7 +301,7 @@ class TrainingWorker(WorkerCheckpoint):
         # beside a collective reduced after the step (an all-reduce channel), step t+1's pulls
         # are issued once step t's pushes are out, before its collective: their values cross the
         # network while the collective runs instead of after it (``across_collective``)
-        across = not pull_ahead and self._clip is None and across_collective(self.channels)
+        across = not pull_ahead and not self._hold and across_collective(self.channels)
         ahead = None
         for i in range(steps):
             before = counters()
@@ -315,7 +331,9 @@ class TrainingWorker(WorkerCheckpoint):
                 ahead = (nbatches, nrows, pending)
                 hand_over([c for c in self.channels if not c.splits_pull], self.step, grads, None)
             else:
-                hand_over(self.channels, self.step, grads, self._clip)
+                hand_over(self.channels, self.step, grads, self._clip, self._loss_scale)
+                if self._loss_scale is not None and self._loss_scale.scale != self._scale_set:
+                    self._set_scale()
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(float(loss))

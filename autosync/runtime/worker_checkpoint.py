@@ -19,12 +19,13 @@ class WorkerCheckpoint:
     def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
         (batches drawn), ``seeds`` (its random layers' generator states, ``random_seeds``: a
-        few bytes each), and with ``with_sizes`` each model weight's shape and dtype
+        few bytes each), ``loss_scale`` (dynamic loss scaling's state, or None), and with ``with_sizes`` each model weight's shape and dtype
         (``weights``, ``get_weights`` order), the index there of each trainable variable
         (``trainable``), per channel the bytes of each array of its state (``channels``: None
         for a channel that keeps none) and the weights file's layout (``layout``, see
         ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
-        out = {"step": self.step, "position": self.drawn, "seeds": [np.array(v.numpy()) for v, _ in self._seeds]}
+        out = {"step": self.step, "position": self.drawn, "seeds": [np.array(v.numpy()) for v, _ in self._seeds],
+               "loss_scale": self._loss_scale.state() if getattr(self, "_loss_scale", None) else None}
         if with_sizes:
             where = {id(w): i for i, w in enumerate(self.model.weights)}
             out["weights"] = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in self.model.weights]
@@ -66,11 +67,13 @@ class WorkerCheckpoint:
         for i, value in part.items():
             every[i].assign(value)
 
-    def restore_checkpoint(self, position: int, step: int, channels: list, seeds: list | None = None) -> list[str]:
+    def restore_checkpoint(self, position: int, step: int, channels: list, seeds: list | None = None,
+                           loss_scale: list | None = None) -> list[str]:
         """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
         the data iterator advanced to ``position`` batches, the step counter, each channel's
         state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
         a checkpoint that holds none, written before they were kept, and the streams start
+        afresh) and dynamic loss scaling's state (``loss_scale.LossScale.state``; None: it starts
         afresh). Returns the problems found."""
         if len(channels) > len(self.channels):
             return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
@@ -92,6 +95,9 @@ class WorkerCheckpoint:
         self.drawn = 0
         for _ in range(int(position)):   # iterators cannot seek: draw and drop
             self._next_batch()
+        if loss_scale is not None and getattr(self, "_loss_scale", None) is not None:
+            self._loss_scale.load(loss_scale)
+            self._set_scale()
         self.step = int(step)
         self._trained = True
         self._partial = False

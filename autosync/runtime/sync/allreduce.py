@@ -234,8 +234,12 @@ class AllReduceChannel(SyncChannel):
                                           if isinstance(g, tuple) else g, dtype=np.float64)))
                    for g in held.values())
 
-    def release(self, step: int, scale: float) -> None:
+    def release(self, step: int, scale, iteration: int | None = None) -> None:
         held, self._held = self._held, None
+        if scale is None:   # skipped (dynamic loss scaling): no update, the optimizer's count stays
+            return
+        if iteration is not None:
+            self._version = iteration   # the optimizer's count of updates (steps skipped before)
         s = np.float32(scale)
         held = self._as_read(held)   # global_clipnorm: Keras hands the rule a dense gradient
         self._update({k: (g[0], g[1] * s) if isinstance(g, tuple) else g * s for k, g in held.items()})

@@ -29,7 +29,8 @@ With the optimizer's ``global_clipnorm`` the worker runs a step in three parts i
 without updating; ``held_sq(held)`` is this channel's part of the squared norm of the step's
 global-batch gradient (a parameter server's once every worker's push is in); the worker sums the
 parts of every channel, and ``release(step, scale)`` updates with the gradients times the scale,
-the same on every worker and shard.
+the same on every worker and shard. Dynamic loss scaling holds every step the same way and skips
+one whose sum is not finite (``hand_over``, ``loss_scale``).
 
 Every channel counts ``calls`` (Ray calls) and ``bytes_sent``/``bytes_received`` (array payload
 bytes, both directions) so the runtime can report what a step moved.
@@ -45,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from autosync.runtime import timeline
+from autosync.runtime.loss_scale import SKIP
 
 
 class SyncChannel(abc.ABC):
@@ -96,8 +98,11 @@ class SyncChannel(abc.ABC):
         """This channel's part of the step's squared global gradient norm (waits for it)."""
 
     @abc.abstractmethod
-    def release(self, step: int, scale: float) -> None:
-        """Update with the held gradients of ``step`` times ``scale``."""
+    def release(self, step: int, scale, iteration: int | None = None) -> None:
+        """Update with the held gradients of ``step`` times ``scale``; with ``scale`` ``SKIP`` (dynamic
+        loss scaling, a gradient not finite) drop them, updating nothing. ``iteration``: the
+        optimizer's count of updates before this one where skipped steps make it differ from
+        ``step`` (None: no step is ever skipped)."""
 
     def finalize(self) -> None:
         """The end of ``fit`` under the optimizer's ``use_ema``: the values held here take their
@@ -192,11 +197,14 @@ def across_collective(channels: list) -> bool:
             and any(not c.splits_pull and not c.in_graph for c in channels))
 
 
-def hand_over(channels: list, step: int, grads: list, clipnorm: float | None) -> None:
+def hand_over(channels: list, step: int, grads: list, clipnorm: float | None, loss_scale=None) -> None:
     """Give every channel a step's gradients: pushed, or under ``global_clipnorm`` (``clipnorm``
-    given) as a held step, every channel's part of the squared norm summed into the scale each
-    then releases its update with (what a TensorFlow or an emulated worker does)."""
-    if clipnorm is None:
+    given) or dynamic loss scaling (``loss_scale``: the worker's ``loss_scale.LossScale``) as a held
+    step, every channel's part of the squared norm summed into the scale each then releases its
+    update with (what a TensorFlow or an emulated worker does). Under loss scaling a sum that is not
+    finite (some reduced gradient is not) releases the step with ``SKIP``: no channel updates; and
+    ``loss_scale`` moves on, the same on every worker."""
+    if clipnorm is None and loss_scale is None:
         for channel in channels:
             with timeline.span(getattr(channel, "phase", "sync"), step=step):
                 channel.push(step, grads)
@@ -206,7 +214,14 @@ def hand_over(channels: list, step: int, grads: list, clipnorm: float | None) ->
         with timeline.span(f"{getattr(channel, 'phase', 'sync')} (held)", step=step):
             held.append(channel.push_held(step, grads))
     with timeline.span("global norm", step=step):
-        scale = clip_scale(sum(c.held_sq(h) for c, h in zip(channels, held)), clipnorm)
+        squared = sum(c.held_sq(h) for c, h in zip(channels, held))
+        scale = np.float32(1) if clipnorm is None else clip_scale(squared, clipnorm)
+    iteration = None
+    if loss_scale is not None:
+        iteration = loss_scale.iteration(step)
+        finite = bool(np.isfinite(squared))
+        loss_scale.after(finite)
+        scale = scale if finite else SKIP
     for channel in channels:
         with timeline.span(f"{getattr(channel, 'phase', 'sync')} release", step=step):
-            channel.release(step, scale)
+            channel.release(step, scale, iteration)

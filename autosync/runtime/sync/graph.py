@@ -34,6 +34,7 @@ import zlib
 import numpy as np
 
 from autosync.models.fit_batch import batch_loss
+from autosync.runtime.loss_scale import scaled_gradients
 from autosync.runtime.sync.allreduce import ARGroup, ARMember, split_by
 from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.compression import orthogonalize
@@ -88,11 +89,14 @@ class GraphAllReduceChannel(SyncChannel):
     def held_sq(self, held: tuple) -> float:
         return float(held[1])
 
-    def release(self, step: int, scale: float) -> None:
+    def release(self, step: int, scale, iteration: int | None = None) -> None:
+        """Apply the held gradients (times ``scale``); a skipped step (``scale`` None) applies nothing,
+        so Keras' ``iterations`` counts applied updates only, as ``iteration`` does."""
         import tensorflow as tf
 
         reduced, self._held = self._held[0], None
-        self._apply_held(reduced, tf.constant(scale, tf.float32))
+        if scale is not None:
+            self._apply_held(reduced, tf.constant(scale, tf.float32))
 
     def finish(self) -> None:
         """Collectives complete inside the step: nothing is outstanding."""
@@ -128,12 +132,14 @@ class GraphAllReduceChannel(SyncChannel):
         return problems
 
     # ---- the step ------------------------------------------------------------------------------
-    def bind(self, model, loss_fn, optimizer, hold: bool = False):
+    def bind(self, model, loss_fn, optimizer, hold: bool = False, scale=None):
         """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
         variables reduced here come back as None, the others as computed. With ``hold`` the step
         does not apply the reduced gradients: it keeps them and their squared norm (Keras squares
         ``IndexedSlices`` values one by one) for ``release``, which applies them times the
-        ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again."""
+        ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again.
+        ``scale``: what dynamic loss scaling multiplies the loss by (a ``tf.Variable``, the worker's:
+        ``loss_scale.scaled_gradients``), or None."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -156,7 +162,7 @@ class GraphAllReduceChannel(SyncChannel):
         def step(x, y):
             with tf.GradientTape() as tape:
                 loss = batch_loss(model, loss_fn, x, y)
-            grads = tape.gradient(loss, variables)
+            grads = scaled_gradients(tape, loss, variables, scale)
             shards: dict = {}
             last = None
             keys = iter(range(base, base + SESSION_KEYS // 2))
@@ -203,13 +209,16 @@ class GraphAllReduceChannel(SyncChannel):
         squared norm), and the graph call ``release`` applies them with."""
         import tensorflow as tf
 
+        clipped = optimizer.global_clipnorm is not None
         optimizer.global_clipnorm = None   # the step's scale comes from every channel's part
 
         @tf.function(reduce_retracing=True)
         def apply_held(reduced, scale):
             # as Keras' clip_by_global_norm scales them: ``*`` makes an IndexedSlices dense (its
-            # repeated rows summed), which an optimizer that squares gradients sees
-            optimizer.apply_gradients(zip([g * scale for g in reduced], [variables[v] for v in held_vars]))
+            # repeated rows summed), which an optimizer that squares gradients sees; held for loss
+            # scaling alone (scale 1), they are applied as they are
+            grads = [g * scale for g in reduced] if clipped else reduced
+            optimizer.apply_gradients(zip(grads, [variables[v] for v in held_vars]))
 
         def held_step(x, y):
             loss, others, reduced, sq = step(x, y)

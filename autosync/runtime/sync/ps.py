@@ -307,11 +307,13 @@ class PSChannel(SyncChannel):
     def held_sq(self, held: list) -> float:
         return float(sum(gather(held)))
 
-    def release(self, step: int, scale: float) -> None:
-        """Every worker sends the scale (the same): an actor applies on the first and ignores
-        the others, so no worker waits for another's."""
+    def release(self, step: int, scale, iteration: int | None = None) -> None:
+        """Every worker sends the scale (the same; None: the step is skipped) and the optimizer's
+        count of updates: an actor applies on the first and ignores the others, so no worker waits
+        for another's."""
+        scale = None if scale is None else float(scale)
         for a in range(len(self.actors)):
-            self._pushes.append(self._call(a, "clip_scale", step, float(scale)))
+            self._pushes.append(self._call(a, "clip_scale", step, scale, iteration))
         self.calls += len(self.actors)
 
     def _call(self, a: int, method: str, *args):
