@@ -308,8 +308,9 @@ def build_multi_embedding_model():
     return keras.Model([a, b, c, d], TiedOutput(tied, name="tied_out")(h))
 
 
-def multi_batches(worker: int, num_workers: int, batch: int = 8, count: int = 6):
-    """Fixed batches; ids drawn from a skewed distribution so rows repeat within a batch."""
+def multi_batches(worker: int, num_workers: int, batch: int = 8, count: int = 6, nan_at: int | None = None):
+    """Fixed batches; ids drawn from a skewed distribution so rows repeat within a batch (worker 1's
+    batch ``nan_at`` with a nan target: that step's gradient is not finite)."""
     rng = np.random.RandomState(2000 + 31 * worker + num_workers)
     out = []
     for _ in range(count):
@@ -319,23 +320,28 @@ def multi_batches(worker: int, num_workers: int, batch: int = 8, count: int = 6)
         d = rng.randint(0, TIED_VOCAB, size=(batch, 2)).astype("int32")
         y = np.sin((a.sum(1, keepdims=True) + c.sum(1, keepdims=True) + np.arange(TIED_VOCAB)) / 9.0)
         out.append(([a, b, c, d], y.astype("float32")))
+    if worker == 1 and nan_at is not None:
+        out[nan_at][1][0] = np.nan
     return out
 
 
 def make_any_optimizer(kind: str, **kw):
     import keras
 
+    if kw.get("loss_scale") is not None:
+        return keras.optimizers.LossScaleOptimizer(make_any_optimizer(kind, **{k: v for k, v in kw.items()
+                                                                               if k != "loss_scale"}), **kw["loss_scale"])
     if kind in ("sgd", "adam", "adamw", "adagrad"):
         return {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
                 "adagrad": keras.optimizers.Adagrad}[kind](**kw)
     return make_optimizer(kind, **kw)   # any keras.optimizers name, "subclass", a {"cosine": ...} schedule
 
 
-def multi_model_def(optimizer: str = "sgd", batch: int = 8, **opt_kw) -> ModelDef:
+def multi_model_def(optimizer: str = "sgd", batch: int = 8, nan_at: int | None = None, **opt_kw) -> ModelDef:
     return ModelDef(
         name="multi_emb", model_fn=build_multi_embedding_model, loss_fn=mse,
         optimizer_fn=functools.partial(make_any_optimizer, optimizer, **opt_kw),
-        dataset_fn=functools.partial(multi_batches, batch=batch), batch_size=batch, seed=11)
+        dataset_fn=functools.partial(multi_batches, batch=batch, nan_at=nan_at), batch_size=batch, seed=11)
 
 
 def build_conv_model():
