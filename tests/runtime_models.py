@@ -92,6 +92,11 @@ def nan_batches(worker: int, num_workers: int, at: int = 1):
     return out
 
 
+def skipping_batches(worker: int, num_workers: int, skip: int = 1):
+    """``make_batches`` without batch ``skip``: what a run whose step ``skip`` was skipped trained on."""
+    return [b for i, b in enumerate(make_batches(worker, num_workers)) if i != skip]
+
+
 def weighted_batches(worker: int, num_workers: int, count: int = 4):
     """``make_batches`` with a weight per example, as ``keras.Model.fit`` takes them:
     ``(inputs, targets, sample_weight)``."""

@@ -105,3 +105,31 @@ def test_a_parameter_server_skips_a_step_in_every_chunk_and_counts_updates_only(
     never = asyncio.run(run(shard(), [0, 2], skip=set()))
     assert all(np.array_equal(after_skip[k], never[k]) for k in values)
     assert skipped.version == 3 and skipped._skipped == 1
+
+
+def _powersgd_step(state, grad):
+    """One worker's PowerSGD step on one matrix alone (the means are its own values)."""
+    p = state.first_round("w", grad)
+    p_hat, q = state.second_round("w", p)
+    return state.finish("w", p_hat, q, grad.shape)
+
+
+def test_the_compressors_memory_is_put_back_as_it_was_before_a_skipped_step():
+    from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, restore_state, saved_state
+
+    fp16, psgd, late = "fp16_ef", "powersgd_ef", "other"
+    ef = {fp16: ErrorFeedback()}
+    ef[fp16].keep("a", np.ones(3, np.float32), np.zeros(3, np.float32))
+    state = PowerSGDState(1, True, seed=0)
+    _powersgd_step(state, np.arange(12, dtype=np.float32).reshape(4, 3))
+    powersgd = {psgd: state}
+    q, residual = state.q["w"].copy(), state.ef.residual["w"].copy()
+    saved = saved_state(ef, powersgd)
+    # a step whose gradient was not finite: every residual and Q becomes nan, another compressor starts
+    ef[fp16].keep("a", np.full(3, np.nan, np.float32), np.zeros(3, np.float32))
+    ef[late] = ErrorFeedback()
+    _powersgd_step(state, np.full((4, 3), np.inf, np.float32))
+    assert np.isnan(state.q["w"]).all()
+    restore_state(ef, powersgd, saved)
+    assert list(ef) == [fp16] and np.array_equal(ef[fp16].residual["a"], np.ones(3))
+    assert np.array_equal(state.q["w"], q) and np.array_equal(state.ef.residual["w"], residual)

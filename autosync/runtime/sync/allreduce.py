@@ -27,7 +27,7 @@ from autosync.runtime.rows import index_dtype
 from autosync.runtime.slices import dedup_rows, read_sparse_frame, sparse_frame
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
-from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise
+from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise, restore_state, saved_state
 from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
 
 
@@ -136,6 +136,7 @@ class AllReduceChannel(SyncChannel):
         self._powersgd: dict[Compressor, PowerSGDState] = {}
         self._version = 0
         self._held: dict | None = None   # a step's reduced gradients awaiting ``release``
+        self._saved: tuple = ({}, {}, [])   # the compressors' memory before the held step (``saved_state``)
         self._early: tuple[int, set, dict] = (-1, set(), {})   # (step, groups, reduced) by ``reduce_early``
         self._members = {m.key: m for g in groups for m in g.members}
 
@@ -222,6 +223,7 @@ class AllReduceChannel(SyncChannel):
     def push_held(self, step: int, grads: list) -> dict:
         """The reduced gradients, kept for ``release`` (``base``'s held steps): every sparse slice
         as it is (the norm squares each one, as Keras does)."""
+        self._saved = saved_state(self._ef, self._powersgd)   # put back if the step is skipped
         self._held = self._reduce_rest(step, grads, sum_rows=False)
         return self._held
 
@@ -236,7 +238,8 @@ class AllReduceChannel(SyncChannel):
 
     def release(self, step: int, scale, iteration: int | None = None) -> None:
         held, self._held = self._held, None
-        if scale is None:   # skipped (dynamic loss scaling): no update, the optimizer's count stays
+        if scale is None:   # skipped (dynamic loss scaling): no update, the optimizer's count stays, and
+            restore_state(self._ef, self._powersgd, self._saved)   # the compressors' memory as it was
             return
         if iteration is not None:
             self._version = iteration   # the optimizer's count of updates (steps skipped before)

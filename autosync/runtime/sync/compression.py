@@ -178,3 +178,29 @@ def wire_values(shape: tuple[int, ...], codec: Compressor) -> tuple[int, int]:
     if codec.kind == "powersgd":
         return int(powersgd_wire_values(*matrix_dims(shape), codec.rank)), 4
     return n, elementwise(codec).wire_bytes(1)
+
+
+def saved_state(error_feedback: dict, powersgd: dict) -> tuple:
+    """What the compressors of a channel keep across steps (``{Compressor: ErrorFeedback}``,
+    ``{Compressor: PowerSGDState}``: residuals, warm-start Qs), saved before a held step so that a
+    step skipped under dynamic loss scaling leaves them as they were (``restore_state``): a residual
+    of a gradient that was not finite would poison every later step. Dict copies suffice: a step
+    replaces their arrays, it never changes one in place."""
+    kept = [(ef.residual, dict(ef.residual)) for ef in error_feedback.values()]
+    for state in powersgd.values():
+        kept.append((state.q, dict(state.q)))
+        if state.ef is not None:
+            kept.append((state.ef.residual, dict(state.ef.residual)))
+    return dict(error_feedback), dict(powersgd), kept
+
+
+def restore_state(error_feedback: dict, powersgd: dict, saved: tuple) -> None:
+    """Put back what ``saved_state`` saved (compressors first made since are dropped)."""
+    ef_before, powersgd_before, kept = saved
+    error_feedback.clear()
+    error_feedback.update(ef_before)
+    powersgd.clear()
+    powersgd.update(powersgd_before)
+    for live, before in kept:
+        live.clear()
+        live.update(before)

@@ -97,6 +97,10 @@ class GraphAllReduceChannel(SyncChannel):
         reduced, self._held = self._held[0], None
         if scale is not None:
             self._apply_held(reduced, tf.constant(scale, tf.float32))
+        else:   # skipped: the compressors' state as before the step
+            for variable, value in self._kept:
+                variable.assign(value)
+        self._kept = []
 
     def finish(self) -> None:
         """Collectives complete inside the step: nothing is outstanding."""
@@ -202,11 +206,16 @@ class GraphAllReduceChannel(SyncChannel):
             optimizer.apply_gradients(zip(reduced, [variables[v] for v in done]))
             return loss, others
 
-        return self._holding(step, optimizer, held_vars, variables) if hold else step
+        # what the compressors keep across steps: put back when a held step is skipped
+        kept = list(memory.values()) + [v for p in powersgd.values() for v in (*p.q.values(), *p.err.values())]
+        return self._holding(step, optimizer, held_vars, variables, kept) if hold else step
 
-    def _holding(self, step, optimizer, held_vars: list, variables: list):
+    def _holding(self, step, optimizer, held_vars: list, variables: list, kept: list):
         """``bind``'s held step around ``step`` (which returns the reduced gradients and their
-        squared norm), and the graph call ``release`` applies them with."""
+        squared norm), and the graph call ``release`` applies them with. The compressors' state
+        (``kept``: fp16 residuals, PowerSGD's Qs and residuals) is read before each step: a step
+        skipped under dynamic loss scaling puts it back (a residual that is not finite would poison
+        every later step). The values read stay the old buffers: the step writes new ones."""
         import tensorflow as tf
 
         clipped = optimizer.global_clipnorm is not None
@@ -221,6 +230,7 @@ class GraphAllReduceChannel(SyncChannel):
             optimizer.apply_gradients(zip(grads, [variables[v] for v in held_vars]))
 
         def held_step(x, y):
+            self._kept = [(v, v.read_value()) for v in kept]
             loss, others, reduced, sq = step(x, y)
             self._held = (reduced, sq)
             return loss, others
