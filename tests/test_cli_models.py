@@ -57,6 +57,36 @@ def test_inspect_zoo_model_prints_sparse_rows():
     assert "optimizer state: 2 array(s) of each variable's size" in r.stdout and "(3.6 MiB for the whole model)" in r.stdout
 
 
+MIXED_SCRIPT = """
+import functools
+
+import keras
+
+from autosync.model_def import ModelDef
+from tests import runtime_models as rm
+
+keras.mixed_precision.set_global_policy("mixed_float16")
+
+
+def build():
+    return ModelDef(name="mixed", model_fn=rm.build_model, loss_fn=rm.mse,
+                    optimizer_fn=functools.partial(rm.make_optimizer, "adam", learning_rate=0.05),
+                    dataset_fn=rm.make_batches, batch_size=8, seed=7)
+"""
+
+
+@pytest.mark.integration
+def test_inspect_says_a_mixed_float16_script_holds_its_steps(tmp_path):
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED_SCRIPT)
+    r = _autosync("inspect", "--model", f"{path}:build")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "held steps: the optimizer clips by the global norm or scales the loss dynamically" in r.stdout, r.stdout
+    path.write_text(MIXED_SCRIPT.replace("mixed_float16", "mixed_bfloat16"))   # no loss scaling: nothing held
+    r = _autosync("inspect", "--model", f"{path}:build")
+    assert r.returncode == 0 and "held steps" not in r.stdout, r.stderr[-2000:]
+
+
 def test_models_lists_the_zoo_without_building():
     r = _autosync("models", "--no-build")
     assert r.returncode == 0, r.stderr[-2000:]

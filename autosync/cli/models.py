@@ -69,6 +69,10 @@ def cmd_inspect(args) -> int:
         print(f"optimizer state: {spec.optimizer_slots} array(s) of each variable's size, held with its parameter-server "
               f"shard or by each worker that all-reduces it ({human_bytes(spec.optimizer_slots * spec.total_bytes)} "
               f"for the whole model)")
+    if spec.global_clipnorm:   # held steps (ModelSpec.global_clipnorm): what the cost model counts
+        print("held steps: the optimizer clips by the global norm or scales the loss dynamically (a LossScaleOptimizer, "
+              "as a mixed_float16 model gets): outside the graph every synchronizer holds a step's update until the "
+              "norm of all its gradients is known (a round trip; its pushes and pulls do not overlap)")
     if any(v.sparse for v in spec.variables) and is_trainable_source(args.model):
         print_row_reads(args.model, [v.name for v in spec.variables])
     if spec.profile is not None:
