@@ -133,3 +133,36 @@ def test_the_compressors_memory_is_put_back_as_it_was_before_a_skipped_step():
     restore_state(ef, powersgd, saved)
     assert list(ef) == [fp16] and np.array_equal(ef[fp16].residual["a"], np.ones(3))
     assert np.array_equal(state.q["w"], q) and np.array_equal(state.ef.residual["w"], residual)
+
+
+def test_an_update_ahead_begun_for_a_skipped_step_leaves_the_table_as_if_it_never_ran():
+    """Adam on a parameter server updates a large embedding's untouched rows ahead, as a step's first
+    push arrives (``update_ahead``); a step then skipped must leave the table and its slots as they
+    were, and the next step is the optimizer's update 1, as on a server that never saw it."""
+    table = (0, 0)
+    rows = 300   # 300 x 1000 float32: above update_ahead's 1 MiB floor
+    values = {table: np.random.default_rng(0).standard_normal((rows, 1000)).astype(np.float32)}
+    config = {"class": "Adam", "learning_rate": 0.1, LOSS_SCALE: {"initial_scale": 8.0, "dynamic_growth_steps": 5}}
+
+    def grad(seed, worker):
+        rng = np.random.default_rng([seed, worker])
+        return (np.sort(rng.choice(rows, 5, replace=False)), rng.standard_normal((5, 1000)).astype(np.float32))
+
+    async def run(ps, data, skip):
+        for step, seed in enumerate(data):
+            for w in range(2):
+                await ps.push(w, step, {table: grad(seed, w)})
+            asks = [ps.clip_norm(w, step, 0.0) for w in range(2)]
+            await asyncio.gather(*asks)
+            await ps.clip_scale(step, SKIP if step in skip else 1.0, step - len([s for s in skip if s < step]))
+        return (await ps.values())[table]
+
+    def shard():
+        return ParameterServerShard("ps@x", {table: values[table].copy()}, [table], [], config, num_workers=2,
+                                    sync=True)
+
+    skipped = shard()
+    after_skip = asyncio.run(run(skipped, [0, 1, 2], skip={1}))
+    never = asyncio.run(run(shard(), [0, 2], skip=set()))
+    assert skipped.optimizer.ahead >= 1   # updates ahead were used, not only begun
+    assert np.array_equal(after_skip, never)

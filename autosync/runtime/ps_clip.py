@@ -126,8 +126,7 @@ class HeldSteps:
         """Forget what ``step`` needed once it is applied in every chunk (its norm one step later:
         a late reader of it is a worker not yet past that step)."""
         if self.holds:
-            scale, iteration = self._scales[step]
+            scale, iteration = self._scales.pop(step, (1.0, step - self._skipped))
             self._skipped = step - iteration + (scale is None)   # what the next step's update ahead counts
-            self._scales.pop(step, None)
             self._norm_parts.pop(step, None)
             self._norms.pop(step - 1, None)
