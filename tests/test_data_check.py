@@ -40,5 +40,9 @@ def test_a_loss_that_is_not_finite_on_a_lossless_strategy_is_warned_of_and_a_los
         check_losses("m", [], exact)
         for s in lossy:                                      # its own divergence: the goodput probe's
             check_losses("m", [0.5, float("nan")], s)
+        # dynamic loss scaling skipped the step (as Keras does) and training went on
+        check_losses("m", [0.5, float("inf"), 0.3], exact, {"loss_scale": {"initial_scale": 8.0}})
+    with pytest.warns(DivergedWarning, match="its loss became nan"):   # ... but did not recover
+        check_losses("m", [0.5, float("nan"), float("nan")], exact, {"loss_scale": {"initial_scale": 8.0}})
     assert autosync.DivergedWarning is DivergedWarning and issubclass(DivergedWarning, TrainingWarning)
     assert issubclass(SameDataWarning, TrainingWarning) and issubclass(TrainingWarning, UserWarning)

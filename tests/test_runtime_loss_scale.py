@@ -168,3 +168,20 @@ def test_a_skipped_step_leaves_the_compressors_memory_as_it_was(pool, backend, c
         assert np.allclose(got, want, rtol=1e-6, atol=1e-7), (var.name, np.abs(got - want).max())
     exact = rm.reference_weights(rm.model_def(kind, dataset=rm.skipping_batches, **kw), num_workers=2, steps=2)
     assert any(not np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(two, exact))   # it was lossy
+
+
+def test_a_trial_whose_skipped_step_had_a_nan_loss_is_not_called_divergent(pool):
+    """The runner's divergence warning: under loss scaling a step whose loss is not finite was
+    skipped (training went on, the last loss finite), so nothing is said."""
+    import warnings
+
+    from autosync.runtime.runner import RayRunner
+
+    kind, kw = OPTIMIZERS["adam"]
+    md = rm.model_def(kind, dataset=rm.nan_batches, loss_scale=SCALE, **kw)
+    runner = RayRunner(md, PAIR, warmup=0, steps=3, pool=pool, trial_timeout_s=120)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = runner.run([_strategy("ps", runner.model)])[0]
+    assert result.status == "ok", result.error
+    assert not np.isfinite(result.meta["loss"][1]) and np.isfinite(result.meta["loss"][-1]), result.meta["loss"]

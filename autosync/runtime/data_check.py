@@ -14,7 +14,9 @@ on the data, and a test may want the same batches everywhere.
 A loss that is not finite (nan, inf) in a trial of a lossless, synchronous strategy, which trains
 as one process would: the model diverges with its optimizer and data, whatever the strategy, and
 ``DivergedWarning`` says so. Its step times still hold; the strategy recommended would not train
-the model. (A lossy strategy's divergence is its own: the goodput probe gives it efficiency 0.)
+the model. (A lossy strategy's divergence is its own: the goodput probe gives it efficiency 0. Under
+dynamic loss scaling a step whose loss is not finite is skipped, as Keras skips it: only a trial
+whose last loss is not finite is said to diverge.)
 """
 from __future__ import annotations
 
@@ -52,11 +54,16 @@ def check_shards(model_name: str, slots: list, digests: list) -> None:
         f"i (tf.data: ds.shard(n, i); or sample with a generator seeded by i)"), stacklevel=2)
 
 
-def check_losses(model_name: str, losses: list, strategy) -> None:
-    """Warn (``DivergedWarning``) when a trial of ``strategy``, lossless, saw a loss that is not finite."""
+def check_losses(model_name: str, losses: list, strategy, optimizer: dict | None = None) -> None:
+    """Warn (``DivergedWarning``) when a trial of ``strategy``, lossless, saw a loss that is not finite.
+    Under dynamic loss scaling (the ``optimizer`` config's ``loss_scale``) such a step was skipped,
+    as Keras skips it: only a trial whose last loss is not finite did not recover."""
+    from autosync.runtime.loss_scale import LOSS_SCALE
     from tuner.records.goodput import is_lossless
 
     bad = next((x for x in losses if not math.isfinite(x)), None)
+    if bad is not None and (optimizer or {}).get(LOSS_SCALE) is not None and math.isfinite(losses[-1]):
+        return
     if bad is not None and is_lossless(strategy):
         warnings.warn(DivergedWarning(
             f"model {model_name}: its loss became {bad} in a trial of a lossless, synchronous strategy, which "

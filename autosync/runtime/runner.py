@@ -260,7 +260,7 @@ class RayRunner(Runner):
             if self.timeline:
                 session_timeline(session, True, deadline)
             summary = self._measure(session, deadline)
-            check_losses(model.name, summary["loss"], strategy)
+            check_losses(model.name, summary["loss"], strategy, (self.pool.description or {}).get("optimizer"))
             if self.timeline:
                 self.last_timeline = session_timeline(session, False, deadline)
             meta["ps_stats"] = session.ps_stats(deadline)
