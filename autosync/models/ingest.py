@@ -215,13 +215,13 @@ def built_model_spec(model_def) -> tuple[ModelSpec, Any, Callable, Any, Any]:
                                      batch_size=model_def.batch_size)
         # the cost of a held step (``ModelSpec.global_clipnorm``) and the optimizer's state a node
         # must hold (``optimizer_slots``) are the optimizer's to say
-        from autosync.runtime.loss_scale import unwrapped, wrapped_for_policy
-        from autosync.runtime.optimizer_config import full_size_slots
+        from autosync.runtime.loss_scale import holds_steps, wrapped_for_policy
+        from autosync.runtime.optimizer_config import full_size_slots, keras_optimizer_config
 
-        # held steps: global_clipnorm, or dynamic loss scaling (what compile gives a mixed_float16 model)
-        optimizer, scaling = unwrapped(wrapped_for_policy(model_def.optimizer_fn(), model))
-        spec = dataclasses.replace(spec, global_clipnorm=getattr(optimizer, "global_clipnorm", None) is not None
-                                   or scaling is not None, optimizer_slots=full_size_slots(optimizer))
+        # as compile trains it (a mixed_float16 model's optimizer scales the loss: its steps are held)
+        optimizer = wrapped_for_policy(model_def.optimizer_fn(), model)
+        spec = dataclasses.replace(spec, global_clipnorm=holds_steps(keras_optimizer_config(optimizer)),
+                                   optimizer_slots=full_size_slots(optimizer))
     return spec, model, loss, inputs, targets
 
 

@@ -26,6 +26,12 @@ LOSS_SCALE = "loss_scale"
 SKIP = None   # the scale ``release`` gets for a skipped step
 
 
+def holds_steps(optimizer: dict | None) -> bool:
+    """Whether an optimizer config's steps are held until every synchronizer's part is in
+    (``ModelSpec.global_clipnorm``): it clips by the global norm, or scales the loss dynamically."""
+    return bool(optimizer) and (optimizer.get("global_clipnorm") is not None or optimizer.get(LOSS_SCALE) is not None)
+
+
 def wrapped_for_policy(optimizer, model):
     """``optimizer`` as Keras' ``compile`` trains ``model`` with it: wrapped in a
     ``LossScaleOptimizer`` (Keras' defaults) when the model's dtype policy is ``mixed_float16`` and

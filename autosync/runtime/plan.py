@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from autosync.runtime.loss_scale import holds_steps
 from autosync.runtime.optimizer_config import CONSTRAINED
 from autosync.runtime.sync.allreduce import ARGroup, ARMember
 from autosync.runtime.sync.backends import resolve_backend
@@ -254,14 +255,6 @@ def _resolved(backend: str, gpus: bool, graph: bool) -> str:
     if not graph and backend in ("auto", "graph", "nccl"):
         return resolve_backend("auto", False).name
     return resolve_backend(backend, gpus).name
-
-
-def holds_steps(optimizer: dict | None) -> bool:
-    """Whether the optimizer's steps are held until every synchronizer's part is in
-    (``ModelSpec.global_clipnorm``): it clips by the global norm, or scales the loss dynamically."""
-    from autosync.runtime.loss_scale import LOSS_SCALE
-
-    return bool(optimizer) and (optimizer.get("global_clipnorm") is not None or optimizer.get(LOSS_SCALE) is not None)
 
 
 def _graph_cannot_hold(optimizer: dict | None) -> bool:

@@ -19,7 +19,8 @@ class WorkerCheckpoint:
     def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
         (batches drawn), ``seeds`` (its random layers' generator states, ``random_seeds``: a
-        few bytes each), ``loss_scale`` (dynamic loss scaling's state, or None), and with ``with_sizes`` each model weight's shape and dtype
+        few bytes each), ``loss_scale`` (dynamic loss scaling's state, or None), and with
+        ``with_sizes`` each model weight's shape and dtype
         (``weights``, ``get_weights`` order), the index there of each trainable variable
         (``trainable``), per channel the bytes of each array of its state (``channels``: None
         for a channel that keeps none) and the weights file's layout (``layout``, see
