@@ -63,6 +63,9 @@ class Manifest:
         ps_versions: parameter-server actor name -> ``{"version", "chunk_version"}``.
         directory: the step directory holding the arrays (relative to the checkpoint directory).
         version: the format version.
+        state_index: what each optimizer array holds (``reshard.state_index``), which lets a
+            restore re-cut the state for another strategy; None in a checkpoint written before
+            it was kept (restored only onto its own strategy).
     """
 
     step: int
@@ -75,6 +78,7 @@ class Manifest:
     ps_versions: dict = field(default_factory=dict)
     directory: str = ""
     version: int = FORMAT_VERSION
+    state_index: dict | None = None
 
     def __post_init__(self):
         if not (isinstance(self.step, int) and self.step >= 0):
@@ -90,7 +94,8 @@ class Manifest:
                 "data_positions": list(self.data_positions), "model": self.model,
                 "variables": [[n, list(s), d] for n, s, d in self.variables], "optimizer": self.optimizer,
                 "strategy": self.strategy, "strategy_fingerprint": self.strategy_fingerprint,
-                "ps_versions": self.ps_versions, "directory": self.directory}
+                "ps_versions": self.ps_versions, "directory": self.directory,
+                **({} if self.state_index is None else {"state_index": self.state_index})}
 
     @classmethod
     def from_dict(cls, data, where: str) -> "Manifest":
@@ -100,7 +105,7 @@ class Manifest:
         need = {"version", "step", "data_positions", "model", "variables", "optimizer", "strategy",
                 "strategy_fingerprint", "ps_versions", "directory"}
         missing = sorted(need - set(data))
-        unknown = sorted(set(data) - need - {"format"})
+        unknown = sorted(set(data) - need - {"format", "state_index"})
         if missing or unknown:
             raise ConfigError(f"{where}: damaged checkpoint manifest: "
                               + "; ".join(([f"missing keys {missing}"] if missing else [])
@@ -113,7 +118,8 @@ class Manifest:
             return cls(step=data["step"], data_positions=tuple(data["data_positions"]), model=str(data["model"]),
                        variables=variables, optimizer=str(data["optimizer"]), strategy=dict(data["strategy"]),
                        strategy_fingerprint=str(data["strategy_fingerprint"]),
-                       ps_versions=dict(data["ps_versions"]), directory=directory, version=data["version"])
+                       ps_versions=dict(data["ps_versions"]), directory=directory, version=data["version"],
+                       state_index=_state_index(data.get("state_index"), len(variables)))
         except ConfigError as e:
             raise e.with_source(where) from None
         except (TypeError, ValueError) as e:
@@ -137,7 +143,7 @@ class Manifest:
         if len(self.data_positions) != len(other.data_positions):
             problems.append(f"the strategy trains {len(other.data_positions)} workers but the checkpoint has "
                             f"{len(self.data_positions)}")
-        if self.strategy_fingerprint != other.strategy_fingerprint:
+        if self.strategy_fingerprint != other.strategy_fingerprint and self.state_index is None:
             mine = {v["var"]: v for v in self.strategy.get("variables", [])}
             theirs = {v["var"]: v for v in other.strategy.get("variables", [])}
             diff = [f"{n}: checkpoint {json.dumps({k: x for k, x in mine.get(n, {}).items() if k != 'var'})} vs "
@@ -148,11 +154,26 @@ class Manifest:
             if rest != now:
                 diff.append(f"strategy settings: checkpoint {json.dumps(rest, sort_keys=True)} vs now "
                             f"{json.dumps(now, sort_keys=True)}")
-            problems.append(f"the strategy differs from the checkpoint's (fingerprint {self.strategy_fingerprint} vs "
-                            f"{other.strategy_fingerprint}): " + "; ".join(diff[:5])
-                            + "; optimizer state is held per shard, so it restores only onto the same strategy "
-                              f"(the weights alone load with keras.Model.load_weights from its {WEIGHTS})")
+            problems.append(f"the strategy differs from the checkpoint's, the only one it restores onto (it predates "
+                            f"the index that lets optimizer state be re-cut; its {WEIGHTS} loads alone with "
+                            f"keras.Model.load_weights): " + "; ".join(diff[:5]))
         return problems
+
+
+def _state_index(data, num_vars: int) -> dict | None:
+    """A manifest's ``state_index`` checked: array name -> ``"@name"`` or ``[var, axis, start,
+    stop, slot]``. Raises ValueError otherwise."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError("state_index is not a mapping")
+    for name, entry in data.items():
+        ok = (isinstance(entry, str) and entry.startswith("@")) or (
+            isinstance(entry, list) and len(entry) == 5 and all(isinstance(x, int) for x in entry[:4])
+            and 0 <= entry[0] < num_vars and entry[2] <= entry[3] and isinstance(entry[4], str))
+        if not ok:
+            raise ValueError(f"state_index entry {name!r} is {short_repr(entry)}")
+    return data
 
 
 @dataclass(frozen=True)

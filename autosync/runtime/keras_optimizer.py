@@ -46,6 +46,7 @@ import numpy as np
 
 from autosync.runtime.keras_update import ChunkUpdates, new_optimizer, traced
 from autosync.runtime.optimizer_state import keras_state, keras_state_sizes
+from autosync.runtime.reshard import from_keras_names, keras_names, key_text
 from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, USER_CLASSES
 from autosync.runtime.tf_arrays import joined, spec, tensor
 from strategy_space.errors import ConfigError
@@ -344,22 +345,32 @@ class KerasOptimizer:
         """name -> bytes of each array ``state`` returns."""
         return keras_state_sizes(self.optimizer.variables if self.variables else ())
 
-    def load_state(self, params: dict, arrays: dict) -> list[str]:
+    def canonical_names(self) -> dict:
+        """What each array ``state`` returns holds, in names any holder reads (``reshard``)."""
+        prefixes = {f"shard{i}": key_text(k) for i, k in enumerate(self._order)}   # the shards' names
+        return keras_names(self.optimizer.variables, prefixes, self.optimizer.iterations) if self.variables else {}
+
+    def load_state(self, params: dict, arrays: dict, canonical: bool = False) -> list[str]:
         """Set the variables to ``params`` and the optimizer's state to ``state()``'s arrays (none:
-        the checkpoint was taken before the first update). Returns the problems (nothing set)."""
+        the checkpoint was taken before the first update; with ``canonical``: arrays named as
+        ``canonical_names`` names them, of any holder). Returns the problems (nothing set)."""
         from autosync.runtime.optimizer_state import state_problems
 
         built_now = not self.variables
         if built_now:
             self._build(params)
-        if arrays:
+        problems = []
+        if canonical:
+            found, problems = from_keras_names(self.canonical_names(), arrays)
+            arrays = {**self.state(), **found} if found else {}   # what it lacks stays as it is
+        if arrays and not problems:
             want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(self.optimizer.variables)}
             problems = state_problems(want, arrays)
-            if problems:
-                if built_now:   # unbuilt again: the next update builds from the values kept
-                    self.optimizer = type(self.optimizer).from_config(self.optimizer.get_config())
-                    self.variables, self._functions = {}, {}
-                return problems
+        if problems:
+            if built_now:   # unbuilt again: the next update builds from the values kept
+                self.optimizer = type(self.optimizer).from_config(self.optimizer.get_config())
+                self.variables, self._functions = {}, {}
+            return problems
         if not built_now:
             for key in self._order:
                 self.variables[key].assign(params[key])

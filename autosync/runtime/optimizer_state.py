@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def key_text(key) -> str:
-    """A shard key ``(var, shard)`` (or any key) as text for an array name."""
-    return ".".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
+from autosync.runtime.reshard import ITERATION, from_numpy_names, key_text, numpy_names
 
 
 def state_problems(want: dict, arrays: dict) -> list[str]:
@@ -49,11 +46,24 @@ def _named(optimizer):
     return ((f"{key_text(key)}/{name}", a) for key, slots in optimizer.slots.items() for name, a in slots.items())
 
 
-def load(optimizer, params: dict, arrays: dict) -> list[str]:
-    """Set the state of ``optimizer`` from ``save``'s arrays; ``params`` are the restored values
-    it updates. Returns the problems found (nothing is set then)."""
+def canonical_names(optimizer, counter: str | None = None) -> dict:
+    """What each array ``save`` returns holds, in names any holder reads (``reshard``); a
+    holder's own update counter ``counter`` (a name beside ``save``'s) is the optimizer's
+    ``@iteration``."""
+    names = numpy_names(optimizer.slots) if hasattr(optimizer, "slots") else optimizer.canonical_names()
+    return {**names, **({counter: ITERATION} if counter else {})}
+
+
+def load(optimizer, params: dict, arrays: dict, canonical: bool = False) -> list[str]:
+    """Set the state of ``optimizer`` from ``save``'s arrays (with ``canonical``: from arrays
+    named as ``canonical_names`` names them, of any holder: ``reshard``); ``params`` are the
+    restored values it updates. Returns the problems found (nothing is set then)."""
     if not hasattr(optimizer, "slots"):
-        return optimizer.load_state(params, arrays)
+        return optimizer.load_state(params, arrays, canonical)
+    if canonical:
+        arrays = from_numpy_names(optimizer.slots, arrays)
+        if not arrays:   # saved before any update: the slots start as they are
+            return []
     want = {f"{key_text(key)}/{name}": a.shape for key, slots in optimizer.slots.items() for name, a in slots.items()}
     problems = state_problems(want, arrays)
     if not problems:

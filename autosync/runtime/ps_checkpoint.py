@@ -20,7 +20,8 @@ class Checkpointed:
 
     async def checkpoint_state(self, names=None, values=()) -> dict:
         """What a checkpoint reads of this actor, a bounded batch at a time: ``{"version",
-        "chunk_version", "sizes": name -> bytes, "slots": name -> array, "values": key -> array}``,
+        "chunk_version", "sizes": name -> bytes, "canonical": name -> what it holds (``reshard``),
+        "slots": name -> array, "values": key -> array}``,
         the slots only those ``names`` lists when given, the values of the shard keys ``values``.
 
         Raises:
@@ -34,6 +35,7 @@ class Checkpointed:
             raise RuntimeError(f"{self.name}: a checkpoint was asked while steps {steps} are still being pushed")
         return {"version": self.version, "chunk_version": list(self.chunk_version),
                 "sizes": optimizer_state.sizes(self.optimizer), "slots": optimizer_state.save(self.optimizer, names),
+                "canonical": optimizer_state.canonical_names(self.optimizer),
                 "values": self.optimizer.snapshots(self.params, list(values))}
 
     async def stage_checkpoint(self, values: dict, slots: dict) -> None:
@@ -43,10 +45,13 @@ class Checkpointed:
         staged_values.update((k, np.array(v, copy=True)) for k, v in values.items())
         staged_slots.update((k, np.array(v, copy=True)) for k, v in slots.items())
 
-    async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list) -> list[str]:
+    async def load_checkpoint(self, values: dict, slots: dict, version: int, chunk_version: list | None,
+                              canonical: bool = False) -> list[str]:
         """Continue from a checkpoint: shard values (key -> array) and the optimizer's slots, with
-        those ``stage_checkpoint`` received before, and the update counters. Returns the problems
-        found (nothing is changed then; what was staged is dropped either way)."""
+        those ``stage_checkpoint`` received before, and the update counters (``chunk_version``
+        None: every chunk at ``version``). With ``canonical`` the slots are named as any holder
+        names them (``reshard``: a checkpoint of another strategy). Returns the problems found
+        (nothing is changed then; what was staged is dropped either way)."""
         (staged_values, staged_slots), self._staged = self._staged, ({}, {})
         values, slots = {**staged_values, **values}, {**staged_slots, **slots}
         del staged_values, staged_slots
@@ -54,6 +59,7 @@ class Checkpointed:
         problems += [f"{self.name}: shard {k} has shape {np.shape(values[k])} in the checkpoint, "
                      f"{np.shape(self.params[k])} here" for k in self.params
                      if k in values and np.shape(values[k]) != np.shape(self.params[k])]
+        chunk_version = [version] * len(self.chunks) if chunk_version is None else chunk_version
         if len(chunk_version) != len(self.chunks):
             problems.append(f"{self.name}: the checkpoint has {len(chunk_version)} chunk counters, this actor "
                             f"{len(self.chunks)} chunks")
@@ -61,7 +67,7 @@ class Checkpointed:
             return problems
         old = self.params
         self.params = {k: optimizer_state.owned(values.pop(k), old[k].dtype) for k in old}
-        problems = optimizer_state.load(self.optimizer, self.params, slots)
+        problems = optimizer_state.load(self.optimizer, self.params, slots, canonical)
         if problems:
             self.params = old
             return [f"{self.name}: {p}" for p in problems]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autosync.runtime import weights_file
+from autosync.runtime import reshard, weights_file
 from autosync.runtime.engine import Session, wait_all
 from strategy_space.errors import ConfigError
 
@@ -73,6 +73,13 @@ class Snapshot:
     read_s: float = 0.0
     seeds: tuple = ()
     loss_scale: list | None = None
+    canonical: dict = field(default_factory=dict)
+
+    def state_index(self) -> dict:
+        """What each optimizer array of ``arrays`` holds, as a checkpoint keeps it for a restore
+        under another strategy (``reshard.state_index``)."""
+        shapes = [spec[0] for spec in (self.weight_specs[i] for i in self.trainable)]
+        return reshard.state_index(self.canonical, self.session.plan, shapes)
 
     def weights(self):
         """``(index, array)`` of each model weight (``get_weights`` order): worker 0's, but the
@@ -169,7 +176,10 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
     names = [p.name for p in plan.ps_actors]
     ps_states = wait_all([a.checkpoint_state.remote([]) for a in session.ps_actors], deadline, "parameter server",
                          names, actors=labels)
-    return Snapshot(session, deadline, positions=tuple(s["position"] for s in states),
+    canonical = {f"ps/{n}/{k}": c for n, s in zip(names, ps_states) for k, c in s["canonical"].items()}
+    canonical.update((f"channel{c}/{k}", x) for c, names_c in enumerate(states[0]["canonical"])
+                     for k, x in names_c.items())
+    return Snapshot(session, deadline, positions=tuple(s["position"] for s in states), canonical=canonical,
                     ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
                                  for n, s in zip(names, ps_states)},
                     weight_specs=states[0]["weights"], trainable=states[0]["trainable"], layout=states[0]["layout"],
@@ -222,7 +232,8 @@ def saved_weights(session: Session, path: str, deadline: float | None, model, wh
         yield weights, [weights[i] for i in state["trainable"]]
 
 
-def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None) -> list[str]:
+def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None,
+         canonical: bool = False) -> list[str]:
     """Write ``state`` into the (freshly started) actors of ``session``: the workers' weights and
     each parameter server's values and slots ``BATCH_BYTES`` at a time (``ps_checkpoint``).
 
@@ -232,6 +243,9 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         values: every trainable variable's value (model order; as ``weights``), sliced into the
             PS shards.
         step: the global step the state is at.
+        canonical: ``state.arrays`` is a checkpoint of another strategy re-cut for this one
+            (``reshard.Recut``): its parameter servers' slots and its channels' state named as
+            any holder names them.
 
     Returns:
         the problems found (the state does not fit these actors); empty on success.
@@ -255,13 +269,9 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         for part in _read_batches(reads):   # one batch in the driver and the object store at a time
             wait_all([actor.stage_checkpoint.remote(*part)], deadline, "parameter server", [p.name], actors=labels)
             del part
-        ref = actor.load_checkpoint.remote({}, {}, counters["version"], counters["chunk_version"])
+        ref = actor.load_checkpoint.remote({}, {}, counters["version"], counters["chunk_version"], canonical)
         problems += wait_all([ref], deadline, "parameter server", [p.name], actors=labels)[0]
-    used = [int(k.split("/")[0][len("channel"):]) for k in state.arrays if k.startswith("channel")]
-    channels = []
-    for c in range(max(used, default=-1) + 1):
-        prefix = f"channel{c}/"
-        channels.append({k[len(prefix):]: state.arrays[k] for k in state.arrays if k.startswith(prefix)} or None)
+    channels = [state.arrays.channel_state()] if canonical else _channels(state.arrays)
     names = list(plan.replicas)
     for batch in batches({i: _nbytes(w.shape, w.dtype) for i, w in enumerate(state.weights)}):
         part = ray.put({i: _array(state.weights[i]) for i in batch})   # one copy for every worker
@@ -269,11 +279,21 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         del part
     scaling = state.arrays.get("loss_scale")
     scaling = None if scaling is None else [float(x) for x in _array(scaling)]
-    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i), scaling)
+    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i), scaling, canonical)
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found
     return problems
+
+
+def _channels(arrays: Mapping) -> list:
+    """Per worker channel, its state in ``arrays`` (``channel<c>/<name>``), or None."""
+    used = [int(k.split("/")[0][len("channel"):]) for k in arrays if k.startswith("channel")]
+    channels = []
+    for c in range(max(used, default=-1) + 1):
+        prefix = f"channel{c}/"
+        channels.append({k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)} or None)
+    return channels
 
 
 def _seeds(arrays: Mapping, worker: int) -> list | None:

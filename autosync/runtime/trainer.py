@@ -5,14 +5,13 @@
     weights = trainer.get_weights()
     trainer.close()
 
-Consecutive ``fit`` calls continue training (weights, optimizer state and data position are
-kept). Workers run ``steps_per_call`` steps per driver round trip; callbacks see each step's
-logs after its round trip returns.
+Consecutive ``fit`` calls continue training (weights, optimizer state and data position are kept). Workers
+run ``steps_per_call`` steps per driver round trip; callbacks see each step's logs after its round trip returns.
 
 Checkpoints (``autosync.runtime.checkpoint`` on disk, ``session_state`` in the actors):
 
     trainer.save("ckpt")                                   # between fit calls
-    Trainer(model_def, strategy, cluster, restore="ckpt")  # continues from its step
+    Trainer(model_def, strategy, cluster, restore="ckpt")  # continues from its step, under any strategy
     trainer.fit(steps=1000, checkpoint_every=100, checkpoint_dir="ckpt", max_failures=3)
 """
 from __future__ import annotations
@@ -26,7 +25,7 @@ import numpy as np
 
 from autosync.model_def import ModelDef
 from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
-from autosync.runtime import session_state, timeline as record
+from autosync.runtime import reshard, session_state, timeline as record
 from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
 from autosync.runtime.fit_history import History, step_callbacks
 from autosync.runtime.optimizers import check_model_optimizer
@@ -66,14 +65,15 @@ class Trainer:
         pool: warm workers to use (see ``RayRunner``); by default the trainer starts its own.
         restore: a checkpoint directory (``save``, ``fit(checkpoint_dir=...)``) to continue from:
             weights, optimizer state, global step and data positions. It must have been written
-            with the same model, optimizer class and strategy.
+            with the same model, optimizer class and number of workers; under another strategy
+            the optimizer state is re-cut for this one (``reshard``).
 
     Raises:
         TypeError: a model, strategy or cluster that is not one of the objects above.
         ConfigError: a strategy that does not fit the model, an optimizer the runtime does not
             implement (checked before Ray starts), a model the workers cannot load (its factories
             raise there: the worker's error is in the message), or a ``restore`` checkpoint that does not
-            exist, is damaged or was written for another model, optimizer or strategy (the
+            exist, is damaged or was written for another model, optimizer or number of workers (the
             message says what differs; a missing or damaged one is found before Ray starts).
     """
 
@@ -334,7 +334,8 @@ class Trainer:
         store.check_writable()
         with _fails(self.session):
             snap = session_state.snapshot(self.session, time.monotonic() + self.timeout_s)
-        manifest = self._manifest(step=self.step, positions=snap.positions, ps_versions=snap.ps_versions)
+        manifest = dataclasses.replace(self._manifest(step=self.step, positions=snap.positions,
+                                                      ps_versions=snap.ps_versions), state_index=snap.state_index())
 
         with _fails(self.session):
             info = store.write(manifest, lambda file: session_state.write_weights(snap, file, self._model),
@@ -387,9 +388,7 @@ class Trainer:
     def _restore(self, store: CheckpointStore, deadline: float) -> Manifest:
         """Load the checkpoint in ``store`` into the running session (fresh actors).
 
-        Raises:
-            ConfigError: the checkpoint does not fit this trainer, or is damaged.
-        """
+        Raises ConfigError: the checkpoint does not fit this trainer, or is damaged."""
         manifest, info = store.read()
         problems = manifest.mismatches(self._manifest())
         if problems:
@@ -398,9 +397,11 @@ class Trainer:
             # each weight is read when it is sent (a model's weights are not copied whole)
             weights, values = opened.enter_context(session_state.saved_weights(
                 self.session, info.weights_path, deadline, self._model, f"restore {store.path}"))
-            arrays = opened.enter_context(contextlib.closing(store.arrays(manifest)))
-            state = session_state.SessionState(weights, manifest.data_positions, arrays, manifest.ps_versions)
-            problems = session_state.load(self.session, state, values, manifest.step, deadline)
+            arrays, versions = opened.enter_context(contextlib.closing(store.arrays(manifest))), manifest.ps_versions
+            if recut := manifest.strategy_fingerprint != self.strategy.fingerprint:   # re-cut for this strategy
+                arrays, versions = reshard.recut(manifest, arrays, self.session.plan, f"restore {store.path}")
+            state = session_state.SessionState(weights, manifest.data_positions, arrays, versions)
+            problems = session_state.load(self.session, state, values, manifest.step, deadline, recut)
         if problems:
             self.session.failed = True   # refused part-way: likewise
             raise ConfigError(sorted(set(problems)), source=f"restore {store.path}")

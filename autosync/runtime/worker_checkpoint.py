@@ -23,7 +23,7 @@ class WorkerCheckpoint:
         ``with_sizes`` each model weight's shape and dtype
         (``weights``, ``get_weights`` order), the index there of each trainable variable
         (``trainable``), per channel the bytes of each array of its state (``channels``: None
-        for a channel that keeps none) and the weights file's layout (``layout``, see
+        for a channel that keeps none) and what each holds (``canonical``, ``reshard``) and the weights file's layout (``layout``, see
         ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
         out = {"step": self.step, "position": self.drawn, "seeds": [np.array(v.numpy()) for v, _ in self._seeds],
                "loss_scale": self._loss_scale.state() if getattr(self, "_loss_scale", None) else None}
@@ -32,6 +32,7 @@ class WorkerCheckpoint:
             out["weights"] = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in self.model.weights]
             out["trainable"] = [where[id(v)] for v in self.variables]
             out["channels"] = [c.checkpoint_sizes() if hasattr(c, "checkpoint_state") else None for c in self.channels]
+            out["canonical"] = [c.canonical_names() if hasattr(c, "canonical_names") else {} for c in self.channels]
             out["layout"] = weights_file.layout(self.model)   # a walk of the model: milliseconds
         return out
 
@@ -69,13 +70,17 @@ class WorkerCheckpoint:
             every[i].assign(value)
 
     def restore_checkpoint(self, position: int, step: int, channels: list, seeds: list | None = None,
-                           loss_scale: list | None = None) -> list[str]:
+                           loss_scale: list | None = None, canonical: bool = False) -> list[str]:
         """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
         the data iterator advanced to ``position`` batches, the step counter, each channel's
         state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
         a checkpoint that holds none, written before they were kept, and the streams start
         afresh) and dynamic loss scaling's state (``loss_scale.LossScale.state``; None: it starts
-        afresh). Returns the problems found."""
+        afresh). With ``canonical``, ``channels`` is one state named as any holder names it
+        (``reshard``: a checkpoint of another strategy), each channel taking its own part.
+        Returns the problems found."""
+        if canonical:
+            channels = [channels[0]] * len(self.channels)
         if len(channels) > len(self.channels):
             return [f"the checkpoint holds state of {len(channels)} synchronization channels, the worker has "
                     f"{len(self.channels)}"]
@@ -91,7 +96,7 @@ class WorkerCheckpoint:
         problems = []
         for channel, state in zip(self.channels, channels):
             if hasattr(channel, "load_checkpoint"):
-                problems += channel.load_checkpoint(values, state or {})
+                problems += channel.load_checkpoint(values, state or {}, canonical)
         self.batches = prefetch.restart(self.batches, self._batches(*self._data))
         self.drawn = 0
         for _ in range(int(position)):   # iterators cannot seek: draw and drop

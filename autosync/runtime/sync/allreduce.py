@@ -23,6 +23,7 @@ import numpy as np
 
 from autosync.runtime import timeline
 from autosync.runtime.optimizers import sparse_form, squares_slices
+from autosync.runtime.reshard import ITERATION
 from autosync.runtime.rows import index_dtype
 from autosync.runtime.slices import dedup_rows, read_sparse_frame, sparse_frame
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
@@ -304,9 +305,16 @@ class AllReduceChannel(SyncChannel):
         return {**(optimizer_state.sizes(self._optimizer) if self._optimizer is not None else {}),
                 "version": np.array(self._version).nbytes}
 
-    def load_checkpoint(self, values: list, state: dict) -> list[str]:
-        """Continue from ``checkpoint_state``'s arrays; ``values``: every trainable variable's
-        restored value (model order). Returns the problems found."""
+    def canonical_names(self) -> dict:
+        """What each array ``checkpoint_state`` returns holds, in names any holder reads (``reshard``)."""
+        from autosync.runtime import optimizer_state
+
+        return optimizer_state.canonical_names(self._optimizer, "version") if self._optimizer else {"version": ITERATION}
+
+    def load_checkpoint(self, values: list, state: dict, canonical: bool = False) -> list[str]:
+        """Continue from ``checkpoint_state``'s arrays (``canonical``: named as any holder names
+        them, ``reshard``); ``values``: every trainable variable's restored value (model order).
+        Returns the problems found."""
         from autosync.runtime import optimizer_state
         from autosync.runtime.optimizers import make_optimizer
 
@@ -315,10 +323,10 @@ class AllReduceChannel(SyncChannel):
         for key, value in self.params.items():
             self._optimizer.add_variable(key, value)
         state = dict(state)
-        self._version = int(state.pop("version", 0))
+        self._version = int(state[ITERATION] if canonical else state.pop("version", 0))
         if not state:   # saved before the first update: the slots start as they are
             return []
-        return optimizer_state.load(self._optimizer, self.params, state)
+        return optimizer_state.load(self._optimizer, self.params, state, canonical)
 
     # ---- internals ---------------------------------------------------------------------
     def _backend(self, name: str) -> CollectiveBackend:

@@ -122,12 +122,29 @@ class GraphAllReduceChannel(SyncChannel):
 
         return keras_state_sizes(getattr(self, "_optimizer_variables", ()))
 
-    def load_checkpoint(self, values: list, state: dict) -> list[str]:
-        """Set the optimizer's variables from ``checkpoint_state``'s arrays (the model's own
-        variables hold the values). Returns the problems found."""
-        from autosync.runtime.optimizer_state import state_problems
+    def canonical_names(self) -> dict:
+        """What each array ``checkpoint_state`` returns holds, in names any holder reads
+        (``reshard``): a slot of a whole variable is ``"<var>/<slot>"``."""
+        from autosync.runtime.reshard import keras_names
+
+        prefixes, iterations = getattr(self, "_named", ({}, None))
+        return keras_names(getattr(self, "_optimizer_variables", ()), prefixes, iterations)
+
+    def load_checkpoint(self, values: list, state: dict, canonical: bool = False) -> list[str]:
+        """Set the optimizer's variables from ``checkpoint_state``'s arrays (``canonical``: named
+        as any holder names them, ``reshard``; the model's own variables hold the values).
+        Returns the problems found."""
+        from autosync.runtime.optimizer_state import keras_state, state_problems
+        from autosync.runtime.reshard import from_keras_names, whole_slots
 
         variables = getattr(self, "_optimizer_variables", [])
+        if canonical:
+            names = self.canonical_names()
+            members = [m for g in self.groups for m in g.members]
+            found, problems = from_keras_names(names, whole_slots(state, members, names))
+            if problems or not found:
+                return problems
+            state = {**keras_state(variables), **found}   # what it lacks stays as it is
         want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(variables)}
         problems = state_problems(want, state)
         if not problems:
@@ -149,7 +166,8 @@ class GraphAllReduceChannel(SyncChannel):
         variables = list(model.trainable_variables)
         owned = sorted({m.key[0] for g in self.groups for m in g.members})
         optimizer.build([variables[v] for v in owned])
-        self._optimizer_variables = list(optimizer.variables)   # what a checkpoint keeps
+        self._optimizer_variables = list(optimizer.variables)   # what a checkpoint keeps, and its slots' names
+        self._named = ({variables[v].path.replace("/", "_"): str(v) for v in owned}, optimizer.iterations)
         self._finalize = lambda: optimizer.finalize_variable_values([variables[v] for v in owned])
         memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
                   for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
