@@ -185,3 +185,24 @@ def test_a_trial_whose_skipped_step_had_a_nan_loss_is_not_called_divergent(pool)
         result = runner.run([_strategy("ps", runner.model)])[0]
     assert result.status == "ok", result.error
     assert not np.isfinite(result.meta["loss"][1]) and np.isfinite(result.meta["loss"][-1]), result.meta["loss"]
+
+
+def test_in_the_graph_alone_a_loss_scaled_step_is_decided_inside_it(pool, tmp_path):
+    """No held step there (no norm brought back, no second graph call to apply): the step applies
+    the reduced gradients only when all are finite, and the skip and the scale's moves are Keras'
+    ``LossScaleOptimizer``'s."""
+    from autosync.runtime.trainer import Trainer
+
+    kind, kw = OPTIMIZERS["adam"]
+    md = rm.model_def(kind, dataset=rm.nan_batches, loss_scale=SCALE, **kw)
+    with Trainer(md, _strategy("graph", _model_spec(pool, md)), PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=STEPS, steps_per_call=1, timeline=tmp_path / "fit.json")
+        weights = trainer.get_weights()
+        trainer.save(tmp_path / "ckpt")
+    spans = {e["name"] for e in json.loads((tmp_path / "fit.json").read_text())["traceEvents"] if e["ph"] == "X"}
+    assert "compute" in spans and not any("held" in n or "norm" in n or "release" in n for n in spans), spans
+    state = np.load(tmp_path / "ckpt" / json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["directory"]
+                    / "state.npz")
+    assert list(state["loss_scale"]) == [2.0 ** 11, 0, 1]   # grown, halved at the skip, grown again
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()

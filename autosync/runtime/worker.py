@@ -267,11 +267,12 @@ class TrainingWorker(WorkerCheckpoint):
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
             old.close()
         self.channels = channels
-        # global_clipnorm beside other channels, or dynamic loss scaling: every channel holds its step
-        # until the scale is known (``sync.base``); in the graph alone Keras clips itself
+        # global_clipnorm or dynamic loss scaling beside other channels: every channel holds its step
+        # until the scale is known (``sync.base``); in the graph alone Keras clips itself and the
+        # step applies only finite gradients (``step_finite``)
         graph_alone = len(channels) == 1 and channels[0].in_graph
         self._loss_scale = LossScale(**self._scaling) if self._scaling and channels else None
-        self._hold = bool(channels) and (self._loss_scale is not None or (self._clipnorm is not None and not graph_alone))
+        self._hold = bool(channels) and not graph_alone and (self._loss_scale is not None or self._clipnorm is not None)
         self._clip = self._clipnorm if self._hold else None
         self._set_scale()
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
@@ -331,7 +332,9 @@ class TrainingWorker(WorkerCheckpoint):
                 ahead = (nbatches, nrows, pending)
                 hand_over([c for c in self.channels if not c.splits_pull], self.step, grads, None)
             else:
-                hand_over(self.channels, self.step, grads, self._clip, self._loss_scale)
+                hand_over(self.channels, self.step, grads, self._clip, self._loss_scale if self._hold else None)
+                if self._loss_scale is not None and not self._hold:   # the graph alone decided in the step
+                    self._loss_scale.after(self.channels[0].step_finite())
                 if self._loss_scale is not None and self._loss_scale.scale != self._scale_set:
                     self._set_scale()
             out["compute"].append(compute)

@@ -38,6 +38,7 @@ from autosync.runtime.loss_scale import scaled_gradients
 from autosync.runtime.sync.allreduce import ARGroup, ARMember, split_by
 from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.compression import orthogonalize
+from autosync.runtime.sync.graph_state import GraphCheckpoint
 from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
 from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
 
@@ -48,7 +49,7 @@ def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[
     return split_by(groups, layout, lambda m: m.backend == "graph")
 
 
-class GraphAllReduceChannel(SyncChannel):
+class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
     """In-graph all-reduce for one worker: a SyncChannel with nothing to pull or push, plus
     ``bind``, with which the worker gets its training-step function.
 
@@ -108,50 +109,6 @@ class GraphAllReduceChannel(SyncChannel):
     def finalize(self) -> None:
         self._finalize()   # the variables reduced here are the model's own
 
-    def checkpoint_state(self, names=None) -> dict:
-        """The Keras optimizer's variables (iterations, slots) of the variables reduced here, as
-        ``"keras/<i>" -> array`` (only ``names`` when given). Compressor memory (fp16 error
-        feedback, PowerSGD) is each worker's own and is not kept: a restored run starts it afresh."""
-        from autosync.runtime.optimizer_state import keras_state
-
-        return keras_state(getattr(self, "_optimizer_variables", ()), names)
-
-    def checkpoint_sizes(self) -> dict:
-        """name -> bytes of each array ``checkpoint_state`` returns."""
-        from autosync.runtime.optimizer_state import keras_state_sizes
-
-        return keras_state_sizes(getattr(self, "_optimizer_variables", ()))
-
-    def canonical_names(self) -> dict:
-        """What each array ``checkpoint_state`` returns holds, in names any holder reads
-        (``reshard``): a slot of a whole variable is ``"<var>/<slot>"``."""
-        from autosync.runtime.reshard import keras_names
-
-        prefixes, iterations = getattr(self, "_named", ({}, None))
-        return keras_names(getattr(self, "_optimizer_variables", ()), prefixes, iterations)
-
-    def load_checkpoint(self, values: list, state: dict, canonical: bool = False) -> list[str]:
-        """Set the optimizer's variables from ``checkpoint_state``'s arrays (``canonical``: named
-        as any holder names them, ``reshard``; the model's own variables hold the values).
-        Returns the problems found."""
-        from autosync.runtime.optimizer_state import keras_state, state_problems
-        from autosync.runtime.reshard import from_keras_names, whole_slots
-
-        variables = getattr(self, "_optimizer_variables", [])
-        if canonical:
-            names = self.canonical_names()
-            members = [m for g in self.groups for m in g.members]
-            found, problems = from_keras_names(names, whole_slots(state, members, names))
-            if problems or not found:
-                return problems
-            state = {**keras_state(variables), **found}   # what it lacks stays as it is
-        want = {f"keras/{i}": tuple(v.shape) for i, v in enumerate(variables)}
-        problems = state_problems(want, state)
-        if not problems:
-            for i, v in enumerate(variables):
-                v.assign(state[f"keras/{i}"])
-        return problems
-
     # ---- the step ------------------------------------------------------------------------------
     def bind(self, model, loss_fn, optimizer, hold: bool = False, scale=None):
         """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
@@ -160,7 +117,9 @@ class GraphAllReduceChannel(SyncChannel):
         ``IndexedSlices`` values one by one) for ``release``, which applies them times the
         ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again.
         ``scale``: what dynamic loss scaling multiplies the loss by (a ``tf.Variable``, the worker's:
-        ``loss_scale.scaled_gradients``), or None."""
+        ``loss_scale.scaled_gradients``), or None; without ``hold`` (the graph alone) the step
+        applies the reduced gradients only where all are finite, as Keras' ``LossScaleOptimizer``
+        does, and ``step_finite`` says whether it did."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -179,9 +138,13 @@ class GraphAllReduceChannel(SyncChannel):
         world, hint, base = self.world, communication_hint(), self.key_base
         chain = hint == "nccl"
         groups, held_vars = self.groups, []   # held_vars: see ``hold``
+        # what the compressors keep across steps: put back when a step is skipped
+        kept = list(memory.values()) + [v for p in powersgd.values() for v in (*p.q.values(), *p.err.values())]
+        check = scale is not None and not hold   # loss scaling in the graph alone: decided inside the step
 
         @tf.function
         def step(x, y):
+            before = [v.read_value() for v in kept] if check else []
             with tf.GradientTape() as tape:
                 loss = batch_loss(model, loss_fn, x, y)
             grads = scaled_gradients(tape, loss, variables, scale)
@@ -221,12 +184,28 @@ class GraphAllReduceChannel(SyncChannel):
             if hold:
                 held_vars[:] = done   # fixed for the trace: which variables get a gradient
                 return loss, others, reduced, _squared_norm(reduced)
+            if check:
+                return loss, others, _apply_if_finite(optimizer, reduced, [variables[v] for v in done], kept, before)
             optimizer.apply_gradients(zip(reduced, [variables[v] for v in done]))
             return loss, others
 
-        # what the compressors keep across steps: put back when a held step is skipped
-        kept = list(memory.values()) + [v for p in powersgd.values() for v in (*p.q.values(), *p.err.values())]
-        return self._holding(step, optimizer, held_vars, variables, kept) if hold else step
+        if hold:
+            return self._holding(step, optimizer, held_vars, variables, kept)
+        return self._checking(step) if check else step
+
+    def _checking(self, step):
+        """``bind``'s step under loss scaling in the graph alone: the third value ``step`` returns
+        (whether it applied the update) kept for ``step_finite``."""
+        def checked(x, y):
+            loss, others, self._finite = step(x, y)
+            return loss, others
+
+        return checked
+
+    def step_finite(self) -> bool:
+        """Whether the last step's reduced gradients were all finite (and applied): loss scaling
+        in the graph alone, which decides inside the step."""
+        return bool(self._finite)
 
     def _holding(self, step, optimizer, held_vars: list, variables: list, kept: list):
         """``bind``'s held step around ``step`` (which returns the reduced gradients and their
@@ -255,6 +234,27 @@ class GraphAllReduceChannel(SyncChannel):
 
         self._apply_held = apply_held
         return held_step
+
+
+def _apply_if_finite(optimizer, reduced: list, variables: list, kept: list, before: list):
+    """Inside a traced step: apply ``reduced`` to ``variables`` if every value is finite, else put
+    the compressors' state ``kept`` back to ``before`` (as if the step never ran); returns whether
+    it applied. Every worker sees the same reduced gradients, so all decide alike."""
+    import tensorflow as tf
+
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+                            for g in reduced] or [tf.constant(True)])
+
+    def apply():
+        optimizer.apply_gradients(zip(reduced, variables))
+        return tf.constant(True)
+
+    def skip():
+        for v, value in zip(kept, before):
+            v.assign(value)
+        return tf.constant(False)
+
+    return tf.cond(finite, apply, skip)
 
 
 def _squared_norm(grads: list):
