@@ -116,10 +116,9 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         does not apply the reduced gradients: it keeps them and their squared norm (Keras squares
         ``IndexedSlices`` values one by one) for ``release``, which applies them times the
         ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again.
-        ``scale``: what dynamic loss scaling multiplies the loss by (a ``tf.Variable``, the worker's:
-        ``loss_scale.scaled_gradients``), or None; without ``hold`` (the graph alone) the step
-        applies the reduced gradients only where all are finite, as Keras' ``LossScaleOptimizer``
-        does, and ``step_finite`` says whether it did."""
+        ``scale``: what dynamic loss scaling multiplies the loss by (``loss_scale.scaled_gradients``:
+        the worker's ``tf.Variable``), or None; without ``hold`` (the graph alone) the step applies
+        only finite reduced gradients, as Keras' ``LossScaleOptimizer``: ``step_finite`` says."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -135,9 +134,8 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
                                                       self.seed)
                     for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
                     if comp is not None and comp.kind == "powersgd"}
-        world, hint, base = self.world, communication_hint(), self.key_base
+        world, hint, base, groups, held_vars = self.world, communication_hint(), self.key_base, self.groups, []   # held_vars: see ``hold``
         chain = hint == "nccl"
-        groups, held_vars = self.groups, []   # held_vars: see ``hold``
         # what the compressors keep across steps: put back when a step is skipped
         kept = list(memory.values()) + [v for p in powersgd.values() for v in (*p.q.values(), *p.err.values())]
         check = scale is not None and not hold   # loss scaling in the graph alone: decided inside the step
