@@ -37,7 +37,8 @@ def _saved(plan) -> tuple[dict, dict]:
         for r in p.shards:
             name = f"ps/{p.name}/{r.var_index}.{r.key[1]}/m"
             full = FULL[(r.var_index, "momentum")]
-            arrays[name] = np.array(full[(slice(None),) * r.axis + (slice(r.start, r.stop),)] if np.ndim(full) else full)
+            index = (slice(None),) * r.axis + (slice(r.start, r.stop),)
+            arrays[name] = np.array(full[index] if np.ndim(full) else full)
             canonical[name] = f"{r.var_index}.{r.key[1]}/momentum"
     return arrays, reshard.state_index(canonical, plan, SHAPES)
 
@@ -108,7 +109,8 @@ def test_a_holder_of_whole_variables_joins_its_shards():
     members = [_ref(0, 1, 1, 2, 4), _ref(0, 0, 1, 0, 2), _ref(2, 0, 0, 0, 5)]
     full = FULL[(0, "momentum")][:, :4]
     arrays = {"0.0/momentum": full[:, :2], "0.1/momentum": full[:, 2:], "2.0/momentum": FULL[(2, "momentum")]}
-    out = reshard.whole_slots(arrays, members, {"keras/2": "0/momentum", "keras/3": "2/momentum", "keras/0": "@iteration"})
+    names = {"keras/2": "0/momentum", "keras/3": "2/momentum", "keras/0": "@iteration"}
+    out = reshard.whole_slots(arrays, members, names)
     assert np.array_equal(out["0/momentum"], full) and np.array_equal(out["2/momentum"], FULL[(2, "momentum")])
 
 

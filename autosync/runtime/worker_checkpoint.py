@@ -20,10 +20,10 @@ class WorkerCheckpoint:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
         (batches drawn), ``seeds`` (its random layers' generator states, ``random_seeds``: a
         few bytes each), ``loss_scale`` (dynamic loss scaling's state, or None), and with
-        ``with_sizes`` each model weight's shape and dtype
-        (``weights``, ``get_weights`` order), the index there of each trainable variable
-        (``trainable``), per channel the bytes of each array of its state (``channels``: None
-        for a channel that keeps none) and what each holds (``canonical``, ``reshard``) and the weights file's layout (``layout``, see
+        ``with_sizes`` each model weight's shape and dtype (``weights``, ``get_weights`` order),
+        the index there of each trainable variable (``trainable``), per channel the bytes of
+        each array of its state (``channels``: None for a channel that keeps none) and what each
+        holds (``canonical``, ``reshard``), and the weights file's layout (``layout``, see
         ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
         out = {"step": self.step, "position": self.drawn, "seeds": [np.array(v.numpy()) for v, _ in self._seeds],
                "loss_scale": self._loss_scale.state() if getattr(self, "_loss_scale", None) else None}

@@ -134,7 +134,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
                                                       self.seed)
                     for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
                     if comp is not None and comp.kind == "powersgd"}
-        world, hint, base, groups, held_vars = self.world, communication_hint(), self.key_base, self.groups, []   # held_vars: see ``hold``
+        world, hint, base, groups, held_vars = self.world, communication_hint(), self.key_base, self.groups, []
         chain = hint == "nccl"
         # what the compressors keep across steps: put back when a step is skipped
         kept = list(memory.values()) + [v for p in powersgd.values() for v in (*p.q.values(), *p.err.values())]
