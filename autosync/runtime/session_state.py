@@ -3,7 +3,9 @@ checkpoint holds (``autosync.runtime.checkpoint`` puts it on disk).
 
 Arrays are named for ``state.npz``: ``ps/<actor>/<var>.<shard>/<slot>`` for a parameter server's
 optimizer slots, ``channel<c>/<name>`` for the state of worker channel ``c`` (all-reduced
-variables' optimizer, taken from worker 0: every worker holds the same), ``seeds/<w>/<i>`` for
+variables' optimizer, taken from worker 0: every worker holds the same),
+``compressors/<w>/channel<c>/<name>`` for worker ``w``'s compressor memory (its own: error-feedback
+residuals, PowerSGD's warm-start Qs; a restore under another strategy starts it afresh), ``seeds/<w>/<i>`` for
 worker ``w``'s state of the model's ``i``-th random-layer generator (``random_seeds``: each
 worker's own), ``loss_scale`` for dynamic loss scaling's ``[scale, counter, skipped]`` (worker 0's:
 every worker holds the same). Reads and writes happen between round trips, when no step is in flight.
@@ -132,6 +134,10 @@ class Snapshot:
                 yield from ((f"channel{c}/{k}", a) for k, a in self._worker0([], {c: batch})["channels"][c].items())
         for w, states in enumerate(self.seeds):
             yield from ((f"seeds/{w}/{i}", a) for i, a in enumerate(states))
+        for w, (worker, name) in enumerate(zip(self.session.workers, self.session.plan.replicas)):
+            memory = self._timed(lambda: wait_all([worker.compressor_state.remote()], self.deadline, "worker", [name],
+                                                  actors=self.session.actor_labels())[0])
+            yield from ((f"compressors/{w}/{k}", a) for k, a in memory.items())
         if self.loss_scale is not None:
             yield "loss_scale", np.asarray(self.loss_scale, np.float64)
 
@@ -279,7 +285,8 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         del part
     scaling = state.arrays.get("loss_scale")
     scaling = None if scaling is None else [float(x) for x in _array(scaling)]
-    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i), scaling, canonical)
+    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i), scaling, canonical,
+                                        None if canonical else _prefixed(state.arrays, f"compressors/{i}/"))
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found
@@ -294,6 +301,11 @@ def _channels(arrays: Mapping) -> list:
         prefix = f"channel{c}/"
         channels.append({k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)} or None)
     return channels
+
+
+def _prefixed(arrays: Mapping, prefix: str) -> dict:
+    """The arrays whose names start with ``prefix``, named without it."""
+    return {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
 
 
 def _seeds(arrays: Mapping, worker: int) -> list | None:

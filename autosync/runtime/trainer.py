@@ -314,11 +314,11 @@ class Trainer:
         written as the weights stream in, without a model in the driver: ``weights_file``),
         every parameter server's optimizer slots and update counters and the all-reduced
         variables' optimizer state and each worker's random-layer generators (``random_seeds``)
-        in ``state.npz``, and the global step and each worker's data position in
-        ``manifest.json`` (see ``autosync.runtime.checkpoint`` for the layout). A crash while writing leaves the previous checkpoint in ``path`` whole. Not kept:
-        compressor memory (error feedback, PowerSGD), which starts afresh after a restore, and
-        the other workers' own non-trainable state (BatchNormalization statistics: worker 0's
-        are restored on every worker).
+        and compressor memory (error feedback, PowerSGD's Qs) in ``state.npz``, and the global
+        step and each worker's data position in ``manifest.json`` (see
+        ``autosync.runtime.checkpoint`` for the layout). A crash while writing leaves the previous
+        checkpoint in ``path`` whole. Not kept: the other workers' own non-trainable state
+        (BatchNormalization statistics: worker 0's are restored on every worker).
 
         Returns:
             where it went, its size and how long the write took.

@@ -63,6 +63,12 @@ class WorkerCheckpoint:
                 whole[v] = got[0] if shards == 1 else np.concatenate(got, axis=axis)
         self._assign_each(whole)
 
+    def compressor_state(self) -> dict:
+        """This worker's compressor memory (error-feedback residuals, PowerSGD's warm-start Qs: its
+        own, unlike the optimizer state every worker shares) as ``"channel<c>/<name>" -> array``."""
+        return {f"channel{c}/{k}": a for c, channel in enumerate(self.channels)
+                if hasattr(channel, "compressor_state") for k, a in channel.compressor_state().items()}
+
     def assign_weights(self, part: dict) -> None:
         """Set model weights by index (``get_weights`` order): a restore sends them in batches."""
         every = self.model.weights
@@ -70,7 +76,8 @@ class WorkerCheckpoint:
             every[i].assign(value)
 
     def restore_checkpoint(self, position: int, step: int, channels: list, seeds: list | None = None,
-                           loss_scale: list | None = None, canonical: bool = False) -> list[str]:
+                           loss_scale: list | None = None, canonical: bool = False,
+                           compressors: dict | None = None) -> list[str]:
         """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
         the data iterator advanced to ``position`` batches, the step counter, each channel's
         state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
@@ -78,6 +85,7 @@ class WorkerCheckpoint:
         afresh) and dynamic loss scaling's state (``loss_scale.LossScale.state``; None: it starts
         afresh). With ``canonical``, ``channels`` is one state named as any holder names it
         (``reshard``: a checkpoint of another strategy), each channel taking its own part.
+        ``compressors``: this worker's ``compressor_state`` (None: the memory starts afresh).
         Returns the problems found."""
         if canonical:
             channels = [channels[0]] * len(self.channels)
@@ -94,9 +102,13 @@ class WorkerCheckpoint:
         keep = any(hasattr(c, "load_checkpoint") for c in self.channels)   # all-reduced variables' optimizer
         values = [np.asarray(v.numpy()) for v in self.variables] if keep else []
         problems = []
-        for channel, state in zip(self.channels, channels):
+        for c, (channel, state) in enumerate(zip(self.channels, channels)):
             if hasattr(channel, "load_checkpoint"):
                 problems += channel.load_checkpoint(values, state or {}, canonical)
+            if hasattr(channel, "load_compressors"):
+                prefix = f"channel{c}/"
+                problems += channel.load_compressors({k[len(prefix):]: a for k, a in (compressors or {}).items()
+                                                      if k.startswith(prefix)})
         self.batches = prefetch.restart(self.batches, self._batches(*self._data))
         self.drawn = 0
         for _ in range(int(position)):   # iterators cannot seek: draw and drop

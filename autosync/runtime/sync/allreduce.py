@@ -23,9 +23,9 @@ import numpy as np
 
 from autosync.runtime import timeline
 from autosync.runtime.optimizers import sparse_form, squares_slices
-from autosync.runtime.reshard import ITERATION
 from autosync.runtime.rows import index_dtype
 from autosync.runtime.slices import dedup_rows, read_sparse_frame, sparse_frame
+from autosync.runtime.sync.allreduce_state import AllReduceCheckpoint
 from autosync.runtime.sync.backends import HierarchicalBackend, resolve_backend
 from autosync.runtime.sync.base import CollectiveBackend, SyncChannel, shard_gradient
 from autosync.runtime.sync.compression import ErrorFeedback, PowerSGDState, elementwise, restore_state, saved_state
@@ -93,7 +93,7 @@ def split_by(groups: list[ARGroup], layout: list[tuple[int, int]], inside) -> tu
     return graph, rest
 
 
-class AllReduceChannel(SyncChannel):
+class AllReduceChannel(AllReduceCheckpoint, SyncChannel):
     """All-reduce synchronization for one worker, through a collective backend.
 
     Args:
@@ -288,45 +288,6 @@ class AllReduceChannel(SyncChannel):
 
     def finish(self) -> None:
         """Collectives are synchronous: nothing is outstanding."""
-
-    def checkpoint_state(self, names=None) -> dict:
-        """The local optimizer's slots and update count (name -> array; only ``names`` when
-        given); the values are the model's. Compressor memory (error feedback, PowerSGD's Q) is
-        each worker's own and is not kept: a restored run starts it afresh."""
-        from autosync.runtime import optimizer_state
-
-        state = optimizer_state.save(self._optimizer, names) if self._optimizer is not None else {}
-        return {**state, **({"version": np.array(self._version)} if names is None or "version" in names else {})}
-
-    def checkpoint_sizes(self) -> dict:
-        """name -> bytes of each array ``checkpoint_state`` returns."""
-        from autosync.runtime import optimizer_state
-
-        return {**(optimizer_state.sizes(self._optimizer) if self._optimizer is not None else {}),
-                "version": np.array(self._version).nbytes}
-
-    def canonical_names(self) -> dict:
-        """What each array ``checkpoint_state`` returns holds, in names any holder reads (``reshard``)."""
-        from autosync.runtime import optimizer_state
-
-        return optimizer_state.canonical_names(self._optimizer, "version") if self._optimizer else {"version": ITERATION}
-
-    def load_checkpoint(self, values: list, state: dict, canonical: bool = False) -> list[str]:
-        """Continue from ``checkpoint_state``'s arrays (``canonical``: named as any holder names
-        them, ``reshard``); ``values``: every trainable variable's restored value (model order).
-        Returns the problems found."""
-        from autosync.runtime import optimizer_state
-        from autosync.runtime.optimizers import make_optimizer
-
-        self.params = {m.key: np.array(m.take(values[m.key[0]]), copy=True) for g in self.groups for m in g.members}
-        self._optimizer = make_optimizer(self.optimizer_config)
-        for key, value in self.params.items():
-            self._optimizer.add_variable(key, value)
-        state = dict(state)
-        self._version = int(state[ITERATION] if canonical else state.pop("version", 0))
-        if not state:   # saved before the first update: the slots start as they are
-            return []
-        return optimizer_state.load(self._optimizer, self.params, state, canonical)
 
     # ---- internals ---------------------------------------------------------------------
     def _backend(self, name: str) -> CollectiveBackend:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from autosync.runtime.reshard import key_text
 from strategy_space.errors import ConfigError
 from strategy_space.compressor import Compressor, matrix_dims, powersgd_wire_values
 
@@ -159,6 +160,40 @@ class PowerSGDState:
             self.ef.keep(key, self._m[key].reshape(shape), approx)
         del self._m[key]
         return approx
+
+
+def memory_arrays(error_feedback: dict, powersgd: dict) -> dict:
+    """What a channel's compressors keep across steps (``saved_state``'s dicts) as named arrays, for
+    a checkpoint (each worker's own): ``ef/<compressor>/<var>.<shard>`` residuals, and
+    ``powersgd/<compressor>/q/<var>.<shard>`` warm-start Qs and ``.../ef/<var>.<shard>`` residuals."""
+    out = {}
+    for comp, ef in error_feedback.items():
+        out.update((f"ef/{comp}/{key_text(k)}", a) for k, a in ef.residual.items())
+    for comp, state in powersgd.items():
+        out.update((f"powersgd/{comp}/q/{key_text(k)}", a) for k, a in state.q.items())
+        if state.ef is not None:
+            out.update((f"powersgd/{comp}/ef/{key_text(k)}", a) for k, a in state.ef.residual.items())
+    return out
+
+
+def load_memory(error_feedback: dict, powersgd: dict, arrays: dict, seed: int) -> None:
+    """Set the compressors' memory (``saved_state``'s dicts, emptied first) from ``memory_arrays``'
+    arrays; PowerSGD's states are made with ``seed``, as the channel makes them."""
+    error_feedback.clear()
+    powersgd.clear()
+    for name, array in arrays.items():
+        kind, comp, rest = name.split("/", 2)
+        comp = Compressor.parse(comp)
+        if kind == "ef":
+            error_feedback.setdefault(comp, ErrorFeedback()).residual[_key(rest)] = np.array(array)
+            continue
+        state = powersgd.setdefault(comp, PowerSGDState(comp.rank, comp.error_feedback, seed))
+        part, key = rest.split("/", 1)
+        (state.q if part == "q" else state.ef.residual)[_key(key)] = np.array(array)
+
+
+def _key(text: str) -> tuple:
+    return tuple(int(x) for x in text.split("."))
 
 
 def elementwise(codec: Compressor) -> ElementwiseCompressor:

@@ -137,7 +137,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         world, hint, base, groups, held_vars = self.world, communication_hint(), self.key_base, self.groups, []
         chain = hint == "nccl"
         # what the compressors keep across steps: put back when a step is skipped
-        kept = list(memory.values()) + [v for p in powersgd.values() for v in (*p.q.values(), *p.err.values())]
+        kept = self._memory = list(memory.values()) + [v for p in powersgd.values() for v in p.variables()]
         check = scale is not None and not hold   # loss scaling in the graph alone: decided inside the step
 
         @tf.function
@@ -327,6 +327,10 @@ class _PowerSGDGraphState:
                                         trainable=False)
             if self.ef:
                 self.err[m.key] = tf.Variable(tf.zeros([shape[0], n]), trainable=False)
+
+    def variables(self) -> list:
+        """What it keeps across steps: the warm Qs, then the residuals."""
+        return [*self.q.values(), *self.err.values()]
 
     def reduce(self, ms: list[ARMember], parts: list, world: int, keys, hint: str) -> dict:
         import tensorflow as tf

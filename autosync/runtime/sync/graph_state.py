@@ -4,6 +4,8 @@ they are set again, from this channel's own names or from those any holder reads
 a checkpoint of another strategy)."""
 from __future__ import annotations
 
+import numpy as np
+
 
 class GraphCheckpoint:
     """``checkpoint_state``, ``checkpoint_sizes``, ``canonical_names`` and ``load_checkpoint`` of
@@ -13,7 +15,7 @@ class GraphCheckpoint:
     def checkpoint_state(self, names=None) -> dict:
         """The Keras optimizer's variables (iterations, slots) of the variables reduced here, as
         ``"keras/<i>" -> array`` (only ``names`` when given). Compressor memory (fp16 error
-        feedback, PowerSGD) is each worker's own and is not kept: a restored run starts it afresh."""
+        feedback, PowerSGD) is each worker's own: ``compressor_state``."""
         from autosync.runtime.optimizer_state import keras_state
 
         return keras_state(getattr(self, "_optimizer_variables", ()), names)
@@ -53,3 +55,22 @@ class GraphCheckpoint:
             for i, v in enumerate(variables):
                 v.assign(state[f"keras/{i}"])
         return problems
+
+    def compressor_state(self) -> dict:
+        """This worker's compressor memory in the graph (fp16 error-feedback residuals, PowerSGD's
+        warm-start Qs and residuals) as ``"graph/<i>" -> array``, in the order ``bind`` made them."""
+        return {f"graph/{i}": np.array(v.numpy()) for i, v in enumerate(getattr(self, "_memory", ()))}
+
+    def load_compressors(self, arrays: dict) -> list[str]:
+        """Continue with ``compressor_state``'s arrays (none: the memory starts afresh, as the
+        checkpoint kept none). Returns the problems found (nothing is set then)."""
+        from autosync.runtime.optimizer_state import state_problems
+
+        memory = getattr(self, "_memory", ())
+        if not arrays:
+            return []
+        problems = state_problems({f"graph/{i}": tuple(v.shape) for i, v in enumerate(memory)}, arrays)
+        if not problems:
+            for i, v in enumerate(memory):
+                v.assign(arrays[f"graph/{i}"])
+        return [p.replace("optimizer state", "compressor memory") for p in problems]
