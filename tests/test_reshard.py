@@ -92,7 +92,8 @@ def test_keras_slots_are_named_after_their_variables_and_back():
     found, problems = reshard.from_keras_names(named, arrays)
     assert problems == [] and found == {"keras/0": 4, "keras/2": "m", "keras/3": "m3", "keras/4": "v", "keras/5": 0.5}
     _, problems = reshard.from_keras_names(named, {"@iteration": 4, "0.1/momentum": "m"})
-    assert problems == ["optimizer state missing from the checkpoint: 3.0/momentum, 0.1/velocity, @variable"]
+    # 0.1 holds a momentum but no velocity: missing (3.0 holds nothing: as it starts, see below)
+    assert problems == ["optimizer state missing from the checkpoint: 0.1/velocity, @variable"]
     assert reshard.from_keras_names(named, {"@iteration": 4}) == ({}, [])   # no slot: nothing to set
 
 
@@ -141,3 +142,19 @@ def test_a_manifest_keeps_its_index_and_refuses_a_damaged_one(tmp_path):
     for bad in ({"a": [1, 0, 0, 6, "m"]}, {"a": [0, 0, 6, 0, "m"]}, {"a": "iteration"}, {"a": [0, 0, 0, 6]}, []):
         with pytest.raises(ConfigError, match="here: damaged checkpoint manifest"):
             ck.Manifest.from_dict(dict(manifest.to_dict(), state_index=bad), "here")
+
+
+def test_a_variable_whose_old_holder_had_taken_no_update_keeps_its_slots_as_they_start():
+    """A Keras optimizer builds its slots at its first update: a checkpoint before it (or after
+    only skipped steps) holds none for its variables, while other holders' are there."""
+    fresh = np.zeros(2)
+    slots = {(0, 0): {"m": fresh, "v": fresh}, (1, 0): {"m": fresh, "v": fresh}}
+    arrays = {"@iteration": 0, "0.0/momentum": "m0", "0.0/velocity": "v0"}
+    assert reshard.from_numpy_names(slots, arrays) == {"0.0/m": "m0", "0.0/v": "v0", "1.0/m": fresh, "1.0/v": fresh}
+    # one slot of a variable it holds others of is missing, not fresh: left out (and refused by the load)
+    assert "0.0/v" not in reshard.from_numpy_names(slots, {"0.0/momentum": "m0"})
+    names = {"keras/0": "@iteration", "keras/1": "0/momentum", "keras/2": "1/momentum", "keras/3": "12/momentum"}
+    found, problems = reshard.from_keras_names(names, {"@iteration": 0, "1.0/momentum": "x", "1/momentum": "x"})
+    assert problems == [] and found == {"keras/0": 0, "keras/2": "x"}
+    _, problems = reshard.from_keras_names(names, {"@iteration": 0, "1/velocity": "x"})
+    assert problems == ["optimizer state missing from the checkpoint: 1/momentum"]

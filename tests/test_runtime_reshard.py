@@ -150,3 +150,21 @@ def test_parameter_servers_cut_into_blocks_for_pipelining_restore_whole_elsewher
         continued = again.get_weights()
     for got, want in zip(continued, rm.reference_weights(md, num_workers=2, steps=5)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
+def test_a_checkpoint_before_some_holders_had_updated_restores_elsewhere(pool, tmp_path):
+    """Saved at step 0 under a mix (RMSprop: the Keras optimizer on the parameter servers and the
+    numpy all-reduce builds its slots at its first update; the graph's is built already): the
+    graph after it takes the slots the checkpoint has and starts the others as they start."""
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("RMSprop", learning_rate=0.05, momentum=0.5)
+    with Trainer(md, _strategy(pool, md, "mix"), PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.save(tmp_path / "ckpt")
+    index = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["state_index"]
+    assert {e[0] for e in index.values() if isinstance(e, list)} == {2}   # hidden/bias, in the graph
+    with Trainer(md, _strategy(pool, md, "graph"), PAIR, pool=pool, timeout_s=120, restore=tmp_path / "ckpt") as again:
+        again.fit(steps=3, steps_per_call=1)
+        continued = again.get_weights()
+    for got, want in zip(continued, rm.reference_weights(md, num_workers=2, steps=3)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()

@@ -44,14 +44,29 @@ def numpy_names(slots: dict) -> dict:
     return {f"{key_text(k)}/{n}": f"{key_text(k)}/{KERAS_SLOTS.get(n, n)}" for k, s in slots.items() for n in s}
 
 
+def _held(arrays: dict, canon: str) -> bool:
+    """Whether ``arrays`` holds any slot of the variable or shard ``canon`` names: none where the
+    old holder of that variable had taken no update yet (a Keras optimizer builds its slots at its
+    first), whose slots are then as a new holder starts them."""
+    where = canon.split("/", 1)[0]
+    return any(k.startswith((where + "/", where + ".")) for k in arrays)
+
+
 def from_numpy_names(slots: dict, arrays: dict) -> dict:
     """``arrays`` (canonical names) renamed as the numpy rules' ``save`` names them, for the keys
-    of ``slots``; empty where ``arrays`` holds no slot at all (saved before any update: the slots
-    start as they are)."""
+    of ``slots``; a variable the checkpoint holds no slot of keeps its slots as they are (``_held``),
+    and all do where it holds none at all (saved before any update: empty)."""
     if not any(not k.startswith("@") for k in arrays):
         return {}
-    names = numpy_names(slots)
-    return {own: arrays[canon] for own, canon in names.items() if canon in arrays}
+    out = {}
+    for key, own_slots in slots.items():
+        for name, current in own_slots.items():
+            canon = f"{key_text(key)}/{KERAS_SLOTS.get(name, name)}"
+            if canon in arrays:
+                out[f"{key_text(key)}/{name}"] = arrays[canon]
+            elif not _held(arrays, canon):   # its old holder had taken no update: as a new one starts
+                out[f"{key_text(key)}/{name}"] = current
+    return out
 
 
 def keras_names(variables, prefixes: dict, iterations) -> dict:
@@ -77,15 +92,15 @@ def keras_names(variables, prefixes: dict, iterations) -> dict:
 def from_keras_names(names: dict, arrays: dict) -> tuple[dict, list]:
     """``arrays`` (canonical names) renamed by ``keras_names``' ``names`` (``"keras/<i>"`` ->
     canonical), and the problems. A learning rate the checkpoint does not hold (the numpy rules
-    keep none) stays as the optimizer has it; so does everything when the checkpoint holds no
-    slot at all (saved before any update)."""
+    keep none) stays as the optimizer has it, so do the slots of a variable it holds none of
+    (``_held``), and everything when it holds no slot at all (saved before any update)."""
     if not any(not k.startswith("@") for k in arrays):
         return {}, []
     out, missing = {}, []
     for own, canon in names.items():
         if canon in arrays:
             out[own] = arrays[canon]
-        elif canon != "@learning_rate":
+        elif canon is None or (canon != "@learning_rate" and (canon.startswith("@") or _held(arrays, canon))):
             missing.append(canon or own)
     return out, ([f"optimizer state missing from the checkpoint: {', '.join(missing[:6])}"] if missing else [])
 
