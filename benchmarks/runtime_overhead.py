@@ -46,7 +46,9 @@ For small models on this machine it measures, in one run:
     exist): median of --repeat saves into one directory (each replaces the last, fsynced), split
     into waiting for the actors' state (read a bounded batch at a time) and writing the files; then
     one restore (a trainer started from the checkpoint: its ``_restore``, loading the started
-    actors); and the driver's peak resident memory.
+    actors); and the driver's peak resident memory; then one restore of the same checkpoint under
+    'partitioned_ps' (its optimizer state re-cut for the other strategy's shards: ``reshard``), its
+    time and the driver's peak private memory while it ran.
 
 Usage: python benchmarks/runtime_overhead.py [--steps N] [--warmup N] [--bytes-only] [--apply]
                                             [--pool-startup [--trials N] [--rounds N]]
@@ -183,7 +185,8 @@ def main() -> None:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         result = checkpoint_cost(args.repeat, args.models or list(CHECKPOINT_ZOO))
         if args.out:
-            _write_run(args.out, started, {"repeat": args.repeat, "strategy": "ps", "workers": WORKERS},
+            _write_run(args.out, started, {"repeat": args.repeat, "strategy": "ps", "recut_strategy": "partitioned_ps",
+                                           "workers": WORKERS},
                        {"checkpoint": result})
         return
     if args.apply:
@@ -631,27 +634,34 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
     print(f"Trainer.save ('ps' strategy, {WORKERS} workers as 2 nodes, median of {repeat} saves, actors read "
           f"{BATCH_BYTES / 2 ** 20:.0f} MiB at a time)")
     print(" | ".join(("model", "optimizer", "state MiB", "save s", "read actors s", "write files s", "s per GiB",
-                      "restore s", "peak RSS MiB", "peak private MiB")))
+                      "restore s", "peak RSS MiB", "peak private MiB", "re-cut restore s",
+                      "re-cut peak private MiB")))
     try:
         for name in models:
             md = zoo.get_model_def(name)
             pool.ensure(md, pair.devices)
             spec = model_spec_from_vars(md.name, pool.description["variables"], md.batch_size)
             strategy = get_builder("ps").build(spec, pair)
-            private = []
-            with _peak_private(private), tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
+            private, recut_private, timed = [], [], []
+            with tempfile.TemporaryDirectory(prefix="autosync-ckpt-") as tmp:
                 path = os.path.join(tmp, "ckpt")
-                with Trainer(md, strategy, pair, pool=pool) as trainer:
-                    trainer.fit(steps=1)
-                    rows = []
-                    for _ in range(repeat):
-                        info = trainer.save(path)
-                        rows.append((info.seconds, info.read_seconds, info.seconds - info.read_seconds))
-                # a restore: the started actors loaded from the checkpoint (``Trainer._restore``)
-                timed = []
-                with _timing(Trainer, "_restore", timed), Trainer(md, strategy, pair, pool=pool, restore=path) as again:
+                with _peak_private(private):
+                    with Trainer(md, strategy, pair, pool=pool) as trainer:
+                        trainer.fit(steps=1)
+                        rows = []
+                        for _ in range(repeat):
+                            info = trainer.save(path)
+                            rows.append((info.seconds, info.read_seconds, info.seconds - info.read_seconds))
+                    # a restore: the started actors loaded from the checkpoint (``Trainer._restore``)
+                    with _timing(Trainer, "_restore", timed), Trainer(md, strategy, pair, pool=pool,
+                                                                       restore=path) as again:
+                        assert again.step == 1, again.step
+                # the same checkpoint under another strategy: its optimizer state re-cut (``reshard``)
+                recut = get_builder("partitioned_ps").build(spec, pair)
+                with _peak_private(recut_private), _timing(Trainer, "_restore", timed), \
+                        Trainer(md, recut, pair, pool=pool, restore=path) as again:
                     assert again.step == 1, again.step
-                restore_s = timed[0]
+            restore_s, recut_s = timed
             seconds, read_s, write_s = (statistics.median(c) for c in zip(*rows))
             gib = info.bytes / 2 ** 30
             # the driver's high-water mark (it writes and reads the files): bounded by the batch,
@@ -660,10 +670,12 @@ def checkpoint_cost(repeat: int, models=CHECKPOINT_ZOO) -> dict:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
             out[name] = {"bytes": info.bytes, "save_s": seconds, "read_s": read_s, "write_s": write_s,
                          "s_per_gib": seconds / gib, "restore_s": restore_s,
-                         "driver_peak_rss_mib": peak, "driver_peak_private_mib": private[0]}
+                         "driver_peak_rss_mib": peak, "driver_peak_private_mib": private[0],
+                         "recut_restore_s": recut_s, "recut_driver_peak_private_mib": recut_private[0]}
             print(" | ".join([name, pool.description["optimizer"]["class"], f"{info.bytes / 2 ** 20:.1f}",
                               f"{seconds:.3f}", f"{read_s:.3f}", f"{write_s:.3f}", f"{seconds / gib:.2f}",
-                              f"{restore_s:.2f}", f"{peak:.0f}", f"{private[0]:.0f}"]))
+                              f"{restore_s:.2f}", f"{peak:.0f}", f"{private[0]:.0f}", f"{recut_s:.2f}",
+                              f"{recut_private[0]:.0f}"]))
     finally:
         pool.kill_all()
     return out
