@@ -125,6 +125,9 @@ def test_what_cannot_be_recut_is_said():
     assert len(said) == 1 and "update counters" in said[0] and "not its step 3" in said[0]
     assert reshard.restore_problems({"ps/ps@n0/keras/5": "@x"}, arrays, SHAPES, 3,
                                     {"ps@n0": {"version": 3, "chunk_version": [3, 3]}}) == []
+    said = reshard.restore_problems({"ps/ps@n0/keras/5": "@x", "ps/ps@n0/0.0/m": [0, 0, 0, 6, "momentum"]}, arrays,
+                                    SHAPES, 3, {})
+    assert said == ["its state index names arrays its state.npz lacks (ps/ps@n0/0.0/m): the checkpoint is damaged"]
 
 
 def test_a_manifest_keeps_its_index_and_refuses_a_damaged_one(tmp_path):

@@ -157,6 +157,10 @@ def restore_problems(index, arrays, shapes: list, step: int, ps_versions: dict) 
         return ["it was written before checkpoints kept what each optimizer array holds, so its state restores "
                 "only onto the strategy it was written with"]
     problems = []
+    lacking = sorted(set(index) - set(arrays))
+    if lacking:
+        problems.append(f"its state index names arrays its state.npz lacks ({', '.join(lacking[:4])}): the "
+                        f"checkpoint is damaged")
     unnamed = sorted(n for n in arrays if _optimizer_array(n) and n not in index)
     if unnamed:
         problems.append(f"its optimizer state {', '.join(unnamed[:4])} is not per variable shard (e.g. Adafactor's "
