@@ -44,19 +44,23 @@ def numpy_names(slots: dict) -> dict:
     return {f"{key_text(k)}/{n}": f"{key_text(k)}/{KERAS_SLOTS.get(n, n)}" for k, s in slots.items() for n in s}
 
 
-def _held(arrays: dict, canon: str) -> bool:
-    """Whether ``arrays`` holds any slot of the variable or shard ``canon`` names: none where the
-    old holder of that variable had taken no update yet (a Keras optimizer builds its slots at its
-    first), whose slots are then as a new holder starts them."""
-    where = canon.split("/", 1)[0]
-    return any(k.startswith((where + "/", where + ".")) for k in arrays)
+def _variables_held(arrays: dict) -> set:
+    """The variables (as text) ``arrays`` holds any slot of: not one whose old holder had taken
+    no update yet (a Keras optimizer builds its slots at its first), whose slots are then as a new
+    holder starts them."""
+    return {_variable(k) for k in arrays if not k.startswith("@")}
+
+
+def _variable(canon: str) -> str:
+    return canon.split("/", 1)[0].split(".", 1)[0]
 
 
 def from_numpy_names(slots: dict, arrays: dict) -> dict:
     """``arrays`` (canonical names) renamed as the numpy rules' ``save`` names them, for the keys
-    of ``slots``; a variable the checkpoint holds no slot of keeps its slots as they are (``_held``),
-    and all do where it holds none at all (saved before any update: empty)."""
-    if not any(not k.startswith("@") for k in arrays):
+    of ``slots``; a variable the checkpoint holds no slot of keeps its slots as they are
+    (``_variables_held``), and all do where it holds none at all (saved before any update: empty)."""
+    held = _variables_held(arrays)
+    if not held:
         return {}
     out = {}
     for key, own_slots in slots.items():
@@ -64,7 +68,7 @@ def from_numpy_names(slots: dict, arrays: dict) -> dict:
             canon = f"{key_text(key)}/{KERAS_SLOTS.get(name, name)}"
             if canon in arrays:
                 out[f"{key_text(key)}/{name}"] = arrays[canon]
-            elif not _held(arrays, canon):   # its old holder had taken no update: as a new one starts
+            elif _variable(canon) not in held:   # its old holder had taken no update: as a new one starts
                 out[f"{key_text(key)}/{name}"] = current
     return out
 
@@ -93,14 +97,15 @@ def from_keras_names(names: dict, arrays: dict) -> tuple[dict, list]:
     """``arrays`` (canonical names) renamed by ``keras_names``' ``names`` (``"keras/<i>"`` ->
     canonical), and the problems. A learning rate the checkpoint does not hold (the numpy rules
     keep none) stays as the optimizer has it, so do the slots of a variable it holds none of
-    (``_held``), and everything when it holds no slot at all (saved before any update)."""
-    if not any(not k.startswith("@") for k in arrays):
+    (``_variables_held``), and everything when it holds no slot at all (saved before any update)."""
+    held = _variables_held(arrays)
+    if not held:
         return {}, []
     out, missing = {}, []
     for own, canon in names.items():
         if canon in arrays:
             out[own] = arrays[canon]
-        elif canon is None or (canon != "@learning_rate" and (canon.startswith("@") or _held(arrays, canon))):
+        elif canon is None or (canon != "@learning_rate" and (canon.startswith("@") or _variable(canon) in held)):
             missing.append(canon or own)
     return out, ([f"optimizer state missing from the checkpoint: {', '.join(missing[:6])}"] if missing else [])
 
