@@ -256,16 +256,33 @@ def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, vocab: int =
         dataset_fn=dataset or functools.partial(make_batches, batch=batch, vocab=vocab), batch_size=batch, seed=7)
 
 
-def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
-    """Single-process training on the global batch (all workers' batches of each step)."""
+def reference_weights(md: ModelDef, num_workers: int, steps: int, then: tuple = ()) -> list:
+    """Single-process training on the global batch (all workers' batches of each step); ``then``:
+    ``(workers, steps)`` phases after it, each on the global batch of that many workers, every one
+    going on from the step reached in its own part of the data (a restore onto another number of
+    workers)."""
     import keras
-    import tensorflow as tf
 
     keras.utils.set_random_seed(md.seed)
     model = md.model_fn()
     loss_fn = md.loss()
     opt = md.optimizer_fn()
-    streams = [md.batches(i, num_workers) for i in range(num_workers)]
+    done, phases = 0, [(num_workers, steps), *then]
+    for workers, count in phases:
+        streams = [md.batches(i, workers) for i in range(workers)]
+        for s in streams:
+            for _ in range(done):
+                next(s)
+        _train_on(model, loss_fn, opt, streams, count)
+        done += count
+    if done and opt.use_ema:   # as Keras' fit ends
+        opt.finalize_variable_values(model.trainable_variables)
+    return model.get_weights()
+
+
+def _train_on(model, loss_fn, opt, streams: list, steps: int) -> None:
+    import tensorflow as tf
+
     for _ in range(steps):
         parts = [next(s) for s in streams]
         if isinstance(parts[0][0], list):  # several model inputs: join each across workers
@@ -277,9 +294,6 @@ def reference_weights(md: ModelDef, num_workers: int, steps: int) -> list:
             loss = opt.scale_loss(loss_fn(y, model(x, training=True)))   # a LossScaleOptimizer's scale, or 1
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
-    if steps and opt.use_ema:   # as Keras' fit ends
-        opt.finalize_variable_values(model.trainable_variables)
-    return model.get_weights()
 
 
 # ---- a model with several embeddings: one shared by two inputs, one tied to the output layer ----

@@ -204,8 +204,10 @@ def test_writing_refuses_a_file_or_a_foreign_directory(tmp_path):
 
 
 def test_mismatches_say_what_differs():
-    saved = _manifest(3)
+    saved = _manifest(3, data_positions=(3, 4))   # workers that drew different numbers of batches
     assert saved.mismatches(_manifest(0)) == []
+    # as many batches each: another number of workers goes on (each from that position)
+    assert _manifest(3).mismatches(_manifest(0, data_positions=(0, 0, 0))) == []
     other = dict(STRATEGY, variables=[STRATEGY["variables"][0], {"var": "dense/bias", "all_reduce": {}}])
     problems = saved.mismatches(_manifest(0, strategy=other, strategy_fingerprint="0" * 16, optimizer="SGD",
                                           data_positions=(0, 0, 0),
@@ -213,7 +215,7 @@ def test_mismatches_say_what_differs():
     text = "\n".join(problems)
     assert "dense/kernel is ((3, 2), 'float32') in the checkpoint but ((3, 4), 'float32') in the model" in text
     assert "the optimizer is SGD but the checkpoint holds Adam state" in text
-    assert "the strategy trains 3 workers but the checkpoint has 2" in text
+    assert "the strategy trains 3 workers but the checkpoint has 2, whose data positions differ ([3, 4])" in text
     assert "the strategy differs" in text and "dense/bias: checkpoint" in text and "all_reduce" in text
     assert "keras.Model.load_weights" in text
 

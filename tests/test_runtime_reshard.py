@@ -4,6 +4,7 @@ global batch would, whichever holders kept the state before (parameter servers o
 or on the Keras optimizer, the numpy all-reduce, the graph) and after."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -39,8 +40,8 @@ def _strategy(pool, md, name: str):
 
 # before -> after: every kind of holder gives its state and takes one (Adam: numpy rules on PSs and
 # the numpy all-reduce; RMSprop with momentum: the Keras optimizer there; the graph: Keras' own)
-CASES = [("adam", "partitioned_ps", "gloo"), ("adam", "gloo", "mix"), ("adam", "mix", "partitioned_ps"),
-         ("adam", "graph", "ps"), ("rmsprop", "partitioned_ps", "graph"), ("rmsprop", "mix", "ps")]
+CASES = [("adam", "partitioned_ps", "gloo"), ("adam", "mix", "partitioned_ps"), ("adam", "graph", "ps"),
+         ("rmsprop", "mix", "graph")]
 
 
 @pytest.mark.parametrize("optimizer,before,after", CASES)
@@ -110,7 +111,7 @@ def test_a_checkpoint_without_its_index_or_of_an_asynchronous_ps_is_refused_sayi
         Trainer(md, gloo, PAIR, pool=pool, timeout_s=120, restore=tmp_path / "async")
 
 
-@pytest.mark.parametrize("before,after", [("ps", "gloo"), ("gloo", "ps")])
+@pytest.mark.parametrize("before,after", [("ps", "gloo")])
 def test_the_update_count_after_a_skipped_step_survives_a_change_of_strategy(pool, tmp_path, before, after):
     """Dynamic loss scaling skipped step 1: Adam's bias correction goes on from 1 applied update,
     whether the old strategy's holders counted it (the numpy all-reduce) or not (its parameter
@@ -168,3 +169,36 @@ def test_a_checkpoint_before_some_holders_had_updated_restores_elsewhere(pool, t
         continued = again.get_weights()
     for got, want in zip(continued, rm.reference_weights(md, num_workers=2, steps=3)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+
+def test_a_checkpoint_restores_onto_another_number_of_workers(pool, tmp_path):
+    """Two workers, saved, one worker (another strategy), saved, two again: each
+    worker goes on from the saved position in its own part of the data, on the new global batch,
+    as one process would; a checkpoint whose workers drew different numbers of batches is refused."""
+    from autosync.runtime.checkpoint import Manifest
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("adam", learning_rate=0.05)
+    with Trainer(md, _strategy(pool, md, "ps"), PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=2, steps_per_call=1)
+        trainer.save(tmp_path / "two")
+    # one worker of the pair trains, its parameter server on the other node
+    alone = Strategy(tuple(VarConfig(v.name, (PS("node1"),)) for v in _model_spec(pool, md).variables),
+                     replicas=("node0:0",))
+    with Trainer(md, alone, PAIR, pool=pool, timeout_s=120, restore=tmp_path / "two") as again:
+        assert again.step == 2
+        again.fit(steps=3, steps_per_call=1)
+        continued = again.get_weights()
+        again.save(tmp_path / "one")
+    for got, want in zip(continued, rm.reference_weights(md, num_workers=2, steps=2, then=((1, 3),))):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+    with Trainer(md, _strategy(pool, md, "gloo"), PAIR, pool=pool, timeout_s=120, restore=tmp_path / "one") as back:
+        back.fit(steps=2, steps_per_call=1)
+        last = back.get_weights()
+    for got, want in zip(last, rm.reference_weights(md, num_workers=2, steps=2, then=((1, 3), (2, 2)))):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
+
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    uneven = Manifest.from_dict(dict(manifest, data_positions=[2, 3]), "here")
+    said = uneven.mismatches(dataclasses.replace(uneven, data_positions=(0,)))
+    assert len(said) == 1 and "whose data positions differ ([2, 3])" in said[0], said

@@ -140,9 +140,11 @@ class Manifest:
                             + ("; ".join(diff[:5]) or "their order differs"))
         if self.optimizer != other.optimizer:
             problems.append(f"the optimizer is {other.optimizer} but the checkpoint holds {self.optimizer} state")
-        if len(self.data_positions) != len(other.data_positions):
+        if len(self.data_positions) != len(other.data_positions) and len(set(self.data_positions)) > 1:
             problems.append(f"the strategy trains {len(other.data_positions)} workers but the checkpoint has "
-                            f"{len(self.data_positions)}")
+                            f"{len(self.data_positions)}, whose data positions differ ({list(self.data_positions)[:8]}): "
+                            f"it restores onto another number of workers only where each drew as many batches "
+                            f"(a synchronous strategy)")
         if self.strategy_fingerprint != other.strategy_fingerprint and self.state_index is None:
             mine = {v["var"]: v for v in self.strategy.get("variables", [])}
             theirs = {v["var"]: v for v in other.strategy.get("variables", [])}

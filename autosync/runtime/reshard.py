@@ -15,9 +15,9 @@ shard read at a time), and hands each holder the canonical arrays of its keys
 (``canonical=True``), which it renames to its own.
 
 Not re-cut, refused with the reason: state that is not the shape of its variable's shard
-(Adafactor's row and column factors), a checkpoint written before the index was kept, one whose
-parameter servers' counters differ from its step (an asynchronous PS), and a strategy with
-another number of workers (each worker's data position is its own).
+(Adafactor's row and column factors), a checkpoint written before the index was kept, and one
+whose parameter servers' counters differ from its step (an asynchronous PS). The number of
+workers may differ (``session_state.load``: data positions).
 """
 from __future__ import annotations
 

@@ -285,8 +285,13 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
         del part
     scaling = state.arrays.get("loss_scale")
     scaling = None if scaling is None else [float(x) for x in _array(scaling)]
-    refs = [w.restore_checkpoint.remote(state.positions[i], step, channels, _seeds(state.arrays, i), scaling, canonical,
-                                        None if canonical else _prefixed(state.arrays, f"compressors/{i}/"))
+    # onto another number of workers (``Manifest.mismatches``: every worker drew as many batches),
+    # each worker goes on from that position in its own part of the data; the compressors' memory,
+    # each old worker's own, starts afresh, as do the random streams of workers the checkpoint lacks
+    same = len(state.positions) == len(session.workers)
+    refs = [w.restore_checkpoint.remote(state.positions[i if same else 0], step, channels, _seeds(state.arrays, i),
+                                        scaling, canonical,
+                                        _prefixed(state.arrays, f"compressors/{i}/") if same and not canonical else None)
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found

@@ -65,15 +65,16 @@ class Trainer:
         pool: warm workers to use (see ``RayRunner``); by default the trainer starts its own.
         restore: a checkpoint directory (``save``, ``fit(checkpoint_dir=...)``) to continue from:
             weights, optimizer state, global step and data positions. It must have been written
-            with the same model, optimizer class and number of workers; under another strategy
-            the optimizer state is re-cut for this one (``reshard``).
+            with the same model and optimizer class; under another strategy the optimizer state is
+            re-cut for this one (``reshard``), onto another number of workers each goes on from the
+            saved position in its own part of the data (a synchronous strategy's checkpoint).
 
     Raises:
         TypeError: a model, strategy or cluster that is not one of the objects above.
         ConfigError: a strategy that does not fit the model, an optimizer the runtime does not
             implement (checked before Ray starts), a model the workers cannot load (its factories
             raise there: the worker's error is in the message), or a ``restore`` checkpoint that does not
-            exist, is damaged or was written for another model, optimizer or number of workers (the
+            exist, is damaged or was written for another model or optimizer (the
             message says what differs; a missing or damaged one is found before Ray starts).
     """
 
