@@ -303,8 +303,7 @@ def test_restore_refuses_missing_damaged_and_foreign_checkpoints(tmp_path):
         Trainer(md, on_ps, cluster, restore=store.path)
 
 
-@pytest.mark.parametrize("backend", ["gloo", "graph"])
-@pytest.mark.parametrize("compressor", ["fp16_ef", "powersgd_ef(1)"])
+@pytest.mark.parametrize("backend,compressor", [("gloo", "fp16_ef"), ("graph", "powersgd_ef(1)")])
 def test_each_worker_s_compressor_memory_is_kept_and_a_restore_goes_on_exactly(pool, tmp_path, backend, compressor):
     """Error feedback's residuals and PowerSGD's warm-start Qs are each worker's own: a checkpoint
     keeps every worker's, and the restored run goes on as the uninterrupted one, bit for bit where
