@@ -338,3 +338,23 @@ def test_each_worker_s_compressor_memory_is_kept_and_a_restore_goes_on_exactly(p
             afresh.fit(steps=3, steps_per_call=1)
             fresh = afresh.get_weights()
     assert any(not np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(fresh, straight))
+
+
+def test_a_gloo_session_after_one_worker_of_its_group_was_lost_trains(pool, tmp_path):
+    """A worker that survived the loss of its gloo group's other member keeps that torch world,
+    which cannot change: the next gloo session hung until its time limit (found when the test
+    above followed a lost worker); the pool now restarts the survivor too."""
+    from strategy_space import AllReduce, Strategy, VarConfig
+
+    from autosync.runtime.trainer import Trainer
+
+    md = rm.model_def("sgd", learning_rate=0.1)
+    gloo = Strategy(tuple(VarConfig(v.name, (AllReduce(backend="gloo"),)) for v in _model_spec(pool, md).variables))
+    with Trainer(md, gloo, PAIR, pool=pool, timeout_s=60) as trainer:
+        trainer.fit(steps=1)
+    pool.kill(["node1:0"])
+    with Trainer(md, gloo, PAIR, pool=pool, timeout_s=60) as again:
+        again.fit(steps=2)
+        weights = again.get_weights()
+    for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=2)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()

@@ -204,11 +204,15 @@ class WorkerPool:
         return actor.load_within.remote(stop_at(deadline), *args)
 
     def kill(self, slots) -> None:
-        """Kill the workers of ``slots`` only (``ensure`` starts them again); collective groups
-        they belonged to are forgotten, so a session that needs one forms it anew."""
+        """Kill the workers of ``slots`` (``ensure`` starts them again), and the other members of a
+        gloo or nccl group they belonged to; collective groups they belonged to are forgotten, so a
+        session that needs one forms it anew."""
         import ray
 
         slots = set(slots)
+        # the others of a gloo or nccl group hold its torch world, which cannot change: they go too
+        slots |= {s for (backend, members) in self._groups if backend in ("gloo", "nccl") and slots & set(members)
+                  for s in members}
         for slot in slots:
             actor = self.actors.pop(slot, None)
             if actor is not None:
