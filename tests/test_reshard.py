@@ -142,7 +142,8 @@ def test_a_manifest_keeps_its_index_and_refuses_a_damaged_one(tmp_path):
     other = ck.Manifest(**dict(fields, strategy_fingerprint="0" * 16))
     assert manifest.mismatches(other) == []
     assert "predates the index that lets optimizer state be re-cut" in ck.Manifest(**fields).mismatches(other)[0]
-    for bad in ({"a": [1, 0, 0, 6, "m"]}, {"a": [0, 0, 6, 0, "m"]}, {"a": "iteration"}, {"a": [0, 0, 0, 6]}, []):
+    for bad in ({"a": [1, 0, 0, 6, "m"]}, {"a": [0, 0, 6, 0, "m"]}, {"a": [0, 0, -2, 6, "m"]},
+                {"a": [0, -2, 0, 6, "m"]}, {"a": "iteration"}, {"a": [0, 0, 0, 6]}, []):
         with pytest.raises(ConfigError, match="here: damaged checkpoint manifest"):
             ck.Manifest.from_dict(dict(manifest.to_dict(), state_index=bad), "here")
 

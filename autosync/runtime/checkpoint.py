@@ -142,7 +142,8 @@ class Manifest:
             problems.append(f"the optimizer is {other.optimizer} but the checkpoint holds {self.optimizer} state")
         if len(self.data_positions) != len(other.data_positions) and len(set(self.data_positions)) > 1:
             problems.append(f"the strategy trains {len(other.data_positions)} workers but the checkpoint has "
-                            f"{len(self.data_positions)}, whose data positions differ ({list(self.data_positions)[:8]}): "
+                            f"{len(self.data_positions)}, whose data positions differ "
+                            f"({list(self.data_positions)[:8]}): "
                             f"it restores onto another number of workers only where each drew as many batches "
                             f"(a synchronous strategy)")
         if self.strategy_fingerprint != other.strategy_fingerprint and self.state_index is None:
@@ -172,7 +173,8 @@ def _state_index(data, num_vars: int) -> dict | None:
     for name, entry in data.items():
         ok = (isinstance(entry, str) and entry.startswith("@")) or (
             isinstance(entry, list) and len(entry) == 5 and all(isinstance(x, int) for x in entry[:4])
-            and 0 <= entry[0] < num_vars and entry[2] <= entry[3] and isinstance(entry[4], str))
+            and 0 <= entry[0] < num_vars and entry[1] >= -1 and 0 <= entry[2] <= entry[3]
+            and isinstance(entry[4], str))
         if not ok:
             raise ValueError(f"state_index entry {name!r} is {short_repr(entry)}")
     return data

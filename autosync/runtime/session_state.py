@@ -289,9 +289,10 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     # each worker goes on from that position in its own part of the data; the compressors' memory,
     # each old worker's own, starts afresh, as do the random streams of workers the checkpoint lacks
     same = len(state.positions) == len(session.workers)
+    own = same and not canonical   # each worker's compressor memory, kept for the same workers and strategy
     refs = [w.restore_checkpoint.remote(state.positions[i if same else 0], step, channels, _seeds(state.arrays, i),
                                         scaling, canonical,
-                                        _prefixed(state.arrays, f"compressors/{i}/") if same and not canonical else None)
+                                        _prefixed(state.arrays, f"compressors/{i}/") if own else None)
             for i, w in enumerate(session.workers)]
     for found in wait_all(refs, deadline, "worker", names, actors=labels):
         problems += found
@@ -301,11 +302,7 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
 def _channels(arrays: Mapping) -> list:
     """Per worker channel, its state in ``arrays`` (``channel<c>/<name>``), or None."""
     used = [int(k.split("/")[0][len("channel"):]) for k in arrays if k.startswith("channel")]
-    channels = []
-    for c in range(max(used, default=-1) + 1):
-        prefix = f"channel{c}/"
-        channels.append({k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)} or None)
-    return channels
+    return [_prefixed(arrays, f"channel{c}/") or None for c in range(max(used, default=-1) + 1)]
 
 
 def _prefixed(arrays: Mapping, prefix: str) -> dict:

@@ -29,7 +29,9 @@ class AllReduceCheckpoint:
 
     def canonical_names(self) -> dict:
         """What each array ``checkpoint_state`` returns holds, in names any holder reads (``reshard``)."""
-        return optimizer_state.canonical_names(self._optimizer, "version") if self._optimizer else {"version": ITERATION}
+        if self._optimizer is None:
+            return {"version": ITERATION}
+        return optimizer_state.canonical_names(self._optimizer, "version")
 
     def load_checkpoint(self, values: list, state: dict, canonical: bool = False) -> list[str]:
         """Continue from ``checkpoint_state``'s arrays (``canonical``: named as any holder names
