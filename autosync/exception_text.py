@@ -68,6 +68,16 @@ def out_of_memory(text: str) -> str | None:
             f"shards over more nodes, run fewer workers there, or use a node with more memory")
 
 
+# what a failed actor's death says of its node: Ray's "The actor died because its node has died"
+NODE_DIED = "its node left the Ray cluster"
+
+
+def node_died(text: str) -> str | None:
+    """``NODE_DIED`` where Ray says an actor died with its node (a node that crashed, was
+    preempted or was removed), None for any other error's ``text``."""
+    return NODE_DIED if "because its node has died" in text else None
+
+
 def first_reason(error: str | None) -> str:
     """The first line of a trial's error that says something: a ConfigError of several problems
     starts with "N problems:", and its first problem is on the next line (at most 400 characters)."""

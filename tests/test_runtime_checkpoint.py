@@ -180,7 +180,10 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
         for bad, match in [({"checkpoint_every": 0, "checkpoint_dir": tmp_path}, "checkpoint_every must be"),
                            ({"max_failures": -1, "checkpoint_dir": tmp_path}, "max_failures must be"),
                            ({"max_failures": 2}, "max_failures needs checkpoint_dir"),
-                           ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint_dir")]:
+                           ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint_dir"),
+                           ({"elastic": True, "checkpoint_dir": tmp_path}, "True needs max_failures >= 1"),
+                           ({"elastic": "yes", "max_failures": 1, "checkpoint_dir": tmp_path},
+                            "elastic must be True or False")]:
             with pytest.raises(ConfigError, match=match):
                 trainer.fit(steps=1, **bad)
         history = trainer.fit(steps=8, callbacks=[chaos], steps_per_call=1, checkpoint_every=3,

@@ -1,6 +1,6 @@
 """On a real multi-node Ray cluster (ray.cluster_utils.Cluster), PS shard actors and workers run
-on the nodes the strategy names, missing nodes or CPUs fail early with a clear ConfigError, and a
-node that leaves fails the trials that need it at once.
+on the nodes the strategy names, missing nodes or CPUs fail early with a clear ConfigError, a
+node that leaves fails the trials that need it at once, and an elastic ``fit`` goes on without it.
 
 The cluster runs in a subprocess: this test session already has its own Ray, and a process may
 hold only one.
@@ -43,7 +43,8 @@ for name, bad in {
         out[name] = None
     except ConfigError as e:
         out[name] = str(e)
-runner = RayRunner(rm.model_def("sgd", learning_rate=0.1), spec, warmup=1, steps=2, trial_timeout_s=180)
+md = rm.model_def("adam", learning_rate=0.01)
+runner = RayRunner(md, spec, warmup=1, steps=2, trial_timeout_s=180)
 strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(runner.model, spec)
 trial = runner.run([strategy])[0]
 out["status"], out["error"] = trial.status, trial.error
@@ -51,7 +52,27 @@ out["placement"] = trial.meta.get("placement")
 out["node_ids"] = runner.binding.node_ids
 out["calls"] = trial.meta.get("ray_calls_per_step_per_worker")
 out["lost_before"] = runner.lost_nodes()
-cluster.remove_node(node1)   # the node goes: a trial that needs it fails at once, naming it
+# an elastic fit on the runner's warm workers: node n1 goes after step 5, the fit goes on on n0 alone
+# from the checkpoint of step 3, its PS shards moved there
+import tempfile
+import numpy as np
+from autosync.runtime.trainer import Trainer
+removed = []
+def leave(step, logs):
+    if step == 4 and not removed:
+        cluster.remove_node(node1)
+        removed.append(step)
+with Trainer(md, strategy, spec, timeout_s=180, pool=runner.pool) as trainer:
+    history = trainer.fit(8, callbacks=[leave], steps_per_call=1, checkpoint_every=3,
+                          checkpoint_dir=tempfile.mkdtemp(), max_failures=1, elastic=True)
+    out["restarts"] = history.restarts
+    out["losses"] = len(history.loss)
+    out["after"] = [trainer.cluster.node_names, trainer.strategy.ps_nodes(), trainer.step]
+    weights = trainer.get_weights()
+def diff(expected):
+    return max(float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12)) for a, b in zip(weights, expected))
+out["elastic_diff"] = diff(rm.reference_weights(md, 2, 3, then=((1, 5),)))
+out["two_workers_diff"] = diff(rm.reference_weights(md, 2, 8))   # what an uninterrupted run would hold
 import time
 t0 = time.monotonic()
 while not runner.lost_nodes() and time.monotonic() - t0 < 120:
@@ -67,7 +88,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def test_ps_shards_and_workers_are_placed_on_their_nodes(tmp_path):
+def test_ps_shards_and_workers_are_placed_on_their_nodes_and_an_elastic_fit_goes_on_without_one(tmp_path):
     out = run_cluster_script(tmp_path, SCRIPT)
 
     assert "requested Ray resource 'host9'" in out["missing"] and "fix by" in out["missing"]
@@ -82,6 +103,15 @@ def test_ps_shards_and_workers_are_placed_on_their_nodes(tmp_path):
     assert out["calls"] == 4  # one push + one pull to each of the two PS actors
     # a node that leaves: Ray reports it dead, the runner says which, and a trial needing it fails
     # at once with that reason instead of waiting out the trial limit (180 s here)
+    # elastic: the node's loss is one failure, recovered from on the node left (its data position,
+    # the optimizer state re-cut for the shards moved there): one process on 2 workers' batches for 3
+    # steps, then on 1 worker's for 5
+    (restart,) = out["restarts"]
+    assert restart["failed_at"] == 5 and restart["resumed_from"] == 3, restart
+    assert restart["without"] == ["n1"] and restart["workers"] == 1, restart
+    assert "died (its node left the Ray cluster" in restart["error"], restart
+    assert out["after"] == [["n0"], ["n0"], 8] and out["losses"] == 8
+    assert out["elastic_diff"] < 1e-5 < out["two_workers_diff"], out
     assert out["lost_before"] == [] and out["lost"] == ["n1"]
     status, error, seconds = out["after_loss"]
     assert status == "failed" and error.startswith("not run: node(s) n1 left the Ray cluster"), error

@@ -30,15 +30,10 @@ from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
 from autosync.runtime.fit_history import History, step_callbacks
 from autosync.runtime.optimizers import check_model_optimizer
 from autosync.runtime.plan import SyncPlan, model_spec_from_vars
+from autosync.runtime.recovery import Recovery
 from autosync.runtime.runner import load_failure, require_resolved, session_timeline, summarize_steps
 from strategy_space import ClusterSpec, Strategy, validate
 from strategy_space.errors import ConfigError
-from tuner.records.trial import lost_nodes_note
-
-
-# after a failure, how long a worker may take to answer before it is started again (a worker
-# blocked on a killed parameter server notices within psnet.LIVENESS_S)
-SALVAGE_S = 6.0
 
 
 @contextlib.contextmanager
@@ -51,7 +46,27 @@ def _fails(session: Session):
         session.failed = True
         raise
 
-class Trainer:
+def _check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic) -> None:
+    """``Trainer.fit``'s arguments checked. Raises ConfigError, saying which and why."""
+    every = checkpoint_every
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
+    if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
+        raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+    if every is not None and not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+        raise ConfigError(f"checkpoint_every must be an integer >= 1 (steps) or None, got {checkpoint_every!r}")
+    if not (isinstance(max_failures, int) and not isinstance(max_failures, bool) and max_failures >= 0):
+        raise ConfigError(f"max_failures must be an integer >= 0, got {max_failures!r}")
+    if not isinstance(elastic, bool) or (elastic and not max_failures):
+        raise ConfigError(f"elastic must be True or False, and True needs max_failures >= 1 (a node's loss "
+                          f"is a failure it recovers from), got elastic={elastic!r}, max_failures={max_failures!r}")
+    if checkpoint_dir is None and (checkpoint_every is not None or max_failures):
+        raise ConfigError(f"{'checkpoint_every' if checkpoint_every is not None else 'max_failures'} needs "
+                          f"checkpoint_dir: the directory checkpoints are written to "
+                          f"{'and restarts continue from' if max_failures else ''}".rstrip())
+
+
+class Trainer(Recovery):
     """Train with a synchronization strategy.
 
     The trainer takes resolved objects; ``autosync.make_trainer`` builds one from names and files
@@ -96,6 +111,7 @@ class Trainer:
             if problems:
                 raise ConfigError(problems, source=f"restore {restore}")
         self._own_pool = pool is None
+        self._without: tuple[str, ...] = ()   # the nodes an elastic fit went on without
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
         self.session: Session | None = None
@@ -136,7 +152,7 @@ class Trainer:
         self.step = 0
 
     def fit(self, steps: int, callbacks=(), steps_per_call: int = 10, *, checkpoint_every: int | None = None,
-            checkpoint_dir: str | os.PathLike | None = None, max_failures: int = 0,
+            checkpoint_dir: str | os.PathLike | None = None, max_failures: int = 0, elastic: bool = False,
             timeline: str | os.PathLike | None = None) -> History:
         """Train ``steps`` steps.
 
@@ -157,6 +173,14 @@ class Trainer:
                 the actors are started again from the last checkpoint in ``checkpoint_dir`` (one is
                 written when ``fit`` starts) and training goes on, as Ray Train's
                 ``FailureConfig(max_failures)``. Needs ``checkpoint_dir``.
+            elastic: when a node the strategy uses has left the Ray cluster (a failure, counted
+                in ``max_failures``), go on without it: the strategy keeps its choices, the lost
+                node's workers are dropped and its parameter-server shards move to the nodes left
+                (``strategy_space.shrink.without_nodes``), and training goes on from the last
+                checkpoint on fewer workers, each from its data position, the global batch smaller
+                (the learning rate is not rescaled), as Horovod's elastic mode. ``trainer.strategy``
+                and ``trainer.cluster`` are then the re-placed ones. Without it such a failure ends
+                ``fit``.
             timeline: write what every worker and parameter server did in these steps to this file
                 as a Chrome trace (``autosync.runtime.timeline``; actors started again after a
                 failure are not recorded).
@@ -169,19 +193,7 @@ class Trainer:
             RuntimeError: a worker or parameter server failed, more than ``max_failures`` times
                 (every actor is then killed); the message lists each failure.
         """
-        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
-            raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
-        if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
-            raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
-        every = checkpoint_every
-        if every is not None and not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
-            raise ConfigError(f"checkpoint_every must be an integer >= 1 (steps) or None, got {checkpoint_every!r}")
-        if not (isinstance(max_failures, int) and not isinstance(max_failures, bool) and max_failures >= 0):
-            raise ConfigError(f"max_failures must be an integer >= 0, got {max_failures!r}")
-        if checkpoint_dir is None and (checkpoint_every is not None or max_failures):
-            raise ConfigError(f"{'checkpoint_every' if checkpoint_every is not None else 'max_failures'} needs "
-                              f"checkpoint_dir: the directory checkpoints are written to "
-                              f"{'and restarts continue from' if max_failures else ''}".rstrip())
+        _check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic)
         callbacks = step_callbacks(callbacks)
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")
@@ -208,7 +220,7 @@ class Trainer:
             if checkpoint_every is not None:
                 n = min(n, checkpoint_every - self.step % checkpoint_every)
             self._guarded(lambda: self._round_trip(n, callbacks, history, began, checkpoint_every, store),
-                          store, failures, max_failures, history, first)
+                          store, failures, max_failures, history, first, elastic)
         if self.step > first and self.session.pool.description["optimizer"].get("use_ema"):
             self._take_averages()   # as Keras' fit ends: the model takes its moving averages
         if timeline is not None and self.session is not None:
@@ -248,64 +260,6 @@ class Trainer:
         for step, logs in done:
             for call in callbacks:
                 call(step, logs)
-
-    def _guarded(self, work, store, failures: list, max_failures: int, history: History, first: int) -> None:
-        """Run ``work``; on a worker or PS failure, kill what is left and, while failures stay
-        within ``max_failures``, start again from the checkpoint in ``store``."""
-        while True:
-            try:
-                if self.session is None:   # the previous attempt failed: start again
-                    failed_at = self.step
-                    self._start()
-                    manifest = self._restore(store, time.monotonic() + self.timeout_s)
-                    history.truncate(manifest.step - first)
-                    history.restarts.append({"failed_at": failed_at, "resumed_from": manifest.step,
-                                             "error": failures[-1]})
-                    return
-                return work()
-            except TrialFailed as e:
-                if not max_failures:
-                    if self.session is not None:
-                        self.session.abort()
-                        self.session = None
-                    raise
-                self._salvage()
-                failures.append(f"at step {self.step}: {e}")
-                # a node this strategy places actors on has left: no restart could place them
-                gone = getattr(self.pool.binding, "lost_for", lambda strategy: None)(self.strategy)
-                lost = lost_nodes_note(*gone) if gone else ""
-                if len(failures) > max_failures or lost:
-                    listed = "; ".join(failures)
-                    why = f"and cannot restart: {lost}" if lost else f"more than max_failures={max_failures}"
-                    times = f"{len(failures)} time{'s' if len(failures) > 1 else ''}"
-                    raise RuntimeError(f"training failed {times}, {why}: {listed}") from e
-
-    def _salvage(self) -> None:
-        """After a failure: kill the session's parameter servers and helpers, and the workers
-        that are dead or still busy after ``SALVAGE_S`` (a worker waiting on a killed parameter
-        server fails within ``psnet.LIVENESS_S``). Survivors stay warm (no new TensorFlow
-        import) only in plans without collectives, whose groups would have to form again."""
-        import ray
-
-        session, self.session = self.session, None
-        if session is None:
-            self.pool.kill_all()
-            return
-        session.close()
-        if self.plan.backends or not session.workers:
-            self.pool.kill_all()
-            return
-        refs = [w.info.remote() for w in session.workers]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SALVAGE_S)
-        lost = []
-        for slot, ref in zip(self.plan.replicas, refs):
-            try:
-                if ref not in ready:
-                    raise TimeoutError
-                ray.get(ref)
-            except Exception:  # noqa: BLE001 - dead or stuck: started again
-                lost.append(slot)
-        self.pool.kill(lost)
 
     def save(self, path: str | os.PathLike) -> CheckpointInfo:
         """Write a checkpoint of the training state to the directory ``path``, atomically.
@@ -429,8 +383,9 @@ class Trainer:
         if self.session is not None:
             self.session.close(clean=True)   # PS actors of a failed session are killed (``Session.failed``)
             self.session = None
-        if self._own_pool:
+        if self._own_pool or self._without:   # (after an elastic fit went on without nodes, the pool is its own)
             self.pool.kill_all()
+        if self._own_pool:
             self.binding.close()
 
     def __enter__(self):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from autosync.exception_text import error_reason, out_of_memory
+from autosync.exception_text import error_reason, node_died, out_of_memory
 from autosync.time_limit import CodeTimeout
 
 # how often a wait that may be waiting on a lost node asks whether the cluster still has it
@@ -96,7 +96,7 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
             died = dead_actor(e, actors) if actors else None
             if died is not None:   # (an awaited actor's own death is not one it "lost")
                 lost = "" if died == f"{what} {who}" else f"; {what} {who} lost it"
-                how = out_of_memory(str(e)) or "the actor process exited or was killed"
+                how = out_of_memory(str(e)) or node_died(str(e)) or "the actor process exited or was killed"
                 raise TrialFailed(f"{died} died ({how}{lost})") from None
             if isinstance(e, CodeTimeout) or isinstance(getattr(e, "cause", None), CodeTimeout):
                 # its user code hung, stopped short of the limit (``time_limit``): a time-out that says where

@@ -1,0 +1,129 @@
+"""How ``Trainer.fit`` recovers from failures: a dead or failed worker or parameter server is
+started again from the last checkpoint (``max_failures``, as Ray Train's ``FailureConfig``), and,
+with ``elastic``, a node that left the Ray cluster is done without: the strategy is re-placed on
+the nodes left (``strategy_space.shrink``) and training goes on there from the last checkpoint,
+re-cut for the re-placed strategy and the smaller number of workers (``reshard``), as Horovod's
+elastic mode goes on with the workers that remain.
+"""
+from __future__ import annotations
+
+import time
+
+from autosync.exception_text import NODE_DIED
+from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.engine import TrialFailed, WorkerPool
+from strategy_space import validate
+from strategy_space.errors import ConfigError
+from strategy_space.shrink import without_nodes
+from tuner.records.trial import lost_nodes_note
+
+# after a failure, how long a worker may take to answer before it is started again (a worker
+# blocked on a killed parameter server notices within psnet.LIVENESS_S)
+SALVAGE_S = 6.0
+# an actor Ray says died with its node: how long Ray may take to report the node dead (its
+# health checks) before the failure is taken for an ordinary one
+NODE_DEATH_S = 30.0
+
+
+class Recovery:
+    """``Trainer``'s recovery from failures (a mixin: it uses the trainer's session, pool, plan,
+    strategy, cluster, ``_start`` and ``_restore``)."""
+
+    def _guarded(self, work, store, failures: list, max_failures: int, history, first: int,
+                 elastic: bool = False) -> None:
+        """Run ``work``; on a worker or PS failure, kill what is left and, while failures stay
+        within ``max_failures``, start again from the checkpoint in ``store`` (without the nodes
+        that left the cluster, with ``elastic``)."""
+        left = None   # the nodes this recovery goes on without (``elastic``)
+        while True:
+            try:
+                if self.session is None:   # the previous attempt failed: start again
+                    failed_at = self.step
+                    self._start()
+                    manifest = self._restore(store, time.monotonic() + self.timeout_s)
+                    history.truncate(manifest.step - first)
+                    restart = {"failed_at": failed_at, "resumed_from": manifest.step, "error": failures[-1]}
+                    if left:
+                        restart.update(without=left, workers=len(self.plan.replicas),
+                                       strategy=self.strategy.fingerprint)
+                    history.restarts.append(restart)
+                    return
+                return work()
+            except TrialFailed as e:
+                if not max_failures:
+                    if self.session is not None:
+                        self.session.abort()
+                        self.session = None
+                    raise
+                self._salvage()
+                failures.append(f"at step {self.step}: {e}")
+                times = f"{len(failures)} time{'s' if len(failures) > 1 else ''}"
+                listed = "; ".join(failures)
+                # a node this strategy places actors on has left: no restart could place them
+                gone = self._lost_nodes(NODE_DIED in str(e) and elastic)
+                if len(failures) > max_failures or (gone and not elastic):
+                    why = (f"and cannot restart: {lost_nodes_note(*gone)} (or fit with elastic=True to go on "
+                           f"without them)" if gone and not elastic else f"more than max_failures={max_failures}")
+                    raise RuntimeError(f"training failed {times}, {why}: {listed}") from e
+                if gone:
+                    try:
+                        left = self._go_on_without()
+                    except ConfigError as refused:
+                        raise RuntimeError(f"training failed {times}, and cannot go on without "
+                                           f"{', '.join(gone[0])}: {refused}: {listed}") from e
+
+    def _lost_nodes(self, wait: bool) -> tuple[list[str], bool] | None:
+        """The lost nodes this trainer's strategy needs (``ClusterBinding.lost_for``); with ``wait``
+        (an actor died with its node), Ray is given up to ``NODE_DEATH_S`` to report it."""
+        until = time.monotonic() + (NODE_DEATH_S if wait else 0.0)
+        while True:
+            gone = self.pool.binding.lost_for(self.strategy)
+            if gone or time.monotonic() >= until:
+                return gone
+            time.sleep(0.5)
+
+    def _go_on_without(self) -> list[str]:
+        """Re-place the strategy on the nodes the cluster has left, with a pool of workers bound
+        to them; the next start restores the last checkpoint there. Returns the nodes left out.
+
+        Raises:
+            ConfigError: it cannot go on there (no worker left, or the re-placed strategy does
+                not fit the nodes left: ``validate``'s problems).
+        """
+        lost = self.pool.binding.lost_nodes()
+        strategy, cluster = without_nodes(self.strategy, self.cluster, self.model_spec, lost)
+        validate(strategy, self.model_spec, cluster)
+        pool = WorkerPool(ClusterBinding.bind(cluster))
+        # every actor of the old pool goes, a lent one's too (its owner starts them again when it
+        # needs them): a survivor would hold the CPUs of its node that the new pool's workers ask for
+        self.pool.kill_all()
+        self.pool, self.strategy, self.cluster = pool, strategy, cluster
+        self._without = tuple(dict.fromkeys(self._without + tuple(lost)))
+        return lost
+
+    def _salvage(self) -> None:
+        """After a failure: kill the session's parameter servers and helpers, and the workers
+        that are dead or still busy after ``SALVAGE_S`` (a worker waiting on a killed parameter
+        server fails within ``psnet.LIVENESS_S``). Survivors stay warm (no new TensorFlow
+        import) only in plans without collectives, whose groups would have to form again."""
+        import ray
+
+        session, self.session = self.session, None
+        if session is None:
+            self.pool.kill_all()
+            return
+        session.close()
+        if self.plan.backends or not session.workers:
+            self.pool.kill_all()
+            return
+        refs = [w.info.remote() for w in session.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SALVAGE_S)
+        lost = []
+        for slot, ref in zip(self.plan.replicas, refs):
+            try:
+                if ref not in ready:
+                    raise TimeoutError
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - dead or stuck: started again
+                lost.append(slot)
+        self.pool.kill(lost)

@@ -1,0 +1,119 @@
+"""``Trainer.fit``'s recovery decisions (``autosync.runtime.recovery.Recovery``) on fakes, without
+Ray: when a lost node ends the fit, when an elastic fit goes on without it, what it says when it
+cannot. The real thing, a node removed from a Ray cluster mid-fit, is in
+``tests/test_runtime_multinode.py``."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from autosync.runtime import recovery
+from autosync.runtime.binding import ClusterBinding
+from autosync.runtime.fit_history import History
+from autosync.runtime.waiting import TrialFailed
+from strategy_space import ClusterSpec, NodeSpec
+from strategy_space.builders import get_builder
+from tests.fakes import tiny_model
+
+MODEL = tiny_model()
+CLUSTER = ClusterSpec("c", (NodeSpec("a", address="10.0.0.1", workers=1),
+                            NodeSpec("b", address="10.0.0.2", workers=1),
+                            NodeSpec("p", address="10.0.0.3", workers=0)))
+
+
+class Binding(ClusterBinding):
+    """A binding whose nodes are lost as ``reports`` says, one entry per question (the last stays)."""
+
+    def lost_nodes(self):
+        reports = self.node_ids["reports"]
+        return reports.pop(0) if len(reports) > 1 else reports[0]
+
+
+class FakeTrainer(recovery.Recovery):
+    def __init__(self, strategy, reports):
+        self.strategy, self.cluster, self.model_spec = strategy, CLUSTER, MODEL
+        self.pool = self._pool(CLUSTER, reports)
+        self.session, self.step, self.timeout_s = types.SimpleNamespace(abort=lambda: None), 5, 60.0
+        self._own_pool, self._without, self.killed = True, (), 0
+        self.plan = None
+
+    def _pool(self, cluster, reports):
+        return types.SimpleNamespace(binding=Binding(cluster, {}, {"reports": reports}), kill_all=self._kill)
+
+    def _kill(self):
+        self.killed += 1
+
+    def _salvage(self):
+        self.session = None
+
+    def _start(self):
+        self.session = "started"
+        self.plan = types.SimpleNamespace(replicas=self.strategy.resolved_replicas(self.cluster))
+
+    def _restore(self, store, deadline):
+        return types.SimpleNamespace(step=3)
+
+
+def fails(message: str):
+    def work():
+        raise TrialFailed(message)
+    return work
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """The new pool an elastic recovery binds, without Ray."""
+    made = []
+
+    def bind(cluster):
+        made.append(cluster)
+        return ClusterBinding(cluster, {}, {})
+    monkeypatch.setattr(recovery.ClusterBinding, "bind", staticmethod(bind))
+    monkeypatch.setattr(recovery, "WorkerPool", lambda binding: types.SimpleNamespace(binding=binding,
+                                                                                      kill_all=lambda: None))
+    return made
+
+
+def test_an_elastic_fit_waits_for_ray_to_report_a_dead_node_then_goes_on_without_it(no_ray, monkeypatch):
+    monkeypatch.setattr(recovery, "NODE_DEATH_S", 5.0)
+    monkeypatch.setattr(recovery.time, "sleep", lambda s: None)
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    # Ray reports the node dead only at the third question (after the actor's death surfaced)
+    trainer = FakeTrainer(strategy, [[], [], ["b"]])
+    failures, history = [], History(loss=[0.0] * 5, step_times=[0.0] * 5, wall_times=[0.0] * 5)
+    trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, failures, 2, history, 0,
+                     elastic=True)
+    trainer._guarded(lambda: None, None, failures, 2, history, 0, elastic=True)   # the restart
+    assert [c.node_names for c in no_ray] == [("a", "p")] and trainer.killed == 1
+    assert trainer.cluster.node_names == ("a", "p") and "b" not in trainer.strategy.ps_nodes()
+    assert trainer._without == ("b",)
+    (restart,) = history.restarts
+    assert restart["without"] == ["b"] and restart["workers"] == 1 and restart["resumed_from"] == 3
+    assert restart["strategy"] == trainer.strategy.fingerprint != strategy.fingerprint
+    assert len(history.loss) == 3
+
+
+def test_an_ordinary_failure_does_not_wait_for_a_node_and_restarts_where_it_was(no_ray):
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [[]])
+    failures, history = [], History()
+    trainer._guarded(fails("worker b:0 died (the actor process exited or was killed)"), None, failures, 1,
+                     history, 0, elastic=True)
+    trainer._guarded(lambda: None, None, failures, 1, history, 0, elastic=True)
+    assert no_ray == [] and trainer.strategy is strategy and "without" not in history.restarts[0]
+
+
+@pytest.mark.parametrize("reports, elastic, allowed, said", [
+    ([["b"]], False, 3, r"training failed 1 time, and cannot restart: node\(s\) b left the Ray cluster .* \(or fit "
+                        r"with elastic=True to go on without them\): at step 5: boom"),
+    ([["a", "b"]], True, 3, r"training failed 1 time, and cannot go on without a, b: without node\(s\) a, b cluster c "
+                            r"has no worker left.*: at step 5: boom"),
+    ([["b"]], True, 0, r"^boom$"),   # no recovery asked for: the failure itself
+])
+def test_a_lost_node_that_cannot_be_done_without_ends_the_fit_saying_why(no_ray, reports, elastic, allowed, said):
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, reports)
+    with pytest.raises((RuntimeError, TrialFailed), match=said):
+        trainer._guarded(fails("boom"), None, [], allowed, History(), 0, elastic=elastic)
+    assert no_ray == []
