@@ -81,6 +81,11 @@ out["lost"] = runner.lost_nodes()
 t0 = time.monotonic()
 again = runner.run([strategy])[0]
 out["after_loss"] = [again.status, again.error, time.monotonic() - t0]
+# a Ray node with n1's label joins (an autoscaler's replacement): the spec binds to it again, which
+# is how an elastic fit takes a replacement instead of going on without the node
+cluster.add_node(num_cpus=1, resources={"host1": 1})
+cluster.wait_for_nodes()
+out["replacement"] = ClusterBinding.bind(spec).node_ids
 runner.close()
 ray.shutdown()
 cluster.shutdown()
@@ -113,6 +118,7 @@ def test_ps_shards_and_workers_are_placed_on_their_nodes_and_an_elastic_fit_goes
     assert out["after"] == [["n0"], ["n0"], 8] and out["losses"] == 8
     assert out["elastic_diff"] < 1e-5 < out["two_workers_diff"], out
     assert out["lost_before"] == [] and out["lost"] == ["n1"]
+    assert out["replacement"]["n0"] == ids["n0"] and out["replacement"]["n1"] not in (ids["n0"], ids["n1"])
     status, error, seconds = out["after_loss"]
     assert status == "failed" and error.startswith("not run: node(s) n1 left the Ray cluster"), error
     assert seconds < 30

@@ -34,7 +34,7 @@ class Recovery:
         """Run ``work``; on a worker or PS failure, kill what is left and, while failures stay
         within ``max_failures``, start again from the checkpoint in ``store`` (without the nodes
         that left the cluster, with ``elastic``)."""
-        left = None   # the nodes this recovery goes on without (``elastic``)
+        moved = None   # ("replaced" or "without", the lost nodes): how an elastic recovery goes on
         while True:
             try:
                 if self.session is None:   # the previous attempt failed: start again
@@ -43,8 +43,8 @@ class Recovery:
                     manifest = self._restore(store, time.monotonic() + self.timeout_s)
                     history.truncate(manifest.step - first)
                     restart = {"failed_at": failed_at, "resumed_from": manifest.step, "error": failures[-1]}
-                    if left:
-                        restart.update(without=left, workers=len(self.plan.replicas),
+                    if moved:
+                        restart.update({moved[0]: moved[1]}, workers=len(self.plan.replicas),
                                        strategy=self.strategy.fingerprint)
                     history.restarts.append(restart)
                     return
@@ -67,7 +67,7 @@ class Recovery:
                     raise RuntimeError(f"training failed {times}, {why}: {listed}") from e
                 if gone:
                     try:
-                        left = self._go_on_without()
+                        moved = self._go_on_without()
                     except ConfigError as refused:
                         raise RuntimeError(f"training failed {times}, and cannot go on without "
                                            f"{', '.join(gone[0])}: {refused}: {listed}") from e
@@ -82,24 +82,29 @@ class Recovery:
                 return gone
             time.sleep(0.5)
 
-    def _go_on_without(self) -> list[str]:
-        """Re-place the strategy on the nodes the cluster has left, with a pool of workers bound
-        to them; the next start restores the last checkpoint there. Returns the nodes left out.
+    def _go_on_without(self) -> tuple[str, list[str]]:
+        """After the loss of nodes the strategy uses: where a Ray node with each lost node's label
+        (or address) has joined since, the same strategy on a pool bound to them; else the
+        strategy re-placed on the nodes left, with a pool bound to those. The next start restores
+        the last checkpoint there. Returns ``("replaced", nodes)`` or ``("without", nodes)``.
 
         Raises:
-            ConfigError: it cannot go on there (no worker left, or the re-placed strategy does
-                not fit the nodes left: ``validate``'s problems).
+            ConfigError: it cannot go on without them (no worker left, or the re-placed strategy
+                does not fit the nodes left: ``validate``'s problems).
         """
         lost = self.pool.binding.lost_nodes()
-        strategy, cluster = without_nodes(self.strategy, self.cluster, self.model_spec, lost)
-        validate(strategy, self.model_spec, cluster)
-        pool = WorkerPool(ClusterBinding.bind(cluster))
+        try:   # a replacement has joined (an autoscaler's, a restarted node): everything as it was
+            binding, strategy, cluster, how = ClusterBinding.bind(self.cluster), self.strategy, self.cluster, "replaced"
+        except ConfigError:
+            strategy, cluster = without_nodes(self.strategy, self.cluster, self.model_spec, lost)
+            validate(strategy, self.model_spec, cluster)
+            binding, how = ClusterBinding.bind(cluster), "without"
         # every actor of the old pool goes, a lent one's too (its owner starts them again when it
         # needs them): a survivor would hold the CPUs of its node that the new pool's workers ask for
         self.pool.kill_all()
-        self.pool, self.strategy, self.cluster = pool, strategy, cluster
-        self._without = tuple(dict.fromkeys(self._without + tuple(lost)))
-        return lost
+        self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
+        self._new_pool = True   # the trainer's own now, whoever lent the first
+        return how, lost
 
     def _salvage(self) -> None:
         """After a failure: kill the session's parameter servers and helpers, and the workers

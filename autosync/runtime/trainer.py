@@ -111,7 +111,7 @@ class Trainer(Recovery):
             if problems:
                 raise ConfigError(problems, source=f"restore {restore}")
         self._own_pool = pool is None
-        self._without: tuple[str, ...] = ()   # the nodes an elastic fit went on without
+        self._new_pool = False   # an elastic fit made its own pool (``Recovery._go_on_without``)
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
         self.session: Session | None = None
@@ -179,8 +179,9 @@ class Trainer(Recovery):
                 (``strategy_space.shrink.without_nodes``), and training goes on from the last
                 checkpoint on fewer workers, each from its data position, the global batch smaller
                 (the learning rate is not rescaled), as Horovod's elastic mode. ``trainer.strategy``
-                and ``trainer.cluster`` are then the re-placed ones. Without it such a failure ends
-                ``fit``.
+                and ``trainer.cluster`` are then the re-placed ones. A Ray node with the lost node's
+                label (or address) that has joined by then is taken instead, the strategy as it was.
+                Without ``elastic`` such a failure ends ``fit``.
             timeline: write what every worker and parameter server did in these steps to this file
                 as a Chrome trace (``autosync.runtime.timeline``; actors started again after a
                 failure are not recorded).
@@ -383,7 +384,7 @@ class Trainer(Recovery):
         if self.session is not None:
             self.session.close(clean=True)   # PS actors of a failed session are killed (``Session.failed``)
             self.session = None
-        if self._own_pool or self._without:   # (after an elastic fit went on without nodes, the pool is its own)
+        if self._own_pool or self._new_pool:
             self.pool.kill_all()
         if self._own_pool:
             self.binding.close()
