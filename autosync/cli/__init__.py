@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "models",    # models, inspect
     "testbed",   # up, shape, status, down, exec
     "runtime",   # run, baselines (Ray)
+    "train",     # train with a strategy: checkpoints, recovery
     "simulate",  # predicted step time of a strategy; evaluation of the predictors
     "plan",      # the strategies predicted best for a model on a cluster, nothing run
     "calibrate",  # measured collective and PS costs of a cluster, into its spec
@@ -164,4 +165,7 @@ def _stopped(args, how: str) -> None:
     """What a command stopped from outside says; a tune run also says that nothing is lost."""
     resume = ("; the trials measured so far are in its store: the same command with --resume continues the run"
               if args.command == "tune" else "")
+    if args.command == "train" and getattr(args, "checkpoint_dir", None):
+        resume = (f"; the last checkpoint written is in {args.checkpoint_dir}: --restore {args.checkpoint_dir} "
+                  f"continues from it")
     print(f"autosync {args.command}: {how}{resume}", file=sys.stderr)

@@ -228,6 +228,8 @@ class CheckpointStore:
         """Raise ConfigError unless ``path`` is absent, an empty directory or a checkpoint
         directory (writing deletes step directories it does not name: never a user's folder)."""
         p = self.path
+        if _unusable(p):
+            raise ConfigError(f"checkpoint path {short_repr(str(p))} cannot be used: {_unusable(p)}; give another path")
         if p.exists() and not p.is_dir():
             raise ConfigError(f"checkpoint path {p} is a file, not a directory; give a directory path")
         base = nearest_existing(p)
@@ -314,6 +316,9 @@ class CheckpointStore:
             ConfigError: no checkpoint at ``path``, a damaged manifest, or missing files.
         """
         p = self.path
+        if _unusable(p):
+            raise ConfigError(f"restore: checkpoint {short_repr(str(p))} cannot be read: {_unusable(p)}; give the "
+                              f"directory Trainer.save or fit(checkpoint_dir=...) wrote")
         if not p.exists():
             raise ConfigError(f"restore: checkpoint {p} does not exist; give the directory Trainer.save or "
                               f"fit(checkpoint_dir=...) wrote")
@@ -392,3 +397,13 @@ def _not_written(error: OSError, path: Path) -> OSError:
     before = ("the checkpoint written before is whole" if (path / MANIFEST).is_file()
               else "no checkpoint was there before")
     return OSError(error.errno, f"checkpoint {path} not written: {cause}; what it wrote was removed and {before}")
+
+
+def _unusable(path: Path) -> str | None:
+    """Why the file system refuses to even look at ``path`` (a name too long, a component that
+    is a file, no permission to search a folder), or None."""
+    try:
+        path.exists()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None

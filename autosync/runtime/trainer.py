@@ -46,7 +46,7 @@ def _fails(session: Session):
         session.failed = True
         raise
 
-def _check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic) -> None:
+def check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic) -> None:
     """``Trainer.fit``'s arguments checked. Raises ConfigError, saying which and why."""
     every = checkpoint_every
     if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
@@ -194,7 +194,7 @@ class Trainer(Recovery):
             RuntimeError: a worker or parameter server failed, more than ``max_failures`` times
                 (every actor is then killed); the message lists each failure.
         """
-        _check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic)
+        check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic)
         callbacks = step_callbacks(callbacks)
         if self.session is None:
             raise RuntimeError("this Trainer is closed (or failed); create a new one")

@@ -1,0 +1,101 @@
+"""``autosync train`` end to end in a fresh process (embedded Ray): train with checkpoints and a
+final save, then continue from it under another strategy; bad flags refused before Ray starts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = '''
+import numpy as np
+from autosync.model_def import ModelDef
+
+
+def build():
+    import keras
+    ids = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(30, 4, name="emb")(ids))
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def loss():
+    import keras
+    return keras.losses.MeanSquaredError()
+
+
+def opt():
+    import keras
+    return keras.optimizers.Adam(0.05)
+
+
+def data(worker, num_workers):
+    rng = np.random.RandomState(worker)
+    for _ in range(1000):
+        x = rng.randint(0, 30, size=(8, 2)).astype("int32")
+        yield x, (x.sum(axis=1, keepdims=True) / 60.0).astype("float32")
+
+
+def tiny():
+    return ModelDef(name="tiny", model_fn=build, loss_fn=loss, optimizer_fn=opt, dataset_fn=data, batch_size=8)
+'''
+
+
+def _train(tmp_path, *args, timeout=300):
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "autosync", "train", "--model", f"{tmp_path / 'tiny.py'}:tiny",
+                           *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.integration
+def test_train_checkpoints_saves_and_a_second_run_continues_under_another_strategy(tmp_path):
+    proc = _train(tmp_path, "--strategy", "ps", "--steps", "6", "--checkpoint-dir", "ck", "--checkpoint-every", "3",
+                  "--max-failures", "1", "--save", "final", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert (out["steps"], out["first_step"], out["global_step"], out["workers"]) == (6, 0, 6, 2)
+    assert len(out["loss"]) == 6 and out["restarts"] == [] and out["strategy"]["origin"] == "ps"
+    assert out["checkpoint"]["path"] == "final" and out["checkpoint"]["bytes"] > 0
+    assert os.path.dirname(out["checkpoint"]["weights"]).startswith("final")
+    assert (tmp_path / out["checkpoint"]["weights"]).is_file()
+    assert json.loads((tmp_path / "ck" / "manifest.json").read_text())["step"] == 6
+    assert "step 6 (6/6)  loss" in proc.stderr   # progress on the terminal, the JSON alone on stdout
+
+    proc = _train(tmp_path, "--strategy", "all_reduce", "--steps", "2", "--restore", "final", "--log-every", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training tiny from step 6 for 2 steps on 2 workers (local)" in proc.stderr
+    assert "step 7 (1/2)" in proc.stderr and "step 8 (2/2)" in proc.stderr
+    assert "trained 2 steps (global step 8)" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--steps", "4", "--elastic", "--checkpoint-dir", "ck"], "--elastic needs --max-failures K >= 1"),
+    (["--steps", "4", "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--steps", "4", "--save", "tiny.py"], "--save: checkpoint path tiny.py is a file, not a directory"),
+    (["--steps", "4", "--restore", "r" * 300], "cannot be read: File name too long"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--steps", "4", "--restore", "nowhere"], "checkpoint nowhere does not exist"),
+])
+def test_train_refuses_bad_flags_before_ray_starts(tmp_path, args, said):
+    proc = _train(tmp_path, "--strategy", "ps", *args, timeout=120)
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_train_interrupted_names_the_checkpoint_to_restore_from(monkeypatch, capsys):
+    from autosync import cli
+    from autosync.cli import train
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "cmd_train", interrupted)
+    argv = ["train", "--model", "zoo:ncf", "--strategy", "ps", "--steps", "5"]
+    assert cli.main(argv + ["--checkpoint-dir", "ck"]) == 130
+    assert ("autosync train: interrupted; the last checkpoint written is in ck: --restore ck continues from it"
+            in capsys.readouterr().err)
+    assert cli.main(argv) == 130 and capsys.readouterr().err.strip() == "autosync train: interrupted"
