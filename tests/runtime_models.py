@@ -259,23 +259,24 @@ def model_def(optimizer: str = "sgd", batch: int = 8, dataset=None, vocab: int =
 def reference_weights(md: ModelDef, num_workers: int, steps: int, then: tuple = ()) -> list:
     """Single-process training on the global batch (all workers' batches of each step); ``then``:
     ``(workers, steps)`` phases after it, each on the global batch of that many workers, every one
-    going on from the step reached in its own part of the data (a restore onto another number of
-    workers)."""
+    going on in its own part of the data past the batches the last phase's workers drew together
+    (a restore onto another number of workers: ``session_state.resized_position``)."""
     import keras
 
     keras.utils.set_random_seed(md.seed)
     model = md.model_fn()
     loss_fn = md.loss()
     opt = md.optimizer_fn()
-    done, phases = 0, [(num_workers, steps), *then]
-    for workers, count in phases:
+    position, before = 0, num_workers
+    for workers, count in [(num_workers, steps), *then]:
+        position = position * before // workers
         streams = [md.batches(i, workers) for i in range(workers)]
         for s in streams:
-            for _ in range(done):
+            for _ in range(position):
                 next(s)
         _train_on(model, loss_fn, opt, streams, count)
-        done += count
-    if done and opt.use_ema:   # as Keras' fit ends
+        position, before = position + count, workers
+    if steps + sum(c for _, c in then) and opt.use_ema:   # as Keras' fit ends
         opt.finalize_variable_values(model.trainable_variables)
     return model.get_weights()
 

@@ -238,6 +238,17 @@ def saved_weights(session: Session, path: str, deadline: float | None, model, wh
         yield weights, [weights[i] for i in state["trainable"]]
 
 
+def resized_position(position: int, before: int, after: int) -> int:
+    """Where each of ``after`` workers goes on in its own part of the data (``dataset_fn(worker,
+    after)``) when ``before`` workers drew ``position`` batches each from theirs: past the batches
+    all of them drew, ``position * before // after``. Where the parts interleave (worker i of n
+    takes every n-th batch or example from i, as ``tf.data.Dataset.shard(n, i)`` does), that is
+    exactly the global stream's next batch when ``after`` divides it (2 workers at 3 -> 1 at 6), and
+    otherwise repeats less than one batch per worker; no batch is skipped (Horovod's elastic
+    sampler likewise goes on with what the workers have not processed)."""
+    return position * before // after
+
+
 def load(session: Session, state: SessionState, values: list, step: int, deadline: float | None,
          canonical: bool = False) -> list[str]:
     """Write ``state`` into the (freshly started) actors of ``session``: the workers' weights and
@@ -286,11 +297,13 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     scaling = state.arrays.get("loss_scale")
     scaling = None if scaling is None else [float(x) for x in _array(scaling)]
     # onto another number of workers (``Manifest.mismatches``: every worker drew as many batches),
-    # each worker goes on from that position in its own part of the data; the compressors' memory,
+    # each goes on past the batches all of them drew (``resized_position``); the compressors' memory,
     # each old worker's own, starts afresh, as do the random streams of workers the checkpoint lacks
     same = len(state.positions) == len(session.workers)
     own = same and not canonical   # each worker's compressor memory, kept for the same workers and strategy
-    refs = [w.restore_checkpoint.remote(state.positions[i if same else 0], step, channels, _seeds(state.arrays, i),
+    position = None if same else resized_position(state.positions[0], len(state.positions), len(session.workers))
+    refs = [w.restore_checkpoint.remote(state.positions[i] if same else position, step, channels,
+                                        _seeds(state.arrays, i),
                                         scaling, canonical,
                                         _prefixed(state.arrays, f"compressors/{i}/") if own else None)
             for i, w in enumerate(session.workers)]
