@@ -1,5 +1,5 @@
 """``autosync train`` end to end in a fresh process (embedded Ray): train with checkpoints and a
-final save, then continue from it under another strategy; bad flags refused before Ray starts."""
+final save; bad flags refused before Ray starts; an interrupt names the checkpoint to go on from."""
 from __future__ import annotations
 
 import json
@@ -54,9 +54,11 @@ def _train(tmp_path, *args, timeout=300):
 
 
 @pytest.mark.integration
-def test_train_checkpoints_saves_and_a_second_run_continues_under_another_strategy(tmp_path):
+def test_train_checkpoints_and_saves(tmp_path):
+    """(``--restore`` hands its directory to the Trainer, whose restores under other strategies and
+    worker counts are tested in ``tests/test_runtime_reshard.py``; one run here, for CI's time.)"""
     proc = _train(tmp_path, "--strategy", "ps", "--steps", "6", "--checkpoint-dir", "ck", "--checkpoint-every", "3",
-                  "--max-failures", "1", "--save", "final", "--json")
+                  "--max-failures", "1", "--save", "final", "--log-every", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert (out["steps"], out["first_step"], out["global_step"], out["workers"]) == (6, 0, 6, 2)
@@ -65,13 +67,10 @@ def test_train_checkpoints_saves_and_a_second_run_continues_under_another_strate
     assert os.path.dirname(out["checkpoint"]["weights"]).startswith("final")
     assert (tmp_path / out["checkpoint"]["weights"]).is_file()
     assert json.loads((tmp_path / "ck" / "manifest.json").read_text())["step"] == 6
-    assert "step 6 (6/6)  loss" in proc.stderr   # progress on the terminal, the JSON alone on stdout
-
-    proc = _train(tmp_path, "--strategy", "all_reduce", "--steps", "2", "--restore", "final", "--log-every", "1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "training tiny from step 6 for 2 steps on 2 workers (local)" in proc.stderr
-    assert "step 7 (1/2)" in proc.stderr and "step 8 (2/2)" in proc.stderr
-    assert "trained 2 steps (global step 8)" in proc.stdout, proc.stdout
+    # progress on the terminal, the JSON alone on stdout
+    assert "training tiny from step 0 for 6 steps on 2 workers (local)" in proc.stderr
+    assert [ln.split("  ")[0] for ln in proc.stderr.splitlines() if ln.startswith("step ")] == \
+        ["step 2 (2/6)", "step 4 (4/6)", "step 6 (6/6)"]
 
 
 @pytest.mark.parametrize("args, said", [

@@ -37,6 +37,7 @@ class FakeTrainer(recovery.Recovery):
         self.session, self.step, self.timeout_s = types.SimpleNamespace(abort=lambda: None), 5, 60.0
         self._own_pool, self._new_pool, self.killed = True, False, 0
         self.plan = None
+        self._given = (strategy, CLUSTER)
 
     def _pool(self, cluster, reports):
         return types.SimpleNamespace(binding=Binding(cluster, {}, {"reports": reports}), kill_all=self._kill)
@@ -136,3 +137,25 @@ def test_a_lost_node_that_cannot_be_done_without_ends_the_fit_saying_why(no_ray,
     with pytest.raises((RuntimeError, TrialFailed), match=said):
         trainer._guarded(fails("boom"), None, [], allowed, History(), 0, elastic=elastic)
     assert no_ray.made == []
+
+
+def test_an_elastic_fit_takes_its_nodes_back_at_a_checkpoint_once_all_are_in_ray_again(no_ray):
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [["b"]])
+    history = History()
+    trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 2, history, 0, elastic=True)
+    trainer._guarded(lambda: None, None, [], 2, history, 0, elastic=True)
+    assert trainer.cluster.node_names == ("a", "p")
+    closed = []
+    trainer.session = types.SimpleNamespace(close=lambda clean: closed.append(clean))
+    trainer._take_back(None, history)   # b is not back: nothing changes
+    assert trainer.cluster.node_names == ("a", "p") and closed == []
+    no_ray.present.add("b")
+    trainer._take_back(None, history)
+    assert closed == [True] and trainer.strategy is strategy and trainer.cluster is CLUSTER
+    assert no_ray.made[-1] == CLUSTER.node_names and trainer.session == "started"
+    back = history.restarts[-1]
+    assert back["back"] == ["b"] and back["workers"] == 2 and back["resumed_from"] == 3 and "error" not in back
+    trainer._take_back(None, history)   # on the cluster it was given: nothing to take back
+    assert len(history.restarts) == 2 and len(no_ray.made) == 2
+

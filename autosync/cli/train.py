@@ -105,6 +105,9 @@ def cmd_train(args) -> int:
           f"loss {result['loss_first']:.5g} -> {result['loss_last']:.5g} (mean of the first and last "
           f"{result['loss_window']} steps), median step {result['step_time_s']['median'] * 1e3:.1f} ms")
     for r in result["restarts"]:
+        if "back" in r:
+            print(f"nodes back: {', '.join(r['back'])}; from step {r['resumed_from']} on {r['workers']} workers")
+            continue
         moved = (f"; went on without {', '.join(r['without'])} on {r['workers']} workers" if "without" in r
                  else f"; {', '.join(r['replaced'])} replaced" if "replaced" in r else "")
         print(f"recovered: failed at step {r['failed_at']}, resumed from {r['resumed_from']}{moved}: {r['error']}")
@@ -152,7 +155,8 @@ def register(sub) -> None:
                         "checkpoint (default 0: a failure ends the run)")
     p.add_argument("--elastic", action="store_true",
                    help="when a node leaves the Ray cluster, go on without it (its PS shards moved to the nodes "
-                        "left, fewer workers) or on its replacement; counted in --max-failures")
+                        "left, fewer workers) or on its replacement, counted in --max-failures; take it back at a "
+                        "checkpoint once it is back")
     p.add_argument("--save", metavar="DIR", help="write a checkpoint here at the end (its model.weights.h5 loads "
                                                  "with keras.Model.load_weights)")
     p.add_argument("--log-every", type=int, metavar="N",

@@ -22,10 +22,13 @@ class History:
             is plotted over.
         restarts: one dict per recovery from a failure (``fit(max_failures=...)``):
             ``{"failed_at": the global step when the failure surfaced, "resumed_from": the
-            checkpoint's step, "error": what failed}``, and after an elastic ``fit`` went on without
-            nodes that left, ``"without"`` or, where a replacement had joined, ``"replaced"`` (their
-            names), ``"workers"`` (how many train now) and
-            ``"strategy"`` (the re-placed strategy's fingerprint). Steps redone after a restart are recorded
+            checkpoint's step, "error": what failed, "seconds": from the failure to training
+            again}``; after an elastic ``fit`` went on without nodes that left, also
+            ``"without"`` or, where a replacement had joined, ``"replaced"`` (their names),
+            ``"workers"`` (how many train now) and ``"strategy"`` (the re-placed strategy's
+            fingerprint); when an elastic ``fit`` took its nodes back at a checkpoint,
+            ``{"back": their names, "resumed_from", "workers", "strategy", "seconds"}`` (no
+            failure). Steps redone after a restart are recorded
             once, so the lists above hold one entry per step.
     """
 

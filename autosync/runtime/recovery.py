@@ -35,6 +35,7 @@ class Recovery:
         within ``max_failures``, start again from the checkpoint in ``store`` (without the nodes
         that left the cluster, with ``elastic``)."""
         moved = None   # ("replaced" or "without", the lost nodes): how an elastic recovery goes on
+        failed = time.monotonic()
         while True:
             try:
                 if self.session is None:   # the previous attempt failed: start again
@@ -42,7 +43,8 @@ class Recovery:
                     self._start()
                     manifest = self._restore(store, time.monotonic() + self.timeout_s)
                     history.truncate(manifest.step - first)
-                    restart = {"failed_at": failed_at, "resumed_from": manifest.step, "error": failures[-1]}
+                    restart = {"failed_at": failed_at, "resumed_from": manifest.step, "error": failures[-1],
+                               "seconds": round(time.monotonic() - failed, 3)}
                     if moved:
                         restart.update({moved[0]: moved[1]}, workers=len(self.plan.replicas),
                                        strategy=self.strategy.fingerprint)
@@ -55,6 +57,7 @@ class Recovery:
                         self.session.abort()
                         self.session = None
                     raise
+                failed = time.monotonic()
                 self._salvage()
                 failures.append(f"at step {self.step}: {e}")
                 times = f"{len(failures)} time{'s' if len(failures) > 1 else ''}"
@@ -105,6 +108,29 @@ class Recovery:
         self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
         self._new_pool = True   # the trainer's own now, whoever lent the first
         return how, lost
+
+    def _take_back(self, store, history) -> None:
+        """At a checkpoint of an elastic fit that went on without nodes: where every node of the
+        cluster it was given is in the Ray cluster again (back, or replaced), go on on all of them
+        under the strategy it was given, from the checkpoint just written (as Horovod's elastic
+        mode takes in hosts its discovery finds)."""
+        strategy, cluster = self._given
+        if self.cluster == cluster or self.session is None:
+            return
+        try:
+            binding = ClusterBinding.bind(cluster)
+        except ConfigError:   # not all back yet
+            return
+        began, back = time.monotonic(), [n for n in cluster.node_names if n not in self.cluster.node_names]
+        session, self.session = self.session, None
+        session.close(clean=True)
+        self.pool.kill_all()
+        self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
+        self._new_pool = True
+        self._start()
+        manifest = self._restore(store, time.monotonic() + self.timeout_s)
+        history.restarts.append({"back": back, "resumed_from": manifest.step, "workers": len(self.plan.replicas),
+                                 "strategy": self.strategy.fingerprint, "seconds": round(time.monotonic() - began, 3)})
 
     def _salvage(self) -> None:
         """After a failure: kill the session's parameter servers and helpers, and the workers

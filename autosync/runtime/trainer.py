@@ -81,8 +81,9 @@ class Trainer(Recovery):
         restore: a checkpoint directory (``save``, ``fit(checkpoint_dir=...)``) to continue from:
             weights, optimizer state, global step and data positions. It must have been written
             with the same model and optimizer class; under another strategy the optimizer state is
-            re-cut for this one (``reshard``), onto another number of workers each goes on from the
-            saved position in its own part of the data (a synchronous strategy's checkpoint).
+            re-cut for this one (``reshard``), onto another number of workers each goes on in its
+            own part of the data past the batches the saved workers drew together
+            (``session_state.resized_position``; a synchronous strategy's checkpoint).
 
     Raises:
         TypeError: a model, strategy or cluster that is not one of the objects above.
@@ -112,6 +113,7 @@ class Trainer(Recovery):
                 raise ConfigError(problems, source=f"restore {restore}")
         self._own_pool = pool is None
         self._new_pool = False   # an elastic fit made its own pool (``Recovery._go_on_without``)
+        self._given = (self.strategy, self.cluster)   # what an elastic fit goes back to when its nodes are back
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
         self.session: Session | None = None
@@ -177,10 +179,13 @@ class Trainer(Recovery):
                 in ``max_failures``), go on without it: the strategy keeps its choices, the lost
                 node's workers are dropped and its parameter-server shards move to the nodes left
                 (``strategy_space.shrink.without_nodes``), and training goes on from the last
-                checkpoint on fewer workers, each from its data position, the global batch smaller
+                checkpoint on fewer workers, past the batches drawn before, the global batch smaller
                 (the learning rate is not rescaled), as Horovod's elastic mode. ``trainer.strategy``
                 and ``trainer.cluster`` are then the re-placed ones. A Ray node with the lost node's
-                label (or address) that has joined by then is taken instead, the strategy as it was.
+                label (or address) that has joined by then is taken instead, the strategy as it was;
+                and at each ``checkpoint_every`` checkpoint after, once every node of the cluster it
+                was given is in the Ray cluster again, training goes on on all of them under the
+                strategy it was given, from that checkpoint.
                 Without ``elastic`` such a failure ends ``fit``.
             timeline: write what every worker and parameter server did in these steps to this file
                 as a Chrome trace (``autosync.runtime.timeline``; actors started again after a
@@ -210,24 +215,32 @@ class Trainer(Recovery):
         failures: list[str] = []
         began = time.time()   # UNIX time, as the workers' step stamps
         if max_failures:   # the point a failure before the first periodic checkpoint restarts from
-            try:
-                self.save(store.path)
-            except TrialFailed:
-                self.session.abort()
-                self.session = None
-                raise
+            self._save_or_end(store.path)
+
+        def guarded(work):
+            self._guarded(work, store, failures, max_failures, history, first, elastic)
         while self.step < target and not self.stop_training:
             n = min(steps_per_call, target - self.step)
             if checkpoint_every is not None:
                 n = min(n, checkpoint_every - self.step % checkpoint_every)
-            self._guarded(lambda: self._round_trip(n, callbacks, history, began, checkpoint_every, store),
-                          store, failures, max_failures, history, first, elastic)
+            guarded(lambda: self._round_trip(n, callbacks, history, began, checkpoint_every, store))
+            if elastic and checkpoint_every is not None and self.step % checkpoint_every == 0:
+                guarded(lambda: self._take_back(store, history))   # nodes it went on without are back
         if self.step > first and self.session.pool.description["optimizer"].get("use_ema"):
             self._take_averages()   # as Keras' fit ends: the model takes its moving averages
         if timeline is not None and self.session is not None:
             record.save(timeline, session_timeline(self.session, False, time.monotonic() + self.timeout_s),
                         {"model": self.model_spec.name, "steps": [first, self.step]})
         return history
+
+    def _save_or_end(self, path) -> None:
+        """``save``; a failure ends the session (``fit``'s first checkpoint: nothing to restart from)."""
+        try:
+            self.save(path)
+        except TrialFailed:
+            self.session.abort()
+            self.session = None
+            raise
 
     def _take_averages(self) -> None:
         """Every parameter server's shards, then every worker's channels and model, take the
