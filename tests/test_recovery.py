@@ -159,3 +159,11 @@ def test_an_elastic_fit_takes_its_nodes_back_at_a_checkpoint_once_all_are_in_ray
     trainer._take_back(None, history)   # on the cluster it was given: nothing to take back
     assert len(history.restarts) == 2 and len(no_ray.made) == 2
 
+
+def test_without_elastic_a_node_death_ends_the_fit_once_ray_reports_it_not_after_a_restart(no_ray, monkeypatch):
+    monkeypatch.setattr(recovery.time, "sleep", lambda s: None)
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [[], [], ["b"]])   # reported at the third question
+    with pytest.raises(RuntimeError, match=r"training failed 1 time, and cannot restart: node\(s\) b left"):
+        trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 3, History(), 0)
+

@@ -63,7 +63,7 @@ class Recovery:
                 times = f"{len(failures)} time{'s' if len(failures) > 1 else ''}"
                 listed = "; ".join(failures)
                 # a node this strategy places actors on has left: no restart could place them
-                gone = self._lost_nodes(NODE_DIED in str(e) and elastic)
+                gone = self._lost_nodes(NODE_DIED in str(e))
                 if len(failures) > max_failures or (gone and not elastic):
                     why = (f"and cannot restart: {lost_nodes_note(*gone)} (or fit with elastic=True to go on "
                            f"without them)" if gone and not elastic else f"more than max_failures={max_failures}")
@@ -77,7 +77,8 @@ class Recovery:
 
     def _lost_nodes(self, wait: bool) -> tuple[list[str], bool] | None:
         """The lost nodes this trainer's strategy needs (``ClusterBinding.lost_for``); with ``wait``
-        (an actor died with its node), Ray is given up to ``NODE_DEATH_S`` to report it."""
+        (an actor died with its node), Ray is given up to ``NODE_DEATH_S`` to report it, so that a
+        restart is not spent on placing actors on a node that is gone."""
         until = time.monotonic() + (NODE_DEATH_S if wait else 0.0)
         while True:
             gone = self.pool.binding.lost_for(self.strategy)
