@@ -48,11 +48,11 @@ def _fails(session: Session):
 
 def check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failures, elastic) -> None:
     """``Trainer.fit``'s arguments checked. Raises ConfigError, saying which and why."""
-    every = checkpoint_every
     if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
         raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
     if not (isinstance(steps_per_call, int) and steps_per_call >= 1):
         raise ConfigError(f"steps_per_call must be an integer >= 1, got {steps_per_call!r}")
+    every = checkpoint_every
     if every is not None and not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
         raise ConfigError(f"checkpoint_every must be an integer >= 1 (steps) or None, got {checkpoint_every!r}")
     if not (isinstance(max_failures, int) and not isinstance(max_failures, bool) and max_failures >= 0):
