@@ -9,40 +9,12 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-SCRIPT = '''
-import numpy as np
-from autosync.model_def import ModelDef
+from tests.test_cli_runtime import SCRIPT as RUN_SCRIPT
 
 
-def build():
-    import keras
-    ids = keras.Input((2,), dtype="int32")
-    x = keras.layers.Flatten()(keras.layers.Embedding(30, 4, name="emb")(ids))
-    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
-
-
-def loss():
-    import keras
-    return keras.losses.MeanSquaredError()
-
-
-def opt():
-    import keras
-    return keras.optimizers.Adam(0.05)
-
-
-def data(worker, num_workers):
-    rng = np.random.RandomState(worker)
-    for _ in range(1000):
-        x = rng.randint(0, 30, size=(8, 2)).astype("int32")
-        yield x, (x.sum(axis=1, keepdims=True) / 60.0).astype("float32")
-
-
-def tiny():
-    return ModelDef(name="tiny", model_fn=build, loss_fn=loss, optimizer_fn=opt, dataset_fn=data, batch_size=8)
-'''
+# the tiny script model of ``autosync run``'s tests, drawing enough batches for these runs
+SCRIPT = RUN_SCRIPT.replace("for _ in range(3):", "for _ in range(1000):")
+assert SCRIPT != RUN_SCRIPT
 
 
 def _train(tmp_path, *args, timeout=300):
