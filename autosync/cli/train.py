@@ -106,11 +106,13 @@ def cmd_train(args) -> int:
           f"{result['loss_window']} steps), median step {result['step_time_s']['median'] * 1e3:.1f} ms")
     for r in result["restarts"]:
         if "back" in r:
-            print(f"nodes back: {', '.join(r['back'])}; from step {r['resumed_from']} on {r['workers']} workers")
+            print(f"nodes back: {', '.join(r['back'])}; from step {r['resumed_from']} on {r['workers']} workers "
+                  f"({r['seconds']:.1f} s)")
             continue
         moved = (f"; went on without {', '.join(r['without'])} on {r['workers']} workers" if "without" in r
                  else f"; {', '.join(r['replaced'])} replaced" if "replaced" in r else "")
-        print(f"recovered: failed at step {r['failed_at']}, resumed from {r['resumed_from']}{moved}: {r['error']}")
+        print(f"recovered: failed at step {r['failed_at']}, resumed from {r['resumed_from']} in {r['seconds']:.1f} s"
+              f"{moved}: {r['error']}")
     if saved is not None:
         print(f"checkpoint written to {saved.path} ({saved.bytes / 2**20:.1f} MiB; --restore {saved.path} continues); "
               f"the weights alone: {saved.weights_path} (keras.Model.load_weights reads it)")
