@@ -70,3 +70,26 @@ def test_train_interrupted_names_the_checkpoint_to_restore_from(monkeypatch, cap
     assert ("autosync train: interrupted; the last checkpoint written is in ck: --restore ck continues from it"
             in capsys.readouterr().err)
     assert cli.main(argv) == 130 and capsys.readouterr().err.strip() == "autosync train: interrupted"
+
+
+def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsys):
+    from autosync.cli import train
+
+    result = {"steps": 12, "global_step": 20, "wall_s": 31.25, "loss_first": 0.5, "loss_last": 0.25, "loss_window": 3,
+              "step_time_s": {"median": 0.0125},
+              "restarts": [{"failed_at": 5, "resumed_from": 3, "seconds": 15.46, "error": "at step 5: worker n1:0 died",
+                            "without": ["n1"], "workers": 1},
+                           {"back": ["n1"], "resumed_from": 9, "workers": 2, "seconds": 14.75},
+                           {"failed_at": 14, "resumed_from": 12, "seconds": 2.0, "error": "at step 14: boom"}],
+              "checkpoint": {"path": "final", "weights": "final/step-00000020/model.weights.h5", "bytes": 3 * 2**20}}
+    train._print_summary(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "trained 12 steps (global step 20) in 31.2 s: loss 0.5 -> 0.25 (mean of the first and last 3 steps), "
+        "median step 12.5 ms",
+        "recovered: failed at step 5, resumed from 3 in 15.5 s; went on without n1 on 1 workers: at step 5: worker "
+        "n1:0 died",
+        "nodes back: n1; from step 9 on 2 workers (14.8 s)",
+        "recovered: failed at step 14, resumed from 12 in 2.0 s: at step 14: boom",
+        "checkpoint written to final (3.0 MiB; --restore final continues); the weights alone: "
+        "final/step-00000020/model.weights.h5 (keras.Model.load_weights reads it)"]

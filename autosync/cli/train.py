@@ -101,6 +101,12 @@ def cmd_train(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    _print_summary(result)
+    return 0
+
+
+def _print_summary(result: dict) -> None:
+    """The text ``train`` prints at the end (``_summary``'s figures)."""
     print(f"trained {result['steps']} steps (global step {result['global_step']}) in {result['wall_s']:.1f} s: "
           f"loss {result['loss_first']:.5g} -> {result['loss_last']:.5g} (mean of the first and last "
           f"{result['loss_window']} steps), median step {result['step_time_s']['median'] * 1e3:.1f} ms")
@@ -113,10 +119,10 @@ def cmd_train(args) -> int:
                  else f"; {', '.join(r['replaced'])} replaced" if "replaced" in r else "")
         print(f"recovered: failed at step {r['failed_at']}, resumed from {r['resumed_from']} in {r['seconds']:.1f} s"
               f"{moved}: {r['error']}")
+    saved = result["checkpoint"]
     if saved is not None:
-        print(f"checkpoint written to {saved.path} ({saved.bytes / 2**20:.1f} MiB; --restore {saved.path} continues); "
-              f"the weights alone: {saved.weights_path} (keras.Model.load_weights reads it)")
-    return 0
+        print(f"checkpoint written to {saved['path']} ({saved['bytes'] / 2**20:.1f} MiB; --restore {saved['path']} "
+              f"continues); the weights alone: {saved['weights']} (keras.Model.load_weights reads it)")
 
 
 def _summary(trainer, history, first: int, began: float, saved) -> dict:
