@@ -90,7 +90,6 @@ def test_an_elastic_fit_waits_for_ray_to_report_a_dead_node_then_goes_on_without
     failures, history = [], History(loss=[0.0] * 5, step_times=[0.0] * 5, wall_times=[0.0] * 5)
     trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, failures, 2, history, 0,
                      elastic=True)
-    trainer._guarded(lambda: None, None, failures, 2, history, 0, elastic=True)   # the restart
     assert no_ray.made == [("a", "p")] and trainer.killed == 1
     assert trainer.cluster.node_names == ("a", "p") and "b" not in trainer.strategy.ps_nodes()
     assert trainer._new_pool
@@ -107,7 +106,6 @@ def test_a_lost_node_replaced_by_a_ray_node_of_its_label_is_taken_as_it_was(no_r
     failures, history = [], History()
     trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, failures, 1, history, 0,
                      elastic=True)
-    trainer._guarded(lambda: None, None, failures, 1, history, 0, elastic=True)
     assert no_ray.made == [CLUSTER.node_names] and trainer.killed == 1 and trainer._new_pool
     assert trainer.strategy is strategy and trainer.cluster is CLUSTER
     (restart,) = history.restarts
@@ -120,7 +118,6 @@ def test_an_ordinary_failure_does_not_wait_for_a_node_and_restarts_where_it_was(
     failures, history = [], History()
     trainer._guarded(fails("worker b:0 died (the actor process exited or was killed)"), None, failures, 1,
                      history, 0, elastic=True)
-    trainer._guarded(lambda: None, None, failures, 1, history, 0, elastic=True)
     assert no_ray.made == [] and trainer.strategy is strategy and "without" not in history.restarts[0]
 
 
@@ -144,7 +141,6 @@ def test_an_elastic_fit_takes_its_nodes_back_at_a_checkpoint_once_all_are_in_ray
     trainer = FakeTrainer(strategy, [["b"]])
     history = History()
     trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 2, history, 0, elastic=True)
-    trainer._guarded(lambda: None, None, [], 2, history, 0, elastic=True)
     assert trainer.cluster.node_names == ("a", "p")
     closed = []
     trainer.session = types.SimpleNamespace(close=lambda clean: closed.append(clean))
@@ -166,4 +162,18 @@ def test_without_elastic_a_node_death_ends_the_fit_once_ray_reports_it_not_after
     trainer = FakeTrainer(strategy, [[], [], ["b"]])   # reported at the third question
     with pytest.raises(RuntimeError, match=r"training failed 1 time, and cannot restart: node\(s\) b left"):
         trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 3, History(), 0)
+
+
+def test_a_checkpoint_the_nodes_left_cannot_restore_ends_an_elastic_fit_saying_why(no_ray):
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [["b"]])
+
+    def refuse(store, deadline):
+        raise ConfigError("restore ck: the checkpoint of an asynchronous PS is not re-cut")
+    trainer._restore = refuse
+    with pytest.raises(RuntimeError, match=r"training failed 1 time, and cannot go on without b: restore ck: the "
+                                           r"checkpoint of an asynchronous PS is not re-cut: at step 5: worker b:0"):
+        trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 2, History(), 0,
+                         elastic=True)
+    assert trainer.session is None
 

@@ -51,6 +51,12 @@ class Recovery:
                     history.restarts.append(restart)
                     return
                 return work()
+            except ConfigError as e:
+                if not moved:   # (a restart on the same nodes restores what it saved itself)
+                    raise
+                self._salvage()
+                raise RuntimeError(f"training failed {len(failures)} time{'s' if len(failures) > 1 else ''}, and "
+                                   f"cannot go on {moved[0]} {', '.join(moved[1])}: {e}: {'; '.join(failures)}") from e
             except TrialFailed as e:
                 if not max_failures:
                     if self.session is not None:
