@@ -69,9 +69,9 @@ print("RESULT " + json.dumps(out))
 # test_runtime_user_optimizer (a second 4-worker cluster here cost ~90 s of CI), except for
 # global_clipnorm, whose norm is summed over pushes that node aggregators sum first; both optimizers
 # train on one cluster, one after the other (a cluster per optimizer cost ~70 s each)
-# and dynamic loss scaling, whose held steps are decided alike (step 1 has a nan: skipped everywhere)
-OPTIMIZERS = {"adam": ("adam", {"learning_rate": 0.05}),
-              "sgd_global_clipnorm": ("sgd", {"learning_rate": 2.5, "momentum": 0.9, "global_clipnorm": 0.002}),
+# and dynamic loss scaling, whose held steps are decided alike (step 1 has a nan: skipped everywhere;
+# its other steps are Adam's, so a plain Adam case, ~35 s of CI, was dropped)
+OPTIMIZERS = {"sgd_global_clipnorm": ("sgd", {"learning_rate": 2.5, "momentum": 0.9, "global_clipnorm": 0.002}),
               "adam_loss_scaled": ("adam", {"learning_rate": 0.05, "nan_at": 1,
                                             "loss_scale": {"initial_scale": 1024.0, "dynamic_growth_steps": 1}})}
 
