@@ -93,3 +93,40 @@ def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsy
         "recovered: failed at step 14, resumed from 12 in 2.0 s: at step 14: boom",
         "checkpoint written to final (3.0 MiB; --restore final continues); the weights alone: "
         "final/step-00000020/model.weights.h5 (keras.Model.load_weights reads it)"]
+
+
+def test_a_training_that_fails_past_its_allowance_says_so_and_where_to_go_on_from(monkeypatch, capsys, tmp_path):
+    """Exit 1 with the Trainer's RuntimeError as one line, no traceback (fakes: no Ray)."""
+    import contextlib
+    import types
+
+    import autosync.runtime.trainer as trainer_module
+    from autosync import cli
+    from autosync.cli import train
+
+    class Failing:
+        step, plan = 4, types.SimpleNamespace(replicas=("node0:0", "node0:1"))
+
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def fit(self, *a, **k):
+            raise RuntimeError("training failed 3 times, more than max_failures=2: at step 7: worker node0:1 died")
+
+    monkeypatch.setattr(train, "_prepare", lambda args: (types.SimpleNamespace(name="tiny"), None,
+                                                         types.SimpleNamespace(name="local")))
+    monkeypatch.setattr(train, "ray_output_to_log",
+                        lambda command: contextlib.nullcontext(types.SimpleNamespace(path="log")))
+    monkeypatch.setattr(trainer_module, "Trainer", Failing)
+    assert cli.main(["train", "--model", "m", "--strategy", "ps", "--steps", "5", "--checkpoint-dir", "ck",
+                     "--max-failures", "2"]) == 1
+    err = capsys.readouterr().err
+    assert ("autosync train: training failed 3 times, more than max_failures=2: at step 7: worker node0:1 died; the "
+            "last checkpoint written is in ck: --restore ck continues from it") in err
+    assert "Traceback" not in err and "training tiny from step 4 for 5 steps on 2 workers (local)" in err

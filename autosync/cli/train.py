@@ -4,6 +4,7 @@ builder's name) for real, with checkpoints and recovery from failures: ``autosyn
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -84,7 +85,7 @@ def cmd_train(args) -> int:
     from autosync.runtime.trainer import Trainer
 
     model_def, strategy, cluster = _prepare(args)
-    began = time.perf_counter()
+    began, failed = time.perf_counter(), None
     with ray_output_to_log("train") as log, Trainer(model_def, strategy, cluster, timeout_s=args.timeout,
                                                     restore=args.restore) as trainer:
         first = trainer.step
@@ -92,12 +93,21 @@ def cmd_train(args) -> int:
         out = terminal()
         print(f"training {model_def.name} from step {first} for {args.steps} steps on "
               f"{len(trainer.plan.replicas)} workers ({cluster.name})", file=out, flush=True)
-        history = trainer.fit(args.steps, callbacks=[_progress(first, args.steps, every, out)],
-                              checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                              max_failures=args.max_failures, elastic=args.elastic)
-        saved = trainer.save(args.save) if args.save else None
-        result = _summary(trainer, history, first, began, saved)
-        result["ray_log"] = log.path
+        try:
+            history = trainer.fit(args.steps, callbacks=[_progress(first, args.steps, every, out)],
+                                  checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+                                  max_failures=args.max_failures, elastic=args.elastic)
+        except RuntimeError as e:   # a failure past --max-failures, or one it cannot recover from: said, not a traceback
+            failed = e
+        else:
+            saved = trainer.save(args.save) if args.save else None
+            result = _summary(trainer, history, first, began, saved)
+            result["ray_log"] = log.path
+    if failed is not None:
+        where = (f"; the last checkpoint written is in {args.checkpoint_dir}: --restore {args.checkpoint_dir} "
+                 f"continues from it" if args.checkpoint_dir else "")
+        print(f"autosync train: {failed}{where}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
