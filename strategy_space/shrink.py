@@ -76,11 +76,8 @@ def _rehosted(strategy: Strategy, model: ModelSpec, smaller: ClusterSpec, lost: 
 
 
 def _shard_bytes(config: VarConfig, model: ModelSpec) -> list[int]:
-    """Bytes of each of ``config``'s shards (even shares where the model does not know the variable)."""
-    try:
-        var = model.var(config.name)
-    except KeyError:
-        return [1] * config.num_shards
+    """Bytes of each of ``config``'s shards."""
+    var = model.var(config.name)
     if not config.partitioned or not var.shape or config.axis >= len(var.shape):
         return [var.bytes // config.num_shards] * config.num_shards
     per_slice = var.bytes // max(1, var.shape[config.axis])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.test_cli_runtime import SCRIPT as RUN_SCRIPT
+from tests.test_cli_runtime import SCRIPT as RUN_SCRIPT, STRATEGY
 
 
 # the tiny script model of ``autosync run``'s tests, drawing enough batches for these runs
@@ -29,12 +29,13 @@ def _train(tmp_path, *args, timeout=300):
 def test_train_checkpoints_and_saves(tmp_path):
     """(``--restore`` hands its directory to the Trainer, whose restores under other strategies and
     worker counts are tested in ``tests/test_runtime_reshard.py``; one run here, for CI's time.)"""
-    proc = _train(tmp_path, "--strategy", "ps", "--steps", "6", "--checkpoint-dir", "ck", "--checkpoint-every", "3",
-                  "--max-failures", "1", "--save", "final", "--log-every", "2", "--json")
+    (tmp_path / "best_strategy.yaml").write_text(STRATEGY)   # a strategy file, as tune writes one
+    proc = _train(tmp_path, "--strategy", "best_strategy.yaml", "--steps", "6", "--checkpoint-dir", "ck",
+                  "--checkpoint-every", "3", "--max-failures", "1", "--save", "final", "--log-every", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert (out["steps"], out["first_step"], out["global_step"], out["workers"]) == (6, 0, 6, 2)
-    assert len(out["loss"]) == 6 and out["restarts"] == [] and out["strategy"]["origin"] == "ps"
+    assert len(out["loss"]) == 6 and out["restarts"] == [] and out["strategy"]["origin"] == "file"
     assert out["checkpoint"]["path"] == "final" and out["checkpoint"]["bytes"] > 0
     assert os.path.dirname(out["checkpoint"]["weights"]).startswith("final")
     assert (tmp_path / out["checkpoint"]["weights"]).is_file()
@@ -46,7 +47,7 @@ def test_train_checkpoints_and_saves(tmp_path):
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--steps", "4", "--elastic", "--checkpoint-dir", "ck"], "--elastic needs --max-failures K >= 1"),
+    (["--steps", "4", "--elastic", "--checkpoint-dir", "ck"], "--elastic needs --max-failures >= 1"),
     (["--steps", "4", "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
     (["--steps", "4", "--save", "tiny.py"], "--save: checkpoint path tiny.py is a file, not a directory"),
     (["--steps", "4", "--restore", "r" * 300], "cannot be read: File name too long"),

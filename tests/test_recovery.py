@@ -4,6 +4,7 @@ cannot. The real thing, a node removed from a Ray cluster mid-fit, is in
 ``tests/test_runtime_multinode.py``."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -22,12 +23,14 @@ CLUSTER = ClusterSpec("c", (NodeSpec("a", address="10.0.0.1", workers=1),
                             NodeSpec("p", address="10.0.0.3", workers=0)))
 
 
+@dataclasses.dataclass(frozen=True)
 class Binding(ClusterBinding):
     """A binding whose nodes are lost as ``reports`` says, one entry per question (the last stays)."""
 
+    reports: list = dataclasses.field(default_factory=list)
+
     def lost_nodes(self):
-        reports = self.node_ids["reports"]
-        return reports.pop(0) if len(reports) > 1 else reports[0]
+        return self.reports.pop(0) if len(self.reports) > 1 else self.reports[0]
 
 
 class FakeTrainer(recovery.Recovery):
@@ -40,7 +43,7 @@ class FakeTrainer(recovery.Recovery):
         self._given = (strategy, CLUSTER)
 
     def _pool(self, cluster, reports):
-        return types.SimpleNamespace(binding=Binding(cluster, {}, {"reports": reports}), kill_all=self._kill)
+        return types.SimpleNamespace(binding=Binding(cluster, {}, {}, reports=reports), kill_all=self._kill)
 
     def _kill(self):
         self.killed += 1

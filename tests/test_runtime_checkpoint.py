@@ -181,7 +181,7 @@ def test_fit_recovers_from_a_lost_worker_and_a_lost_parameter_server(pool, tmp_p
                            ({"max_failures": -1, "checkpoint_dir": tmp_path}, "max_failures must be"),
                            ({"max_failures": 2}, "max_failures needs checkpoint_dir"),
                            ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint_dir"),
-                           ({"elastic": True, "checkpoint_dir": tmp_path}, "True needs max_failures >= 1"),
+                           ({"elastic": True, "checkpoint_dir": tmp_path}, "elastic needs max_failures >= 1"),
                            ({"elastic": "yes", "max_failures": 1, "checkpoint_dir": tmp_path},
                             "elastic must be True or False")]:
             with pytest.raises(ConfigError, match=match):

@@ -34,14 +34,11 @@ def _prepare(args):
         raise ConfigError(f"--log-every must be >= 1 (steps), got {args.log_every}")
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
-    if args.elastic and args.max_failures < 1:
-        raise ConfigError("--elastic needs --max-failures K >= 1 (a node's loss is one of the failures recovered "
-                          "from) and --checkpoint-dir")
     try:
         check_fit(args.steps, 10, args.checkpoint_every, args.checkpoint_dir, args.max_failures, args.elastic)
     except ConfigError as e:   # said with the flags' names
         text = str(e)
-        for name in ("checkpoint_every", "checkpoint_dir", "max_failures"):
+        for name in ("checkpoint_every", "checkpoint_dir", "max_failures", "elastic"):
             text = text.replace(name, "--" + name.replace("_", "-"))
         raise ConfigError(text) from None
     for flag, path in (("--save", args.save), ("--checkpoint-dir", args.checkpoint_dir)):

@@ -228,8 +228,8 @@ class CheckpointStore:
         """Raise ConfigError unless ``path`` is absent, an empty directory or a checkpoint
         directory (writing deletes step directories it does not name: never a user's folder)."""
         p = self.path
-        if _unusable(p):
-            raise ConfigError(f"checkpoint path {short_repr(str(p))} cannot be used: {_unusable(p)}; give another path")
+        if why := _unusable(p):
+            raise ConfigError(f"checkpoint path {short_repr(str(p))} cannot be used: {why}; give another path")
         if p.exists() and not p.is_dir():
             raise ConfigError(f"checkpoint path {p} is a file, not a directory; give a directory path")
         base = nearest_existing(p)
@@ -316,8 +316,8 @@ class CheckpointStore:
             ConfigError: no checkpoint at ``path``, a damaged manifest, or missing files.
         """
         p = self.path
-        if _unusable(p):
-            raise ConfigError(f"restore: checkpoint {short_repr(str(p))} cannot be read: {_unusable(p)}; give the "
+        if why := _unusable(p):
+            raise ConfigError(f"restore: checkpoint {short_repr(str(p))} cannot be read: {why}; give the "
                               f"directory Trainer.save or fit(checkpoint_dir=...) wrote")
         if not p.exists():
             raise ConfigError(f"restore: checkpoint {p} does not exist; give the directory Trainer.save or "

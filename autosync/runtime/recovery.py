@@ -35,7 +35,7 @@ class Recovery:
         within ``max_failures``, start again from the checkpoint in ``store`` (without the nodes
         that left the cluster, with ``elastic``)."""
         moved = None   # ("replaced" or "without", the lost nodes): how an elastic recovery goes on
-        failed = time.monotonic()
+        failed = time.monotonic()   # when the last failure was caught (a restart says how long it took)
         while True:
             try:
                 if self.session is None:   # the previous attempt failed: start again
@@ -109,11 +109,7 @@ class Recovery:
             strategy, cluster = without_nodes(self.strategy, self.cluster, self.model_spec, lost)
             validate(strategy, self.model_spec, cluster)
             binding, how = ClusterBinding.bind(cluster), "without"
-        # every actor of the old pool goes, a lent one's too (its owner starts them again when it
-        # needs them): a survivor would hold the CPUs of its node that the new pool's workers ask for
-        self.pool.kill_all()
-        self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
-        self._new_pool = True   # the trainer's own now, whoever lent the first
+        self._move_to(binding, strategy, cluster)
         return how, lost
 
     def _take_back(self, store, history) -> None:
@@ -131,13 +127,20 @@ class Recovery:
         began, back = time.monotonic(), [n for n in cluster.node_names if n not in self.cluster.node_names]
         session, self.session = self.session, None
         session.close(clean=True)
-        self.pool.kill_all()
-        self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
-        self._new_pool = True
+        self._move_to(binding, strategy, cluster)
         self._start()
         manifest = self._restore(store, time.monotonic() + self.timeout_s)
         history.restarts.append({"back": back, "resumed_from": manifest.step, "workers": len(self.plan.replicas),
                                  "strategy": self.strategy.fingerprint, "seconds": round(time.monotonic() - began, 3)})
+
+    def _move_to(self, binding: ClusterBinding, strategy, cluster) -> None:
+        """Train with ``strategy`` on ``cluster`` from now on, on a new pool of workers bound by
+        ``binding`` (started by the next ``_start``)."""
+        # every actor of the old pool goes, a lent one's too (its owner starts them again when it
+        # needs them): a survivor would hold the CPUs of its node that the new pool's workers ask for
+        self.pool.kill_all()
+        self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
+        self._new_pool = True   # the trainer's own now, whoever lent the first
 
     def _salvage(self) -> None:
         """After a failure: kill the session's parameter servers and helpers, and the workers

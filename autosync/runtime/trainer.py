@@ -57,9 +57,10 @@ def check_fit(steps, steps_per_call, checkpoint_every, checkpoint_dir, max_failu
         raise ConfigError(f"checkpoint_every must be an integer >= 1 (steps) or None, got {checkpoint_every!r}")
     if not (isinstance(max_failures, int) and not isinstance(max_failures, bool) and max_failures >= 0):
         raise ConfigError(f"max_failures must be an integer >= 0, got {max_failures!r}")
-    if not isinstance(elastic, bool) or (elastic and not max_failures):
-        raise ConfigError(f"elastic must be True or False, and True needs max_failures >= 1 (a node's loss "
-                          f"is a failure it recovers from), got elastic={elastic!r}, max_failures={max_failures!r}")
+    if not isinstance(elastic, bool):
+        raise ConfigError(f"elastic must be True or False, got {elastic!r}")
+    if elastic and not max_failures:
+        raise ConfigError("elastic needs max_failures >= 1 (a node's loss is one of the failures it recovers from)")
     if checkpoint_dir is None and (checkpoint_every is not None or max_failures):
         raise ConfigError(f"{'checkpoint_every' if checkpoint_every is not None else 'max_failures'} needs "
                           f"checkpoint_dir: the directory checkpoints are written to "
