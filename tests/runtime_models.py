@@ -27,6 +27,31 @@ def build_model(vocab: int = VOCAB):
     return keras.Model(ids, out)
 
 
+CUT = 0.05   # ``build_cut_backward_model``'s bound on the gradient reaching its hidden layer
+
+
+def build_cut_backward_model():
+    """Two dense layers whose backward pass cuts the gradient reaching the hidden layer's output to
+    [-CUT, CUT], as a float16 backward pass loses what is out of its range: under a loss scale,
+    which gradients are cut depends on the scale (a step that does not scale the loss differs).
+    Dense gradients only: Keras' own ``loss_scale_factor`` divides a gradient with ``/``, which a
+    ``tf.IndexedSlices`` does not take (the runtime divides its values)."""
+    import keras
+    import tensorflow as tf
+
+    class CutBackward(keras.layers.Layer):
+        def call(self, x):
+            @tf.custom_gradient
+            def cut(v):
+                return tf.identity(v), lambda dy: tf.clip_by_value(dy, -CUT, CUT)
+
+            return cut(x)
+
+    ids = keras.Input((IDS,), dtype="int32", name="ids")   # read as numbers: dense gradients only
+    x = keras.layers.Dense(6, activation="tanh", name="hidden")(keras.ops.cast(ids, "float32") / VOCAB)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(CutBackward(name="cut")(x)))
+
+
 def mse():
     import keras
 

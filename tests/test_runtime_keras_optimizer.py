@@ -3,6 +3,7 @@ the whole variables, chunk by chunk at the global step; what it cannot honour is
 import numpy as np
 import pytest
 
+from autosync.runtime.keras_update import new_optimizer
 from autosync.runtime.optimizer_config import keras_optimizer_config
 from autosync.runtime.optimizers import check_optimizer_config, make_optimizer, numpy_rules
 from strategy_space.errors import ConfigError
@@ -265,8 +266,11 @@ def test_options_that_cannot_be_honoured_are_refused_with_the_reason():
     check_optimizer_config(scaled)
     assert scaled["class"] == "RMSprop" and scaled["learning_rate"] == pytest.approx(0.01)
     assert scaled["loss_scale"] == {"initial_scale": 256.0, "dynamic_growth_steps": 50}
-    for opt, match in [(keras.optimizers.SGD(loss_scale_factor=128.0),
-                        r"loss_scale_factor=128.0 .*fixed loss scale .*LossScaleOptimizer.*mixed_bfloat16"),
+    fixed = keras_optimizer_config(keras.optimizers.Adam(loss_scale_factor=128.0))   # undone by the worker's step
+    check_optimizer_config(fixed)
+    assert numpy_rules(fixed)   # the gradients a rule gets are unscaled: the numpy rules run it
+    assert new_optimizer(keras.optimizers.Adam, fixed).loss_scale_factor is None   # and a Keras one, without it
+    for opt, match in [(keras.optimizers.SGD(loss_scale_factor=0.0), r"loss_scale_factor=0.0 is not a number > 0"),
                        ({"class": "LossScaleOptimizer"}, r"wraps other optimizers")]:
         with pytest.raises(ConfigError, match=match):
             check_optimizer_config(opt if isinstance(opt, dict) else keras_optimizer_config(opt))

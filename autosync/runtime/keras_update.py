@@ -85,7 +85,7 @@ def padded_rows(ids, values, dtype, size: int | None = None, num_rows: int | Non
 def new_optimizer(cls, config: dict):
     """A ``cls`` optimizer from ``config`` as the runtime applies it: without ``global_clipnorm``
     (its scale is applied before: clipping here would use the norm of these shards alone), loss
-    scaling (the gradients arrive unscaled, a skipped step never arrives) and
+    scaling, dynamic or fixed (the gradients arrive unscaled, a skipped step never arrives) and
     ``gradient_accumulation_steps`` (accumulated gradients arrive averaged), a schedule then
     evaluated at Keras' count of batches (module doc)."""
     import keras
@@ -94,7 +94,8 @@ def new_optimizer(cls, config: dict):
 
     from autosync.runtime.loss_scale import LOSS_SCALE
 
-    own = ("class", "global_clipnorm", "gradient_accumulation_steps", USER_CLASSES, NO_DECAY, CONSTRAINED, LOSS_SCALE)
+    own = ("class", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor", USER_CLASSES, NO_DECAY,
+           CONSTRAINED, LOSS_SCALE)
     # a user's schedule class is found by its name among the classes the config carries
     with keras.saving.custom_object_scope(config.get(USER_CLASSES) or {}):
         optimizer = cls.from_config({k: v for k, v in config.items() if k not in own})

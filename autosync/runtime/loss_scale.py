@@ -16,6 +16,11 @@ values. Every worker sums the same parts, so every worker's ``LossScale`` takes 
 a skipped step is released with no scale (``SKIP``): no synchronizer updates. A parameter server or
 a numpy all-reduce is told the optimizer's count of applied updates (``iteration``), which a schedule
 and Adam's bias correction read, as Keras' inner optimizer counts them.
+
+A fixed scale (an optimizer's own ``loss_scale_factor``, which Keras' trainer multiplies the loss by
+and ``apply`` divides the gradients by, before clipping) takes the same way through the worker's
+step, scale over workers included, and nothing else: no step is held, checked or skipped, and
+whatever applies updates is built without it: the gradients it gets are unscaled already.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ fresh one per trial; these numpy versions of the Keras 3 formulas need no Tensor
 arithmetic follows Keras step by step in the variable's dtype (float32 scalars, same operation
 order), so results match a single-process Keras optimizer to float rounding. They run the common
 configurations (SGD, Adam, AdamW, Adagrad, a constant learning rate, no per-variable clipping;
-``global_clipnorm`` and loss scaling act before them); any other (another Keras optimizer, a subclass,
+``global_clipnorm`` and loss scaling, dynamic or fixed, act before them); any other (another Keras optimizer, a subclass,
 a schedule, clipnorm, clipvalue) runs the Keras optimizer itself (``keras_optimizer``), and
 ``check_optimizer_config`` refuses, before Ray starts, the options no synchronizer can honour.
 Small dense variables update together where their holder asks (``fused``).
@@ -22,6 +22,7 @@ slices. Keras treats them as follows, and so do we: repeated indices add up; for
 from __future__ import annotations
 
 import abc
+import math
 import weakref
 
 import numpy as np
@@ -34,13 +35,13 @@ from autosync.runtime.optimizer_config import CONSTRAINED, NO_DECAY, check_learn
 from strategy_space.errors import ConfigError, short_repr
 
 # config keys that change the update rule; any non-default value is rejected, not ignored
-_UNSUPPORTED = {"clipnorm": None, "clipvalue": None, "use_ema": False, "loss_scale_factor": None,
-                "gradient_accumulation_steps": None}
+_UNSUPPORTED = {"clipnorm": None, "clipvalue": None, "use_ema": False, "gradient_accumulation_steps": None}
 # handled by every optimizer here (weight decay by the base class) or not part of the update rule;
 # global_clipnorm's scale (and loss scaling's, ``loss_scale``) is applied before any rule sees the
-# gradients, on every synchronizer alike (``ps_clip``, ``sync.base``'s held steps)
+# gradients, on every synchronizer alike (``ps_clip``, ``sync.base``'s held steps); a fixed loss
+# scale (``loss_scale_factor``) is undone by the worker's step (``loss_scale``)
 _IGNORED = {"name", "class", "learning_rate", "weight_decay", "ema_momentum", "ema_overwrite_frequency",
-            "global_clipnorm", NO_DECAY, CONSTRAINED, LOSS_SCALE}
+            "global_clipnorm", "loss_scale_factor", NO_DECAY, CONSTRAINED, LOSS_SCALE}
 
 
 def _toward(slot: np.ndarray, g, rows, out: np.ndarray) -> np.ndarray:
@@ -313,14 +314,6 @@ class Adagrad(NumpyOptimizer):
 OPTIMIZERS = {cls.keras_name: cls for cls in (SGD, Adam, AdamW, Adagrad)}
 
 
-# options that cannot be honoured where updates run, and why
-_REFUSED = {
-    "loss_scale_factor": ("a fixed loss scale is not applied by the synchronizers; use dynamic loss scaling "
-                          "(keras.optimizers.LossScaleOptimizer(optimizer)), mixed_bfloat16 or float32"),
-}
-_REFUSED_DEFAULTS = {"loss_scale_factor": None}
-
-
 def numpy_rules(config: dict) -> bool:
     """Whether the numpy rules above run ``config`` exactly (one of their optimizers, a constant
     learning rate, no per-variable clipping, no option they do not implement); otherwise updates
@@ -337,8 +330,8 @@ def check_optimizer_config(config: dict) -> None:
     """Raise if a Keras optimizer config (``keras_optimizer_config``) cannot be run by the runtime.
 
     Raises:
-        ConfigError: an optimizer class that is not a Keras optimizer or cannot be imported, an
-            option that cannot be honoured by shards applied separately (``_REFUSED``), or an
+        ConfigError: an optimizer class that is not a Keras optimizer or cannot be imported, a
+            ``loss_scale_factor`` that is not a number > 0, or an
             ``AUTOSYNC_KERAS_XLA_AFTER`` that is neither a count nor ``off``.
     """
     from autosync.runtime.keras_optimizer import optimizer_class
@@ -349,10 +342,12 @@ def check_optimizer_config(config: dict) -> None:
         xla_after_from_env()   # read again where updates run; a typo is said here, before Ray starts
     except ConfigError as e:
         problems.append(str(e))
-    for key, why in _REFUSED.items():
-        if config.get(key, _REFUSED_DEFAULTS[key]) != _REFUSED_DEFAULTS[key]:
-            problems.append(f"optimizer option {key}={short_repr(config[key])} is not supported by AutoSync's "
-                            f"runtime: {why}")
+    factor = config.get("loss_scale_factor")
+    if factor is not None and not (isinstance(factor, (int, float)) and not isinstance(factor, bool)
+                                   and math.isfinite(factor) and factor > 0):
+        problems.append(f"optimizer option loss_scale_factor={short_repr(factor)} is not a number > 0: the loss is "
+                        f"multiplied by it and the gradients divided by it; give a float > 0 (a power of two "
+                        f"scales exactly) or leave it None")
     if not numpy_rules(config):
         try:
             optimizer_class(config)

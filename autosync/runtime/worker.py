@@ -171,9 +171,10 @@ class TrainingWorker(WorkerCheckpoint):
         self.loss = model_def.loss()
         optimizer = wrapped_for_policy(model_def.optimizer_fn(), self.model)   # as Keras' compile would
         inner, self._scaling = unwrapped(optimizer)   # dynamic loss scaling's settings, or None
+        self._factor = getattr(inner, "loss_scale_factor", None)   # a fixed loss scale, or None
         model, loss_fn = self.model, self.loss
         # what the step multiplies the loss by (``loss_scale.per_worker``): set when it changes
-        self._scale = None if self._scaling is None else tf.Variable(1.0, dtype=tf.float32, trainable=False)
+        self._scale = None if self._scaling is None and self._factor is None else tf.Variable(1.0, trainable=False)
         scale = self._scale
 
         @tf.function
@@ -227,9 +228,10 @@ class TrainingWorker(WorkerCheckpoint):
         }
 
     def _set_scale(self) -> None:
-        """Give the step dynamic loss scaling's current scale (over the workers: ``per_worker``)."""
+        """Give the step the loss scale (dynamic scaling's current one, or the fixed one) over the workers."""
         if self._scale is not None:
-            self._scale_set = self._loss_scale.scale if self._loss_scale else np.float32(self._scaling["initial_scale"])
+            start = self._factor if self._scaling is None else self._scaling["initial_scale"]
+            self._scale_set = self._loss_scale.scale if self._loss_scale else np.float32(start)
             self._scale.assign(per_worker(self._scale_set, self._data[1]))
 
     def _row_assigner(self, initial: list) -> RowAssign:
@@ -277,8 +279,9 @@ class TrainingWorker(WorkerCheckpoint):
         self._set_scale()
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
         inner = unwrapped(self.model_def.optimizer_fn())[0]
-        self._compute = next((c.bind(self.model, self.loss, inner, hold=self._hold, scale=self._scale)
-                              for c in channels if c.in_graph), self._gradients)
+        inner.loss_scale_factor = None   # a fixed loss scale (``loss_scale``): the step unscales the gradients itself
+        self._compute = next((c.bind(self.model, self.loss, inner, hold=self._hold, scale=self._scale,
+                                     skips=self._scaling is not None) for c in channels if c.in_graph), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
         self._partial = False

@@ -110,15 +110,15 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         self._finalize()   # the variables reduced here are the model's own
 
     # ---- the step ------------------------------------------------------------------------------
-    def bind(self, model, loss_fn, optimizer, hold: bool = False, scale=None):
+    def bind(self, model, loss_fn, optimizer, hold: bool = False, scale=None, skips: bool = True):
         """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
         variables reduced here come back as None, the others as computed. With ``hold`` the step
         does not apply the reduced gradients: it keeps them and their squared norm (Keras squares
         ``IndexedSlices`` values one by one) for ``release``, which applies them times the
         ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again.
-        ``scale``: what dynamic loss scaling multiplies the loss by (``loss_scale.scaled_gradients``:
-        the worker's ``tf.Variable``), or None; without ``hold`` (the graph alone) the step applies
-        only finite reduced gradients, as Keras' ``LossScaleOptimizer``: ``step_finite`` says."""
+        ``scale``: what loss scaling multiplies the loss by (``loss_scale.scaled_gradients``: the
+        worker's ``tf.Variable``), or None; where it ``skips`` (dynamic, not a fixed scale) and without
+        ``hold`` the step applies only finite reduced gradients, as Keras': ``step_finite`` says."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -138,7 +138,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         chain = hint == "nccl"
         # what the compressors keep across steps: put back when a step is skipped
         kept = self._memory = list(memory.values()) + [v for p in powersgd.values() for v in p.variables()]
-        check = scale is not None and not hold   # loss scaling in the graph alone: decided inside the step
+        check = scale is not None and skips and not hold   # dynamic scaling in the graph alone: decided in the step
 
         @tf.function
         def step(x, y):
