@@ -81,7 +81,9 @@ def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsy
               "restarts": [{"failed_at": 5, "resumed_from": 3, "seconds": 15.46, "error": "at step 5: worker n1:0 died",
                             "without": ["n1"], "workers": 1},
                            {"back": ["n1"], "resumed_from": 9, "workers": 2, "seconds": 14.75},
-                           {"failed_at": 14, "resumed_from": 12, "seconds": 2.0, "error": "at step 14: boom"}],
+                           {"failed_at": 14, "resumed_from": 12, "seconds": 2.0, "error": "at step 14: boom"},
+                           {"failed_at": 18, "resumed_from": 15, "seconds": 9.0, "error": "at step 18: worker n1:0 died",
+                            "replaced": ["n1"], "stand_ins": {"n1": "10.0.0.9"}, "workers": 2}],
               "checkpoint": {"path": "final", "weights": "final/step-00000020/model.weights.h5", "bytes": 3 * 2**20}}
     train._print_summary(result)
     lines = capsys.readouterr().out.splitlines()
@@ -92,6 +94,8 @@ def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsy
         "n1:0 died",
         "nodes back: n1; from step 9 on 2 workers (14.8 s)",
         "recovered: failed at step 14, resumed from 12 in 2.0 s: at step 14: boom",
+        "recovered: failed at step 18, resumed from 15 in 9.0 s; n1 (on 10.0.0.9) replaced: at step 18: worker n1:0 "
+        "died",
         "checkpoint written to final (3.0 MiB; --restore final continues); the weights alone: "
         "final/step-00000020/model.weights.h5 (keras.Model.load_weights reads it)"]
 

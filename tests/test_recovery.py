@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from autosync.runtime import recovery
+from autosync.runtime import binding as binding_module, recovery
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.fit_history import History
 from autosync.runtime.waiting import TrialFailed
@@ -59,6 +59,15 @@ class FakeTrainer(recovery.Recovery):
         return types.SimpleNamespace(step=3)
 
 
+SEEN = frozenset(n.name for n in CLUSTER.nodes)   # the Ray node ids alive when the fit began
+
+
+def _ray_node(node_id: str, address: str, cpus: float = 4.0, label: str | None = None) -> dict:
+    """A ``ray.nodes()`` entry."""
+    return {"NodeID": node_id, "NodeManagerAddress": address, "Alive": True,
+            "Resources": {f"node:{address}": 1.0, "CPU": cpus, **({label: 1.0} if label else {})}}
+
+
 def fails(message: str):
     def work():
         raise TrialFailed(message)
@@ -70,15 +79,21 @@ def no_ray(monkeypatch):
     """The pools an elastic recovery binds, without Ray: ``present`` is what Ray has alive (the
     nodes a lost one is not among, unless a test says a replacement joined); ``made`` the
     clusters bound."""
-    state = types.SimpleNamespace(made=[], present={"a", "p"})
+    state = types.SimpleNamespace(made=[], present={"a", "p"}, joined=[])
 
     def bind(cluster):
-        missing = [n for n in cluster.node_names if n not in state.present]
+        missing = [n.name for n in cluster.nodes if n.name not in state.present and n.address not in state.joined]
         if missing:
             raise ConfigError(f"requested Ray resource for {missing}")
         state.made.append(cluster.node_names)
         return ClusterBinding(cluster, {}, {})
+
+    def stand_ins(binding, cluster):   # Ray's alive nodes: the present ones and those that joined
+        alive = [_ray_node(n.name, n.address) for n in CLUSTER.nodes if n.name in state.present]
+        return binding_module.stand_ins(cluster, alive + [_ray_node(f"new{i}", a) for i, a in enumerate(state.joined)],
+                                        SEEN)
     monkeypatch.setattr(recovery.ClusterBinding, "bind", staticmethod(bind))
+    monkeypatch.setattr(recovery.ClusterBinding, "stand_ins", stand_ins)
     monkeypatch.setattr(recovery, "WorkerPool", lambda binding: types.SimpleNamespace(binding=binding,
                                                                                       kill_all=lambda: None))
     return state
@@ -180,3 +195,53 @@ def test_a_checkpoint_the_nodes_left_cannot_restore_ends_an_elastic_fit_saying_w
                          elastic=True)
     assert trainer.session is None
 
+
+
+def test_a_ray_node_that_joined_since_stands_in_for_a_lost_one_found_by_its_address(no_ray):
+    """An autoscaler's replacement comes with a new address: it stands in for the lost node (the same
+    strategy, the node's name kept, its address the new one), and the restart says so."""
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [["b"]])
+    no_ray.joined.append("10.0.0.9")
+    history = History()
+    trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 1, history, 0, elastic=True)
+    assert trainer.strategy is strategy and trainer.cluster.node_names == CLUSTER.node_names
+    assert trainer.cluster.node("b").address == "10.0.0.9" and trainer.cluster.node("a").address == "10.0.0.1"
+    (restart,) = history.restarts
+    assert restart["replaced"] == ["b"] and restart["stand_ins"] == {"b": "10.0.0.9"} and restart["workers"] == 2
+    trainer.session = types.SimpleNamespace(close=lambda clean: None)
+    trainer._take_back(None, history)   # every node of the cluster it was given is there: nothing to take back
+    assert len(history.restarts) == 1
+
+
+def test_an_elastic_fit_takes_a_stand_in_back_at_a_checkpoint(no_ray):
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [["b"]])
+    history = History()
+    trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 1, history, 0, elastic=True)
+    assert trainer.cluster.node_names == ("a", "p")   # none had joined: without b
+    trainer.session = types.SimpleNamespace(close=lambda clean: None)
+    no_ray.joined.append("10.0.0.7")
+    trainer._take_back(None, history)
+    assert trainer.strategy is strategy and trainer.cluster.node("b").address == "10.0.0.7"
+    assert history.restarts[-1]["back"] == ["b"] and history.restarts[-1]["stand_ins"] == {"b": "10.0.0.7"}
+
+
+def test_stand_ins_are_nodes_that_joined_since_with_room_for_the_lost_nodes_workers():
+    alive = [_ray_node("a", "10.0.0.1"), _ray_node("p", "10.0.0.3"),
+             _ray_node("old", "10.0.0.4"),              # alive when the fit began: some other use
+             _ray_node("small", "10.0.0.5", cpus=0.5),  # joined, but too small for b's worker
+             _ray_node("late", "10.0.0.8"), _ray_node("new", "10.0.0.6")]
+    shaped = dataclasses.replace(CLUSTER, nodes=tuple(dataclasses.replace(n, cpus=2) for n in CLUSTER.nodes))
+    seen = SEEN | {"old"}
+    cluster, moved = binding_module.stand_ins(shaped, alive, seen)
+    assert moved == {"b": "10.0.0.6"} and cluster.node("b").address == "10.0.0.6"   # the lowest address that fits
+    assert [n.address for n in cluster.nodes if n.name != "b"] == ["10.0.0.1", "10.0.0.3"]
+    # two nodes gone, one stand-in: none; nothing gone: none
+    assert binding_module.stand_ins(shaped, [n for n in alive if n["NodeID"] != "a" and n["NodeID"] != "late"],
+                                    seen) is None
+    assert binding_module.stand_ins(shaped, alive + [_ray_node("b", "10.0.0.2")], seen) is None
+    # a node found by its resource label: its replacement carries the label, nothing stands in for it
+    labelled = dataclasses.replace(CLUSTER, nodes=tuple(dataclasses.replace(n, resource=f"host_{n.name}")
+                                                        for n in CLUSTER.nodes))
+    assert binding_module.stand_ins(labelled, [_ray_node("x", "10.0.0.9", label="host_a")], seen) is None

@@ -34,6 +34,8 @@ class ClusterBinding:
             (``autosync.runtime.reaper``); None when this binding did not start Ray.
         ray_roots: pid -> start time of the processes ``ray.init`` started here (``close``
             stops what is left of them and theirs after ``ray.shutdown``).
+        seen: the Ray node ids alive when it was bound: a node not among them joined since
+            (``stand_ins``).
     """
 
     cluster: ClusterSpec
@@ -42,6 +44,7 @@ class ClusterBinding:
     started_ray: bool = False
     reaper: object = field(default=None, compare=False, repr=False)
     ray_roots: dict = field(default_factory=dict, compare=False, repr=False)
+    seen: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     @classmethod
     def bind(cls, cluster: ClusterSpec) -> "ClusterBinding":
@@ -56,14 +59,27 @@ class ClusterBinding:
         started, reaper, roots = False, None, {}
         if not ray.is_initialized():
             started, reaper, roots = _start_ray(cluster)
+        alive = [n for n in ray.nodes() if n.get("Alive")]
         try:
-            keys, node_ids = _resolve(cluster, [n for n in ray.nodes() if n.get("Alive")])
+            keys, node_ids = _resolve(cluster, alive)
         except ConfigError:
             if started:
                 _shutdown(reaper, roots)
             raise
         return cls(cluster=cluster, keys=keys, node_ids=node_ids, started_ray=started, reaper=reaper,
-                   ray_roots=roots)
+                   ray_roots=roots, seen=frozenset(n["NodeID"] for n in alive))
+
+    def stand_ins(self, cluster: ClusterSpec) -> "tuple[ClusterSpec, dict] | None":
+        """``cluster`` with Ray nodes that joined since this binding was made standing in for
+        those of its nodes that Ray no longer has (``stand_ins``), and ``{node: new address}``;
+        None where one has none (or none is gone)."""
+        import ray
+
+        try:
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+        except Exception:  # noqa: BLE001 - Ray cannot say: no stand-in
+            return None
+        return stand_ins(cluster, alive, self.seen)
 
     def actor_options(self, node: str, num_cpus: float = 0.0, num_gpus: int = 0) -> dict:
         """``.options(...)`` keyword arguments that place an actor on ``node``, with ``num_gpus``
@@ -189,6 +205,34 @@ def _start_ray(cluster: ClusterSpec) -> tuple[bool, object, dict]:
         raise
     signals.install()
     return True, reaper, roots
+
+
+def stand_ins(cluster: ClusterSpec, alive: list, seen) -> "tuple[ClusterSpec, dict] | None":
+    """``cluster`` with each node found by its address that no alive Ray node (``ray.nodes()``
+    entries) has any more stood in for by one that joined since (its id not in ``seen``: an
+    autoscaler's replacement, which comes with a new address) and has the CPUs and GPUs the node's
+    workers ask for, in the order of their addresses, each at most once; and ``{node: its new
+    address}``. None where a node that is gone has none, or is found by a resource label (its
+    replacement carries the label: it is found as it is), or none is gone."""
+    import dataclasses
+
+    have = {k for n in alive for k in n["Resources"]}
+    gone = [spec for spec in cluster.nodes if (spec.resource or f"node:{spec.address}") not in have]
+    if not gone or any(spec.resource or spec.address in LOOPBACK for spec in gone):
+        return None
+    taken = {f"node:{spec.address}" for spec in cluster.nodes}
+    joined = sorted((n for n in alive if n["NodeID"] not in seen and not taken & set(n["Resources"])),
+                    key=lambda n: n["NodeManagerAddress"])
+    moved = {}
+    for spec in gone:
+        fits = [n for n in joined if not _short_of(spec, n, cluster.compute == "emulated")]
+        if not fits:
+            return None
+        joined.remove(fits[0])
+        moved[spec.name] = fits[0]["NodeManagerAddress"]
+    nodes = tuple(dataclasses.replace(spec, address=moved[spec.name]) if spec.name in moved else spec
+                  for spec in cluster.nodes)
+    return dataclasses.replace(cluster, nodes=nodes), moved
 
 
 def slot_gpus(cluster: ClusterSpec, slot: str) -> int:

@@ -7,6 +7,7 @@ elastic mode goes on with the workers that remain.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from autosync.exception_text import NODE_DIED
@@ -34,7 +35,7 @@ class Recovery:
         """Run ``work``; on a worker or PS failure, kill what is left and, while failures stay
         within ``max_failures``, start again from the checkpoint in ``store`` (without the nodes
         that left the cluster, with ``elastic``)."""
-        moved = None   # ("replaced" or "without", the lost nodes): how an elastic recovery goes on
+        moved = None   # ("replaced" or "without", the lost nodes, stand-ins): how an elastic recovery goes on
         failed = time.monotonic()   # when the last failure was caught (a restart says how long it took)
         while True:
             try:
@@ -48,6 +49,8 @@ class Recovery:
                     if moved:
                         restart.update({moved[0]: moved[1]}, workers=len(self.plan.replicas),
                                        strategy=self.strategy.fingerprint)
+                        if moved[2]:
+                            restart["stand_ins"] = moved[2]   # {node: the address of the Ray node standing in}
                     history.restarts.append(restart)
                     return
                 return work()
@@ -92,11 +95,12 @@ class Recovery:
                 return gone
             time.sleep(0.5)
 
-    def _go_on_without(self) -> tuple[str, list[str]]:
+    def _go_on_without(self) -> tuple[str, list[str], dict]:
         """After the loss of nodes the strategy uses: where a Ray node with each lost node's label
-        (or address) has joined since, the same strategy on a pool bound to them; else the
-        strategy re-placed on the nodes left, with a pool bound to those. The next start restores
-        the last checkpoint there. Returns ``("replaced", nodes)`` or ``("without", nodes)``.
+        (or address) has joined since, or one that stands in for it (``_bound``), the same strategy
+        on a pool bound to them; else the strategy re-placed on the nodes left, with a pool bound
+        to those. The next start restores the last checkpoint there. Returns ``("replaced", nodes,
+        stand-ins)`` or ``("without", nodes, {})``.
 
         Raises:
             ConfigError: it cannot go on without them (no worker left, or the re-placed strategy
@@ -104,13 +108,31 @@ class Recovery:
         """
         lost = self.pool.binding.lost_nodes()
         try:   # a replacement has joined (an autoscaler's, a restarted node): everything as it was
-            binding, strategy, cluster, how = ClusterBinding.bind(self.cluster), self.strategy, self.cluster, "replaced"
+            binding, cluster, standing = self._bound(self.cluster)
+            strategy, how = self.strategy, "replaced"
         except ConfigError:
             strategy, cluster = without_nodes(self.strategy, self.cluster, self.model_spec, lost)
             validate(strategy, self.model_spec, cluster)
-            binding, how = ClusterBinding.bind(cluster), "without"
+            binding, how, standing = ClusterBinding.bind(cluster), "without", {}
         self._move_to(binding, strategy, cluster)
-        return how, lost
+        return how, lost, standing
+
+    def _bound(self, cluster) -> tuple[ClusterBinding, object, dict]:
+        """``(binding, cluster, stand-ins)``: ``cluster`` bound to the Ray nodes it names, or, where
+        some have left, to Ray nodes that joined since this fit began standing in for them
+        (``ClusterBinding.stand_ins``: an autoscaler's replacements, new addresses), ``cluster``
+        then with their addresses, and ``{node: address}`` of the stand-ins.
+
+        Raises:
+            ConfigError: a node is gone and none stands in for it.
+        """
+        try:
+            return ClusterBinding.bind(cluster), cluster, {}
+        except ConfigError:
+            found = self.pool.binding.stand_ins(cluster)
+            if found is None:
+                raise
+            return ClusterBinding.bind(found[0]), found[0], found[1]
 
     def _take_back(self, store, history) -> None:
         """At a checkpoint of an elastic fit that went on without nodes: where every node of the
@@ -118,10 +140,10 @@ class Recovery:
         under the strategy it was given, from the checkpoint just written (as Horovod's elastic
         mode takes in hosts its discovery finds)."""
         strategy, cluster = self._given
-        if self.cluster == cluster or self.session is None:
+        if self.cluster.node_names == cluster.node_names or self.session is None:
             return
         try:
-            binding = ClusterBinding.bind(cluster)
+            binding, cluster, standing = self._bound(cluster)
         except ConfigError:   # not all back yet
             return
         began, back = time.monotonic(), [n for n in cluster.node_names if n not in self.cluster.node_names]
@@ -131,7 +153,8 @@ class Recovery:
         self._start()
         manifest = self._restore(store, time.monotonic() + self.timeout_s)
         history.restarts.append({"back": back, "resumed_from": manifest.step, "workers": len(self.plan.replicas),
-                                 "strategy": self.strategy.fingerprint, "seconds": round(time.monotonic() - began, 3)})
+                                 "strategy": self.strategy.fingerprint, "seconds": round(time.monotonic() - began, 3),
+                                 **({"stand_ins": standing} if standing else {})})
 
     def _move_to(self, binding: ClusterBinding, strategy, cluster) -> None:
         """Train with ``strategy`` on ``cluster`` from now on, on a new pool of workers bound by
@@ -139,6 +162,7 @@ class Recovery:
         # every actor of the old pool goes, a lent one's too (its owner starts them again when it
         # needs them): a survivor would hold the CPUs of its node that the new pool's workers ask for
         self.pool.kill_all()
+        binding = dataclasses.replace(binding, seen=self.pool.binding.seen)   # what joined since the fit began
         self.pool, self.strategy, self.cluster = WorkerPool(binding), strategy, cluster
         self._new_pool = True   # the trainer's own now, whoever lent the first
 
