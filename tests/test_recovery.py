@@ -245,3 +245,34 @@ def test_stand_ins_are_nodes_that_joined_since_with_room_for_the_lost_nodes_work
     labelled = dataclasses.replace(CLUSTER, nodes=tuple(dataclasses.replace(n, resource=f"host_{n.name}")
                                                         for n in CLUSTER.nodes))
     assert binding_module.stand_ins(labelled, [_ray_node("x", "10.0.0.9", label="host_a")], seen) is None
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_restart_that_fails_on_a_node_found_lost_is_the_same_failure_not_another(no_ray, monkeypatch, elastic):
+    """A machine that dies shows first as its workers' deaths ("the actor process exited or was
+    killed"), before Ray's heartbeats mark the node dead: the restart's actors then wait for it and
+    are cancelled. That is the failure it restarted from, not a second one: max_failures=1 is enough
+    to go on without the node (elastic), or the fit ends saying the node left (found on a testbed)."""
+    monkeypatch.setattr(recovery, "NODE_DEATH_S", 5.0)
+    monkeypatch.setattr(recovery.time, "sleep", lambda s: None)
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    # not lost at the failure, nor at once when the restart fails: Ray reports it a question later
+    trainer = FakeTrainer(strategy, [[], [], ["b"]])
+    starts = []
+
+    def start():
+        starts.append(trainer.cluster.node_names)
+        if len(starts) == 1:
+            raise TrialFailed("worker b:0 failed: The actor never ran - it was cancelled before it started running.")
+        FakeTrainer._start(trainer)
+    trainer._start = start
+    history, failures = History(), []
+    work = fails("worker b:0 died (the actor process exited or was killed)")
+    if not elastic:
+        with pytest.raises(RuntimeError, match=r"training failed 1 time, and cannot restart: node\(s\) b left"):
+            trainer._guarded(work, None, failures, 1, history, 0)
+        return
+    trainer._guarded(work, None, failures, 1, history, 0, elastic=True)
+    assert starts == [CLUSTER.node_names, ("a", "p")] and len(failures) == 1
+    (restart,) = history.restarts
+    assert restart["without"] == ["b"] and restart["error"].endswith("(the actor process exited or was killed)")

@@ -38,8 +38,9 @@ class Recovery:
         moved = None   # ("replaced" or "without", the lost nodes, stand-ins): how an elastic recovery goes on
         failed = time.monotonic()   # when the last failure was caught (a restart says how long it took)
         while True:
+            restarting = self.session is None
             try:
-                if self.session is None:   # the previous attempt failed: start again
+                if restarting:   # the previous attempt failed: start again
                     failed_at = self.step
                     self._start()
                     manifest = self._restore(store, time.monotonic() + self.timeout_s)
@@ -66,13 +67,16 @@ class Recovery:
                         self.session.abort()
                         self.session = None
                     raise
-                failed = time.monotonic()
                 self._salvage()
-                failures.append(f"at step {self.step}: {e}")
+                # a node this strategy places actors on has left: no restart could place them (a
+                # restart that failed is given Ray's report too: its actors may have waited for a node
+                # whose workers' deaths did not say it died, the commonest way a lost machine shows)
+                gone = self._lost_nodes(NODE_DIED in str(e) or restarting)
+                if not (restarting and gone and failures):   # (else the failure it restarted from, again)
+                    failed = time.monotonic()
+                    failures.append(f"at step {self.step}: {e}")
                 times = f"{len(failures)} time{'s' if len(failures) > 1 else ''}"
                 listed = "; ".join(failures)
-                # a node this strategy places actors on has left: no restart could place them
-                gone = self._lost_nodes(NODE_DIED in str(e))
                 if len(failures) > max_failures or (gone and not elastic):
                     why = (f"and cannot restart: {lost_nodes_note(*gone)} (or fit with elastic=True to go on "
                            f"without them)" if gone and not elastic else f"more than max_failures={max_failures}")
@@ -86,8 +90,8 @@ class Recovery:
 
     def _lost_nodes(self, wait: bool) -> tuple[list[str], bool] | None:
         """The lost nodes this trainer's strategy needs (``ClusterBinding.lost_for``); with ``wait``
-        (an actor died with its node), Ray is given up to ``NODE_DEATH_S`` to report it, so that a
-        restart is not spent on placing actors on a node that is gone."""
+        (an actor died with its node, or a restart failed), Ray is given up to ``NODE_DEATH_S`` to
+        report it, so that a restart is not spent on placing actors on a node that is gone."""
         until = time.monotonic() + (NODE_DEATH_S if wait else 0.0)
         while True:
             gone = self.pool.binding.lost_for(self.strategy)
