@@ -72,6 +72,19 @@ def out_of_memory(text: str) -> str | None:
 NODE_DIED = "its node left the Ray cluster"
 
 
+def token_mismatch(text: str) -> str:
+    """A fix for actors that never ran while this process sends a token (``RAY_AUTH_MODE=token``):
+    a Ray cluster started without token authentication lets such a driver connect and then cancels
+    every actor it starts ("The actor never ran - it was cancelled before it started running");
+    "" for any other ``text`` or setting."""
+    import os
+
+    if "actor never ran" not in text or os.environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
+        return ""
+    return ("; RAY_AUTH_MODE=token is set here, and a Ray cluster started without token authentication cancels "
+            "every actor such a process starts: unset RAY_AUTH_MODE unless the cluster uses tokens")
+
+
 def node_died(text: str) -> str | None:
     """``NODE_DIED`` where Ray says an actor died with its node (a node that crashed, was
     preempted or was removed), None for any other error's ``text``."""

@@ -55,3 +55,22 @@ def test_a_kill_for_memory_is_one_sentence_with_the_nodes_use_and_what_to_change
     assert out_of_memory("1 worker(s) were killed due to the node running low on memory.").startswith(
         "Ray killed it for memory: its node ran low on memory. What")
     assert out_of_memory("RuntimeError: boom") is None
+
+
+def test_actors_that_never_ran_under_a_token_say_to_unset_it_and_leave_the_model_alone(monkeypatch):
+    """Found on the testbed: a driver with RAY_AUTH_MODE=token (what a failed connect's hint says to
+    set) connects to a cluster without token auth, and every actor is cancelled; the load failure
+    said "check that the model trains on this cluster"."""
+    from types import SimpleNamespace
+
+    from autosync.runtime.runner import load_failure
+    from strategy_space import ClusterSpec, NodeSpec
+
+    never = RuntimeError("worker node0:0 failed: The actor never ran - it was cancelled before it started running.")
+    where = (SimpleNamespace(name="ncf"), ClusterSpec("ray", (NodeSpec("node0"),)))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    said = str(load_failure(*where, never))
+    assert "RAY_AUTH_MODE=token is set here" in said and "unset RAY_AUTH_MODE" in said and "autosync run" not in said
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    said = str(load_failure(*where, never))
+    assert "RAY_AUTH_MODE" not in said and said.endswith("check that the model trains on this cluster (autosync run)")

@@ -372,8 +372,11 @@ def load_failure(model_def, cluster: ClusterSpec, error: Exception) -> ConfigErr
     """What a command or a Trainer says when the workers cannot build the model (its ``model_fn``,
     ``dataset_fn`` or ``loss_fn`` raises there, or the load outlasts the time limit): no strategy
     can run, so it is the model's or the cluster's fault, named with the worker's own error."""
-    return ConfigError(f"the workers could not load model {model_def.name} on cluster {cluster.name}: {error}; "
-                       f"check that the model trains on this cluster (autosync run)")
+    from autosync.exception_text import token_mismatch
+
+    why = token_mismatch(str(error))   # (then the model is not at fault)
+    return ConfigError(f"the workers could not load model {model_def.name} on cluster {cluster.name}: {error}"
+                       f"{why or '; check that the model trains on this cluster (autosync run)'}")
 
 
 def require_resolved(value, types: tuple, what: str):
