@@ -77,7 +77,8 @@ def build():
 
 @pytest.fixture
 def rmsprop_model(tmp_path, monkeypatch):
-    """A user's script model with an optimizer the runtime does not implement; Ray must not start."""
+    """A user's script model with an optimizer the runtime cannot run (a callable learning rate); Ray must
+    not start."""
     script = tmp_path / "rms_model.py"
     script.write_text(RMSPROP_SCRIPT)
 

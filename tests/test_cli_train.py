@@ -82,8 +82,9 @@ def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsy
                             "without": ["n1"], "workers": 1},
                            {"back": ["n1"], "resumed_from": 9, "workers": 2, "seconds": 14.75},
                            {"failed_at": 14, "resumed_from": 12, "seconds": 2.0, "error": "at step 14: boom"},
-                           {"failed_at": 18, "resumed_from": 15, "seconds": 9.0, "error": "at step 18: worker n1:0 died",
-                            "replaced": ["n1"], "stand_ins": {"n1": "10.0.0.9"}, "workers": 2}],
+                           {"failed_at": 18, "resumed_from": 15, "seconds": 9.0, "workers": 2,
+                            "error": "at step 18: worker n1:0 died", "replaced": ["n1"],
+                            "stand_ins": {"n1": "10.0.0.9"}}],
               "checkpoint": {"path": "final", "weights": "final/step-00000020/model.weights.h5", "bytes": 3 * 2**20}}
     train._print_summary(result)
     lines = capsys.readouterr().out.splitlines()

@@ -7,8 +7,8 @@ fresh one per trial; these numpy versions of the Keras 3 formulas need no Tensor
 arithmetic follows Keras step by step in the variable's dtype (float32 scalars, same operation
 order), so results match a single-process Keras optimizer to float rounding. They run the common
 configurations (SGD, Adam, AdamW, Adagrad, a constant learning rate, no per-variable clipping;
-``global_clipnorm`` and loss scaling, dynamic or fixed, act before them); any other (another Keras optimizer, a subclass,
-a schedule, clipnorm, clipvalue) runs the Keras optimizer itself (``keras_optimizer``), and
+``global_clipnorm`` and loss scaling, dynamic or fixed, act before them); any other (another Keras
+optimizer, a subclass, a schedule, clipnorm, clipvalue) runs the Keras optimizer itself (``keras_optimizer``), and
 ``check_optimizer_config`` refuses, before Ray starts, the options no synchronizer can honour.
 Small dense variables update together where their holder asks (``fused``).
 
