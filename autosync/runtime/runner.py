@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from autosync.exception_text import token_mismatch
 from autosync.model_def import ModelDef
 from autosync.runtime.data_check import check_losses
 from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
@@ -369,14 +370,10 @@ def check_node_capacity(cluster) -> None:
 
 
 def load_failure(model_def, cluster: ClusterSpec, error: Exception) -> ConfigError:
-    """What a command or a Trainer says when the workers cannot build the model (its ``model_fn``,
-    ``dataset_fn`` or ``loss_fn`` raises there, or the load outlasts the time limit): no strategy
-    can run, so it is the model's or the cluster's fault, named with the worker's own error."""
-    from autosync.exception_text import token_mismatch
-
-    why = token_mismatch(str(error))   # (then the model is not at fault)
-    return ConfigError(f"the workers could not load model {model_def.name} on cluster {cluster.name}: {error}"
-                       f"{why or '; check that the model trains on this cluster (autosync run)'}")
+    """What a command or a Trainer says when the workers cannot build the model (its code raises there, or the
+    load outlasts the time limit): the model's fault or the cluster's (a token it refuses: ``token_mismatch``)."""
+    fix = token_mismatch(str(error)) or "; check that the model trains on this cluster (autosync run)"
+    return ConfigError(f"the workers could not load model {model_def.name} on cluster {cluster.name}: {error}{fix}")
 
 
 def require_resolved(value, types: tuple, what: str):
