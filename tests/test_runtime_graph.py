@@ -158,3 +158,25 @@ def test_collective_starts_before_the_last_gradient(ray_session, tmp_path):
     assert len(trainer.plan.ar_groups) == len(spec.variables)   # one group per variable
     assert any(f["first_collective_start"] < f["last_gradient_end"] and f["hidden_share"] > 0.0
                for found in tries for f in found), tries
+
+
+def test_a_long_graph_training_keeps_its_threads(pool):
+    """A collective given a timeout costs TensorFlow a thread for the whole timeout: the workers of
+    a long training piled up thousands and died (ncf: 7,000 after 500 steps). Over 200 more steps
+    of several collectives each, a worker's threads do not grow."""
+    import ray
+
+    from autosync.runtime.trainer import Trainer
+    from strategy_space.builders import get_builder
+
+    md = rm.model_def("sgd", learning_rate=0.05)
+    spec = _model_spec(pool, md)
+    strategy = get_builder("all_reduce", backend="graph", chunk_bytes=64).build(spec, PAIR)
+    with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120) as trainer:
+        trainer.fit(steps=20, steps_per_call=20)
+        threads = lambda: [i["threads"] for i in ray.get([w.info.remote() for w in trainer.session.workers])]  # noqa: E731
+        before = threads()
+        trainer.fit(steps=200, steps_per_call=100)
+        after = threads()
+        assert len(trainer.plan.ar_groups) >= 2 and before[0] is not None
+    assert all(a - b < 40 for a, b in zip(after, before)), (before, after)

@@ -91,11 +91,12 @@ class TrainingWorker(WorkerCheckpoint):
         return timeline.toggle(record)
 
     def info(self) -> dict:
-        """Where this worker runs."""
+        """Where this worker runs, and its process's threads (None where the OS does not say)."""
         import ray
         import tensorflow as tf
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+        threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None   # (Linux)
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "threads": threads,
                 "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                 "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 

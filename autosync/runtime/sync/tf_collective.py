@@ -25,7 +25,12 @@ import numpy as np
 from autosync.runtime.sync.base import CollectiveBackend
 
 GROUP_KEY = 1
-TIMEOUT_S = 300.0        # a collective waiting longer for its peers fails (instead of hanging)
+# No collective is given a timeout: TensorFlow spends a thread on each timed collective for the
+# whole timeout (its POSIX ``Env::SchedClosureAfter`` starts a thread that sleeps it out), so a
+# worker running a few collectives a step piled up thousands (ncf under ``all_reduce``: 7,000
+# threads after 500 steps, killed by the kernel's refusal of one more before step 1,000). A peer
+# that never answers is caught by the driver instead: the call's deadline, Ray's node death, then
+# the waiting worker killed (``waiting.wait_all``, ``Trainer``'s salvage).
 SESSION_KEYS = 1_000_000  # instance keys each session may use; keys must fit in int32
 
 
@@ -77,8 +82,7 @@ def all_reduce(t, world: int, instance_key: int, hint: str):
     from tensorflow.python.ops import collective_ops
 
     return collective_ops.all_reduce_v2(t, group_size=world, group_key=GROUP_KEY, instance_key=instance_key,
-                                        merge_op="Add", final_op="Id", communication_hint=hint,
-                                        timeout=TIMEOUT_S)
+                                        merge_op="Add", final_op="Id", communication_hint=hint)
 
 
 def all_gather(t, world: int, instance_key: int, hint: str):
@@ -86,7 +90,7 @@ def all_gather(t, world: int, instance_key: int, hint: str):
     from tensorflow.python.ops import collective_ops
 
     return collective_ops.all_gather_v2(t, group_size=world, group_key=GROUP_KEY, instance_key=instance_key,
-                                        communication_hint=hint, timeout=TIMEOUT_S)
+                                        communication_hint=hint)
 
 
 def _padded_length(n: int) -> int:
