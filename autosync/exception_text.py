@@ -9,6 +9,7 @@ screen. ``what_failed`` keeps the sentences that say what is wrong and drops the
 """
 from __future__ import annotations
 
+import os
 import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -77,8 +78,6 @@ def token_mismatch(text: str) -> str:
     a Ray cluster started without token authentication lets such a driver connect and then cancels
     every actor it starts ("The actor never ran - it was cancelled before it started running");
     "" for any other ``text`` or setting."""
-    import os
-
     if "actor never ran" not in text or os.environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
         return ""
     return ("; RAY_AUTH_MODE=token is set here, and a Ray cluster started without token authentication cancels "

@@ -112,20 +112,24 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _named(nodes: list, restart: dict) -> str:
+    """``nodes`` of a ``History.restarts`` entry, each with the address of the Ray node that stands in for it."""
+    stand = restart.get("stand_ins", {})
+    return ", ".join(f"{n} (on {stand[n]})" if n in stand else n for n in nodes)
+
+
 def _print_summary(result: dict) -> None:
     """The text ``train`` prints at the end (``_summary``'s figures)."""
     print(f"trained {result['steps']} steps (global step {result['global_step']}) in {result['wall_s']:.1f} s: "
           f"loss {result['loss_first']:.5g} -> {result['loss_last']:.5g} (mean of the first and last "
           f"{result['loss_window']} steps), median step {result['step_time_s']['median'] * 1e3:.1f} ms")
     for r in result["restarts"]:
-        stand = r.get("stand_ins", {})   # node -> the address of the Ray node that stands in for it
-        named = lambda nodes: ", ".join(f"{n} (on {stand[n]})" if n in stand else n for n in nodes)  # noqa: E731
         if "back" in r:
-            print(f"nodes back: {named(r['back'])}; from step {r['resumed_from']} on {r['workers']} workers "
+            print(f"nodes back: {_named(r['back'], r)}; from step {r['resumed_from']} on {r['workers']} workers "
                   f"({r['seconds']:.1f} s)")
             continue
         moved = (f"; went on without {', '.join(r['without'])} on {r['workers']} workers" if "without" in r
-                 else f"; {named(r['replaced'])} replaced" if "replaced" in r else "")
+                 else f"; {_named(r['replaced'], r)} replaced" if "replaced" in r else "")
         print(f"recovered: failed at step {r['failed_at']}, resumed from {r['resumed_from']} in {r['seconds']:.1f} s"
               f"{moved}: {r['error']}")
     saved = result["checkpoint"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autosync import signals
 from strategy_space import ClusterSpec
@@ -214,8 +214,6 @@ def stand_ins(cluster: ClusterSpec, alive: list, seen) -> "tuple[ClusterSpec, di
     workers ask for, in the order of their addresses, each at most once; and ``{node: its new
     address}``. None where a node that is gone has none, or is found by a resource label (its
     replacement carries the label: it is found as it is), or none is gone."""
-    import dataclasses
-
     have = {k for n in alive for k in n["Resources"]}
     gone = [spec for spec in cluster.nodes if (spec.resource or f"node:{spec.address}") not in have]
     if not gone or any(spec.resource or spec.address in LOOPBACK for spec in gone):
@@ -230,9 +228,8 @@ def stand_ins(cluster: ClusterSpec, alive: list, seen) -> "tuple[ClusterSpec, di
             return None
         joined.remove(fits[0])
         moved[spec.name] = fits[0]["NodeManagerAddress"]
-    nodes = tuple(dataclasses.replace(spec, address=moved[spec.name]) if spec.name in moved else spec
-                  for spec in cluster.nodes)
-    return dataclasses.replace(cluster, nodes=nodes), moved
+    nodes = tuple(replace(spec, address=moved[spec.name]) if spec.name in moved else spec for spec in cluster.nodes)
+    return replace(cluster, nodes=nodes), moved
 
 
 def slot_gpus(cluster: ClusterSpec, slot: str) -> int:
