@@ -230,7 +230,8 @@ def make_trainer(model, strategy, cluster="local", **settings):
             that builder makes for this model and cluster).
         cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
         settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``, ``restore``: a checkpoint
-            directory to continue from, see ``Trainer.save``).
+            directory to continue from, see ``Trainer.save``; ``keep_global_batch``: on fewer workers
+            than the checkpoint's, each draws the batches of the workers it stands for too).
 
     Raises:
         ConfigError: bad model, strategy or cluster (see ``Trainer`` for the rest).

@@ -79,7 +79,7 @@ def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsy
     result = {"steps": 12, "global_step": 20, "wall_s": 31.25, "loss_first": 0.5, "loss_last": 0.25, "loss_window": 3,
               "step_time_s": {"median": 0.0125},
               "restarts": [{"failed_at": 5, "resumed_from": 3, "seconds": 15.46, "error": "at step 5: worker n1:0 died",
-                            "without": ["n1"], "workers": 1},
+                            "without": ["n1"], "workers": 1, "parts": [[0, 1]]},
                            {"back": ["n1"], "resumed_from": 9, "workers": 2, "seconds": 14.75},
                            {"failed_at": 14, "resumed_from": 12, "seconds": 2.0, "error": "at step 14: boom"},
                            {"failed_at": 18, "resumed_from": 15, "seconds": 9.0, "workers": 2,
@@ -91,8 +91,8 @@ def test_the_text_summary_says_each_recovery_and_where_the_checkpoint_went(capsy
     assert lines == [
         "trained 12 steps (global step 20) in 31.2 s: loss 0.5 -> 0.25 (mean of the first and last 3 steps), "
         "median step 12.5 ms",
-        "recovered: failed at step 5, resumed from 3 in 15.5 s; went on without n1 on 1 workers: at step 5: worker "
-        "n1:0 died",
+        "recovered: failed at step 5, resumed from 3 in 15.5 s; went on without n1 on 1 workers (the global batch "
+        "kept: each draws its parts' batches): at step 5: worker n1:0 died",
         "nodes back: n1; from step 9 on 2 workers (14.8 s)",
         "recovered: failed at step 14, resumed from 12 in 2.0 s: at step 14: boom",
         "recovered: failed at step 18, resumed from 15 in 9.0 s; n1 (on 10.0.0.9) replaced: at step 18: worker n1:0 "
@@ -114,7 +114,7 @@ def test_a_training_that_fails_past_its_allowance_says_so_and_where_to_go_on_fro
         step, plan = 4, types.SimpleNamespace(replicas=("node0:0", "node0:1"))
 
         def __init__(self, *a, **k):
-            pass
+            settings.append(k)
 
         def __enter__(self):
             return self
@@ -125,13 +125,15 @@ def test_a_training_that_fails_past_its_allowance_says_so_and_where_to_go_on_fro
         def fit(self, *a, **k):
             raise RuntimeError("training failed 3 times, more than max_failures=2: at step 7: worker node0:1 died")
 
+    settings = []
     monkeypatch.setattr(train, "_prepare", lambda args: (types.SimpleNamespace(name="tiny"), None,
                                                          types.SimpleNamespace(name="local")))
     monkeypatch.setattr(train, "ray_output_to_log",
                         lambda command: contextlib.nullcontext(types.SimpleNamespace(path="log")))
     monkeypatch.setattr(trainer_module, "Trainer", Failing)
     assert cli.main(["train", "--model", "m", "--strategy", "ps", "--steps", "5", "--checkpoint-dir", "ck",
-                     "--max-failures", "2"]) == 1
+                     "--max-failures", "2", "--keep-global-batch"]) == 1
+    assert settings == [{"timeout_s": 600.0, "restore": None, "keep_global_batch": True}]
     err = capsys.readouterr().err
     assert ("autosync train: training failed 3 times, more than max_failures=2: at step 7: worker node0:1 died; the "
             "last checkpoint written is in ck: --restore ck continues from it") in err

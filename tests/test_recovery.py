@@ -34,13 +34,14 @@ class Binding(ClusterBinding):
 
 
 class FakeTrainer(recovery.Recovery):
-    def __init__(self, strategy, reports):
+    def __init__(self, strategy, reports, keep_global_batch=False):
         self.strategy, self.cluster, self.model_spec = strategy, CLUSTER, MODEL
+        self.keep_global_batch, self._parts = keep_global_batch, None
         self.pool = self._pool(CLUSTER, reports)
         self.session, self.step, self.timeout_s = types.SimpleNamespace(abort=lambda: None), 5, 60.0
         self._own_pool, self._new_pool, self.killed = True, False, 0
         self.plan = None
-        self._given = (strategy, CLUSTER)
+        self._given = (strategy, CLUSTER, None)
 
     def _pool(self, cluster, reports):
         return types.SimpleNamespace(binding=Binding(cluster, {}, {}, reports=reports), kill_all=self._kill)
@@ -53,6 +54,7 @@ class FakeTrainer(recovery.Recovery):
 
     def _start(self):
         self.session = "started"
+        self.started_parts = self._parts   # what the new session's workers draw
         self.plan = types.SimpleNamespace(replicas=self.strategy.resolved_replicas(self.cluster))
 
     def _restore(self, store, deadline):
@@ -172,6 +174,19 @@ def test_an_elastic_fit_takes_its_nodes_back_at_a_checkpoint_once_all_are_in_ray
     assert back["back"] == ["b"] and back["workers"] == 2 and back["resumed_from"] == 3 and "error" not in back
     trainer._take_back(None, history)   # on the cluster it was given: nothing to take back
     assert len(history.restarts) == 2 and len(no_ray.made) == 2
+
+
+def test_keeping_the_global_batch_the_workers_left_draw_the_lost_ones_parts_until_they_are_back(no_ray):
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [["b"]], keep_global_batch=True)
+    history = History()
+    trainer._guarded(fails("worker b:0 died (its node left the Ray cluster)"), None, [], 2, history, 0, elastic=True)
+    assert trainer.cluster.node_names == ("a", "p") and trainer.started_parts == [(0, 1)]
+    assert history.restarts[0]["parts"] == [[0, 1]] and history.restarts[0]["workers"] == 1
+    trainer.session = types.SimpleNamespace(close=lambda clean: None)
+    no_ray.present.add("b")
+    trainer._take_back(None, history)
+    assert trainer.cluster is CLUSTER and trainer.started_parts is None and "parts" not in history.restarts[-1]
 
 
 def test_without_elastic_a_node_death_ends_the_fit_once_ray_reports_it_not_after_a_restart(no_ray, monkeypatch):

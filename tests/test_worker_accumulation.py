@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from autosync.runtime.worker import TrainingWorker
 
@@ -24,6 +25,7 @@ class _Tensor:
 def _worker(accumulate: int, xs: list):
     w = TrainingWorker.__new__(TrainingWorker)   # no TensorFlow: only what a step's drawing reads
     w.accumulate, w.drawn = accumulate, 0
+    w._data, w._parts = (0, 1), ((0,), 1)   # one worker, its own data part
     w.batches = iter([(x, None) for x in xs])
     w.row_reads = SimpleNamespace(rows=lambda x: {0: np.unique(x)})
     w.variables = [SimpleNamespace(path="table", shape=(10, 2))]   # the table the ids read
@@ -58,3 +60,19 @@ def test_one_batch_per_step_is_handed_over_as_computed():
     _, (sparse, dense, _) = w._gradients_of(batches)
     np.testing.assert_array_equal(sparse[0], [5, 3, 5])
     np.testing.assert_array_equal(dense, np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_worker_holding_two_of_three_parts_on_two_workers_hands_over_its_share_of_their_sum(accumulate):
+    """Parts 0 and 2 of 3 on worker 0 of 2 (``data_parts``): the synchronizers' mean over the two
+    workers must come out as the mean over the three parts, so the worker hands over the sum of its
+    parts' gradients (each part's the mean of its ``accumulate`` batches) times 2/3."""
+    xs = [np.array([k]) for k in range(2 * accumulate)]
+    w = _worker(accumulate, xs)
+    w._data, w._parts = (0, 2), ((0, 2), 3)
+    batches, _ = w._draw()
+    assert len(batches) == 2 * accumulate and w.drawn == 2 * accumulate
+    _, (sparse, dense, _) = w._gradients_of(batches)
+    parts = np.arange(1, 2 * accumulate + 1, dtype=np.float32).reshape(2, accumulate).mean(axis=1)
+    np.testing.assert_allclose(dense, np.full(3, parts.sum() * 2 / 3), rtol=1e-6)
+    np.testing.assert_allclose(sparse[1][:, 0], np.arange(1, 2 * accumulate + 1) / (1.5 * accumulate), rtol=1e-6)

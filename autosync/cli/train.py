@@ -84,7 +84,8 @@ def cmd_train(args) -> int:
     model_def, strategy, cluster = _prepare(args)
     began, failed = time.perf_counter(), None
     with ray_output_to_log("train") as log, Trainer(model_def, strategy, cluster, timeout_s=args.timeout,
-                                                    restore=args.restore) as trainer:
+                                                    restore=args.restore,
+                                                    keep_global_batch=args.keep_global_batch) as trainer:
         first = trainer.step
         every = args.log_every or -(-args.steps // PROGRESS_LINES)
         out = terminal()
@@ -128,7 +129,8 @@ def _print_summary(result: dict) -> None:
             print(f"nodes back: {_named(r['back'], r)}; from step {r['resumed_from']} on {r['workers']} workers "
                   f"({r['seconds']:.1f} s)")
             continue
-        moved = (f"; went on without {', '.join(r['without'])} on {r['workers']} workers" if "without" in r
+        kept = " (the global batch kept: each draws its parts' batches)" if r.get("parts") else ""
+        moved = (f"; went on without {', '.join(r['without'])} on {r['workers']} workers{kept}" if "without" in r
                  else f"; {_named(r['replaced'], r)} replaced" if "replaced" in r else "")
         print(f"recovered: failed at step {r['failed_at']}, resumed from {r['resumed_from']} in {r['seconds']:.1f} s"
               f"{moved}: {r['error']}")
@@ -178,6 +180,11 @@ def register(sub) -> None:
                    help="when a node leaves the Ray cluster, go on without it (its PS shards moved to the nodes "
                         "left, fewer workers) or on its replacement, counted in --max-failures; take it back at a "
                         "checkpoint once it is back")
+    p.add_argument("--keep-global-batch", action="store_true",
+                   help="on fewer workers than before (--restore of a checkpoint of more, --elastic without a node), "
+                        "each worker also draws the batches of the workers it stands for, so that training goes on "
+                        "as the uninterrupted run would (steps then compute more); default: the global batch "
+                        "shrinks with the workers")
     p.add_argument("--save", metavar="DIR", help="write a checkpoint here at the end (its model.weights.h5 loads "
                                                  "with keras.Model.load_weights)")
     p.add_argument("--log-every", type=int, metavar="N",

@@ -241,15 +241,23 @@ class Session:
     Args:
         pool: warm workers holding the model (see ``WorkerPool.ensure``).
         plan: what to run.
+        parts: per worker (replica order), the data parts it draws each step's batches from
+            (``data_parts``: the global batch of more workers kept); None: one part each, its own.
     """
 
-    def __init__(self, pool: WorkerPool, plan: SyncPlan):
+    def __init__(self, pool: WorkerPool, plan: SyncPlan, parts: list | None = None):
         self.pool = pool
         self.plan = plan
+        self.parts = parts
         self.ps_actors: list = []
         self.helpers: list = []   # e.g. the object-store backend's mailbox
         self.workers: list = []
         self.failed = False   # a call of the session failed: its PS actors are never reused
+
+    @property
+    def num_parts(self) -> int:
+        """How many parts the data is cut into: one per worker, or as many as ``parts`` holds."""
+        return len(self.workers) if self.parts is None else sum(len(p) for p in self.parts)
 
     def start(self, deadline: float | None = None) -> dict:
         """Create the PS actors with the initial values and point every worker at them. Returns the
@@ -258,6 +266,10 @@ class Session:
         from autosync.runtime.optimizers import check_optimizer_config, numpy_rules, sparse_form, squares_slices
 
         plan = self.plan
+        if self.parts is not None and split_groups(list(plan.ar_groups), list(plan.layout))[0]:
+            raise ConfigError("the global batch of more workers is kept only where every gradient leaves the "
+                              "worker's step (its batches' gradients summed there): this strategy reduces "
+                              "all-reduce groups inside the training step (backend graph, or auto on GPUs)")
         # graph first: forming its cluster may restart the workers, which ends their gloo world
         setups = {b: self.pool.collective_group(b, plan.replicas)
                   for b in sorted(plan.backends, key=lambda b: b != "graph") if b not in ("objectstore", "hierarchical")}
@@ -315,7 +327,8 @@ class Session:
                 out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"], seed=self.pool.model_def.seed))
             return out
 
-        resets = [w.reset.remote(i, n, channels(i), list(plan.layout), self.pool.description_ref)
+        parts = [None] * n if self.parts is None else [(p, self.num_parts) for p in self.parts]
+        resets = [w.reset.remote(i, n, channels(i), list(plan.layout), self.pool.description_ref, parts[i])
                   for i, w in enumerate(self.workers)]
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))

@@ -11,6 +11,7 @@ import dataclasses
 import time
 
 from autosync.exception_text import NODE_DIED
+from autosync.runtime import data_parts
 from autosync.runtime.binding import ClusterBinding
 from autosync.runtime.engine import TrialFailed, WorkerPool
 from strategy_space import validate
@@ -28,7 +29,7 @@ NODE_DEATH_S = 30.0
 
 class Recovery:
     """``Trainer``'s recovery from failures (a mixin: it uses the trainer's session, pool, plan,
-    strategy, cluster, ``_start`` and ``_restore``)."""
+    strategy, cluster, data parts, ``_start`` and ``_restore``)."""
 
     def _guarded(self, work, store, failures: list, max_failures: int, history, first: int,
                  elastic: bool = False) -> None:
@@ -52,6 +53,8 @@ class Recovery:
                                        strategy=self.strategy.fingerprint)
                         if moved[2]:
                             restart["stand_ins"] = moved[2]   # {node: the address of the Ray node standing in}
+                        if self._parts:   # the global batch kept: the data parts each worker draws
+                            restart["parts"] = [list(p) for p in self._parts]
                     history.restarts.append(restart)
                     return
                 return work()
@@ -118,6 +121,9 @@ class Recovery:
             strategy, cluster = without_nodes(self.strategy, self.cluster, self.model_spec, lost)
             validate(strategy, self.model_spec, cluster)
             binding, how, standing = ClusterBinding.bind(cluster), "without", {}
+            if self.keep_global_batch:   # the workers left draw the lost ones' batches too
+                self._parts = data_parts.assign(list(self.strategy.resolved_replicas(self.cluster)), self._parts,
+                                                list(strategy.resolved_replicas(cluster)))
         self._move_to(binding, strategy, cluster)
         return how, lost, standing
 
@@ -143,7 +149,7 @@ class Recovery:
         cluster it was given is in the Ray cluster again (back, or replaced), go on on all of them
         under the strategy it was given, from the checkpoint just written (as Horovod's elastic
         mode takes in hosts its discovery finds)."""
-        strategy, cluster = self._given
+        strategy, cluster, parts = self._given
         if self.cluster.node_names == cluster.node_names or self.session is None:
             return
         try:
@@ -154,6 +160,7 @@ class Recovery:
         session, self.session = self.session, None
         session.close(clean=True)
         self._move_to(binding, strategy, cluster)
+        self._parts = parts
         self._start()
         manifest = self._restore(store, time.monotonic() + self.timeout_s)
         history.restarts.append({"back": back, "resumed_from": manifest.step, "workers": len(self.plan.replicas),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autosync.runtime import reshard, weights_file
+from autosync.runtime import data_parts, reshard, weights_file
 from autosync.runtime.engine import Session, wait_all
 from strategy_space.errors import ConfigError
 
@@ -185,7 +185,7 @@ def snapshot(session: Session, deadline: float | None) -> Snapshot:
     canonical = {f"ps/{n}/{k}": c for n, s in zip(names, ps_states) for k, c in s["canonical"].items()}
     canonical.update((f"channel{c}/{k}", x) for c, names_c in enumerate(states[0]["canonical"])
                      for k, x in names_c.items())
-    return Snapshot(session, deadline, positions=tuple(s["position"] for s in states), canonical=canonical,
+    return Snapshot(session, deadline, positions=data_parts.part_positions(states), canonical=canonical,
                     ps_versions={n: {"version": s["version"], "chunk_version": s["chunk_version"]}
                                  for n, s in zip(names, ps_states)},
                     weight_specs=states[0]["weights"], trainable=states[0]["trainable"], layout=states[0]["layout"],
@@ -299,10 +299,18 @@ def load(session: Session, state: SessionState, values: list, step: int, deadlin
     # onto another number of workers (``Manifest.mismatches``: every worker drew as many batches),
     # each goes on past the batches all of them drew (``resized_position``); the compressors' memory,
     # each old worker's own, starts afresh, as do the random streams of workers the checkpoint lacks
-    same = len(state.positions) == len(session.workers)
-    own = same and not canonical   # each worker's compressor memory, kept for the same workers and strategy
+    # with data parts (``data_parts``), a part's position is its worker's; a worker's parts drew as many
+    same = len(state.positions) == session.num_parts
+    own = same and not canonical and session.parts is None   # each worker's compressor memory: the same workers
+    parts = session.parts or [(i,) for i in range(len(session.workers))]
+    if session.parts is not None and not same:
+        return [f"the checkpoint holds the data positions of {len(state.positions)} workers, and the workers "
+                f"here keep the global batch of {session.num_parts}"]
+    if same and any(len({state.positions[p] for p in own_parts}) > 1 for own_parts in parts):
+        return [f"the data parts one worker draws from stand at different positions in the checkpoint "
+                f"({list(state.positions)[:8]}): a worker holds several only from a synchronous strategy's"]
     position = None if same else resized_position(state.positions[0], len(state.positions), len(session.workers))
-    refs = [w.restore_checkpoint.remote(state.positions[i] if same else position, step, channels,
+    refs = [w.restore_checkpoint.remote(state.positions[parts[i][0]] if same else position, step, channels,
                                         _seeds(state.arrays, i),
                                         scaling, canonical,
                                         _prefixed(state.arrays, f"compressors/{i}/") if own else None)

@@ -25,7 +25,7 @@ import numpy as np
 
 from autosync.model_def import ModelDef
 from autosync.runtime.checkpoint import CheckpointInfo, CheckpointStore, Manifest
-from autosync.runtime import reshard, session_state, timeline as record
+from autosync.runtime import data_parts, reshard, session_state, timeline as record
 from autosync.runtime.engine import Session, TrialFailed, WorkerPool, wait_all
 from autosync.runtime.fit_history import History, step_callbacks
 from autosync.runtime.optimizers import check_model_optimizer
@@ -85,6 +85,13 @@ class Trainer(Recovery):
             re-cut for this one (``reshard``), onto another number of workers each goes on in its
             own part of the data past the batches the saved workers drew together
             (``session_state.resized_position``; a synchronous strategy's checkpoint).
+        keep_global_batch: where this trainer goes on with fewer workers than its checkpoint's (a
+            ``restore`` onto fewer, an ``elastic`` fit without a lost node), each worker draws the
+            batches of the workers it stands for as well (``data_parts``), so that a step applies
+            the gradient of the same global batch, drawn as the uninterrupted run would have (a
+            synchronous strategy then trains to its weights), each step computing the most batches
+            a worker holds; else the global batch shrinks with the workers. Not with all-reduce
+            groups reduced inside the training step (backend ``graph``, or ``auto`` on GPUs).
 
     Raises:
         TypeError: a model, strategy or cluster that is not one of the objects above.
@@ -96,25 +103,32 @@ class Trainer(Recovery):
     """
 
     def __init__(self, model: ModelDef, strategy: Strategy, cluster: ClusterSpec, *, timeout_s: float = 600.0,
-                 pool: WorkerPool | None = None, restore: str | os.PathLike | None = None):
+                 pool: WorkerPool | None = None, restore: str | os.PathLike | None = None,
+                 keep_global_batch: bool = False):
         self.model_def = require_resolved(model, (ModelDef,), "the model")
         self.strategy = require_resolved(strategy, (Strategy,), "the strategy")
         self.cluster = require_resolved(cluster, (ClusterSpec,), "the cluster")
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
             raise ConfigError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        if not isinstance(keep_global_batch, bool):
+            raise ConfigError(f"keep_global_batch must be True or False, got {keep_global_batch!r}")
         check_model_optimizer(self.model_def)   # before Ray starts, as the commands do
         self.timeout_s = float(timeout_s)
         self._keras_model = None
+        self.keep_global_batch, self._parts = keep_global_batch, None   # per worker, its data parts (or None)
         restoring = None
         if restore is not None:   # a missing, damaged or foreign checkpoint fails before Ray starts
             restoring = CheckpointStore(restore)
             manifest, _ = restoring.read()
+            self._parts = data_parts.restored(len(manifest.data_positions),
+                                         len(self.strategy.resolved_replicas(self.cluster)), keep_global_batch)
             problems = manifest.mismatches(self._manifest(variables=manifest.variables))
             if problems:
                 raise ConfigError(problems, source=f"restore {restore}")
         self._own_pool = pool is None
         self._new_pool = False   # an elastic fit made its own pool (``Recovery._go_on_without``)
-        self._given = (self.strategy, self.cluster)   # what an elastic fit goes back to when its nodes are back
+        # what an elastic fit goes back to when its nodes are back
+        self._given = (self.strategy, self.cluster, self._parts)
         self.pool = WorkerPool.shared_or_new(self.cluster, pool)
         self.binding = self.pool.binding
         self.session: Session | None = None
@@ -149,7 +163,7 @@ class Trainer(Recovery):
                                                desc["optimizer"], slots=True)   # what the memory check counts
         validate(self.strategy, self.model_spec, self.cluster)
         self.plan = SyncPlan.build(self.strategy, self.model_spec, self.cluster, desc["optimizer"], desc["variables"])
-        self.session = Session(self.pool, self.plan)
+        self.session = Session(self.pool, self.plan, self._parts)
         with _fails(self.session):
             self.session.start(deadline)
         self.step = 0
@@ -181,7 +195,8 @@ class Trainer(Recovery):
                 node's workers are dropped and its parameter-server shards move to the nodes left
                 (``strategy_space.shrink.without_nodes``), and training goes on from the last
                 checkpoint on fewer workers, past the batches drawn before, the global batch smaller
-                (the learning rate is not rescaled), as Horovod's elastic mode. ``trainer.strategy``
+                (the learning rate is not rescaled), as Horovod's elastic mode, or kept
+                (``keep_global_batch``: the workers left draw the lost ones' batches too). ``trainer.strategy``
                 and ``trainer.cluster`` are then the re-placed ones. A Ray node with the lost node's
                 label (or address) that has joined by then is taken instead, the strategy as it was;
                 and at each ``checkpoint_every`` checkpoint after, once every node of the cluster it
@@ -323,7 +338,7 @@ class Trainer(Recovery):
             optimizer = self.pool.description["optimizer"]["class"]
         else:
             optimizer = keras_optimizer_config(self.model_def.optimizer_fn())["class"]
-        n = len(self.strategy.resolved_replicas(self.cluster))
+        n = sum(map(len, self._parts)) if self._parts else len(self.strategy.resolved_replicas(self.cluster))
         return Manifest(step=step, data_positions=tuple(positions) if positions is not None else (0,) * n,
                         model=self.model_def.name, variables=variables, optimizer=optimizer,
                         strategy=self.strategy.to_dict(), strategy_fingerprint=self.strategy.fingerprint,

@@ -21,37 +21,12 @@ from autosync.runtime.digest import weights_digest
 from autosync.runtime.fast_call import FlatFunction, JoinedAssign, RowAssign
 from autosync.runtime.loss_scale import LossScale, per_worker, scaled_gradients, unwrapped, wrapped_for_policy
 from autosync.runtime.optimizer_config import keras_optimizer_config
-from autosync.runtime import prefetch, random_seeds, timeline
+from autosync.runtime import data_parts, prefetch, random_seeds, timeline
+from autosync.runtime.host_gradients import add, divide, to_numpy
 from autosync.runtime.pulled import join_pulled
 from autosync.runtime.rows import check_pulled_rows, check_row_ids, find_row_reads
 from autosync.runtime.sync.base import across_collective, hand_over
 from autosync.runtime.worker_checkpoint import WorkerCheckpoint
-
-
-def _add(a, b):
-    """Two gradients of one variable added up: dense arrays summed, sparse slices concatenated."""
-    if a is None or b is None:
-        return b if a is None else a
-    if isinstance(a, tuple):
-        return np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])
-    return a + b
-
-
-def _divide(g, n: int):
-    if g is None:
-        return None
-    if isinstance(g, tuple):
-        return g[0], g[1] / g[1].dtype.type(n)
-    return g / g.dtype.type(n)
-
-
-def _to_numpy(grad):
-    """A gradient as numpy: ndarray, ``(indices, values)`` for IndexedSlices, or None."""
-    if grad is None:
-        return None
-    if hasattr(grad, "indices") and hasattr(grad, "values"):
-        return grad.indices.numpy(), grad.values.numpy()
-    return np.asarray(grad.numpy())   # (a scalar variable's gradient: a 0-d array, not a numpy scalar)
 
 
 LOAD_MIN_S = 5.0   # a load left less of the trial's limit than this runs unbounded (``load_within``)
@@ -243,13 +218,15 @@ class TrainingWorker(WorkerCheckpoint):
                          rows, initial)
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
-              description: dict | None = None) -> None:
+              description: dict | None = None, parts: tuple | None = None) -> None:
         """Start from the initial weights with a fresh data iterator and the given channels;
         ``layout[v]`` is variable v's (number of shards, partition axis).
 
         Args:
             description: what ``load`` returned with ``send_initial`` (its ``initial`` values, read
                 from the object store without a copy); None only before the model trained.
+            parts: ``(its data parts, how many there are)``: each step draws the batches of each
+                (``data_parts``); None: its own, ``dataset_fn(worker_index, num_workers)``.
 
         Raises:
             ValueError: no ``description`` although the model has trained since ``load``.
@@ -264,8 +241,9 @@ class TrainingWorker(WorkerCheckpoint):
             weight.assign(value)
         random_seeds.assign([v for v, _ in self._seeds],
                             [random_seeds.worker_state(initial, worker_index) for _, initial in self._seeds])
-        self.batches = prefetch.restart(getattr(self, "batches", None), self._batches(worker_index, num_workers))
         self._data = (worker_index, num_workers)
+        self._parts = (tuple(parts[0]), int(parts[1])) if parts else ((worker_index,), num_workers)
+        self.batches = prefetch.restart(getattr(self, "batches", None), self._stream())
         self.drawn = 0   # batches drawn from ``batches`` (the data position a checkpoint keeps)
         for old in getattr(self, "channels", ()):   # a test may build a worker without __init__
             old.close()
@@ -372,6 +350,13 @@ class TrainingWorker(WorkerCheckpoint):
         seed = random_seeds.worker_seed(self.model_def.seed, worker_index)
         return random_seeds.seeded(seed, self.model_def.batches(worker_index, num_workers))
 
+    def _stream(self):
+        """This worker's batches from the start: its own part's, or each of its parts' in turn."""
+        parts, n = self._parts
+        if (parts, n) == ((self._data[0],), self._data[1]):
+            return self._batches(*self._data)
+        return data_parts.interleaved([self._batches(p, n) for p in parts], self.accumulate)
+
     def _next_batch(self):
         self.drawn += 1
         self._drawing = True   # the user's code runs (``run_within``)
@@ -383,7 +368,7 @@ class TrainingWorker(WorkerCheckpoint):
     def _draw(self) -> tuple[list, dict]:
         """The next step's batches (``accumulate`` of them: the optimizer's
         ``gradient_accumulation_steps``) and the rows of the row-pulled variables they read."""
-        batches = [self._next_batch() for _ in range(self.accumulate)]
+        batches = [self._next_batch() for _ in range(self.accumulate * len(self._parts[0]))]
         reads = [self.row_reads.rows(x) for x, _ in batches]
         for k, r in enumerate(reads):
             check_row_ids(self.variables, r, self.drawn - len(reads) + k + 1)
@@ -391,15 +376,17 @@ class TrainingWorker(WorkerCheckpoint):
 
     def _gradients_of(self, batches: list) -> tuple[float, list]:
         """The mean loss and gradient of a step's batches, as Keras accumulates them: summed in
-        order and divided by their number (a sparse gradient's slices concatenated)."""
+        order and divided by their number (a sparse gradient's slices concatenated); a worker
+        holding several data parts hands over their sum over its share of the parts instead."""
         losses, total = [], None
         for x, y in batches:
             loss, grads = self._compute(x, y)
             losses.append(float(loss))
-            grads = [_to_numpy(g) for g in grads]
-            total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
-        if len(batches) > 1:
-            total = [_divide(g, len(batches)) for g in total]
+            grads = [to_numpy(g) for g in grads]
+            total = grads if total is None else [add(a, b) for a, b in zip(total, grads)]
+        share = len(self._parts[0]) * self._data[1] / self._parts[1]   # 1 with a part of its own
+        if len(batches) != share:
+            total = [divide(g, len(batches) / share) for g in total]
         return float(np.mean(losses)), total
 
     def get_weights(self) -> list:

@@ -18,14 +18,16 @@ class WorkerCheckpoint:
 
     def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
-        (batches drawn), ``seeds`` (its random layers' generator states, ``random_seeds``: a
+        (batches drawn from each of its data parts), ``parts`` (``[its parts, how many]``), ``seeds`` (its random layers' generator states, ``random_seeds``: a
         few bytes each), ``loss_scale`` (dynamic loss scaling's state, or None), and with
         ``with_sizes`` each model weight's shape and dtype (``weights``, ``get_weights`` order),
         the index there of each trainable variable (``trainable``), per channel the bytes of
         each array of its state (``channels``: None for a channel that keeps none) and what each
         holds (``canonical``, ``reshard``), and the weights file's layout (``layout``, see
         ``weights_file``); ``checkpoint_part`` then reads them a batch at a time."""
-        out = {"step": self.step, "position": self.drawn, "seeds": [np.array(v.numpy()) for v, _ in self._seeds],
+        parts = self._parts   # each of its data parts drew as many batches (``data_parts``)
+        out = {"step": self.step, "position": self.drawn // len(parts[0]), "parts": [list(parts[0]), parts[1]],
+               "seeds": [np.array(v.numpy()) for v, _ in self._seeds],
                "loss_scale": self._loss_scale.state() if getattr(self, "_loss_scale", None) else None}
         if with_sizes:
             where = {id(w): i for i, w in enumerate(self.model.weights)}
@@ -79,7 +81,7 @@ class WorkerCheckpoint:
                            loss_scale: list | None = None, canonical: bool = False,
                            compressors: dict | None = None) -> list[str]:
         """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
-        the data iterator advanced to ``position`` batches, the step counter, each channel's
+        the data iterator advanced to ``position`` batches (of each of its data parts), the step counter, each channel's
         state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
         a checkpoint that holds none, written before they were kept, and the streams start
         afresh) and dynamic loss scaling's state (``loss_scale.LossScale.state``; None: it starts
@@ -109,9 +111,9 @@ class WorkerCheckpoint:
                 prefix = f"channel{c}/"
                 problems += channel.load_compressors({k[len(prefix):]: a for k, a in (compressors or {}).items()
                                                       if k.startswith(prefix)})
-        self.batches = prefetch.restart(self.batches, self._batches(*self._data))
+        self.batches = prefetch.restart(self.batches, self._stream())
         self.drawn = 0
-        for _ in range(int(position)):   # iterators cannot seek: draw and drop
+        for _ in range(int(position) * len(self._parts[0])):   # iterators cannot seek: draw and drop
             self._next_batch()
         if loss_scale is not None and getattr(self, "_loss_scale", None) is not None:
             self._loss_scale.load(loss_scale)
