@@ -1,7 +1,7 @@
 """On a real multi-node Ray cluster (ray.cluster_utils.Cluster), PS shard actors and workers run
 on the nodes the strategy names, missing nodes or CPUs fail early with a clear ConfigError, a
-node that leaves fails the trials that need it at once, and an elastic ``fit`` goes on without it
-and takes its replacement back.
+node that leaves fails the trials that need it at once, and an elastic ``fit`` goes on without it,
+keeping the global batch, and takes its replacement back: the weights of the uninterrupted run.
 
 The cluster runs in a subprocess: this test session already has its own Ray, and a process may
 hold only one.
@@ -69,7 +69,7 @@ def leave_and_come_back(step, logs):
         cluster.add_node(num_cpus=1, resources={"host1": 1})
         cluster.wait_for_nodes()
         changes.append(("added", step))
-with Trainer(md, strategy, spec, timeout_s=180, pool=runner.pool) as trainer:
+with Trainer(md, strategy, spec, timeout_s=180, pool=runner.pool, keep_global_batch=True) as trainer:
     history = trainer.fit(11, callbacks=[leave_and_come_back], steps_per_call=1, checkpoint_every=3,
                           checkpoint_dir=tempfile.mkdtemp(), max_failures=1, elastic=True)
     out["restarts"] = history.restarts
@@ -78,8 +78,8 @@ with Trainer(md, strategy, spec, timeout_s=180, pool=runner.pool) as trainer:
     weights = trainer.get_weights()
 def diff(expected):
     return max(float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12)) for a, b in zip(weights, expected))
-out["elastic_diff"] = diff(rm.reference_weights(md, 2, 3, then=((1, 6), (2, 2))))
-out["two_workers_diff"] = diff(rm.reference_weights(md, 2, 11))   # what an uninterrupted run would hold
+out["elastic_diff"] = diff(rm.reference_weights(md, 2, 11))   # what an uninterrupted run would hold
+out["shrunk_diff"] = diff(rm.reference_weights(md, 2, 3, then=((1, 6), (2, 2))))   # the global batch not kept
 import time
 t0 = time.monotonic()
 while not runner.lost_nodes() and time.monotonic() - t0 < 120:
@@ -110,17 +110,18 @@ def test_ps_shards_and_workers_are_placed_on_their_nodes_and_an_elastic_fit_goes
     assert out["calls"] == 4  # one push + one pull to each of the two PS actors
     # a node that leaves: Ray reports it dead, the runner says which, and a trial needing it fails
     # at once with that reason instead of waiting out the trial limit (180 s here)
-    # elastic: the node's loss is one failure, recovered from on the node left (its data position,
-    # the optimizer state re-cut for the shards moved there); its replacement is taken back at the
-    # next checkpoint after it joined: one process on 2 workers' batches for 3 steps, on 1 worker's
-    # for 6, on 2 workers' for 2
+    # elastic: the node's loss is one failure, recovered from on the node left (the optimizer state
+    # re-cut for the shards moved there), which draws both workers' batches (the global batch kept);
+    # its replacement is taken back at the next checkpoint after it joined: the weights are those of
+    # the uninterrupted run, one process on 2 workers' batches for 11 steps
     restart, back = out["restarts"]
     assert restart["failed_at"] == 5 and restart["resumed_from"] == 3, restart
     assert restart["without"] == ["n1"] and restart["workers"] == 1 and restart["seconds"] > 0, restart
+    assert restart["parts"] == [[0, 1]] and "parts" not in back, restart
     assert "died (its node left the Ray cluster" in restart["error"], restart
     assert back["back"] == ["n1"] and back["resumed_from"] == 9 and back["workers"] == 2, back
     assert out["after"] == [["n0", "n1"], True, 11] and out["losses"] == 11
-    assert out["elastic_diff"] < 1e-5 < out["two_workers_diff"], out
+    assert out["elastic_diff"] < 1e-5 < out["shrunk_diff"], out
     assert out["lost_before"] == [] and out["lost"] == ["n1"]
     status, error, seconds = out["after_loss"]
     assert status == "failed" and error.startswith("not run: node(s) n1 left the Ray cluster"), error
