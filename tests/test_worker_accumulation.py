@@ -72,7 +72,8 @@ def test_a_worker_holding_two_of_three_parts_on_two_workers_hands_over_its_share
     w._data, w._parts = (0, 2), ((0, 2), 3)
     batches, _ = w._draw()
     assert len(batches) == 2 * accumulate and w.drawn == 2 * accumulate
-    _, (sparse, dense, _) = w._gradients_of(batches)
+    loss, (sparse, dense, _) = w._gradients_of(batches)
+    assert loss == pytest.approx(np.mean(np.arange(2 * accumulate)) * 4 / 3)   # batch k's loss is k
     parts = np.arange(1, 2 * accumulate + 1, dtype=np.float32).reshape(2, accumulate).mean(axis=1)
     np.testing.assert_allclose(dense, np.full(3, parts.sum() * 2 / 3), rtol=1e-6)
     np.testing.assert_allclose(sparse[1][:, 0], np.arange(1, 2 * accumulate + 1) / (1.5 * accumulate), rtol=1e-6)

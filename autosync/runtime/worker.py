@@ -387,7 +387,8 @@ class TrainingWorker(WorkerCheckpoint):
         share = len(self._parts[0]) * self._data[1] / self._parts[1]   # 1 with a part of its own
         if len(batches) != share:
             total = [divide(g, len(batches) / share) for g in total]
-        return float(np.mean(losses)), total
+        # (the loss likewise: the workers' mean is then the parts')
+        return float(np.mean(losses)) * share, total
 
     def get_weights(self) -> list:
         """All model weights (``model.get_weights()`` order), row-pulled tables pulled whole."""
