@@ -234,8 +234,11 @@ class EmulatedWorker:
         }
 
     def reset(self, worker_index: int, num_workers: int, channels: list, layout: list,
-              description: dict | None = None) -> None:
-        """See ``TrainingWorker.reset`` (``description`` is not needed: the initial values are zeros)."""
+              description: dict | None = None, parts: tuple | None = None) -> None:
+        """See ``TrainingWorker.reset`` (``description`` is not needed: the initial values are zeros;
+        ``parts`` must be None: synthetic gradients are drawn per worker, not from data parts)."""
+        if parts is not None:
+            raise ValueError("an emulated worker draws no data: it cannot keep the global batch of more workers")
         if worker_index != self.worker_index:
             self.base = base_gradients(self.model_def.spec, self.model_def.seed, worker_index)
             self.worker_index = worker_index

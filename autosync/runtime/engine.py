@@ -259,6 +259,15 @@ class Session:
         """How many parts the data is cut into: one per worker, or as many as ``parts`` holds."""
         return len(self.workers) if self.parts is None else sum(len(p) for p in self.parts)
 
+    def check_parts(self) -> None:
+        """Raises ConfigError where this plan's workers cannot draw the batches of several data parts
+        (``data_parts``): all-reduce groups reduced inside the training step."""
+        if split_groups(list(self.plan.ar_groups), list(self.plan.layout))[0]:
+            raise ConfigError("the global batch of more workers is kept only where every gradient leaves the "
+                              "worker's step (its batches' gradients summed there): this strategy reduces "
+                              "all-reduce groups inside the training step (backend graph, or auto on GPUs); "
+                              "use another backend (gloo, objectstore), or keep_global_batch=False")
+
     def start(self, deadline: float | None = None) -> dict:
         """Create the PS actors with the initial values and point every worker at them. Returns the
         placement facts: ``{"ps": [{name, node_id, pid}], "workers": [{node_id, pid, ...}]}``."""
@@ -266,10 +275,8 @@ class Session:
         from autosync.runtime.optimizers import check_optimizer_config, numpy_rules, sparse_form, squares_slices
 
         plan = self.plan
-        if self.parts is not None and split_groups(list(plan.ar_groups), list(plan.layout))[0]:
-            raise ConfigError("the global batch of more workers is kept only where every gradient leaves the "
-                              "worker's step (its batches' gradients summed there): this strategy reduces "
-                              "all-reduce groups inside the training step (backend graph, or auto on GPUs)")
+        if self.parts is not None:
+            self.check_parts()
         # graph first: forming its cluster may restart the workers, which ends their gloo world
         setups = {b: self.pool.collective_group(b, plan.replicas)
                   for b in sorted(plan.backends, key=lambda b: b != "graph") if b not in ("objectstore", "hierarchical")}
@@ -327,8 +334,9 @@ class Session:
                 out.append(GraphAllReduceChannel(i, n, in_graph, setups["graph"], seed=self.pool.model_def.seed))
             return out
 
-        parts = [None] * n if self.parts is None else [(p, self.num_parts) for p in self.parts]
-        resets = [w.reset.remote(i, n, channels(i), list(plan.layout), self.pool.description_ref, parts[i])
+        # (as a keyword, only where set: an emulated worker takes none)
+        parts = [{}] * n if self.parts is None else [{"parts": (p, self.num_parts)} for p in self.parts]
+        resets = [w.reset.remote(i, n, channels(i), list(plan.layout), self.pool.description_ref, **parts[i])
                   for i, w in enumerate(self.workers)]
         wait_all(resets, deadline, "worker", list(self.plan.replicas))
         infos = wait_all([w.info.remote() for w in self.workers], deadline, "worker", list(self.plan.replicas))

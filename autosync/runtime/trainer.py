@@ -135,6 +135,8 @@ class Trainer(Recovery):
         self.stop_training = False
         try:
             self._start()
+            if keep_global_batch:   # (an elastic fit would find out only when a node is lost)
+                self.session.check_parts()
             if restoring is not None:
                 self._restore(restoring, time.monotonic() + self.timeout_s)
         except Exception:
