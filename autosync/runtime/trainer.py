@@ -121,7 +121,7 @@ class Trainer(Recovery):
             restoring = CheckpointStore(restore)
             manifest, _ = restoring.read()
             self._parts = data_parts.restored(len(manifest.data_positions),
-                                         len(self.strategy.resolved_replicas(self.cluster)), keep_global_batch)
+                                              len(self.strategy.resolved_replicas(self.cluster)), keep_global_batch)
             problems = manifest.mismatches(self._manifest(variables=manifest.variables))
             if problems:
                 raise ConfigError(problems, source=f"restore {restore}")
