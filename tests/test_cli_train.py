@@ -31,7 +31,8 @@ def test_train_checkpoints_and_saves(tmp_path):
     worker counts are tested in ``tests/test_runtime_reshard.py``; one run here, for CI's time.)"""
     (tmp_path / "best_strategy.yaml").write_text(STRATEGY)   # a strategy file, as tune writes one
     proc = _train(tmp_path, "--strategy", "best_strategy.yaml", "--steps", "6", "--checkpoint-dir", "ck",
-                  "--checkpoint-every", "3", "--max-failures", "1", "--save", "final", "--log-every", "2", "--json")
+                  "--checkpoint-every", "3", "--max-failures", "1", "--keep-global-batch", "--save", "final",
+                  "--log-every", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert (out["steps"], out["first_step"], out["global_step"], out["workers"]) == (6, 0, 6, 2)

@@ -18,8 +18,9 @@ class WorkerCheckpoint:
 
     def checkpoint_state(self, with_sizes: bool) -> dict:
         """What a checkpoint keeps of this worker, between round trips: ``step``, ``position``
-        (batches drawn from each of its data parts), ``parts`` (``[its parts, how many]``), ``seeds`` (its random layers' generator states, ``random_seeds``: a
-        few bytes each), ``loss_scale`` (dynamic loss scaling's state, or None), and with
+        (batches drawn from each of its data parts), ``parts`` (``[its parts, how many]``), ``seeds``
+        (its random layers' generator states, ``random_seeds``: a few bytes each), ``loss_scale``
+        (dynamic loss scaling's state, or None), and with
         ``with_sizes`` each model weight's shape and dtype (``weights``, ``get_weights`` order),
         the index there of each trainable variable (``trainable``), per channel the bytes of
         each array of its state (``channels``: None for a channel that keeps none) and what each
@@ -81,8 +82,8 @@ class WorkerCheckpoint:
                            loss_scale: list | None = None, canonical: bool = False,
                            compressors: dict | None = None) -> list[str]:
         """Continue from a checkpoint (after ``reset``, the weights set by ``assign_weights``):
-        the data iterator advanced to ``position`` batches (of each of its data parts), the step counter, each channel's
-        state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
+        the data iterator advanced to ``position`` batches (of each of its data parts), the step
+        counter, each channel's state and the random layers' generator states (as ``checkpoint_state`` gave them; None:
         a checkpoint that holds none, written before they were kept, and the streams start
         afresh) and dynamic loss scaling's state (``loss_scale.LossScale.state``; None: it starts
         afresh). With ``canonical``, ``channels`` is one state named as any holder names it
