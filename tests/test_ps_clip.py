@@ -80,3 +80,27 @@ def test_a_held_step_waits_for_every_norm_and_applies_on_the_first_scale(chunks)
     for w in range(2):
         np.add.at(want, raw[w][E][0], -LR * scale * raw[w][E][1] / 2)
     np.testing.assert_allclose(values[E], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.integration   # the Keras optimizer
+def test_the_workers_sparse_parts_are_summed_in_worker_order():
+    """Three workers' parts whose float sum depends on the order they are added in (``ordered_sum``):
+    whatever order the workers ask in, the norm is the sum in worker order."""
+    parts = [1e-16, 1e-16, 1.0]
+    assert (parts[0] + parts[1]) + parts[2] != (parts[2] + parts[0]) + parts[1]   # the test can fail
+
+    def norm(order):
+        ps = ParameterServerShard("ps@x", _values(), [E], [], {"class": "SGD", "learning_rate": LR,
+                                                               "global_clipnorm": CLIP}, num_workers=3, sync=True)
+
+        async def go():
+            for w in range(3):
+                await ps.push(w, 0, {A: np.zeros((4, 3), np.float32), B: np.zeros(5, np.float32),
+                                     E: dedup_rows(*_raw(w)[E], False)})
+            asks = [asyncio.ensure_future(ps.clip_norm(w, 0, parts[w])) for w in order]
+            return await asyncio.wait_for(asyncio.gather(*asks), 5)
+
+        return asyncio.run(go())
+
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        assert norm(order) == [((parts[0] + parts[1]) + parts[2]) / 9] * 3

@@ -62,7 +62,7 @@ class NodeAggregator:
         refs = []
         for ps in sorted({a for p in entry.values() for a in p}):
             parts: dict = {}
-            for p in entry.values():
+            for p in (entry[w] for w in sorted(entry)):   # worker order, not arrival: the same bits every run
                 for key, g in p.get(ps, {}).items():
                     parts.setdefault(key, []).append(g)
             summed = {key: self._sparse_sum(gs) if key in self.sparse_keys else _add(gs) for key, gs in parts.items()}

@@ -45,7 +45,7 @@ class HeldSteps:
         # added first): its part is then summed here, from every worker's rows
         self._clip_dense_rows = (optimizer_config.get("gradient_accumulation_steps") or 1) > 1
         self._scales: dict[int, tuple] = {}   # step -> (its scale or None: skipped, iteration), until applied
-        self._norm_parts: dict[int, list] = {}   # step -> [sum of workers' sparse parts, workers that asked]
+        self._norm_parts: dict[int, dict] = {}   # step -> worker -> its sparse part, as the workers ask
         self._norms: dict[int, float] = {}   # step -> this actor's part, kept one step after it is applied
 
     def _held(self, step: int) -> bool:
@@ -54,20 +54,20 @@ class HeldSteps:
 
     async def clip_norm(self, worker: int, step: int, local: float) -> float:
         """This actor's part of the squared global norm of ``step`` (module doc)."""
-        part = self._norm_parts.setdefault(step, [0.0, set()])
-        if worker in part[1]:
+        part = self._norm_parts.setdefault(step, {})
+        if worker in part:
             raise RuntimeError(f"{self.name}: worker {worker} asked the norm of step {step} twice")
-        part[0] += float(local)
-        part[1].add(worker)
+        part[worker] = float(local)
         cond = self._condition()
         async with cond:
             cond.notify_all()
             await cond.wait_for(lambda: self._error is not None or step in self._norms
-                                or (len(part[1]) == self.num_workers and self._step_in(step)))
+                                or (len(part) == self.num_workers and self._step_in(step)))
             if self._error:
                 raise RuntimeError(self._error)
             if step not in self._norms:
-                sparse = self._sparse_sq(step) if self._clip_dense_rows else part[0]
+                # in worker order, not arrival order: the same bits every run (``ordered_sum``)
+                sparse = self._sparse_sq(step) if self._clip_dense_rows else sum(part[w] for w in sorted(part))
                 self._norms[step] = self._dense_sq(step) + sparse / float(self.num_workers) ** 2
             return self._norms[step]
 

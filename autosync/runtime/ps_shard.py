@@ -23,7 +23,8 @@ Sparse shards move rows, never tables; the update is the full Keras one (Adam's 
 every row), its rows without gradient computed as a step's first push arrives (``update_ahead``).
 
 ``version`` counts applied updates. Synchronous mode sums the pushes of step ``t`` from all
-workers and, once all are in and every earlier step is applied, applies their mean as update
+workers, in the order of their sources whatever order they arrive in (``ordered_sum``: the same
+bits every run), and, once all are in and every earlier step is applied, applies their mean as update
 ``t`` (so ``version == t + 1`` afterwards).
 
 Pipelining (synchronous mode): the keys may be split into ``chunks`` (groups of keys; by default
@@ -46,7 +47,8 @@ import numpy as np
 
 from autosync.runtime import timeline
 from autosync.runtime.initial import initial_slice
-from autosync.runtime.tf_arrays import aligned_copy, aligned_empty
+from autosync.runtime.ordered_sum import OrderedSums
+from autosync.runtime.tf_arrays import aligned_empty
 from autosync.runtime.ps_checkpoint import Checkpointed
 from autosync.runtime.ps_clip import HeldSteps
 from autosync.runtime.ps_pool import PooledShard
@@ -114,6 +116,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         self._setup_clip(optimizer_config)   # global_clipnorm: held steps (``ps_clip``)
         self.version = 0
         self._pending: dict[int, dict] = {}
+        self._orders: dict = {}   # key -> the order its pushes are added in (``ordered_sum``)
         self._error, self._cond = None, None   # a failed update's message; the condition pulls wait on
         self._shared: dict = {}  # keys -> (chunk versions, ObjectRef of their values)
         self.chunks = [tuple(tuple(k) for k in c) for c in chunks] if chunks else [tuple(self.params)]
@@ -334,7 +337,8 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
             if step < self.chunk_version[c]:
                 raise RuntimeError(f"worker {source} pushed step {step} but step {self.chunk_version[c] - 1} "
                                    f"is already applied")
-            entry = self._pending.setdefault((step, c), {"sources": set(), "first": now, "dense": {}, "sparse": {},
+            entry = self._pending.setdefault((step, c), {"sources": set(), "first": now,
+                                                         "sums": OrderedSums(self._orders),
                                                          "weight": dict.fromkeys(self.chunk_kinds[c], 0)})
             for kind in kinds:
                 if kind not in entry["weight"]:
@@ -348,16 +352,14 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
             c = self._chunk_of[key]
             if c not in covered:
                 raise RuntimeError(f"{self.name}: a push for chunk {chunk} holds key {key} of chunk {c}")
+            # summed in the order of the sources, not of arrival (``ordered_sum``)
+            sums = self._pending[(step, c)]["sums"]
+            sums.add_slices(key, source, g) if key in self.sparse_keys else sums.add(key, source, g)
+        for c in covered:
             entry = self._pending[(step, c)]
-            if key in self.sparse_keys:
-                entry["sparse"].setdefault(key, []).append(g)
-            elif key in entry["dense"]:
-                entry["dense"][key] += g
-            else:
-                # to accumulate into; aligned: a Keras optimizer's TensorFlow reads it without a copy
-                entry["dense"][key] = aligned_copy(g)
-        for c in covered:   # a step waiting for more pushes: its update is computed ahead meanwhile
-            if step == self.chunk_version[c] and min(self._pending[(step, c)]["weight"].values()) < self.num_workers:
+            if min(entry["weight"].values()) == self.num_workers:   # every push is in: what updates read
+                entry["dense"], entry["sparse"] = entry.pop("sums").settle()
+            elif step == self.chunk_version[c]:   # a step waiting for more pushes: its update is computed ahead
                 self.optimizer.update_ahead(self._iteration(step), self.params,
                                             [k for k in self.chunks[c] if k in self.sparse_keys])
 
@@ -389,7 +391,7 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
         scale = self._clip_factor(step)   # global_clipnorm's (``ps_clip``), or None
         grads: dict = {}
         for key, total in entry["dense"].items():
-            total /= total.dtype.type(n)  # the step's own sum (``_accumulate`` copied it)
+            total /= total.dtype.type(n)  # the step's own sum (``OrderedSums`` copied it)
             if scale is not None:
                 total *= total.dtype.type(scale)
             grads[key] = total
