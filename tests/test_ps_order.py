@@ -97,10 +97,14 @@ def test_ordered_sums_hold_early_pushes_and_learn_the_order():
     first.settle()
     assert orders[A] == (0, 2, "n0", "n1")
     second = OrderedSums(orders)
+    second.add(A, "n0", np.full(2, 4.0, np.float32))
+    assert A not in second.dense   # 0 and 2 come first
     second.add(A, 2, np.full(2, 1.0, np.float32))
-    assert A not in second.dense   # source 0 comes first
+    np.testing.assert_array_equal(second.dense[A], [1.0, 1.0])   # the first two in either order
     second.add(A, 0, np.full(2, 2.0, np.float32))
-    np.testing.assert_array_equal(second.dense[A], [3.0, 3.0])   # 0, then the held 2
+    np.testing.assert_array_equal(second.dense[A], [7.0, 7.0])   # 0, then the held n0
+    second.add(A, "n1", np.full(2, 8.0, np.float32))
+    np.testing.assert_array_equal(second.settle()[0][A], [15.0, 15.0])
     assert sorted([3, "a", 1, "b"], key=source_key) == [1, 3, "a", "b"]
 
 

@@ -9,10 +9,11 @@ code): the losses agreed for 158 steps, then drifted 4e-4 apart, the final weigh
 variable's largest value. All-reduce paths already add in rank order.
 
 The order is the sources' (worker index, then node-aggregator name: ``source_key``). Per key, a push
-is added at once when every source before it in the order of the key's previous step is in; one that
-came early is held (its received frames stay alive) until they are; when the step's last push is in,
-what is still held is added in source order. The first step of a session holds every push until then
-(no order is known yet), later ones hold on average half the pushes' worth of adds for the last one.
+is added at once when every source before it in the order of the key's previous step is in (the first
+two in either order: a + b == b + a); one that came early is held (its received frames stay alive)
+until they are; when the step's last push is in, what is still held is added in source order. The
+first step of a session holds every push until then (no order is known yet); later ones leave on
+average half the others' pushes to add after the last one (none with two workers).
 Every step of a session has the same sources (its workers or node aggregators), so each step's sum is
 the one in source order: the result depends on what was pushed, never on when. Sparse shards' slices
 are listed in source order as well (a row's slices from several workers are added in list order).
@@ -40,6 +41,7 @@ class OrderedSums:
         self.dense: dict = {}   # key -> sum of the pushes added so far (an aligned copy: updates read it)
         self._held: dict = {}   # key -> {source: gradient} not added yet
         self._next: dict = {}   # key -> how many of its order's sources are in ``dense``
+        self._done: dict = {}   # key -> the sources in ``dense`` (the order's second may come first)
         self._seen: dict = {}   # key -> sources of this step
         self._sparse: dict = {}   # key -> [(source, slices)]
 
@@ -49,9 +51,20 @@ class OrderedSums:
         held = self._held.setdefault(key, {})
         held[source] = grad
         order, pos = self.orders.get(key, ()), self._next.get(key, 0)
-        while pos < len(order) and order[pos] in held:
-            self._into(key, held.pop(order[pos]))
-            pos += 1
+        done = self._done.setdefault(key, set())
+        while pos < len(order):
+            first = order[pos]
+            if first in done:
+                pos += 1
+            elif first in held:
+                self._into(key, held.pop(first))
+                done.add(first)
+                pos += 1
+            elif pos == 0 and len(order) > 1 and order[1] in held:   # a + b == b + a: either may start
+                self._into(key, held.pop(order[1]))
+                done.add(order[1])
+            else:
+                break
         self._next[key] = pos
 
     def add_slices(self, key, source, slices: tuple) -> None:
