@@ -161,6 +161,42 @@ def test_a_damaged_state_file_is_refused_when_read(tmp_path):
         arrays["ps/ps@node0/0.0/m"]
 
 
+def test_a_large_array_is_read_as_a_memory_map_checked_against_its_crc(tmp_path):
+    """A restore holds the file's pages (the page cache), not a private copy of each large array;
+    a damaged byte or a cut file is still refused when the array is read."""
+    from autosync.runtime.state_file import MAP_BYTES
+
+    store = ck.CheckpointStore(tmp_path / "ckpt")
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((MAP_BYTES // 8 + 3, 4)).astype(np.float32)   # over MAP_BYTES
+    fortran = np.asfortranarray(rng.standard_normal((300, 500)))   # float64, column-major
+    small = np.arange(5, dtype=np.int64)
+    store.write(_manifest(2), lambda path: open(path, "wb").close(), {"big": big, "fortran": fortran, "small": small})
+    manifest, _ = store.read()
+    arrays = store.arrays(manifest)
+    try:
+        for name, want in (("big", big), ("fortran", fortran), ("small", small)):
+            got = arrays[name]
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+            assert isinstance(got.base, np.memmap) == (want.nbytes >= MAP_BYTES)
+            assert not got.flags.writeable or want.nbytes < MAP_BYTES
+        assert arrays["fortran"].flags.f_contiguous
+    finally:
+        arrays.close()
+    state = tmp_path / "ckpt" / manifest.directory / "state.npz"
+    good = state.read_bytes()
+    data = good.index(big.tobytes()[:64])   # a byte inside the big array's values, flipped
+    state.write_bytes(good[:data + 100] + bytes([good[data + 100] ^ 1]) + good[data + 101:])
+    arrays = store.arrays(manifest)
+    try:
+        np.testing.assert_array_equal(arrays["small"], small)   # the other members read as before
+        with pytest.raises(ConfigError, match=r"state.npz cannot be read \(big.npy: its bytes do not match the "
+                                              r"archive's CRC\); the checkpoint is damaged"):
+            arrays["big"]
+    finally:
+        arrays.close()
+
+
 def test_missing_damaged_and_foreign_checkpoints_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint .*nowhere does not exist"):
         ck.CheckpointStore(tmp_path / "nowhere").read()

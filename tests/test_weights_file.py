@@ -155,3 +155,26 @@ def test_a_keras_without_the_walk_leaves_it_to_keras(monkeypatch):
     assert weights_file.layout(model) is not None
     monkeypatch.delattr(saving_lib, "_save_state")   # another Keras: the private walk is gone
     assert weights_file.layout(model) is None
+
+
+def test_a_large_weight_is_read_as_a_memory_map_of_the_file(tmp_path):
+    """A restore sends a large weight on from the page cache, not from a private copy: in Keras'
+    own file and in ours (contiguous datasets); small ones stay h5py datasets."""
+    import keras
+
+    from autosync.runtime.state_file import MAP_BYTES
+
+    rows = MAP_BYTES // 16 + 1   # 4 float32 columns: just over MAP_BYTES
+    model = _randomized(keras.Sequential([keras.Input((1,), dtype="int32"), keras.layers.Embedding(rows, 4),
+                                          keras.layers.Dense(2)]))
+    layout = weights_file.layout(model)
+    specs = [(tuple(w.shape), str(np.dtype(w.dtype))) for w in model.weights]
+    model.save_weights(tmp_path / "keras.weights.h5")
+    ours = str(tmp_path / "ours.weights.h5")
+    weights_file.write(ours, layout, specs, ((i, w.numpy()) for i, w in enumerate(model.weights)))
+    for path in (str(tmp_path / "keras.weights.h5"), ours):
+        with weights_file.Weights(path, layout, specs) as saved:
+            table, kernel = saved[0], saved[1]
+            assert isinstance(table, np.ndarray) and isinstance(table.base, np.memmap) and not table.flags.writeable
+            assert not isinstance(kernel, np.ndarray)   # an h5py dataset, read when indexed
+            assert all(np.array_equal(np.asarray(saved[i][()]), w.numpy()) for i, w in enumerate(model.weights))

@@ -29,14 +29,13 @@ import shutil
 import time
 import uuid
 import zipfile
-import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from autosync.runtime.state_file import StateFile
 from strategy_space.errors import ConfigError, short_repr
 from strategy_space.yaml_io import nearest_existing
 
@@ -345,41 +344,6 @@ class CheckpointStore:
             ConfigError: the file cannot be read.
         """
         return StateFile(self.path / manifest.directory / STATE)
-
-
-class StateFile(Mapping):
-    """A ``state.npz`` as a read-only mapping that reads an array when it is asked for (a restore
-    holds one parameter server's state at a time, not the whole file). Close it when done.
-
-    Raises (on opening and on each read):
-        ConfigError: the file cannot be read (the checkpoint is damaged).
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._npz = self._read(lambda: np.load(path, allow_pickle=False))
-        if not isinstance(self._npz, np.lib.npyio.NpzFile):
-            raise ConfigError(f"restore: {path} is not an .npz archive; the checkpoint is damaged")
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._npz.files:
-            raise KeyError(name)
-        return self._read(lambda: self._npz[name])
-
-    def __iter__(self):
-        return iter(self._npz.files)
-
-    def __len__(self) -> int:
-        return len(self._npz.files)
-
-    def close(self) -> None:
-        self._npz.close()
-
-    def _read(self, read):
-        try:
-            return read()
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-            raise ConfigError(f"restore: {self.path} cannot be read ({e}); the checkpoint is damaged") from None
 
 
 def _write_npz(path: Path, items) -> None:

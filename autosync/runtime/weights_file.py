@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autosync.runtime.state_file import MAP_BYTES
+
 
 class _NotAWeight(Exception):
     """A layer saved something that is not one of the model's weights, or too much beside them."""
@@ -111,9 +113,23 @@ def write(path: str, entries: list, specs: list, weights) -> None:
             raise ValueError(f"weights {sorted(set(datasets) - written)} were never written")
 
 
+def _mappable(ds) -> bool:
+    """Whether a dataset's values lie in its file as one run of plain bytes: stored contiguous
+    (``Keras``' and ``write``'s datasets are), unfiltered, at least ``MAP_BYTES``."""
+    return (ds.chunks is None and not ds.dtype.hasobject and ds.dtype.fields is None and ds.nbytes >= MAP_BYTES
+            and ds.id.get_offset() is not None)
+
+
+def _mapped(path: str, ds) -> np.ndarray:
+    """A large weight as a read-only memory map of the file's bytes: a restore sends it on from the
+    page cache instead of a private copy (as ``state_file`` maps the optimizer state)."""
+    return np.memmap(path, ds.dtype, mode="r", offset=ds.id.get_offset(), shape=ds.shape).view(np.ndarray)
+
+
 class Weights:
     """The weights of a ``.weights.h5`` by model weight index, read through ``layout``'s entries:
-    ``weights[i]`` is an array-like with ``shape`` and ``dtype`` read when indexed (``[()]``).
+    ``weights[i]`` is an array-like with ``shape`` and ``dtype`` read when indexed (``[()]``): a
+    read-only memory map of the file for a large contiguous dataset, else the h5py dataset.
     Use as a context manager (closes the file)."""
 
     def __init__(self, path: str, entries: list, specs: list):
@@ -138,7 +154,8 @@ class Weights:
         return len(self._datasets)
 
     def __getitem__(self, i: int):
-        return self._datasets[i]
+        ds = self._datasets[i]
+        return _mapped(self._file.filename, ds) if _mappable(ds) else ds
 
     def close(self) -> None:
         self._file.close()
