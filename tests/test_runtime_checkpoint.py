@@ -106,12 +106,19 @@ def test_restore_gives_back_the_state_and_training_goes_on_as_without_it(pool, t
     fresh.load_weights(info.weights_path)
     assert _equal(fresh.get_weights(), saved) and isinstance(fresh, keras.Model)
 
-    from autosync.runtime import session_state
+    from autosync.runtime import session_state, state_file, weights_file
 
-    # restored and saved again one array per call (the weights, the PS's and the channels' state)
+    # restored and saved again one array per call (the weights, the PS's and the channels' state),
+    # every array read as a memory map of the checkpoint's files (as large ones are)
     monkeypatch.setattr(session_state, "BATCH_BYTES", 1)
+    monkeypatch.setattr(state_file, "MAP_BYTES", 1)
+    monkeypatch.setattr(weights_file, "MAP_BYTES", 1)
+    mapped = []
+    for module, name in ((state_file, "mapped_member"), (weights_file, "_mapped")):
+        monkeypatch.setattr(module, name, lambda *a, read=getattr(module, name), n=name: mapped.append(n) or read(*a))
     with Trainer(md, strategy, PAIR, pool=pool, timeout_s=120, restore=ckpt) as again:
         assert again.step == 2 and _equal(again.get_weights(), saved) and again._keras_model is None
+        assert {"mapped_member", "_mapped"} <= set(mapped)   # the restore read the files' maps
         info = again.save(tmp_path / "again")   # the optimizer state as the restored actors hold it
         monkeypatch.undo()
         resumed = _state(tmp_path / "again")
