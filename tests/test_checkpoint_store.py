@@ -173,15 +173,21 @@ def test_a_large_array_is_read_as_a_memory_map_checked_against_its_crc(tmp_path)
     small = np.arange(5, dtype=np.int64)
     store.write(_manifest(2), lambda path: open(path, "wb").close(), {"big": big, "fortran": fortran, "small": small})
     manifest, _ = store.read()
-    arrays = store.arrays(manifest)
+    from autosync.runtime import state_file
+
+    arrays, checked = store.arrays(manifest), []
     try:
+        real = state_file.crc
+        state_file.crc = lambda raw: checked.append(len(raw)) or real(raw)
         for name, want in (("big", big), ("fortran", fortran), ("small", small)):
             got = arrays[name]
             assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
             assert isinstance(got.base, np.memmap) == (want.nbytes >= MAP_BYTES)
             assert not got.flags.writeable or want.nbytes < MAP_BYTES
-        assert arrays["fortran"].flags.f_contiguous
+        assert arrays["fortran"].flags.f_contiguous and np.array_equal(arrays["big"], big)
+        assert len(checked) == 2   # each mapped member's CRC once (a re-cut reads an old shard per new one)
     finally:
+        state_file.crc = real
         arrays.close()
     state = tmp_path / "ckpt" / manifest.directory / "state.npz"
     good = state.read_bytes()

@@ -354,7 +354,10 @@ class ParameterServerShard(Checkpointed, HeldSteps, PooledShard):
                 raise RuntimeError(f"{self.name}: a push for chunk {chunk} holds key {key} of chunk {c}")
             # summed in the order of the sources, not of arrival (``ordered_sum``)
             sums = self._pending[(step, c)]["sums"]
-            sums.add_slices(key, source, g) if key in self.sparse_keys else sums.add(key, source, g)
+            if key in self.sparse_keys:
+                sums.add_slices(key, source, g)
+            else:
+                sums.add(key, source, g)
         for c in covered:
             entry = self._pending[(step, c)]
             if min(entry["weight"].values()) == self.num_workers:   # every push is in: what updates read

@@ -31,6 +31,7 @@ class StateFile(Mapping):
 
     def __init__(self, path: Path):
         self.path = path
+        self._verified: set[str] = set()   # mapped members whose CRC matched (a re-cut reads one often)
         self._npz = self._read(lambda: np.load(path, allow_pickle=False))
         if not isinstance(self._npz, np.lib.npyio.NpzFile):
             raise ConfigError(f"restore: {path} is not an .npz archive; the checkpoint is damaged")
@@ -40,7 +41,9 @@ class StateFile(Mapping):
             raise KeyError(name)
         info = self._npz.zip.getinfo(f"{name}.npy")
         if info.compress_type == zipfile.ZIP_STORED and info.file_size >= MAP_BYTES:
-            return self._read(lambda: mapped_member(self.path, info))
+            array = self._read(lambda: mapped_member(self.path, info, name not in self._verified))
+            self._verified.add(name)
+            return array
         return self._read(lambda: self._npz[name])
 
     def __iter__(self):
@@ -59,9 +62,9 @@ class StateFile(Mapping):
             raise ConfigError(f"restore: {self.path} cannot be read ({e}); the checkpoint is damaged") from None
 
 
-def mapped_member(path: Path, info: zipfile.ZipInfo) -> np.ndarray:
+def mapped_member(path: Path, info: zipfile.ZipInfo, verify: bool = True) -> np.ndarray:
     """The array of an uncompressed ``.npy`` member of the archive at ``path`` as a read-only memory
-    map, once its bytes match the member's CRC.
+    map, once its bytes match the member's CRC (with ``verify``; without, they did before).
 
     Raises:
         ValueError: the member is not a whole ``.npy`` of plain values, or its CRC differs.
@@ -82,11 +85,15 @@ def mapped_member(path: Path, info: zipfile.ZipInfo) -> np.ndarray:
         offset = f.tell()
     if dtype.hasobject or offset - start + int(np.prod(shape)) * dtype.itemsize != info.file_size:
         raise ValueError(f"{info.filename} is not a whole array of {dtype} {shape}")
-    raw = np.memmap(path, np.uint8, mode="r", offset=start, shape=(info.file_size,))
-    crc = 0
-    for lo in range(0, info.file_size, CRC_BLOCK):
-        crc = zlib.crc32(raw[lo:lo + CRC_BLOCK], crc)
-    if crc != info.CRC:
+    if verify and crc(np.memmap(path, np.uint8, mode="r", offset=start, shape=(info.file_size,))) != info.CRC:
         raise ValueError(f"{info.filename}: its bytes do not match the archive's CRC")
     mapped = np.memmap(path, dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
     return mapped.view(np.ndarray)
+
+
+def crc(raw: np.ndarray) -> int:
+    """The CRC-32 of a byte array, ``CRC_BLOCK`` bytes at a time."""
+    value = 0
+    for lo in range(0, len(raw), CRC_BLOCK):
+        value = zlib.crc32(raw[lo:lo + CRC_BLOCK], value)
+    return value
