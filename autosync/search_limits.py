@@ -76,15 +76,23 @@ def built_model_optimizer(model_def) -> tuple:
     """``(ModelSpec, optimizer config)`` of a trainable model, its model built here once: the
     config with the model's variables (``check_model_optimizer``), so that it names those whose
     constraints pin them (``search_limits``) where no worker builds the model (``plan``, emulated
-    compute). The optimizer is checked before the model is built.
+    compute). The optimizer is checked before the model is built; a large model is built in a
+    process of its own (``models.apart``).
 
     Raises:
         ConfigError: see ``check_model_optimizer`` and ``model_spec_from_def``.
     """
-    from autosync.models.ingest import built_model_spec
+    from autosync.models import apart
     from autosync.runtime.optimizers import check_model_optimizer
 
     check_model_optimizer(model_def)
+    return apart.read(_built_here, model_def)
+
+
+def _built_here(model_def) -> tuple:
+    from autosync.models.ingest import built_model_spec
+    from autosync.runtime.optimizers import check_model_optimizer
+
     spec, model = built_model_spec(model_def)[:2]
     return spec, check_model_optimizer(model_def, model.trainable_variables, model)
 

@@ -166,7 +166,7 @@ def _all_layers(layer, depth: int = 0) -> list:
 def model_spec_from_def(model_def) -> ModelSpec:
     """The ModelSpec of a ModelDef: build its model and take one gradient on the first batch of
     ``dataset_fn(0, 1)`` (``autosync.models.profile.profiled_model_spec`` also measures its
-    compute time).
+    compute time). A large model is read in a process of its own (``apart``).
 
     Returns:
         ModelSpec named after ``model_def.name``.
@@ -174,6 +174,13 @@ def model_spec_from_def(model_def) -> ModelSpec:
     Raises:
         ConfigError: the dataset is empty or malformed, or the model has no trainable variables.
     """
+    from autosync.models import apart
+
+    return apart.read(spec_here, model_def)
+
+
+def spec_here(model_def) -> ModelSpec:
+    """``model_spec_from_def`` read in this process."""
     return built_model_spec(model_def)[0]
 
 

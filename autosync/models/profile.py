@@ -147,17 +147,26 @@ def _check_steps(warmup_steps: int, timed_steps: int) -> None:
         raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
 
 
-def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10) -> ModelSpec:
+def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10, apart: bool = True) -> ModelSpec:
     """``ingest.model_spec_from_def`` with the measured compute profile (step time, device and
     gradient-ready order; see ``profile_model``) of the model it built. Under the optimizer's
     ``gradient_accumulation_steps`` n a worker's step computes n batches before it synchronizes
-    once: the step time is n batches'.
+    once: the step time is n batches'. A large model is read and timed in a process of its own
+    (``models.apart``) unless ``apart`` is False (a process that exits afterwards anyway).
 
     Raises:
         ConfigError: as ``model_spec_from_def``.
         ValueError: warmup_steps < 1 or timed_steps < 1.
     """
     _check_steps(warmup_steps, timed_steps)
+    from . import apart as child
+
+    if apart:
+        return child.read(_profiled_here, model_def, warmup_steps, timed_steps)
+    return _profiled_here(model_def, warmup_steps, timed_steps)
+
+
+def _profiled_here(model_def, warmup_steps: int, timed_steps: int) -> ModelSpec:
     spec, model, loss, inputs, targets = built_model_spec(model_def)
     # the step traced as keras.Model.fit traces it: what fails here (a layer name TensorFlow refuses
     # as a scope name, a Python branch on a tensor) fails the user's own fit too, and every worker

@@ -64,9 +64,21 @@ def training_digest(model_def, workers: int) -> str:
     """A 16-hex-digit digest of the model's layers, initial weights, loss, optimizer and worker 0's
     first batch (of ``workers``), as every worker builds and draws them, and of its factories' code.
 
+    A large model is built in a process of its own (``apart``); the code is read here (a function
+    pickled by value has no file in the child).
+
     Raises:
         ConfigError: the user's factories fail (``ingest.user_code``).
     """
+    from . import apart
+
+    code = [_code(getattr(model_def, f)) for f in ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn")]
+    return apart.read(built_digest, model_def, workers, code)
+
+
+def built_digest(model_def, workers: int, code: list) -> str:
+    """``training_digest`` of ``code`` (its factories' digests) and of the model built in this
+    process."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -92,5 +104,5 @@ def training_digest(model_def, workers: int) -> str:
                      if k not in (USER_CLASSES, "name")}
         parts = {"model": _config(model), "weights": weights, "batch": batch, "loss": _config(model_def.loss()),
                  "optimizer": optimizer, "batch_size": model_def.batch_size,
-                 "code": [_code(getattr(model_def, f)) for f in ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn")]}
+                 "code": code}
     return fingerprint(json.loads(json.dumps(parts, default=_plain)))

@@ -17,10 +17,10 @@ from strategy_space.errors import ConfigError
 PROFILE_TIMEOUT_S = 900.0   # a large model's build, trace and timed steps, on a node still starting
 
 
-def _profile_here(model_def) -> ModelSpec:
+def _profile_here(model_def, apart: bool = True) -> ModelSpec:
     from autosync.models.profile import profiled_model_spec
 
-    return profiled_model_spec(model_def)
+    return profiled_model_spec(model_def, apart=apart)
 
 
 def profiled_spec(model_def, cluster: ClusterSpec, timeout_s: float = PROFILE_TIMEOUT_S) -> ModelSpec:
@@ -44,7 +44,7 @@ def profiled_spec(model_def, cluster: ClusterSpec, timeout_s: float = PROFILE_TI
         options = binding.actor_options(node, binding.worker_cpus(node), 1)
         task = ray.remote(max_calls=1, max_retries=0)(_profile_here).options(**options)
         try:
-            return ray.get(task.remote(model_def), timeout=timeout_s)
+            return ray.get(task.remote(model_def, False), timeout=timeout_s)   # (a process of its own)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, ConfigError):
                 raise e.cause from None

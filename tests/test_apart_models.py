@@ -1,0 +1,249 @@
+"""A large model read in a process of its own (``autosync.models.apart``): its size known before it
+is built, and what the driver reads of it there (its ModelSpec, its profile, its optimizer's pins,
+its probe key) the same as read here, warnings and errors included; the command line with it."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from autosync.model_def import ModelDef
+from autosync.models import apart
+from strategy_space.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS, DIM = 3000, 24
+WEIGHTS = ROWS * DIM * 4 + (2 * DIM * 7 + 7) * 2 + 4 * 7 * 4 + (7 + 1) * 4   # _functional's: table, float16 kernel...
+
+
+def _functional():
+    import keras
+
+    ids = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(ROWS, DIM, name="table")(ids))
+    x = keras.layers.Dense(7, name="half", dtype="float16")(x)
+    x = keras.layers.BatchNormalization(name="norm")(x)   # non-trainable weights count too
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def _unused_layer():
+    import keras
+
+    ids = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(ROWS, DIM, name="table")(ids))
+    unused = keras.layers.Dense(3, name="unused")
+    unused.build((None, 2 * DIM))
+    model = keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+    model.unused = unused   # tracked: its variables are the model's, and no loss depends on them
+    return model
+
+
+def _batches(worker_index, num_workers):
+    rng = np.random.default_rng(worker_index)
+    for _ in range(4):
+        yield rng.integers(0, ROWS, (16, 2)).astype("int32"), rng.random((16, 1)).astype("float32")
+
+
+def _no_batches(worker_index, num_workers):
+    return iter(())
+
+
+def _loss():
+    import keras
+
+    return keras.losses.MeanSquaredError()
+
+
+def _adam():
+    import keras
+
+    return keras.optimizers.Adam(1e-3, global_clipnorm=1.0)
+
+
+def _def(model_fn=_functional, dataset_fn=_batches) -> ModelDef:
+    return ModelDef(name="toy", model_fn=model_fn, dataset_fn=dataset_fn, loss_fn=_loss, optimizer_fn=_adam,
+                    batch_size=16)
+
+
+def _counted(monkeypatch) -> list:
+    calls = []
+    real = apart.call
+
+    def call(fn, *args):
+        calls.append(fn.__name__)
+        return real(fn, *args)
+
+    monkeypatch.setattr(apart, "call", call)
+    return calls
+
+
+def _made(limit) -> tuple:
+    """(the watch, whether the build was stopped, the Keras method patched during it) of a build
+    of ``_functional`` while ``watching(limit)``."""
+    from keras.src import backend
+
+    with apart.watching(limit) as watch:
+        patched = getattr(backend.BackendVariable, apart._MAKES_VALUE)
+        try:
+            _functional()
+            stopped = False
+        except apart.TooLarge:
+            stopped = True
+    return watch, stopped, patched
+
+
+@pytest.mark.integration
+def test_each_variable_is_counted_before_its_value_is_made_and_the_one_at_the_limit_stops_the_build():
+    from keras.src import backend
+
+    before = getattr(backend.BackendVariable, apart._MAKES_VALUE)
+    watch, stopped, patched = _made(math.inf)
+    weights = sum(int(np.asarray(w.numpy()).nbytes) for w in _functional().weights)
+    assert not stopped and not watch.crossed
+    assert watch.bytes == weights == WEIGHTS
+    assert patched is not before and getattr(backend.BackendVariable, apart._MAKES_VALUE) is before
+    watch, stopped, _ = _made(ROWS * DIM * 4)   # the table, the first variable, reaches it alone
+    assert stopped and watch.crossed and watch.bytes == ROWS * DIM * 4
+    assert getattr(backend.BackendVariable, apart._MAKES_VALUE) is before
+
+
+@pytest.mark.integration
+def test_only_the_watching_threads_variables_count():
+    import threading
+
+    with apart.watching(1) as watch:
+        other = threading.Thread(target=_functional)
+        other.start()
+        other.join(timeout=120)
+    assert not other.is_alive() and watch.bytes == 0 and not watch.crossed
+
+
+_BUILDS = []
+
+
+def _counted_functional():
+    _BUILDS.append(os.getpid())
+    return _functional()
+
+
+def _swallowing():
+    """A factory that falls back to a small table when the large one fails to build."""
+    import keras
+
+    ids = keras.Input((2,), dtype="int32")
+    try:
+        x = keras.layers.Embedding(ROWS, DIM, name="table")(ids)
+    except Exception:   # noqa: BLE001 - what a user's fallback does
+        x = keras.layers.Embedding(10, DIM, name="table")(ids)
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(keras.layers.Flatten()(x)))
+
+
+@pytest.mark.integration
+def test_a_model_under_the_limit_is_built_once_here_and_one_over_it_there(monkeypatch):
+    from autosync.models import ingest
+
+    calls = _counted(monkeypatch)
+    monkeypatch.setenv(apart.ENV, str(WEIGHTS + 1024))   # (and the optimizer's 3 x 5 stand-ins: full_size_slots)
+    _BUILDS.clear()
+    small = ingest.model_spec_from_def(_def(_counted_functional))
+    assert _BUILDS == [os.getpid()] and calls == []
+    monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))
+    large = ingest.model_spec_from_def(_def(_counted_functional))
+    assert _BUILDS == [os.getpid(), os.getpid()] and calls == ["spec_here"]   # stopped here, built there
+    assert large == small
+    # a factory that swallowed the stop and built something else here is read there all the same
+    swallowed = ingest.model_spec_from_def(_def(_swallowing))
+    assert calls == ["spec_here", "spec_here"] and swallowed.var("table/embeddings").shape == (ROWS, DIM)
+
+
+@pytest.mark.integration
+def test_what_the_driver_reads_apart_is_what_it_reads_here(monkeypatch):
+    from autosync.models import ingest, profile
+    from autosync.models.training_key import training_digest
+    from autosync.search_limits import built_model_optimizer
+
+    model_def = _def()
+    monkeypatch.setenv(apart.ENV, "inf")
+    here = (ingest.model_spec_from_def(model_def), profile.profiled_model_spec(model_def, timed_steps=2),
+            built_model_optimizer(model_def), training_digest(model_def, 2))
+    calls = _counted(monkeypatch)
+    assert calls == []
+    monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))   # the table alone reaches it
+    spec = ingest.model_spec_from_def(model_def)
+    profiled = profile.profiled_model_spec(model_def, timed_steps=2)
+    optimizer = built_model_optimizer(model_def)
+    digest = training_digest(model_def, 2)
+    assert calls == ["spec_here", "_profiled_here", "_built_here", "built_digest"]
+    assert spec == here[0]
+    assert profiled.variables == here[1].variables and profiled.global_clipnorm and profiled.optimizer_slots == 2
+    assert profiled.profile.step_time_s > 0 and profiled.profile.ready_order == here[1].profile.ready_order
+    assert optimizer[0] == here[2][0]
+    assert {k: v for k, v in optimizer[1].items() if k != "name"} == {k: v for k, v in here[2][1].items()
+                                                                       if k != "name"}
+    assert digest == here[3]
+
+
+def _locked_functional(lock):
+    with lock:
+        return _functional()
+
+
+@pytest.mark.integration
+def test_a_model_that_does_not_pickle_is_read_here_with_a_warning(monkeypatch):
+    import functools
+    import threading
+
+    from autosync.models import ingest
+
+    monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))
+    with pytest.warns(UserWarning, match=r"model toy does not pickle \(TypeError: .*\), so it cannot be read in a process "
+                                         r"of its own; it is read in this process, which keeps about 3x"):
+        spec = ingest.model_spec_from_def(_def(functools.partial(_locked_functional, threading.Lock())))
+    assert spec.var("table/embeddings").shape == (ROWS, DIM)
+
+
+@pytest.mark.integration
+def test_the_childs_warnings_and_errors_are_the_drivers(monkeypatch):
+    from autosync.models import ingest
+
+    monkeypatch.setenv(apart.ENV, "0")
+    calls = _counted(monkeypatch)
+    with pytest.warns(UserWarning, match=r"the loss does not depend on 2 trainable variable\(s\) \(unused/kernel"):
+        ingest.model_spec_from_def(_def(_unused_layer))
+    monkeypatch.setenv(apart.ENV, "inf")
+    with pytest.raises(ConfigError) as here:
+        ingest.model_spec_from_def(_def(dataset_fn=_no_batches))
+    monkeypatch.setenv(apart.ENV, "0")
+    with pytest.raises(ConfigError) as there:
+        ingest.model_spec_from_def(_def(dataset_fn=_no_batches))
+    assert str(there.value) == str(here.value) and "yielded no batch" in str(here.value)
+    assert calls == ["spec_here", "spec_here"]
+
+
+@pytest.mark.integration
+def test_inspect_reads_the_model_apart_as_a_user_runs_it():
+    from autosync.models import ingest
+    from autosync.sources import load_model_def
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "AUTOSYNC_TF_LOGS")}
+    r = subprocess.run([sys.executable, "-m", "autosync", "inspect", "--model", "zoo:ncf", "--profile"],
+                       capture_output=True, text=True, cwd=REPO, env=dict(env, AUTOSYNC_APART_BYTES="0"), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr == "", r.stderr[-2000:]   # the child's TensorFlow start-up lines are silenced too
+    spec = ingest.spec_here(load_model_def("zoo:ncf"))
+    assert f"fingerprint {spec.fingerprint}" in r.stdout
+    assert "ms per step (forward+backward, median) on cpu:" in r.stdout
+
+
+@pytest.mark.integration
+def test_a_bad_size_is_bad_input(monkeypatch, capsys):
+    from autosync.cli import main
+
+    monkeypatch.setenv(apart.ENV, "a lot")
+    assert main(["inspect", "--model", "zoo:ncf"]) == 2
+    err = capsys.readouterr().err
+    assert "AUTOSYNC_APART_BYTES='a lot' is not a number of bytes >= 0; set it" in err and "Traceback" not in err
