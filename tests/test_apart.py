@@ -81,6 +81,28 @@ def test_what_does_not_pickle_is_said_before_any_process_starts():
         apart.call(_pid_and_path, _Def(), threading.Lock())
 
 
+def _ours_fails(model_def):
+    raise ValueError("a fault of ours")
+
+
+def test_another_exception_there_is_raised_here_with_its_traceback():
+    with pytest.raises(RuntimeError, match=r"(?s)^reading model toy in a process of its own failed there:\nTraceback.*"
+                                           r"in _ours_fails.*ValueError: a fault of ours"):
+        apart.call(_ours_fails, _Def())
+
+
+def test_a_function_the_child_cannot_load_is_a_config_error(monkeypatch):
+    import types
+
+    ghost = types.ModuleType("apart_ghost_module")
+    ghost.__file__ = "/nonexistent/apart_ghost_module.py"   # pickled by reference, and nowhere to import from
+    exec("def f(model_def):\n    return 1\n", ghost.__dict__)
+    monkeypatch.setitem(sys.modules, "apart_ghost_module", ghost)
+    with pytest.raises(ConfigError, match=r"^the model's functions could not be loaded in a process of their own "
+                                          r"\(ModuleNotFoundError: .*apart_ghost_module.*\); set AUTOSYNC_APART_BYTES=inf"):
+        apart.call(ghost.f, _Def())
+
+
 def test_a_function_of_a_module_only_this_process_can_find_runs_there(tmp_path, monkeypatch):
     (tmp_path / "apart_only_here.py").write_text("def twice(model_def, x):\n    return 2 * x\n")
     monkeypatch.syspath_prepend(str(tmp_path))

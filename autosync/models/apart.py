@@ -3,8 +3,8 @@
 To describe a model (its ModelSpec, for a builder's strategy or ``tune``'s compute profile), its
 probe key or its optimizer's pins, the driver builds the model and takes a gradient. TensorFlow's
 CPU allocator keeps the peak of what that took for the rest of the process, whatever is freed: a
-model with a 512 MB embedding left the driver holding 1.8 GB (0.3 GB before), on the node whose
-parameter servers and workers need the memory, for the whole run.
+model with a 512 MB embedding left the driver holding 1.5 GB more after one read, 2.6 GB after
+three (by hand), on the node whose parameter servers and workers need the memory, for the whole run.
 
 So a model whose weights come to ``LARGE_BYTES`` (``AUTOSYNC_APART_BYTES`` where set) or more is
 read in a child process (this interpreter, ``python -m autosync.models.apart``), which gives
@@ -17,10 +17,12 @@ be slow, or count its calls). A variable made by TensorFlow directly (not Keras)
 The child gets the function and its arguments pickled with cloudpickle (a script's functions by
 value, ``models.script``) and this process's ``sys.path``; it runs the same bounded user code
 (``time_limit``: the limit is this process's, passed on), writes back the result, or the
-ConfigError, and the warnings it gave, which are given again here. Its output goes where this
-process's goes. Past the limit and a grace it is killed; it is killed too when this process stops
-waiting for any other reason (Ctrl-C). The cost: the child's imports (TensorFlow, Keras: 5-12 s
-on a 2-core machine), paid only for a large model.
+ConfigError, and the warnings it gave, which are given again here (another exception there, a
+fault of ours, is raised here as a RuntimeError with its traceback). Its output goes where this
+process's goes. Code that no signal stops is killed past three limits and a grace (the blocks of
+one read); the child is killed too when this process stops waiting for any other reason (Ctrl-C).
+A model whose functions do not pickle is read here, with a warning. The cost: the child's imports
+(TensorFlow, Keras: 8-10 s a read on this 2-core machine), paid only for a large model.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -216,6 +219,8 @@ def call(fn: Callable, *args: Any) -> Any:
         warnings.warn(message, category, stacklevel=2)
     if outcome == "error":
         raise value
+    if outcome == "failed":
+        raise RuntimeError(f"reading model {_name(args)} in a process of its own failed there:\n{value}")
     return value
 
 
@@ -244,8 +249,15 @@ def _said(caught) -> list:
     return out
 
 
-def _outcome(fn, args) -> tuple:
-    """``fn(*args)`` as the child writes it back: ("ok", result) or ("error", a ConfigError)."""
+def _outcome(load: Callable) -> tuple:
+    """``fn(*args)`` of what ``load()`` gives, as the child writes it back: ("ok", result),
+    ("error", a ConfigError) or ("failed", another exception's traceback)."""
+    try:
+        fn, args = load()
+    except Exception as e:   # noqa: BLE001 - a function this process cannot load
+        return "error", ConfigError(f"the model's functions could not be loaded in a process of their own "
+                                    f"({type(e).__name__}: {str(e)[:300]}); set {ENV}=inf to read it in the "
+                                    f"driver's process")
     try:
         return "ok", fn(*args)
     except ConfigError as e:
@@ -254,6 +266,8 @@ def _outcome(fn, args) -> tuple:
             return "error", e
         except Exception:   # noqa: BLE001 - a subclass that does not pickle: its text
             return "error", ConfigError(str(e))
+    except Exception:   # noqa: BLE001 - a fault of ours: its traceback, for the driver to raise
+        return "failed", traceback.format_exc()
 
 
 def _main(given: str, back: str) -> None:
@@ -265,10 +279,9 @@ def _main(given: str, back: str) -> None:
     with open(given, "rb") as f:
         path, pickler_name = pickle.load(f)
         sys.path[:] = path
-        fn, args = importlib.import_module(pickler_name).load(f)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        outcome, value = _outcome(fn, args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            outcome, value = _outcome(lambda: importlib.import_module(pickler_name).load(f))
     written = Path(back + ".part")
     with open(written, "wb") as f:
         pickle.dump((outcome, value, _said(caught)), f)
