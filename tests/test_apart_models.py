@@ -1,6 +1,7 @@
-"""A large model read in a process of its own (``autosync.models.apart``): its size known before it
-is built, and what the driver reads of it there (its ModelSpec, its profile, its optimizer's pins,
-its probe key) the same as read here, warnings and errors included; the command line with it."""
+"""A large model read in a process of its own (``autosync.models.apart``): its variables counted as
+the driver builds it, the build stopped at the limit before that variable's memory is taken, and
+what the driver reads of it there (its ModelSpec, its profile, its optimizer's pins, its probe key)
+the same as read here, warnings and errors included; the command line with it."""
 from __future__ import annotations
 
 import math
