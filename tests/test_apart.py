@@ -22,6 +22,13 @@ class _Def:
     name = "toy"
 
 
+@pytest.fixture(autouse=True)
+def _without_ray(monkeypatch):
+    """The fast suite imports no Ray: calls pickled with cloudpickle alone (Ray's own copy, which
+    ``call`` takes first: ``test_apart_models.py``)."""
+    monkeypatch.setattr(apart, "_PICKLERS", ("cloudpickle",))
+
+
 def _pid_and_path(model_def, extra):
     warnings.warn(f"said in the child of {model_def.name}", UserWarning)
     return {"pid": os.getpid(), "extra": extra, "path": list(sys.path)}

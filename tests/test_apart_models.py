@@ -189,6 +189,38 @@ def test_what_the_driver_reads_apart_is_what_it_reads_here(monkeypatch):
     assert digest == digest_here
 
 
+HANGS = """from autosync.time_limit import bounded
+import time
+
+def hangs(model_def):
+    with bounded(f"ModelDef {model_def.name}: building the model"):
+        time.sleep(60)
+"""
+
+
+@pytest.mark.integration
+def test_a_hang_there_is_stopped_there_naming_the_users_line(tmp_path, monkeypatch):
+    """As a script's function reaches the child: pickled by value (``models.script``), its file kept."""
+    import importlib
+
+    from autosync.time_limit import CodeTimeout
+
+    (tmp_path / "apart_hangs.py").write_text(HANGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("apart_hangs")
+    for name in apart._PICKLERS:
+        importlib.import_module(name).register_pickle_by_value(module)
+    monkeypatch.setenv("AUTOSYNC_MODEL_TIMEOUT", "1")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])   # by value, not by import
+    try:
+        with pytest.raises(CodeTimeout, match=f"^ModelDef toy: building the model did not finish within 1 s and was "
+                                              f"stopped at {tmp_path / 'apart_hangs.py'}:6 in hangs "):
+            apart.call(module.hangs, _def())
+    finally:
+        for name in apart._PICKLERS:
+            importlib.import_module(name).unregister_pickle_by_value(module)
+
+
 def _locked_functional(lock):
     with lock:
         return _functional()

@@ -14,8 +14,8 @@ the build (``TooLarge``), before its memory is taken; the child then reads it fr
 model under the limit is read here as before, with ``model_fn`` called once (a model's factory may
 be slow, or count its calls). A variable made by TensorFlow directly (not Keras) is not counted.
 
-The child gets the function and its arguments pickled with cloudpickle (a script's functions by
-value, ``models.script``) and this process's ``sys.path``; it runs the same bounded user code
+The child gets the function and its arguments pickled with Ray's cloudpickle (a script's functions
+by value, ``models.script``, their file names kept for its messages) and this process's ``sys.path``; it runs the same bounded user code
 (``time_limit``: the limit is this process's, passed on), writes back the result, or the
 ConfigError, and the warnings it gave, which are given again here (another exception there, a
 fault of ours, is raised here as a RuntimeError with its traceback). Its output goes where this
@@ -45,7 +45,9 @@ from strategy_space.errors import ConfigError
 LARGE_BYTES = 256 * 2**20   # weights from this size on are read in a child process
 ENV = "AUTOSYNC_APART_BYTES"
 BLOCKS = 3   # bounded blocks of the user's code in one read at most (its build, a gradient, timed steps)
-_PICKLERS = ("cloudpickle", "ray.cloudpickle")   # as ``models.script`` registers a script's module
+# as ``models.script`` registers a script's module; Ray's first: it keeps a function's file name,
+# which the child's messages name (``time_limit.where_stopped``), where cloudpickle 3.1.3 writes "<dynamic-code>"
+_PICKLERS = ("ray.cloudpickle", "cloudpickle")
 
 
 class TooLarge(Exception):
