@@ -15,8 +15,9 @@ model under the limit is read here as before, with ``model_fn`` called once (a m
 be slow, or count its calls). A variable made by TensorFlow directly (not Keras) is not counted.
 
 The child gets the function and its arguments pickled with Ray's cloudpickle (a script's functions
-by value, ``models.script``, their file names kept for its messages) and this process's ``sys.path``; it runs the same bounded user code
-(``time_limit``: the limit is this process's, passed on), writes back the result, or the
+by value, ``models.script``, their file names kept for its messages) and this process's
+``sys.path``; it runs the same bounded user code (``time_limit``: the limit is this process's,
+passed on), writes back the result, or the
 ConfigError, and the warnings it gave, which are given again here (another exception there, a
 fault of ours, is raised here as a RuntimeError with its traceback). Its output goes where this
 process's goes. Code that no signal stops is killed past three limits and a grace (the blocks of
