@@ -73,7 +73,8 @@ def test_a_child_past_the_limit_is_stopped_and_gone(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOSYNC_MODEL_TIMEOUT", "1")
     pid_file = tmp_path / "pid"
     start = time.monotonic()
-    with pytest.raises(CodeTimeout, match="reading model toy in a process of its own did not finish within 4 s and was stopped; .* \\(now 1\\)$"):
+    said = r"reading model toy in a process of its own did not finish within 4 s and was stopped; .* \(now 1\)$"
+    with pytest.raises(CodeTimeout, match=said):
         apart.call(_hang, _Def(), str(pid_file))
     assert time.monotonic() - start < 60   # 3 blocks' limit and a grace (4 s) and the child's start, not its 120 s
     pid = int(pid_file.read_text())
@@ -84,7 +85,8 @@ def test_a_child_past_the_limit_is_stopped_and_gone(tmp_path, monkeypatch):
 def test_what_does_not_pickle_is_said_before_any_process_starts():
     import threading
 
-    with pytest.raises(apart.Unpicklable, match=r"^model toy does not pickle \(TypeError: .*lock.*\), so it cannot be "):
+    with pytest.raises(apart.Unpicklable,
+                       match=r"^model toy does not pickle \(TypeError: .*lock.*\), so it cannot be "):
         apart.call(_pid_and_path, _Def(), threading.Lock())
 
 
@@ -106,7 +108,8 @@ def test_a_function_the_child_cannot_load_is_a_config_error(monkeypatch):
     exec("def f(model_def):\n    return 1\n", ghost.__dict__)
     monkeypatch.setitem(sys.modules, "apart_ghost_module", ghost)
     with pytest.raises(ConfigError, match=r"^the model's functions could not be loaded in a process of their own "
-                                          r"\(ModuleNotFoundError: .*apart_ghost_module.*\); set AUTOSYNC_APART_BYTES=inf"):
+                                          r"\(ModuleNotFoundError: .*apart_ghost_module.*\); "
+                                          r"set AUTOSYNC_APART_BYTES=inf"):
         apart.call(ghost.f, _Def())
 
 

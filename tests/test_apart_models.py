@@ -234,8 +234,8 @@ def test_a_model_that_does_not_pickle_is_read_here_with_a_warning(monkeypatch):
     from autosync.models import ingest
 
     monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))
-    with pytest.warns(UserWarning, match=r"model toy does not pickle \(TypeError: .*\), so it cannot be read in a process "
-                                         r"of its own; it is read in this process, which keeps about 3x"):
+    with pytest.warns(UserWarning, match=r"model toy does not pickle \(TypeError: .*\), so it cannot be read in a "
+                                         r"process of its own; it is read in this process, which keeps about 3x"):
         spec = ingest.model_spec_from_def(_def(functools.partial(_locked_functional, threading.Lock())))
     assert spec.var("table/embeddings").shape == (ROWS, DIM)
 
