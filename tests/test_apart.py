@@ -135,12 +135,16 @@ def test_a_bad_size_says_what_to_set(monkeypatch, text):
         apart.large_bytes()
 
 
-def _pid(model_def):
+def _pid(model_def, *extra):
     return os.getpid()
 
 
 def test_at_0_every_model_is_read_apart_and_at_inf_none(monkeypatch):
+    import threading
+
     monkeypatch.setenv(apart.ENV, "0")
     assert apart.read(_pid, _Def()) != os.getpid()
+    with pytest.warns(UserWarning, match="^model toy does not pickle .*; it is read in this process"):
+        assert apart.read(_pid, _Def(), threading.Lock()) == os.getpid()   # (0 asks for no watched build)
     monkeypatch.setenv(apart.ENV, "inf")
     assert apart.read(_pid, _Def()) == os.getpid()

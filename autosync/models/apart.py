@@ -151,18 +151,17 @@ def read(fn: Callable, model_def, *args: Any) -> Any:
         ConfigError: what ``fn`` raises, here or there (see ``call``).
     """
     limit = large_bytes()
-    if limit == 0:
-        return call(fn, model_def, *args)
     if limit == math.inf:
         return fn(model_def, *args)
-    with watching(limit) as watch:
-        try:
-            result = fn(model_def, *args)
-        except Exception:   # noqa: BLE001 - the stopped build, whatever the user's code made of it
-            if not watch.crossed:
-                raise
-    if not watch.crossed:
-        return result
+    if limit > 0:
+        with watching(limit) as watch:
+            try:
+                result = fn(model_def, *args)
+            except Exception:   # noqa: BLE001 - the stopped build, whatever the user's code made of it
+                if not watch.crossed:
+                    raise
+        if not watch.crossed:
+            return result
     try:
         return call(fn, model_def, *args)
     except Unpicklable as e:
