@@ -179,8 +179,10 @@ def call(fn: Callable, *args: Any) -> Any:
     its warnings given again here.
 
     Raises:
-        ConfigError: what ``fn`` raised as one, or the child did not finish within the limit on
-            the user's code (``time_limit.limit_s``) and a grace, or it died (its exit code).
+        ConfigError: what ``fn`` raised as one; the child did not finish within ``BLOCKS`` limits
+            on the user's code (``time_limit.limit_s``) and a grace (a ``CodeTimeout``), or it
+            died (its exit code or signal); ``Unpicklable``: ``fn`` or ``args`` do not pickle.
+        RuntimeError: another exception there (its traceback).
     """
     from autosync.time_limit import GRACE_S, CodeTimeout, limit_s
 
