@@ -198,6 +198,7 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
         ConfigError: bad model, cluster or settings, or (real compute) an optimizer the runtime
             does not implement; checked before Ray starts.
     """
+    from autosync.runtime.emulated import check_emulated_settings
     from autosync.runtime.optimizers import check_model_optimizer
     from autosync.runtime.runner import RayRunner, check_real_compute
     from autosync.runtime.gpu_profile import profiled_spec
@@ -205,6 +206,8 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
 
     driver_startup()
     cluster_spec = load_cluster(cluster)
+    if compute == "emulated":
+        check_emulated_settings(step_time_s, optimizer)   # said before a model is read
     with allowing(settings.get("trial_timeout_s")):   # a model whose trials may take that long may load as long
         if compute == "emulated":
             if model_spec is None:
@@ -212,8 +215,7 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
         else:
             check_real_compute(compute, cluster_spec, step_time_s)
             model = load_model_def(model)
-            # fail now, not after every trial failed: the runtime applies updates with its own
-            # implementations of the Keras optimizers
+            # fail now, not after every trial failed: what the runtime's optimizers cannot apply
             check_model_optimizer(model)
             if profile and model_spec is None:   # measured where the workers compute, on a GPU cluster
                 model_spec = profiled_spec(model, cluster_spec)

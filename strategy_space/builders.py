@@ -377,6 +377,20 @@ def resolve_strategy(strategy, model: ModelSpec | Callable[[], ModelSpec], clust
     makes the ModelSpec, called only for a builder's name.
 
     Raises:
+        ConfigError: see ``strategy_or_builder``.
+    """
+    found = strategy_or_builder(strategy)
+    if isinstance(found, Strategy):
+        return found
+    return get_builder(found).build(model() if callable(model) else model, cluster)
+
+
+def strategy_or_builder(strategy) -> Strategy | str:
+    """What ``resolve_strategy`` reads without a model: the Strategy given or read from its YAML
+    file, or the builder's name given. A command checks this before it builds a model, so that
+    a bad file or name is said at once.
+
+    Raises:
         ConfigError: neither an existing file nor a builder's name (the builders are listed), a
             file that is not a valid strategy, or something that is not a name at all.
     """
@@ -393,7 +407,7 @@ def resolve_strategy(strategy, model: ModelSpec | Callable[[], ModelSpec], clust
     if os.path.exists(os.path.expanduser(text)):
         return load_strategy(os.path.expanduser(text))
     if text in BUILDERS:
-        return get_builder(text).build(model() if callable(model) else model, cluster)
+        return text
     raise ConfigError(f"strategy {text!r} is neither a strategy YAML file nor a builder's name; give the path "
                       f"of a strategy file (autosync tune writes best_strategy.yaml, autosync build writes one) or "
                       f"a builder: {', '.join(BUILDERS)}")

@@ -44,9 +44,11 @@ def cmd_builders(args) -> int:
 
 def cmd_build(args) -> int:
     check_output_file(args.out, "--out")
-    model = load_model_spec(args.model)
+    # the builder, its options and the cluster are checked before the model is built (seconds)
+    builder = get_builder(args.builder, **_parse_options(args.option))
     cluster = load_cluster(args.cluster)
-    strategy = get_builder(args.builder, **_parse_options(args.option)).build(model, cluster)
+    model = load_model_spec(args.model)
+    strategy = builder.build(model, cluster)
     validate(strategy, model, cluster)
     if args.out:
         save(strategy, args.out)

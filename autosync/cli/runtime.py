@@ -70,6 +70,7 @@ def _prepare(args):
     """Everything that can be checked before Ray starts: the flags, the model (loaded, its
     optimizer checked, its ModelSpec built here; with emulated compute the synthetic model) and
     the cluster. Returns (ModelDef, ModelSpec, ClusterSpec) as the runner will use them."""
+    from autosync.runtime.emulated import check_emulated_settings
     from autosync.runtime.optimizers import check_model_optimizer
     from autosync.runtime.runner import check_node_capacity, check_real_compute, emulated_setup
     from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
@@ -82,6 +83,7 @@ def _prepare(args):
     cluster = load_cluster(args.cluster)
     check_node_capacity(cluster)
     if args.compute == "emulated":
+        check_emulated_settings(args.step_time, args.optimizer)   # before the model is read
         model_def, cluster, spec = emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None,
                                                   args.step_time, args.optimizer)
         return model_def, spec, cluster

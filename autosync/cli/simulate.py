@@ -58,13 +58,16 @@ def run(args) -> int:
     from autosync.planning import compute_source
     from autosync.sources import load_cluster, load_model_spec, load_strategy_for
     from strategy_space import validate
+    from strategy_space.builders import strategy_or_builder
     from strategy_space.space import StrategySpace
     from tuner.cost_models.analytic import AnalyticCostModel
     from tuner.features.tables import FeatureTables
     from tuner.features.batch import COL, featurize
 
-    model, cluster = load_model_spec(args.model), load_cluster(args.cluster)
-    strategy = validate(load_strategy_for(args.strategy, model, cluster), model, cluster)
+    # the cluster and a strategy file (or a builder's name) are checked before the model is built
+    cluster, strategy = load_cluster(args.cluster), strategy_or_builder(args.strategy)
+    model = load_model_spec(args.model)
+    strategy = validate(load_strategy_for(strategy, model, cluster), model, cluster)
     X = featurize(FeatureTables.from_specs(model, cluster), StrategySpace(model, cluster).encode([strategy]))
     predictor, step = "analytic", float(AnalyticCostModel().predict(X)[0])
     if args.store:

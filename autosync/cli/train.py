@@ -27,6 +27,7 @@ def _prepare(args):
     from autosync.runtime.runner import check_node_capacity
     from autosync.runtime.trainer import check_fit
     from autosync.sources import load_cluster, load_model_def, load_model_spec, load_strategy_for
+    from strategy_space.builders import strategy_or_builder
 
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
@@ -51,10 +52,11 @@ def _prepare(args):
         CheckpointStore(args.restore).read()
     cluster = load_cluster(args.cluster)
     check_node_capacity(cluster)
+    strategy = strategy_or_builder(args.strategy)   # a bad file or name is said before the model is built
     model_def = load_model_def(args.model)
     check_model_optimizer(model_def)
     spec = load_model_spec(model_def)
-    strategy = load_strategy_for(args.strategy, spec, cluster)
+    strategy = load_strategy_for(strategy, spec, cluster)
     try:   # a strategy for another model or cluster fails here, before Ray starts
         validate(strategy, spec, cluster)
     except ConfigError as e:

@@ -131,10 +131,31 @@ def emulated_model_def(spec: ModelSpec, cluster: ClusterSpec, step_time_s: float
                               f"step; add `profile: {{step_time_s: SECONDS}}` to its model-spec YAML, give "
                               f"--step-time SECONDS, or use a trainable model (zoo:NAME) whose compute is measured")
         step_time_s = spec.profile.step_time_s
-    if not (isinstance(step_time_s, (int, float)) and step_time_s >= 0):
-        raise ConfigError(f"--step-time must be a number of seconds >= 0, got {step_time_s!r}")
+    if problem := _step_time_problem(step_time_s):
+        raise ConfigError(problem)
     dilation = getattr(cluster, "compute_dilation", 1.0)
     return EmulatedModelDef(spec, float(step_time_s) * dilation, optimizer, seed)
+
+
+def check_emulated_settings(step_time_s: float | None, optimizer: str) -> None:
+    """What emulated compute takes beside the model (``--step-time``, None: the spec's;
+    ``--optimizer``), checked before any model is read.
+
+    Raises:
+        ConfigError: a step time that is not a number of seconds >= 0, or an unknown optimizer
+            (both said at once).
+    """
+    problems = [_step_time_problem(step_time_s) if step_time_s is not None else None,
+                None if isinstance(optimizer, str) and optimizer in OPTIMIZERS else
+                f"optimizer {optimizer!r} for emulated compute is not one of {', '.join(OPTIMIZERS)}"]
+    if any(problems):
+        raise ConfigError([p for p in problems if p])
+
+
+def _step_time_problem(step_time_s) -> str | None:
+    if isinstance(step_time_s, (int, float)) and not isinstance(step_time_s, bool) and step_time_s >= 0:
+        return None
+    return f"--step-time must be a number of seconds >= 0, got {step_time_s!r}"
 
 
 def distinct_zipf_rows(rng: np.random.Generator, vocab: int, rows: int) -> np.ndarray:

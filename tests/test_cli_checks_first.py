@@ -1,0 +1,91 @@
+"""A command says what is wrong with its cheap inputs (a builder's name or options, a cluster or
+strategy file, emulated compute's settings) before it reads the model: reading one imports
+TensorFlow and builds it, ten seconds and more, which a user waited through only to be told of a
+typo. The model loaders are replaced by ones that fail the test if called."""
+from __future__ import annotations
+
+import pytest
+
+import autosync.cli.offline
+import autosync.sources
+from autosync.cli import main
+from strategy_space import save
+from strategy_space.builders import strategy_or_builder
+from strategy_space.errors import ConfigError
+from strategy_space.strategy import Strategy
+from tests.fakes import tiny_model, two_node_cluster
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Reading the model fails the test."""
+    def read(*args, **kwargs):
+        raise AssertionError("the model was read before the command's cheap inputs were checked")
+
+    for name in ("load_model_spec", "load_model_def", "load_emulated_model"):
+        monkeypatch.setattr(autosync.sources, name, read)
+    monkeypatch.setattr(autosync.cli.offline, "load_model_spec", read)
+
+
+@pytest.fixture
+def files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("garbage: [1, 2\n")
+    return {"bad": str(bad), "tmp": str(tmp_path)}
+
+
+CASES = {
+    "build-unknown-builder": (["build", "--builder", "nope", "--model", "zoo:ncf", "--cluster", "local"],
+                              ["unknown builder 'nope'"]),
+    "build-unknown-option": (["build", "--builder", "ps", "--option", "shards=3", "--model", "zoo:ncf",
+                              "--cluster", "local"], ["unknown option(s) shards"]),
+    "build-bad-cluster": (["build", "--builder", "ps", "--model", "zoo:ncf", "--cluster", "{bad}"],
+                          ["not valid YAML"]),
+    "simulate-bad-cluster": (["simulate", "--model", "zoo:ncf", "--cluster", "{bad}", "--strategy", "ps"],
+                             ["not valid YAML"]),
+    "simulate-unknown-strategy": (["simulate", "--model", "zoo:ncf", "--cluster", "local", "--strategy", "nope"],
+                                  ["strategy 'nope' is neither a strategy YAML file nor a builder's name"]),
+    "simulate-bad-strategy-file": (["simulate", "--model", "zoo:ncf", "--cluster", "local", "--strategy", "{bad}"],
+                                   ["not valid YAML"]),
+    "train-unknown-strategy": (["train", "--model", "zoo:ncf", "--strategy", "nope", "--steps", "5"],
+                               ["strategy 'nope' is neither"]),
+    "train-bad-strategy-file": (["train", "--model", "zoo:ncf", "--strategy", "{bad}", "--steps", "5"],
+                                ["not valid YAML"]),
+    "run-emulated-settings": (["run", "--model", "zoo:ncf", "--strategy", "ps", "--compute", "emulated",
+                               "--step-time", "-1", "--optimizer", "nope"],
+                              ["--step-time must be a number of seconds >= 0, got -1.0",
+                               "optimizer 'nope' for emulated compute is not one of sgd"]),
+    "tune-emulated-optimizer": (["tune", "--model", "zoo:ncf", "--compute", "emulated", "--optimizer", "nope",
+                                 "--warm-start", "none", "--store", "{tmp}/trials.db"],
+                                ["optimizer 'nope' for emulated compute"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_cheap_input_is_said_before_the_model_is_read(case, no_model, files, capsys):
+    argv, said = CASES[case]
+    assert main([a.format(**files) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"autosync {argv[0]}: error: ") and "Traceback" not in err, err
+    for text in said:
+        assert text in err, err
+
+
+def test_strategy_or_builder_reads_a_file_keeps_a_name_and_refuses_the_rest(tmp_path):
+    model, cluster = tiny_model(), two_node_cluster()
+    from strategy_space.builders import get_builder
+
+    strategy = get_builder("ps").build(model, cluster)
+    path = tmp_path / "s.yaml"
+    save(strategy, path)
+    assert strategy_or_builder(str(path)) == strategy
+    assert strategy_or_builder(path) == strategy
+    assert strategy_or_builder(strategy) is strategy
+    assert strategy_or_builder("all_reduce") == "all_reduce"
+    named = tmp_path / "ps"   # a file of a builder's name wins, as resolve_strategy has it
+    save(strategy, named)
+    assert isinstance(strategy_or_builder(str(named)), Strategy)
+    with pytest.raises(ConfigError, match="neither a strategy YAML file nor a builder's name"):
+        strategy_or_builder(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="got int 3"):
+        strategy_or_builder(3)
