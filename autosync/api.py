@@ -11,6 +11,7 @@ Strategy); this layer resolves names and files (``autosync.sources``) before han
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -48,9 +49,8 @@ def default_store_path() -> Path:
 
 
 def run_dir(store_path: str | os.PathLike, model_name: str, cluster_name: str, run_id: str) -> Path:
-    """Where a tuning run's outputs go unless told otherwise (``autosync tune`` and ``autosync
-    report``): beside its trial store, ``runs/MODEL-CLUSTER-RUNID/`` (by default under the user's
-    cache, never the current folder, which may be a source checkout)."""
+    """Where a tuning run's outputs go unless told otherwise (``autosync tune``, ``report``): beside its trial
+    store, ``runs/MODEL-CLUSTER-RUNID/`` (by default under the user's cache, never a source checkout)."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{model_name}-{cluster_name}-{run_id}").strip("._") or run_id
     return Path(os.path.abspath(store_path)).parent / "runs" / name[:120]
 
@@ -159,9 +159,8 @@ class TuneResult:
             "baseline_trials": sum(1 for t in self.outcome.trials if t.role == "baseline"),
             "confirm_trials": len(self.outcome.confirm_trials),
             "best_measurements": self.best_trial.measurements,
-            # the fastest strategy measured, when it was not recommended: its gain over the best
-            # baseline was within the noise between repeated measurements (``because``: noise), or
-            # only at its probed efficiency, not at its interval's low end (efficiency)
+            # the fastest strategy measured, when not recommended: its gain over the best baseline was within the
+            # noise of repeated measurements (``because``: noise), or only at its probed efficiency (efficiency)
             "fastest_not_significant": (None if fastest is None
                                         or fastest.strategy.fingerprint == self.best_trial.strategy.fingerprint
                                         else self.outcome.not_recommended(fastest)),
@@ -231,17 +230,19 @@ def make_trainer(model, strategy, cluster="local", **settings):
         strategy: a Strategy, a strategy YAML path, or a builder's name (``"ps"``: the baseline
             that builder makes for this model and cluster).
         cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
-        settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``, ``restore``: a checkpoint
-            directory to continue from, see ``Trainer.save``; ``keep_global_batch``: on fewer workers
-            than the checkpoint's, each draws the batches of the workers it stands for too).
+        settings: the other ``Trainer`` keywords (``timeout_s``, ``pool``, ``restore``: a checkpoint directory, see
+            ``Trainer.save``; ``keep_global_batch``: on fewer workers, each also draws the lost ones' batches).
 
     Raises:
-        ConfigError: bad model, strategy or cluster (see ``Trainer`` for the rest).
+        ConfigError: bad model, strategy or cluster (see ``Trainer`` for the rest); TypeError: an unknown keyword.
     """
     from autosync.runtime.trainer import Trainer
     from autosync.sources import load_cluster, load_model_def, load_strategy_for
+    from strategy_space.builders import strategy_or_builder
 
     driver_startup()
+    inspect.signature(Trainer).bind(None, None, None, **settings)   # TypeError: a keyword Trainer has not
+    strategy = strategy_or_builder(strategy)   # these said before the model loads (seconds of TensorFlow)
     with allowing(settings.get("timeout_s")):
         model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
@@ -270,8 +271,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          resume: bool = False, steps: int = 10, warmup: int = 3, trial_timeout_s: float = 300.0,
          patience: int = 4, confirm: int = 2, settings: SearchSettings | None = None, warm_start="builtin",
          precision: float | None = 0.03, max_steps: int = 200, compute: str = "real",
-         step_time_s: float | None = None, optimizer: str = "sgd",
-         runner: Runner | None = None,
+         step_time_s: float | None = None, optimizer: str = "sgd", runner: Runner | None = None,
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
          quality: str = DEFAULT_QUALITY, probe_steps: int = DEFAULT_PROBE_STEPS, probe_seed: int | None = None,
          prober: Prober | None = None, on_probe: Callable | None = None,

@@ -1,7 +1,8 @@
 """A command says what is wrong with its cheap inputs (a builder's name or options, a cluster or
-strategy file, emulated compute's settings) before it reads the model: reading one imports
-TensorFlow and builds it, ten seconds and more, which a user waited through only to be told of a
-typo. The model loaders are replaced by ones that fail the test if called."""
+strategy file, emulated compute's settings) before it reads the model, and so does
+``autosync.make_trainer``: reading one imports TensorFlow and builds it, ten seconds and more,
+which a user waited through only to be told of a typo. The model loaders are replaced by ones
+that fail the test if called."""
 from __future__ import annotations
 
 import pytest
@@ -89,3 +90,14 @@ def test_strategy_or_builder_reads_a_file_keeps_a_name_and_refuses_the_rest(tmp_
         strategy_or_builder(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match="got int 3"):
         strategy_or_builder(3)
+
+
+def test_make_trainer_says_an_unknown_keyword_and_a_bad_strategy_before_the_model_loads(no_model, files):
+    import autosync
+
+    with pytest.raises(TypeError, match="nonsense"):
+        autosync.make_trainer("zoo:ncf", "ps", "local", nonsense=1)
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        autosync.make_trainer("zoo:ncf", files["bad"], "local")
+    with pytest.raises(ConfigError, match="neither a strategy YAML file nor a builder's name"):
+        autosync.make_trainer("zoo:ncf", "nope", "local", timeout_s=30)
