@@ -148,3 +148,23 @@ def test_at_0_every_model_is_read_apart_and_at_inf_none(monkeypatch):
         assert apart.read(_pid, _Def(), threading.Lock()) == os.getpid()   # (0 asks for no watched build)
     monkeypatch.setenv(apart.ENV, "inf")
     assert apart.read(_pid, _Def()) == os.getpid()
+
+
+def _aside_pid(model_def, tag):
+    return tag, os.getpid()
+
+
+def _aside_fails(model_def):
+    raise ValueError("not now")
+
+
+def test_a_read_apart_takes_what_is_asked_aside_along_in_the_same_process(monkeypatch):
+    """``read_and``: the aside's result comes from the child that read the model; none where the
+    aside fails there (the read that asks for it later says why) or where the model is read here."""
+    monkeypatch.setenv(apart.ENV, "0")
+    pid, aside = apart.read_and(_pid, _Def(), (), (_aside_pid, ("key",)))
+    assert pid != os.getpid() and aside == ("key", pid)
+    pid, aside = apart.read_and(_pid, _Def(), (), (_aside_fails, ()))
+    assert pid != os.getpid() and aside is None
+    monkeypatch.setenv(apart.ENV, "inf")
+    assert apart.read_and(_pid, _Def(), (), (_aside_pid, ("key",))) == (os.getpid(), None)

@@ -74,9 +74,9 @@ def _counted(monkeypatch) -> list:
     calls = []
     real = apart.call
 
-    def call(fn, *args):
+    def call(fn, *args, **kwargs):
         calls.append(fn.__name__)
-        return real(fn, *args)
+        return real(fn, *args, **kwargs)
 
     monkeypatch.setattr(apart, "call", call)
     return calls
@@ -187,6 +187,33 @@ def test_what_the_driver_reads_apart_is_what_it_reads_here(monkeypatch):
     assert ({k: v for k, v in optimizer[1].items() if k != "name"}
             == {k: v for k, v in optimizer_here[1].items() if k != "name"})
     assert digest == digest_here
+
+
+@pytest.mark.integration
+def test_tunes_profile_brings_the_probe_key_along_from_its_process(monkeypatch):
+    """``tune`` profiles the model (``digest_workers``: its cluster's workers), then its probes ask
+    for the model's probe key: a large model's one child gives both, the key equal to the one read
+    here; another number of workers or another ModelDef object is read again."""
+    import dataclasses
+
+    from autosync.models import profile
+    from autosync.models.training_key import training_digest
+
+    model_def = _def()
+    monkeypatch.setenv(apart.ENV, "inf")
+    digest_here = training_digest(model_def, 2)
+    calls = _counted(monkeypatch)
+    monkeypatch.setenv(apart.ENV, str(10**9))   # a limit the model is under: read here, nothing taken along
+    profile.profiled_model_spec(model_def, timed_steps=2, digest_workers=2)
+    assert training_digest(model_def, 2) == digest_here and calls == []
+    monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))   # the table alone reaches it
+    profiled = profile.profiled_model_spec(model_def, timed_steps=2, digest_workers=2)
+    assert profiled.profile.step_time_s > 0 and profiled.var("table/embeddings").shape == (ROWS, DIM)
+    assert training_digest(model_def, 2) == digest_here
+    assert calls == ["_aside"]   # one process for both
+    training_digest(model_def, 3)
+    training_digest(dataclasses.replace(model_def), 2)
+    assert calls == ["_aside", "built_digest", "built_digest"]
 
 
 HANGS = """from autosync.time_limit import bounded

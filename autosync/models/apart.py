@@ -23,7 +23,9 @@ fault of ours, is raised here as a RuntimeError with its traceback). Its output 
 process's goes. Code that no signal stops is killed past three limits and a grace (the blocks of
 one read); the child is killed too when this process stops waiting for any other reason (Ctrl-C).
 A model whose functions do not pickle is read here, with a warning. The cost: the child's imports
-(TensorFlow, Keras: 8-10 s a read on this 2-core machine), paid only for a large model.
+(TensorFlow, Keras: 8-10 s a read on this 2-core machine), paid only for a large model; a read
+that knows what will be asked of the same model later takes it along (``read_and``: ``tune``'s
+profile brings the probe key), so that one child serves both.
 """
 from __future__ import annotations
 
@@ -150,9 +152,22 @@ def read(fn: Callable, model_def, *args: Any) -> Any:
     Raises:
         ConfigError: what ``fn`` raises, here or there (see ``call``).
     """
+    return read_and(fn, model_def, args, None)[0]
+
+
+def read_and(fn: Callable, model_def, args: tuple, aside: tuple | None) -> tuple:
+    """``read(fn, model_def, *args)`` and, where the model is read in a child process, ``aside``
+    (a function and its arguments) called there too on ``model_def``, after ``fn``: what a later
+    read of the same model would ask, for a build there instead of another child's start (its
+    TensorFlow import: seconds). Returns (fn's result, aside's result, or None: the model was read
+    here, or aside raised there, which the later read will say itself).
+
+    Raises:
+        ConfigError: as ``read``.
+    """
     limit = large_bytes()
     if limit == math.inf:
-        return fn(model_def, *args)
+        return fn(model_def, *args), None
     if limit > 0:
         with watching(limit) as watch:
             try:
@@ -161,25 +176,36 @@ def read(fn: Callable, model_def, *args: Any) -> Any:
                 if not watch.crossed:
                     raise
         if not watch.crossed:
-            return result
+            return result, None
     try:
-        return call(fn, model_def, *args)
+        if aside is None:
+            return call(fn, model_def, *args), None
+        return call(_aside, model_def, fn, args, *aside, blocks=2 * BLOCKS)
     except Unpicklable as e:
         warnings.warn(f"{e}; it is read in this process, which keeps about 3x its weights' bytes for good",
                       stacklevel=2)
-        return fn(model_def, *args)
+        return fn(model_def, *args), None
+
+
+def _aside(model_def, fn: Callable, args: tuple, aside_fn: Callable, aside_args: tuple) -> tuple:
+    """In the child: ``fn``'s result and ``aside_fn``'s (None where it raises)."""
+    result = fn(model_def, *args)
+    try:
+        return result, aside_fn(model_def, *aside_args)
+    except Exception:   # noqa: BLE001 - said by the read that asks for it later
+        return result, None
 
 
 class Unpicklable(ConfigError):
     """``call``'s function or arguments do not pickle (a user's object cloudpickle cannot carry)."""
 
 
-def call(fn: Callable, *args: Any) -> Any:
+def call(fn: Callable, *args: Any, blocks: int = BLOCKS) -> Any:
     """``fn(*args)`` in a child process (module doc): its result, its ConfigError raised here,
     its warnings given again here.
 
     Raises:
-        ConfigError: what ``fn`` raised as one; the child did not finish within ``BLOCKS`` limits
+        ConfigError: what ``fn`` raised as one; the child did not finish within ``blocks`` limits
             on the user's code (``time_limit.limit_s``) and a grace (a ``CodeTimeout``), or it
             died (its exit code or signal); ``Unpicklable``: ``fn`` or ``args`` do not pickle.
         RuntimeError: another exception there (its traceback).
@@ -202,7 +228,7 @@ def call(fn: Callable, *args: Any) -> Any:
                                  stdin=subprocess.DEVNULL)
         # each block of the user's code there stops itself at the limit (``bounded``); this is for
         # code that no signal stops, past the blocks of one read (build, gradient, timed steps)
-        backstop = BLOCKS * limit + min(GRACE_S, limit)
+        backstop = blocks * limit + min(GRACE_S, limit)
         try:
             code = child.wait(timeout=backstop)
         except subprocess.TimeoutExpired:

@@ -147,12 +147,15 @@ def _check_steps(warmup_steps: int, timed_steps: int) -> None:
         raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {warmup_steps} and {timed_steps}")
 
 
-def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10, apart: bool = True) -> ModelSpec:
+def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 10, apart: bool = True,
+                        digest_workers: int | None = None) -> ModelSpec:
     """``ingest.model_spec_from_def`` with the measured compute profile (step time, device and
     gradient-ready order; see ``profile_model``) of the model it built. Under the optimizer's
     ``gradient_accumulation_steps`` n a worker's step computes n batches before it synchronizes
     once: the step time is n batches'. A large model is read and timed in a process of its own
-    (``models.apart``) unless ``apart`` is False (a process that exits afterwards anyway).
+    (``models.apart``) unless ``apart`` is False (a process that exits afterwards anyway); with
+    ``digest_workers`` its probe key for that many workers is taken there too
+    (``training_key.read_with_digest``: ``tune``'s probes ask for it next).
 
     Raises:
         ConfigError: as ``model_spec_from_def``.
@@ -161,6 +164,10 @@ def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 
     _check_steps(warmup_steps, timed_steps)
     from . import apart as child
 
+    if apart and digest_workers:
+        from .training_key import read_with_digest
+
+        return read_with_digest(_profiled_here, model_def, (warmup_steps, timed_steps), digest_workers)
     if apart:
         return child.read(_profiled_here, model_def, warmup_steps, timed_steps)
     return _profiled_here(model_def, warmup_steps, timed_steps)

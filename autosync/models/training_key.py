@@ -26,6 +26,12 @@ from strategy_space.strict import fingerprint
 
 # object addresses in the text of a value that has no config of its own (``<function f at 0x7f...>``)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_FACTORIES = ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn")
+# digests taken where a large model was read in a process of its own for something else
+# (``read_with_digest``): (id of the ModelDef, workers) -> (the digest, the ModelDef, kept so
+# that its id is not reused); the latest few
+_TAKEN: dict = {}
+_TAKEN_MAX = 8
 
 
 def _plain(value) -> str:
@@ -72,8 +78,25 @@ def training_digest(model_def, workers: int) -> str:
     """
     from . import apart
 
-    code = [_code(getattr(model_def, f)) for f in ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn")]
-    return apart.read(built_digest, model_def, workers, code)
+    taken = _TAKEN.get((id(model_def), workers))
+    if taken is not None and taken[1] is model_def:
+        return taken[0]
+    return apart.read(built_digest, model_def, workers, [_code(getattr(model_def, f)) for f in _FACTORIES])
+
+
+def read_with_digest(fn, model_def, args: tuple, workers: int):
+    """``apart.read(fn, model_def, *args)``; where the model is read in a process of its own, its
+    ``training_digest`` for ``workers`` is taken there too and kept, so that a later
+    ``training_digest`` of this ModelDef (the same object) starts no process of its own."""
+    from . import apart
+
+    code = [_code(getattr(model_def, f)) for f in _FACTORIES]
+    result, digest = apart.read_and(fn, model_def, args, (built_digest, (workers, code)))
+    if digest is not None:
+        _TAKEN[(id(model_def), workers)] = (digest, model_def)
+        while len(_TAKEN) > _TAKEN_MAX:
+            del _TAKEN[next(iter(_TAKEN))]
+    return result
 
 
 def built_digest(model_def, workers: int, code: list) -> str:

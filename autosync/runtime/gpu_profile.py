@@ -17,10 +17,10 @@ from strategy_space.errors import ConfigError
 PROFILE_TIMEOUT_S = 900.0   # a large model's build, trace and timed steps, on a node still starting
 
 
-def _profile_here(model_def, apart: bool = True) -> ModelSpec:
+def _profile_here(model_def, apart: bool = True, workers: int | None = None) -> ModelSpec:
     from autosync.models.profile import profiled_model_spec
 
-    return profiled_model_spec(model_def, apart=apart)
+    return profiled_model_spec(model_def, apart=apart, digest_workers=workers)
 
 
 def profiled_spec(model_def, cluster: ClusterSpec, timeout_s: float = PROFILE_TIMEOUT_S) -> ModelSpec:
@@ -36,7 +36,8 @@ def profiled_spec(model_def, cluster: ClusterSpec, timeout_s: float = PROFILE_TI
     slot = cluster.devices[0]
     node = slot.rsplit(":", 1)[0]
     if cluster.compute == "emulated" or not slot_gpus(cluster, slot):
-        return _profile_here(model_def)
+        # a large model read apart for it brings its probe key for the cluster's workers along
+        return _profile_here(model_def, workers=len(cluster.devices))
     import ray
 
     binding = ClusterBinding.bind(cluster)
