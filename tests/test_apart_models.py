@@ -211,9 +211,11 @@ def test_tunes_profile_brings_the_probe_key_along_from_its_process(monkeypatch):
     assert profiled.profile.step_time_s > 0 and profiled.var("table/embeddings").shape == (ROWS, DIM)
     assert training_digest(model_def, 2) == digest_here
     assert calls == ["_aside"]   # one process for both
+    asked = []
+    monkeypatch.setattr(apart, "call", lambda fn, model_def, workers, code: asked.append((fn.__name__, workers)))
     training_digest(model_def, 3)
     training_digest(dataclasses.replace(model_def), 2)
-    assert calls == ["_aside", "built_digest", "built_digest"]
+    assert asked == [("built_digest", 3), ("built_digest", 2)]   # read again (no process started here)
 
 
 HANGS = """from autosync.time_limit import bounded
