@@ -14,6 +14,10 @@ stopped that way. The command line (``exit_when_stuck``) then prints the same me
 the process with exit code 2 once the limit and as long again (at most 30 s) have passed; the
 Python API leaves its caller's process alone.
 
+Its memory is bounded too (``memory_limit``: a block that takes more than half of what the machine
+had available when it began is stopped the same way, and the command line ends one that does not
+give control back within ``MEMORY_GRACE_S``), in the driver only: Ray watches its workers' memory.
+
 Only the main thread is bounded (signals reach only it), of the driver, or of a Ray worker where
 it asks (``in_worker``: a training worker's load and its steps' data draws, within what is left of
 the trial's limit, so that the trial says where its code hung: ``TrainingWorker.load_within`` and
@@ -32,12 +36,14 @@ import threading
 import traceback
 from pathlib import Path
 
+from autosync import memory_limit
 from strategy_space.errors import ConfigError
 
 ENV = "AUTOSYNC_MODEL_TIMEOUT"
 DEFAULT_S = 300.0
 AGAIN_S = 5.0    # the exception is raised again this often while the code goes on (it caught it)
 GRACE_S = 30.0   # the command line ends a process stuck this long past the limit (or the limit, if shorter)
+MEMORY_GRACE_S = 2.0   # ... or this long past its memory budget
 _OWN = Path(__file__).resolve().parent
 # hard: the command that ends stuck code; allowed: its limit per trial, which reading the model may take too
 _state = {"active": False, "hard": None, "allowed": 0.0}
@@ -46,6 +52,10 @@ _state = {"active": False, "hard": None, "allowed": 0.0}
 class CodeTimeout(ConfigError):
     """What ``bounded`` raises for a block that ran past its limit: bad input, and a time-out (a
     trial that fails with it is not run again: ``runtime.waiting.wait_all``)."""
+
+
+class MemoryOverrun(ConfigError):
+    """What ``bounded`` raises for a block that took more memory than it may (``memory_limit``)."""
 
 
 class Overrun(BaseException):
@@ -166,22 +176,38 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
     Raises:
         CodeTimeout: the block ran past the limit (what, where it was stopped, and how to give it
             longer).
-        ConfigError: ``AUTOSYNC_MODEL_TIMEOUT`` is not a number of seconds.
+        MemoryOverrun: in the driver, the block took more memory than ``memory_limit.budget()``.
+        ConfigError: ``AUTOSYNC_MODEL_TIMEOUT`` is not a number of seconds, or
+            ``AUTOSYNC_MODEL_MEMORY`` not a size.
     """
     limit = limit_s() if seconds is None else float(seconds)
     if not _boundable(in_worker) or not limit > 0:
         yield
         return
+    memory = None if in_worker else memory_limit.budget()   # (a worker's: Ray's memory monitor)
     stopped: list[str] = []
+    over: list[int] = []   # the bytes the block had taken when it went past its memory budget
 
     def alarm(signum, frame):
-        if gate is not None and not gate():
+        if done.is_set() or gate is not None and not gate() and not over:
             return
         if not stopped:
             stopped.append((where or where_stopped)(frame))
         raise Overrun(stopped[0])
 
-    done = threading.Event()
+    done, guard = threading.Event(), threading.Lock()   # (no signal is sent once the block is done)
+
+    def too_much(grown: int):
+        with guard:
+            if done.is_set():
+                return
+            over.append(grown)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+        if not done.wait(MEMORY_GRACE_S) and _state["hard"]:   # in a call Python cannot interrupt: end it
+            said = _memory_message(what, grown, memory, "a call Python cannot interrupt")
+            print(f"autosync {_state['hard']}: error: {said} (the process was ended before the machine ran out)",
+                  file=sys.stderr, flush=True)
+            os._exit(2)
 
     def stuck():
         if not done.wait(limit + min(GRACE_S, limit)) and _state["hard"]:
@@ -194,15 +220,32 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
     _state["active"] = True
     if _state["hard"]:
         threading.Thread(target=stuck, name="autosync-time-limit", daemon=True).start()
+    watch = memory_limit.Watch(memory, too_much) if memory is not None else None
     try:
         signal.setitimer(signal.ITIMER_REAL, limit, AGAIN_S)
         try:
             yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            with guard:
+                done.set()
+            if watch is not None:
+                watch.close()
     except Overrun:
-        raise CodeTimeout(_message(what, limit, stopped[0] if stopped else "an unknown place", longer)) from None
+        where = stopped[0] if stopped else "an unknown place"
+        if over:
+            raise MemoryOverrun(_memory_message(what, over[0], memory, where)) from None
+        raise CodeTimeout(_message(what, limit, where, longer)) from None
     finally:
         done.set()
         signal.signal(signal.SIGALRM, before)
         _state["active"] = False
+
+
+def _memory_message(what: str, grown: int, budget: float, where: str) -> str:
+    set_to = os.environ.get(memory_limit.ENV, "").strip()
+    given = f"{memory_limit.ENV}={set_to}" if set_to else "half of what this machine had available"
+    return (f"{what} took more than the {memory_limit.gib(budget)} of memory it may take ({given}): "
+            f"{memory_limit.gib(grown)} when it was stopped at {where}; is a size in it (batch_size, the data, a "
+            f"layer) larger than meant? Lower it, or run where there is more memory ({memory_limit.ENV} sets the "
+            f"limit: e.g. 16g, or inf)")

@@ -205,6 +205,9 @@ def user_code(model_def, what: str, fix: str = "check that model_fn returns a ke
         raise
     except BaseException as e:  # noqa: BLE001 - the user's code (sys.exit included): any failure is bad input
         detail = what_failed(e)
+        if isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError":   # (TensorFlow's OOM)
+            fix = (f"it needs more memory than this process could have: is a size in it (batch_size "
+                   f"{getattr(model_def, 'batch_size', '?')}, the data, a layer) larger than meant?")
         raise ConfigError(f"ModelDef {getattr(model_def, 'name', '?')}: {what} failed: {detail}; {fix}") from None
 
 
