@@ -204,7 +204,7 @@ def bounded(what: str, *, seconds: float | None = None, longer: str | None = Non
             over.append(grown)
             signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
         if not done.wait(MEMORY_GRACE_S) and _state["hard"]:   # in a call Python cannot interrupt: end it
-            said = _memory_message(what, grown, memory, "a call Python cannot interrupt")
+            said = _memory_message(what, grown, memory, stopped[0] if stopped else "a call Python cannot interrupt")
             print(f"autosync {_state['hard']}: error: {said} (the process was ended before the machine ran out)",
                   file=sys.stderr, flush=True)
             os._exit(2)
