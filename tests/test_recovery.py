@@ -28,9 +28,15 @@ class Binding(ClusterBinding):
     """A binding whose nodes are lost as ``reports`` says, one entry per question (the last stays)."""
 
     reports: list = dataclasses.field(default_factory=list)
+    answers: list = dataclasses.field(default_factory=list)   # the nodes asked, when they answer (else empty)
 
     def lost_nodes(self):
         return self.reports.pop(0) if len(self.reports) > 1 else self.reports[0]
+
+    def answering(self, nodes):
+        if self.answers:
+            self.answers.append(list(nodes))
+        return bool(self.answers)
 
 
 class FakeTrainer(recovery.Recovery):
@@ -291,3 +297,33 @@ def test_a_restart_that_fails_on_a_node_found_lost_is_the_same_failure_not_anoth
     assert starts == [CLUSTER.node_names, ("a", "p")] and len(failures) == 1
     (restart,) = history.restarts
     assert restart["without"] == ["b"] and restart["error"].endswith("(the actor process exited or was killed)")
+
+
+def test_a_failure_is_taken_for_an_ordinary_one_at_once_where_every_node_answers(no_ray, monkeypatch):
+    """A restart that failed for an ordinary reason (the nodes all there) waited up to NODE_DEATH_S
+    (30 s) for Ray to report a node dead; where every node the strategy uses answers (its raylet
+    accepts a connection), none is lost and the next restart goes on at once."""
+    monkeypatch.setattr(recovery, "NODE_DEATH_S", 30.0)
+    slept = []
+    monkeypatch.setattr(recovery.time, "sleep", slept.append)
+    strategy = get_builder("partitioned_ps", min_partition_bytes=1).build(MODEL, CLUSTER)
+    trainer = FakeTrainer(strategy, [[]])
+    trainer.pool.binding.answers.append("asked:")
+    assert trainer._lost_nodes(True) is None and slept == []
+    assert trainer.pool.binding.answers[1:] == [sorted({"a", "b"} | set(strategy.ps_nodes()))]
+    quiet = FakeTrainer(strategy, [[], ["b"]])   # a node that does not answer: Ray's report is waited for
+    assert quiet._lost_nodes(True) == (["b"], True) and slept == [0.5]
+
+
+def test_a_raylet_accepts_or_refuses_a_connection():
+    import socket
+
+    from autosync.runtime.binding import accepts
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        port = listening.getsockname()[1]
+        assert accepts("127.0.0.1", port)
+    assert not accepts("127.0.0.1", port)   # closed: refused at once
+    assert not accepts(None, None) and not accepts("127.0.0.1", "not a port")

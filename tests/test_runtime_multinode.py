@@ -53,6 +53,7 @@ out["placement"] = trial.meta.get("placement")
 out["node_ids"] = runner.binding.node_ids
 out["calls"] = trial.meta.get("ray_calls_per_step_per_worker")
 out["lost_before"] = runner.lost_nodes()
+out["answering_before"] = runner.binding.answering(["n0", "n1"])   # every raylet accepts a connection
 # an elastic fit on the runner's warm workers: node n1 goes after step 5, the fit goes on on n0 alone
 # from the checkpoint of step 3, its PS shards moved there
 import tempfile
@@ -85,6 +86,7 @@ t0 = time.monotonic()
 while not runner.lost_nodes() and time.monotonic() - t0 < 120:
     time.sleep(0.5)
 out["lost"] = runner.lost_nodes()
+out["answering_after"] = [runner.binding.answering(["n0"]), runner.binding.answering(["n0", "n1"])]
 t0 = time.monotonic()
 again = runner.run([strategy])[0]
 out["after_loss"] = [again.status, again.error, time.monotonic() - t0]
@@ -123,6 +125,7 @@ def test_ps_shards_and_workers_are_placed_on_their_nodes_and_an_elastic_fit_goes
     assert out["after"] == [["n0", "n1"], True, 11] and out["losses"] == 11
     assert out["elastic_diff"] < 1e-5 < out["shrunk_diff"], out
     assert out["lost_before"] == [] and out["lost"] == ["n1"]
+    assert out["answering_before"] is True and out["answering_after"] == [True, False]
     status, error, seconds = out["after_loss"]
     assert status == "failed" and error.startswith("not run: node(s) n1 left the Ray cluster"), error
     assert seconds < 30

@@ -116,6 +116,25 @@ class ClusterBinding:
             return []
         return [name for name, node_id in self.node_ids.items() if node_id not in alive]
 
+    def answering(self, nodes) -> bool:
+        """Whether the Ray node of each of ``nodes`` (the spec's names) is alive to Ray and its
+        raylet accepts a connection now (``accepts``): so that a failure is known for an ordinary
+        one at once, where Ray's heartbeats take tens of seconds to report a node dead. A raylet
+        that was killed refuses at once; a machine that is gone does not answer within the time-out:
+        both are not answering."""
+        import ray
+
+        try:
+            known = {n["NodeID"]: n for n in ray.nodes()}
+        except Exception:  # noqa: BLE001 - Ray cannot say (not connected, shutting down)
+            return False
+        for name in nodes:
+            node = known.get(self.node_ids.get(name))
+            where = (node or {}).get("NodeManagerAddress"), (node or {}).get("NodeManagerPort")
+            if not (node and node.get("Alive") and accepts(*where)):
+                return False
+        return True
+
     def lost_for(self, strategy) -> tuple[list[str], bool] | None:
         """The lost nodes (``lost_nodes``) ``strategy`` places workers or parameter servers on, and
         whether any of them held its workers (``lost_nodes_note``); None where it needs none."""
@@ -137,6 +156,17 @@ class ClusterBinding:
         """Stop the embedded Ray if this binding started it."""
         if self.started_ray:
             _shutdown(self.reaper, self.ray_roots)
+
+
+def accepts(address, port, timeout_s: float = 1.0) -> bool:
+    """Whether ``address:port`` accepts a TCP connection within ``timeout_s``."""
+    import socket
+
+    try:
+        with socket.create_connection((str(address), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _shutdown(reaper, roots: dict) -> None:

@@ -94,12 +94,20 @@ class Recovery:
     def _lost_nodes(self, wait: bool) -> tuple[list[str], bool] | None:
         """The lost nodes this trainer's strategy needs (``ClusterBinding.lost_for``); with ``wait``
         (an actor died with its node, or a restart failed), Ray is given up to ``NODE_DEATH_S`` to
-        report it, so that a restart is not spent on placing actors on a node that is gone."""
+        report it, so that a restart is not spent on placing actors on a node that is gone, unless
+        every node the strategy uses answers meanwhile (``ClusterBinding.answering``): none is lost,
+        and the failure is an ordinary one."""
         until = time.monotonic() + (NODE_DEATH_S if wait else 0.0)
+        used = None
         while True:
             gone = self.pool.binding.lost_for(self.strategy)
             if gone or time.monotonic() >= until:
                 return gone
+            if used is None:
+                used = {s.rsplit(":", 1)[0] for s in self.strategy.resolved_replicas(self.cluster)}
+                used |= set(self.strategy.ps_nodes())
+            if self.pool.binding.answering(sorted(used)):
+                return None
             time.sleep(0.5)
 
     def _go_on_without(self) -> tuple[str, list[str], dict]:
