@@ -10,7 +10,7 @@ memory every ``POLL_S``; once it has grown by more than the block's budget (``bu
 what the machine had available when the block began; ``AUTOSYNC_MODEL_MEMORY`` sets it), the
 block is stopped as a block past its time limit is, with a message that says how much it took and
 what to lower. Available memory is the kernel's ``MemAvailable``, or what the process's cgroup
-(v2) leaves, where that is less (a container's limit).
+(v2 or v1) and its ancestors leave, where that is less (a container's or a job's limit).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ ENV = "AUTOSYNC_MODEL_MEMORY"
 POLL_S = 0.05
 SHARE = 0.5   # of what is available when a block begins: the most it may take
 _CGROUP = Path("/sys/fs/cgroup")
+_PROC_CGROUP = Path("/proc/self/cgroup")
 
 
 def _meminfo() -> dict:
@@ -43,14 +44,40 @@ def available() -> tuple[int, int] | None:
         free, total = info["MemAvailable"], info["MemTotal"]
     except (OSError, KeyError, ValueError, IndexError):
         return None
-    try:
-        limit = (_CGROUP / "memory.max").read_text().strip()
-        if limit != "max":
-            used = int((_CGROUP / "memory.current").read_text())
-            free, total = min(free, max(0, int(limit) - used)), min(total, int(limit))
-    except (OSError, ValueError):
-        pass
+    room = _cgroup_room()
+    if room is not None:
+        free, total = min(free, room[0]), min(total, room[1])
     return free, total
+
+
+def _cgroup_room() -> tuple[int, int] | None:
+    """(bytes left, limit) under the tightest memory limit of this process's cgroup and its
+    ancestors, cgroup v2 or v1's memory controller; None: no limit found."""
+    try:
+        lines = _PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        return None
+    tightest = None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            root, files = _CGROUP, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            root, files = _CGROUP / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        here = Path(path.lstrip("/"))
+        for folder in (root / p for p in (here, *here.parents)):
+            try:
+                limit = (folder / files[0]).read_text().strip()
+                if limit == "max" or int(limit) >= 1 << 60:   # (v1 writes "no limit" as a huge number)
+                    continue
+                room = max(0, int(limit) - int((folder / files[1]).read_text()))
+            except (OSError, ValueError):
+                continue
+            if tightest is None or room < tightest[0]:
+                tightest = (room, int(limit))
+    return tightest
 
 
 def resident() -> int | None:

@@ -44,13 +44,29 @@ def test_the_default_budget_is_half_of_what_is_available(monkeypatch):
 
 
 def test_a_cgroups_limit_is_what_is_available_where_it_is_less(tmp_path, monkeypatch):
+    """The tightest limit of the process's cgroup and its ancestors, v2 or v1 (a container's, a job's)."""
     monkeypatch.setattr(memory_limit, "_meminfo", lambda: {"MemAvailable": 20 << 30, "MemTotal": 24 << 30})
     monkeypatch.setattr(memory_limit, "_CGROUP", tmp_path)
-    assert memory_limit.available() == (20 << 30, 24 << 30)   # no cgroup files: the machine's
-    (tmp_path / "memory.max").write_text("4294967296\n")
-    (tmp_path / "memory.current").write_text(str(1 << 30))
-    assert memory_limit.available() == (3 << 30, 4 << 30)
-    (tmp_path / "memory.max").write_text("max\n")
+    own = tmp_path / "proc-cgroup"
+    monkeypatch.setattr(memory_limit, "_PROC_CGROUP", own)
+    assert memory_limit.available() == (20 << 30, 24 << 30)   # no /proc/self/cgroup: the machine's
+    own.write_text("0::/job/step\n")
+    (tmp_path / "job" / "step").mkdir(parents=True)
+    assert memory_limit.available() == (20 << 30, 24 << 30)   # no limit files: the machine's
+    (tmp_path / "job" / "step" / "memory.max").write_text("max\n")
+    (tmp_path / "job" / "memory.max").write_text(str(4 << 30))
+    (tmp_path / "job" / "memory.current").write_text(str(1 << 30))
+    assert memory_limit.available() == (3 << 30, 4 << 30)   # the parent's limit
+    (tmp_path / "job" / "step" / "memory.max").write_text(str(2 << 30))
+    (tmp_path / "job" / "step" / "memory.current").write_text(str(1 << 29))
+    assert memory_limit.available() == (3 << 29, 2 << 30)   # its own, tighter
+    v1 = tmp_path / "memory" / "batch"
+    v1.mkdir(parents=True)
+    own.write_text("4:memory:/batch\n0::/\n")
+    (v1 / "memory.limit_in_bytes").write_text(str(8 << 30))
+    (v1 / "memory.usage_in_bytes").write_text(str(7 << 30))
+    assert memory_limit.available() == (1 << 30, 8 << 30)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712")   # v1's "no limit"
     assert memory_limit.available() == (20 << 30, 24 << 30)
 
 
