@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from autosync.exception_text import first_reason
-from autosync.search_limits import search_limits, target_optimizer
+from autosync.search_limits import profiled_with_pins, search_limits, target_optimizer
 from autosync.tflog import driver_startup
 from autosync.time_limit import allowing
 from strategy_space import ClusterSpec, ConfigError, ModelSpec, Strategy, validate
@@ -130,9 +130,7 @@ class TuneResult:
         b, fastest = self.best_baseline, self.outcome.fastest
         e = self.efficiency
         return {
-            "model": self.model.name,
-            "cluster": self.cluster.name,
-            "quality": self.quality,
+            "model": self.model.name, "cluster": self.cluster.name, "quality": self.quality,
             "ranked_by": ("step time only: what lossy parts cost in convergence was not measured"
                           if self.quality == "step" else "goodput: step time / statistical efficiency"),
             "statistical_efficiency": e.value if e else None,
@@ -146,8 +144,7 @@ class TuneResult:
             "best_goodput_s": self.outcome.figure(self.best_trial) if self.quality != "step" else None,
             "step_speedup_over_best_baseline": (b.median / self.best_trial.median) if b is not None else None,
             "probes": sum(1 for x in self.outcome.efficiency.values() if x.source == "probe"),
-            "probe_seconds": self.outcome.probe_seconds,
-            "best_step_time_s": self.best_trial.median,
+            "probe_seconds": self.outcome.probe_seconds, "best_step_time_s": self.best_trial.median,
             "best_p90_s": self.best_trial.p90,
             "best_origin": self.best_trial.origin,
             "best_samples_per_s": self.best_trial.samples_per_s,
@@ -187,21 +184,19 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
             model-spec YAML, a ModelSpec or an EmulatedModelDef.
         cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec.
         compute, step_time_s, optimizer: as for ``tune``.
-        profile: real compute: record trials against the model's profiled ModelSpec (its
-            measured compute time, as ``tune`` does); otherwise the workers' own description.
+        profile: real compute: trials recorded against the model's profiled ModelSpec (as ``tune``); else the workers'.
         model_spec: the ModelSpec trials are recorded against (``profile`` is then not read).
         settings: the other ``RayRunner`` keywords (``warmup``, ``steps``, ``precision``,
             ``max_steps``, ``max_measure_s``, ``trial_timeout_s``, ``pool``).
 
     Raises:
-        ConfigError: bad model, cluster or settings, or (real compute) an optimizer the runtime
-            does not implement; checked before Ray starts.
+        ConfigError: bad model, cluster or settings, or an optimizer the runtime cannot apply; before Ray starts.
     """
     from autosync.runtime.emulated import check_emulated_settings
     from autosync.runtime.optimizers import check_model_optimizer
     from autosync.runtime.runner import RayRunner, check_real_compute
     from autosync.runtime.gpu_profile import profiled_spec
-    from autosync.sources import load_cluster, load_emulated_model, load_model_def
+    from autosync.sources import is_trainable, load_cluster, load_emulated_model, load_model_def
 
     driver_startup()
     cluster_spec = load_cluster(cluster)
@@ -209,8 +204,9 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
         check_emulated_settings(step_time_s, optimizer)   # said before a model is read
     with allowing(settings.get("trial_timeout_s")):   # a model whose trials may take that long may load as long
         if compute == "emulated":
-            if model_spec is None:
-                model = load_emulated_model(model, step_time_s)
+            if model_spec is None:   # a trainable model profiled once, its optimizer's pins taken along
+                model = (profiled_with_pins(load_model_def(model), len(cluster_spec.devices))
+                         if step_time_s is None and is_trainable(model) else load_emulated_model(model, step_time_s))
         else:
             check_real_compute(compute, cluster_spec, step_time_s)
             model = load_model_def(model)
@@ -322,7 +318,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         ConfigError: bad model, cluster, constraints or settings.
     """
     from autosync.probe import default_prober, resolve_stand_in
-    from autosync.sources import load_cluster
+    from autosync.runtime.emulated import check_emulated_settings
+    from autosync.sources import is_trainable, load_cluster, load_model_def
 
     called = time.monotonic()   # the time budget counts from here: start-up is part of the wait
     driver_startup()
@@ -334,6 +331,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"time_budget_s must be a number of seconds > 0 or None (no limit), got {time_budget_s!r}")
     if not _seconds(trial_timeout_s):
         raise ConfigError(f"trial_timeout_s must be a number of seconds > 0, got {trial_timeout_s!r}")
+    if compute == "emulated":   # said before the model is read below
+        check_emulated_settings(step_time_s, optimizer)
     if quality not in QUALITIES:
         raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     if not (isinstance(min_efficiency, (int, float)) and 0 <= min_efficiency <= 1):
@@ -370,6 +369,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         check_node_capacity(cluster_spec)
         # trials are recorded against the profiled spec (real compute) or the emulated one, on
         # the cluster as the runner runs it (emulated compute marks it)
+        model = load_model_def(model) if compute == "emulated" and is_trainable(model) else model   # (one object)
         runner = make_runner(model, cluster_spec, compute=compute, profile=True, step_time_s=step_time_s,
                              optimizer=optimizer, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
                              precision=precision, max_steps=max(max_steps, steps))

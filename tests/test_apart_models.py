@@ -218,6 +218,33 @@ def test_tunes_profile_brings_the_probe_key_along_from_its_process(monkeypatch):
     assert asked == [("built_digest", 3), ("built_digest", 2)]   # read again (no process started here)
 
 
+@pytest.mark.integration
+def test_emulated_tunes_profile_brings_the_optimizers_pins_and_the_probe_key_along(monkeypatch):
+    """``tune --compute emulated`` of a trainable model profiles it, asks for its optimizer's pins,
+    then its probe key: one build for the first two (here), one process for all three (apart)."""
+    from autosync import search_limits
+    from autosync.models.training_key import training_digest
+
+    model_def = _def()
+    monkeypatch.setenv(apart.ENV, "inf")
+    pins_here, digest_here = search_limits.built_model_optimizer(model_def), training_digest(model_def, 2)
+    real = search_limits._built_here
+    built = []
+    monkeypatch.setattr(search_limits, "_built_here", lambda md: built.append(md) or real(md))
+    spec = search_limits.profiled_with_pins(model_def, 2)
+    assert search_limits.built_model_optimizer(model_def)[1] == search_limits._PINNED[id(model_def)][0][1]
+    assert built == [] and spec.profile.step_time_s > 0   # the pins from the profile's own build
+    calls = _counted(monkeypatch)
+    monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))   # the table alone reaches it
+    other = _def()
+    spec = search_limits.profiled_with_pins(other, 2)
+    pins = search_limits.built_model_optimizer(other)
+    assert training_digest(other, 2) == digest_here and calls == ["_aside"] and built == []
+    assert spec.variables == pins_here[0].variables and spec.profile.step_time_s > 0
+    assert ({k: v for k, v in pins[1].items() if k != "name"}
+            == {k: v for k, v in pins_here[1].items() if k != "name"})
+
+
 HANGS = """from autosync.time_limit import bounded
 import time
 

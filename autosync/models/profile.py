@@ -174,6 +174,11 @@ def profiled_model_spec(model_def, *, warmup_steps: int = 3, timed_steps: int = 
 
 
 def _profiled_here(model_def, warmup_steps: int, timed_steps: int) -> ModelSpec:
+    return profiled_built(model_def, warmup_steps, timed_steps)[0]
+
+
+def profiled_built(model_def, warmup_steps: int = 3, timed_steps: int = 10) -> tuple:
+    """``profiled_model_spec`` read in this process, and the Keras model it built: (spec, model)."""
     spec, model, loss, inputs, targets = built_model_spec(model_def)
     # the step traced as keras.Model.fit traces it: what fails here (a layer name TensorFlow refuses
     # as a scope name, a Python branch on a tensor) fails the user's own fit too, and every worker
@@ -182,7 +187,7 @@ def _profiled_here(model_def, warmup_steps: int, timed_steps: int) -> ModelSpec:
                        "too); fix model_fn or loss_fn"):
         measured = profile_model(model, loss, inputs, targets, warmup_steps=warmup_steps, timed_steps=timed_steps)
         n = int(getattr(model_def.optimizer_fn(), "gradient_accumulation_steps", None) or 1)
-    return replace(spec, profile=replace(measured, step_time_s=n * measured.step_time_s))
+    return replace(spec, profile=replace(measured, step_time_s=n * measured.step_time_s)), model
 
 
 def profile_model(model, loss: Callable, inputs: Any, targets: Any, *, warmup_steps: int = 3,
