@@ -92,6 +92,8 @@ def built_model_optimizer(model_def) -> tuple:
 
     taken = _PINNED.get(id(model_def))
     if taken is not None and taken[1] is model_def:
+        if isinstance(taken[0][1], ConfigError):
+            raise taken[0][1]
         return taken[0]
     check_model_optimizer(model_def)
     return apart.read(_built_here, model_def)
@@ -104,12 +106,11 @@ def profiled_with_pins(model_def, workers: int) -> ModelSpec:
     (``training_key.read_with_digest``): one build, one process.
 
     Raises:
-        ConfigError: see ``built_model_optimizer`` and ``profiled_model_spec``.
+        ConfigError: see ``profiled_model_spec`` (what ``built_model_optimizer`` would raise is
+            raised when it is asked).
     """
     from autosync.models.training_key import read_with_digest
-    from autosync.runtime.optimizers import check_model_optimizer
 
-    check_model_optimizer(model_def)
     spec, config = read_with_digest(_profiled_pinned, model_def, (), workers)
     _PINNED[id(model_def)] = ((spec, config), model_def)
     while len(_PINNED) > 8:   # (insertion order: the oldest first)
@@ -122,7 +123,10 @@ def _profiled_pinned(model_def) -> tuple:
     from autosync.runtime.optimizers import check_model_optimizer
 
     spec, model = profiled_built(model_def)
-    return spec, check_model_optimizer(model_def, model.trainable_variables, model)
+    try:   # (what the runtime refuses is said where the pins are asked for: emulated trials apply their own)
+        return spec, check_model_optimizer(model_def, model.trainable_variables, model)
+    except ConfigError as e:
+        return spec, e
 
 
 def _built_here(model_def) -> tuple:

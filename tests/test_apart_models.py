@@ -218,10 +218,22 @@ def test_tunes_profile_brings_the_probe_key_along_from_its_process(monkeypatch):
     assert asked == [("built_digest", 3), ("built_digest", 2)]   # read again (no process started here)
 
 
+def _lr():
+    return 0.01
+
+
+def _callable_rate():
+    import keras
+
+    return keras.optimizers.SGD(learning_rate=_lr)   # refused by the runtime: a callable learning rate
+
+
 @pytest.mark.integration
 def test_emulated_tunes_profile_brings_the_optimizers_pins_and_the_probe_key_along(monkeypatch):
     """``tune --compute emulated`` of a trainable model profiles it, asks for its optimizer's pins,
     then its probe key: one build for the first two (here), one process for all three (apart)."""
+    import dataclasses
+
     from autosync import search_limits
     from autosync.models.training_key import training_digest
 
@@ -243,6 +255,15 @@ def test_emulated_tunes_profile_brings_the_optimizers_pins_and_the_probe_key_alo
     assert spec.variables == pins_here[0].variables and spec.profile.step_time_s > 0
     assert ({k: v for k, v in pins[1].items() if k != "name"}
             == {k: v for k, v in pins_here[1].items() if k != "name"})
+    # an optimizer the runtime refuses is profiled (emulated trials apply their own) and refused
+    # where the pins are asked for, as without the profile
+    refused = dataclasses.replace(_def(), optimizer_fn=_callable_rate)
+    with pytest.raises(ConfigError) as plain:
+        search_limits.built_model_optimizer(dataclasses.replace(refused))
+    assert search_limits.profiled_with_pins(refused, 2).profile.step_time_s > 0
+    with pytest.raises(ConfigError) as taken:
+        search_limits.built_model_optimizer(refused)
+    assert str(taken.value) == str(plain.value) and "learning_rate" in str(plain.value)
 
 
 HANGS = """from autosync.time_limit import bounded
