@@ -58,7 +58,20 @@ def _text(value, what: str, forms: str) -> str:
         text = os.fspath(value)
         if isinstance(text, str):
             return text
-    raise ConfigError(f"{what} must be {forms}, got {type(value).__name__} {value!r:.80}")
+    hint = _model_hint(value) if what == "the model" else ""
+    raise ConfigError(f"{what} must be {forms}, got {type(value).__name__} {value!r:.80}{hint}")
+
+
+def _model_hint(value) -> str:
+    """What to give instead of a model object the workers cannot build from (a Keras model), or of
+    the function that returns the ModelDef (not called)."""
+    if any(c.__name__ == "Model" and c.__module__.startswith("keras") for c in type(value).__mro__):
+        return ("; a Keras model object is not sent to the workers (each builds its own): give the "
+                "function that builds it as autosync.ModelDef(name=..., model_fn=..., loss_fn=..., optimizer_fn=..., "
+                "dataset_fn=..., batch_size=...) (docs/models.md)")
+    if callable(value) and not isinstance(value, type):
+        return f"; is {getattr(value, '__name__', 'it')} the function that returns the ModelDef? Call it and give its result"
+    return ""
 
 
 def load_cluster(text: str | ClusterSpec) -> ClusterSpec:

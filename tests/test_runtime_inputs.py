@@ -210,6 +210,33 @@ def test_sources_take_strings_and_paths_and_refuse_anything_else_with_what_they_
     assert is_trainable(Path("my_model.py:build")) and not is_trainable(tmp_path / "m.yaml")
 
 
+def test_a_keras_model_object_or_the_uncalled_build_function_is_refused_saying_what_to_give():
+    from autosync.sources import load_model_def, load_model_spec
+
+    class Model:   # as keras.Model is seen here, without importing Keras
+        pass
+
+    Model.__module__ = "keras.src.models.model"
+
+    class Sequential(Model):
+        pass
+
+    def build():
+        return None
+
+    for load in (load_model_def, load_model_spec):
+        with pytest.raises(ConfigError, match=r"got Sequential .*; a Keras model object is not sent to the workers "
+                                              r"\(each builds its own\): give the function that builds it as "
+                                              r"autosync.ModelDef\(name=..., model_fn=..."):
+            load(Sequential())
+        with pytest.raises(ConfigError, match=r"got function .*; is build the function that returns the ModelDef\? "
+                                              r"Call it and give its result"):
+            load(build)
+    with pytest.raises(ConfigError) as caught:   # neither: no hint
+        load_model_def(3.5)
+    assert str(caught.value).endswith("got float 3.5")
+
+
 def test_the_python_api_refuses_bad_settings_before_it_starts(tmp_path):
     """The CLI refused ``--time-budget -1``; ``autosync.tune(time_budget_s=-5)`` ran a whole tuning
     run, ``store=3`` or ``warm_start=3`` was "expected str, bytes or os.PathLike object, not int",
