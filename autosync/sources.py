@@ -70,7 +70,8 @@ def _model_hint(value) -> str:
                 "function that builds it as autosync.ModelDef(name=..., model_fn=..., loss_fn=..., optimizer_fn=..., "
                 "dataset_fn=..., batch_size=...) (docs/models.md)")
     if callable(value) and not isinstance(value, type):
-        return f"; is {getattr(value, '__name__', 'it')} the function that returns the ModelDef? Call it and give its result"
+        name = getattr(value, "__name__", "it")
+        return f"; is {name} the function that returns the ModelDef? Call it and give its result"
     return ""
 
 
