@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autosync.models.apart import Taken
 from strategy_space import ModelSpec
 from strategy_space.errors import ConfigError, listed_names
 from tuner.search.constraints import Constraints, Rule
 
-# built_model_optimizer's result taken along by profiled_with_pins: id(ModelDef) -> (result, the
-# ModelDef, kept so that its id is not reused); the latest 8
-_PINNED: dict = {}
+# built_model_optimizer's result (or what it raises) taken along by profiled_with_pins, per ModelDef
+_PINNED = Taken()
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,11 @@ def built_model_optimizer(model_def) -> tuple:
     from autosync.models import apart
     from autosync.runtime.optimizers import check_model_optimizer
 
-    taken = _PINNED.get(id(model_def))
-    if taken is not None and taken[1] is model_def:
-        if isinstance(taken[0][1], ConfigError):
-            raise taken[0][1]
-        return taken[0]
+    taken = _PINNED.get(model_def)
+    if taken is not None:
+        if isinstance(taken[1], ConfigError):
+            raise taken[1]
+        return taken
     check_model_optimizer(model_def)
     return apart.read(_built_here, model_def)
 
@@ -112,9 +112,7 @@ def profiled_with_pins(model_def, workers: int) -> ModelSpec:
     from autosync.models.training_key import read_with_digest
 
     spec, config = read_with_digest(_profiled_pinned, model_def, (), workers)
-    _PINNED[id(model_def)] = ((spec, config), model_def)
-    while len(_PINNED) > 8:   # (insertion order: the oldest first)
-        del _PINNED[next(iter(_PINNED))]
+    _PINNED.put(model_def, (spec, config))
     return spec
 
 

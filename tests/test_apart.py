@@ -168,3 +168,18 @@ def test_a_read_apart_takes_what_is_asked_aside_along_in_the_same_process(monkey
     assert pid != os.getpid() and aside is None
     monkeypatch.setenv(apart.ENV, "inf")
     assert apart.read_and(_pid, _Def(), (), (_aside_pid, ("key",))) == (os.getpid(), None)
+
+
+def test_what_was_taken_along_is_kept_per_object_and_key_the_latest_only():
+    class Def:   # a ModelDef stand-in: only its identity counts
+        pass
+
+    taken = apart.Taken(size=2)
+    a, b, c = Def(), Def(), Def()
+    taken.put(a, "digest a", 2)
+    assert taken.get(a, 2) == "digest a"
+    assert taken.get(a, 3) is None and taken.get(a) is None   # another key
+    assert taken.get(b, 2) is None                           # another object
+    taken.put(b, "digest b", 2)
+    taken.put(c, "digest c", 2)                              # past its size: a's goes
+    assert (taken.get(a, 2), taken.get(b, 2), taken.get(c, 2)) == (None, "digest b", "digest c")

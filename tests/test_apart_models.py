@@ -244,7 +244,7 @@ def test_emulated_tunes_profile_brings_the_optimizers_pins_and_the_probe_key_alo
     built = []
     monkeypatch.setattr(search_limits, "_built_here", lambda md: built.append(md) or real(md))
     spec = search_limits.profiled_with_pins(model_def, 2)
-    assert search_limits.built_model_optimizer(model_def)[1] == search_limits._PINNED[id(model_def)][0][1]
+    assert search_limits.built_model_optimizer(model_def)[1] == search_limits._PINNED.get(model_def)[1]
     assert built == [] and spec.profile.step_time_s > 0   # the pins from the profile's own build
     calls = _counted(monkeypatch)
     monkeypatch.setenv(apart.ENV, str(ROWS * DIM * 4))   # the table alone reaches it

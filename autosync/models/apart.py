@@ -196,6 +196,26 @@ def _aside(model_def, fn: Callable, args: tuple, aside_fn: Callable, aside_args:
         return result, None
 
 
+class Taken:
+    """What reads of a model took along for later reads of it (``read_and``'s aside, or a result
+    that answers two questions), per ModelDef object and key; the object is kept with its entry so
+    that its id is not reused by another; the latest ``size`` entries."""
+
+    def __init__(self, size: int = 8):
+        self._entries: dict = {}
+        self._size = size
+
+    def get(self, model_def, key: Any = None) -> Any:
+        """What was kept for ``model_def`` (this object) and ``key``, or None."""
+        entry = self._entries.get((id(model_def), key))
+        return entry[0] if entry is not None and entry[1] is model_def else None
+
+    def put(self, model_def, value: Any, key: Any = None) -> None:
+        self._entries[(id(model_def), key)] = (value, model_def)
+        while len(self._entries) > self._size:   # insertion order: the oldest first
+            del self._entries[next(iter(self._entries))]
+
+
 class Unpicklable(ConfigError):
     """``call``'s function or arguments do not pickle (a user's object cloudpickle cannot carry)."""
 

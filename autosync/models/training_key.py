@@ -24,14 +24,14 @@ from pathlib import Path
 
 from strategy_space.strict import fingerprint
 
+from .apart import Taken
+
 # object addresses in the text of a value that has no config of its own (``<function f at 0x7f...>``)
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _FACTORIES = ("model_fn", "loss_fn", "optimizer_fn", "dataset_fn")
 # digests taken where a large model was read in a process of its own for something else
-# (``read_with_digest``): (id of the ModelDef, workers) -> (the digest, the ModelDef, kept so
-# that its id is not reused); the latest few
-_TAKEN: dict = {}
-_TAKEN_MAX = 8
+# (``read_with_digest``), per ModelDef object and number of workers
+_TAKEN = Taken()
 
 
 def _plain(value) -> str:
@@ -78,9 +78,9 @@ def training_digest(model_def, workers: int) -> str:
     """
     from . import apart
 
-    taken = _TAKEN.get((id(model_def), workers))
-    if taken is not None and taken[1] is model_def:
-        return taken[0]
+    taken = _TAKEN.get(model_def, workers)
+    if taken is not None:
+        return taken
     return apart.read(built_digest, model_def, workers, [_code(getattr(model_def, f)) for f in _FACTORIES])
 
 
@@ -93,9 +93,7 @@ def read_with_digest(fn, model_def, args: tuple, workers: int):
     code = [_code(getattr(model_def, f)) for f in _FACTORIES]
     result, digest = apart.read_and(fn, model_def, args, (built_digest, (workers, code)))
     if digest is not None:
-        _TAKEN[(id(model_def), workers)] = (digest, model_def)
-        while len(_TAKEN) > _TAKEN_MAX:
-            del _TAKEN[next(iter(_TAKEN))]
+        _TAKEN.put(model_def, digest, workers)
     return result
 
 
