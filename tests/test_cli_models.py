@@ -152,3 +152,48 @@ def test_inspect_of_a_model_whose_second_build_fails_exits_2(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert ("autosync inspect: error: ModelDef second: building the model a second time to find its row reads "
             "failed: RuntimeError: the second build fails") in r.stderr
+
+
+GREEDY_SCRIPT = """
+import numpy as np
+
+from autosync.model_def import ModelDef
+
+KEPT = []
+
+
+def make_model():
+    import keras   # here, not at the top: the script's import would count TensorFlow's (0.4 GiB)
+
+    for _ in range(192):   # 8 MiB at a time, as a size typed too large fills a buffer: 1.5 GiB at most
+        KEPT.append(np.ones(8 << 20, np.uint8))
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+
+
+def optimizer():
+    import keras
+
+    return keras.optimizers.SGD(0.1)
+
+
+def batches(i, n):
+    while True:
+        yield np.ones((4, 2), np.float32), np.ones((4, 1), np.float32)
+
+
+def build():
+    return ModelDef(name="greedy", model_fn=make_model, loss_fn=lambda: "mse", optimizer_fn=optimizer,
+                    dataset_fn=batches, batch_size=4)
+"""
+
+
+@pytest.mark.integration
+def test_inspect_of_a_model_past_the_memory_limit_exits_2_saying_what_to_lower(tmp_path):
+    (tmp_path / "greedy.py").write_text(GREEDY_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", AUTOSYNC_MODEL_MEMORY="768m")
+    r = _autosync("inspect", "--model", f"{tmp_path / 'greedy.py'}:build", env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith("autosync inspect: error: ModelDef greedy: building the model and one gradient on its "
+                               "first batch took more than the 0.8 GiB of memory it may take "
+                               "(AUTOSYNC_MODEL_MEMORY=768m): "), r.stderr[-2000:]
+    assert "greedy.py:" in r.stderr and "in make_model; is a size in it" in r.stderr and "Traceback" not in r.stderr
