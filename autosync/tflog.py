@@ -12,7 +12,8 @@ and by the Ray worker processes that import it) sets ``TF_CPP_MIN_LOG_LEVEL`` un
 it, and arranges that the first ``import tensorflow`` of the process runs with file descriptor 2
 sent to a temporary file; once the import is done, every line of it that is not an absl INFO or
 WARNING line or absl's notice is written to the real stderr (errors and Python warnings are
-kept). If the import raises, everything it printed is written back, unfiltered. TensorFlow's
+kept). If the import raises, everything it printed is written back, unfiltered (not where it was
+stopped from outside: Ctrl-C, or the limits on the user's code, ``time_limit``). TensorFlow's
 Python logger is set to ERROR after the import, unless the user configured it.
 
 Nothing happens at import of this module; ``quiet_startup`` reads the environment when called.
@@ -26,6 +27,8 @@ import os
 import re
 import sys
 import tempfile
+
+from autosync.time_limit import Overrun
 
 ENV = "AUTOSYNC_TF_LOGS"
 
@@ -120,8 +123,10 @@ def filtered_stderr():
         os.dup2(capture.fileno(), 2)
         try:
             yield
-        except BaseException:
-            failed = True
+        except BaseException as e:
+            # the import's own failure: everything it printed may say why; a stop from outside it
+            # (Ctrl-C, or the time or memory limit on the user's code importing it) is no such thing
+            failed = not isinstance(e, (KeyboardInterrupt, Overrun))
             raise
         finally:
             with contextlib.suppress(Exception):

@@ -75,6 +75,21 @@ def test_an_import_that_fails_shows_all_it_printed(tmp_path, standin, capfd):
     assert capfd.readouterr().err.splitlines() == NOISE + KEPT[:1] + NOISE + KEPT[1:]
 
 
+def test_an_import_stopped_from_outside_keeps_its_startup_noise_out(tmp_path, standin, capfd):
+    """The time or memory limit on the user's code (``time_limit.Overrun``), or Ctrl-C, stopping
+    the import: the command says why in one line, with none of TensorFlow's start-up lines."""
+    import importlib
+
+    from autosync.time_limit import Overrun
+
+    init = tmp_path / standin / "__init__.py"
+    init.write_text(init.read_text() + "from autosync.time_limit import Overrun\nraise Overrun()\n")
+    tflog.quiet_startup((standin,))
+    with pytest.raises(Overrun):
+        importlib.import_module(standin)
+    assert capfd.readouterr().err.splitlines() == KEPT
+
+
 def test_a_user_setting_of_the_cpp_log_level_is_kept(standin, monkeypatch):
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     tflog.quiet_startup((standin,))
