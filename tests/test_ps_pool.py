@@ -278,3 +278,29 @@ def test_a_wait_on_actors_of_a_lost_node_fails_naming_it_instead_of_waiting_out_
     with pytest.raises(TrialTimeout):
         wait_all(["ref"], time.monotonic() + 0.05, "worker", ["n1:0"])
     assert asked and all(t <= 0.05 for t in asked)
+
+
+def test_a_wait_past_its_deadline_names_what_did_not_finish(monkeypatch):
+    """"worker: time limit reached with 1 of 2 unfinished" said how many, not which: a worker whose
+    process hangs (a stopped process, a driver call that never returns) is named."""
+    import time
+
+    import ray
+
+    from autosync.runtime.waiting import TrialTimeout, wait_all
+
+    refs = [f"ref{i}" for i in range(10)]
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    done = iter([["ref1"]])
+    monkeypatch.setattr(ray, "wait", lambda pending, num_returns, timeout: (
+        (lambda d: (d, [r for r in pending if r not in d]))(next(done, []))))
+    with pytest.raises(TrialTimeout) as e:
+        wait_all(refs[:2], time.monotonic() + 0.05, "worker", ["n0:0", "n0:1"])
+    assert str(e.value) == "worker: time limit reached with 1 of 2 unfinished (worker n0:0)"
+    with pytest.raises(TrialTimeout) as e:
+        wait_all(refs, time.monotonic() + 0.05, "worker", [f"n{i}:0" for i in range(10)])
+    assert str(e.value) == ("worker: time limit reached with 10 of 10 unfinished (worker n0:0, worker n1:0, worker n2:0, "
+                            "worker n3:0, worker n4:0, worker n5:0, worker n6:0, worker n7:0, ...)")
+    with pytest.raises(TrialTimeout) as e:   # no names: how many alone
+        wait_all(refs[:2], time.monotonic() + 0.05, "worker")
+    assert str(e.value) == "worker: time limit reached with 2 of 2 unfinished"

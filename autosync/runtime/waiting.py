@@ -79,7 +79,7 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
         try:
             timeout = _remaining(deadline)
         except TrialTimeout:
-            raise TrialTimeout(f"{what}: time limit reached with {len(pending)} of {len(refs)} unfinished") from None
+            raise TrialTimeout(_unfinished(what, refs, pending, names, index)) from None
         if alive is not None:
             timeout = ALIVE_CHECK_S if timeout is None else min(timeout, ALIVE_CHECK_S)
         done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
@@ -103,3 +103,12 @@ def wait_all(refs: list, deadline: float | None, what: str, names: list | None =
                 raise TrialTimeout(f"{what} {who} stopped: {error_reason(e)}") from None
             raise TrialFailed(f"{what} {who} failed: {error_reason(e)}") from None
     return results
+
+
+def _unfinished(what: str, refs: list, pending: list, names: list | None, index: dict) -> str:
+    """What a wait past its deadline says: how many did not finish, and which (the first 8)."""
+    said = f"{what}: time limit reached with {len(pending)} of {len(refs)} unfinished"
+    if not names:
+        return said
+    which = [f"{what} {names[index[r]]}" for r in pending]
+    return f"{said} ({', '.join(which[:8])}{', ...' if len(which) > 8 else ''})"
