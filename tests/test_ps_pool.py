@@ -299,8 +299,8 @@ def test_a_wait_past_its_deadline_names_what_did_not_finish(monkeypatch):
     assert str(e.value) == "worker: time limit reached with 1 of 2 unfinished (worker n0:0)"
     with pytest.raises(TrialTimeout) as e:
         wait_all(refs, time.monotonic() + 0.05, "worker", [f"n{i}:0" for i in range(10)])
-    assert str(e.value) == ("worker: time limit reached with 10 of 10 unfinished (worker n0:0, worker n1:0, worker n2:0, "
-                            "worker n3:0, worker n4:0, worker n5:0, worker n6:0, worker n7:0, ...)")
+    assert str(e.value) == ("worker: time limit reached with 10 of 10 unfinished (worker n0:0, worker n1:0, "
+                            "worker n2:0, worker n3:0, worker n4:0, worker n5:0, worker n6:0, worker n7:0, ...)")
     with pytest.raises(TrialTimeout) as e:   # no names: how many alone
         wait_all(refs[:2], time.monotonic() + 0.05, "worker")
     assert str(e.value) == "worker: time limit reached with 2 of 2 unfinished"
