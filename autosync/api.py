@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from autosync.exception_text import first_reason
+from autosync.runtime.binding import check_cluster_start, check_node_capacity
 from autosync.search_limits import profiled_with_pins, search_limits, target_optimizer
 from autosync.tflog import driver_startup
 from autosync.time_limit import allowing
@@ -199,7 +200,7 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
     from autosync.sources import is_trainable, load_cluster, load_emulated_model, load_model_def
 
     driver_startup()
-    cluster_spec = load_cluster(cluster)
+    cluster_spec = check_cluster_start(load_cluster(cluster))   # a Ray that cannot be reached: said before the read
     if compute == "emulated":
         check_emulated_settings(step_time_s, optimizer)   # said before a model is read
     with allowing(settings.get("trial_timeout_s")):   # a model whose trials may take that long may load as long
@@ -364,8 +365,6 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         _check_resumable(store_path)
     own_runner = runner is None
     if runner is None:
-        from autosync.runtime.runner import check_node_capacity
-
         check_node_capacity(cluster_spec)
         # trials are recorded against the profiled spec (real compute) or the emulated one, on
         # the cluster as the runner runs it (emulated compute marks it)

@@ -244,13 +244,7 @@ def connect() -> None:
         raise ConfigError("--cluster ray describes the Ray cluster this process connects to, but RAY_ADDRESS is "
                           "not set; fix by setting RAY_ADDRESS=<head address>:6379 (what `ray start --head` "
                           "printed), or use --cluster local")
-    if not re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+|auto", address):
-        raise ConfigError(f"RAY_ADDRESS={address!r} is not an address; give host:port, e.g. 10.0.0.1:6379")
-    why = _unreachable(address)
-    if why:   # Ray's own connect retries for minutes before it gives up on an address nothing answers at
-        raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: {why}; fix by giving "
-                          f"the head's address as `ray start --head` printed it (host:port, port 6379 unless "
-                          f"--port said otherwise) and checking that `ray status --address={address}` answers")
+    check_address(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
@@ -259,6 +253,22 @@ def connect() -> None:
                           f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; fix by "
                           f"checking that `ray status --address={address}` answers{_auth_hint()}") from None
     signals.install()   # ray.init replaced the command line's SIGTERM handler (autosync.signals)
+
+
+def check_address(address: str) -> None:
+    """Refuse a ``RAY_ADDRESS`` that is not an address, or where nothing that could be a Ray head
+    answers: Ray's own connect retries for minutes before it gives up on such an address.
+
+    Raises:
+        ConfigError: saying what answers there, if anything, and what to give instead.
+    """
+    if not re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+|auto", address):
+        raise ConfigError(f"RAY_ADDRESS={address!r} is not an address; give host:port, e.g. 10.0.0.1:6379")
+    why = _unreachable(address)
+    if why:
+        raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: {why}; fix by giving "
+                          f"the head's address as `ray start --head` printed it (host:port, port 6379 unless "
+                          f"--port said otherwise) and checking that `ray status --address={address}` answers")
 
 
 def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None:

@@ -101,3 +101,43 @@ def test_make_trainer_says_an_unknown_keyword_and_a_bad_strategy_before_the_mode
         autosync.make_trainer("zoo:ncf", files["bad"], "local")
     with pytest.raises(ConfigError, match="neither a strategy YAML file nor a builder's name"):
         autosync.make_trainer("zoo:ncf", "nope", "local", timeout_s=30)
+
+
+RAY_CASES = {
+    "run": ["run", "--model", "zoo:ncf", "--strategy", "ps", "--cluster", "{cluster}"],
+    "run-emulated": ["run", "--model", "zoo:ncf", "--strategy", "ps", "--compute", "emulated", "--cluster", "{cluster}"],
+    "train": ["train", "--model", "zoo:ncf", "--strategy", "ps", "--steps", "5", "--cluster", "{cluster}"],
+    "probe": ["probe", "--model", "zoo:ncf", "--strategy", "ps", "--cluster", "{cluster}", "--store", "{tmp}/t.db"],
+    "tune": ["tune", "--model", "zoo:ncf", "--cluster", "{cluster}", "--warm-start", "none", "--store", "{tmp}/t.db"],
+}
+
+
+@pytest.fixture
+def closed_port():
+    """A loopback port nothing listens at (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", list(RAY_CASES))
+def test_a_ray_cluster_that_cannot_be_reached_is_said_before_the_model_is_read(case, no_model, files, closed_port,
+                                                                                 monkeypatch, capsys):
+    """A cluster of other machines with no RAY_ADDRESS, or a RAY_ADDRESS where nothing answers: said
+    after the 9-10 s of reading the model before (the runner's start), now before it."""
+    import os
+
+    cluster = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "clusters", "emulated_3x1gbit.yaml")
+    argv = [a.format(cluster=cluster, **files) for a in RAY_CASES[case]]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"autosync {argv[0]}: error: cluster emulated_3x1gbit has 3 node(s) but Ray is not running "
+                          f"here; fix by starting the Ray cluster and setting RAY_ADDRESS="), err
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port}")
+    assert main([a if a != cluster else "local" for a in argv]) == 2   # also for local: RAY_ADDRESS is used
+    err = capsys.readouterr().err
+    assert err.startswith(f"autosync {argv[0]}: error: could not connect to the Ray cluster at RAY_ADDRESS=127.0.0.1:"
+                          f"{closed_port}: nothing listens at 127.0.0.1:{closed_port}; fix by giving"), err

@@ -43,9 +43,12 @@ def specs(tmp_path):
 
 # -- item 1: run/baselines --compute emulated hand the runner (ModelDef, ModelSpec, ClusterSpec) --
 
-def test_item1_emulated_prepare_returns_model_def_spec_and_cluster_in_order(specs):
+def test_item1_emulated_prepare_returns_model_def_spec_and_cluster_in_order(specs, monkeypatch):
     from autosync.cli.runtime import _prepare
+    from autosync.runtime import binding
     from strategy_space import ClusterSpec, ModelSpec
+
+    monkeypatch.setattr(binding, "check_ray_reachable", lambda cluster: None)   # (no Ray here for its 3 nodes)
 
     args = argparse.Namespace(model=str(specs / "model.yaml"), cluster=str(specs / "cluster.yaml"), steps=3,
                               warmup=1, timeout=60.0, precision=0.03, max_steps=10, compute="emulated",

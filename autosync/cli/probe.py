@@ -18,7 +18,7 @@ SHOWN_POINTS = 8
 def cmd_probe(args) -> int:
     from autosync.api import default_store_path
     from autosync.probe import prepare_probe, probe_strategy
-    from autosync.runtime.runner import check_node_capacity
+    from autosync.runtime.binding import check_cluster_start
     from autosync.sources import load_cluster
     from tuner.records.store import TrialStore, check_store_file
 
@@ -30,7 +30,7 @@ def cmd_probe(args) -> int:
     store_path = Path(args.store) if args.store else default_store_path()
     check_store_file(store_path)   # a damaged store fails now, untouched
     cluster = load_cluster(args.cluster)
-    check_node_capacity(cluster)
+    check_cluster_start(cluster)
     with ray_output_to_log("probe"):
         # everything is checked (the model built to validate the strategy) before a file is written
         model_def, spec, strategy, cluster = prepare_probe(args.model, args.strategy, cluster, steps=args.steps)

@@ -72,7 +72,8 @@ def _prepare(args):
     the cluster. Returns (ModelDef, ModelSpec, ClusterSpec) as the runner will use them."""
     from autosync.runtime.emulated import check_emulated_settings
     from autosync.runtime.optimizers import check_model_optimizer
-    from autosync.runtime.runner import check_node_capacity, check_real_compute, emulated_setup
+    from autosync.runtime.binding import check_cluster_start
+    from autosync.runtime.runner import check_real_compute, emulated_setup
     from autosync.sources import load_cluster, load_emulated_model, load_model_def, load_model_spec
 
     if args.steps < 1 or args.warmup < 0:
@@ -81,7 +82,7 @@ def _prepare(args):
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     precision_settings(args)
     cluster = load_cluster(args.cluster)
-    check_node_capacity(cluster)
+    check_cluster_start(cluster)
     if args.compute == "emulated":
         check_emulated_settings(args.step_time, args.optimizer)   # before the model is read
         model_def, cluster, spec = emulated_setup(load_emulated_model(args.model, args.step_time), cluster, None,

@@ -24,7 +24,7 @@ def _prepare(args):
     Trainer, before its workers start). Returns (ModelDef, Strategy, ClusterSpec)."""
     from autosync.runtime.checkpoint import CheckpointStore
     from autosync.runtime.optimizers import check_model_optimizer
-    from autosync.runtime.runner import check_node_capacity
+    from autosync.runtime.binding import check_cluster_start
     from autosync.runtime.trainer import check_fit
     from autosync.sources import load_cluster, load_model_def, load_model_spec, load_strategy_for
     from strategy_space.builders import strategy_or_builder
@@ -51,7 +51,7 @@ def _prepare(args):
     if args.restore is not None:   # a missing or damaged checkpoint is found before the model loads
         CheckpointStore(args.restore).read()
     cluster = load_cluster(args.cluster)
-    check_node_capacity(cluster)
+    check_cluster_start(cluster)
     strategy = strategy_or_builder(args.strategy)   # a bad file or name is said before the model is built
     model_def = load_model_def(args.model)
     check_model_optimizer(model_def)

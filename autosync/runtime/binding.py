@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass, field, replace
 
 from autosync import signals
@@ -194,6 +195,64 @@ def _is_local(cluster: ClusterSpec) -> bool:
     return len(cluster.nodes) == 1 and cluster.nodes[0].address in LOOPBACK and cluster.nodes[0].resource is None
 
 
+# each worker is a process of its own (a TensorFlow runtime with real compute, a sleeping
+# gradient source with emulated compute); more than this many per CPU only thrashes a node
+WORKERS_PER_CPU = 8
+
+
+def check_cluster_start(cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster``, once ``check_node_capacity`` passed and its Ray can be reached
+    (``check_ray_reachable``): what a command checks before it reads the model.
+
+    Raises:
+        ConfigError: see those two.
+    """
+    check_node_capacity(cluster)
+    check_ray_reachable(cluster)
+    return cluster
+
+
+def check_node_capacity(cluster) -> None:
+    """Refuse, before Ray starts, a cluster whose nodes are given more workers than they can run.
+
+    Raises:
+        ConfigError: a node with more than ``WORKERS_PER_CPU`` workers per CPU (GPUs add one each).
+    """
+    over = [f"{n.name} ({n.workers} workers, {n.cpus} CPUs, {n.gpus} GPUs)" for n in cluster.nodes
+            if (n.workers or 0) > WORKERS_PER_CPU * n.cpus + n.gpus]
+    if over:
+        raise ConfigError(f"cluster {cluster.name}: node(s) {', '.join(over[:5])} have more workers than they can run "
+                          f"(each worker is a process; at most {WORKERS_PER_CPU} per CPU plus one per GPU); lower "
+                          f"workers or give the node its real cpus")
+
+
+def check_ray_reachable(cluster: ClusterSpec) -> None:
+    """What ``_start_ray`` would refuse, said before a command reads the model (seconds of
+    TensorFlow, minutes for a large one): a ``RAY_ADDRESS`` where no Ray head answers, or a
+    cluster of other machines with no Ray to connect to. Nothing is asked of a process already
+    connected (``ray.init`` called by the user).
+
+    Raises:
+        ConfigError: as ``_start_ray`` would.
+    """
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address:
+        from autosync.ray_cluster import check_address
+
+        check_address(address)
+    elif not _is_local(cluster):
+        raise _no_ray(cluster)
+
+
+def _no_ray(cluster: ClusterSpec) -> ConfigError:
+    return ConfigError(f"cluster {cluster.name} has {len(cluster.nodes)} node(s) but Ray is not running here; "
+                       f"fix by starting the Ray cluster and setting RAY_ADDRESS=<head>:6379 (or calling "
+                       f"ray.init(address=...)) before running, or use cluster 'local'")
+
+
 def _start_ray(cluster: ClusterSpec) -> tuple[bool, object, dict]:
     """Connect to RAY_ADDRESS, or start the embedded Ray for ``local``; returns (started, reaper,
     the processes ``ray.init`` started: pid -> start time)."""
@@ -207,10 +266,7 @@ def _start_ray(cluster: ClusterSpec) -> tuple[bool, object, dict]:
         connect()   # a cluster that does not answer is a ConfigError that says what to check
         return False, None, {}
     if not _is_local(cluster):
-        raise ConfigError(
-            f"cluster {cluster.name} has {len(cluster.nodes)} node(s) but Ray is not running here; "
-            f"fix by starting the Ray cluster and setting RAY_ADDRESS=<head>:6379 (or calling "
-            f"ray.init(address=...)) before running, or use cluster 'local'")
+        raise _no_ray(cluster)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # started first, so its snapshots of the driver's descendants see Ray's processes as they appear
     reaper = start_reaper()

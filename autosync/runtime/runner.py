@@ -350,25 +350,6 @@ def check_real_compute(compute: str, cluster, step_time_s) -> None:
         raise ConfigError(problems)
 
 
-# each worker is a process of its own (a TensorFlow runtime with real compute, a sleeping
-# gradient source with emulated compute); more than this many per CPU only thrashes a node
-WORKERS_PER_CPU = 8
-
-
-def check_node_capacity(cluster) -> None:
-    """Refuse, before Ray starts, a cluster whose nodes are given more workers than they can run.
-
-    Raises:
-        ConfigError: a node with more than ``WORKERS_PER_CPU`` workers per CPU (GPUs add one each).
-    """
-    over = [f"{n.name} ({n.workers} workers, {n.cpus} CPUs, {n.gpus} GPUs)" for n in cluster.nodes
-            if (n.workers or 0) > WORKERS_PER_CPU * n.cpus + n.gpus]
-    if over:
-        raise ConfigError(f"cluster {cluster.name}: node(s) {', '.join(over[:5])} have more workers than they can run "
-                          f"(each worker is a process; at most {WORKERS_PER_CPU} per CPU plus one per GPU); lower "
-                          f"workers or give the node its real cpus")
-
-
 def load_failure(model_def, cluster: ClusterSpec, error: Exception) -> ConfigError:
     """What a command or a Trainer says when the workers cannot build the model (its code raises there, or the
     load outlasts the time limit): the model's fault or the cluster's (a token it refuses: ``token_mismatch``)."""
