@@ -105,7 +105,8 @@ def test_make_trainer_says_an_unknown_keyword_and_a_bad_strategy_before_the_mode
 
 RAY_CASES = {
     "run": ["run", "--model", "zoo:ncf", "--strategy", "ps", "--cluster", "{cluster}"],
-    "run-emulated": ["run", "--model", "zoo:ncf", "--strategy", "ps", "--compute", "emulated", "--cluster", "{cluster}"],
+    "run-emulated": ["run", "--model", "zoo:ncf", "--strategy", "ps", "--compute", "emulated",
+                     "--cluster", "{cluster}"],
     "train": ["train", "--model", "zoo:ncf", "--strategy", "ps", "--steps", "5", "--cluster", "{cluster}"],
     "probe": ["probe", "--model", "zoo:ncf", "--strategy", "ps", "--cluster", "{cluster}", "--store", "{tmp}/t.db"],
     "tune": ["tune", "--model", "zoo:ncf", "--cluster", "{cluster}", "--warm-start", "none", "--store", "{tmp}/t.db"],
