@@ -129,10 +129,13 @@ def test_a_ray_cluster_that_cannot_be_reached_is_said_before_the_model_is_read(c
     """A cluster of other machines with no RAY_ADDRESS, or a RAY_ADDRESS where nothing answers: said
     after the 9-10 s of reading the model before (the runner's start), now before it."""
     import os
+    import sys
 
     cluster = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "clusters", "emulated_3x1gbit.yaml")
     argv = [a.format(cluster=cluster, **files) for a in RAY_CASES[case]]
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if "ray" in sys.modules:   # an earlier test of this process left Ray connected: as a fresh command, it is not
+        monkeypatch.setattr(sys.modules["ray"], "is_initialized", lambda: False)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"autosync {argv[0]}: error: cluster emulated_3x1gbit has 3 node(s) but Ray is not running "
