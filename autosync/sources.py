@@ -48,8 +48,9 @@ def _testbed_cluster() -> ClusterSpec:
 BUILTIN_CLUSTERS = {"local": local_cluster, "testbed": _testbed_cluster}
 
 
-def _text(value, what: str, forms: str) -> str:
-    """A source given as a string or a path (``pathlib.Path``) as a string.
+def _text(value, what: str, forms: str, hint=None) -> str:
+    """A source given as a string or a path (``pathlib.Path``) as a string; ``hint(value)``: what
+    the message adds for a value given by mistake.
 
     Raises:
         ConfigError: anything else (an int, None, a Keras model), saying what is taken.
@@ -58,8 +59,8 @@ def _text(value, what: str, forms: str) -> str:
         text = os.fspath(value)
         if isinstance(text, str):
             return text
-    hint = _model_hint(value) if what == "the model" else ""
-    raise ConfigError(f"{what} must be {forms}, got {type(value).__name__} {value!r:.80}{hint}")
+    said = hint(value) if hint is not None else ""
+    raise ConfigError(f"{what} must be {forms}, got {type(value).__name__} {value!r:.80}{said}")
 
 
 def _model_hint(value) -> str:
@@ -124,7 +125,7 @@ def load_model_def(text):
 
     if isinstance(text, ModelDef):
         return text
-    text = _text(text, "the model", f"{TRAINABLE_FORMS} (a str or a path), or an autosync.ModelDef")
+    text = _text(text, "the model", f"{TRAINABLE_FORMS} (a str or a path), or an autosync.ModelDef", _model_hint)
     if text.startswith("zoo:"):
         from autosync.models import zoo
 
@@ -154,7 +155,8 @@ def load_model_spec(text, *, profile: bool = False) -> ModelSpec:
     if isinstance(text, ModelSpec):
         return text
     if not isinstance(text, ModelDef):
-        text = _text(text, "the model", f"{MODEL_FORMS} (a str or a path), an autosync.ModelDef or a ModelSpec")
+        text = _text(text, "the model", f"{MODEL_FORMS} (a str or a path), an autosync.ModelDef or a ModelSpec",
+                     _model_hint)
     if isinstance(text, str) and text.endswith((".yaml", ".yml")) and not is_trainable_source(text):
         return load(text, "model")  # type: ignore[return-value]
     model_def = load_model_def(text)
