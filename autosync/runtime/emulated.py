@@ -23,7 +23,9 @@ interface (``load``/``reset``/``run``/``get_weights``/``info``) but each step it
    ``strategy_space.builders.ready_times`` (the cost model's overlap assumption: backward work
    proportional to parameters after a forward third) and its predecessor is done; the rest of
    the step and the update follow as before. A group mixing such members with others waits
-   for the hand-over, and a step held for ``global_clipnorm`` overlaps nothing.
+   for the hand-over, and a step held for ``global_clipnorm`` overlaps nothing. Beside such
+   collectives the parameter servers' push leaves when its own gradients are ready, from a thread
+   (``sync.early_push``), as a TensorFlow worker's leaves from inside its step.
 
 Gradient values are synthetic and cheap: each worker draws a fixed dense gradient per variable
 and a fixed block of row values per sparse variable at ``load`` (from (seed, worker, variable));
@@ -51,6 +53,7 @@ from autosync.runtime import timeline
 from autosync.runtime.digest import zeros_digest
 from autosync.runtime.initial import ZeroInitial
 from autosync.runtime.sync.base import hand_over
+from autosync.runtime.sync.early_push import EarlyPush, early_channels
 from strategy_space import ClusterSpec, ModelSpec
 from strategy_space.builders import ready_order, ready_times
 from strategy_space.errors import ConfigError
@@ -273,6 +276,11 @@ class EmulatedWorker:
         self._partial = False
         self.rows: dict[int, np.ndarray] = {}
         self._early_collectives = early_collectives(self.model_def.spec, channels, self.layout) if self._clip is None else []
+        # beside them the parameter servers' push leaves when its gradients are ready (``early_push``)
+        self._early = EarlyPush(early_channels(channels, bool(self._early_collectives), self._clip is not None, 1),
+                                channels)
+        times, spec = ready_times(self.model_def.spec), self.model_def.spec
+        self._early_at = max((times[spec.variables[v].name] for v in self._early.carries), default=1.0)
 
     def run(self, steps: int) -> dict:
         """Run ``steps`` steps (see the module doc), then pull the final values.
@@ -296,6 +304,9 @@ class EmulatedWorker:
                 self._pull(self.step, rows=self.rows)
             t1 = time.perf_counter()
             grads = self._gradients()
+            self._early.arm(self.step)
+            if self._early.channels:
+                self._early.after(t1 + self._early_at * md.step_time_s - time.perf_counter(), grads)
             for at, channel, index in self._early_collectives:   # while the compute runs
                 wait = t1 + at * md.step_time_s - time.perf_counter()
                 if wait > 0:
@@ -308,7 +319,8 @@ class EmulatedWorker:
             # the compute's own time, also when a collective issued during it ran past its end
             compute = time.perf_counter() - t1 if left > 0 else md.step_time_s
             timeline.add("compute", t1, t1 + compute, step=self.step)
-            hand_over(self.channels, self.step, grads, self._clip)
+            self._early.done(grads)
+            hand_over(self._early.rest, self.step, grads, self._clip)
             out["compute"].append(compute)
             out["sync"].append(time.time() - t0 - compute)
             out["loss"].append(0.0)

@@ -19,6 +19,7 @@ from autosync.runtime.ps_pool import PSPool
 from autosync.runtime.ps_shard import ParameterServerShard
 from autosync.runtime.sync.allreduce import AllReduceChannel
 from autosync.runtime.sync.backends import ObjectStoreBackend, prepare_hierarchy
+from autosync.runtime.sync import early_push
 from autosync.runtime.sync.graph import GraphAllReduceChannel, split_groups
 from autosync.runtime.sync.ps import PSChannel, pipelined_sparse, ps_chunks
 from autosync.runtime.waiting import TrialFailed, TrialTimeout, dead_actor, wait_all  # noqa: F401 (also this module's)
@@ -322,10 +323,12 @@ class Session:
         aggregators = self._start_aggregators(squares, slices)
         node_of = {i: node for node, workers in plan.node_aggregation().items() for i in workers}
 
+        early = early_push.wanted()
+
         def channels(i: int) -> list:
             out = [PSChannel(i, pairs, shapes, plan.staleness, squares, aggregators.get(node_of.get(i)),
                              self.chunks, rows_by_reference=plan.sync and not slices, links=links,
-                             keep_slices=slices)] if pairs else []
+                             keep_slices=slices, early=early)] if pairs else []
             if ar_groups:  # after the PS channel: its pushes fly while the collectives run
                 # its initial values: each worker reads them from its node's copy of the description
                 out.append(AllReduceChannel(i, n, ar_groups, setups, self.pool.description_ref, desc["optimizer"],

@@ -26,6 +26,7 @@ from autosync.runtime.host_gradients import add, divide, to_numpy
 from autosync.runtime.pulled import join_pulled
 from autosync.runtime.rows import check_pulled_rows, check_row_ids, find_row_reads
 from autosync.runtime.sync.base import across_collective, hand_over
+from autosync.runtime.sync.early_push import EarlyPush, early_channels
 from autosync.runtime.worker_checkpoint import WorkerCheckpoint
 
 
@@ -259,8 +260,13 @@ class TrainingWorker(WorkerCheckpoint):
         # a channel that synchronizes inside the graph supplies the step (its gradients come back None)
         inner = unwrapped(self.model_def.optimizer_fn())[0]
         inner.loss_scale_factor = None   # a fixed loss scale (``loss_scale``): the step unscales the gradients itself
+        # beside collectives in the step, the parameter servers' push leaves from inside it (``early_push``)
+        self._early = EarlyPush(early_channels(channels, any(c.in_graph for c in channels), self._hold,
+                                               self.accumulate * len(self._parts[0])), channels)
+        early = self._early if self._early.channels else None
         self._compute = next((c.bind(self.model, self.loss, inner, hold=self._hold, scale=self._scale,
-                                     skips=self._scaling is not None) for c in channels if c.in_graph), self._gradients)
+                                     skips=self._scaling is not None, early=early)
+                              for c in channels if c.in_graph), self._gradients)
         self.layout = [tuple(x) for x in layout]
         self.step = 0
         self._partial = False
@@ -302,19 +308,21 @@ class TrainingWorker(WorkerCheckpoint):
             if pull_ahead and i + 1 < steps:
                 nbatches, nrows = self._draw()
                 ahead = (nbatches, nrows, [c.start_pull(self.step + 1, rows=nrows) for c in self.channels])
+            self._early.arm(self.step, lambda g, rows=rows: check_pulled_rows(self.variables, rows, g))
             t1 = time.perf_counter()
             loss, grads = self._gradients_of(batches)
             compute = time.perf_counter() - t1
             timeline.add("compute", t1, t1 + compute, step=self.step)
             check_pulled_rows(self.variables, rows, grads)
+            self._early.done(grads)
             if across and i + 1 < steps:
-                hand_over([c for c in self.channels if c.splits_pull], self.step, grads, None)
+                hand_over([c for c in self._early.rest if c.splits_pull], self.step, grads, None)
                 nbatches, nrows = self._draw()
                 pending = [c.start_pull(self.step + 1, rows=nrows) if c.splits_pull else None for c in self.channels]
                 ahead = (nbatches, nrows, pending)
-                hand_over([c for c in self.channels if not c.splits_pull], self.step, grads, None)
+                hand_over([c for c in self._early.rest if not c.splits_pull], self.step, grads, None)
             else:
-                hand_over(self.channels, self.step, grads, self._clip, self._loss_scale if self._hold else None)
+                hand_over(self._early.rest, self.step, grads, self._clip, self._loss_scale if self._hold else None)
                 if self._loss_scale is not None and not self._hold:   # the graph alone decided in the step
                     self._loss_scale.after(self.channels[0].step_finite())
                 if self._loss_scale is not None and self._loss_scale.scale != self._scale_set:

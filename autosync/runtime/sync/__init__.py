@@ -2,6 +2,7 @@
 
 - ``base``: the ``SyncChannel`` contract every channel meets, ``shard_gradient``, and the
   ``CollectiveBackend`` contract every collective transport meets.
+- ``early_push``: a push issued from inside the worker's step, beside the step's collectives.
 - ``ps``: ``PSChannel``, a worker's side of the parameter servers.
 - ``allreduce``: ``AllReduceChannel`` (fusion groups reduced eagerly through a backend) and the
   plan records ``ARGroup``/``ARMember``.

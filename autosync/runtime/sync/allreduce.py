@@ -140,6 +140,7 @@ class AllReduceChannel(AllReduceCheckpoint, SyncChannel):
         self._saved: tuple = ({}, {}, [])   # the compressors' memory before the held step (``saved_state``)
         self._early: tuple[int, set, dict] = (-1, set(), {})   # (step, groups, reduced) by ``reduce_early``
         self._members = {m.key: m for g in groups for m in g.members}
+        self.carries = frozenset(m.key[0] for g in groups for m in g.members)
 
     def __getstate__(self):
         # shipped to the worker before first use: connections are made there, lazily

@@ -52,7 +52,7 @@ from autosync.runtime.loss_scale import SKIP
 class SyncChannel(abc.ABC):
     """The synchronization of some variables, seen from one worker.
 
-    Besides ``pull``/``push``, a channel declares two optional abilities (the worker reads these
+    Besides ``pull``/``push``, a channel declares three optional abilities (the worker reads these
     declarations; it never probes a channel for methods):
 
     - ``splits_pull``: ``start_pull`` issues a pull without waiting and ``finish_pull`` collects
@@ -60,6 +60,9 @@ class SyncChannel(abc.ABC):
       computes step t. By default ``start_pull`` pulls at once.
     - ``in_graph``: the channel reduces and applies its gradients inside the training step;
       ``bind`` returns that step.
+    - ``pushes_early``: ``push`` only issues its sends and waits for nothing, so a worker may push
+      from inside its step as soon as the gradients it ``carries`` exist, beside the step's
+      collectives (``early_push``).
 
     Attributes:
         calls: Ray actor calls issued so far (the overhead the runtime is measured by).
@@ -67,6 +70,9 @@ class SyncChannel(abc.ABC):
         staleness: how many steps this worker may run ahead of the slowest one (0: none).
         splits_pull: whether ``start_pull`` returns before the values are there (see above).
         in_graph: whether ``bind`` supplies the worker's training step (see above).
+        pushes_early: see above.
+        carries: the variables (indices) whose gradients ``push`` takes; a channel outside the
+            graph declares them (``early_push`` returns them from the step for it).
     """
 
     calls: int = 0
@@ -75,6 +81,8 @@ class SyncChannel(abc.ABC):
     staleness: int = 0
     splits_pull: bool = False
     in_graph: bool = False
+    pushes_early: bool = False
+    carries: frozenset = frozenset()
     phase: str = "sync"   # the name of its hand-over on a timeline (``timeline``)
 
     @abc.abstractmethod

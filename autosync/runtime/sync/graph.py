@@ -37,6 +37,7 @@ from autosync.models.fit_batch import batch_loss
 from autosync.runtime.loss_scale import scaled_gradients
 from autosync.runtime.sync.allreduce import ARGroup, ARMember, split_by
 from autosync.runtime.sync.base import SyncChannel
+from autosync.runtime.sync.early_push import in_step
 from autosync.runtime.sync.compression import orthogonalize
 from autosync.runtime.sync.graph_state import GraphCheckpoint
 from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
@@ -110,7 +111,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         self._finalize()   # the variables reduced here are the model's own
 
     # ---- the step ------------------------------------------------------------------------------
-    def bind(self, model, loss_fn, optimizer, hold: bool = False, scale=None, skips: bool = True):
+    def bind(self, model, loss_fn, optimizer, hold: bool = False, scale=None, skips: bool = True, early=None):
         """The worker's step function ``(x, y) -> (loss, grads)`` for this trial: gradients of the
         variables reduced here come back as None, the others as computed. With ``hold`` the step
         does not apply the reduced gradients: it keeps them and their squared norm (Keras squares
@@ -118,7 +119,9 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         ``global_clipnorm`` scale of the whole step with an optimizer that does not clip again.
         ``scale``: what loss scaling multiplies the loss by (``loss_scale.scaled_gradients``: the
         worker's ``tf.Variable``), or None; where it ``skips`` (dynamic, not a fixed scale) and without
-        ``hold`` the step applies only finite reduced gradients, as Keras': ``step_finite`` says."""
+        ``hold`` the step applies only finite reduced gradients, as Keras': ``step_finite`` says.
+        ``early``: an ``early_push.EarlyPush`` the step hands the gradients it carries as soon as they
+        exist (they come back as None), or None."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -146,6 +149,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
             with tf.GradientTape() as tape:
                 loss = batch_loss(model, loss_fn, x, y)
             grads = scaled_gradients(tape, loss, variables, scale)
+            rest, pushed = in_step(grads, early) if early is not None else (grads, None)
             shards: dict = {}
             last = None
             keys = iter(range(base, base + SESSION_KEYS // 2))
@@ -178,7 +182,8 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
             done = [v for v in owned if grads[v] is not None]
             reduced = [_assemble(variables[v], [shards[k] for k in sorted(k for k in shards if k[0] == v)], groups, v)
                        for v in done]
-            others = [None if v in owned else grads[v] for v in range(len(variables))]
+            others = [None if v in owned else rest[v] for v in range(len(variables))]
+            others = others if pushed is None else (others, pushed)   # the early push runs: it is an output
             if hold:
                 held_vars[:] = done   # fixed for the trace: which variables get a gradient
                 return loss, others, reduced, _squared_norm(reduced)
@@ -189,7 +194,9 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
 
         if hold:
             return self._holding(step, optimizer, held_vars, variables, kept)
-        return self._checking(step) if check else step
+        if check:
+            return self._checking(step)
+        return step if early is None else lambda x, y: _without_token(step(x, y))
 
     def _checking(self, step):
         """``bind``'s step under loss scaling in the graph alone: the third value ``step`` returns
@@ -232,6 +239,11 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
 
         self._apply_held = apply_held
         return held_step
+
+
+def _without_token(out):
+    loss, others = out
+    return loss, others[0] if isinstance(others, tuple) else others
 
 
 def _apply_if_finite(optimizer, reduced: list, variables: list, kept: list, before: list):

@@ -126,17 +126,21 @@ class PSChannel(SyncChannel):
         keep_slices: the PS optimizer transforms each sparse slice (``optimizers.sparse_form``): a
             sparse gradient is pushed slice by slice, repeated rows not summed (nor laid on the
             rows pulled: ``rows_by_reference`` does not apply to it).
+        early: whether the worker may push from inside its step (``pushes_early``; the default).
 
     Row ids travel in the narrowest integer dtype that numbers the shard's rows (``index_dtype``).
     """
 
     splits_pull = True
+    pushes_early = True   # a push sends (ZeroMQ, Ray calls) and collects the replies in ``finish``
     phase = "ps push"
 
     def __init__(self, worker_index: int, actors: list, shapes: list, staleness: int,
                  squares: bool = True, aggregator=None, chunks: list | None = None,
-                 rows_by_reference: bool = False, links: list | None = None, keep_slices: bool = False):
+                 rows_by_reference: bool = False, links: list | None = None, keep_slices: bool = False,
+                 early: bool = True):
         self.worker_index = worker_index
+        self.pushes_early = early
         self.actors = actors
         self.links = list(links) if links is not None else [None] * len(actors)
         if len(self.links) != len(actors):
@@ -155,6 +159,7 @@ class PSChannel(SyncChannel):
         self._pushes: list = []
         # each shard's first row in its variable (node-aggregated pulls return shard-local rows)
         self._starts = {ref.key: ref.start for _, plan in actors for ref in plan.shards}
+        self.carries = frozenset(ref.var_index for _, plan in actors for ref in plan.shards)
         self._dtypes = {ref.key: index_dtype(ref.stop - ref.start)
                         for _, plan in actors for ref in plan.shards if ref.sparse}
         self.rows_by_reference = rows_by_reference
