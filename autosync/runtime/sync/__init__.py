@@ -7,6 +7,7 @@
 - ``allreduce``: ``AllReduceChannel`` (fusion groups reduced eagerly through a backend) and the
   plan records ``ARGroup``/``ARMember``.
 - ``graph``: ``GraphAllReduceChannel``, all-reduce and the Keras optimizer inside the training step.
+- ``graph_powersgd``: PowerSGD's rounds inside that step (``PowerSGDGraphState``).
 - ``backends``: gloo, nccl, object-store and hierarchical backends and their registry.
 - ``tf_collective``: TensorFlow's collective ops across Ray actors (the ``graph`` backend's transport).
 - ``compression``: fp16, error feedback and PowerSGD on numpy buffers.

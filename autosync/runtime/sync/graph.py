@@ -29,8 +29,6 @@ are then chained in issue order, as NCCL needs one order on every worker.
 """
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
 from autosync.models.fit_batch import batch_loss
@@ -38,10 +36,10 @@ from autosync.runtime.loss_scale import scaled_gradients
 from autosync.runtime.sync.allreduce import ARGroup, ARMember, split_by
 from autosync.runtime.sync.base import SyncChannel
 from autosync.runtime.sync.early_push import in_step
-from autosync.runtime.sync.compression import orthogonalize
+from autosync.runtime.sync.graph_powersgd import PowerSGDGraphState
 from autosync.runtime.sync.graph_state import GraphCheckpoint
 from autosync.runtime.sync.tf_collective import SESSION_KEYS, all_gather, all_reduce, communication_hint
-from strategy_space.compressor import Compressor, matrix_dims, powersgd_compressible
+from strategy_space.compressor import Compressor
 
 
 def split_groups(groups: list[ARGroup], layout: list[tuple[int, int]]) -> tuple[list[ARGroup], list[ARGroup]]:
@@ -130,13 +128,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         self._optimizer_variables = list(optimizer.variables)   # what a checkpoint keeps, and its slots' names
         self._named = ({variables[v].path.replace("/", "_"): str(v) for v in owned}, optimizer.iterations)
         self._finalize = lambda: optimizer.finalize_variable_values([variables[v] for v in owned])
-        memory = {(g.group, i): tf.Variable(tf.zeros([n], tf.float32), trainable=False)
-                  for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
-                  if comp is not None and comp.kind == "fp16" and comp.error_feedback for n in [sum(_size(variables[m.key[0]], m) for m in ms)]}
-        powersgd = {(g.group, i): _PowerSGDGraphState([(m, _shape(variables[m.key[0]], m)) for m in ms], comp,
-                                                      self.seed)
-                    for g in self.groups for i, (comp, ms) in enumerate(_by_compressor(g))
-                    if comp is not None and comp.kind == "powersgd"}
+        memory, powersgd = self._compressor_state(variables)
         world, hint, base, groups, held_vars = self.world, communication_hint(), self.key_base, self.groups, []
         chain = hint == "nccl"
         # what the compressors keep across steps: put back when a step is skipped
@@ -197,6 +189,22 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         if check:
             return self._checking(step)
         return step if early is None else lambda x, y: _without_token(step(x, y))
+
+    def _compressor_state(self, variables: list) -> tuple[dict, dict]:
+        """What the step's compressors keep across steps, per (group, compressor index): fp16's error
+        feedback residuals (``tf.Variable``) and PowerSGD's state."""
+        import tensorflow as tf
+
+        memory, powersgd = {}, {}
+        for g in self.groups:
+            for i, (comp, ms) in enumerate(_by_compressor(g)):
+                if comp is not None and comp.kind == "fp16" and comp.error_feedback:
+                    n = sum(_size(variables[m.key[0]], m) for m in ms)
+                    memory[(g.group, i)] = tf.Variable(tf.zeros([n], tf.float32), trainable=False)
+                elif comp is not None and comp.kind == "powersgd":
+                    powersgd[(g.group, i)] = PowerSGDGraphState([(m, _shape(variables[m.key[0]], m)) for m in ms],
+                                                                 comp, self.seed)
+        return memory, powersgd
 
     def _checking(self, step):
         """``bind``'s step under loss scaling in the graph alone: the third value ``step`` returns
@@ -314,84 +322,6 @@ def _shape(variable, m: ARMember) -> tuple[int, ...]:
 
 def _size(variable, m: ARMember) -> int:
     return int(np.prod(_shape(variable, m)))
-
-
-class _PowerSGDGraphState:
-    """PowerSGD's two rounds for one (group, compressor) inside the graph, with its state (warm
-    Q per matrix, error-feedback residual) in variables: the same protocol as
-    ``autosync.runtime.sync.compression.PowerSGDState`` (same Q draw, same sign-fixed orthogonalization).
-    Round 1 all-reduces the P matrices and the uncompressible members in one buffer, round 2 the
-    Q matrices."""
-
-    def __init__(self, members: list[tuple[ARMember, tuple[int, ...]]], comp: Compressor, seed: int):
-        import tensorflow as tf
-
-        self.rank, self.ef = comp.rank, comp.error_feedback
-        self.shapes = {m.key: shape for m, shape in members}
-        self.low = {m.key for m, shape in members if powersgd_compressible(*matrix_dims(shape), self.rank)}
-        self.q, self.err = {}, {}
-        for m, shape in members:
-            if m.key not in self.low:
-                continue
-            n = int(np.prod(shape[1:]))
-            rng = np.random.default_rng([seed, zlib.crc32(repr(m.key).encode())])
-            self.q[m.key] = tf.Variable(orthogonalize(rng.standard_normal((n, self.rank)).astype(np.float32)),
-                                        trainable=False)
-            if self.ef:
-                self.err[m.key] = tf.Variable(tf.zeros([shape[0], n]), trainable=False)
-
-    def variables(self) -> list:
-        """What it keeps across steps: the warm Qs, then the residuals."""
-        return [*self.q.values(), *self.err.values()]
-
-    def reduce(self, ms: list[ARMember], parts: list, world: int, keys, hint: str) -> dict:
-        import tensorflow as tf
-
-        low = [(m, p) for m, p in zip(ms, parts) if m.key in self.low]
-        raw = [(m, p) for m, p in zip(ms, parts) if m.key not in self.low]
-        mats = {}
-        for m, p in low:
-            shape = self.shapes[m.key]
-            mat = tf.reshape(tf.cast(p, tf.float32), [shape[0], -1])
-            mats[m.key] = mat + self.err[m.key] if self.ef else mat
-        ps = [tf.matmul(mats[m.key], self.q[m.key]) for m, _ in low]
-        flat = [tf.reshape(x, [-1]) for x in ps] + [tf.reshape(tf.cast(p, tf.float32), [-1]) for _, p in raw]
-        out1 = all_reduce(tf.concat(flat, 0) / world, world, next(keys), hint)
-        out, offset, p_hats = {}, 0, []
-        for m, _ in low:
-            size = self.shapes[m.key][0] * self.rank
-            p_hats.append(_orthogonalize(tf.reshape(out1[offset:offset + size], [-1, self.rank])))
-            offset += size
-        for m, p in raw:
-            size = int(np.prod(self.shapes[m.key]))
-            out[m.key] = tf.cast(tf.reshape(out1[offset:offset + size], tf.shape(p)), p.dtype)
-            offset += size
-        if not low:
-            return out
-        qs = [tf.matmul(mats[m.key], p_hat, transpose_a=True) for (m, _), p_hat in zip(low, p_hats)]
-        out2 = all_reduce(tf.concat([tf.reshape(q, [-1]) for q in qs], 0) / world, world, next(keys), hint)
-        offset = 0
-        for (m, p), p_hat, q in zip(low, p_hats, qs):
-            q_mean = tf.reshape(out2[offset:offset + int(np.prod(q.shape))], q.shape)
-            offset += int(np.prod(q.shape))
-            approx = tf.matmul(p_hat, q_mean, transpose_b=True)
-            self.q[m.key].assign(q_mean)
-            if self.ef:
-                self.err[m.key].assign(mats[m.key] - approx)
-            out[m.key] = tf.cast(tf.reshape(approx, tf.shape(p)), p.dtype)
-        return out
-
-
-def _orthogonalize(p, eps: float = 1e-8):
-    """``autosync.runtime.sync.compression.orthogonalize`` in the graph: reduced QR, signs fixed by R's
-    diagonal, columns of a rank-deficient P zeroed."""
-    import tensorflow as tf
-
-    q, r = tf.linalg.qr(p)
-    diag = tf.linalg.diag_part(r)
-    signs = tf.where(diag < 0, -tf.ones_like(diag), tf.ones_like(diag))
-    keep = tf.cast(tf.abs(diag) >= eps, q.dtype)
-    return q * signs * keep
 
 
 def _take(grad, m: ARMember):
