@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from autosync.exception_text import first_reason
-from autosync.runtime.binding import check_cluster_start, check_node_capacity
+from autosync.runtime.binding import check_cluster_start
 from autosync.search_limits import profiled_with_pins, search_limits, target_optimizer
 from autosync.tflog import driver_startup
 from autosync.time_limit import allowing
@@ -240,8 +240,9 @@ def make_trainer(model, strategy, cluster="local", **settings):
     driver_startup()
     inspect.signature(Trainer).bind(None, None, None, **settings)   # TypeError: a keyword Trainer has not
     strategy = strategy_or_builder(strategy)   # these said before the model loads (seconds of TensorFlow)
+    cluster_spec = check_cluster_start(load_cluster(cluster))   # a Ray that cannot be reached: said before the read
     with allowing(settings.get("timeout_s")):
-        model_def, cluster_spec = load_model_def(model), load_cluster(cluster)
+        model_def = load_model_def(model)
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
 
 
@@ -365,7 +366,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         _check_resumable(store_path)
     own_runner = runner is None
     if runner is None:
-        check_node_capacity(cluster_spec)
+        check_cluster_start(cluster_spec)   # a Ray that cannot be reached: said before the model is read
         # trials are recorded against the profiled spec (real compute) or the emulated one, on
         # the cluster as the runner runs it (emulated compute marks it)
         model = load_model_def(model) if compute == "emulated" and is_trainable(model) else model   # (one object)

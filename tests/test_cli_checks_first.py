@@ -110,6 +110,8 @@ RAY_CASES = {
     "train": ["train", "--model", "zoo:ncf", "--strategy", "ps", "--steps", "5", "--cluster", "{cluster}"],
     "probe": ["probe", "--model", "zoo:ncf", "--strategy", "ps", "--cluster", "{cluster}", "--store", "{tmp}/t.db"],
     "tune": ["tune", "--model", "zoo:ncf", "--cluster", "{cluster}", "--warm-start", "none", "--store", "{tmp}/t.db"],
+    "tune-emulated": ["tune", "--model", "zoo:ncf", "--compute", "emulated", "--cluster", "{cluster}",
+                      "--warm-start", "none", "--store", "{tmp}/t.db"],
 }
 
 
@@ -145,3 +147,17 @@ def test_a_ray_cluster_that_cannot_be_reached_is_said_before_the_model_is_read(c
     err = capsys.readouterr().err
     assert err.startswith(f"autosync {argv[0]}: error: could not connect to the Ray cluster at RAY_ADDRESS=127.0.0.1:"
                           f"{closed_port}: nothing listens at 127.0.0.1:{closed_port}; fix by giving"), err
+
+
+def test_make_trainer_says_a_ray_cluster_that_cannot_be_reached_before_the_model_is_read(no_model, monkeypatch):
+    import os
+    import sys
+
+    import autosync
+
+    cluster = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "clusters", "emulated_3x1gbit.yaml")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if "ray" in sys.modules:   # as a fresh process (see above)
+        monkeypatch.setattr(sys.modules["ray"], "is_initialized", lambda: False)
+    with pytest.raises(ConfigError, match="has 3 node.s. but Ray is not running here"):
+        autosync.make_trainer("zoo:ncf", "ps", cluster, timeout_s=30)
