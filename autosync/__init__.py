@@ -15,7 +15,7 @@ _LAZY = {
     "tune": "autosync.api",
     "make_runner": "autosync.api",
     "make_trainer": "autosync.api",
-    "TuneResult": "autosync.api",
+    "TuneResult": "autosync.tune_result",
     "plan": "autosync.planning",
     "Plan": "autosync.planning",
     "load_cluster": "autosync.sources",
