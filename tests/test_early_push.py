@@ -120,13 +120,8 @@ def test_an_emulated_workers_ps_push_leaves_while_its_in_step_collective_still_r
     """A dense kernel's in-step collective outlasts the compute; the embedding's push, ready at the
     compute's end, leaves before that collective ends (it waited for it before); training is the
     numpy replay's."""
-    from autosync.runtime.binding import ClusterBinding
-    from autosync.runtime.emulated import EmulatedModelDef
-    from autosync.runtime.engine import Session, WorkerPool
-    from autosync.runtime.plan import SyncPlan
-    from autosync.runtime.runner import session_timeline
     from tests.runtime_helpers import PAIR
-    from tests.test_runtime_emulated import numpy_reference
+    from tests.test_runtime_emulated import numpy_reference, timed_session
 
     compute = 0.02
     spec = ModelSpec("early", (
@@ -136,19 +131,7 @@ def test_an_emulated_workers_ps_push_leaves_while_its_in_step_collective_still_r
     strategy = Strategy((VarConfig("emb", (PS("node0"),)),
                          VarConfig("dense/kernel", (AllReduce(backend="auto", group=0),))))
     validate(strategy, spec, PAIR)
-    md = EmulatedModelDef(spec, compute, "sgd", seed=7)
-    pool = WorkerPool(ClusterBinding.bind(PAIR))
-    try:
-        pool.ensure(md, PAIR.devices, time.monotonic() + 120)
-        session = Session(pool, SyncPlan.build(strategy, spec, PAIR, pool.description["optimizer"]))
-        session.start(time.monotonic() + 120)
-        session_timeline(session, True, time.monotonic() + 60)
-        session.run(4, time.monotonic() + 120)
-        streams = session_timeline(session, False, time.monotonic() + 60)
-        weights = session.weights(time.monotonic() + 60)
-        session.close()
-    finally:
-        pool.kill_all()
+    weights, streams = timed_session(spec, strategy, compute, 4)
     for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 4, 0.01), spec.variables):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
     overlapped = 0

@@ -224,14 +224,35 @@ def test_parameters_after_k_emulated_steps_equal_numpy(ray_session, builder, cli
     assert any(np.abs(w).max() > 0 for w in weights)
 
 
-@pytest.mark.integration
-def test_collectives_gpu_workers_reduce_in_their_step_overlap_the_emulated_compute(ray_session):
-    """A collective of ``in_step`` members (backend auto) is issued during the compute, once its
-    gradients are ready; the others (gloo, the PS) wait for the hand-over; training is unchanged."""
+def timed_session(spec, strategy, compute: float, steps: int) -> tuple[list, dict]:
+    """Train ``spec`` with ``strategy`` on emulated workers (sgd, seed 7) of ``PAIR`` for ``steps``
+    steps with every actor's timeline on: the final weights and the timelines by actor label."""
     from autosync.runtime.binding import ClusterBinding
     from autosync.runtime.engine import Session, WorkerPool
     from autosync.runtime.plan import SyncPlan
     from autosync.runtime.runner import session_timeline
+
+    md = EmulatedModelDef(spec, compute, "sgd", seed=7)
+    pool = WorkerPool(ClusterBinding.bind(PAIR))
+    try:
+        pool.ensure(md, PAIR.devices, time.monotonic() + 120)
+        session = Session(pool, SyncPlan.build(strategy, spec, PAIR, pool.description["optimizer"]))
+        session.start(time.monotonic() + 120)
+        session_timeline(session, True, time.monotonic() + 60)
+        session.run(steps, time.monotonic() + 120)
+        streams = session_timeline(session, False, time.monotonic() + 60)
+        weights = session.weights(time.monotonic() + 60)
+        session.close()
+    finally:
+        pool.kill_all()
+    return weights, streams
+
+
+@pytest.mark.integration
+def test_collectives_gpu_workers_reduce_in_their_step_overlap_the_emulated_compute(ray_session):
+    """A collective of ``in_step`` members (backend auto) is issued during the compute, once its
+    gradients are ready; gloo's waits for the hand-over, the PS push for its gradients' ready time;
+    training is unchanged."""
     from strategy_space import PS, AllReduce, Strategy, VarConfig, validate
     from strategy_space.builders import ready_times
 
@@ -241,19 +262,7 @@ def test_collectives_gpu_workers_reduce_in_their_step_overlap_the_emulated_compu
                          VarConfig("dense/kernel", (AllReduce(backend="auto", group=0),)),
                          VarConfig("dense/bias", (AllReduce(backend="gloo", group=1),))))
     validate(strategy, spec, PAIR)
-    md = EmulatedModelDef(spec, compute, "sgd", seed=7)
-    pool = WorkerPool(ClusterBinding.bind(PAIR))
-    try:
-        pool.ensure(md, PAIR.devices, time.monotonic() + 120)
-        session = Session(pool, SyncPlan.build(strategy, spec, PAIR, pool.description["optimizer"]))
-        session.start(time.monotonic() + 120)
-        session_timeline(session, True, time.monotonic() + 60)
-        session.run(4, time.monotonic() + 120)
-        streams = session_timeline(session, False, time.monotonic() + 60)
-        weights = session.weights(time.monotonic() + 60)
-        session.close()
-    finally:
-        pool.kill_all()
+    weights, streams = timed_session(spec, strategy, compute, 4)
     for got, want, var in zip(weights, numpy_reference(spec, 7, 2, 4, 0.01), spec.variables):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=var.name)
     ready = ready_times(spec)["dense/kernel"]
@@ -268,10 +277,13 @@ def test_collectives_gpu_workers_reduce_in_their_step_overlap_the_emulated_compu
             c0, c1 = computes[step]
             # issued once the kernel's gradient is ready, before the compute ends (microseconds)
             assert c0 + 0.9 * ready * compute * 1e6 <= start < c1, (label, step)
-        # the gloo group and the PS push wait for the hand-over, after the compute
+        # the gloo group waits for the hand-over, after the compute; the PS push for its gradient's
+        # ready time (the embedding's: the compute's end), from a thread of its own (``early_push``)
         for e in events:
-            if e[0] in ("allreduce", "ps push"):
+            if e[0] == "allreduce":
                 assert e[1] >= computes[e[4]["step"]][1] - 1e3, (label, e[0])
+            if e[0] == "ps push":
+                assert e[1] >= computes[e[4]["step"]][0] + 0.9 * compute * 1e6, (label, e[0])
 
 
 @pytest.mark.integration
