@@ -118,8 +118,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         ``scale``: what loss scaling multiplies the loss by (``loss_scale.scaled_gradients``: the
         worker's ``tf.Variable``), or None; where it ``skips`` (dynamic, not a fixed scale) and without
         ``hold`` the step applies only finite reduced gradients, as Keras': ``step_finite`` says.
-        ``early``: an ``early_push.EarlyPush`` the step hands the gradients it carries as soon as they
-        exist (they come back as None), or None."""
+        ``early``: an ``early_push.EarlyPush`` handed what it carries once it exists (back as None), or None."""
         import tensorflow as tf
 
         variables = list(model.trainable_variables)
@@ -134,6 +133,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         # what the compressors keep across steps: put back when a step is skipped
         kept = self._memory = list(memory.values()) + [v for p in powersgd.values() for v in p.variables()]
         check = scale is not None and skips and not hold   # dynamic scaling in the graph alone: decided in the step
+        early = None if hold or check else early   # a held or checked step hands over after it (``early_push``)
 
         @tf.function
         def step(x, y):
