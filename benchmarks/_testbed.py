@@ -74,6 +74,21 @@ def trial_record(trial) -> dict:
             "step_times_s": [round(t, 5) for t in trial.step_times], "breakdown_s": trial.breakdown or None}
 
 
+def trial_in_mode(runner, strategy, label: str, modes: dict, mode: str) -> dict:
+    """``trial_record`` of ``strategy`` run under the environment ``modes[mode]`` sets (mode name ->
+    variables); every variable any mode sets is cleared before and after."""
+    keys = {k for env in modes.values() for k in env}
+    for key in keys:
+        os.environ.pop(key, None)
+    os.environ.update(modes[mode])
+    try:
+        trial = runner.run_one(strategy, label)
+    finally:
+        for key in keys:
+            os.environ.pop(key, None)
+    return trial_record(trial)
+
+
 def say_trial(label: str, rec: dict) -> None:
     """Print one ``trial_record``: its median (or error) and phases in ms."""
     phases = {k: round(v * 1e3, 1) for k, v in (rec["breakdown_s"] or {}).items()}

@@ -28,7 +28,7 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from _testbed import say_summary, say_trial, testbed_main, trial_record  # noqa: E402 (a sibling script module)
+from _testbed import say_summary, say_trial, testbed_main, trial_in_mode  # noqa: E402 (a sibling script module)
 
 MODES = {"early": {}, "after": {"AUTOSYNC_EARLY_PUSH": "0"}}
 BUILDERS = ("parallax", "ps_lb")
@@ -51,16 +51,6 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _trial(runner, strategy, label: str, mode: str) -> dict:
-    os.environ.pop("AUTOSYNC_EARLY_PUSH", None)
-    os.environ.update(MODES[mode])
-    try:
-        trial = runner.run_one(strategy, label)
-    finally:
-        os.environ.pop("AUTOSYNC_EARLY_PUSH", None)
-    return trial_record(trial)
-
-
 def measure_model(name: str, cluster, args) -> dict:
     from tune_vs_baselines import source_of
 
@@ -79,7 +69,8 @@ def measure_model(name: str, cluster, args) -> dict:
         for _ in range(args.rounds):
             for label, strategy in chosen.items():
                 for mode in MODES if label == "parallax" else ("early",):
-                    rec = {"label": label, "mode": mode, **_trial(runner, strategy, f"{label}@{mode}", mode)}
+                    rec = {"label": label, "mode": mode,
+                           **trial_in_mode(runner, strategy, f"{label}@{mode}", MODES, mode)}
                     out["trials"].append(rec)
                     say_trial(f"{label}@{mode}", rec)
     finally:

@@ -31,7 +31,7 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from _testbed import say_summary, say_trial, testbed_main, trial_record  # noqa: E402 (a sibling script module)
+from _testbed import say_summary, say_trial, testbed_main, trial_in_mode  # noqa: E402 (a sibling script module)
 
 MODES = {"in_step": {}, "after": {"AUTOSYNC_IN_STEP": "0"}}
 KINDS = ("all_reduce", "parallax", "all_reduce/g", "fp16/g", "powersgd/g")   # strategy labels less the group count
@@ -82,18 +82,6 @@ def strategies(model, cluster, groups: int) -> dict:
             f"powersgd/g{groups}": grouped("fp16_ef", "powersgd_ef(4)")}
 
 
-def _trial(runner, strategy, label: str, mode: str) -> dict:
-    for key in MODES["after"]:
-        os.environ.pop(key, None)
-    os.environ.update(MODES[mode])
-    try:
-        trial = runner.run_one(strategy, label)
-    finally:
-        for key in MODES["after"]:
-            os.environ.pop(key, None)
-    return trial_record(trial)
-
-
 def measure_model(name: str, cluster, args) -> dict:
     from tune_vs_baselines import source_of
 
@@ -111,7 +99,8 @@ def measure_model(name: str, cluster, args) -> dict:
         for _ in range(args.rounds):
             for label, strategy in chosen.items():
                 for mode in MODES:
-                    rec = {"label": label, "mode": mode, **_trial(runner, strategy, f"{label}@{mode}", mode)}
+                    rec = {"label": label, "mode": mode,
+                           **trial_in_mode(runner, strategy, f"{label}@{mode}", MODES, mode)}
                     out["trials"].append(rec)
                     say_trial(f"{label}@{mode}", rec)
     finally:

@@ -32,3 +32,31 @@ def test_summary_compares_the_modes_and_the_yardstick(monkeypatch):
     assert early["vs_ps_lb"] == pytest.approx(24 / 32, abs=1e-3)
     assert after["vs_ps_lb"] == pytest.approx(24 / 42, abs=1e-3)
     assert early["vs_lower_bound"] == pytest.approx(3.2) and ps["vs_lower_bound"] == pytest.approx(2.0)
+
+
+def test_a_trial_in_a_mode_runs_under_that_modes_environment_and_leaves_none_behind(monkeypatch):
+    monkeypatch.syspath_prepend(BENCHMARKS)
+    from _testbed import trial_in_mode
+
+    from strategy_space.builders import get_builder
+    from tests.fakes import three_node_cluster, tiny_model
+    from tuner.records.trial import Trial
+
+    seen = []
+
+    class Runner:
+        def run_one(self, strategy, label):
+            seen.append(os.environ.get("AUTOSYNC_EARLY_PUSH"))
+            if label == "boom":
+                raise RuntimeError("trial broke")
+            return Trial(strategy, "m", "c", "failed", error="not measured")
+
+    modes = {"early": {}, "after": {"AUTOSYNC_EARLY_PUSH": "0"}}
+    strategy = get_builder("ps").build(tiny_model(), three_node_cluster())
+    monkeypatch.setenv("AUTOSYNC_EARLY_PUSH", "stale")
+    rec = trial_in_mode(Runner(), strategy, "a", modes, "after")
+    assert rec["status"] == "failed" and rec["error"] == "not measured"
+    trial_in_mode(Runner(), strategy, "b", modes, "early")
+    with pytest.raises(RuntimeError, match="trial broke"):
+        trial_in_mode(Runner(), strategy, "boom", modes, "after")
+    assert seen == ["0", None, "0"] and "AUTOSYNC_EARLY_PUSH" not in os.environ

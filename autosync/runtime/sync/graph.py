@@ -175,20 +175,19 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
             reduced = [_assemble(variables[v], [shards[k] for k in sorted(k for k in shards if k[0] == v)], groups, v)
                        for v in done]
             others = [None if v in owned else rest[v] for v in range(len(variables))]
-            others = others if pushed is None else (others, pushed)   # the early push runs: it is an output
             if hold:
                 held_vars[:] = done   # fixed for the trace: which variables get a gradient
                 return loss, others, reduced, _squared_norm(reduced)
             if check:
                 return loss, others, _apply_if_finite(optimizer, reduced, [variables[v] for v in done], kept, before)
             optimizer.apply_gradients(zip(reduced, [variables[v] for v in done]))
-            return loss, others
+            return (loss, others) if pushed is None else (loss, others, pushed)   # an output, so the push runs
 
         if hold:
             return self._holding(step, optimizer, held_vars, variables, kept)
         if check:
             return self._checking(step)
-        return step if early is None else lambda x, y: _without_token(step(x, y))
+        return step if early is None else lambda x, y: step(x, y)[:2]
 
     def _compressor_state(self, variables: list) -> tuple[dict, dict]:
         """What the step's compressors keep across steps, per (group, compressor index): fp16's error
@@ -247,11 +246,6 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
 
         self._apply_held = apply_held
         return held_step
-
-
-def _without_token(out):
-    loss, others = out
-    return loss, others[0] if isinstance(others, tuple) else others
 
 
 def _apply_if_finite(optimizer, reduced: list, variables: list, kept: list, before: list):
