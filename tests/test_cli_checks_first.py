@@ -112,6 +112,8 @@ RAY_CASES = {
     "tune": ["tune", "--model", "zoo:ncf", "--cluster", "{cluster}", "--warm-start", "none", "--store", "{tmp}/t.db"],
     "tune-emulated": ["tune", "--model", "zoo:ncf", "--compute", "emulated", "--cluster", "{cluster}",
                       "--warm-start", "none", "--store", "{tmp}/t.db"],
+    "tune-probe-model": ["tune", "--model", "zoo:ncf", "--compute", "emulated", "--probe-model", "zoo:ncf",
+                         "--cluster", "{cluster}", "--warm-start", "none", "--store", "{tmp}/t.db"],
 }
 
 
