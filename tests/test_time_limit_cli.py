@@ -44,13 +44,13 @@ SCRIPT = """
 ])
 def test_a_hanging_model_is_stopped_with_a_message(tmp_path, hang, argv, where):
     (tmp_path / "hangs.py").write_text(textwrap.dedent(SCRIPT))
-    env = dict(os.environ, HANG=hang, HOME=str(tmp_path), **{time_limit.ENV: "25"})
+    env = dict(os.environ, HANG=hang, HOME=str(tmp_path), **{time_limit.ENV: "18"})
     out = subprocess.run([sys.executable, "-m", "autosync", *argv, "--model", f"{tmp_path}/hangs.py:build"],
                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
     assert out.returncode == 2, out.stderr[-2000:]
     assert (f"autosync {argv[0]}: error: ModelDef hangs: building the model and one gradient on its first batch did "
-            f"not finish within 25 s and was stopped at {tmp_path}/hangs.py:") in out.stderr
-    assert where in out.stderr and "set AUTOSYNC_MODEL_TIMEOUT to more seconds (now 25)" in out.stderr
+            f"not finish within 18 s and was stopped at {tmp_path}/hangs.py:") in out.stderr
+    assert where in out.stderr and "set AUTOSYNC_MODEL_TIMEOUT to more seconds (now 18)" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -121,12 +121,12 @@ def test_a_dataset_that_hangs_in_a_later_step_fails_its_trial_saying_where(ray_s
 
 
 def _ps_trial(model_def, warmup: int, steps: int):
-    """One trial of the ``ps`` builder's strategy on ``local``, its limit 55 s (a hang waits it out)."""
+    """One trial of the ``ps`` builder's strategy on ``local``, its limit 35 s (a hang waits it out)."""
     from autosync.runtime.runner import RayRunner
     from autosync.sources import local_cluster
     from strategy_space.builders import get_builder
 
-    runner = RayRunner(model_def, local_cluster(), warmup=warmup, steps=steps, trial_timeout_s=55)
+    runner = RayRunner(model_def, local_cluster(), warmup=warmup, steps=steps, trial_timeout_s=35)
     try:
         strategy = get_builder("ps").build(runner.given_spec or _spec(model_def), local_cluster())
         [trial] = runner.run([strategy])
