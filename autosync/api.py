@@ -227,9 +227,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     if settings is not None and not isinstance(settings, SearchSettings):
         raise ConfigError(f"settings must be a SearchSettings (from tuner.search.settings), got {type(settings).__name__}")
     cluster_spec = load_cluster(cluster)
-    if runner is None and probe_model is not None:   # a Ray that cannot be reached: said before the stand-in is read
-        check_cluster_start(cluster_spec)
-    stand_in = resolve_stand_in(model, probe_model, compute, quality, prober, runner)
+    # a Ray that cannot be reached: said after the stand-in's arguments, before it is read
+    stand_in = resolve_stand_in(model, probe_model, compute, quality, prober, runner,
+                                before_read=None if runner is not None else lambda: check_cluster_start(cluster_spec))
     # a bad path fails before any worker starts
     warm_groups = list(warm_start) if isinstance(warm_start, (list, tuple)) else load_warm_start(warm_start)
     constraints = as_constraints(constraints)

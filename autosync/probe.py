@@ -262,9 +262,10 @@ class StandInProber(Prober):
         return dataclasses.replace(e, note=self.note) if e.probed else e
 
 
-def resolve_stand_in(model, probe_model, compute: str, quality: str, prober, runner):
+def resolve_stand_in(model, probe_model, compute: str, quality: str, prober, runner, before_read=None):
     """(source, ModelDef, ModelSpec) of ``autosync.tune``'s ``probe_model``, checked before any
-    worker starts (its other arguments as ``tune`` got them); None without one.
+    worker starts (its other arguments as ``tune`` got them); None without one. ``before_read`` is
+    called once the arguments passed, before the stand-in is read (``tune``'s Ray check).
 
     Raises:
         ConfigError: a stand-in this run cannot use, or one without the tuned model's variables.
@@ -287,6 +288,8 @@ def resolve_stand_in(model, probe_model, compute: str, quality: str, prober, run
     if not (isinstance(probe_model, ModelDef) or (isinstance(probe_model, str) and is_trainable_source(probe_model))):
         raise ConfigError(f"--probe-model {short_repr(source)}: a stand-in must be a trainable model (zoo:NAME or "
                           f"script.py:function), since its efficiencies are measured by training it")
+    if before_read is not None:
+        before_read()
     model_def = load_model_def(probe_model)
     stand_in_spec = load_model_spec(model_def)
     check_stand_in(model if isinstance(model, ModelSpec) else load_model_spec(model), stand_in_spec, source)

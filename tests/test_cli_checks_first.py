@@ -163,3 +163,19 @@ def test_make_trainer_says_a_ray_cluster_that_cannot_be_reached_before_the_model
         monkeypatch.setattr(sys.modules["ray"], "is_initialized", lambda: False)
     with pytest.raises(ConfigError, match="has 3 node.s. but Ray is not running here"):
         autosync.make_trainer("zoo:ncf", "ps", cluster, timeout_s=30)
+
+
+def test_a_bad_stand_in_argument_is_said_before_the_ray_check(no_model, files, monkeypatch, capsys):
+    """``--probe-model`` with real compute: the argument's own error, not the cluster's Ray."""
+    import os
+    import sys
+
+    cluster = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "clusters", "emulated_3x1gbit.yaml")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if "ray" in sys.modules:   # as a fresh process (see above)
+        monkeypatch.setattr(sys.modules["ray"], "is_initialized", lambda: False)
+    argv = ["tune", "--model", "zoo:ncf", "--probe-model", "zoo:ncf", "--cluster", cluster, "--warm-start", "none",
+            "--store", f"{files['tmp']}/t.db"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autosync tune: error: --probe-model zoo:ncf: a stand-in is for emulated compute"), err
