@@ -232,17 +232,19 @@ def test_each_ps_transport_carries_every_call_and_trains_as_one_process(pool, mo
 
 
 def _keras_extras(_actor) -> tuple:
-    """In an actor: what Keras' wrapper and visualization modules took of scikit-learn and
-    matplotlib at import, and those packages imported by hand."""
+    """In an actor: what Keras' wrapper, visualization and array-adapter modules took of
+    scikit-learn, matplotlib and pandas at import, and those packages imported by hand."""
     import sys
 
     import matplotlib
+    import pandas
     import sklearn
+    from keras.src.trainers.data_adapters import array_slicing
     from keras.src.visualization import plot_image_gallery
     from keras.src.wrappers import sklearn_wrapper
 
-    return ("keras" if "keras" in sys.modules else None, sklearn.__name__, matplotlib.__name__,
-            sklearn_wrapper.sklearn, plot_image_gallery.plt)
+    return ("keras" if "keras" in sys.modules else None, sklearn.__name__, matplotlib.__name__, pandas.__name__,
+            sklearn_wrapper.sklearn, plot_image_gallery.plt, array_slicing.pandas)
 
 
 def _ps_facts(trainer) -> list[dict]:
@@ -293,11 +295,11 @@ def test_a_keras_path_session_on_a_reused_pool_imports_nothing(pool):
             facts.append(_ps_facts(trainer))
             trainer.fit(steps=STEPS, steps_per_call=2)
             weights = trainer.get_weights()
-            # Keras' scikit-learn and matplotlib integrations stay out of the actors' imports
+            # Keras' scikit-learn, matplotlib and pandas integrations stay out of the actors' imports
             # (lean_import), while the packages themselves import there as anywhere else
             extras = ray.get([a.__ray_call__.remote(_keras_extras)
                               for a in [*trainer.session.ps_actors, *trainer.session.workers]])
-    assert extras == [("keras", "sklearn", "matplotlib", None, None)] * len(extras), extras
+    assert extras == [("keras", "sklearn", "matplotlib", "pandas", None, None, None)] * len(extras), extras
     for got, want in zip(weights, rm.reference_weights(md, num_workers=2, steps=STEPS)):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), np.abs(got - want).max()
     assert [f["pid"] for f in facts[1]] == [f["pid"] for f in facts[0]]

@@ -325,7 +325,7 @@ def _main(given: str, back: str) -> None:
     from autosync.tflog import driver_startup
 
     driver_startup()
-    skip_keras_extras()   # as a worker: Keras' scikit-learn and matplotlib integrations, 2 s of its import
+    skip_keras_extras()   # as a worker: Keras' scikit-learn, matplotlib and pandas integrations
     with open(given, "rb") as f:
         path, pickler_name = pickle.load(f)
         sys.path[:] = path

@@ -3,20 +3,25 @@
 ``import tensorflow`` imports Keras, and Keras imports, whenever they are installed, scikit-learn
 for its ``keras.wrappers`` estimators and matplotlib for ``keras.visualization``'s galleries: 2.0 s
 of the 6.3 s of CPU that the import costs (measured here: 6.3 -> 4.4 s; scikit-learn pulls SciPy's
-``sparse`` and ``special`` in). AutoSync installs scikit-learn for its tuner (XGBoost's
-``XGBRegressor`` needs it), so every Ray worker, parameter server and command paid it on every
-start, for code that none of them runs.
+``sparse`` and ``special`` in). Its array data adapters (``model.fit``/``evaluate``/``predict`` on
+arrays) import pandas to accept DataFrames, and pandas imports pyarrow: another 0.3 s (see
+``docs/cli.md``). AutoSync installs scikit-learn for its tuner (XGBoost's ``XGBRegressor`` needs
+it) and pandas for its trial tables, so every Ray worker, parameter server and command paid them
+on every start, for code that none of them runs: a worker differentiates the model's loss on
+each batch itself (``fit_batch.batch_loss``) and never calls ``fit``.
 
 ``skip_keras_extras`` (called by a Ray actor's process and by the ``autosync`` command before they
-import TensorFlow) makes those two imports fail, as if the packages were missing, when **Keras' own
-wrapper or visualization module** asks for them; Keras guards them and goes on without. Any other
-import of them (the user's ``model_fn``, ``dataset_fn``, a loss; XGBoost's in the tuner) works as
-usual. What is lost in such a process: Keras' ``SKLearnClassifier``, ``SKLearnRegressor``,
-``SKLearnTransformer`` and ``keras.visualization``'s plots say the package is missing.
-``AUTOSYNC_KERAS_EXTRAS=1`` in the environment keeps them (Ray passes it to the workers of a
-cluster it starts; on a ``ray start`` cluster set it there). A process that uses the Python API
-(``autosync.tune``, ``make_trainer``) is never changed: it is the user's. (``autosync inspect
---model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s.)
+import TensorFlow) makes those imports fail, as if the packages were missing, when **Keras' own
+wrapper, visualization or data-adapter module** asks for them; Keras guards them and goes on
+without. Any other import of them (the user's ``model_fn``, ``dataset_fn``, a loss; XGBoost's and
+the trial tables' in the tuner) works as usual. What is lost in such a process: Keras'
+``SKLearnClassifier``, ``SKLearnRegressor``, ``SKLearnTransformer`` and ``keras.visualization``'s
+plots say the package is missing, and ``model.fit``/``evaluate``/``predict`` there take no
+DataFrame (a numpy array, ``df.to_numpy()``, still works). ``AUTOSYNC_KERAS_EXTRAS=1`` in the
+environment keeps them (Ray passes it to the workers of a cluster it starts; on a ``ray start``
+cluster set it there). A process that uses the Python API (``autosync.tune``, ``make_trainer``) is
+never changed: it is the user's. (``autosync inspect --model zoo:ncf`` took 8.1-8.6 s, now 5.8-6.0 s
+without the first two.)
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ ENV = "AUTOSYNC_KERAS_EXTRAS"
 EXTRAS = {
     "sklearn": ("keras.src.wrappers",),
     "matplotlib": ("keras.src.visualization",),
+    "pandas": ("keras.src.trainers.data_adapters",),   # and pyarrow, which pandas imports
 }
 
 
@@ -59,7 +65,7 @@ class _SkipKerasExtras(importlib.abc.MetaPathFinder):
 
 
 def skip_keras_extras() -> bool:
-    """Make Keras' optional scikit-learn and matplotlib imports fail in this process (see the
+    """Make Keras' optional scikit-learn, matplotlib and pandas imports fail in this process (see the
     module docstring). Call it before TensorFlow or Keras is imported, in a worker's process or the
     command line's, never in a user's own process.
 
