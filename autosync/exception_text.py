@@ -96,3 +96,14 @@ def first_reason(error: str | None) -> str:
     lines = [ln.strip(" -*") for ln in (error or "").splitlines() if ln.strip(" -*")] or ["no error recorded"]
     line = " ".join(lines[:2]) if lines[0].endswith(" problems:") else lines[0]
     return line if len(line) <= 400 else line[:399] + "…"
+
+
+def python_branch(text: str) -> str:
+    """A fix for an error ``text`` of TensorFlow's ``OperatorNotAllowedInGraphError``: the model's
+    code branches or loops in Python on a tensor's value, which a traced step cannot do (AutoSync
+    traces it as ``keras.Model.fit`` does, without AutoGraph: ``fast_call``); "" for any other."""
+    if "OperatorNotAllowedInGraphError" not in text:
+        return ""
+    return ("; the model's code (a layer's call, the loss) uses a tensor's value in a Python if, while or for, which "
+            "a traced training step cannot: keras.Model.fit traces its step without AutoGraph, and so do AutoSync's "
+            "workers; write it with keras.ops.cond, keras.ops.where or keras.ops.fori_loop (or tf.cond)")

@@ -74,3 +74,18 @@ def test_actors_that_never_ran_under_a_token_say_to_unset_it_and_leave_the_model
     monkeypatch.delenv("RAY_AUTH_MODE")
     said = str(load_failure(*where, never))
     assert "RAY_AUTH_MODE" not in said and said.endswith("check that the model trains on this cluster (autosync run)")
+
+
+def test_a_python_branch_on_a_tensor_in_a_worker_says_how_to_write_it():
+    from types import SimpleNamespace
+
+    from autosync.exception_text import python_branch
+    from autosync.runtime.runner import load_failure
+    from strategy_space import ClusterSpec, NodeSpec
+
+    assert python_branch("ValueError: bad shape") == ""
+    where = (SimpleNamespace(name="m"), ClusterSpec("local", (NodeSpec("node0"),)))
+    said = str(load_failure(*where, RuntimeError("worker node0:0 failed: OperatorNotAllowedInGraphError: Using a "
+                                                 "symbolic `tf.Tensor` as a Python `bool` is not allowed.")))
+    assert said.endswith(python_branch("OperatorNotAllowedInGraphError")) and "keras.ops.cond" in said
+    assert "autosync run" not in said

@@ -346,3 +346,50 @@ def test_a_step_that_fails_to_trace_is_a_config_error_saying_why():
     from keras.src.backend.common.name_scope import current_path
 
     assert current_path() == ""   # the scope the failed trace opened is closed again
+
+
+
+BRANCHING = """
+import keras
+import numpy as np
+from autosync.model_def import ModelDef
+
+
+def build():
+    ids = keras.Input((2,), dtype="int32")
+    x = keras.layers.Flatten()(keras.layers.Embedding(9, 3)(ids))
+    return keras.Model(ids, keras.layers.Dense(1, name="out")(x))
+
+
+def branching_mse(y_true, y_pred):
+    if keras.ops.mean(y_true) > 0:   # a Python branch on a tensor's value: fit's traced step cannot take it
+        return keras.ops.mean((y_true - y_pred) ** 2)
+    return keras.ops.mean(keras.ops.abs(y_true - y_pred))
+
+
+def data(worker, num_workers):
+    rng = np.random.RandomState(worker)
+    while True:
+        yield rng.randint(0, 9, size=(4, 2)).astype("int32"), rng.rand(4, 1).astype("float32")
+
+
+def m():
+    return ModelDef(name="m", model_fn=build, loss_fn=lambda: branching_mse,
+                    optimizer_fn=lambda: keras.optimizers.SGD(0.1), dataset_fn=data, batch_size=4)
+"""
+
+
+@pytest.mark.integration
+def test_a_python_branch_on_a_tensor_fails_the_traced_step_as_under_fit_and_says_how_to_write_it(tmp_path):
+    """A loss that branches in Python on a tensor's value runs eagerly, but not in a traced step
+    (fit's, the profile's, a worker's: Keras calls the loss without AutoGraph): said with the fix,
+    not only TensorFlow's advice to decorate the function with @tf.function."""
+    from autosync.sources import load_model_def
+
+    (tmp_path / "branching.py").write_text(BRANCHING)
+    md = load_model_def(f"{tmp_path / 'branching.py'}:m")
+    assert ingest.model_spec_from_def(md).names   # eager: the branch is a Python bool there
+    with pytest.raises(ConfigError, match=r"ModelDef m: tracing and timing the model's training step in a tf.function "
+                                          r"failed: OperatorNotAllowedInGraphError: .*; the model's code \(a layer's "
+                                          r"call, the loss\) uses a tensor's value in a Python if.*keras.ops.cond"):
+        profile.profiled_model_spec(md, warmup_steps=1, timed_steps=1)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from autosync.exception_text import what_failed
+from autosync.exception_text import python_branch, what_failed
 from autosync.models.fit_batch import batch_loss, check_model, split_batch
 from strategy_space import ModelSpec, VariableSpec
 from strategy_space.errors import ConfigError
@@ -208,6 +208,7 @@ def user_code(model_def, what: str, fix: str = "check that model_fn returns a ke
         if isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError":   # (TensorFlow's OOM)
             fix = (f"it needs more memory than this process could have: is a size in it (batch_size "
                    f"{getattr(model_def, 'batch_size', '?')}, the data, a layer) larger than meant?")
+        fix = python_branch(detail)[2:] or fix
         raise ConfigError(f"ModelDef {getattr(model_def, 'name', '?')}: {what} failed: {detail}; {fix}") from None
 
 

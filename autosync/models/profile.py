@@ -62,7 +62,7 @@ def _cpu_model() -> str:
 def _gradient_step(model, loss: Callable, variables: list):
     import tensorflow as tf
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(inputs, targets):
         with tf.GradientTape() as tape:
             value = loss(targets, model(inputs, training=True))
@@ -79,7 +79,7 @@ def train_step(model, loss: Callable, optimizer) -> Callable:
 
     variables = list(model.trainable_variables)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(inputs, targets):
         with tf.GradientTape() as tape:
             value = batch_loss(model, loss, inputs, targets)

@@ -17,6 +17,12 @@ ends in); where a TensorFlow lacks it, the public ``__call__`` of the concrete f
 (``fast`` says which; a test holds it true for the TensorFlow this project pins). Below that entry
 point, where no tape records, the graph's flat outputs are packed by a packer made once
 (``concrete_flat``; ``lowest`` says so): measured on ncf-small's gradient call, 0.44 -> 0.21 ms.
+
+Every function the runtime traces (here, a worker's step, the ``graph`` step, a PS's Keras update,
+the profile's step) is traced with ``autograph=False``, as Keras' ``fit`` traces its own train step
+(``do_not_convert``). AutoGraph never reached the user's code anyway (Keras calls the model, its
+losses and its optimizer unconverted); it converted only the runtime's own functions, whose loops
+run over Python lists, at 0.3-0.6 s of CPU in each process's first trace (see ``docs/cli.md``).
 """
 from __future__ import annotations
 
@@ -103,7 +109,7 @@ class RowAssign:
             [tf.TensorSpec([len(t)], tf.int64) for t in targets],
         ]
 
-        @tf.function(input_signature=signature)
+        @tf.function(input_signature=signature, autograph=False)
         def assign(values, ids, rows, sizes):
             for i, value in zip(whole, values):
                 variables[i].assign(value)
@@ -153,7 +159,7 @@ class JoinedAssign:
         shapes = [[tuple(np.shape(initial[i])) for i in g] for g in self.groups]
         alone, groups = self.alone, self.groups
 
-        @tf.function
+        @tf.function(autograph=False)
         def assign(values, flats):
             for i, value in zip(alone, values):
                 variables[i].assign(value)
@@ -211,7 +217,8 @@ def concrete_flat(function, specs: list, jit_compile: bool = False) -> tuple:
     ``jit_compile``: the function is compiled by XLA, once per distinct shape of its arguments."""
     import tensorflow as tf
 
-    concrete = tf.function(function, input_signature=[specs], jit_compile=jit_compile or None).get_concrete_function()
+    concrete = tf.function(function, input_signature=[specs], jit_compile=jit_compile or None,
+                           autograph=False).get_concrete_function()
     entry = getattr(concrete, "_call_flat", None)
     if not callable(entry):
         return concrete, False

@@ -209,7 +209,7 @@ def _ids_function(feeds_model, plan: dict):
             out[index] = tf.concat([tf.reshape(tf.cast(p, tf.int64), [-1]) for p in parts], axis=0)
         return out
 
-    return tf.function(ids)
+    return tf.function(ids, autograph=False)
 
 
 def check_row_ids(variables: list, rows: dict, batch: int) -> None:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autosync.exception_text import token_mismatch
+from autosync.exception_text import python_branch, token_mismatch
 from autosync.model_def import ModelDef
 from autosync.runtime.data_check import check_losses
 from autosync.runtime.emulated import COMPUTE_MODES, EmulatedModelDef, emulated_model_def
@@ -353,7 +353,8 @@ def check_real_compute(compute: str, cluster, step_time_s) -> None:
 def load_failure(model_def, cluster: ClusterSpec, error: Exception) -> ConfigError:
     """What a command or a Trainer says when the workers cannot build the model (its code raises there, or the
     load outlasts the time limit): the model's fault or the cluster's (a token it refuses: ``token_mismatch``)."""
-    fix = token_mismatch(str(error)) or "; check that the model trains on this cluster (autosync run)"
+    fix = (token_mismatch(str(error)) or python_branch(str(error))
+           or "; check that the model trains on this cluster (autosync run)")
     return ConfigError(f"the workers could not load model {model_def.name} on cluster {cluster.name}: {error}{fix}")
 
 

@@ -135,7 +135,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         check = scale is not None and skips and not hold   # dynamic scaling in the graph alone: decided in the step
         early = None if hold or check else early   # a held or checked step hands over after it (``early_push``)
 
-        @tf.function
+        @tf.function(autograph=False)
         def step(x, y):
             before = [v.read_value() for v in kept] if check else []
             with tf.GradientTape() as tape:
@@ -230,7 +230,7 @@ class GraphAllReduceChannel(GraphCheckpoint, SyncChannel):
         clipped = optimizer.global_clipnorm is not None
         optimizer.global_clipnorm = None   # the step's scale comes from every channel's part
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def apply_held(reduced, scale):
             # as Keras' clip_by_global_norm scales them: ``*`` makes an IndexedSlices dense (its
             # repeated rows summed), which an optimizer that squares gradients sees; held for loss

@@ -138,8 +138,8 @@ class GraphBackend(CollectiveBackend):
             import tensorflow as tf
 
             world, hint = self.world, self.hint
-            self._reduce = tf.function(lambda t, k: all_reduce(t, world, k, hint))
-            self._gather = tf.function(lambda t, k: all_gather(t, world, k, hint))
+            self._reduce = tf.function(lambda t, k: all_reduce(t, world, k, hint), autograph=False)
+            self._gather = tf.function(lambda t, k: all_gather(t, world, k, hint), autograph=False)
         return self._reduce, self._gather
 
     def allreduce(self, buf: np.ndarray, tag: str) -> np.ndarray:
