@@ -211,7 +211,7 @@ class PooledShard:
         from autosync.tflog import quiet_startup
 
         t0 = time.perf_counter()
-        skip_keras_extras()   # Keras' scikit-learn, matplotlib and pandas integrations: 2.2 s of this import
+        skip_keras_extras()   # Keras' scikit-learn, matplotlib and pandas integrations: 2.3 s of this import
         quiet_startup()
         import keras  # noqa: F401
 

@@ -46,7 +46,7 @@ class TrainingWorker(WorkerCheckpoint):
         from autosync.runtime.lean_import import skip_keras_extras
         from autosync.tflog import quiet_startup
 
-        skip_keras_extras()   # Keras' scikit-learn, matplotlib and pandas integrations: 2.2 s of this import
+        skip_keras_extras()   # Keras' scikit-learn, matplotlib and pandas integrations: 2.3 s of this import
         quiet_startup()   # TensorFlow's start-up lines, unless AUTOSYNC_TF_LOGS=1 (inherited from the driver)
         import tensorflow as tf
 
