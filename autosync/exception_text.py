@@ -106,4 +106,5 @@ def python_branch(text: str) -> str:
         return ""
     return ("; the model's code (a layer's call, the loss) uses a tensor's value in a Python if, while or for, which "
             "a traced training step cannot: keras.Model.fit traces its step without AutoGraph, and so do AutoSync's "
-            "workers; write it with keras.ops.cond, keras.ops.where or keras.ops.fori_loop (or tf.cond)")
+            "workers; write it with keras.ops.cond or keras.ops.where (a loop: keras.ops.while_loop, "
+            "keras.ops.fori_loop; or tf.cond, tf.while_loop)")
