@@ -154,7 +154,7 @@ class TrainingWorker(WorkerCheckpoint):
         self._scale = None if self._scaling is None and self._factor is None else tf.Variable(1.0, trainable=False)
         scale = self._scale
 
-        @tf.function(autograph=False)   # traced as Keras' fit traces its step (see ``fast_call``)
+        @tf.function(autograph=False)
         def gradients(x, y):
             with tf.GradientTape() as tape:
                 loss = batch_loss(model, loss_fn, x, y)
