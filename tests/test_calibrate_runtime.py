@@ -82,8 +82,9 @@ print("RESULT " + json.dumps({"busbw_gbps": bus_bandwidth_gbps(cluster.calibrati
 
 @pytest.mark.multinode
 def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
-    """2 hosts at 200mbit each way: the all-reduce bus bandwidth at 32 MiB is within 10 % of the
-    shaped rate (a 2-worker ring sends each byte of the buffer once each way over each link)."""
+    """2 hosts at 200mbit each way: the all-reduce bus bandwidth at 32 MiB is the shaped rate's
+    payload, less at most what a busy 2-core machine takes from the 1-CPU ranks (a 2-worker ring
+    sends each byte of the buffer once each way over each link)."""
     require_testbed_host()
     from autosync.testbed import Testbed, ray_nodes
     from autosync.testbed.config import host_ns
@@ -112,7 +113,9 @@ def test_calibrate_on_two_shaped_nodes_finds_the_shaped_rate(tmp_path):
     payload = RATE_MBIT * PAYLOAD_PER_FRAME
     print(f"\n2 nodes at {RATE_MBIT}mbit ({payload:.1f} Mbit/s of payload): all-reduce bus bandwidth "
           f"{busbw:.1f} Mbit/s at 32 MiB")
-    # no faster than the wire; no more than 12 % under it (measured 188.8 idle, 182.9 beside a busy
-    # process, 176.7 in a CI run beside another test: the 1-CPU ranks lose turns on a 2-core machine)
-    assert 0.88 * payload <= busbw <= 1.03 * payload, \
+    # no faster than the wire; no more than 20 % under it (measured 188.8 idle, 182.9 beside a busy
+    # process, 176.7 and 166.7 in CI runs beside another test: the 1-CPU ranks lose turns on a 2-core
+    # machine). Still a check of the shaping and of the bus-bandwidth formula: an unshaped link reads
+    # Gbit/s, a ring counted once instead of twice each way reads half
+    assert 0.80 * payload <= busbw <= 1.03 * payload, \
         f"bus bandwidth {busbw:.1f} Mbit/s vs {payload:.1f} Mbit/s of payload on a {RATE_MBIT}mbit link"
