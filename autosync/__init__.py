@@ -15,6 +15,7 @@ _LAZY = {
     "tune": "autosync.api",
     "make_runner": "autosync.api",
     "make_trainer": "autosync.api",
+    "worker_pool": "autosync.api",
     "TuneResult": "autosync.tune_result",
     "plan": "autosync.planning",
     "Plan": "autosync.planning",

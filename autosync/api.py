@@ -6,11 +6,14 @@
     with autosync.make_trainer("zoo:ncf", "best.yaml", "local") as trainer:
         trainer.fit(steps=100)
 
+``worker_pool`` keeps one set of workers for both: the trainer reloads the tuner's instead of starting its own.
+
 The runtime (``RayRunner``, ``Trainer``) takes resolved objects (a ModelDef, a ClusterSpec, a
 Strategy); this layer resolves names and files (``autosync.sources``) before handing them down.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -125,6 +128,37 @@ def make_trainer(model, strategy, cluster="local", **settings):
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
 
 
+@contextlib.contextmanager
+def worker_pool(cluster="local"):
+    """Warm workers for ``tune``, ``make_runner`` and ``make_trainer`` to share (``pool=``) in one script,
+    so that training after tuning reloads the tuner's workers instead of starting new ones (each start
+    imports TensorFlow: seconds per worker); on exit the workers and parameter servers are killed, and
+    the embedded Ray is stopped if this started it. Real compute only (emulated workers never pool).
+
+        with autosync.worker_pool("local") as pool:
+            result = autosync.tune("zoo:ncf", "local", pool=pool)
+            with autosync.make_trainer("zoo:ncf", result.best_strategy, "local", pool=pool) as trainer:
+                trainer.fit(steps=100)
+
+    Args:
+        cluster: ``local``, ``testbed``, a cluster YAML path or a ClusterSpec; the runners and trainers
+            given the pool must name the same cluster.
+
+    Raises:
+        ConfigError: bad cluster, or one that does not fit the Ray cluster; before any worker starts.
+    """
+    from autosync.runtime.engine import WorkerPool
+    from autosync.sources import load_cluster
+
+    driver_startup()
+    pool = WorkerPool.shared_or_new(check_cluster_start(load_cluster(cluster)))
+    try:
+        yield pool
+    finally:
+        pool.kill_all()
+        pool.binding.close()
+
+
 def _seconds(value) -> bool:
     """Whether ``value`` is a finite number of seconds > 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
@@ -152,7 +186,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
          on_trial: Callable[[Trial, TuneOutcome], None] | None = None,
          quality: str = DEFAULT_QUALITY, probe_steps: int = DEFAULT_PROBE_STEPS, probe_seed: int | None = None,
          prober: Prober | None = None, on_probe: Callable | None = None,
-         min_efficiency: float = DEFAULT_MIN_EFFICIENCY, probe_model=None) -> TuneResult:
+         min_efficiency: float = DEFAULT_MIN_EFFICIENCY, probe_model=None, pool=None) -> TuneResult:
     """Find the fastest synchronization strategy for ``model`` on ``cluster`` by measurement.
 
     Args:
@@ -194,6 +228,8 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             or a ModelDef) with ``model``'s variable names whose efficiencies stand in for
             ``model``'s (``autosync.probe.StandInProber``): how a model-spec YAML gets lossy parts
             proposed, or a full-size model gets them probed at a size that trains quickly.
+        pool: the ``worker_pool`` to measure on (real compute; left running for a ``make_trainer`` after
+            this); by default the workers are started here and killed on return.
 
     Raises:
         ConfigError: bad model, cluster, constraints or settings.
@@ -214,6 +250,9 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
         raise ConfigError(f"trial_timeout_s must be a number of seconds > 0, got {trial_timeout_s!r}")
     if compute == "emulated":   # said before the model is read below
         check_emulated_settings(step_time_s, optimizer)
+    if pool is not None and (runner is not None or compute != "real"):
+        raise ConfigError("pool is for the workers tune starts with real compute; leave it out with "
+                          + ("runner (the runner has its own)" if runner is not None else f"compute {compute!r}"))
     if quality not in QUALITIES:
         raise ConfigError(f"quality must be one of {', '.join(QUALITIES)}, got {quality!r}")
     if not (isinstance(min_efficiency, (int, float)) and 0 <= min_efficiency <= 1):
@@ -254,7 +293,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
             model = load_model_def(model)
         runner = make_runner(model, cluster_spec, compute=compute, profile=True, step_time_s=step_time_s,
                              optimizer=optimizer, warmup=warmup, steps=steps, trial_timeout_s=trial_timeout_s,
-                             precision=precision, max_steps=max(max_steps, steps))
+                             precision=precision, max_steps=max(max_steps, steps), pool=pool)
         cluster_spec, spec = runner.cluster, runner.given_spec
     else:
         spec = runner.model
