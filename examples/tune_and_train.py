@@ -29,19 +29,21 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="best_strategy.yaml")
     args = ap.parse_args(argv)
 
-    result = autosync.tune(args.model, cluster=args.cluster, trials=args.trials, store=args.store,
-                           steps=5, warmup=2)
-    print(f"best strategy: {result.best_trial.origin}, {result.best_trial.median * 1e3:.1f} ms/step; "
-          f"best baseline {result.best_baseline.origin}: {result.best_baseline.median * 1e3:.1f} ms/step "
-          f"({result.speedup_over_best_baseline:.2f}x)")
-    print(result.trials[["origin", "status", "median_s", "predicted_s"]].to_string(index=False))
-    result.save(args.out)
+    # one set of workers for tuning and training: the trainer reloads the tuner's instead of starting its own
+    with autosync.worker_pool(args.cluster) as pool:
+        result = autosync.tune(args.model, cluster=args.cluster, trials=args.trials, store=args.store,
+                               steps=5, warmup=2, pool=pool)
+        print(f"best strategy: {result.best_trial.origin}, {result.best_trial.median * 1e3:.1f} ms/step; "
+              f"best baseline {result.best_baseline.origin}: {result.best_baseline.median * 1e3:.1f} ms/step "
+              f"({result.speedup_over_best_baseline:.2f}x)")
+        print(result.trials[["origin", "status", "median_s", "predicted_s"]].to_string(index=False))
+        result.save(args.out)
 
-    # train for real with the tuned strategy (a Strategy object or the YAML path both work)
-    with autosync.make_trainer(args.model, result.best_strategy, args.cluster) as trainer:
-        history = trainer.fit(steps=args.steps)
-        weights = trainer.get_weights()
-        model = trainer.keras_model()   # the trained weights in a Keras model here: evaluate, predict, save
+        # train for real with the tuned strategy (a Strategy object or the YAML path both work)
+        with autosync.make_trainer(args.model, result.best_strategy, args.cluster, pool=pool) as trainer:
+            history = trainer.fit(steps=args.steps)
+            weights = trainer.get_weights()
+            model = trainer.keras_model()   # the trained weights in a Keras model here: evaluate, predict, save
     k = max(1, min(5, len(history.loss) // 2))   # the mean of the first k steps' losses, then of the last k
     print(f"trained {args.steps} steps: loss {np.mean(history.loss[:k]):.4f} -> {np.mean(history.loss[-k:]):.4f}, "
           f"median step {np.median(history.step_times) * 1e3:.1f} ms, {len(weights)} weight arrays")
