@@ -155,8 +155,7 @@ def worker_pool(cluster="local"):
     try:
         yield pool
     finally:
-        pool.kill_all()
-        pool.binding.close()
+        pool.close()
 
 
 def _seconds(value) -> bool:

@@ -45,6 +45,8 @@ def test_training_after_tuning_reloads_the_tuners_workers_and_the_pools_exit_kil
         assert _pids(pool) == tuned   # the trainer's close leaves a given pool's workers to its owner
         actors = list(pool.actors.values())
     assert not pool.actors
+    with pytest.raises(ConfigError, match=r"this worker pool is closed \(its worker_pool block ended\)"):
+        autosync.make_trainer(model, "ps", PAIR, pool=pool)   # never a Ray of its own started behind the user
     for actor in actors:   # the pool's exit killed them
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.__ray_call__.remote(lambda self: 1), timeout=60)

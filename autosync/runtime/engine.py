@@ -81,6 +81,14 @@ class WorkerPool:
         self._joined: set[tuple[str, ...]] = set()   # slots whose workers form a TensorFlow cluster
         self._sessions = 0
         self.ps = PSPool(binding, ParameterServerShard)   # PS actors lent to one session at a time
+        self.closed = False
+
+    def close(self) -> None:
+        """Kill every worker and PS actor and stop the embedded Ray if this pool's binding started it;
+        the pool is then refused to runners and trainers (``shared_or_new``)."""
+        self.closed = True
+        self.kill_all()
+        self.binding.close()
 
     @classmethod
     def shared_or_new(cls, cluster, pool: "WorkerPool | None" = None) -> "WorkerPool":
@@ -91,6 +99,8 @@ class WorkerPool:
         """
         if pool is None:
             return cls(ClusterBinding.bind(cluster))
+        if pool.closed:
+            raise ConfigError("this worker pool is closed (its worker_pool block ended); make a new one")
         if pool.binding.cluster != cluster:
             raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
                               f"not {cluster.name}; use a pool made for this cluster")
