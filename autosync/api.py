@@ -83,6 +83,7 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
 
     driver_startup()
     cluster_spec = check_cluster_start(load_cluster(cluster))   # a Ray that cannot be reached: said before the read
+    _check_pool(settings.get("pool"), cluster_spec)
     if compute == "emulated":
         check_emulated_settings(step_time_s, optimizer)   # said before a model is read
     with allowing(settings.get("trial_timeout_s")):   # a model whose trials may take that long may load as long
@@ -123,6 +124,7 @@ def make_trainer(model, strategy, cluster="local", **settings):
     inspect.signature(Trainer).bind(None, None, None, **settings)   # TypeError: a keyword Trainer has not
     strategy = strategy_or_builder(strategy)   # these said before the model loads (seconds of TensorFlow)
     cluster_spec = check_cluster_start(load_cluster(cluster))   # a Ray that cannot be reached: said before the read
+    _check_pool(settings.get("pool"), cluster_spec)
     with allowing(settings.get("timeout_s")):
         model_def = load_model_def(model)
     return Trainer(model_def, load_strategy_for(strategy, model_def, cluster_spec), cluster_spec, **settings)
@@ -156,6 +158,22 @@ def worker_pool(cluster="local"):
         yield pool
     finally:
         pool.close()
+
+
+def _check_pool(pool, cluster_spec) -> None:
+    """Refuse a ``worker_pool`` that is closed or bound to another cluster before the model is read
+    (seconds of TensorFlow), as the runner or trainer would after it.
+
+    Raises:
+        ConfigError: the pool cannot serve ``cluster_spec``.
+    """
+    if pool is not None:
+        from autosync.runtime.engine import WorkerPool
+
+        if not isinstance(pool, WorkerPool):
+            raise ConfigError(f"pool must be the pool autosync.worker_pool gives (with autosync.worker_pool(cluster) "
+                              f"as pool: ...), got {type(pool).__name__} {pool!r:.80}")
+        WorkerPool.shared_or_new(cluster_spec, pool)
 
 
 def _seconds(value) -> bool:
@@ -265,6 +283,7 @@ def tune(model, cluster="local", *, trials: int = 24, time_budget_s: float | Non
     if settings is not None and not isinstance(settings, SearchSettings):
         raise ConfigError(f"settings must be a SearchSettings (from tuner.search.settings), got {type(settings).__name__}")
     cluster_spec = load_cluster(cluster)
+    _check_pool(pool, cluster_spec)
     # a Ray that cannot be reached: said after the stand-in's arguments, before it is read
     stand_in = resolve_stand_in(model, probe_model, compute, quality, prober, runner,
                                 before_read=None if runner is not None else lambda: check_cluster_start(cluster_spec))

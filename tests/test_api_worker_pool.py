@@ -4,6 +4,7 @@ pool's exit kills them."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -18,6 +19,23 @@ def _pids(pool) -> dict:
     import ray
 
     return {slot: ray.get(a.__ray_call__.remote(lambda self: os.getpid()), timeout=60) for slot, a in pool.actors.items()}
+
+
+def _running(pids, within_s: float) -> list:
+    """Those of ``pids`` (processes on this machine) still running after up to ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):   # not exited
+                        left.append(pid)
+            except OSError:   # gone
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def test_training_after_tuning_reloads_the_tuners_workers_and_the_pools_exit_kills_them(ray_session, tmp_path):
@@ -45,11 +63,21 @@ def test_training_after_tuning_reloads_the_tuners_workers_and_the_pools_exit_kil
         assert _pids(pool) == tuned   # the trainer's close leaves a given pool's workers to its owner
         actors = list(pool.actors.values())
     assert not pool.actors
+    # refused before the model is read (a name that is no model would fail that read), never a Ray of
+    # its own started behind the user
     with pytest.raises(ConfigError, match=r"this worker pool is closed \(its worker_pool block ended\)"):
-        autosync.make_trainer(model, "ps", PAIR, pool=pool)   # never a Ray of its own started behind the user
-    for actor in actors:   # the pool's exit killed them
+        autosync.make_trainer("zoo:no_such_model", "ps", PAIR, pool=pool)
+    # the pool's exit killed them: their processes end (``ray.kill`` is asynchronous: a call made at
+    # once may still be served) and Ray has them dead
+    assert not _running(tuned.values(), within_s=60), tuned
+    for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.__ray_call__.remote(lambda self: 1), timeout=60)
-    with pytest.raises(ConfigError, match="bound to cluster pair, not local"):
-        with autosync.worker_pool(PAIR) as other:
-            autosync.make_trainer(model, "ps", "local", pool=other)
+    with autosync.worker_pool(PAIR) as other:
+        for call in (lambda: autosync.make_trainer("zoo:no_such_model", "ps", "local", pool=other),
+                     lambda: autosync.make_runner("zoo:no_such_model", "local", pool=other),
+                     lambda: autosync.tune("zoo:no_such_model", "local", pool=other, store=tmp_path / "u.db")):
+            with pytest.raises(ConfigError, match="the shared worker pool is bound to cluster pair, not local"):
+                call()
+        with pytest.raises(ConfigError, match="pool must be the pool autosync.worker_pool gives"):
+            autosync.make_trainer("zoo:no_such_model", "ps", "local", pool="local")

@@ -99,7 +99,7 @@ class WorkerPool:
         """
         if pool is None:
             return cls(ClusterBinding.bind(cluster))
-        if pool.closed:
+        if getattr(pool, "closed", False):   # a duck-typed pool (a test's fake) is never closed
             raise ConfigError("this worker pool is closed (its worker_pool block ended); make a new one")
         if pool.binding.cluster != cluster:
             raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
