@@ -101,9 +101,12 @@ class WorkerPool:
             return cls(ClusterBinding.bind(cluster))
         if getattr(pool, "closed", False):   # a duck-typed pool (a test's fake) is never closed
             raise ConfigError("this worker pool is closed (its worker_pool block ended); make a new one")
-        if pool.binding.cluster != cluster:
-            raise ConfigError(f"the shared worker pool is bound to cluster {pool.binding.cluster.name}, "
-                              f"not {cluster.name}; use a pool made for this cluster")
+        mine = pool.binding.cluster
+        if mine != cluster:   # the same name: another compute mode or other nodes
+            other = (f"{cluster.name}" if mine.name != cluster.name else f"{cluster.name} with {cluster.compute} "
+                     f"compute" if mine.compute != cluster.compute else f"this {cluster.name}: its nodes differ")
+            raise ConfigError(f"the shared worker pool is bound to cluster {mine.name} ({mine.compute} compute), "
+                              f"not {other}; use a pool made for this cluster")
         return pool
 
     def collective_group(self, backend: str, slots: tuple[str, ...]) -> str:
