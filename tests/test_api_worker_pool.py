@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 def _pids(pool) -> dict:
     import ray
 
-    return {slot: ray.get(a.__ray_call__.remote(lambda self: os.getpid()), timeout=60) for slot, a in pool.actors.items()}
+    return {slot: ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+            for slot, actor in pool.actors.items()}
 
 
 def _running(pids, within_s: float) -> list:
