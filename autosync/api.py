@@ -14,6 +14,7 @@ Strategy); this layer resolves names and files (``autosync.sources``) before han
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 import os
@@ -83,7 +84,9 @@ def make_runner(model, cluster="local", *, compute: str = "real", profile: bool 
 
     driver_startup()
     cluster_spec = check_cluster_start(load_cluster(cluster))   # a Ray that cannot be reached: said before the read
-    _check_pool(settings.get("pool"), cluster_spec)
+    # the cluster as the runner marks it (emulated compute never pools with real)
+    _check_pool(settings.get("pool"), dataclasses.replace(cluster_spec, compute=compute) if compute == "emulated"
+                else cluster_spec)
     if compute == "emulated":
         check_emulated_settings(step_time_s, optimizer)   # said before a model is read
     with allowing(settings.get("trial_timeout_s")):   # a model whose trials may take that long may load as long

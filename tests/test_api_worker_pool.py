@@ -82,6 +82,6 @@ def test_training_after_tuning_reloads_the_tuners_workers_and_the_pools_exit_kil
                                                   r"not local; use a pool made for this cluster"):
                 call()
         with pytest.raises(ConfigError, match=r"to cluster pair \(real compute\), not pair with emulated compute"):
-            autosync.make_runner("zoo:ncf", PAIR, compute="emulated", step_time_s=0.01, pool=other)
+            autosync.make_runner("zoo:no_such_model", PAIR, compute="emulated", step_time_s=0.01, pool=other)
         with pytest.raises(ConfigError, match="pool must be the pool autosync.worker_pool gives"):
             autosync.make_trainer("zoo:no_such_model", "ps", "local", pool="local")
