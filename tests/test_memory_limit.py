@@ -86,7 +86,9 @@ def test_a_block_past_its_budget_is_stopped_saying_what_it_took_and_what_to_lowe
     assert said.startswith("ModelDef toy: reading its first batch took more than the 0.1 GiB of memory it may take "
                            f"({memory_limit.ENV}=64m): ")
     assert f"when it was stopped at {__file__}:" in said and "is a size in it (batch_size" in said
-    assert 64 << 20 < len(kept) * CHUNK < 96 * CHUNK   # stopped past the budget, before the end
+    # stopped past the budget, before the end: the chunk being made when it was stopped counts (a CI run
+    # on a busy machine was stopped with 8 chunks kept, the 9th made and not yet appended)
+    assert 64 << 20 < (len(kept) + 1) * CHUNK and len(kept) < 96
     kept.clear()
 
 
