@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from strategy_space import ClusterSpec, NodeSpec
 from tests import runtime_models as rm
@@ -43,3 +44,21 @@ def run_cluster_script(tmp_path, script: str, timeout_s: float = 480) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def still_running(pids, within_s: float) -> list:
+    """Those of ``pids`` (processes on this machine) still running after up to ``within_s`` seconds
+    (``ray.kill`` is asynchronous: an exited process not yet reaped counts as ended)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                        left.append(pid)
+            except OSError:   # gone before the open (ENOENT) or between the open and the read (ESRCH)
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)

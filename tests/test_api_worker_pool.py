@@ -4,13 +4,12 @@ pool's exit kills them."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from strategy_space import ConfigError
 from tests import runtime_models as rm
-from tests.runtime_helpers import PAIR
+from tests.runtime_helpers import PAIR, still_running
 
 pytestmark = pytest.mark.integration
 
@@ -20,23 +19,6 @@ def _pids(pool) -> dict:
 
     return {slot: ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
             for slot, actor in pool.actors.items()}
-
-
-def _running(pids, within_s: float) -> list:
-    """Those of ``pids`` (processes on this machine) still running after up to ``within_s`` seconds."""
-    deadline = time.monotonic() + within_s
-    while True:
-        left = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):   # not exited
-                        left.append(pid)
-            except OSError:   # gone
-                pass
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
 
 
 def test_training_after_tuning_reloads_the_tuners_workers_and_the_pools_exit_kills_them(ray_session, tmp_path):
@@ -70,7 +52,7 @@ def test_training_after_tuning_reloads_the_tuners_workers_and_the_pools_exit_kil
         autosync.make_trainer("zoo:no_such_model", "ps", PAIR, pool=pool)
     # the pool's exit killed them: their processes end (``ray.kill`` is asynchronous: a call made at
     # once may still be served) and Ray has them dead
-    assert not _running(tuned.values(), within_s=60), tuned
+    assert not still_running(tuned.values(), within_s=60), tuned
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.__ray_call__.remote(lambda self: 1), timeout=60)

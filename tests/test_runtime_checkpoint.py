@@ -8,14 +8,13 @@ import dataclasses
 import glob
 import json
 import os
-import time
 
 import numpy as np
 import pytest
 
 from strategy_space.errors import ConfigError
 from tests import runtime_models as rm
-from tests.runtime_helpers import PAIR
+from tests.runtime_helpers import PAIR, still_running
 from tests.test_runtime_ps import _model_spec
 
 pytestmark = pytest.mark.integration
@@ -49,15 +48,8 @@ def _kill(actor, probe: str) -> None:
 
     pid = ray.get(getattr(actor, probe).remote(), timeout=60)["pid"]   # every test cluster is on this machine
     ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):   # exited, not yet reaped
-                    return
-        except OSError:   # gone before the open (ENOENT) or between the open and the read (ESRCH)
-            return
-        time.sleep(0.02)
+    if not still_running([pid], within_s=60):
+        return
     raise AssertionError(f"{actor} (pid {pid}) still runs 60 s after ray.kill")
 
 
