@@ -32,7 +32,8 @@ SCRIPT = r'''
 import contextlib, json, sys, time
 t0 = time.monotonic()
 import autosync
-model, cluster, trials, steps, store, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+model, cluster, trials, steps, store, mode = sys.argv[1:7]
+trials, steps = int(trials), int(steps)
 out = {}
 with (autosync.worker_pool(cluster) if mode == "pool" else contextlib.nullcontext()) as pool:
     t = time.monotonic()
