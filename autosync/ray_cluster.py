@@ -269,6 +269,38 @@ def check_address(address: str) -> None:
         raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: {why}; fix by giving "
                           f"the head's address as `ray start --head` printed it (host:port, port 6379 unless "
                           f"--port said otherwise) and checking that `ray status --address={address}` answers")
+    if _asks_for_token(address):
+        raise ConfigError(f"could not connect to the Ray cluster at RAY_ADDRESS={address}: its head asks for an "
+                          f"authentication token (Ray's token authentication: it answered a call without one "
+                          f"with InvalidAuthToken) and this process sends none; fix by exporting "
+                          f"RAY_AUTH_MODE=token, with the head's token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
+
+
+# a call every Ray head's GCS answers, and its empty request (GetClusterIdRequest has no fields)
+_CLUSTER_ID_CALL = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
+def _asks_for_token(address: str, timeout_s: float = CONNECT_PROBE_S) -> bool:
+    """Whether the head at ``address`` refuses a call that carries no authentication token: Ray's
+    own connect then retries for ~20 s and says only "Failed to connect" (Ray 2.60). Asked with
+    one call (milliseconds) of the GCS's; not asked where this process sends a token
+    (``RAY_AUTH_MODE=token``), over Ray Client (``ray://``), with TLS, or without grpcio."""
+    m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", address)
+    if (m is None or os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
+            or os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes")):
+        return False
+    try:
+        import grpc
+    except ImportError:
+        return False
+    target = f"[{m.group(1)}]:{m.group(2)}" if ":" in m.group(1) else address
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(_CLUSTER_ID_CALL, request_serializer=None, response_deserializer=None)
+        try:
+            call(b"", timeout=timeout_s)
+        except grpc.RpcError as e:
+            return e.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
 
 
 def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None:

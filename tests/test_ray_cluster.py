@@ -304,3 +304,92 @@ def test_ray_address_where_nothing_listens_is_a_config_error_in_seconds(monkeypa
                                           rf"nothing listens at 127.0.0.1:{port}; fix by giving the head's address"):
         connect() if how == "cluster ray" else binding._start_ray(local_cluster())
     assert time.monotonic() - t0 < 10
+
+
+def _grpc_head(unauthenticated: bool):
+    """A loopback gRPC server that answers the head's cluster-id call as a Ray head with token
+    authentication does to a call without a token (UNAUTHENTICATED), or as one without it."""
+    from concurrent import futures
+
+    import grpc
+
+    calls = []
+
+    def cluster_id(request, context):
+        calls.append(request)
+        if unauthenticated:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken: Authentication token is missing")
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "ray.rpc.NodeInfoGcsService", {"GetClusterId": grpc.unary_unary_rpc_method_handler(cluster_id)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}", calls
+
+
+@pytest.mark.parametrize("mode", [None, "disabled", "token"])
+@pytest.mark.parametrize("unauthenticated", [True, False])
+def test_a_head_that_asks_for_a_token_this_process_does_not_send_is_refused_at_once(monkeypatch, mode,
+                                                                                   unauthenticated):
+    """Ray's own connect to such a head retried for 20 s and said only "Failed to connect"."""
+    from autosync.ray_cluster import _asks_for_token, check_address
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    if mode:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    server, address, calls = _grpc_head(unauthenticated)
+    try:
+        refused = unauthenticated and mode != "token"   # with a token sent, Ray's connect is left to try
+        assert _asks_for_token(address) is refused
+        assert len(calls) == (0 if mode == "token" else 1)
+        if refused:
+            with pytest.raises(ConfigError, match=rf"RAY_ADDRESS={address}: its head asks for an authentication "
+                                                  rf"token .* fix by exporting RAY_AUTH_MODE=token"):
+                check_address(address)
+        else:
+            check_address(address)
+    finally:
+        server.stop(None)
+    assert _asks_for_token(f"ray://{address}") is False   # Ray Client: not asked
+
+
+@pytest.mark.integration
+def test_a_real_head_with_token_authentication_is_refused_at_once_without_the_token():
+    """`ray start --head` with token authentication (as it turns it on where ~/.ray/auth_token
+    exists); a command without RAY_AUTH_MODE=token is refused in seconds, saying so (with it, the
+    check asks nothing: the fast test above)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from autosync.ray_cluster import _unreachable
+
+    home = tempfile.mkdtemp(prefix="rt", dir="/tmp")   # short: Ray's socket paths live under --temp-dir
+    port = _closed_port()
+    bin_dir = os.path.dirname(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env.update(HOME=home, RAY_USAGE_STATS_ENABLED="0")
+    head = subprocess.Popen([os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--port", str(port),
+                             "--num-cpus", "0", "--include-dashboard", "false", "--disable-usage-stats",
+                             "--temp-dir", home], env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 64},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while _unreachable(address, 1.0) is not None and head.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert head.poll() is None, "the head did not start"
+        t0 = time.monotonic()
+        r = subprocess.run([os.path.join(bin_dir, "autosync"), "plan", "--model", "zoo:ncf", "--cluster", "ray"],
+                           env={**env, "RAY_ADDRESS": address}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert "its head asks for an authentication token" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert time.monotonic() - t0 < 15   # Ray's own connect gave up after 20 s, saying only "Failed to connect"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(60)
