@@ -276,6 +276,11 @@ def check_address(address: str) -> None:
                           f"RAY_AUTH_MODE=token, with the head's token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
 
 
+def _uses_tls() -> bool:
+    """Whether Ray's gRPC connections use TLS here (``RAY_USE_TLS``): the probes speak plain gRPC."""
+    return os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes")
+
+
 # a call every Ray head's GCS answers, and its empty request (GetClusterIdRequest has no fields)
 _CLUSTER_ID_CALL = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
@@ -287,7 +292,7 @@ def _asks_for_token(address: str, timeout_s: float = CONNECT_PROBE_S) -> bool:
     (``RAY_AUTH_MODE=token``), over Ray Client (``ray://``), with TLS, or without grpcio."""
     m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", address)
     if (m is None or os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
-            or os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes")):
+            or _uses_tls()):
         return False
     try:
         import grpc
@@ -331,7 +336,7 @@ def _not_grpc(connection: socket.socket, where: str, timeout_s: float) -> str | 
     preface with a SETTINGS frame. Ray's connect to anything else (its dashboard's HTTP port, an
     unrelated service) waited on it for minutes. Not asked with TLS (``RAY_USE_TLS``), where the
     first bytes are a TLS handshake."""
-    if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes"):
+    if _uses_tls():
         return None
     reply = b""
     try:
