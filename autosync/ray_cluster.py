@@ -290,16 +290,16 @@ def _asks_for_token(address: str, timeout_s: float = CONNECT_PROBE_S) -> bool:
     own connect then retries for ~20 s and says only "Failed to connect" (Ray 2.60). Asked with
     one call (milliseconds) of the GCS's; not asked where this process sends a token
     (``RAY_AUTH_MODE=token``), over Ray Client (``ray://``), with TLS, or without grpcio."""
-    m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", address)
-    if (m is None or os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
-            or _uses_tls()):
+    where = _host_port(address)
+    if (where is None or address.startswith("ray://") or _uses_tls()
+            or os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"):
         return False
     try:
         import grpc
     except ImportError:
         return False
-    target = f"[{m.group(1)}]:{m.group(2)}" if ":" in m.group(1) else address
-    with grpc.insecure_channel(target) as channel:
+    host, port = where
+    with grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}") as channel:
         call = channel.unary_unary(_CLUSTER_ID_CALL, request_serializer=None, response_deserializer=None)
         try:
             call(b"", timeout=timeout_s)
@@ -308,14 +308,21 @@ def _asks_for_token(address: str, timeout_s: float = CONNECT_PROBE_S) -> bool:
     return False
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The host (an IPv6 one without its brackets) and port of ``host:port``, ``[v6]:port`` or
+    ``ray://host:port``; None for an address that names no port (``auto``)."""
+    m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d+)", address)
+    return None if m is None else (m.group(1), int(m.group(2)))
+
+
 def _unreachable(address: str, timeout_s: float = CONNECT_PROBE_S) -> str | None:
     """Why nothing that could be a Ray head answers at ``address``'s host and port: nothing
     accepts a TCP connection there, or what does is not a gRPC server (None: it may be a head, or
     the address names no port to try: ``auto``)."""
-    m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d+)", address)
-    if m is None:
+    where = _host_port(address)
+    if where is None:
         return None
-    host, port = m.group(1), int(m.group(2))
+    host, port = where
     if not 0 < port < 65536:
         return f"port {port} is not a TCP port"
     try:

@@ -48,9 +48,7 @@ def _kill(actor, probe: str) -> None:
 
     pid = ray.get(getattr(actor, probe).remote(), timeout=60)["pid"]   # every test cluster is on this machine
     ray.kill(actor, no_restart=True)
-    if not still_running([pid], within_s=60):
-        return
-    raise AssertionError(f"{actor} (pid {pid}) still runs 60 s after ray.kill")
+    assert not still_running([pid], within_s=60), f"{actor} (pid {pid}) still runs 60 s after ray.kill"
 
 
 def _equal(a, b) -> bool:
